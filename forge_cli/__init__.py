@@ -1,0 +1,1 @@
+"""The `forge` command line: parse, call the libraries, print. No business logic lives here."""

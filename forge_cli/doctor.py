@@ -1,0 +1,121 @@
+"""`forge doctor`: what this machine has, one verdict per item (ok / missing / warn)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from openforge.config import ForgeConfig
+
+
+@dataclass
+class Check:
+    name: str
+    verdict: str  # ok | warn | missing
+    detail: str
+
+
+def _run(cmd: list[str], timeout: float = 10) -> tuple[int, str]:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 127, str(exc)
+    return out.returncode, (out.stdout or out.stderr).strip()
+
+
+def check_torch() -> list[Check]:
+    try:
+        import torch
+    except ImportError as exc:
+        return [Check("torch", "missing", f"cannot import torch ({exc}); run ./install.sh")]
+    checks = [Check("torch", "ok", f"{torch.__version__}, {torch.get_num_threads()} CPU threads")]
+    if torch.cuda.is_available():
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+        checks.append(Check("GPU", "ok", names))
+    else:
+        smi = shutil.which("nvidia-smi")
+        detail = "nvidia-smi present but torch is the CPU build" if smi else "none; the embedded CPU engine is used"
+        checks.append(Check("GPU", "warn", detail))
+    return checks
+
+
+def check_docker(config: ForgeConfig) -> Check:
+    url = config.sandbox.docker.base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    try:
+        import docker
+    except ImportError:
+        return Check("Docker engine", "missing", "the docker SDK is not installed (pip install docker)")
+    try:
+        client = docker.DockerClient(base_url=url, timeout=5)
+        version = client.version().get("Version", "?")
+        client.close()
+    except Exception as exc:  # noqa: BLE001 - any failure means "not reachable", said plainly
+        why = str(exc).splitlines()[0][:160]
+        return Check("Docker engine", "missing", f"no engine reachable at {url} ({why}); sandbox = \"local\" works")
+    return Check("Docker engine", "ok", f"{version} at {url}")
+
+
+def check_kubernetes(config: ForgeConfig) -> Check:
+    if importlib.util.find_spec("kubernetes") is None:
+        return Check("Kubernetes", "missing", "the kubernetes client is not installed (pip install 'openforge[k8s]')")
+    from kubernetes import config as kconfig
+
+    k = config.sandbox.kubernetes
+    try:
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            kconfig.load_incluster_config()
+            return Check("Kubernetes", "ok", "in-cluster service account")
+        contexts, current = kconfig.list_kube_config_contexts(config_file=k.kubeconfig or None)
+    except Exception as exc:  # noqa: BLE001
+        return Check("Kubernetes", "missing", f"no kubeconfig context ({str(exc).splitlines()[0][:120]})")
+    name = k.context or (current or {}).get("name", "?")
+    return Check("Kubernetes", "ok", f"context {name} ({len(contexts)} in kubeconfig)")
+
+
+def check_sglang(config: ForgeConfig) -> Check:
+    py = config.engine.sglang_python
+    code, out = _run([py, "-c", "import sglang; print(sglang.__version__)"], timeout=60)
+    if code == 0:
+        return Check("SGLang", "ok", f"{out.splitlines()[-1]} via {py}")
+    return Check("SGLang", "missing", f"not importable by {py!r}; set engine.sglang_python to its venv (GPU only)")
+
+
+def check_isolation() -> Check:
+    bwrap = shutil.which("bwrap")
+    if not bwrap:
+        return Check("bubblewrap", "warn", "bwrap not found: local sandboxes are plain subprocesses (apt-get install bubblewrap)")
+    code, out = _run([bwrap, "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"])
+    if code != 0:
+        return Check("bubblewrap", "warn", f"bwrap present but cannot create namespaces here ({out[:100]}); plain subprocesses")
+    return Check("bubblewrap", "ok", f"{bwrap}: local sandboxes are isolated")
+
+
+def check_npm_harnesses(config: ForgeConfig, home: Path) -> list[Check]:
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if not node or not npm:
+        return [Check("node/npm", "missing", "needed for the claude-code and codex harnesses only")]
+    _, version = _run([node, "--version"])
+    checks = [Check("node/npm", "ok", f"node {version}")]
+    cache = Path(config.harness.npm_cache or home / "npm")
+    for name, binary in (("claude-code", "claude"), ("codex", "codex"), ("openclaw", "openclaw")):
+        path = cache / "node_modules" / ".bin" / binary
+        found = path if path.exists() else shutil.which(binary)
+        if found:
+            checks.append(Check(f"harness {name}", "ok", str(found)))
+        else:
+            checks.append(Check(f"harness {name}", "warn", f"not installed in {cache} (installed on first use)"))
+    return checks
+
+
+def run_checks(config: ForgeConfig, home: Path) -> list[Check]:
+    checks = check_torch()
+    checks.append(check_isolation())
+    checks.append(check_docker(config))
+    checks.append(check_kubernetes(config))
+    checks.append(check_sglang(config))
+    checks.extend(check_npm_harnesses(config, home))
+    return checks

@@ -1,0 +1,160 @@
+"""`forge`: the one command. Each command parses its options, calls a library, and prints.
+
+Commands are grouped by the part they drive; each group lives in its own `cmd_*.py` module and adds
+itself with `register(app)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+import openforge
+from forge_cli import cmd_engine, cmd_proxy, cmd_rollouts, cmd_sandbox, cmd_train, cmd_up
+from forge_cli.context import AppState, ForgeGroup, new_typer, state
+from forge_cli.doctor import run_checks
+from openforge.config import dump_toml
+from openforge.errors import ForgeError
+from openforge.store import loads
+
+app = typer.Typer(
+    cls=ForgeGroup,
+    no_args_is_help=True,
+    add_completion=False,
+    help="OpenForge: train LLM agents inside the real harness they are deployed with.",
+)
+console = Console()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    home: Annotated[Optional[str], typer.Option("--home", help="data dir (default $FORGE_HOME or ~/.forge)")] = None,
+    config: Annotated[Optional[str], typer.Option("--config", "-c", help="TOML config (default ./forge.toml if present)")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="override a config value: section.key=value")] = None,
+) -> None:
+    ctx.obj = AppState(home_override=home, config_path=config, sets=list(set_ or []))
+
+
+@app.command()
+def version() -> None:
+    """Print the OpenForge version and the versions of the libraries it runs on."""
+    import importlib.metadata as md
+
+    parts = [f"openforge {openforge.__version__}"]
+    for dist in ("torch", "transformers", "peft", "textual"):
+        try:
+            parts.append(f"{dist} {md.version(dist)}")
+        except md.PackageNotFoundError:
+            parts.append(f"{dist} (missing)")
+    typer.echo(" | ".join(parts))
+
+
+@app.command()
+def doctor(ctx: typer.Context) -> None:
+    """Report what this machine has (torch, GPU, Docker, Kubernetes, SGLang, npm harnesses)."""
+    st = state(ctx)
+    checks = run_checks(st.config(), st.home)
+    table = Table(title="forge doctor", show_lines=False)
+    table.add_column("item")
+    table.add_column("verdict")
+    table.add_column("detail", overflow="fold")
+    colour = {"ok": "green", "warn": "yellow", "missing": "red"}
+    for c in checks:
+        table.add_row(c.name, f"[{colour[c.verdict]}]{c.verdict}[/]", c.detail)
+    console.print(table)
+    console.print(f"data dir: {st.home}")
+
+
+config_app = new_typer(help="Inspect the effective configuration.")
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("show")
+def config_show(ctx: typer.Context) -> None:
+    """Print the effective config (defaults < forge.toml < --set) as TOML."""
+    typer.echo(dump_toml(state(ctx).config()), nl=False)
+
+
+@app.command()
+def runs(ctx: typer.Context, limit: Annotated[int, typer.Option(help="how many runs")] = 20) -> None:
+    """List runs, newest first."""
+    store = state(ctx).store()
+    table = Table(title=f"runs in {store.path}")
+    for col in ("id", "kind", "name", "status", "created", "rollouts", "steps"):
+        table.add_column(col)
+    for run in store.list_runs(limit=limit):
+        n_roll = len(store.list_rollouts(run.id))
+        n_steps = len(store.list_train_steps(run.id))
+        table.add_row(run.id, run.kind, run.name, run.status, f"{run.created_at:%Y-%m-%d %H:%M:%S}",
+                      str(n_roll), str(n_steps))
+    console.print(table)
+
+
+@app.command()
+def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id, unique prefix, or 'latest'")]) -> None:
+    """Summary of one run: status, rollouts by state, rewards, and the metrics of each train step."""
+    store = state(ctx).store()
+    run = store.get_run(run_id)
+    rollouts = store.list_rollouts(run.id)
+    by_state: dict[str, int] = {}
+    for r in rollouts:
+        by_state[r.status] = by_state.get(r.status, 0) + 1
+    rewards = [r.reward for r in rollouts if r.reward is not None]
+    console.print(f"[bold]{run.id}[/] {run.name}  kind={run.kind}  status={run.status}")
+    console.print(f"created {run.created_at:%Y-%m-%d %H:%M:%S}  ended {run.ended_at or '-'}  adapter {run.current_adapter or '-'}")
+    if run.error:
+        console.print(f"[red]error:[/] {run.error}")
+    states = ", ".join(f"{k} {v}" for k, v in sorted(by_state.items())) or "none"
+    mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"
+    console.print(f"rollouts: {len(rollouts)} ({states}); mean reward {mean}")
+    steps = store.list_train_steps(run.id)
+    if steps:
+        table = Table(title="train steps")
+        cols = ("step", "loss", "reward_mean", "pass_rate", "kl", "clip_frac", "mismatch_max", "grad_norm", "tokens_per_s")
+        for col in cols:
+            table.add_column(col, justify="right")
+        for s in steps:
+            table.add_row(*[("-" if getattr(s, c) is None else f"{getattr(s, c):.4g}") for c in cols])
+        console.print(table)
+    summary = loads(run.summary_json)
+    if summary:
+        console.print_json(json.dumps(summary))
+
+
+@app.command()
+def stop(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id, unique prefix, or 'latest'")]) -> None:
+    """Ask a running run to stop: its owner process gets SIGTERM and cleans up its sandboxes."""
+    import signal
+
+    store = state(ctx).store()
+    run = store.get_run(run_id)
+    if run.status not in ("running", "paused", "created"):
+        raise ForgeError(f"run {run.id} is {run.status}, not running")
+    if run.owner_pid:
+        try:
+            os.kill(run.owner_pid, signal.SIGTERM)
+            typer.echo(f"sent SIGTERM to {run.owner_pid}, the process driving {run.id}")
+            return
+        except ProcessLookupError:
+            pass
+    store.set_run_status(run.id, "stopped")
+    store.interrupt_unfinished(run.id)
+    typer.echo(f"{run.id} had no live owner; marked stopped")
+
+
+for module in (cmd_engine, cmd_proxy, cmd_sandbox, cmd_rollouts, cmd_train, cmd_up):
+    module.register(app)
+
+
+def main() -> None:  # pragma: no cover - the console script
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

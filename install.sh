@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Set up OpenForge in ./.venv. Safe to run again: it only installs what is missing or changed.
+#   ./install.sh          the tool (runs `forge up --demo`)
+#   ./install.sh --dev    the tool plus what the test suite needs
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON="${PYTHON:-python3}"
+EXTRAS=""
+for arg in "$@"; do
+  case "$arg" in
+    --dev) EXTRAS="[dev]" ;;
+    -h|--help) sed -n '2,4p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown option $arg (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+if ! "$PYTHON" -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] < (3, 13) else 1)'; then
+  echo "install.sh: OpenForge needs Python 3.11 or 3.12 (found $("$PYTHON" --version 2>&1)); set PYTHON=..." >&2
+  exit 1
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
+
+# torch first, pinned: an unpinned torch would pull a multi-GB CUDA build. 2.13.0 is the CPU wheel here.
+if ! .venv/bin/python -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null; then
+  echo "==> installing torch 2.13.0 (CPU)"
+  "${PIP[@]}" install "torch==2.13.0"
+fi
+
+echo "==> installing openforge${EXTRAS}"
+"${PIP[@]}" install -e ".${EXTRAS}"
+
+cat <<MSG
+
+OpenForge is installed in $(pwd)/.venv.
+Next:
+  .venv/bin/forge up --demo        # tiny model, built-in tasks, GRPO + LoRA, live dashboard
+  .venv/bin/forge doctor           # what this machine can run (Docker, GPU, harnesses)
+  source .venv/bin/activate        # to type plain \`forge\`
+MSG

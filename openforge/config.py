@@ -1,0 +1,256 @@
+"""Typed configuration: one pydantic model per component, composed into `ForgeConfig`.
+
+Precedence, lowest first: the defaults below, a TOML file (`forge.toml`), then CLI flags. The CLI is
+the only place that reads flags; it builds these models and hands them to the libraries.
+
+    [engine]
+    kind = "embedded"          # or "sglang", or "url" for an engine already running
+    model = "~/.forge/models/tiny"
+
+    [sandbox]
+    type = "local"
+
+Unknown keys are an error (a typo in a config file must not be silently ignored).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from openforge.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EngineConfig(_Section):
+    """The inference engine: the embedded CPU engine, a supervised SGLang server, or a URL."""
+
+    kind: Literal["embedded", "sglang", "url"] = "embedded"
+    model: str = Field("", description="local HF checkpoint directory; empty = the tiny model in FORGE_HOME")
+    host: str = "127.0.0.1"
+    port: int = Field(0, description="0 = pick a free port")
+    url: str = Field("", description="base URL of an engine that is already running (kind = 'url')")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: str = Field("auto", description="torch device for the embedded engine: auto, cpu, cuda")
+    max_batch_size: int = Field(16, ge=1, description="embedded engine: sequences decoded together")
+    seed: int = 0
+    request_timeout_s: float = Field(300.0, gt=0)
+    startup_timeout_s: float = Field(300.0, gt=0)
+    # SGLang only
+    sglang_python: str = Field("python", description="interpreter of the venv that has sglang installed")
+    tp_size: int = Field(1, ge=1)
+    max_lora_rank: int = Field(64, ge=1)
+    sglang_args: list[str] = Field(default_factory=list, description="extra launch_server arguments")
+
+
+class ProxyConfig(_Section):
+    """The recording proxy that harnesses talk to."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(0, description="0 = pick a free port")
+    served_model_name: str = Field("forge-policy", description="the model id the APIs report")
+    max_concurrent_calls: int = Field(64, ge=1)
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    call_timeout_s: float = Field(300.0, gt=0)
+    default_max_tokens: int = Field(512, ge=1)
+    max_context_tokens: int = Field(32768, ge=16, description="refuse prompts longer than this")
+    temperature_override: float | None = Field(
+        None, description="force this sampling temperature on every call (RL wants on-policy sampling)"
+    )
+
+
+class LocalSandboxConfig(_Section):
+    isolation: Literal["auto", "bwrap", "none"] = "auto"
+    cpu_time_s: int = Field(600, ge=1)
+    memory_mb: int = Field(2048, ge=16)
+    max_processes: int = Field(256, ge=1)
+    max_file_mb: int = Field(512, ge=1, description="largest file a sandboxed process may write")
+
+
+class DockerSandboxConfig(_Section):
+    image: str = "openforge-sandbox:latest"
+    base_url: str = Field("", description="Docker engine URL; empty = DOCKER_HOST or the default socket")
+    network: str = Field("host", description="'host' lets the harness reach a proxy on 127.0.0.1")
+    memory_mb: int = Field(2048, ge=16)
+    cpus: float = Field(1.0, gt=0)
+    pids_limit: int = Field(256, ge=1)
+
+
+class KubernetesSandboxConfig(_Section):
+    namespace: str = "openforge"
+    image: str = "openforge:latest"
+    context: str = Field("", description="kubeconfig context; empty = current context or in-cluster")
+    kubeconfig: str = ""
+    proxy_url: str = Field("", description="how pods reach the proxy, e.g. http://forge-proxy.openforge:8700")
+    cpu_request: str = "500m"
+    cpu_limit: str = "2"
+    memory_request: str = "512Mi"
+    memory_limit: str = "2Gi"
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    image_pull_secrets: list[str] = Field(default_factory=list)
+    service_account: str = ""
+    start_timeout_s: float = Field(300.0, gt=0)
+
+
+class SandboxConfig(_Section):
+    """Which backend runs each rollout's sandbox, and each backend's settings."""
+
+    type: Literal["local", "docker", "kubernetes"] = "local"
+    workdir: str = Field("/workspace", description="the task's working directory inside container backends")
+    start_retries: int = Field(2, ge=0, description="retries of a sandbox that failed to start")
+    max_output_bytes: int = Field(1024 * 1024, ge=1024, description="stdout/stderr kept per exec")
+    local: LocalSandboxConfig = Field(default_factory=LocalSandboxConfig)
+    docker: DockerSandboxConfig = Field(default_factory=DockerSandboxConfig)
+    kubernetes: KubernetesSandboxConfig = Field(default_factory=KubernetesSandboxConfig)
+
+
+class HarnessConfig(_Section):
+    """The agent program that runs in each sandbox."""
+
+    name: Literal["mini", "claude-code", "codex", "openclaw", "zeroclaw"] = "mini"
+    max_turns: int = Field(8, ge=1, description="mini harness: tool-calling turns before it gives up")
+    max_tokens: int = Field(256, ge=1, description="mini harness: max tokens per model call")
+    npm_cache: str = Field("", description="folder with node_modules of npm harnesses; empty = FORGE_HOME/npm")
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class TasksConfig(_Section):
+    path: str = Field("builtin", description="a task folder or .jsonl file, or 'builtin'")
+    include: list[str] = Field(default_factory=list, description="only these task ids (empty = all)")
+
+
+class RunnerConfig(_Section):
+    """How rollouts are scheduled."""
+
+    concurrency: int = Field(4, ge=1)
+    rollout_timeout_s: float = Field(300.0, gt=0, description="cap on a rollout; a task's own limit may be lower")
+    verifier_timeout_s: float = Field(60.0, gt=0)
+    samples_per_task: int = Field(4, ge=1, description="k for eval, the group size G for GRPO")
+    pass_k: list[int] = Field(default_factory=lambda: [1, 3])
+
+
+class TrainerConfig(_Section):
+    """GRPO with LoRA. The names follow the papers' symbols where there is one."""
+
+    steps: int = Field(10, ge=0)
+    tasks_per_step: int = Field(4, ge=1, description="groups per step; each group is samples_per_task rollouts")
+    lr: float = Field(1e-4, gt=0)
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    clip_eps: float = Field(0.2, gt=0, description="PPO clip range epsilon")
+    clip_eps_high: float | None = Field(None, description="asymmetric upper clip (DAPO); None = clip_eps")
+    tis_cap: float = Field(2.0, gt=0, description="truncated importance sampling cap C")
+    kl_coef: float = Field(0.0, ge=0, description="beta of the KL to the reference (adapter disabled)")
+    std_normalize: bool = Field(True, description="GRPO divides advantages by the group std; False = Dr. GRPO")
+    loss_agg: Literal["token-mean", "seq-mean"] = "token-mean"
+    epochs_per_step: int = Field(1, ge=1)
+    micro_batch_tokens: int = Field(4096, ge=16, description="token budget of one micro-batch")
+    full_finetune: bool = False
+    lora_r: int = Field(8, ge=1)
+    lora_alpha: int = Field(16, ge=1)
+    lora_dropout: float = Field(0.0, ge=0, le=1)
+    lora_target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    device: str = "auto"
+    seed: int = 0
+    overlap: bool = Field(False, description="one-step-off-policy: sample step t+1 while training step t")
+
+
+class ForgeConfig(_Section):
+    """Everything a run needs. `forge config show` prints the effective one."""
+
+    name: str = Field("", description="a human name for the run")
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    harness: HarnessConfig = Field(default_factory=HarnessConfig)
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
+    runner: RunnerConfig = Field(default_factory=RunnerConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _format_validation(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{source}: {where}: {first['msg']}{more}"
+
+
+def parse_override(item: str) -> dict[str, Any]:
+    """`trainer.lr=3e-4` -> {"trainer": {"lr": 3e-4}}; the value is read as TOML, else as a string."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set expects KEY=VALUE (e.g. trainer.lr=1e-4), got {item!r}")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    node: dict[str, Any] = {}
+    cursor = node
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        cursor[part] = {}
+        cursor = cursor[part]
+    cursor[parts[-1]] = value
+    return node
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    sets: list[str] | None = None,
+) -> ForgeConfig:
+    """Build the effective config from defaults, a TOML file, nested `overrides` and `--set` items.
+
+    With `path=None`, `./forge.toml` is read if it exists. A given path that is missing is an error.
+    """
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is None and Path("forge.toml").is_file():
+        path = "forge.toml"
+    if path is not None:
+        p = Path(path).expanduser()
+        source = str(p)
+        try:
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {p}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {p}: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{p} is not valid TOML: {exc}") from None
+    for item in sets or []:
+        data = _deep_merge(data, parse_override(item))
+    data = _deep_merge(data, overrides or {})
+    try:
+        return ForgeConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation(exc, source)) from None
+
+
+def dump_toml(config: BaseModel) -> str:
+    """The config as TOML (None values are left out: TOML has no null)."""
+    import tomli_w
+
+    data = config.model_dump(mode="json", exclude_none=True)
+    return tomli_w.dumps(data)

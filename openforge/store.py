@@ -1,0 +1,563 @@
+"""The run store: OpenForge's memory, one SQLite file a person can query with `sqlite3`.
+
+Tables (all plain, JSON in TEXT columns where a value is a list or an object):
+
+    run         one run: its config, kind (train / eval / proxy), status and timestamps
+    task        the tasks a run uses (a copy, so a run stays readable if the task files change)
+    rollout     one agent attempt at one task in one sandbox; its credential, status, reward
+    call        one model call through the proxy: request/response JSON and the exact tokens
+    trajectory  the token sequence(s) assembled from a rollout's calls, with loss masks
+    trainstep   the metrics of one training step
+    checkpoint  an adapter or full checkpoint saved by the trainer
+
+Writes go through the keyword-only functions in this module (sync, SQLModel sessions) or through
+`AsyncStore` (async, aiosqlite: the proxy's batched recorder). The file is in WAL mode so the
+dashboard can read while the proxy and trainer write.
+
+Migrations: a small numbered list (`MIGRATIONS`), applied in order and remembered in the
+`schema_migrations` table, in the spirit of simonw/llm. A fresh database is created from the
+models and stamped with the newest version (what Alembic calls `create_all` + `stamp head`); an
+older database runs only the migrations it lacks. We chose this over Alembic because the schema is
+small, every change is an `ALTER TABLE ... ADD COLUMN` or a new table, and users must be able to open
+any old store without an Alembic environment next to it.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Column, Index, Text, event, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError, IntegrityError
+from sqlmodel import Field, Session, SQLModel, create_engine, select
+
+from openforge.errors import NotFoundError, StoreError
+
+SCHEMA_VERSION = 1
+
+# Rollout states. pending -> running -> one of the final states.
+ROLLOUT_FINAL = ("scored", "failed", "timed_out", "cancelled", "interrupted")
+RUN_FINAL = ("finished", "failed", "stopped", "interrupted")
+# Call states: in_flight until the engine answered, then ok or error; in_flight calls found on
+# start-up belong to a proxy that died and become interrupted.
+CALL_STATES = ("in_flight", "ok", "error", "interrupted")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id(prefix: str) -> str:
+    """Short, sortable-enough, human-typable ids: `run-20261202-1f3a9c`."""
+    return f"{prefix}-{utcnow():%Y%m%d}-{secrets.token_hex(3)}"
+
+
+def _json_col() -> Any:
+    return Field(default=None, sa_column=Column(Text))
+
+
+class Run(SQLModel, table=True):
+    id: str = Field(primary_key=True)
+    name: str = ""
+    kind: str = "train"  # train | eval | proxy
+    status: str = "created"  # created | running | paused | finished | failed | stopped | interrupted
+    config_json: str | None = _json_col()
+    summary_json: str | None = _json_col()  # eval tables, final metrics
+    owner_pid: int | None = None  # the process driving the run; dead owner + running = interrupted
+    current_adapter: str | None = None  # the adapter name rollouts are served with now
+    error: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+
+
+class Task(SQLModel, table=True):
+    __table_args__ = (Index("ix_task_run_key", "run_id", "task_id", unique=True),)
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(foreign_key="run.id", index=True)
+    task_id: str
+    instruction: str = ""
+    spec_json: str | None = _json_col()
+
+
+class Rollout(SQLModel, table=True):
+    id: str = Field(primary_key=True)
+    run_id: str = Field(foreign_key="run.id", index=True)
+    task_id: str = Field(index=True)
+    step: int = 0  # the train step (or eval round) that sampled it
+    sample_index: int = 0  # position within its group
+    sandbox: str = ""  # backend: local | docker | kubernetes
+    sandbox_id: str | None = None
+    harness: str = ""
+    adapter: str | None = None  # the adapter the engine served this rollout with
+    api_key: str = Field(index=True, unique=True)  # the rollout's credential for the proxy
+    status: str = "pending"  # pending | running | scored | failed | timed_out | cancelled | interrupted
+    reward: float | None = None
+    attempts: int = 0  # sandbox start attempts (infrastructure retries)
+    exit_code: int | None = None
+    stdout: str | None = _json_col()
+    stderr: str | None = _json_col()
+    verifier_output: str | None = _json_col()
+    error: str | None = None
+    n_calls: int = 0
+    n_tokens: int = 0
+    n_segments: int = 0  # trajectory segments (history rewrites start a new one)
+    n_extends: int = 0  # calls whose prompt extended the previous call exactly
+    created_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+
+
+class Call(SQLModel, table=True):
+    __table_args__ = (Index("ix_call_rollout_seq", "rollout_id", "seq"),)
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(index=True)
+    rollout_id: str = Field(index=True)
+    seq: int = 0  # order of the call within its rollout
+    api: str = ""  # openai_chat | openai_responses | anthropic_messages
+    model: str = ""
+    adapter: str | None = None
+    stream: bool = False
+    status: str = "in_flight"  # in_flight | ok | error | interrupted
+    request_json: str | None = _json_col()
+    response_json: str | None = _json_col()
+    prompt_ids: str | None = _json_col()  # JSON list[int]: exactly what the engine was given
+    completion_ids: str | None = _json_col()  # JSON list[int]: exactly what the engine sampled
+    logprobs: str | None = _json_col()  # JSON list[float], one per completion id
+    tool_calls_json: str | None = _json_col()
+    tool_parse_error: bool = False  # a malformed tool call was returned as text
+    reused_tokens: int = 0  # prompt tokens spliced from earlier completions (no re-tokenisation)
+    finish_reason: str | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_ms: float | None = None
+    started_at: datetime = Field(default_factory=utcnow)
+    ended_at: datetime | None = None
+
+
+class Trajectory(SQLModel, table=True):
+    __table_args__ = (Index("ix_traj_rollout_seg", "rollout_id", "segment", unique=True),)
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(index=True)
+    rollout_id: str = Field(index=True)
+    segment: int = 0
+    token_ids: str | None = _json_col()  # JSON list[int]
+    loss_mask: str | None = _json_col()  # JSON list[int], 1 on sampled tokens
+    logprobs: str | None = _json_col()  # JSON list[float], the sampling logprob (0.0 where mask is 0)
+    call_ids: str | None = _json_col()  # JSON list[int]: the calls merged into this segment
+    n_tokens: int = 0
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class TrainStep(SQLModel, table=True):
+    __table_args__ = (Index("ix_step_run_step", "run_id", "step", unique=True),)
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(foreign_key="run.id", index=True)
+    step: int
+    loss: float | None = None
+    reward_mean: float | None = None
+    reward_std: float | None = None
+    pass_rate: float | None = None
+    kl: float | None = None
+    clip_frac: float | None = None
+    mismatch_mean: float | None = None  # mean |engine logprob - trainer logprob| on sampled tokens
+    mismatch_max: float | None = None
+    grad_norm: float | None = None
+    tokens_per_s: float | None = None
+    n_tokens: int = 0
+    n_rollouts: int = 0
+    t_rollout_s: float | None = None
+    t_train_s: float | None = None
+    t_sync_s: float | None = None
+    adapter: str | None = None
+    metrics_json: str | None = _json_col()  # anything else
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Checkpoint(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(foreign_key="run.id", index=True)
+    step: int
+    kind: str = "adapter"  # adapter | full
+    path: str
+    adapter_name: str | None = None
+    loaded: bool = False  # hot-loaded into the engine
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class SchemaMigration(SQLModel, table=True):
+    __tablename__ = "schema_migrations"
+    version: int = Field(primary_key=True)
+    name: str
+    applied_at: datetime = Field(default_factory=utcnow)
+
+
+# Numbered migrations: (version, name, function(connection)). A fresh database is created from the
+# models above and stamped with every version here; an older one runs the versions it lacks.
+# Add a migration for every schema change, e.g.:
+#     (2, "rollout.cost", lambda c: c.exec_driver_sql("ALTER TABLE rollout ADD COLUMN cost FLOAT")),
+Migration = tuple[int, str, Callable[[Any], None]]
+MIGRATIONS: list[Migration] = [
+    (1, "initial schema", lambda conn: None),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Opening the store
+
+
+def _sqlite_error(exc: Exception, path: Path) -> StoreError:
+    msg = str(getattr(exc, "orig", exc))
+    if "locked" in msg or "busy" in msg:
+        return StoreError(f"the run store {path} is locked by another process; retry, or stop that process")
+    if "disk is full" in msg or "database or disk is full" in msg:
+        return StoreError(f"no space left for the run store {path}; free disk space and retry")
+    if "malformed" in msg or "not a database" in msg:
+        return StoreError(f"the run store {path} is damaged ({msg}); move it aside to start a new one")
+    if "readonly" in msg or "unable to open" in msg:
+        return StoreError(f"cannot write the run store {path} ({msg}); check its permissions")
+    return StoreError(f"run store {path}: {msg}")
+
+
+def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; WAL keeps it consistent
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def make_engine(path: Path) -> Engine:
+    eng = create_engine(f"sqlite:///{path}", connect_args={"check_same_thread": False, "timeout": 10})
+    event.listen(eng, "connect", _on_connect)
+    return eng
+
+
+class Store:
+    """A handle on one store file. Cheap to create; open one per process."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the data dir {self.path.parent}: {exc}") from None
+        self.engine = make_engine(self.path)
+        with self.guard():
+            self._migrate()
+
+    # Every public function runs inside `guard()`, which turns SQLite's errors into one clear line.
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        try:
+            yield
+        except (OperationalError, sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
+            raise _sqlite_error(exc, self.path) from None
+        except IntegrityError as exc:
+            raise StoreError(f"run store {self.path}: {exc.orig}") from None
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with self.guard(), Session(self.engine, expire_on_commit=False) as s:
+            yield s
+
+    def _migrate(self) -> None:
+        with self.engine.begin() as conn:
+            has_table = conn.exec_driver_sql(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_migrations'"
+            ).first()
+            if not has_table:
+                fresh = not conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE type='table'").first()
+                if not fresh:
+                    raise StoreError(f"{self.path} is an SQLite file but not an OpenForge store")
+                SQLModel.metadata.create_all(conn)
+                for version, name, _ in MIGRATIONS:
+                    conn.execute(
+                        SchemaMigration.__table__.insert().values(version=version, name=name, applied_at=utcnow())
+                    )
+                return
+            applied = {row[0] for row in conn.exec_driver_sql("SELECT version FROM schema_migrations")}
+            newest = max(applied, default=0)
+            if newest > MIGRATIONS[-1][0]:
+                raise StoreError(
+                    f"{self.path} has schema version {newest}, newer than this forge knows "
+                    f"({MIGRATIONS[-1][0]}); upgrade forge"
+                )
+            for version, name, apply in MIGRATIONS:
+                if version not in applied:
+                    apply(conn)
+                    conn.execute(
+                        SchemaMigration.__table__.insert().values(version=version, name=name, applied_at=utcnow())
+                    )
+
+    def schema_version(self) -> int:
+        with self.guard(), self.engine.connect() as conn:
+            return int(conn.exec_driver_sql("SELECT max(version) FROM schema_migrations").scalar() or 0)
+
+    def integrity_check(self) -> str:
+        with self.guard(), self.engine.connect() as conn:
+            return str(conn.exec_driver_sql("PRAGMA integrity_check").scalar())
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ------------------------------------------------------------------------------------------
+    # Runs
+
+    def create_run(self, *, kind: str = "train", name: str = "", config: dict[str, Any] | None = None,
+                   run_id: str | None = None, owner_pid: int | None = None) -> Run:
+        run = Run(id=run_id or new_id("run"), kind=kind, name=name, owner_pid=owner_pid,
+                  config_json=json.dumps(config) if config is not None else None)
+        with self.session() as s:
+            s.add(run)
+            s.commit()
+        return run
+
+    def get_run(self, run_id: str) -> Run:
+        """A run by its id, or by a unique prefix of it; `latest` is the newest run."""
+        with self.session() as s:
+            if run_id == "latest":
+                run = s.exec(select(Run).order_by(Run.created_at.desc())).first()  # type: ignore[attr-defined]
+            else:
+                run = s.get(Run, run_id)
+                if run is None:
+                    matches = s.exec(select(Run).where(Run.id.startswith(run_id))).all()  # type: ignore[attr-defined]
+                    if len(matches) > 1:
+                        raise NotFoundError(f"run id {run_id!r} is ambiguous: {', '.join(m.id for m in matches[:5])}")
+                    run = matches[0] if matches else None
+        if run is None:
+            raise NotFoundError(f"no run {run_id!r} in {self.path} (see `forge runs`)")
+        return run
+
+    def list_runs(self, *, limit: int = 50) -> list[Run]:
+        with self.session() as s:
+            return list(s.exec(select(Run).order_by(Run.created_at.desc()).limit(limit)).all())  # type: ignore[attr-defined]
+
+    def update_run(self, run_id: str, **fields: Any) -> Run:
+        with self.session() as s:
+            run = s.get(Run, run_id)
+            if run is None:
+                raise NotFoundError(f"no run {run_id!r}")
+            for key, value in fields.items():
+                if key in ("config", "summary"):
+                    key, value = f"{key}_json", json.dumps(value)
+                setattr(run, key, value)
+            s.add(run)
+            s.commit()
+            return run
+
+    def set_run_status(self, run_id: str, status: str, *, error: str | None = None) -> Run:
+        fields: dict[str, Any] = {"status": status}
+        now = utcnow()
+        if status == "running":
+            fields["started_at"] = now
+        if status in RUN_FINAL:
+            fields["ended_at"] = now
+        if error is not None:
+            fields["error"] = error
+        return self.update_run(run_id, **fields)
+
+    def mark_interrupted(self, *, alive: Callable[[int], bool]) -> list[str]:
+        """Runs left `running`/`paused` by a process that no longer lives become `interrupted`,
+        with their unfinished rollouts and in-flight calls. Returns the runs marked."""
+        marked: list[str] = []
+        with self.session() as s:
+            runs = s.exec(select(Run).where(Run.status.in_(("running", "paused", "created")))).all()  # type: ignore[attr-defined]
+            for run in runs:
+                if run.owner_pid is not None and alive(run.owner_pid):
+                    continue
+                if run.status == "created" and run.owner_pid is None:
+                    continue
+                run.status, run.ended_at = "interrupted", utcnow()
+                s.add(run)
+                marked.append(run.id)
+            s.commit()
+        for run_id in marked:
+            self.interrupt_unfinished(run_id)
+        return marked
+
+    def interrupt_unfinished(self, run_id: str) -> tuple[int, int]:
+        """Mark a run's unfinished rollouts and in-flight calls interrupted. Returns their counts."""
+        with self.session() as s:
+            n_roll = s.connection().execute(
+                text("UPDATE rollout SET status='interrupted', ended_at=:now "
+                     "WHERE run_id=:r AND status IN ('pending','running')"),
+                {"r": run_id, "now": utcnow()},
+            ).rowcount
+            n_call = s.connection().execute(
+                text("UPDATE call SET status='interrupted', ended_at=:now WHERE run_id=:r AND status='in_flight'"),
+                {"r": run_id, "now": utcnow()},
+            ).rowcount
+            s.commit()
+        return n_roll, n_call
+
+    # ------------------------------------------------------------------------------------------
+    # Tasks
+
+    def add_tasks(self, run_id: str, tasks: Sequence[dict[str, Any]]) -> None:
+        """Copy task specs (dicts with at least `id` and `instruction`) into the run; re-adding is a no-op."""
+        with self.session() as s:
+            have = set(s.exec(select(Task.task_id).where(Task.run_id == run_id)).all())
+            for spec in tasks:
+                if spec["id"] in have:
+                    continue
+                s.add(Task(run_id=run_id, task_id=spec["id"], instruction=spec.get("instruction", ""),
+                           spec_json=json.dumps(spec)))
+            s.commit()
+
+    def list_tasks(self, run_id: str) -> list[Task]:
+        with self.session() as s:
+            return list(s.exec(select(Task).where(Task.run_id == run_id).order_by(Task.id)).all())
+
+    # ------------------------------------------------------------------------------------------
+    # Rollouts
+
+    def create_rollout(self, *, run_id: str, task_id: str, step: int = 0, sample_index: int = 0,
+                       sandbox: str = "", harness: str = "", adapter: str | None = None,
+                       api_key: str | None = None, status: str = "pending") -> Rollout:
+        rollout = Rollout(id=new_id("ro"), run_id=run_id, task_id=task_id, step=step,
+                          sample_index=sample_index, sandbox=sandbox, harness=harness, adapter=adapter,
+                          api_key=api_key or f"forge-{secrets.token_urlsafe(18)}", status=status)
+        with self.session() as s:
+            s.add(rollout)
+            s.commit()
+        return rollout
+
+    def get_rollout(self, rollout_id: str) -> Rollout:
+        with self.session() as s:
+            rollout = s.get(Rollout, rollout_id)
+        if rollout is None:
+            raise NotFoundError(f"no rollout {rollout_id!r}")
+        return rollout
+
+    def rollout_by_key(self, api_key: str) -> Rollout | None:
+        with self.session() as s:
+            return s.exec(select(Rollout).where(Rollout.api_key == api_key)).first()
+
+    def update_rollout(self, rollout_id: str, **fields: Any) -> Rollout:
+        with self.session() as s:
+            rollout = s.get(Rollout, rollout_id)
+            if rollout is None:
+                raise NotFoundError(f"no rollout {rollout_id!r}")
+            if fields.get("status") == "running" and rollout.started_at is None:
+                fields.setdefault("started_at", utcnow())
+            if fields.get("status") in ROLLOUT_FINAL:
+                fields.setdefault("ended_at", utcnow())
+            for key, value in fields.items():
+                setattr(rollout, key, value)
+            s.add(rollout)
+            s.commit()
+            return rollout
+
+    def list_rollouts(self, run_id: str, *, step: int | None = None, status: str | None = None,
+                      limit: int | None = None, newest_first: bool = False) -> list[Rollout]:
+        with self.session() as s:
+            q = select(Rollout).where(Rollout.run_id == run_id)
+            if step is not None:
+                q = q.where(Rollout.step == step)
+            if status is not None:
+                q = q.where(Rollout.status == status)
+            order = Rollout.created_at.desc() if newest_first else Rollout.created_at  # type: ignore[attr-defined]
+            q = q.order_by(order)
+            if limit is not None:
+                q = q.limit(limit)
+            return list(s.exec(q).all())
+
+    # ------------------------------------------------------------------------------------------
+    # Calls (the proxy writes these through AsyncStore; the sync path serves tests and tools)
+
+    def list_calls(self, *, run_id: str | None = None, rollout_id: str | None = None,
+                   limit: int | None = None, newest_first: bool = False) -> list[Call]:
+        with self.session() as s:
+            q = select(Call)
+            if run_id is not None:
+                q = q.where(Call.run_id == run_id)
+            if rollout_id is not None:
+                q = q.where(Call.rollout_id == rollout_id)
+            q = q.order_by(Call.id.desc() if newest_first else Call.id)  # type: ignore[union-attr]
+            if limit is not None:
+                q = q.limit(limit)
+            return list(s.exec(q).all())
+
+    def get_call(self, call_id: int) -> Call:
+        with self.session() as s:
+            call = s.get(Call, call_id)
+        if call is None:
+            raise NotFoundError(f"no call {call_id}")
+        return call
+
+    def add_call(self, call: Call) -> Call:
+        with self.session() as s:
+            s.add(call)
+            s.commit()
+            return call
+
+    # ------------------------------------------------------------------------------------------
+    # Trajectories
+
+    def replace_trajectories(self, rollout_id: str, rows: Sequence[Trajectory]) -> None:
+        """Store a rollout's assembled segments, replacing any earlier assembly."""
+        with self.session() as s:
+            s.connection().execute(text("DELETE FROM trajectory WHERE rollout_id=:r"), {"r": rollout_id})
+            for row in rows:
+                s.add(row)
+            s.commit()
+
+    def list_trajectories(self, *, run_id: str | None = None, rollout_ids: Sequence[str] | None = None
+                          ) -> list[Trajectory]:
+        with self.session() as s:
+            q = select(Trajectory)
+            if run_id is not None:
+                q = q.where(Trajectory.run_id == run_id)
+            if rollout_ids is not None:
+                q = q.where(Trajectory.rollout_id.in_(list(rollout_ids)))  # type: ignore[attr-defined]
+            return list(s.exec(q.order_by(Trajectory.rollout_id, Trajectory.segment)).all())
+
+    # ------------------------------------------------------------------------------------------
+    # Training
+
+    def add_train_step(self, step: TrainStep) -> TrainStep:
+        with self.session() as s:
+            s.add(step)
+            s.commit()
+            return step
+
+    def list_train_steps(self, run_id: str) -> list[TrainStep]:
+        with self.session() as s:
+            return list(s.exec(select(TrainStep).where(TrainStep.run_id == run_id).order_by(TrainStep.step)).all())
+
+    def add_checkpoint(self, checkpoint: Checkpoint) -> Checkpoint:
+        with self.session() as s:
+            s.add(checkpoint)
+            s.commit()
+            return checkpoint
+
+    def list_checkpoints(self, run_id: str) -> list[Checkpoint]:
+        with self.session() as s:
+            return list(s.exec(select(Checkpoint).where(Checkpoint.run_id == run_id).order_by(Checkpoint.step)).all())
+
+    def latest_checkpoint(self, run_id: str) -> Checkpoint | None:
+        with self.session() as s:
+            return s.exec(
+                select(Checkpoint).where(Checkpoint.run_id == run_id).order_by(Checkpoint.step.desc())  # type: ignore[attr-defined]
+            ).first()
+
+
+def open_store(home: Path) -> Store:
+    from openforge.paths import db_path
+
+    return Store(db_path(home))
+
+
+def loads(value: str | None, default: Any = None) -> Any:
+    """Read a JSON column (None stays `default`)."""
+    return default if value is None else json.loads(value)

@@ -1,0 +1,32 @@
+"""Shared fixtures. Every test gets its own FORGE_HOME in a temp dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from openforge.store import Store
+
+
+@pytest.fixture(autouse=True)
+def forge_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "forge-home"
+    home.mkdir()
+    monkeypatch.setenv("FORGE_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def store(forge_home: Path) -> Store:
+    s = Store(forge_home / "forge.db")
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2 model + tokenizer, built once per test session (read-only for tests)."""
+    from engine.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny")
