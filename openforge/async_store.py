@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, select, update
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DatabaseError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from openforge.store import Call, Rollout, Store, _on_connect, _sqlite_error
@@ -45,7 +45,7 @@ class AsyncStore:
                 for row in rows:
                     result = await conn.execute(_CALL.insert().values(**row))
                     ids.append(int(result.inserted_primary_key[0]))
-        except (OperationalError, IntegrityError) as exc:
+        except DatabaseError as exc:
             raise _sqlite_error(exc, self.path) from None
         return ids
 
@@ -57,7 +57,7 @@ class AsyncStore:
             async with self.engine.begin() as conn:
                 for call_id, values in updates:
                     await conn.execute(update(_CALL).where(_CALL.c.id == call_id).values(**values))
-        except (OperationalError, IntegrityError) as exc:
+        except DatabaseError as exc:
             raise _sqlite_error(exc, self.path) from None
 
     async def rollout_by_key(self, api_key: str) -> dict[str, Any] | None:
@@ -68,7 +68,7 @@ class AsyncStore:
                     select(_ROLLOUT.c.id, _ROLLOUT.c.run_id, _ROLLOUT.c.status, _ROLLOUT.c.adapter)
                     .where(_ROLLOUT.c.api_key == api_key)
                 )).first()
-        except OperationalError as exc:
+        except DatabaseError as exc:
             raise _sqlite_error(exc, self.path) from None
         return dict(row._mapping) if row else None
 
@@ -80,6 +80,6 @@ class AsyncStore:
                     select(_CALL).where(_CALL.c.rollout_id == rollout_id, _CALL.c.status == "ok")
                     .order_by(_CALL.c.seq)
                 )).all()
-        except OperationalError as exc:
+        except DatabaseError as exc:
             raise _sqlite_error(exc, self.path) from None
         return [dict(r._mapping) for r in rows]

@@ -35,7 +35,7 @@ from typing import Any
 
 from sqlalchemy import Column, Index, Text, event, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import OperationalError, IntegrityError
+from sqlalchemy.exc import DatabaseError, IntegrityError
 from sqlmodel import Field, Session, SQLModel, create_engine, select
 
 from openforge.errors import NotFoundError, StoreError
@@ -260,10 +260,10 @@ class Store:
     def guard(self) -> Iterator[None]:
         try:
             yield
-        except (OperationalError, sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
-            raise _sqlite_error(exc, self.path) from None
         except IntegrityError as exc:
             raise StoreError(f"run store {self.path}: {exc.orig}") from None
+        except (DatabaseError, sqlite3.DatabaseError) as exc:
+            raise _sqlite_error(exc, self.path) from None
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -373,9 +373,8 @@ class Store:
         with self.session() as s:
             runs = s.exec(select(Run).where(Run.status.in_(("running", "paused", "created")))).all()  # type: ignore[attr-defined]
             for run in runs:
-                if run.owner_pid is not None and alive(run.owner_pid):
-                    continue
-                if run.status == "created" and run.owner_pid is None:
+                # Without an owner pid nobody can tell whether the run is still driven: leave it.
+                if run.owner_pid is None or alive(run.owner_pid):
                     continue
                 run.status, run.ended_at = "interrupted", utcnow()
                 s.add(run)

@@ -1,0 +1,209 @@
+"""The run store: every table round-trips, concurrent writers lose nothing, kills leave it consistent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from openforge import store as store_mod
+from openforge.async_store import AsyncStore
+from openforge.errors import NotFoundError, StoreError
+from openforge.store import Call, Checkpoint, Store, TrainStep, Trajectory, loads
+
+
+def test_every_table_round_trips(store: Store) -> None:
+    run = store.create_run(kind="train", name="demo", config={"trainer": {"lr": 1e-4}}, owner_pid=os.getpid())
+    store.add_tasks(run.id, [{"id": "t1", "instruction": "make a.txt"}, {"id": "t2", "instruction": "x"}])
+    store.add_tasks(run.id, [{"id": "t1", "instruction": "again"}])  # re-adding is a no-op
+    rollout = store.create_rollout(run_id=run.id, task_id="t1", step=3, sample_index=1, sandbox="local",
+                                   harness="mini", adapter="step-2")
+    store.update_rollout(rollout.id, status="running")
+    store.update_rollout(rollout.id, status="scored", reward=0.5, exit_code=0, stdout="out")
+    call = store.add_call(Call(run_id=run.id, rollout_id=rollout.id, seq=0, api="openai_chat", status="ok",
+                               request_json=json.dumps({"messages": []}), prompt_ids=json.dumps([1, 2, 3]),
+                               completion_ids=json.dumps([4, 5]), logprobs=json.dumps([-0.1, -0.2]),
+                               finish_reason="stop", prompt_tokens=3, completion_tokens=2, latency_ms=1.5))
+    store.replace_trajectories(rollout.id, [Trajectory(run_id=run.id, rollout_id=rollout.id, segment=0,
+                                                       token_ids=json.dumps([1, 2, 3, 4, 5]),
+                                                       loss_mask=json.dumps([0, 0, 0, 1, 1]),
+                                                       logprobs=json.dumps([0, 0, 0, -0.1, -0.2]),
+                                                       call_ids=json.dumps([call.id]), n_tokens=5)])
+    store.add_train_step(TrainStep(run_id=run.id, step=0, loss=0.25, reward_mean=0.5, kl=0.0,
+                                   mismatch_max=1e-6, metrics_json=json.dumps({"lr": 1e-4})))
+    store.add_checkpoint(Checkpoint(run_id=run.id, step=0, path="/tmp/a", adapter_name="step-0", loaded=True))
+
+    again = Store(store.path)  # a second handle reads what the first wrote
+    got = again.get_run(run.id)
+    assert (got.name, got.kind, loads(got.config_json)) == ("demo", "train", {"trainer": {"lr": 1e-4}})
+    assert [t.task_id for t in again.list_tasks(run.id)] == ["t1", "t2"]
+    ro = again.get_rollout(rollout.id)
+    assert (ro.status, ro.reward, ro.step, ro.adapter) == ("scored", 0.5, 3, "step-2")
+    assert ro.started_at is not None and ro.ended_at is not None and ro.ended_at >= ro.started_at
+    assert again.rollout_by_key(rollout.api_key).id == rollout.id
+    (c,) = again.list_calls(rollout_id=rollout.id)
+    assert loads(c.prompt_ids) == [1, 2, 3] and loads(c.logprobs) == [-0.1, -0.2]
+    (tr,) = again.list_trajectories(rollout_ids=[rollout.id])
+    assert loads(tr.loss_mask) == [0, 0, 0, 1, 1]
+    (st,) = again.list_train_steps(run.id)
+    assert st.loss == 0.25 and loads(st.metrics_json) == {"lr": 1e-4}
+    assert again.latest_checkpoint(run.id).adapter_name == "step-0"
+    assert again.get_run(run.id[:-2]).id == run.id  # a unique prefix finds it
+    assert again.get_run("latest").id == run.id
+
+
+def test_unknown_ids_are_clear_errors(store: Store) -> None:
+    with pytest.raises(NotFoundError, match="no run 'nope'"):
+        store.get_run("nope")
+    with pytest.raises(NotFoundError):
+        store.get_rollout("ro-missing")
+    with pytest.raises(NotFoundError):
+        store.get_call(12345)
+
+
+def test_wal_mode_and_fresh_schema_is_stamped(store: Store) -> None:
+    con = sqlite3.connect(store.path)
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    versions = [v for (v,) in con.execute("SELECT version FROM schema_migrations ORDER BY version")]
+    assert versions == [m[0] for m in store_mod.MIGRATIONS]
+    assert store.schema_version() == store_mod.SCHEMA_VERSION
+    assert store.integrity_check() == "ok"
+
+
+def test_pending_migrations_run_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "forge.db"
+    Store(path).close()
+    applied: list[int] = []
+
+    def add_column(conn) -> None:  # a later schema change, the way a real one would be written
+        applied.append(2)
+        conn.exec_driver_sql("ALTER TABLE rollout ADD COLUMN cost FLOAT")
+
+    monkeypatch.setattr(store_mod, "MIGRATIONS", [*store_mod.MIGRATIONS, (2, "rollout.cost", add_column)])
+    Store(path).close()
+    Store(path).close()
+    assert applied == [2]
+    cols = [r[1] for r in sqlite3.connect(path).execute("PRAGMA table_info(rollout)")]
+    assert "cost" in cols
+
+
+def test_newer_schema_and_foreign_sqlite_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "forge.db"
+    Store(path).close()
+    con = sqlite3.connect(path)
+    con.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (99, 'future', '2030-01-01')")
+    con.commit()
+    con.close()
+    with pytest.raises(StoreError, match="newer than this forge"):
+        Store(path)
+    other = tmp_path / "other.db"
+    con = sqlite3.connect(other)
+    con.execute("CREATE TABLE x (a)")
+    con.commit()
+    con.close()
+    with pytest.raises(StoreError, match="not an OpenForge store"):
+        Store(other)
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(StoreError):
+        Store(junk)
+
+
+def test_locked_database_is_one_clear_error(store: Store) -> None:
+    run = store.create_run(name="x")
+    blocker = sqlite3.connect(store.path, timeout=0.1)
+    blocker.execute("BEGIN EXCLUSIVE")
+    try:
+        # A short busy timeout keeps the test quick; the message is what a user sees.
+        with store.engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA busy_timeout=100")
+        store.engine.dispose()
+        from sqlalchemy import event
+
+        event.listen(store.engine, "connect", lambda c, r: c.execute("PRAGMA busy_timeout=100"))
+        with pytest.raises(StoreError, match="locked"):
+            store.update_run(run.id, name="y")
+    finally:
+        blocker.rollback()
+        blocker.close()
+
+
+async def test_concurrent_async_writers_lose_no_rows(store: Store) -> None:
+    run = store.create_run()
+    rollout = store.create_rollout(run_id=run.id, task_id="t")
+    astore = AsyncStore(store.path)
+    payload = json.dumps(list(range(500)))
+
+    async def writer(w: int) -> list[int]:
+        ids: list[int] = []
+        for i in range(10):
+            rows = [dict(run_id=run.id, rollout_id=rollout.id, seq=w * 1000 + i * 5 + j, api="openai_chat",
+                         status="ok", prompt_ids=payload, completion_ids=payload, started_at=store_mod.utcnow())
+                    for j in range(5)]
+            ids += await astore.insert_calls(rows)
+        return ids
+
+    results = await asyncio.gather(*(writer(w) for w in range(8)))
+    await astore.close()
+    all_ids = [i for ids in results for i in ids]
+    assert len(all_ids) == len(set(all_ids)) == 8 * 10 * 5
+    assert len(store.list_calls(run_id=run.id)) == 400
+
+
+async def test_async_store_updates_and_key_lookup(store: Store) -> None:
+    run = store.create_run()
+    rollout = store.create_rollout(run_id=run.id, task_id="t", adapter="a1")
+    astore = AsyncStore(store.path)
+    (cid,) = await astore.insert_calls([dict(run_id=run.id, rollout_id=rollout.id, seq=0, status="in_flight",
+                                             started_at=store_mod.utcnow())])
+    await astore.update_calls([(cid, {"status": "ok", "completion_ids": "[7]"})])
+    found = await astore.rollout_by_key(rollout.api_key)
+    assert found == {"id": rollout.id, "run_id": run.id, "status": "pending", "adapter": "a1"}
+    assert await astore.rollout_by_key("forge-wrong") is None
+    calls = await astore.calls_of_rollout(rollout.id)
+    assert [c["completion_ids"] for c in calls] == ["[7]"]
+    await astore.close()
+
+
+_WRITER = textwrap.dedent("""
+    import json, sys
+    from openforge.store import Store, Call
+    s = Store(sys.argv[1])
+    run = s.create_run(run_id="run-killed", owner_pid=None)
+    s.update_run(run.id, status="running")
+    ro = s.create_rollout(run_id=run.id, task_id="t", status="running")
+    print("ready", flush=True)
+    i = 0
+    while True:
+        s.add_call(Call(run_id=run.id, rollout_id=ro.id, seq=i, status="ok", prompt_ids=json.dumps([i] * 200)))
+        i += 1
+""")
+
+
+def test_killed_writer_leaves_a_consistent_db(tmp_path: Path) -> None:
+    path = tmp_path / "forge.db"
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    import time
+
+    time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    s = Store(path)
+    assert s.integrity_check() == "ok"
+    calls = s.list_calls(run_id="run-killed")
+    assert len(calls) > 0
+    assert [c.seq for c in calls] == list(range(len(calls)))  # no hole: every commit is whole
+    assert s.mark_interrupted(alive=lambda pid: False) == []  # no owner pid recorded
+    s.update_run("run-killed", owner_pid=proc.pid)
+    assert s.mark_interrupted(alive=lambda pid: False) == ["run-killed"]
+    assert s.get_run("run-killed").status == "interrupted"
+    assert {r.status for r in s.list_rollouts("run-killed")} == {"interrupted"}
