@@ -30,7 +30,7 @@ class ForgeGroup(TyperGroup):
         except ForgeError as exc:
             typer.echo(f"forge: error: {exc}", err=True)
             raise typer.Exit(1) from None
-        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, KeyboardInterrupt):
+        except (typer.Exit, click.exceptions.Exit, click.ClickException, click.exceptions.Abort, KeyboardInterrupt):
             raise
         except OSError as exc:
             if os.environ.get("FORGE_DEBUG"):

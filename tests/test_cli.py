@@ -1,0 +1,138 @@
+"""The `forge` CLI through Typer's CliRunner: help, config, errors as one line, run inspection."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from forge_cli.main import app
+from openforge.errors import StoreError
+from openforge.store import Store, TrainStep, _sqlite_error
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def test_version_and_help_of_every_command() -> None:
+    result = invoke("version")
+    assert result.exit_code == 0 and result.stdout.startswith("openforge ")
+    top = invoke("--help")
+    assert top.exit_code == 0
+    import typer.main
+
+    names = list(typer.main.get_command(app).commands)
+    assert {"version", "doctor", "runs", "show", "stop", "config"} <= set(names)
+    for name in names:
+        res = invoke(name, "--help")
+        assert res.exit_code == 0, name
+        assert "Usage" in res.stdout
+
+
+def test_config_show_merges_file_and_set(tmp_path: Path) -> None:
+    cfg = tmp_path / "forge.toml"
+    cfg.write_text('[trainer]\nlr = 3e-4\n[sandbox]\ntype = "docker"\n')
+    res = invoke("--config", str(cfg), "--set", "trainer.steps=7", "config", "show")
+    assert res.exit_code == 0
+    assert "lr = 0.0003" in res.stdout and "steps = 7" in res.stdout and 'type = "docker"' in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("[trainer\nlr=1", "not valid TOML"),
+        ("[trainer]\nlrr = 1", "trainer.lrr"),
+        ('[sandbox]\ntype = "vm"', "sandbox.type"),
+    ],
+)
+def test_bad_config_is_one_line_error(tmp_path: Path, content: str, needle: str) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(content)
+    res = invoke("--config", str(cfg), "config", "show")
+    assert res.exit_code == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("forge: error:") and needle in lines[0]
+
+
+def test_missing_config_and_bad_set() -> None:
+    res = invoke("--config", "/nonexistent/forge.toml", "config", "show")
+    assert res.exit_code == 1 and "config file not found" in res.stderr
+    res = invoke("--set", "novalue", "config", "show")
+    assert res.exit_code == 1 and "KEY=VALUE" in res.stderr
+
+
+def test_unknown_run_is_one_line_error() -> None:
+    for cmd in ("show", "stop"):
+        res = invoke(cmd, "run-nope")
+        assert res.exit_code == 1
+        assert res.stderr.strip().splitlines() == [res.stderr.strip()]
+        assert "no run 'run-nope'" in res.stderr
+
+
+def test_runs_and_show_read_the_store(forge_home: Path) -> None:
+    store = Store(forge_home / "forge.db")
+    run = store.create_run(name="my-run")
+    ro = store.create_rollout(run_id=run.id, task_id="t1")
+    store.update_rollout(ro.id, status="scored", reward=1.0)
+    store.add_train_step(TrainStep(run_id=run.id, step=0, loss=0.5, reward_mean=1.0))
+    res = invoke("runs")
+    assert res.exit_code == 0 and "my-run" in res.stdout
+    res = invoke("show", "latest")
+    assert res.exit_code == 0
+    assert run.id in res.stdout and "scored 1" in res.stdout and "mean reward 1.000" in res.stdout
+    assert "train steps" in res.stdout
+
+
+def test_stop_without_live_owner_marks_stopped(forge_home: Path) -> None:
+    store = Store(forge_home / "forge.db")
+    run = store.create_run(name="r", owner_pid=None)
+    store.set_run_status(run.id, "running")
+    ro = store.create_rollout(run_id=run.id, task_id="t", status="running")
+    res = invoke("stop", run.id)
+    assert res.exit_code == 0 and "marked stopped" in res.stdout
+    assert store.get_run(run.id).status == "stopped"
+    assert store.get_rollout(ro.id).status == "interrupted"
+    res = invoke("stop", run.id)
+    assert res.exit_code == 1 and "not running" in res.stderr
+
+
+def test_home_flag_overrides_env(tmp_path: Path) -> None:
+    other = tmp_path / "elsewhere"
+    res = invoke("--home", str(other), "runs")
+    assert res.exit_code == 0
+    assert (other / "forge.db").exists()
+
+
+def test_unwritable_home_is_one_line_error(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        target = "/proc/forge-cannot-exist"  # root ignores permission bits; /proc refuses everyone
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        target = str(ro / "home")
+    res = invoke("--home", target, "runs")
+    assert res.exit_code == 1 and res.stderr.startswith("forge: error:")
+
+
+def test_doctor_reports_each_item() -> None:
+    res = invoke("doctor")
+    assert res.exit_code == 0
+    for item in ("torch", "GPU", "bubblewrap", "Docker engine", "Kubernetes", "SGLang", "node/npm"):
+        assert item in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("message", "needle"),
+    [("database is locked", "locked"), ("database or disk is full", "no space left"),
+     ("file is not a database", "move it aside")],
+)
+def test_sqlite_errors_become_clear_lines(message: str, needle: str) -> None:
+    import sqlite3
+
+    err = _sqlite_error(sqlite3.OperationalError(message), Path("/x/forge.db"))
+    assert isinstance(err, StoreError) and needle in str(err)
