@@ -39,15 +39,22 @@ class AsyncStore:
         """Insert call rows (dicts of `Call` columns) in one transaction; returns their ids in order."""
         if not rows:
             return []
-        ids: list[int] = []
+        # One multi-row INSERT ... RETURNING per batch (SQLAlchemy's insertmanyvalues), ids in row order.
+        stmt = _CALL.insert().returning(_CALL.c.id, sort_by_parameter_order=True)
+        # A multi-row statement needs one column set: rows are grouped by theirs, ids returned in input order.
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for index, row in enumerate(rows):
+            groups.setdefault(tuple(sorted(row)), []).append(index)
+        ids = [0] * len(rows)
         try:
             async with self.engine.begin() as conn:
-                for row in rows:
-                    result = await conn.execute(_CALL.insert().values(**row))
-                    ids.append(int(result.inserted_primary_key[0]))
+                for indexes in groups.values():
+                    result = await conn.execute(stmt, [dict(rows[i]) for i in indexes])
+                    for i, r in zip(indexes, result.all(), strict=True):
+                        ids[i] = int(r[0])
+            return ids
         except DatabaseError as exc:
             raise _sqlite_error(exc, self.path) from None
-        return ids
 
     async def update_calls(self, updates: Sequence[tuple[int, dict[str, Any]]]) -> None:
         """Apply `(call id, {column: value})` updates in one transaction."""

@@ -207,3 +207,16 @@ def test_killed_writer_leaves_a_consistent_db(tmp_path: Path) -> None:
     assert s.mark_interrupted(alive=lambda pid: False) == ["run-killed"]
     assert s.get_run("run-killed").status == "interrupted"
     assert {r.status for r in s.list_rollouts("run-killed")} == {"interrupted"}
+
+
+async def test_insert_calls_with_mixed_columns_keeps_order(store: Store) -> None:
+    run = store.create_run()
+    astore = AsyncStore(store.path)
+    rows = [dict(run_id=run.id, rollout_id="r", seq=0, started_at=store_mod.utcnow()),
+            dict(run_id=run.id, rollout_id="r", seq=1, status="ok", started_at=store_mod.utcnow()),
+            dict(run_id=run.id, rollout_id="r", seq=2, started_at=store_mod.utcnow())]
+    ids = await astore.insert_calls(rows)
+    await astore.close()
+    by_id = {c.id: c for c in store.list_calls(run_id=run.id)}
+    assert [by_id[i].seq for i in ids] == [0, 1, 2]
+    assert by_id[ids[1]].status == "ok"
