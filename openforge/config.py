@@ -97,6 +97,9 @@ class KubernetesSandboxConfig(_Section):
     image_pull_secrets: list[str] = Field(default_factory=list)
     service_account: str = ""
     start_timeout_s: float = Field(300.0, gt=0)
+    active_deadline_s: int = Field(
+        3600, ge=60, description="activeDeadlineSeconds of each pod: the backstop if forge dies before deleting it"
+    )
 
 
 class SandboxConfig(_Section):
