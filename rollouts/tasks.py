@@ -1,0 +1,275 @@
+"""The task format: what an agent is asked to do, what its sandbox starts with, and how it is scored.
+
+A task set is a JSONL file (one task per line) or a folder holding any mix of:
+
+    easy.jsonl            one task per line
+    make-config.json      one task per file (.json or .toml)
+    fix-script/           one task per sub-folder: task.json or task.toml, plus optional
+        task.toml         files/ (copied into the sandbox as setup files) and
+        files/run.sh      verifier/ (written only after the agent stops, so it cannot read them)
+
+`builtin` names the set shipped in `rollouts/builtin_tasks/`.
+
+A task's verifier is a shell command run in the sandbox's working directory after the agent stops.
+Its reward: a last stdout line `score: X` (or a bare number) with X in [0, 1]; without one, exit code
+0 -> 1.0, anything else -> 0.0. The mini harness leaves its final answer in `ANSWER_FILE`, so a
+verifier can grade the answer text as well as the files the agent made.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from openforge.errors import TaskError
+
+BUILTIN_DIR = Path(__file__).parent / "builtin_tasks"
+# Where the mini harness writes its final answer, relative to the sandbox's working directory.
+ANSWER_FILE = ".forge/answer.txt"
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class TaskSpec(BaseModel):
+    """One task. Paths in `files`/`verifier_files` are relative to the sandbox's working directory."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(description="unique within the set: letters, digits, . _ -")
+    instruction: str = Field(min_length=1, description="what the agent is told")
+    files: dict[str, str] = Field(default_factory=dict, description="setup files: path -> content")
+    setup: str | None = Field(None, description="shell command run before the agent starts")
+    verifier: str = Field(min_length=1, description="shell command run after the agent stops")
+    verifier_files: dict[str, str] = Field(default_factory=dict, description="written just before the verifier")
+    time_limit_s: float = Field(120.0, gt=0, le=86400, description="the agent's wall-clock budget")
+    pass_threshold: float = Field(1.0, ge=0, le=1, description="reward at or above this counts as a pass")
+    difficulty: Literal["easy", "medium", "hard"] | None = None
+    tags: list[str] = Field(default_factory=list)
+    solution: str | None = Field(None, description="a reference solution (shell); never shown to the agent")
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, value: str) -> str:
+        if not _ID_RE.match(value):
+            raise ValueError("must be 1-128 of letters, digits, '.', '_', '-' (starting with a letter or digit)")
+        return value
+
+    @field_validator("files", "verifier_files")
+    @classmethod
+    def _check_paths(cls, value: dict[str, str]) -> dict[str, str]:
+        for path in value:
+            p = PurePosixPath(path)
+            if not path or p.is_absolute() or ".." in p.parts:
+                raise ValueError(f"file path {path!r} must be relative and stay inside the working directory")
+        return value
+
+    @field_validator("verifier", "instruction")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value
+
+    def to_record(self) -> dict[str, Any]:
+        """The JSON-ready dict the store keeps (Store.add_tasks wants `id` and `instruction`)."""
+        return self.model_dump(mode="json")
+
+
+@dataclass(frozen=True)
+class TaskProblem:
+    """One reason a task set is bad. `where` is `file` or `file:line`."""
+
+    where: str
+    task_id: str | None
+    message: str
+
+    def __str__(self) -> str:
+        who = f" [{self.task_id}]" if self.task_id else ""
+        return f"{self.where}{who}: {self.message}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading raw task records (dicts) from files, with every problem collected rather than raised.
+
+
+def _jsonl_records(path: Path, problems: list[TaskProblem]) -> list[tuple[str, dict[str, Any]]]:
+    out: list[tuple[str, dict[str, Any]]] = []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(TaskProblem(str(path), None, f"cannot read: {exc}"))
+        return out
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("//"):
+            continue
+        where = f"{path}:{n}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            problems.append(TaskProblem(where, None, f"bad JSON line {n}: {exc.msg} (column {exc.colno})"))
+            continue
+        if not isinstance(record, dict):
+            problems.append(TaskProblem(where, None, f"line {n} is a JSON {type(record).__name__}, not an object"))
+            continue
+        out.append((where, record))
+    return out
+
+
+def _file_record(path: Path, problems: list[TaskProblem]) -> dict[str, Any] | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+        record = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(TaskProblem(str(path), None, f"cannot read: {exc}"))
+        return None
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        problems.append(TaskProblem(str(path), None, f"bad {path.suffix[1:].upper()}: {exc}"))
+        return None
+    if not isinstance(record, dict):
+        problems.append(TaskProblem(str(path), None, "must hold one JSON object"))
+        return None
+    return record
+
+
+def _tree_files(root: Path, problems: list[TaskProblem]) -> dict[str, str]:
+    files: dict[str, str] = {}
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        try:
+            files[f.relative_to(root).as_posix()] = f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(TaskProblem(str(f), None, f"setup files must be UTF-8 text: {exc}"))
+    return files
+
+
+def _folder_task(folder: Path, problems: list[TaskProblem]) -> dict[str, Any] | None:
+    spec_files = [folder / n for n in ("task.json", "task.toml") if (folder / n).is_file()]
+    if not spec_files:
+        problems.append(TaskProblem(str(folder), None, "task folder has no task.json or task.toml"))
+        return None
+    record = _file_record(spec_files[0], problems)
+    if record is None:
+        return None
+    record.setdefault("id", folder.name)
+    for key, sub in (("files", "files"), ("verifier_files", "verifier")):
+        if (folder / sub).is_dir():
+            record[key] = {**_tree_files(folder / sub, problems), **(record.get(key) or {})}
+    return record
+
+
+def _raw_records(path: Path, problems: list[TaskProblem]) -> list[tuple[str, dict[str, Any]]]:
+    if path.is_file():
+        if path.suffix == ".jsonl":
+            return _jsonl_records(path, problems)
+        if path.suffix in (".json", ".toml"):
+            record = _file_record(path, problems)
+            return [(str(path), record)] if record is not None else []
+        problems.append(TaskProblem(str(path), None, "a task file must end in .jsonl, .json or .toml"))
+        return []
+    if not path.is_dir():
+        problems.append(TaskProblem(str(path), None, "no such task file or folder"))
+        return []
+    out: list[tuple[str, dict[str, Any]]] = []
+    for entry in sorted(path.iterdir()):
+        if entry.name.startswith((".", "_")):  # hidden files, __pycache__
+            continue
+        if entry.is_dir():
+            record = _folder_task(entry, problems)
+            if record is not None:
+                out.append((str(entry), record))
+        elif entry.suffix in (".jsonl", ".json", ".toml"):
+            out.extend(_raw_records(entry, problems))
+    if not out and not problems:
+        problems.append(TaskProblem(str(path), None, "folder holds no tasks (.jsonl, .json, .toml or task folders)"))
+    return out
+
+
+def _describe(err: ValidationError) -> list[str]:
+    msgs = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "task"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "missing":
+            msg = "missing (required)"
+        elif e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        msgs.append(f"{loc}: {msg}")
+    return msgs
+
+
+def resolve_path(path: str | Path) -> Path:
+    return BUILTIN_DIR if str(path) == "builtin" else Path(path).expanduser()
+
+
+def _check(path: str | Path) -> tuple[list[TaskSpec], list[TaskProblem]]:
+    problems: list[TaskProblem] = []
+    specs: list[TaskSpec] = []
+    seen: dict[str, str] = {}
+    for where, record in _raw_records(resolve_path(path), problems):
+        raw_id = record.get("id") if isinstance(record.get("id"), str) else None
+        try:
+            spec = TaskSpec.model_validate(record)
+        except ValidationError as exc:
+            problems.extend(TaskProblem(where, raw_id, msg) for msg in _describe(exc))
+            continue
+        if spec.id in seen:
+            problems.append(TaskProblem(where, spec.id, f"duplicate id (first defined at {seen[spec.id]})"))
+            continue
+        seen[spec.id] = where
+        specs.append(spec)
+    return specs, sorted(problems, key=_order)
+
+
+def _order(problem: TaskProblem) -> tuple[str, int]:
+    """File order, then line order (reading problems are found before schema problems)."""
+    file, _, line = problem.where.rpartition(":")
+    return (file, int(line)) if line.isdigit() else (problem.where, 0)
+
+
+def validate_tasks(path: str | Path) -> list[TaskProblem]:
+    """Every problem in a task set (empty = valid): bad JSON lines, missing fields, bad ranges, duplicates."""
+    return _check(path)[1]
+
+
+def load_tasks(path: str | Path, *, include: list[str] | None = None) -> list[TaskSpec]:
+    """Load a task set; raises TaskError naming the problems (see `forge tasks validate`)."""
+    specs, problems = _check(path)
+    if problems:
+        shown = "; ".join(str(p) for p in problems[:3])
+        more = f" (and {len(problems) - 3} more; run `forge tasks validate {path}`)" if len(problems) > 3 else ""
+        raise TaskError(f"{len(problems)} problem(s) in task set {path}: {shown}{more}")
+    if include:
+        unknown = sorted(set(include) - {s.id for s in specs})
+        if unknown:
+            raise TaskError(f"task set {path} has no task(s) {', '.join(unknown)}")
+        specs = [s for s in specs if s.id in set(include)]
+    return specs
+
+
+# ---------------------------------------------------------------------------------------------
+# Scores
+
+
+def parse_score(exit_code: int, stdout: str) -> tuple[float, str | None]:
+    """A verifier's reward and, when its output was unusable, why.
+
+    The last non-empty stdout line `score: X` or `X` (a number) wins; X outside [0, 1] or NaN is an
+    error (reward 0.0). Without a score line, exit code 0 -> 1.0, else 0.0.
+    """
+    lines = [ln.strip() for ln in stdout.splitlines() if ln.strip()]
+    if lines:
+        last = lines[-1]
+        m = re.fullmatch(r"(?i:score\s*[:=]\s*)?([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)", last)
+        if m:
+            value = float(m.group(1))
+            if math.isnan(value) or not 0.0 <= value <= 1.0:
+                return 0.0, f"verifier printed score {m.group(1)} outside [0, 1]"
+            return value, None
+        if re.match(r"(?i)score\s*[:=]", last):
+            return 0.0, f"verifier printed an unreadable score line {last[:80]!r}"
+    return (1.0 if exit_code == 0 else 0.0), None
