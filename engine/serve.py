@@ -1,0 +1,85 @@
+"""Serve any ASGI app on uvicorn in a background thread, on loopback and a free port.
+
+Tests of every part use it to put a real server (the proxy, the embedded or scripted engine, an API
+double) on 127.0.0.1 without a subprocess:
+
+    with serve_in_thread(app) as server:
+        httpx.get(server.url + "/health")
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+from openforge.errors import EngineError
+
+
+@dataclass
+class ServerHandle:
+    """A running server: its base URL, and `stop()` (also on leaving a `with` block)."""
+
+    url: str
+    host: str
+    port: int
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        if self.thread.is_alive():  # a handler that never returns: stop waiting for it
+            self.server.force_exit = True
+            self.thread.join(timeout)
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
+                    startup_timeout: float = 30.0) -> ServerHandle:
+    """Start `app` on uvicorn in a daemon thread and return once it accepts connections.
+
+    The socket is bound here, before the thread starts, so `port=0` yields the real port at once and
+    two servers can never race for the same one."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise EngineError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(2048)
+    real_port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            server.run(sockets=[sock])
+        except BaseException as exc:  # noqa: BLE001 - reported to the starting thread below
+            errors.append(exc)
+        finally:
+            sock.close()
+
+    thread = threading.Thread(target=run, name=f"uvicorn-{real_port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout
+    while not server.started:
+        if errors or not thread.is_alive():
+            raise EngineError(f"server on {host}:{real_port} failed to start: {errors[0] if errors else 'exited'}")
+        if time.monotonic() > deadline:
+            server.should_exit = True
+            raise EngineError(f"server on {host}:{real_port} did not start within {startup_timeout:g}s")
+        time.sleep(0.01)
+    shown = f"[{host}]" if ":" in host else host
+    return ServerHandle(url=f"http://{shown}:{real_port}", host=host, port=real_port, server=server, thread=thread)
