@@ -1,0 +1,267 @@
+"""GRPO in plain PyTorch: group advantages, the clipped token-level objective with truncated importance
+sampling, the k3 KL to the reference, and one optimisation step over micro-batches.
+
+Symbols (per token t of sequence i, only where the loss mask is 1):
+
+    A_i      = (R_i - mean(R_group)) / (std(R_group) + eps)       GRPO; Dr. GRPO drops the division
+    mu       = the engine's sampling probability (the behaviour policy, recorded by the proxy)
+    pi_old   = the trainer's probability before this update (the proximal policy)
+    pi       = the trainer's probability now (carries the gradient)
+    r        = pi / pi_old
+    w        = min(pi_old / mu, C), detached                       truncated importance sampling (TIS)
+    L_pg     = -w * min(r * A, clip(r, 1 - eps, 1 + eps_high) * A)
+    KL_k3    = exp(ref - logp) - (ref - logp) - 1                  Schulman's k3, unbiased and >= 0
+    L        = agg(L_pg + beta * KL_k3)                            token-mean or sequence-mean
+
+TIS follows Yao et al., "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"
+(2025, fengyao.notion.site/off-policy-rl), as veRL (`rollout_is`, docs/advance/rollout_is.md) and slime
+(`compute_tis_weights`: exp(train_old - rollout) clamped) implement it: the PPO ratio is taken
+against the trainer's own pre-update logprobs and the engine/trainer gap is a separate, capped weight.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from openforge.errors import TrainerError
+
+
+def group_advantages(rewards: torch.Tensor, *, std_normalize: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """Advantages from rewards grouped along the last dim: [G] or [n_groups, G] -> same shape.
+
+    >>> group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]))   # mean 0.5, std 0.5774 (unbiased)
+    tensor([ 0.8660, -0.8660, -0.8660,  0.8660])
+    >>> group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), std_normalize=False)   # Dr. GRPO
+    tensor([ 0.5000, -0.5000, -0.5000,  0.5000])
+
+    A group whose rewards are all equal has zero advantage (nothing to learn from it). The std is the
+    unbiased one, as in DeepSeekMath's GRPO and TRL.
+    """
+    r = rewards.float()
+    centred = r - r.mean(dim=-1, keepdim=True)
+    if not std_normalize:
+        return centred
+    std = r.std(dim=-1, keepdim=True) if r.shape[-1] > 1 else torch.zeros_like(r)
+    return centred / (std + eps)
+
+
+@dataclass
+class LossParts:
+    """What one call of `policy_loss` measured (plain floats, summed later into step metrics)."""
+
+    loss: torch.Tensor  # scalar with grad
+    clip_frac: float  # share of mask tokens where the clipped branch was taken
+    kl: float  # mean k3 KL on mask tokens (0 without a reference)
+    tis_frac: float  # share of mask tokens whose TIS weight hit the cap
+
+
+def policy_loss(
+    logp_new: torch.Tensor,
+    logp_old: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    logp_proximal: torch.Tensor | None = None,
+    logp_ref: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    tis_cap: float = 2.0,
+    loss_agg: str = "token-mean",
+    weights: torch.Tensor | None = None,
+) -> LossParts:
+    """The clipped GRPO objective with TIS, on tensors of shape [B, T] (advantages: [B] or [B, T]).
+
+    `logp_old` is the engine's recorded sampling logprob (behaviour policy mu); `logp_proximal` the
+    trainer's logprob before this update (default: `logp_new` detached, exact for one epoch per step).
+    `weights` [B, T] replaces `loss_agg` when the caller aggregates over a larger batch than this one
+    (micro-batching): the loss is then sum(weights * per-token loss).
+
+    Worked example: one token, A = 1, engine logprob log 0.5, trainer logprob log 0.6 (first epoch, so
+    r = 1): w = min(0.6/0.5, 2) = 1.2, L = -1.2 * 1 * 1 = -1.2, and dL/dlogp = -1.2.
+
+    >>> lp = torch.log(torch.tensor([[0.6]])).requires_grad_()
+    >>> out = policy_loss(lp, torch.log(torch.tensor([[0.5]])), torch.tensor([1.0]), torch.ones(1, 1))
+    >>> round(out.loss.item(), 4)
+    -1.2
+    """
+    mask = mask.float()
+    adv = advantages.float()
+    if adv.dim() == 1:
+        adv = adv[:, None].expand_as(logp_new)
+    prox = logp_new.detach() if logp_proximal is None else logp_proximal
+    eps_high = clip_eps if clip_eps_high is None else clip_eps_high
+
+    ratio = torch.exp(logp_new - prox)  # r = pi / pi_old
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + eps_high)
+    pg = torch.maximum(unclipped, clipped)  # -min(rA, clip(r)A)
+    raw_w = torch.exp(prox - logp_old.float())  # pi_old / mu
+    tis = torch.clamp(raw_w, max=tis_cap).detach()
+    per_token = tis * pg
+
+    kl = torch.zeros_like(per_token)
+    if logp_ref is not None:
+        delta = logp_ref - logp_new
+        kl = torch.exp(delta) - delta - 1.0  # k3
+        per_token = per_token + kl_coef * kl
+
+    if weights is None:
+        weights = aggregation_weights(mask, loss_agg)
+    loss = (per_token * weights * mask).sum()
+    n = mask.sum().clamp_min(1.0)
+    return LossParts(
+        loss=loss,
+        clip_frac=float(((clipped > unclipped).float() * mask).sum() / n),
+        kl=float((kl.detach() * mask).sum() / n),
+        tis_frac=float(((raw_w > tis_cap).float() * mask).sum() / n),
+    )
+
+
+def aggregation_weights(mask: torch.Tensor, loss_agg: str, seq_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token weights w so that sum(w * mask * loss) is the chosen mean.
+
+    token-mean: every mask token counts the same, w = 1 / n_tokens (DAPO, Dr. GRPO).
+    seq-mean:   every sequence counts the same, w = 1 / (n_seqs * n_tokens_of_its_sequence) (the
+                original GRPO). `seq_ids` [B] groups several rows into one sequence (a rollout's
+                segments), so a rollout with many segments does not outweigh one with a single segment.
+
+    >>> aggregation_weights(torch.tensor([[1., 1., 0.], [1., 0., 0.]]), "seq-mean")[:, 0]
+    tensor([0.2500, 0.5000])
+    """
+    mask = mask.float()
+    if loss_agg == "token-mean":
+        return torch.full_like(mask, 1.0 / max(float(mask.sum()), 1.0))
+    if loss_agg != "seq-mean":
+        raise TrainerError(f"unknown loss_agg {loss_agg!r} (token-mean or seq-mean)")
+    if seq_ids is None:
+        seq_ids = torch.arange(mask.shape[0])
+    uniq, inverse = torch.unique(seq_ids, return_inverse=True)
+    per_seq = torch.zeros(len(uniq)).index_add_(0, inverse, mask.sum(dim=1))
+    w_row = 1.0 / (len(uniq) * per_seq.clamp_min(1.0)[inverse])
+    return w_row[:, None].expand_as(mask).clone()
+
+
+def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   temperature: float = 1.0) -> torch.Tensor:
+    """log pi(x_t | x_<t) for t = 1..T-1: [B, T] -> [B, T-1] (fp32 log-softmax, as the engine does)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    targets = input_ids[:, 1:]
+    # log softmax at the target only: gather - logsumexp, without a [B, T, V] log-prob tensor.
+    return logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+@dataclass
+class StepConfig:
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    tis_cap: float = 2.0
+    kl_coef: float = 0.0
+    loss_agg: str = "token-mean"
+    max_grad_norm: float = 1.0
+    epochs: int = 1
+    temperature: float = 1.0
+    autocast_dtype: torch.dtype | None = None  # bf16 on GPUs that support it; None = fp32
+
+
+def _forward(model: Any, mb: dict[str, torch.Tensor], cfg: StepConfig) -> torch.Tensor:
+    device_type = mb["input_ids"].device.type
+    if cfg.autocast_dtype is None:
+        return token_logprobs(model, mb["input_ids"], mb["attention_mask"], cfg.temperature)
+    with torch.autocast(device_type=device_type, dtype=cfg.autocast_dtype):
+        return token_logprobs(model, mb["input_ids"], mb["attention_mask"], cfg.temperature)
+
+
+@torch.no_grad()
+def _reference_logprobs(model: Any, mb: dict[str, torch.Tensor], cfg: StepConfig) -> torch.Tensor:
+    # The reference is the base model: the same weights with the LoRA adapter switched off.
+    if not hasattr(model, "disable_adapter"):
+        raise TrainerError("kl_coef > 0 needs a LoRA model (the reference is the adapter disabled)")
+    with model.disable_adapter():
+        return _forward(model, mb, cfg)
+
+
+def grpo_step(model: Any, optimizer: torch.optim.Optimizer, micro_batches: list[dict[str, torch.Tensor]],
+              cfg: StepConfig, scheduler: Any = None) -> dict[str, float]:
+    """One GRPO update: for each epoch, accumulate gradients over all micro-batches, clip, step.
+
+    Each micro-batch holds input_ids/attention_mask [B, T] and, aligned with the predicted tokens
+    [B, T-1]: mask, old_logp (engine), weights (from `aggregation_weights` over the whole step), and
+    advantages [B]. Returns the step's metrics; `mismatch_*` compare the engine's logprobs with the
+    trainer's pre-update logprobs on the sampled tokens.
+    """
+    if not micro_batches:
+        raise TrainerError("no trainable tokens in this step (every group was dropped or empty)")
+    model.train()
+    proximal: list[torch.Tensor | None] = [None] * len(micro_batches)
+    if cfg.epochs > 1:  # several updates on one batch: pi_old must be frozen before the first
+        with torch.no_grad():
+            proximal = [_forward(model, mb, cfg) for mb in micro_batches]
+    refs = [_reference_logprobs(model, mb, cfg) if cfg.kl_coef > 0 else None for mb in micro_batches]
+
+    sums = {"loss": 0.0, "clip": 0.0, "kl": 0.0, "tis": 0.0, "mm_sum": 0.0, "mm_max": 0.0, "tok": 0.0}
+    grad_norm = 0.0
+    for epoch in range(cfg.epochs):
+        optimizer.zero_grad(set_to_none=True)
+        for i, mb in enumerate(micro_batches):
+            logp = _forward(model, mb, cfg)
+            mask = mb["mask"]
+            parts = policy_loss(
+                logp, mb["old_logp"], mb["advantages"], mask, logp_proximal=proximal[i], logp_ref=refs[i],
+                kl_coef=cfg.kl_coef, clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
+                tis_cap=cfg.tis_cap, weights=mb["weights"],
+            )
+            parts.loss.backward()
+            if epoch == 0:
+                n = float(mask.sum())
+                before = (proximal[i] if proximal[i] is not None else logp).detach()
+                gap = (before - mb["old_logp"]).abs() * mask
+                sums["loss"] += float(parts.loss.detach())
+                sums["clip"] += parts.clip_frac * n
+                sums["kl"] += parts.kl * n
+                sums["tis"] += parts.tis_frac * n
+                sums["mm_sum"] += float(gap.sum())
+                sums["mm_max"] = max(sums["mm_max"], float(gap.max()) if gap.numel() else 0.0)
+                sums["tok"] += n
+        params = [p for p in model.parameters() if p.requires_grad]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+        if not math.isfinite(grad_norm):
+            raise TrainerError(f"gradient norm is {grad_norm} at epoch {epoch}: the loss diverged; lower the lr")
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+    tok = max(sums["tok"], 1.0)
+    return {
+        "loss": sums["loss"], "clip_frac": sums["clip"] / tok, "kl": sums["kl"] / tok,
+        "tis_frac": sums["tis"] / tok, "mismatch_mean": sums["mm_sum"] / tok, "mismatch_max": sums["mm_max"],
+        "grad_norm": grad_norm, "n_tokens": int(sums["tok"]),
+    }
+
+
+def lr_lambda(schedule: str, *, total_steps: int, warmup_steps: int = 0):  # -> Callable[[int], float]
+    """Multiplier of the base lr after `n` optimizer steps: linear warmup, then constant/cosine/linear.
+
+    >>> f = lr_lambda("linear", total_steps=4, warmup_steps=2)
+    >>> [f(n) for n in range(5)]
+    [0.5, 1.0, 1.0, 0.5, 0.0]
+    """
+    if schedule not in ("constant", "cosine", "linear"):
+        raise TrainerError(f"unknown lr_schedule {schedule!r} (constant, cosine, linear)")
+
+    def f(n: int) -> float:
+        if n < warmup_steps:
+            return (n + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        span = max(total_steps - warmup_steps, 1)
+        progress = min((n - warmup_steps) / span, 1.0)
+        return 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
+
+    return f
+

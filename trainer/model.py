@@ -1,0 +1,83 @@
+"""The policy the trainer updates: a HF causal LM with a PEFT LoRA adapter (or all weights), its
+optimizer and LR schedule. Loaded with the same code that loads a real Qwen2.5/Qwen3 folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from openforge.config import TrainerConfig
+from openforge.errors import ConfigError, TrainerError
+from trainer.grpo import lr_lambda
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"trainer.device {name!r} is not a torch device (auto, cpu, cuda, cuda:1)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device is cuda but torch sees no GPU; use auto or cpu")
+    return device
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on GPUs that have it; fp32 elsewhere (CPU bf16 is slow and would break the
+    fp32 engine/trainer logprob match the tests rely on)."""
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
+
+
+def build_policy(model_path: str | Path, cfg: TrainerConfig, *, device: torch.device,
+                 resume_from: Path | None = None) -> Any:
+    """Load the base model in fp32 and wrap it: a fresh LoRA adapter, or the one at `resume_from`."""
+    from transformers import AutoModelForCausalLM
+
+    source = resume_from if (cfg.full_finetune and resume_from is not None) else model_path
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot load the model at {source}: {str(exc).splitlines()[0]}") from None
+    model.config.use_cache = False  # training never decodes; the cache only costs memory
+    if cfg.full_finetune:
+        return model.to(device)
+
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if resume_from is not None:
+        model = PeftModel.from_pretrained(model, str(resume_from), is_trainable=True)
+    else:
+        lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                          target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
+        try:
+            model = get_peft_model(model, lora)
+        except ValueError as exc:
+            raise ConfigError(f"trainer.lora_target_modules: {str(exc).splitlines()[0]}") from None
+    return model.to(device)
+
+
+def build_optimizer(model: Any, cfg: TrainerConfig) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW over the trainable weights, with warmup + the configured schedule per optimizer step."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise TrainerError("the model has no trainable weights (LoRA target modules matched nothing?)")
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    total = max(cfg.steps * cfg.epochs_per_step, 1)
+    schedule = lr_lambda(cfg.lr_schedule, total_steps=total, warmup_steps=cfg.warmup_steps * cfg.epochs_per_step)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def pad_token_id(model: Any) -> int:
+    config = getattr(model, "config", None)
+    for key in ("pad_token_id", "eos_token_id"):
+        value = getattr(config, key, None)
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if value is not None:
+            return int(value)
+    return 0
