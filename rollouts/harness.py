@@ -23,6 +23,7 @@ class HarnessContext:
     model: str  # the model id the proxy serves (ProxyConfig.served_model_name)
     instruction: str  # the task's instruction text
     workdir: str  # the sandbox's working directory
+    backend: str = "local"  # the sandbox backend (SandboxInfo.backend): local | docker | kubernetes
 
 
 class Harness(Protocol):

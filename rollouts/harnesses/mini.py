@@ -1,0 +1,42 @@
+"""The built-in `mini` harness: copies mini_agent.py into the sandbox and runs it with a python that has
+the `openai` package (the local backend: this venv's interpreter; container backends: the image's
+`python3`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from openforge.config import HarnessConfig
+from rollouts.harness import HarnessContext
+from sandbox.base import Sandbox
+
+AGENT_SOURCE = Path(__file__).with_name("mini_agent.py")
+AGENT_PATH = ".forge/mini_agent.py"  # relative to the sandbox's working directory
+INSTRUCTION_PATH = ".forge/instruction.txt"  # a file, not argv: instructions can be long or odd
+
+
+class MiniHarness:
+    name = "mini"
+
+    def __init__(self, config: HarnessConfig) -> None:
+        self.config = config
+
+    async def prepare(self, sandbox: Sandbox, ctx: HarnessContext) -> None:
+        await sandbox.write_file(AGENT_PATH, AGENT_SOURCE.read_bytes())
+        await sandbox.write_file(INSTRUCTION_PATH, ctx.instruction.encode("utf-8"))
+
+    def command(self, ctx: HarnessContext) -> list[str]:
+        python = sys.executable if ctx.backend == "local" else "python3"
+        return [python, AGENT_PATH, "--instruction-file", INSTRUCTION_PATH,
+                "--max-turns", str(self.config.max_turns), "--max-tokens", str(self.config.max_tokens),
+                *self.config.extra_args]
+
+    def env(self, ctx: HarnessContext) -> dict[str, str]:
+        return {
+            "OPENAI_BASE_URL": ctx.proxy_url.rstrip("/") + "/v1",
+            "OPENAI_API_KEY": ctx.api_key,
+            "FORGE_MODEL": ctx.model,
+            "PYTHONUNBUFFERED": "1",  # a killed agent still leaves its log in the stored stdout
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }

@@ -1,0 +1,312 @@
+"""The rollout runner: many (task, sample) rollouts, each in its own sandbox, bounded and recorded.
+
+    runner = RolloutRunner(store, config=config, proxy_url=proxy.url)
+    rollouts = await runner.run(run_id, [RolloutSpec(task, i) for task in tasks for i in range(4)])
+
+One rollout: pending -> running -> start a sandbox (retried: infrastructure) -> setup files and
+command -> harness prepare + run under the time limit (the sandbox kills it) -> assemble the
+trajectory from the proxy's recorded calls -> verifier -> scored. The final states say who failed:
+
+    scored     the verifier ran; `reward` is the policy's data (0.0 for an agent that did nothing)
+    timed_out  the harness ran past its limit and was killed; reward 0.0 (the agent's failure)
+    failed     infrastructure: the sandbox would not start, setup or the harness install broke, the
+               sandbox died. Not the policy's fault: the trainer drops the whole group.
+    cancelled  the run was cancelled (Ctrl-C, `cancel()`) before the rollout finished
+
+Every sandbox is stopped on every path, cancellation included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from openforge.config import ForgeConfig
+from openforge.errors import HarnessError, SandboxError
+from openforge.store import Rollout, Store
+from rollouts.harness import Harness, HarnessContext
+from rollouts.tasks import TaskSpec, parse_score
+from sandbox.base import ExecResult, Sandbox
+
+try:  # a start failure worth retrying (engine busy, quota full); other SandboxErrors fail at once
+    from sandbox.base import TransientSandboxError
+except ImportError:  # pragma: no cover - an older sandbox part: every start failure is retried
+    TransientSandboxError = SandboxError  # type: ignore[misc,assignment]
+
+log = logging.getLogger(__name__)
+
+STORED_OUTPUT_CHARS = 64_000  # harness/verifier output kept per rollout (the tail: where errors are)
+KILL_GRACE_S = 10.0  # past the limit, a sandbox that has not returned from exec is stopped by force
+SandboxFactory = Callable[..., Sandbox]  # (SandboxConfig, *, run_id, rollout_id) -> Sandbox
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """One rollout to run: a task and its position within the task's group."""
+
+    task: TaskSpec
+    sample_index: int = 0
+
+
+class _InfraFailure(Exception):
+    """A failure that is not the policy's: recorded as status `failed`."""
+
+
+def _tail(text: str, limit: int = STORED_OUTPUT_CHARS) -> str:
+    return text if len(text) <= limit else f"[... {len(text) - limit} characters cut ...]\n" + text[-limit:]
+
+
+def _default_factory() -> SandboxFactory:
+    from sandbox.factory import make_sandbox
+
+    return make_sandbox
+
+
+async def _stop_quietly(sb: Sandbox) -> None:
+    """Stop a sandbox even while being cancelled; a stop that fails is logged, not raised."""
+    task = asyncio.ensure_future(sb.stop())
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise
+    except Exception as exc:  # noqa: BLE001 - cleanup must not mask the rollout's own outcome
+        log.warning("stopping sandbox %s failed: %s", getattr(sb.info, "sandbox_id", "?"), exc)
+
+
+class RolloutRunner:
+    """Runs rollouts with bounded concurrency; `pause()` holds new ones back, `cancel()` stops all."""
+
+    def __init__(self, store: Store, *, config: ForgeConfig, proxy_url: str, harness: Harness | None = None,
+                 sandbox_factory: SandboxFactory | None = None,
+                 on_progress: Callable[[Rollout], Any] | None = None) -> None:
+        from rollouts.harnesses import get_harness
+
+        self.store = store
+        self.config = config
+        self.proxy_url = proxy_url
+        self.harness = harness or get_harness(config.harness)
+        self.sandbox_factory = sandbox_factory or _default_factory()
+        self.on_progress = on_progress
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._sem = asyncio.Semaphore(config.runner.concurrency)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- control --------------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Start no new rollouts until `resume()`; running ones carry on."""
+        self._gate.clear()
+
+    def resume(self) -> None:
+        self._gate.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._gate.is_set()
+
+    def cancel(self) -> None:
+        """Cancel every unfinished rollout of the current `run` (their sandboxes are stopped)."""
+        for task in self._tasks:
+            task.cancel()
+
+    # -- running --------------------------------------------------------------------------------
+
+    async def run(self, run_id: str, specs: list[RolloutSpec], *, step: int = 0,
+                  adapter: str | None = None) -> list[Rollout]:
+        """Run every spec; returns their rollouts (final states) in the order of `specs`.
+
+        Rollouts are created `pending` up front, so the dashboard sees the whole step at once. If the
+        caller is cancelled (Ctrl-C), every unfinished rollout becomes `cancelled`, every sandbox is
+        stopped, and the CancelledError propagates."""
+        unique = {s.task.id: s.task for s in specs}
+        await self._db(self.store.add_tasks, run_id, [t.to_record() for t in unique.values()])
+        rollouts = []
+        for spec in specs:
+            rollouts.append(await self._db(
+                self.store.create_rollout, run_id=run_id, task_id=spec.task.id, step=step,
+                sample_index=spec.sample_index, sandbox=self.config.sandbox.type, harness=self.harness.name,
+                adapter=adapter))
+        tasks = [asyncio.create_task(self._guarded(ro, spec)) for ro, spec in zip(rollouts, specs)]
+        self._tasks.update(tasks)
+        try:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        except asyncio.CancelledError:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        finally:
+            self._tasks.difference_update(tasks)
+        return [await self._db(self.store.get_rollout, ro.id) for ro in rollouts]
+
+    async def _guarded(self, ro: Rollout, spec: RolloutSpec) -> None:
+        try:
+            await self._rollout(ro, spec)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._finish(ro.id, status="cancelled", error="cancelled before it finished",
+                                              only_unfinished=True))
+            raise
+        except Exception as exc:  # noqa: BLE001 - one rollout's bug must not take the step down
+            log.exception("rollout %s crashed", ro.id)
+            await self._finish(ro.id, status="failed", error=f"runner error: {type(exc).__name__}: {exc}")
+
+    async def _rollout(self, ro: Rollout, spec: RolloutSpec) -> None:
+        await self._gate.wait()
+        async with self._sem:
+            await self._gate.wait()  # a pause while this one queued for a slot holds it too
+            await self._db(self.store.update_rollout, ro.id, status="running")
+            self._progress(ro.id)
+            sb = await self._start_sandbox(ro)
+            if sb is None:
+                return
+            try:
+                await self._drive(sb, ro, spec.task)
+            except _InfraFailure as exc:
+                await self._finish(ro.id, status="failed", error=str(exc))
+            finally:
+                await _stop_quietly(sb)
+
+    async def _start_sandbox(self, ro: Rollout) -> Sandbox | None:
+        """A started sandbox, or None after recording `failed` once every start attempt has failed."""
+        retries = self.config.sandbox.start_retries
+        last: Exception | None = None
+        for attempt in range(1, retries + 2):
+            sb = self.sandbox_factory(self.config.sandbox, run_id=ro.run_id, rollout_id=ro.id)
+            try:
+                await asyncio.wait_for(sb.start(), timeout=self.config.runner.rollout_timeout_s)
+            except (SandboxError, OSError, TimeoutError) as exc:
+                last = exc
+                await _stop_quietly(sb)
+                await self._db(self.store.update_rollout, ro.id, attempts=attempt)
+                log.warning("rollout %s: sandbox start %d/%d failed: %s", ro.id, attempt, retries + 1, exc)
+                if isinstance(exc, SandboxError) and not isinstance(exc, TransientSandboxError):
+                    break  # e.g. an image that does not exist: retrying cannot help
+                if attempt <= retries:
+                    await asyncio.sleep(min(0.2 * 2 ** (attempt - 1), 5.0))
+                continue
+            await self._db(self.store.update_rollout, ro.id, attempts=attempt, sandbox_id=sb.info.sandbox_id)
+            return sb
+        reason = f"{type(last).__name__}: {last}" if isinstance(last, TimeoutError) else str(last)
+        await self._finish(ro.id, status="failed",
+                           error=f"infra: sandbox failed to start after {attempt} attempt(s): {reason}")
+        return None
+
+    async def _drive(self, sb: Sandbox, ro: Rollout, task: TaskSpec) -> None:
+        budget = min(task.time_limit_s, self.config.runner.rollout_timeout_s)
+        ctx = HarnessContext(proxy_url=self._proxy_url_for(sb), api_key=ro.api_key,
+                             model=self.config.proxy.served_model_name, instruction=task.instruction,
+                             workdir=sb.info.workdir, backend=sb.info.backend)
+        await self._setup(sb, task)
+        try:
+            await self.harness.prepare(sb, ctx)
+        except (HarnessError, SandboxError) as exc:
+            raise _InfraFailure(f"infra: harness {self.harness.name} could not be prepared: {exc}") from None
+        result = await self._exec(sb, self.harness.command(ctx), timeout=budget, env=self.harness.env(ctx))
+        await self._db(self.store.update_rollout, ro.id, exit_code=result.exit_code,
+                       stdout=_tail(result.stdout), stderr=_tail(result.stderr))
+        assembly_error = await self._assemble(ro.id)
+        if result.timed_out:
+            await self._finish(ro.id, status="timed_out", reward=0.0,
+                               error=f"harness ran past its limit of {budget:g}s and was killed")
+            return
+        reward, verifier_output, note = await self._verify(sb, task)
+        if assembly_error:
+            await self._finish(ro.id, status="failed", reward=reward, verifier_output=verifier_output,
+                               error=f"infra: trajectory assembly failed: {assembly_error}")
+            return
+        await self._finish(ro.id, status="scored", reward=reward, verifier_output=verifier_output, error=note)
+
+    async def _setup(self, sb: Sandbox, task: TaskSpec) -> None:
+        try:
+            for path, content in task.files.items():
+                await sb.write_file(path, content.encode("utf-8"))
+            if task.setup:
+                done = await sb.exec(task.setup, timeout=self.config.runner.verifier_timeout_s)
+                if done.exit_code != 0:
+                    raise _InfraFailure(f"infra: task setup exited {done.exit_code}: {_tail(done.stderr, 500)}")
+        except SandboxError as exc:
+            raise _InfraFailure(f"infra: task setup failed: {exc}") from None
+
+    async def _exec(self, sb: Sandbox, command: list[str] | str, *, timeout: float,
+                    env: dict[str, str] | None = None) -> ExecResult:
+        """`sb.exec` with a backstop: a sandbox that does not return shortly after the limit is stopped."""
+        try:
+            return await asyncio.wait_for(
+                sb.exec(command, timeout=timeout, env=env, max_output=self.config.sandbox.max_output_bytes),
+                timeout=timeout + KILL_GRACE_S)
+        except TimeoutError:
+            await _stop_quietly(sb)
+            return ExecResult(exit_code=124, stdout="", stderr="killed: the sandbox did not return at its limit",
+                              timed_out=True, duration_s=timeout + KILL_GRACE_S)
+        except SandboxError as exc:
+            raise _InfraFailure(f"infra: the sandbox failed while running: {exc}") from None
+
+    async def _verify(self, sb: Sandbox, task: TaskSpec) -> tuple[float, str, str | None]:
+        """(reward, verifier output, a note when the verifier's output was unusable)."""
+        try:
+            for path, content in task.verifier_files.items():
+                await sb.write_file(path, content.encode("utf-8"))
+        except SandboxError as exc:
+            raise _InfraFailure(f"infra: writing the verifier files failed: {exc}") from None
+        limit = self.config.runner.verifier_timeout_s
+        done = await self._exec(sb, task.verifier, timeout=limit)
+        output = _tail(f"exit code {done.exit_code}\n{done.stdout}" + (f"\n[stderr]\n{done.stderr}" if done.stderr else ""))
+        if done.timed_out:
+            return 0.0, output, f"verifier ran past {limit:g}s"
+        reward, note = parse_score(done.exit_code, done.stdout)
+        return reward, output, note
+
+    async def _assemble(self, rollout_id: str) -> str | None:
+        """Write the rollout's trajectory rows; returns why it failed, or None."""
+        try:
+            from proxy.trajectory import assemble_rollout
+        except ImportError as exc:  # the proxy part is optional for runner-only tests
+            log.warning("no trajectory assembly (%s)", exc)
+            return None
+        try:
+            await self._db(assemble_rollout, self.store, rollout_id)
+        except Exception as exc:  # noqa: BLE001 - recorded on the rollout; the group gets dropped
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _proxy_url_for(self, sb: Sandbox) -> str:
+        """The proxy URL as seen from inside the sandbox."""
+        k8s = self.config.sandbox.kubernetes.proxy_url
+        if sb.info.backend == "kubernetes" and k8s:
+            return k8s
+        parts = urlsplit(self.proxy_url)
+        host = sb.info.proxy_host
+        if parts.hostname in ("127.0.0.1", "localhost") and host and host not in ("127.0.0.1", "localhost"):
+            netloc = f"{host}:{parts.port}" if parts.port else host
+            return urlunsplit(parts._replace(netloc=netloc))
+        return self.proxy_url
+
+    async def _finish(self, rollout_id: str, *, status: str, only_unfinished: bool = False, **fields: Any) -> None:
+        if only_unfinished:
+            current = await self._db(self.store.get_rollout, rollout_id)
+            if current.status not in ("pending", "running"):
+                return
+        await self._db(self.store.update_rollout, rollout_id, status=status, **fields)
+        self._progress(rollout_id)
+
+    def _progress(self, rollout_id: str) -> None:
+        if self.on_progress is None:
+            return
+        try:
+            self.on_progress(self.store.get_rollout(rollout_id))
+        except Exception as exc:  # noqa: BLE001 - a dashboard callback must not break rollouts
+            log.warning("progress callback failed: %s", exc)
+
+    @staticmethod
+    async def _db(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        # Store calls are sync SQLite; off the loop they cannot stall a proxy serving on this loop.
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
