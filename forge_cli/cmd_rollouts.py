@@ -1,9 +1,166 @@
-"""Commands of the rollouts part (filled in by its issue)."""
+"""Commands of the rollouts part: `forge tasks validate|list` and `forge eval`."""
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Optional
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from forge_cli.context import new_typer, state
+from openforge.config import ForgeConfig
+from openforge.errors import ConfigError, TaskError
+from openforge.store import Store
+from rollouts.metrics import RunMetrics
+from rollouts.tasks import load_tasks, validate_tasks
+
+console = Console()
+tasks_app = new_typer(help="Check and list task sets (a .jsonl file, a folder, or 'builtin').")
+
+PathArg = Annotated[str, typer.Argument(help="a task .jsonl file, a task folder, or 'builtin'")]
+
+
+@tasks_app.command("validate")
+def tasks_validate(path: PathArg) -> None:
+    """Check a task set; print every bad task with its reason (exit 1 if any)."""
+    problems = validate_tasks(path)
+    if problems:
+        for p in problems:
+            typer.echo(f"{p}", err=True)
+        raise TaskError(f"{len(problems)} problem(s) in {path}")
+    tasks = load_tasks(path)
+    levels = Counter(t.difficulty or "-" for t in tasks)
+    typer.echo(f"{path}: {len(tasks)} task(s) ok ({', '.join(f'{k} {v}' for k, v in sorted(levels.items()))})")
+
+
+@tasks_app.command("list")
+def tasks_list(path: Annotated[str, typer.Argument(help="a task .jsonl file, a task folder, or 'builtin'")] = "builtin",
+               ) -> None:
+    """List the tasks of a set: id, difficulty, time limit, tags, instruction."""
+    table = Table(title=f"tasks in {path}")
+    for col in ("id", "difficulty", "limit", "tags", "instruction"):
+        table.add_column(col, overflow="fold")
+    for t in load_tasks(path):
+        table.add_row(t.id, t.difficulty or "-", f"{t.time_limit_s:g}s", ",".join(t.tags), t.instruction)
+    console.print(table)
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def metrics_table(metrics: RunMetrics, title: str) -> Table:
+    """The eval table: one row per task, then the run's means."""
+    table = Table(title=title)
+    for col in ("task", "n", "pass", "reward", *[f"pass@{k}" for k in metrics.k_values],
+                *[f"pass^{k}" for k in metrics.k_values], "calls", "tokens", "wall s"):
+        table.add_column(col, justify="left" if col == "task" else "right")
+    for t in sorted(metrics.tasks, key=lambda t: t.task_id):
+        failed = f" (+{t.n_infra_failed} failed)" if t.n_infra_failed else ""
+        table.add_row(t.task_id, f"{t.n}{failed}", str(t.n_pass), _fmt(t.mean_reward),
+                      *[_fmt(t.pass_at[k]) for k in metrics.k_values], *[_fmt(t.pass_hat[k]) for k in metrics.k_values],
+                      str(t.calls), str(t.tokens), f"{t.wall_s:.1f}")
+    table.add_section()
+    table.add_row("[bold]all tasks[/]", str(metrics.n_rollouts), "", _fmt(metrics.mean_reward),
+                  *[_fmt(metrics.pass_at[k]) for k in metrics.k_values],
+                  *[_fmt(metrics.pass_hat[k]) for k in metrics.k_values],
+                  str(metrics.calls), str(metrics.tokens), f"{metrics.wall_s:.1f}")
+    return table
+
+
+def eval_cmd(
+    ctx: typer.Context,
+    tasks: Annotated[Optional[str], typer.Option("--tasks", "-t", help="task set (default: tasks.path, 'builtin')")] = None,
+    samples: Annotated[Optional[int], typer.Option("--samples", "-k", help="samples per task (default runner.samples_per_task)")] = None,
+    pass_k: Annotated[Optional[list[int]], typer.Option("--pass-k", help="k of pass@k / pass^k (repeatable; default runner.pass_k)")] = None,
+    include: Annotated[Optional[list[str]], typer.Option("--task", help="only this task id (repeatable)")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="only the first N tasks")] = None,
+    harness: Annotated[Optional[str], typer.Option("--harness", help="mini, claude-code, codex, openclaw, zeroclaw")] = None,
+    sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="local, docker or kubernetes")] = None,
+    concurrency: Annotated[Optional[int], typer.Option("--concurrency", help="rollouts at once")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="HF checkpoint dir (default: the tiny model)")] = None,
+    engine_url: Annotated[Optional[str], typer.Option("--engine-url", help="use an engine already running here")] = None,
+    adapter: Annotated[Optional[str], typer.Option("--adapter", help="a LoRA adapter loaded in the engine")] = None,
+    name: Annotated[str, typer.Option("--name", help="a name for the run")] = "",
+) -> None:
+    """Run a task set with k samples per task; print pass@k / pass^k per task and store the table."""
+    overrides: dict = {"runner": {}, "harness": {}, "sandbox": {}, "engine": {}, "tasks": {}}
+    for section, key, value in (("runner", "samples_per_task", samples), ("runner", "pass_k", pass_k),
+                                ("runner", "concurrency", concurrency), ("harness", "name", harness),
+                                ("sandbox", "type", sandbox), ("engine", "model", model), ("tasks", "path", tasks),
+                                ("tasks", "include", include)):
+        if value:
+            overrides[section][key] = value
+    if engine_url:
+        overrides["engine"].update(kind="url", url=engine_url)
+    st = state(ctx)
+    config = st.config(overrides)
+    task_set = load_tasks(config.tasks.path, include=config.tasks.include)[: limit or None]
+    if not task_set:
+        raise ConfigError("the task selection is empty")
+    from rollouts.evaluate import run_eval
+
+    k = config.runner.samples_per_task
+    store = st.store()
+    with _services(config, store, st.home) as (config, proxy_url):
+        console.print(f"eval: {len(task_set)} task(s) x {k} sample(s), harness {config.harness.name}, "
+                      f"sandbox {config.sandbox.type}, proxy {proxy_url}")
+        try:
+            run, metrics = asyncio.run(run_eval(store, config, task_set, proxy_url=proxy_url, samples=k,
+                                                k_values=config.runner.pass_k, name=name, adapter=adapter,
+                                                on_progress=_printer(len(task_set) * k)))
+        except KeyboardInterrupt:
+            typer.echo("forge: eval interrupted; every sandbox was stopped", err=True)
+            raise typer.Exit(130) from None
+    console.print(metrics_table(metrics, f"eval {run.id}: {config.tasks.path}"))
+
+
+@contextmanager
+def _services(config: ForgeConfig, store: Store, home: Path) -> Iterator[tuple[ForgeConfig, str]]:
+    """The engine and the recording proxy in front of it, as `forge up` starts them; stopped on exit.
+    Yields the config with `engine.model` resolved (the tiny model is built if it is the default)."""
+    from engine.supervisor import EngineProcess
+    from forge_cli.up import resolve_model
+    from proxy.server import ProxyServer
+
+    model = str(resolve_model(config, home))
+    config = config.model_copy(update={"engine": config.engine.model_copy(update={"model": model})})
+    engine = EngineProcess(config.engine)
+    try:
+        engine.start()
+        proxy = ProxyServer(config.proxy, store_path=store.path, engine_url=engine.url, model_path=model)
+        try:
+            proxy.start()
+            yield config, proxy.url
+        finally:
+            proxy.stop()
+    finally:
+        engine.stop()
+
+
+def _printer(total: int):  # noqa: ANN202
+    done = 0
+
+    def progress(rollout) -> None:  # noqa: ANN001
+        nonlocal done
+        if rollout.status in ("pending", "running"):
+            return
+        done += 1
+        reward = "-" if rollout.reward is None else f"{rollout.reward:.2f}"
+        note = f"  {rollout.error[:90]}" if rollout.error else ""
+        console.print(f"[{done}/{total}] {rollout.task_id}#{rollout.sample_index} {rollout.status} reward {reward}{note}",
+                      highlight=False)
+
+    return progress
 
 
 def register(app: typer.Typer) -> None:
     """Add this part's commands to the root app."""
+    app.add_typer(tasks_app, name="tasks")
+    app.command("eval")(eval_cmd)
