@@ -1,0 +1,160 @@
+"""One completion from the engine, as a stream of API-neutral events and a final `Completion`.
+
+    engine deltas (token ids) -> incremental detokeniser -> stop-string filter -> ToolCallParser -> events
+
+Streaming and non-streaming share every stage after the engine, so both return the same text, the
+same tool calls and the same token ids for the same completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from engine.client import EngineClient
+from proxy.calls import Completion, TextDelta, ToolCallEvent
+from proxy.tokens import ChatRenderer, ToolCallParser
+
+
+class IncrementalDecoder:
+    """Token ids -> text deltas without splitting a multi-byte character (byte-level BPE emits them
+    across tokens): decode a short window and only release text that no longer ends in U+FFFD."""
+
+    def __init__(self, renderer: ChatRenderer) -> None:
+        self.r = renderer
+        self.ids: list[int] = []
+        self.prefix = 0  # window start
+        self.read = 0  # ids already turned into released text
+
+    def feed(self, new_ids: list[int]) -> str:
+        self.ids.extend(new_ids)
+        before = self.r.decode(self.ids[self.prefix:self.read])
+        after = self.r.decode(self.ids[self.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return after[len(before):]
+        return ""
+
+    def flush(self) -> str:
+        before = self.r.decode(self.ids[self.prefix:self.read])
+        after = self.r.decode(self.ids[self.prefix:])
+        self.prefix = self.read = len(self.ids)
+        return after[len(before):]
+
+
+class StopFilter:
+    """Cuts the text at the caller's first stop string, holding back what could be its beginning."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = stops
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.buf = ""
+        self.hit: str | None = None
+
+    def feed(self, text: str) -> str:
+        if self.hit is not None:
+            return ""
+        if not self.stops:
+            return text
+        self.buf += text
+        found = [(self.buf.find(s), s) for s in self.stops if s in self.buf]
+        if found:
+            i, self.hit = min(found)
+            out, self.buf = self.buf[:i], ""
+            return out
+        cut = max(0, len(self.buf) - self.hold)
+        out, self.buf = self.buf[:cut], self.buf[cut:]
+        return out
+
+    def flush(self) -> str:
+        out, self.buf = ("" if self.hit else self.buf), ""
+        return out
+
+
+@dataclass
+class GenerationParams:
+    prompt_ids: list[int]
+    sampling: dict[str, Any]
+    stop: list[str]
+    lora_path: str | None
+    rid: str | None = None
+    id_prefix: str = "call"
+
+
+class Generation:
+    """Run one completion; iterate `events()` (streaming) or await `complete()`; then `.completion`."""
+
+    def __init__(self, engine: EngineClient, renderer: ChatRenderer, params: GenerationParams) -> None:
+        self.engine = engine
+        self.r = renderer
+        self.p = params
+        self.parser = ToolCallParser(params.id_prefix)
+        self.decoder = IncrementalDecoder(renderer)
+        self.stops = StopFilter(params.stop)
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.finish: str | None = None
+        self.completion: Completion | None = None
+
+    def _push(self, ids: list[int], lps: list[float]) -> list[TextDelta | ToolCallEvent]:
+        self.ids += ids
+        self.logprobs += lps
+        return self.parser.feed(self.stops.feed(self.decoder.feed(ids)))
+
+    def _close(self) -> list[TextDelta | ToolCallEvent]:
+        events = self.parser.feed(self.stops.feed(self.decoder.flush()))
+        events += self.parser.feed(self.stops.flush())
+        events += self.parser.finish()
+        if len(self.logprobs) != len(self.ids):  # an engine that omits logprobs must not misalign them
+            self.logprobs = (self.logprobs + [float("nan")] * len(self.ids))[:len(self.ids)]
+        reason = "length" if self.finish == "length" else "stop"
+        if self.parser.calls and reason == "stop":
+            reason = "tool_calls"
+        self.completion = Completion(
+            text=self.parser.text, tool_calls=list(self.parser.calls), finish_reason=reason,  # type: ignore[arg-type]
+            completion_ids=self.ids, logprobs=self.logprobs, prompt_tokens=len(self.p.prompt_ids),
+            tool_parse_error=self.parser.parse_error, stop_sequence=self.stops.hit,
+        )
+        return events
+
+    async def events(self) -> AsyncIterator[TextDelta | ToolCallEvent | None]:
+        """Events of the completion; `None` once, when the engine's first tokens arrived (the caller
+        can commit to a 200 streaming response then: the engine is up and generating)."""
+        stream = self.engine.stream_generate(self.p.prompt_ids, self.p.sampling, lora_path=self.p.lora_path,
+                                             rid=self.p.rid)
+        started = False
+        try:
+            async for delta in stream:
+                if not started:
+                    started = True
+                    yield None
+                for ev in self._push(delta.token_ids, delta.logprobs):
+                    yield ev
+                if delta.finish_reason is not None:
+                    self.finish = delta.finish_reason
+        finally:
+            await stream.aclose()  # closes the engine connection, which aborts generation in SGLang
+        for ev in self._close():
+            yield ev
+
+    async def complete(self) -> Completion:
+        out = await self.engine.generate(self.p.prompt_ids, self.p.sampling, lora_path=self.p.lora_path,
+                                         rid=self.p.rid)
+        self.finish = out.finish_reason
+        self._push(out.output_ids, out.logprobs)
+        self._close()
+        assert self.completion is not None
+        return self.completion
+
+
+def token_logprobs(renderer: ChatRenderer, comp: Completion) -> list[dict[str, Any]]:
+    """OpenAI-style per-token logprobs of the sampled tokens (no alternatives: the engine samples one)."""
+    out = []
+    for tid, lp in zip(comp.completion_ids, comp.logprobs):
+        if tid in renderer.stop_token_ids:
+            continue
+        text = renderer.tokenizer.decode([tid])
+        out.append({"token": text, "logprob": lp, "bytes": list(text.encode("utf-8", "replace")),
+                    "top_logprobs": []})
+    return out

@@ -1,0 +1,71 @@
+"""`ProxyServer`: the proxy on uvicorn in a background thread, for `forge up`, `forge proxy` and tests.
+
+    server = ProxyServer(config.proxy, store_path=db, engine_url=engine.url, model_path=model_dir)
+    server.start()          # returns once it accepts connections
+    ... harnesses use server.url ...
+    server.stop()
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.client import EngineClient
+from engine.serve import ServerHandle, serve_in_thread
+from openforge.config import ProxyConfig
+from openforge.errors import ConfigError, ForgeError
+
+
+def load_tokenizer(model_path: str | Path):  # -> PreTrainedTokenizerBase
+    """The served model's tokenizer (and chat template), from its checkpoint directory."""
+    from transformers import AutoTokenizer
+
+    path = Path(model_path).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"model directory not found: {path}")
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot load a tokenizer from {path}: {str(exc).splitlines()[0]}") from None
+
+
+class ProxyServer:
+    def __init__(self, config: ProxyConfig, *, store_path: str | Path, engine_url: str, model_path: str | Path,
+                 served_model: str | None = None) -> None:
+        self.config = config
+        self.store_path = Path(store_path)
+        self.engine_url = engine_url
+        self.model_path = Path(model_path)
+        self.served_model = served_model or config.served_model_name
+        self._handle: ServerHandle | None = None
+        self.interrupted_on_start = 0
+
+    @property
+    def url(self) -> str:
+        if self._handle is None:
+            raise ForgeError("the proxy is not running (call start() first)")
+        return self._handle.url
+
+    def start(self) -> ProxyServer:
+        from proxy.app import create_app
+
+        if self._handle is not None:
+            return self
+        engine = EngineClient(self.engine_url, timeout=self.config.call_timeout_s)
+        app = create_app(self.config, store_path=self.store_path, engine=engine,
+                         tokenizer=load_tokenizer(self.model_path), served_model=self.served_model,
+                         close_engine=True)
+        self.interrupted_on_start = app.state.proxy.interrupted_on_start
+        self._handle = serve_in_thread(app, self.config.host, self.config.port)
+        return self
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.stop()
+            self._handle = None
+
+    def __enter__(self) -> ProxyServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

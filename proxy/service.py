@@ -1,0 +1,210 @@
+"""The life of one call, whatever its API: prompt ids -> in-flight row -> engine -> finished row -> reply.
+
+The API module (openai_chat, openai_responses, anthropic) only translates; everything that must be
+the same for every API lives here: token reuse, limits, the per-call timeout, recording, and turning
+engine failures into a retryable API error instead of a hung connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from engine.client import EngineClient
+from openforge.async_store import AsyncStore
+from openforge.config import ProxyConfig
+from openforge.errors import EngineError, StoreError
+from openforge.store import utcnow
+from proxy.calls import APIError, CallRequest, Completion, TextDelta, ToolCallEvent, new_call_id
+from proxy.generation import Generation, GenerationParams, token_logprobs
+from proxy.recorder import Recorder
+from proxy.tokens import ChatRenderer, Prompt, PromptBuilder, parse_completion
+
+
+@dataclass
+class Prepared:
+    """A call that has its prompt and its in-flight row, ready for the engine."""
+
+    api: ModuleType
+    rollout: dict[str, Any]
+    req: CallRequest
+    prompt: Prompt
+    row_id: int
+    response_id: str
+    model: str
+    started: float
+    generation: Generation
+
+
+def _json_floats(values: list[float]) -> str:
+    return json.dumps([None if math.isnan(v) else v for v in values])
+
+
+def engine_error(exc: EngineError) -> APIError:
+    """Engine trouble is the caller's to retry: overloaded (down, refused) or timeout."""
+    msg = str(exc)
+    kind = "timeout" if "did not answer" in msg or "stalled" in msg else "overloaded"
+    return APIError(kind, f"the inference engine failed this call, retry it: {msg}", retry_after=1.0)  # type: ignore[arg-type]
+
+
+class CallService:
+    def __init__(self, config: ProxyConfig, *, store: AsyncStore, recorder: Recorder, engine: EngineClient,
+                 renderer: ChatRenderer, served_model: str, api_modules: dict[str, ModuleType]) -> None:
+        self.config = config
+        self.store = store
+        self.recorder = recorder
+        self.engine = engine
+        self.r = renderer
+        self.served_model = served_model
+        self.apis = api_modules
+        self.builder = PromptBuilder(renderer)
+        self.slots = asyncio.Semaphore(config.max_concurrent_calls)
+        self.waiting = 0
+        self._warm_locks: dict[str, asyncio.Lock] = {}
+
+    # -- preparing ---------------------------------------------------------------------------
+
+    async def prompt_for(self, rollout_id: str, req: CallRequest) -> Prompt:
+        await self._warm(rollout_id)
+        prompt = self.builder.build(rollout_id, req.messages, req.prompt_tools)
+        if len(prompt.ids) > self.config.max_context_tokens:
+            raise APIError("invalid_request", f"the prompt is {len(prompt.ids)} tokens, over this proxy's "
+                           f"limit of {self.config.max_context_tokens} (proxy.max_context_tokens)", param="messages")
+        return prompt
+
+    async def _warm(self, rollout_id: str) -> None:
+        """After a proxy restart, relearn a rollout's last turns from the store so reuse continues."""
+        if self.builder.knows(rollout_id):
+            return
+        lock = self._warm_locks.setdefault(rollout_id, asyncio.Lock())
+        async with lock:
+            if self.builder.knows(rollout_id):
+                return
+            rows = (await self.store.calls_of_rollout(rollout_id))[-self.builder.turns_per_rollout:]
+            for row in rows:
+                api = self.apis.get(row["api"])
+                try:
+                    old = api.parse_request(json.loads(row["request_json"])) if api else None
+                except (APIError, ValueError, TypeError):
+                    old = None
+                if old is None:
+                    continue
+                ids = json.loads(row["completion_ids"] or "[]")
+                parsed = parse_completion(self.r.decode(ids))
+                comp = Completion(parsed.text, parsed.calls, "stop", ids, [], 0)
+                prompt = Prompt(json.loads(row["prompt_ids"] or "[]"), "", int(row["reused_tokens"] or 0))
+                self.builder.record(rollout_id, old.messages, old.prompt_tools, prompt, comp, row["id"])
+            self.builder.mark_known(rollout_id)
+        self._warm_locks.pop(rollout_id, None)
+
+    def _sampling(self, req: CallRequest, prompt_len: int) -> dict[str, Any]:
+        room = self.config.max_context_tokens - prompt_len
+        max_new = min(req.max_tokens or self.config.default_max_tokens, max(room, 1))
+        params: dict[str, Any] = {"max_new_tokens": max_new, "stop_token_ids": self.r.stop_token_ids}
+        temperature = self.config.temperature_override if self.config.temperature_override is not None \
+            else req.temperature
+        if temperature is not None:
+            params["temperature"] = temperature
+        if req.top_p is not None:
+            params["top_p"] = req.top_p
+        if req.stop:
+            params["stop"] = req.stop
+        return params
+
+    async def prepare(self, api: ModuleType, rollout: dict[str, Any], req: CallRequest, raw_body: str,
+                      id_prefix: str) -> Prepared:
+        prompt = await self.prompt_for(rollout["id"], req)
+        model = req.model or self.served_model
+        row_id = await self.recorder.begin({
+            "run_id": rollout["run_id"], "rollout_id": rollout["id"], "api": req.api, "model": model,
+            "adapter": rollout.get("adapter"), "stream": req.stream, "request_json": raw_body,
+            "prompt_ids": json.dumps(prompt.ids), "reused_tokens": prompt.reused_tokens,
+            "prompt_tokens": len(prompt.ids), "started_at": utcnow(),
+        })
+        params = GenerationParams(prompt.ids, self._sampling(req, len(prompt.ids)), req.stop, rollout.get("adapter"),
+                                  rid=f"{rollout['id']}-{row_id}", id_prefix=id_prefix)
+        return Prepared(api, rollout, req, prompt, row_id, new_call_id(api.RESPONSE_ID_PREFIX), model,
+                        time.perf_counter(), Generation(self.engine, self.r, params))
+
+    # -- finishing ---------------------------------------------------------------------------
+
+    def response_body(self, p: Prepared, comp: Completion) -> dict[str, Any]:
+        lps = token_logprobs(self.r, comp) if p.req.logprobs else None
+        return p.api.response_json(p.req, comp, call_id=p.response_id, model=p.model, token_logprobs=lps)
+
+    async def record_ok(self, p: Prepared, comp: Completion, body: dict[str, Any]) -> None:
+        await self.recorder.end(p.row_id, {
+            "status": "ok", "response_json": json.dumps(body, ensure_ascii=False),
+            "completion_ids": json.dumps(comp.completion_ids), "logprobs": _json_floats(comp.logprobs),
+            "tool_calls_json": json.dumps([{"id": t.id, "name": t.name, "arguments": t.arguments}
+                                           for t in comp.tool_calls]) if comp.tool_calls else None,
+            "tool_parse_error": comp.tool_parse_error, "finish_reason": comp.finish_reason,
+            "prompt_tokens": comp.prompt_tokens, "completion_tokens": comp.completion_tokens,
+            "latency_ms": (time.perf_counter() - p.started) * 1000, "ended_at": utcnow(),
+        })
+        self.builder.record(p.rollout["id"], p.req.messages, p.req.prompt_tools, p.prompt, comp, p.row_id)
+
+    async def record_error(self, p: Prepared, message: str, status: str = "error") -> None:
+        try:
+            await self.recorder.end(p.row_id, {"status": status, "error": message[:2000], "ended_at": utcnow(),
+                                               "latency_ms": (time.perf_counter() - p.started) * 1000})
+        except StoreError:
+            pass  # the error being reported matters more than the failed bookkeeping
+
+    # -- running -----------------------------------------------------------------------------
+
+    async def slot(self) -> None:
+        """Wait for one of `max_concurrent_calls` slots; refuse (429) when the queue is long."""
+        if self.slots.locked() and self.waiting >= 4 * self.config.max_concurrent_calls:
+            raise APIError("rate_limit", "the proxy is at its concurrent-call limit; retry shortly", retry_after=1.0)
+        self.waiting += 1
+        try:
+            await asyncio.wait_for(self.slots.acquire(), self.config.call_timeout_s)
+        except TimeoutError:
+            raise APIError("rate_limit", "waited too long for a free call slot; retry", retry_after=1.0) from None
+        finally:
+            self.waiting -= 1
+
+    async def complete(self, p: Prepared) -> dict[str, Any]:
+        """Non-streaming: the whole completion, recorded, as the API's response body."""
+        try:
+            comp = await asyncio.wait_for(p.generation.complete(), self.config.call_timeout_s)
+            if p.generation.finish == "abort":
+                raise EngineError("the engine aborted the request")
+        except TimeoutError:
+            await self.record_error(p, "call timed out")
+            raise APIError("timeout", f"the call took over {self.config.call_timeout_s:g}s "
+                           "(proxy.call_timeout_s); retry it", retry_after=1.0) from None
+        except EngineError as exc:
+            await self.record_error(p, str(exc))
+            raise engine_error(exc) from None
+        body = self.response_body(p, comp)
+        await self.record_ok(p, comp, body)
+        return body
+
+    async def events(self, p: Prepared) -> AsyncIterator[TextDelta | ToolCallEvent | None]:
+        """Streaming: events with the per-call deadline applied to each wait on the engine."""
+        deadline = time.monotonic() + self.config.call_timeout_s
+        agen = p.generation.events()
+        try:
+            while True:
+                try:
+                    ev = await asyncio.wait_for(agen.__anext__(), max(deadline - time.monotonic(), 0.001))
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise APIError("timeout", f"the call took over {self.config.call_timeout_s:g}s "
+                                   "(proxy.call_timeout_s); retry it", retry_after=1.0) from None
+                except EngineError as exc:
+                    raise engine_error(exc) from None
+                yield ev
+            if p.generation.finish == "abort":
+                raise engine_error(EngineError("the engine aborted the request"))
+        finally:
+            await agen.aclose()

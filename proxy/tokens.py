@@ -1,0 +1,296 @@
+"""Tokens: chat-template rendering, Hermes tool-call parsing, and reuse of sampled token ids.
+
+Why reuse: a harness replays the model's earlier turns as text/JSON (`{"command": "ls"}` where the
+model wrote `{"command":"ls"}`, content stripped, ids renamed). Re-rendering and re-tokenising that
+history gives token ids the policy never sampled, so the trajectory would train on a sequence the
+model did not produce. `PromptBuilder` instead finds the recorded call whose prompt + answer render
+exactly like the start of the new request and splices that call's exact prompt + completion ids in;
+only the new tail (tool results, the next user turn) is tokenised. By construction the new prompt then
+extends the earlier prompt + completion token for token, which is what trajectory assembly merges on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.calls import APIError, Completion, Message, TextDelta, ToolCall, ToolCallEvent, bad_request, new_call_id
+
+OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
+_PROBE = "\u2063forge-probe\u2063"  # text no template alters, to find what follows an assistant turn
+
+
+class ChatRenderer:
+    """A tokenizer's chat template as a function of internal messages, plus its end-of-turn token."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise bad_request("the served model's tokenizer has no chat template")
+        self.tokenizer = tokenizer
+        probe = self.render([Message("user", "x"), Message("assistant", _PROBE)], [], generation=False)
+        after = probe[probe.rindex(_PROBE) + len(_PROBE):]
+        after_ids = self.encode(after)
+        # The first token after an assistant's content is what the model samples to end its turn
+        # (`<|im_end|>` for ChatML); what follows it (`\n`) is template text, never sampled.
+        self.eot_id: int = after_ids[0] if after_ids else int(tokenizer.eos_token_id)
+        self.eot_text: str = tokenizer.decode([self.eot_id])
+        stops = {self.eot_id}
+        if tokenizer.eos_token_id is not None:
+            stops.add(int(tokenizer.eos_token_id))
+        self.stop_token_ids = sorted(stops)
+
+    def render(self, messages: list[Message], tools: list[dict[str, Any]], *, generation: bool) -> str:
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [m.template_dict() for m in messages], tools=tools or None, tokenize=False,
+                add_generation_prompt=generation,
+            )
+        except APIError:
+            raise
+        except Exception as exc:  # jinja raises anything (TemplateError, TypeError, raise_exception)
+            raise bad_request(f"the model's chat template cannot render these messages: {exc}") from None
+        return text if isinstance(text, str) else str(text)
+
+    def encode(self, text: str) -> list[int]:
+        # The template already wrote any BOS/special text; the tokenizer must not add more.
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class ToolCallParser:
+    """Incremental Hermes/Qwen parser: text outside `<tool_call>...</tool_call>` is content, JSON inside
+    is a call. A call that is not `{"name": str, "arguments": object}` is returned as text and
+    flagged. Feeding the text in any chunking gives the same result (streaming == non-streaming)."""
+
+    def __init__(self, id_prefix: str = "call") -> None:
+        self.id_prefix = id_prefix
+        self.buf = ""
+        self.in_call = False
+        self.pending_ws = ""  # trailing whitespace held back: dropped if a tool call follows
+        self.ws_before = ""
+        self.after_call = False
+        self.calls: list[ToolCall] = []
+        self.text_parts: list[str] = []
+        self.parse_error = False
+
+    def feed(self, chunk: str) -> list[TextDelta | ToolCallEvent]:
+        self.buf += chunk
+        events: list[TextDelta | ToolCallEvent] = []
+        while True:
+            if not self.in_call:
+                i = self.buf.find(OPEN_TAG)
+                if i < 0:
+                    hold = _partial_suffix(self.buf, OPEN_TAG)
+                    self._text(self.buf[:len(self.buf) - hold], events)
+                    self.buf = self.buf[len(self.buf) - hold:]
+                    return events
+                self._text(self.buf[:i], events)
+                # Whitespace before a call is layout, not content (kept if the call is malformed).
+                self.ws_before, self.pending_ws = self.pending_ws, ""
+                self.buf, self.in_call = self.buf[i + len(OPEN_TAG):], True
+            else:
+                j = self.buf.find(CLOSE_TAG)
+                if j < 0:
+                    return events
+                body, self.buf, self.in_call = self.buf[:j], self.buf[j + len(CLOSE_TAG):], False
+                call = self._parse_call(body)
+                if call is None:
+                    self.parse_error = True
+                    self.pending_ws = self.ws_before
+                    self._text(OPEN_TAG + body + CLOSE_TAG, events)
+                else:
+                    self.calls.append(call)
+                    self.after_call = True
+                    events.append(ToolCallEvent(len(self.calls) - 1, call))
+
+    def finish(self) -> list[TextDelta | ToolCallEvent]:
+        events: list[TextDelta | ToolCallEvent] = []
+        if self.in_call:  # unclosed (cut by max_tokens, or malformed): the caller sees the raw text
+            self.parse_error = True
+            self.in_call = False
+            self.pending_ws = self.ws_before
+            self._text(OPEN_TAG + self.buf, events, final=True)
+        else:
+            self._text(self.buf, events, final=True)
+        self.buf = ""
+        if self.pending_ws and not self.after_call:
+            self._emit(self.pending_ws, events)
+        self.pending_ws = ""
+        return events
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+    def _text(self, text: str, events: list[TextDelta | ToolCallEvent], final: bool = False) -> None:
+        if not text:
+            return
+        if self.after_call:
+            text = text.lstrip()
+            if not text:
+                return
+            self.after_call = False
+        body = text.rstrip()
+        if not body:
+            self.pending_ws += text
+            return
+        self._emit(self.pending_ws + body, events)
+        self.pending_ws = text[len(body):]
+
+    def _emit(self, text: str, events: list[TextDelta | ToolCallEvent]) -> None:
+        self.text_parts.append(text)
+        events.append(TextDelta(text))
+
+    def _parse_call(self, body: str) -> ToolCall | None:
+        try:
+            obj = json.loads(body)
+        except (json.JSONDecodeError, RecursionError):
+            return None
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+            return None
+        args = obj.get("arguments", obj.get("parameters", {}))
+        raw = None
+        if isinstance(args, str):  # some models write the arguments as a JSON string
+            raw = args
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                return None
+        if not isinstance(args, dict):
+            return None
+        return ToolCall(name=obj["name"], arguments=args, id=new_call_id(self.id_prefix),
+                        raw_arguments=raw if raw is not None else _raw_arguments(body))
+
+
+def _raw_arguments(body: str) -> str | None:
+    """The model's own text of the `arguments` object (so clients see exactly what it wrote)."""
+    decoder = json.JSONDecoder()
+    for m in re.finditer(r'"(?:arguments|parameters)"\s*:\s*', body):
+        try:
+            _, end = decoder.raw_decode(body, m.end())
+        except json.JSONDecodeError:
+            continue
+        return body[m.end():end]
+    return None
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `tag` (held back while streaming)."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+def parse_completion(text: str, id_prefix: str = "call") -> ToolCallParser:
+    parser = ToolCallParser(id_prefix)
+    parser.feed(text)
+    parser.finish()
+    return parser
+
+
+# ---------------------------------------------------------------------------------------------
+# Reuse of sampled token ids
+
+
+@dataclass
+class Turn:
+    """A recorded call as the ledger keeps it: prompt + completion ids, and the reuse behind them."""
+
+    ids: list[int]  # prompt ids + completion ids, exactly as sent to / sampled by the engine
+    reused_tokens: int  # sampled tokens of earlier turns inside `ids` (this call's own included)
+    call_id: int | None = None
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    text: str  # the template's rendering (what re-tokenisation would have tokenised)
+    reused_tokens: int = 0  # earlier sampled tokens spliced in verbatim
+    extends_call: int | None = None  # the call whose prompt + completion this prompt extends
+
+
+def _key(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class PromptBuilder:
+    """Builds each call's prompt ids, reusing the sampled ids of the rollout's earlier turns.
+
+    Keeps the last `turns_per_rollout` turns of each of the last `max_rollouts` rollouts in memory
+    (a harness replays its latest turn; older keys are only tried when the history was rewritten)."""
+
+    def __init__(self, renderer: ChatRenderer, *, turns_per_rollout: int = 8, max_rollouts: int = 4096,
+                 max_tries: int = 4) -> None:
+        self.r = renderer
+        self.turns_per_rollout = turns_per_rollout
+        self.max_rollouts = max_rollouts
+        self.max_tries = max_tries
+        self._turns: OrderedDict[str, OrderedDict[str, Turn]] = OrderedDict()
+
+    def knows(self, rollout_id: str) -> bool:
+        return rollout_id in self._turns
+
+    def mark_known(self, rollout_id: str) -> None:
+        """A rollout whose recorded turns (possibly none) are loaded: don't look them up again."""
+        self._turns.setdefault(rollout_id, OrderedDict())
+
+    def build(self, rollout_id: str, messages: list[Message], tools: list[dict[str, Any]]) -> Prompt:
+        full = self.r.render(messages, tools, generation=True)
+        turns = self._turns.get(rollout_id)
+        if turns:
+            self._turns.move_to_end(rollout_id)
+            spliced = self._splice(turns, messages, tools, full)
+            if spliced is not None:
+                return spliced
+        return Prompt(ids=self.r.encode(full), text=full)
+
+    def _splice(self, turns: OrderedDict[str, Turn], messages: list[Message], tools: list[dict[str, Any]],
+                full: str) -> Prompt | None:
+        tries = 0
+        for k in range(len(messages) - 1, -1, -1):
+            if messages[k].role != "assistant":
+                continue
+            tries += 1
+            if tries > self.max_tries:
+                return None
+            try:
+                head = self.r.render(messages[:k + 1], tools, generation=False)
+            except APIError:
+                continue
+            turn = turns.get(_key(head))
+            if turn is None or not full.startswith(head):
+                continue
+            # `head` ends with the end-of-turn token plus template text (ChatML: "<|im_end|>\n"); the
+            # model sampled up to the end-of-turn token, the rest is prompt text.
+            cut = head.rfind(self.r.eot_text)
+            trailer = head[cut + len(self.r.eot_text):] if cut >= 0 else ""
+            ids = list(turn.ids)
+            if not ids or ids[-1] != self.r.eot_id:  # cut by max_tokens or a stop string
+                ids.append(self.r.eot_id)
+            ids += self.r.encode(trailer + full[len(head):])
+            return Prompt(ids=ids, text=full, reused_tokens=turn.reused_tokens, extends_call=turn.call_id)
+        return None
+
+    def record(self, rollout_id: str, messages: list[Message], tools: list[dict[str, Any]],
+               prompt: Prompt, completion: Completion, call_id: int | None = None) -> None:
+        """Remember a finished call so a later request replaying its answer reuses its exact ids."""
+        try:
+            head = self.r.render(messages + [completion.message()], tools, generation=False)
+        except APIError:
+            return
+        turns = self._turns.setdefault(rollout_id, OrderedDict())
+        self._turns.move_to_end(rollout_id)
+        turns[_key(head)] = Turn(prompt.ids + completion.completion_ids,
+                                 prompt.reused_tokens + len(completion.completion_ids), call_id)
+        turns.move_to_end(_key(head))
+        while len(turns) > self.turns_per_rollout:
+            turns.popitem(last=False)
+        while len(self._turns) > self.max_rollouts:
+            self._turns.popitem(last=False)

@@ -1,0 +1,103 @@
+"""Assemble a rollout's recorded calls into training sequences.
+
+A segment is one token sequence: the first call's prompt (mask 0), its completion (mask 1), then for
+every later call whose prompt starts with the segment so far, the new prompt tokens (tool results,
+the next user turn: mask 0) and its completion (mask 1). A call whose prompt extends no open segment
+starts a new one: the harness rewrote its history (context compaction) or runs a second conversation
+(a sub-agent). A call with exactly the prompt of a segment's last call is a retry: it replaces that
+call (the harness kept the retry's answer, not the first one's).
+
+    seg tokens : [p0 p0 p0 | c0 c0 | t t | c1 c1 c1]
+    loss mask  : [ 0  0  0 |  1  1 | 0 0 |  1  1  1]
+    logprobs   : [ 0  0  0 | l  l  | 0 0 |  l  l  l]   sampling logprobs, 0.0 where the mask is 0
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from openforge.store import Call, Store, Trajectory, loads
+
+
+@dataclass
+class _Segment:
+    tokens: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    call_ids: list[int] = field(default_factory=list)
+    last_prompt_len: int = 0  # where the last call's prompt ended (a retry truncates back to it)
+
+    def extend(self, call_id: int, prompt: list[int], completion: list[int], lps: list[float]) -> None:
+        new = prompt[len(self.tokens):]
+        self.tokens += new
+        self.mask += [0] * len(new)
+        self.logprobs += [0.0] * len(new)
+        self.last_prompt_len = len(self.tokens)
+        self.tokens += completion
+        self.mask += [1] * len(completion)
+        self.logprobs += [0.0 if math.isnan(x) else float(x) for x in lps]
+        self.call_ids.append(call_id)
+
+    def retry(self, call_id: int, prompt: list[int], completion: list[int], lps: list[float]) -> None:
+        del self.tokens[self.last_prompt_len:], self.mask[self.last_prompt_len:], self.logprobs[self.last_prompt_len:]
+        self.call_ids.pop()
+        self.extend(call_id, prompt, completion, lps)
+
+    def prompt_of_last(self) -> list[int]:
+        return self.tokens[:self.last_prompt_len]
+
+
+def _starts_with(seq: list[int], prefix: list[int]) -> bool:
+    return len(seq) >= len(prefix) and seq[:len(prefix)] == prefix
+
+
+def assemble_calls(calls: list[Call]) -> tuple[list[_Segment], dict[str, int]]:
+    """The pure part: finished calls (in order) -> segments and counts."""
+    segments: list[_Segment] = []
+    stats = {"n_calls": 0, "n_extends": 0, "n_segments": 0, "n_retries": 0, "n_tokens": 0, "n_sampled": 0}
+    for call in calls:
+        prompt, completion = loads(call.prompt_ids, []), loads(call.completion_ids, [])
+        lps = loads(call.logprobs, [])
+        lps = (lps + [float("nan")] * len(completion))[:len(completion)]
+        stats["n_calls"] += 1
+        retried = next((s for s in reversed(segments) if s.prompt_of_last() == prompt), None)
+        if retried is not None:
+            retried.retry(call.id or 0, prompt, completion, lps)
+            stats["n_retries"] += 1
+            continue
+        # The longest open segment this prompt extends (sub-agents interleave with the main agent).
+        best = max((s for s in segments if _starts_with(prompt, s.tokens)), key=lambda s: len(s.tokens), default=None)
+        if best is not None:
+            best.extend(call.id or 0, prompt, completion, lps)
+            stats["n_extends"] += 1
+        else:
+            seg = _Segment()
+            seg.extend(call.id or 0, prompt, completion, lps)
+            segments.append(seg)
+    stats["n_segments"] = len(segments)
+    stats["n_tokens"] = sum(len(s.tokens) for s in segments)
+    stats["n_sampled"] = sum(sum(s.mask) for s in segments)
+    return segments, stats
+
+
+def assemble_rollout(store: Store, rollout_id: str) -> dict[str, Any]:
+    """Write the rollout's Trajectory rows (replacing earlier ones) and its counts; return the counts.
+
+    Only calls with status `ok` are used: a failed or interrupted call sampled nothing the harness saw."""
+    rollout = store.get_rollout(rollout_id)
+    calls = [c for c in store.list_calls(rollout_id=rollout_id) if c.status == "ok"]
+    calls.sort(key=lambda c: (c.seq, c.id or 0))
+    segments, stats = assemble_calls(calls)
+    rows = [
+        Trajectory(run_id=rollout.run_id, rollout_id=rollout_id, segment=i, token_ids=json.dumps(s.tokens),
+                   loss_mask=json.dumps(s.mask), logprobs=json.dumps(s.logprobs), call_ids=json.dumps(s.call_ids),
+                   n_tokens=len(s.tokens))
+        for i, s in enumerate(segments)
+    ]
+    store.replace_trajectories(rollout_id, rows)
+    store.update_rollout(rollout_id, n_segments=stats["n_segments"], n_extends=stats["n_extends"],
+                         n_calls=stats["n_calls"], n_tokens=stats["n_tokens"])
+    return stats
