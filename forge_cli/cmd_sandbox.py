@@ -1,9 +1,59 @@
-"""Commands of the sandbox part (filled in by its issue)."""
+"""Commands of the sandbox part: `forge gc` and `forge sandbox build-image`."""
 
 from __future__ import annotations
 
+from typing import Annotated, Optional
+
+import psutil
 import typer
+
+from forge_cli.context import new_typer, state
+from openforge.store import RUN_FINAL
+
+sandbox_app = new_typer(help="Sandbox images and housekeeping.")
+
+
+def _live_runs(store) -> set[str]:  # type: ignore[no-untyped-def]
+    """Runs that may still own sandboxes: not finished, and their owner process (if any) alive."""
+    return {r.id for r in store.list_runs(limit=100000)
+            if r.status not in RUN_FINAL and (r.owner_pid is None or psutil.pid_exists(r.owner_pid))}
+
+
+def gc(ctx: typer.Context,
+       run: Annotated[Optional[str], typer.Option("--run", help="only this run's sandboxes (removed even if it looks live)")] = None,
+       dry_run: Annotated[bool, typer.Option("--dry-run", help="list what would be removed, remove nothing")] = False,
+       kubernetes: Annotated[bool, typer.Option("--kubernetes", help="also sweep pods when sandbox.type is not kubernetes")] = False,
+       ) -> None:
+    """Remove sandboxes (folders, processes, cgroups, containers, pods) that crashed runs left, by label."""
+    from sandbox.gc import collect_all
+
+    st = state(ctx)
+    store = st.store()
+    run_id = store.get_run(run).id if run else None
+    live = _live_runs(store)
+    found, notes = collect_all(st.config().sandbox, home=st.home, run_id=run_id, is_live=live.__contains__,
+                               live_runs=bool(live), dry_run=dry_run, kubernetes=kubernetes)
+    verb = "would remove" if dry_run else "removed"
+    for item in found:
+        typer.echo(f"{verb} {item.backend} {item.ident} (run {item.run_id or '?'})")
+    for note in notes:
+        typer.echo(note)
+    typer.echo(f"{len(found)} leftover sandbox(es) {verb}; {len(live)} live run(s) left alone")
+
+
+@sandbox_app.command("build-image")
+def build_image(ctx: typer.Context,
+                variant: Annotated[str, typer.Option(help="python (Debian + python3 + openai SDK) or busybox (shell only)")] = "python",
+                latest: Annotated[bool, typer.Option(help="also tag it openforge-sandbox:latest (the default image)")] = True,
+                ) -> None:
+    """Build the Docker sandbox image locally (debootstrap or busybox, then docker import); cached by recipe hash."""
+    from sandbox.images import ensure_image
+
+    tag = ensure_image(variant, base_url=state(ctx).config().sandbox.docker.base_url, tag_latest=latest)
+    typer.echo(tag + ("  (also openforge-sandbox:latest)" if latest else ""))
 
 
 def register(app: typer.Typer) -> None:
     """Add this part's commands to the root app."""
+    app.command("gc")(gc)
+    app.add_typer(sandbox_app, name="sandbox")

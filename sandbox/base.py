@@ -8,18 +8,48 @@
 Paths given to `exec(cwd=...)`, `write_file` and `read_file` are relative to the sandbox's working
 directory (`sb.workdir`) unless absolute. `exec` never raises for a command that fails or times out:
 that is data (`ExecResult`); it raises `SandboxError` only when the sandbox itself is broken.
+
+`max_output` caps the bytes kept of stdout and of stderr each (default: the config's
+`sandbox.max_output_bytes`); the rest is read and dropped, so a process that prints 100 MB neither
+blocks nor fills memory, and `ExecResult.truncated` says it happened. `read_file(max_bytes=n)` returns
+at most the first n bytes. A relative path that climbs out of the working directory (`..`) is
+refused with `SandboxError`; an absolute path must lie inside the sandbox (local: its folder, which
+holds `workdir` and `home`; containers: anywhere in the container). A missing file raises
+`SandboxFileNotFound`.
+
+Backends label what they create with `LABELS` so `forge gc` can find what a crashed run left.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
+from openforge.errors import SandboxError
+
+LABEL_RUN = "openforge.run"
+LABEL_ROLLOUT = "openforge.rollout"
+LABEL_MANAGED = "openforge.managed"
+
+
+def sandbox_labels(run_id: str, rollout_id: str) -> dict[str, str]:
+    """The labels every backend puts on what it creates (containers, pods, sandbox dirs)."""
+    return {LABEL_RUN: run_id, LABEL_ROLLOUT: rollout_id, LABEL_MANAGED: "1"}
+
+
+class SandboxFileNotFound(SandboxError):
+    """`read_file` of a path that does not exist in the sandbox."""
+
+
+class TransientSandboxError(SandboxError):
+    """A start failure worth retrying (engine busy, quota momentarily full); others fail at once."""
+
 
 @dataclass
 class ExecResult:
-    exit_code: int  # -signal number when killed by a signal; 124 on timeout
+    exit_code: int  # 128+N when killed by signal N (as a shell says it); 124 on timeout
     stdout: str
     stderr: str
     timed_out: bool = False
@@ -35,6 +65,7 @@ class SandboxInfo:
     sandbox_id: str  # process group / container id / pod name
     workdir: str  # absolute path of the working directory inside the sandbox
     proxy_host: str = "127.0.0.1"  # how a process inside reaches the proxy's host
+    home: str = ""  # $HOME of processes inside (harness config files go here); "" = unknown
     labels: dict[str, str] = field(default_factory=dict)
 
 
@@ -64,9 +95,11 @@ class Sandbox(Protocol):
 
 
 class SandboxBase:
-    """Shared context-manager behaviour: `async with` starts, and always stops, even on cancellation."""
+    """Shared context-manager behaviour: `async with` starts (retrying a `TransientSandboxError` up to
+    `start_retries` times), and always stops, even on cancellation."""
 
     info: SandboxInfo
+    start_retries: int = 0
 
     async def start(self) -> None:  # pragma: no cover - implemented by backends
         raise NotImplementedError
@@ -75,12 +108,29 @@ class SandboxBase:
         raise NotImplementedError
 
     async def __aenter__(self):  # type: ignore[no-untyped-def]
-        try:
-            await self.start()
-        except BaseException:
-            await self.stop()
-            raise
-        return self
+        for attempt in range(self.start_retries + 1):
+            try:
+                await self.start()
+                return self
+            except TransientSandboxError:
+                await _stop_shielded(self)
+                if attempt == self.start_retries:
+                    raise
+                await asyncio.sleep(min(0.5 * 2**attempt, 5.0))
+            except BaseException:
+                await _stop_shielded(self)
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def __aexit__(self, exc_type, exc, tb) -> None:  # type: ignore[no-untyped-def]
-        await self.stop()
+        await _stop_shielded(self)
+
+
+async def _stop_shielded(sb: "SandboxBase") -> None:
+    """stop() that a second cancellation cannot interrupt halfway (which would leak processes)."""
+    task = asyncio.ensure_future(sb.stop())
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task  # finish the cleanup, then let the cancellation continue
+        raise

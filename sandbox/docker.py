@@ -1,0 +1,261 @@
+"""The Docker backend: one container per rollout, driven through the Docker Engine API (docker SDK).
+
+The container runs `sleep` under docker-init and does nothing else; every `exec` is an exec instance
+(`exec_create` + `exec_start(stream=True, demux=True)`), read frame by frame so the output cap holds
+however much a command prints. Files go in and out as tar archives (`put_archive` / `get_archive`).
+The SDK is blocking, so each call runs in a thread (`asyncio.to_thread`).
+
+Timeouts are enforced from the host: at the deadline a second exec kills every process in the
+container whose environment carries this exec's marker (`OPENFORGE_EXEC=<id>`), which catches the
+children it started too; `stop()` removes the container with force (SIGKILL to all of it).
+
+The network mode is `host` by default so a harness reaches a proxy on the host's 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import posixpath
+import secrets
+import tarfile
+import time
+from typing import Any
+
+from openforge.config import SandboxConfig
+from openforge.errors import SandboxError
+from sandbox.base import (ExecResult, SandboxBase, SandboxFileNotFound, SandboxInfo, TransientSandboxError,
+                          sandbox_labels)
+
+BUILD_HINT = "forge sandbox build-image"
+_FOREVER = "2147483647"  # `sleep infinity` is GNU-only; a big number works in busybox too
+# Kills every process whose environ holds the marker; POSIX sh + tr + grep, so busybox images work.
+_KILL_MARKED = ('for p in /proc/[0-9]*; do tr "\\0" "\\n" < $p/environ 2>/dev/null | grep -qx "$1" '
+                '&& kill -9 ${p#/proc/} 2>/dev/null; done; true')
+
+
+def connect(base_url: str = "", timeout: float = 30) -> Any:
+    """A docker SDK client that has answered a ping, or a SandboxError saying where it looked."""
+    try:
+        import docker
+    except ImportError:
+        raise SandboxError("the docker SDK is not installed (pip install docker); use sandbox.type = \"local\"") from None
+    url = base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    try:
+        client = docker.DockerClient(base_url=url, timeout=timeout)
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure here means "no engine", said plainly
+        why = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        raise SandboxError(f"no Docker engine reachable at {url} ({why}); use sandbox.type = \"local\" or "
+                           "start Docker") from None
+    return client
+
+
+class DockerSandbox(SandboxBase):
+    def __init__(self, config: SandboxConfig, *, run_id: str, rollout_id: str) -> None:
+        self.config = config
+        self.cfg = config.docker
+        self.start_retries = config.start_retries
+        self.labels = sandbox_labels(run_id, rollout_id)
+        self.info = SandboxInfo(backend="docker", sandbox_id="", workdir=config.workdir, home="/root",
+                                labels=self.labels)
+        self.name = f"openforge-{rollout_id}"
+        self._client: Any = None
+        self._container: Any = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._container is not None:
+            return
+        self._client = await asyncio.to_thread(connect, self.cfg.base_url)
+        self._container = await asyncio.to_thread(self._create)
+        self.info.sandbox_id = self._container.id[:12]
+
+    def _create(self) -> Any:
+        import docker.errors
+
+        try:
+            self._client.images.get(self.cfg.image)
+        except docker.errors.ImageNotFound:
+            raise SandboxError(f"image {self.cfg.image} not found; build it with `{BUILD_HINT}` "
+                               "(or set sandbox.docker.image)") from None
+        try:
+            container = self._client.containers.run(
+                self.cfg.image, ["sleep", _FOREVER], name=self.name, detach=True, init=True,
+                labels=self.labels, working_dir=self.config.workdir, network_mode=self.cfg.network,
+                mem_limit=f"{self.cfg.memory_mb}m", memswap_limit=f"{self.cfg.memory_mb}m",
+                nano_cpus=int(self.cfg.cpus * 1e9), pids_limit=self.cfg.pids_limit)
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # a leftover container of the same rollout (crashed run)
+                self._remove(self.name)
+                raise TransientSandboxError(f"container {self.name} already existed; removed it") from None
+            raise TransientSandboxError(f"docker could not start a container from {self.cfg.image}: "
+                                        f"{exc.explanation or exc}") from None
+        return container
+
+    async def stop(self) -> None:
+        if self._client is None:
+            return
+        await asyncio.to_thread(self._remove, self._container.id if self._container else self.name)
+        self._container = None
+        client, self._client = self._client, None
+        await asyncio.to_thread(client.close)
+
+    def _remove(self, ident: str) -> None:
+        import docker.errors
+
+        try:
+            self._client.api.remove_container(ident, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409 = removal already in progress
+                raise SandboxError(f"could not remove container {ident}: {exc.explanation or exc}") from None
+
+    def _need(self) -> Any:
+        if self._container is None:
+            raise SandboxError("the sandbox is not started (use `async with` or call start())")
+        return self._container
+
+    # -- exec --------------------------------------------------------------------------------------
+    async def exec(self, command: str | list[str], *, timeout: float, env: dict[str, str] | None = None,
+                   cwd: str | None = None, max_output: int | None = None, stdin: bytes | None = None,
+                   ) -> ExecResult:
+        container = self._need()
+        cap = max_output or self.config.max_output_bytes
+        marker = f"OPENFORGE_EXEC={secrets.token_hex(8)}"
+        argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
+        if stdin is not None:
+            # Exec stdin needs a hijacked socket; a file redirect gives the same bytes more simply.
+            path = f"/tmp/.openforge-stdin-{marker[-16:]}"
+            await asyncio.to_thread(self._put, path, stdin, 0o600)
+            argv = ["sh", "-c", f'exec "$@" < {path}', "sh", *argv]
+        environment = {**(env or {}), "OPENFORGE_EXEC": marker.partition("=")[2]}
+        workdir = self._resolve(cwd) if cwd else self.config.workdir
+        start = time.monotonic()
+        exec_id = await asyncio.to_thread(self._client.api.exec_create, container.id, argv,
+                                          environment=environment, workdir=workdir)
+        exec_id = exec_id["Id"]
+        reader = _CappedReader(cap)
+        task = asyncio.ensure_future(asyncio.to_thread(reader.run, self._client.api, exec_id))
+        timed_out = False
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout)
+        except asyncio.TimeoutError:
+            timed_out = True
+            await asyncio.to_thread(self._kill_marked, marker)
+            await asyncio.wait({task}, timeout=5)
+        except asyncio.CancelledError:
+            await asyncio.to_thread(self._kill_marked, marker)
+            raise
+        if reader.error is not None and not timed_out:
+            raise SandboxError(f"exec in container {self.info.sandbox_id} failed: {reader.error}")
+        code = 124
+        if not timed_out:
+            inspect = await asyncio.to_thread(self._client.api.exec_inspect, exec_id)
+            code = inspect.get("ExitCode")
+            code = -1 if code is None else code
+        return ExecResult(exit_code=code, stdout=reader.text(0), stderr=reader.text(1), timed_out=timed_out,
+                          truncated=reader.truncated, duration_s=time.monotonic() - start)
+
+    def _kill_marked(self, marker: str) -> None:
+        try:
+            eid = self._client.api.exec_create(self._container.id, ["sh", "-c", _KILL_MARKED, "sh", marker])
+            self._client.api.exec_start(eid["Id"])
+        except Exception:  # noqa: BLE001 - a container already gone has nothing left to kill
+            pass
+
+    # -- files -------------------------------------------------------------------------------------
+    def _resolve(self, path: str) -> str:
+        """Relative paths must stay in the workdir; an absolute one may be anywhere in the container
+        (the container is the sandbox: harness config under $HOME lives outside the workdir)."""
+        if posixpath.isabs(path):
+            return posixpath.normpath(path)
+        root = posixpath.normpath(self.config.workdir)
+        full = posixpath.normpath(posixpath.join(root, path))
+        if full != root and not full.startswith(root + "/"):
+            raise SandboxError(f"path {path!r} leaves the sandbox's working directory {root}")
+        return full
+
+    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        self._need()
+        await asyncio.to_thread(self._put, self._resolve(path), data, mode)
+
+    def _put(self, full: str, data: bytes, mode: int) -> None:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            member = tarfile.TarInfo(full.lstrip("/"))
+            member.size, member.mode, member.mtime = len(data), mode, int(time.time())
+            tar.addfile(member, io.BytesIO(data))
+        # Extracting at "/" with the full path as the member name creates missing parent folders.
+        if not self._client.api.put_archive(self._container.id, "/", buf.getvalue()):
+            raise SandboxError(f"could not write {full} into container {self.info.sandbox_id}")
+
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        container = self._need()
+        full = self._resolve(path)
+        return await asyncio.to_thread(self._read, container.id, full, max_bytes)
+
+    def _read(self, cid: str, full: str, max_bytes: int | None) -> bytes:
+        import docker.errors
+
+        try:
+            stream, stat = self._client.api.get_archive(cid, full)
+        except docker.errors.NotFound:
+            raise SandboxFileNotFound(f"{full}: no such file in the sandbox") from None
+        # get_archive streams a tar; read it as a stream so a huge file is never held whole.
+        with tarfile.open(fileobj=_IterReader(stream), mode="r|") as tar:
+            for member in tar:
+                if not member.isfile():
+                    raise SandboxError(f"{full} is not a regular file")
+                handle = tar.extractfile(member)
+                return handle.read(max_bytes if max_bytes is not None else -1) if handle else b""
+        raise SandboxFileNotFound(f"{full}: no such file in the sandbox")
+
+
+class _CappedReader:
+    """Drains an exec's multiplexed stream in a thread, keeping at most `cap` bytes per stream."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.kept = (bytearray(), bytearray())
+        self.truncated = False
+        self.error: str | None = None
+
+    def run(self, api: Any, exec_id: str) -> None:
+        try:
+            for out, err in api.exec_start(exec_id, stream=True, demux=True):
+                for i, chunk in ((0, out), (1, err)):
+                    if chunk:
+                        room = self.cap - len(self.kept[i])
+                        if len(chunk) > room:
+                            self.truncated = True
+                        if room > 0:
+                            self.kept[i].extend(chunk[:room])
+        except Exception as exc:  # noqa: BLE001 - reported by exec(), unless the kill caused it
+            self.error = str(exc) or type(exc).__name__
+
+    def text(self, i: int) -> str:
+        return bytes(self.kept[i]).decode("utf-8", errors="replace")
+
+
+class _IterReader(io.RawIOBase):
+    """A file object over the byte chunks `get_archive` yields (tarfile's stream mode reads it)."""
+
+    def __init__(self, chunks: Any) -> None:
+        self._it = iter(chunks)
+        self._buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._buf:
+            try:
+                self._buf = next(self._it)
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n], self._buf = self._buf[:n], self._buf[n:]
+        return n

@@ -1,0 +1,128 @@
+"""Garbage collection: find what crashed runs left (sandbox folders, stray processes, cgroups,
+containers, pods) by their labels, and remove it.
+
+A leftover belongs to a run; it is removed unless that run is *live* (the caller decides, normally:
+the store says running/paused and its owner process is alive). `run_id` narrows the sweep to one run
+and removes its sandboxes even if it looks live (the user asked for it).
+
+`collect_all` sweeps local and docker here, and calls the kubernetes backend's `gc_pods` when that
+backend is configured (or asked for) and importable.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from openforge.config import SandboxConfig
+from openforge.errors import ForgeError, SandboxError
+from sandbox.base import LABEL_MANAGED, LABEL_ROLLOUT, LABEL_RUN
+from sandbox.procs import CGROUP_PARENT, CGROUP_ROOT, kill_tree, remove_cgroup_dir
+
+
+@dataclass
+class Leftover:
+    backend: str  # local | docker | kubernetes
+    ident: str  # folder, container name, pod name
+    run_id: str
+    removed: bool  # False in a dry run
+
+
+def _wanted(run: str, run_id: str | None, is_live: Callable[[str], bool]) -> bool:
+    return run == run_id if run_id else not is_live(run)
+
+
+def _owner_alive(meta: Path) -> bool:
+    """A local sandbox whose owning process died has no one left to stop it, whatever its run says."""
+    try:
+        return psutil.pid_exists(int(json.loads(meta.read_text())["owner_pid"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def collect_local(root: Path, *, run_id: str | None, is_live: Callable[[str], bool],
+                  dry_run: bool = False) -> list[Leftover]:
+    from sandbox.local import META_FILE, SANDBOX_ENV, _rmtree
+
+    found: list[Leftover] = []
+    for d in sorted(root.iterdir()) if root.is_dir() else []:
+        try:
+            labels = json.loads((d / META_FILE).read_text())["labels"]
+        except (OSError, ValueError, KeyError):
+            labels = {LABEL_RUN: "", LABEL_ROLLOUT: d.name}  # died before writing its metadata
+        run = labels.get(LABEL_RUN, "")
+        if not (_wanted(run, run_id, is_live) or (run_id is None and not _owner_alive(d / META_FILE))):
+            continue
+        if not dry_run:
+            kill_tree(None, SANDBOX_ENV, labels.get(LABEL_ROLLOUT, d.name))
+            for ctrl in ("pids", "memory", ""):
+                remove_cgroup_dir(CGROUP_ROOT / ctrl / CGROUP_PARENT / d.name if ctrl
+                                  else CGROUP_ROOT / CGROUP_PARENT / d.name)
+            _rmtree(d)
+        found.append(Leftover("local", str(d), run, not dry_run))
+    return found
+
+
+def collect_docker(config: SandboxConfig, *, run_id: str | None, is_live: Callable[[str], bool],
+                   dry_run: bool = False) -> list[Leftover]:
+    from sandbox.docker import connect
+
+    client = connect(config.docker.base_url, timeout=10)
+    found: list[Leftover] = []
+    try:
+        filters = {"label": [f"{LABEL_MANAGED}=1"] + ([f"{LABEL_RUN}={run_id}"] if run_id else [])}
+        for c in client.containers.list(all=True, filters=filters):
+            run = c.labels.get(LABEL_RUN, "")
+            if not _wanted(run, run_id, is_live):
+                continue
+            if not dry_run:
+                c.remove(force=True, v=True)
+            found.append(Leftover("docker", c.name, run, not dry_run))
+    finally:
+        client.close()
+    return found
+
+
+def collect_all(config: SandboxConfig, *, home: Path, run_id: str | None, is_live: Callable[[str], bool],
+                live_runs: bool, dry_run: bool = False, kubernetes: bool = False,
+                ) -> tuple[list[Leftover], list[str]]:
+    """Sweep local and docker (and kubernetes when configured or asked for); returns what was found
+    and one note per backend that could not be swept. `live_runs`: whether any run is live now."""
+    from sandbox.local import sandboxes_root
+
+    found = collect_local(sandboxes_root(home), run_id=run_id, is_live=is_live, dry_run=dry_run)
+    notes: list[str] = []
+    try:
+        found += collect_docker(config, run_id=run_id, is_live=is_live, dry_run=dry_run)
+    except SandboxError as exc:
+        notes.append(f"docker: skipped ({exc})")
+    if config.type == "kubernetes" or kubernetes:
+        notes += _collect_kubernetes(config, run_id=run_id, is_live=is_live, live_runs=live_runs,
+                                     dry_run=dry_run, found=found)
+    return found, notes
+
+
+def _collect_kubernetes(config: SandboxConfig, *, run_id: str | None, is_live: Callable[[str], bool],
+                        live_runs: bool, dry_run: bool, found: list[Leftover]) -> list[str]:
+    """The kubernetes backend's `gc_pods(config, run_id)` deletes by label only; it cannot spare a
+    live run's pods, so without --run it is called only when no run is live."""
+    try:
+        k8s = importlib.import_module("sandbox.kubernetes")
+        gc_pods = k8s.gc_pods
+    except (ImportError, AttributeError) as exc:
+        return [f"kubernetes: skipped (backend not importable: {exc})"]
+    if dry_run:
+        return ["kubernetes: not listed in a dry run"]
+    if run_id is None and live_runs:
+        return ["kubernetes: skipped (a run is live; pass --run RUN to sweep one run's pods)"]
+    try:
+        names = gc_pods(config, run_id)
+    except ForgeError as exc:
+        return [f"kubernetes: skipped ({exc})"]
+    found += [Leftover("kubernetes", name, run_id or "", True) for name in names]
+    return []

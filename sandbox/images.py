@@ -1,0 +1,161 @@
+"""Sandbox images, built locally: no registry is needed (or reachable) to get a working image.
+
+Two variants, each tagged by a hash of its recipe so a changed recipe gives a new tag and an
+unchanged one is never rebuilt (`ensure_image` returns at once when the tag exists):
+
+    python   Debian bookworm minbase (debootstrap) + python3 + the `openai` SDK, so the Python `mini`
+             harness runs unchanged inside a container. ~1-3 minutes the first time, needs root.
+    busybox  the host's static busybox and its applet links: a shell-only image in ~1 s, for tests.
+
+The rootfs tarball is kept in a cache folder as well, so a fresh Docker data dir (CI) re-imports it in
+seconds instead of bootstrapping again.
+
+    forge sandbox build-image --variant python      # also tags openforge-sandbox:latest
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from openforge.errors import SandboxError
+
+REPOSITORY = "openforge-sandbox"
+RECIPE_VERSION = 1  # bump when the build steps below change in a way the recipe dict does not show
+SUITE = "bookworm"
+APT_PACKAGES = ("python3", "ca-certificates")
+PIP_PACKAGES = ("openai>=2,<4",)
+# debootstrap leaves these behind; nothing in a sandbox reads them.
+_PRUNE = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/locale")
+
+
+def recipe(variant: str) -> dict[str, Any]:
+    if variant == "python":
+        return {"v": RECIPE_VERSION, "variant": variant, "suite": SUITE, "apt": APT_PACKAGES,
+                "pip": PIP_PACKAGES, "arch": platform.machine()}
+    if variant == "busybox":
+        return {"v": RECIPE_VERSION, "variant": variant, "arch": platform.machine()}
+    raise SandboxError(f"unknown image variant {variant!r}; choose python or busybox")
+
+
+def image_tag(variant: str) -> str:
+    digest = hashlib.sha256(json.dumps(recipe(variant), sort_keys=True).encode()).hexdigest()[:12]
+    return f"{REPOSITORY}:{variant}-{digest}"
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("OPENFORGE_IMAGE_CACHE") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "openforge" / "images"
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _run(cmd: list[str], what: str, timeout: float, **kw: Any) -> None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    except FileNotFoundError:
+        raise SandboxError(f"{what}: {cmd[0]} not found (apt-get install {cmd[0]})") from None
+    except subprocess.TimeoutExpired:
+        raise SandboxError(f"{what}: gave up after {timeout:.0f}s") from None
+    if out.returncode != 0:
+        tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
+        raise SandboxError(f"{what} failed (exit {out.returncode}): {' | '.join(tail)}")
+
+
+def _busybox_rootfs(root: Path) -> None:
+    busybox = shutil.which("busybox")
+    if not busybox:
+        raise SandboxError("the busybox image needs a static busybox on the host (apt-get install busybox-static)")
+    listing = subprocess.run([busybox, "--list"], capture_output=True, text=True, timeout=10)
+    (root / "bin").mkdir(parents=True)
+    shutil.copy2(busybox, root / "bin" / "busybox")
+    for applet in listing.stdout.split():
+        if applet != "busybox":
+            (root / "bin" / applet).symlink_to("busybox")
+    for d in ("tmp", "etc", "workspace", "root"):
+        (root / d).mkdir(exist_ok=True)
+    (root / "tmp").chmod(0o1777)
+    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (root / "etc" / "group").write_text("root:x:0:\n")
+
+
+def _python_rootfs(root: Path, timeout: float) -> None:
+    if os.geteuid() != 0:
+        raise SandboxError("building the python image runs debootstrap, which needs root (sudo forge sandbox build-image)")
+    mirror = os.environ.get("OPENFORGE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+    _run(["debootstrap", "--variant=minbase", f"--include={','.join(APT_PACKAGES)}", SUITE, str(root), mirror],
+         "debootstrap", timeout)
+    pythons = sorted(p.name for p in (root / "usr" / "lib").glob("python3.*") if p.is_dir())
+    if not pythons:
+        raise SandboxError("debootstrap finished but the rootfs has no python3")
+    version = pythons[-1].removeprefix("python")
+    # The host's pip installs wheels for the image's Python into the image's dist-packages, so the
+    # image needs no pip of its own (Debian's python3-pip would add ~40 MB and PEP 668 friction).
+    arch = platform.machine()
+    # pip does not expand one manylinux tag to the older ones: name each glibc level wheels use.
+    platforms = [f"--platform={tag}_{arch}" for tag in ("manylinux_2_36", "manylinux_2_28", "manylinux_2_17",
+                                                         "manylinux2014")]
+    target = root / "usr" / "local" / "lib" / f"python{version}" / "dist-packages"
+    _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-compile",
+          "--target", str(target), "--only-binary=:all:", "--implementation", "cp",
+          "--python-version", version, *platforms, *PIP_PACKAGES],
+         "pip install into the image", timeout)
+    for rel in _PRUNE:
+        shutil.rmtree(root / rel, ignore_errors=True)
+    (root / "workspace").mkdir(exist_ok=True)
+
+
+def build_rootfs_tar(variant: str, out: Path, *, timeout: float = 600) -> Path:
+    """Make the variant's rootfs and pack it into `out` (a tar a `docker import` accepts)."""
+    with tempfile.TemporaryDirectory(prefix=f"openforge-{variant}-", dir=out.parent) as tmp:
+        root = Path(tmp) / "rootfs"
+        if variant == "busybox":
+            _busybox_rootfs(root)
+        else:
+            _python_rootfs(root, timeout)
+        partial = out.with_suffix(".partial")
+        _run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."], "tar of the rootfs", timeout)
+        partial.replace(out)  # atomic: a crash mid-build never leaves a half tarball under the real name
+    return out
+
+
+def _has_image(client: Any, tag: str) -> bool:
+    import docker.errors
+
+    try:
+        client.images.get(tag)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def ensure_image(variant: str = "python", *, base_url: str = "", timeout: float = 600,
+                 tag_latest: bool = False) -> str:
+    """The variant's image tag, building and importing it first if the engine lacks it."""
+    from sandbox.docker import connect
+
+    tag = image_tag(variant)
+    client = connect(base_url)
+    try:
+        if not _has_image(client, tag):
+            tarball = cache_dir() / f"{tag.replace(':', '_')}.tar"
+            if not tarball.exists():
+                build_rootfs_tar(variant, tarball, timeout=timeout)
+            repo, _, name = tag.partition(":")
+            client.api.import_image_from_file(str(tarball), repository=repo, tag=name)
+            if not _has_image(client, tag):
+                raise SandboxError(f"docker import of {tarball} did not produce {tag}")
+        if tag_latest:
+            client.images.get(tag).tag(REPOSITORY, "latest")
+    finally:
+        client.close()
+    return tag

@@ -1,0 +1,265 @@
+"""The local backend: a folder and a process tree on this machine, isolated with bubblewrap if it works.
+
+Layout of one sandbox, `$FORGE_HOME/sandboxes/<rollout id>/`:
+
+    sandbox.json   labels + owner pid (outside the workdir, so the harness cannot rewrite it); `forge gc`
+                   reads it to find what a crashed run left
+    work/          the working directory (`info.workdir`)
+    home/  tmp/    HOME and TMPDIR of every process
+
+Under bubblewrap each exec gets `--ro-bind / /` (the venv's python, node and the system libraries stay
+usable, nothing outside the sandbox folder is writable), its own /dev and /proc, and its own pid, ipc
+and uts namespaces. The network namespace is *not* unshared: the harness must reach the proxy on the
+host's 127.0.0.1. /tmp stays the host's (read-only): harness installs and task files often live there,
+so processes get TMPDIR inside the sandbox instead. With `--unshare-pid` and `--die-with-parent`,
+killing bwrap kills everything the command started; background processes end with their exec.
+
+Without bubblewrap the command is a plain subprocess in its own session (cwd and env confined by
+convention only). Either way it runs with the limits of `sandbox.procs` and a minimal environment:
+nothing of the caller's environment (API keys!) leaks in unless passed as `env`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import secrets
+import shutil
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+from openforge.config import SandboxConfig
+from openforge.errors import SandboxError
+from openforge.paths import forge_home
+from sandbox.base import ExecResult, SandboxBase, SandboxFileNotFound, SandboxInfo, sandbox_labels
+from sandbox.procs import Cgroup, Limits, kill_tree, preexec
+
+SANDBOX_ENV = "OPENFORGE_SANDBOX"
+EXEC_ENV = "OPENFORGE_EXEC"
+META_FILE = "sandbox.json"
+_CHUNK = 64 * 1024
+_GRACE_S = 1.0  # after the command exits, how long to wait for children still holding its pipes
+
+
+def sandboxes_root(home: Path | None = None) -> Path:
+    return (home or forge_home()) / "sandboxes"
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_usable() -> str | None:
+    """Path of a bwrap that can create namespaces here, else None (probed once per process)."""
+    path = shutil.which("bwrap")
+    if not path:
+        return None
+    try:
+        ok = subprocess.run([path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid",
+                             "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return path if ok else None
+
+
+class LocalSandbox(SandboxBase):
+    def __init__(self, config: SandboxConfig, *, run_id: str, rollout_id: str, root: Path | None = None) -> None:
+        self.config = config
+        self.cfg = config.local
+        self.start_retries = config.start_retries
+        self.id = rollout_id
+        self.dir = (root or sandboxes_root()) / rollout_id
+        self.labels = sandbox_labels(run_id, rollout_id)
+        self.info = SandboxInfo(backend="local", sandbox_id=rollout_id, workdir=str(self.dir / "work"),
+                                home=str(self.dir / "home"), labels=self.labels)
+        self.limits = Limits(self.cfg.cpu_time_s, self.cfg.memory_mb, self.cfg.max_processes, self.cfg.max_file_mb)
+        self.bwrap: str | None = None
+        self.cgroup: Cgroup | None = None
+        self._started = False
+
+    @property
+    def isolation(self) -> str:
+        return "bwrap" if self.bwrap else "none"
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._started:
+            return
+        mode = self.cfg.isolation
+        self.bwrap = bwrap_usable() if mode in ("auto", "bwrap") else None
+        if mode == "bwrap" and not self.bwrap:
+            raise SandboxError("sandbox.local.isolation = \"bwrap\" but bwrap is missing or cannot create "
+                               "namespaces here (apt-get install bubblewrap, or isolation = \"auto\")")
+        if self.dir.exists():  # a leftover of the same rollout id: never reuse its files
+            await asyncio.to_thread(_rmtree, self.dir)
+        try:
+            for sub in ("work", "home", "tmp"):
+                (self.dir / sub).mkdir(parents=True, exist_ok=True)
+            meta = {"labels": self.labels, "owner_pid": os.getpid(), "created": time.time()}
+            (self.dir / META_FILE).write_text(json.dumps(meta))
+        except OSError as exc:
+            raise SandboxError(f"cannot create the sandbox folder {self.dir}: {exc.strerror}") from None
+        self.cgroup = Cgroup(self.id, self.limits)
+        self._started = True
+
+    async def stop(self) -> None:
+        if not self._started and not self.dir.exists():
+            return
+        await asyncio.to_thread(self._stop_sync)
+        self._started = False
+
+    def _stop_sync(self) -> None:
+        among = self.cgroup.pids() if self.cgroup and self.cgroup.dirs else None
+        kill_tree(None, SANDBOX_ENV, self.id, among)
+        if self.cgroup:
+            self.cgroup.remove()
+        _rmtree(self.dir)
+
+    # -- exec --------------------------------------------------------------------------------------
+    def _argv(self, command: str | list[str], cwd: str) -> list[str]:
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        if not argv:
+            raise SandboxError("exec needs a command")
+        if not self.bwrap:
+            return argv
+        d = str(self.dir)
+        return [self.bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
+                "--unshare-uts", "--unshare-cgroup-try", "--ro-bind", "/", "/", "--dev", "/dev",
+                "--proc", "/proc", "--bind", d, d, "--chdir", cwd, "--", *argv]
+
+    def _env(self, env: dict[str, str] | None, exec_id: str) -> dict[str, str]:
+        base = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C.UTF-8",
+                "HOME": str(self.dir / "home"), "TMPDIR": str(self.dir / "tmp"), "TERM": "dumb"}
+        # The markers go last so a caller's env cannot remove them (they are how stop() finds strays).
+        return {**base, **(env or {}), SANDBOX_ENV: self.id, EXEC_ENV: exec_id}
+
+    async def exec(self, command: str | list[str], *, timeout: float, env: dict[str, str] | None = None,
+                   cwd: str | None = None, max_output: int | None = None, stdin: bytes | None = None,
+                   ) -> ExecResult:
+        if not self._started:
+            raise SandboxError("the sandbox is not started (use `async with` or call start())")
+        workdir = str(self._resolve(cwd)) if cwd else self.info.workdir
+        exec_id = secrets.token_hex(8)
+        cap = max_output or self.config.max_output_bytes
+        cg = self.cgroup
+        child = preexec(self.limits, [str(d) for d in cg.dirs] if cg else [],
+                        nproc_fallback=not (cg and cg.limits_pids), mem_fallback=not (cg and cg.limits_memory))
+        start = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self._argv(command, workdir), cwd=workdir, env=self._env(env, exec_id),
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                start_new_session=True, preexec_fn=child)
+        except (FileNotFoundError, PermissionError) as exc:  # what a shell reports as 127 / 126
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            return ExecResult(exit_code=code, stdout="", stderr=f"{exc.filename}: {exc.strerror}\n",
+                              duration_s=time.monotonic() - start)
+        except OSError as exc:
+            raise SandboxError(f"cannot start {command!r} in sandbox {self.id}: {exc}") from None
+        return await self._collect(proc, exec_id, cap, timeout, stdin, start)
+
+    async def _collect(self, proc: asyncio.subprocess.Process, exec_id: str, cap: int, timeout: float,
+                       stdin: bytes | None, start: float) -> ExecResult:
+        outs = (_Capped(cap), _Capped(cap))
+        readers = [asyncio.ensure_future(o.drain(s)) for o, s in zip(outs, (proc.stdout, proc.stderr))]
+        feeder = asyncio.ensure_future(_feed(proc, stdin))
+        timed_out = False
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+        except asyncio.TimeoutError:
+            timed_out = True
+        finally:
+            if timed_out or proc.returncode is None:  # timeout, or our caller was cancelled
+                await asyncio.to_thread(self._kill_exec, proc.pid, exec_id)
+            done, pending = await asyncio.wait(readers, timeout=_GRACE_S)
+            for task in (*pending, feeder):
+                task.cancel()
+            await proc.wait()
+        # A signal death reads as 128+N, as a shell (and bwrap, and docker) reports it.
+        code = 124 if timed_out else (proc.returncode if proc.returncode >= 0 else 128 - proc.returncode)
+        return ExecResult(exit_code=code, stdout=outs[0].text(), stderr=outs[1].text(), timed_out=timed_out,
+                          truncated=outs[0].truncated or outs[1].truncated, duration_s=time.monotonic() - start)
+
+    def _kill_exec(self, pgid: int, exec_id: str) -> None:
+        among = self.cgroup.pids() if self.cgroup and self.cgroup.dirs else None
+        kill_tree(pgid, EXEC_ENV, exec_id, among)
+
+    # -- files -------------------------------------------------------------------------------------
+    def _resolve(self, path: str) -> Path:
+        """The real path for `path`: relative ones must stay in the workdir, absolute ones in the
+        sandbox folder. realpath() follows symlinks, so a link the harness plants cannot carry a
+        write outside."""
+        root = os.path.realpath(self.info.workdir if not os.path.isabs(path) else self.dir)
+        full = os.path.realpath(os.path.join(self.info.workdir, path))
+        if full != root and not full.startswith(root + os.sep):
+            raise SandboxError(f"path {path!r} leaves the sandbox ({root})")
+        return Path(full)
+
+    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        full = self._resolve(path)
+        try:
+            full.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.chmod(full, mode)
+        except OSError as exc:
+            raise SandboxError(f"cannot write {path} in sandbox {self.id}: {exc.strerror}") from None
+
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        full = self._resolve(path)
+        try:
+            with open(full, "rb") as fh:
+                return fh.read(-1 if max_bytes is None else max_bytes)
+        except FileNotFoundError:
+            raise SandboxFileNotFound(f"{path}: no such file in the sandbox") from None
+        except OSError as exc:
+            raise SandboxError(f"cannot read {path} in sandbox {self.id}: {exc.strerror}") from None
+
+
+class _Capped:
+    """Keeps the first `cap` bytes of a stream and reads (and drops) the rest."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.buf, self.truncated = cap, bytearray(), False
+
+    async def drain(self, stream: asyncio.StreamReader | None) -> None:
+        if stream is None:
+            return
+        while chunk := await stream.read(_CHUNK):
+            room = self.cap - len(self.buf)
+            if len(chunk) > room:
+                self.truncated = True
+            if room > 0:
+                self.buf.extend(chunk[:room])
+
+    def text(self) -> str:
+        return bytes(self.buf).decode("utf-8", errors="replace")
+
+
+async def _feed(proc: asyncio.subprocess.Process, data: bytes | None) -> None:
+    if data is None or proc.stdin is None:
+        return
+    try:
+        proc.stdin.write(data)
+        await proc.stdin.drain()
+        proc.stdin.close()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the command exited without reading all of its input: not an error of ours
+
+
+def _rmtree(path: Path) -> None:
+    """rm -rf that also removes what a sandboxed process made read-only."""
+
+    def onexc(func, p, _exc):  # type: ignore[no-untyped-def]
+        try:
+            os.chmod(os.path.dirname(p), stat.S_IRWXU)
+            os.chmod(p, stat.S_IRWXU)
+            func(p)
+        except OSError:
+            pass
+
+    if path.exists():
+        shutil.rmtree(path, onerror=onexc)  # onerror, not onexc: Python 3.11 has only the old name

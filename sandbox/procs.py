@@ -1,0 +1,180 @@
+"""Process containment for the local backend: resource limits, cgroups, and killing a whole tree.
+
+Limits, and why each is set the way it is:
+
+- CPU time: `RLIMIT_CPU` per process (SIGXCPU, then SIGKILL at the hard limit).
+- File size: `RLIMIT_FSIZE`: a write past it fails with SIGXFSZ/EFBIG, so a disk-filler stops.
+- Memory and process count: a cgroup per sandbox (`memory.limit_in_bytes`, `pids.max`) where this
+  process may create one (root on cgroup v1, or a delegated v2 subtree). That is the only exact
+  answer: `RLIMIT_NPROC` counts *all* processes of the real uid, not of one sandbox, and is not
+  enforced at all for root; `RLIMIT_AS` counts reserved address space, which node/V8 and Go reserve
+  by the gigabyte. Without a cgroup we fall back to `RLIMIT_DATA` (private writable memory, close to
+  what "memory" means and harmless to big reservations) and to `RLIMIT_NPROC` set to the uid's
+  current process count plus the sandbox's budget (an approximation, and a no-op for root).
+
+Every sandboxed process also carries `OPENFORGE_SANDBOX=<id>` (and `OPENFORGE_EXEC=<id>` per exec) in
+its environment: a process that left our process group with setsid() is still found and killed.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_PARENT = "openforge"
+
+
+@dataclass
+class Limits:
+    cpu_time_s: int
+    memory_mb: int
+    max_processes: int
+    max_file_mb: int
+
+
+class Cgroup:
+    """A v1 (pids + memory controllers) or v2 cgroup for one sandbox, or nothing where we cannot make one."""
+
+    def __init__(self, name: str, limits: Limits) -> None:
+        self.dirs: list[Path] = []
+        v1 = CGROUP_ROOT / "pids" / "cgroup.procs"
+        if v1.exists():
+            targets = {"pids": {"pids.max": str(limits.max_processes)},
+                       "memory": {"memory.limit_in_bytes": str(limits.memory_mb << 20)}}
+            for ctrl, files in targets.items():
+                self._make(CGROUP_ROOT / ctrl / CGROUP_PARENT / name, files)
+        elif (CGROUP_ROOT / "cgroup.controllers").exists():
+            parent = CGROUP_ROOT / CGROUP_PARENT
+            try:
+                parent.mkdir(exist_ok=True)
+                (parent / "cgroup.subtree_control").write_text("+pids +memory")
+            except OSError:
+                return
+            self._make(parent / name, {"pids.max": str(limits.max_processes),
+                                       "memory.max": str(limits.memory_mb << 20)})
+
+    def _make(self, path: Path, files: dict[str, str]) -> None:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            for fname, value in files.items():
+                (path / fname).write_text(value)
+        except OSError:
+            return
+        self.dirs.append(path)
+
+    @property
+    def limits_pids(self) -> bool:
+        return any((d / "pids.max").exists() for d in self.dirs)
+
+    @property
+    def limits_memory(self) -> bool:
+        return any((d / "memory.limit_in_bytes").exists() or (d / "memory.max").exists() for d in self.dirs)
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for d in self.dirs:
+            try:
+                found.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+            except OSError:
+                pass
+        return found
+
+    def remove(self) -> None:
+        for d in self.dirs:
+            remove_cgroup_dir(d)
+        self.dirs = []
+
+
+def remove_cgroup_dir(path: Path) -> None:
+    """Kill what is left in a cgroup and remove it (rmdir only succeeds once it is empty)."""
+    for _ in range(50):
+        try:
+            pids = [int(x) for x in (path / "cgroup.procs").read_text().split()]
+        except OSError:
+            return
+        for pid in pids:
+            _kill(pid)
+        try:
+            path.rmdir()
+            return
+        except OSError:
+            psutil.wait_procs([p for p in _procs(pids)], timeout=0.05)
+
+
+def preexec(limits: Limits, cgroup_dirs: list[str], nproc_fallback: bool, mem_fallback: bool):  # type: ignore[no-untyped-def]
+    """The function run in the child between fork and exec: join the cgroups, set the rlimits.
+
+    Only async-signal-safe-ish work here (file writes, setrlimit): no locks, no logging."""
+    procs_files = [os.path.join(d, "cgroup.procs") for d in cgroup_dirs]
+    nproc = None
+    if nproc_fallback:
+        nproc = limits.max_processes + sum(1 for p in psutil.process_iter(["uids"])
+                                           if p.info["uids"] and p.info["uids"].real == os.getuid())
+
+    def child() -> None:
+        for path in procs_files:
+            with open(path, "w") as fh:
+                fh.write(str(os.getpid()))
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_time_s, limits.cpu_time_s + 5))
+        size = limits.max_file_mb << 20
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if mem_fallback:
+            mem = limits.memory_mb << 20
+            resource.setrlimit(resource.RLIMIT_DATA, (mem, mem))
+        if nproc is not None:
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+    return child
+
+
+def _procs(pids: list[int] | set[int]) -> list[psutil.Process]:
+    out = []
+    for pid in pids:
+        try:
+            out.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    return out
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def marked_pids(key: str, value: str, among: set[int] | None = None) -> set[int]:
+    """Processes whose environment has key=value (those we may read: ours, or any as root)."""
+    found = set()
+    candidates = _procs(among) if among is not None else psutil.process_iter()
+    for proc in candidates:
+        try:
+            if proc.pid != os.getpid() and proc.environ().get(key) == value:
+                found.add(proc.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def kill_tree(pgid: int | None, key: str, value: str, among: set[int] | None = None) -> None:
+    """SIGKILL a process group and every process carrying the marker, until none is left."""
+    if pgid:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for _ in range(20):  # a process may fork between the scan and the kill: rescan until quiet
+        pids = marked_pids(key, value, among)
+        if not pids:
+            return
+        for pid in pids:
+            _kill(pid)
+        psutil.wait_procs(_procs(pids), timeout=0.05)
