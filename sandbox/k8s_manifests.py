@@ -1,0 +1,169 @@
+"""The Pod a rollout's sandbox runs in, built as the plain JSON the API server takes, and checked.
+
+Kept apart from the backend so the manifest can be built and validated without a cluster: the tests
+deserialize every manifest into the client's own `V1Pod` model (strict: unknown keys are refused),
+and `check_pod_manifest` adds the API server's rules the model does not enforce (names, label syntax,
+enums, quantities), so a typo in `[sandbox.kubernetes]` fails here with one line instead of a 422
+from the cluster after a scheduling round trip.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Any
+
+from openforge.config import SandboxConfig
+from openforge.errors import ConfigError
+
+MANAGED_LABEL = "openforge.managed"
+RUN_LABEL = "openforge.run"
+ROLLOUT_LABEL = "openforge.rollout"
+CONTAINER_NAME = "sandbox"
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_TOLERATION_OPERATORS = {"Exists", "Equal"}
+_TAINT_EFFECTS = {"", "NoSchedule", "PreferNoSchedule", "NoExecute"}
+
+
+def label_value(raw: str) -> str:
+    """A string made safe as a label value (<= 63 chars of [A-Za-z0-9-_.], alphanumeric at the ends)."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "-", raw)[:63]
+    return cleaned.strip("-_.")
+
+
+def pod_name(rollout_id: str) -> str:
+    """`forge-<rollout>-<6 hex>`: unique per start attempt, because a pod deleted with grace 0 can
+    linger in the API for a moment and a retried start must not collide with it (409)."""
+    slug = re.sub(r"[^a-z0-9-]", "-", rollout_id.lower()).strip("-")[:48].strip("-") or "rollout"
+    return f"forge-{slug}-{secrets.token_hex(3)}"
+
+
+def pod_labels(*, run_id: str, rollout_id: str) -> dict[str, str]:
+    return {MANAGED_LABEL: "true", RUN_LABEL: label_value(run_id), ROLLOUT_LABEL: label_value(rollout_id)}
+
+
+def managed_selector(run_id: str | None = None) -> str:
+    """The label selector of every pod forge made (of one run, when `run_id` is given)."""
+    selector = f"{MANAGED_LABEL}=true"
+    return selector + (f",{RUN_LABEL}={label_value(run_id)}" if run_id else "")
+
+
+def build_pod_manifest(config: SandboxConfig, *, name: str, run_id: str, rollout_id: str) -> dict[str, Any]:
+    """One Pod per rollout: a long-running `sleep` that execs land in, deleted when the rollout ends.
+
+    `activeDeadlineSeconds` is the backstop for a controller that crashed before deleting its pods;
+    `forge gc` is the other. The service-account token is only mounted when a service account is
+    configured: agent code runs in this pod and should not be handed API credentials by default.
+    """
+    k8s = config.kubernetes
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "activeDeadlineSeconds": k8s.active_deadline_s,
+        # Deleted with grace 0 anyway; `sleep` as PID 1 ignores SIGTERM, so a grace period only waits.
+        "terminationGracePeriodSeconds": 0,
+        # Service env vars of every Service in the namespace would leak into the harness environment.
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": bool(k8s.service_account),
+        "containers": [{
+            "name": CONTAINER_NAME,
+            "image": k8s.image,
+            # Hundreds of pods per step: do not ask the registry for every one. Pin image tags.
+            "imagePullPolicy": "IfNotPresent",
+            # The container's own life is bounded like the pod's, so a sleep that ends is not a surprise.
+            "command": ["sleep", str(k8s.active_deadline_s + 60)],
+            "workingDir": config.workdir,
+            "resources": {
+                "requests": {"cpu": k8s.cpu_request, "memory": k8s.memory_request},
+                "limits": {"cpu": k8s.cpu_limit, "memory": k8s.memory_limit},
+            },
+            "stdin": False,
+            "tty": False,
+        }],
+    }
+    if k8s.node_selector:
+        spec["nodeSelector"] = dict(k8s.node_selector)
+    if k8s.tolerations:
+        spec["tolerations"] = [dict(t) for t in k8s.tolerations]
+    if k8s.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": s} for s in k8s.image_pull_secrets]
+    if k8s.service_account:
+        spec["serviceAccountName"] = k8s.service_account
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": k8s.namespace,
+            "labels": pod_labels(run_id=run_id, rollout_id=rollout_id),
+            # Labels are sanitised and cut at 63 chars; the exact ids are kept here.
+            "annotations": {"openforge.run-id": run_id, "openforge.rollout-id": rollout_id},
+        },
+        "spec": spec,
+    }
+
+
+def check_pod_manifest(manifest: dict[str, Any]) -> None:
+    """Raise ConfigError (one line) if the API server would refuse this Pod; return None if it is fine."""
+    from kubernetes.client import V1Pod
+    from kubernetes.utils import parse_quantity
+    from pydantic import ValidationError
+
+    try:
+        V1Pod.from_dict(manifest)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"invalid pod manifest: {where}: {first['msg']}") from None
+    meta, spec = manifest["metadata"], manifest["spec"]
+    problems: list[str] = []
+    if len(meta["name"]) > 63 or not _DNS1123_LABEL.match(meta["name"]):
+        problems.append(f"metadata.name {meta['name']!r} is not a DNS-1123 label")
+    for key, value in {**meta.get("labels", {}), **spec.get("nodeSelector", {})}.items():
+        prefix, _, name = key.rpartition("/")
+        if len(name) > 63 or not _LABEL_NAME.match(name) or (prefix and not _is_dns_subdomain(prefix)):
+            problems.append(f"label key {key!r} is invalid")
+        if len(value) > 63 or not _LABEL_VALUE.match(value):
+            problems.append(f"label value {value!r} (key {key}) is invalid")
+    if spec.get("restartPolicy") not in {"Always", "OnFailure", "Never"}:
+        problems.append(f"spec.restartPolicy {spec.get('restartPolicy')!r} is not Always/OnFailure/Never")
+    for i, tol in enumerate(spec.get("tolerations", [])):
+        if tol.get("operator", "Equal") not in _TOLERATION_OPERATORS:
+            problems.append(f"tolerations[{i}].operator must be Exists or Equal")
+        if tol.get("effect", "") not in _TAINT_EFFECTS:
+            problems.append(f"tolerations[{i}].effect must be NoSchedule, PreferNoSchedule or NoExecute")
+        if tol.get("operator") == "Exists" and tol.get("value"):
+            problems.append(f"tolerations[{i}]: operator Exists takes no value")
+    for c in spec["containers"]:
+        if not c.get("image"):
+            problems.append(f"container {c['name']!r} has no image")
+        resources = c.get("resources", {})
+        for kind in ("requests", "limits"):
+            for res, qty in resources.get(kind, {}).items():
+                try:
+                    parse_quantity(qty)
+                except ValueError:
+                    problems.append(f"resources.{kind}.{res} {qty!r} is not a quantity (e.g. 500m, 2, 512Mi)")
+        for res, qty in resources.get("requests", {}).items():
+            limit = resources.get("limits", {}).get(res)
+            if limit is not None and _quantity_ok(qty) and _quantity_ok(limit) \
+                    and parse_quantity(qty) > parse_quantity(limit):
+                problems.append(f"resources.requests.{res} {qty} is above its limit {limit}")
+    if problems:
+        raise ConfigError("invalid pod manifest: " + "; ".join(problems))
+
+
+def _quantity_ok(qty: str) -> bool:
+    from kubernetes.utils import parse_quantity
+
+    try:
+        parse_quantity(qty)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_dns_subdomain(value: str) -> bool:
+    return len(value) <= 253 and all(_DNS1123_LABEL.match(part) for part in value.split("."))
