@@ -29,16 +29,23 @@ def return_original_logprob() -> bool:
     return os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true", "yes")
 
 
-def _truncate(probs: torch.Tensor, p: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """probs [V] -> (kept probabilities in descending order, their token ids)."""
+def _truncate(probs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """probs [V] -> the same probabilities with the truncated tokens zeroed, in vocabulary order.
+
+    Sampling happens in vocabulary order, not sorted order: two near-equal probabilities can swap
+    places in a sort under 1e-7 of numerical noise (batched vs. alone), which would change the token
+    a seeded draw lands on. In vocabulary order such noise moves a boundary by 1e-7 only."""
+    if p.top_p >= 1.0 and p.top_k <= 0 and p.min_p <= 0:
+        return probs
     sorted_p, idx = probs.sort(descending=True)
+    drop = torch.zeros_like(sorted_p, dtype=torch.bool)
     if p.top_p < 1.0:
-        sorted_p = sorted_p.masked_fill(sorted_p.cumsum(0) - sorted_p > p.top_p, 0.0)
+        drop |= sorted_p.cumsum(0) - sorted_p > p.top_p
     if p.top_k > 0:
-        sorted_p[p.top_k:] = 0.0
+        drop[p.top_k:] = True
     if p.min_p > 0:
-        sorted_p = sorted_p.masked_fill(sorted_p < sorted_p[0] * p.min_p, 0.0)
-    return sorted_p, idx
+        drop |= sorted_p < sorted_p[0] * p.min_p
+    return probs.masked_fill(torch.zeros_like(drop).scatter(0, idx, drop), 0.0)
 
 
 def sample_next(logits: torch.Tensor, params: list[SamplingParams],
@@ -55,8 +62,7 @@ def sample_next(logits: torch.Tensor, params: list[SamplingParams],
             lp = raw_logprobs[row, token]
         else:
             scaled = torch.log_softmax(logits[row] / p.temperature, dim=-1)
-            kept, idx = _truncate(scaled.exp(), p)
-            token = int(idx[torch.multinomial(kept, 1, generator=gen)])
+            token = int(torch.multinomial(_truncate(scaled.exp(), p), 1, generator=gen))
             lp = raw_logprobs[row, token] if original else scaled[token]
         tokens.append(token)
         logprobs.append(float(lp))
