@@ -10,7 +10,8 @@ trajectory from the proxy's recorded calls -> verifier -> scored. The final stat
     scored     the verifier ran; `reward` is the policy's data (0.0 for an agent that did nothing)
     timed_out  the harness ran past its limit and was killed; reward 0.0 (the agent's failure)
     failed     infrastructure: the sandbox would not start, setup or the harness install broke, the
-               sandbox died. Not the policy's fault: the trainer drops the whole group.
+               sandbox died, the rollout's last model call failed in the proxy/engine. Not the
+               policy's fault: the trainer drops the whole group. `error` starts with "infra:".
     cancelled  the run was cancelled (Ctrl-C, `cancel()`) before the rollout finished
 
 Every sandbox is stopped on every path, cancellation included.
@@ -177,12 +178,14 @@ class RolloutRunner:
         retries = self.config.sandbox.start_retries
         last: Exception | None = None
         for attempt in range(1, retries + 2):
-            sb = self.sandbox_factory(self.config.sandbox, run_id=ro.run_id, rollout_id=ro.id)
+            sb: Sandbox | None = None
             try:
+                sb = self.sandbox_factory(self.config.sandbox, run_id=ro.run_id, rollout_id=ro.id)
                 await asyncio.wait_for(sb.start(), timeout=self.config.runner.rollout_timeout_s)
             except (SandboxError, OSError, TimeoutError) as exc:
                 last = exc
-                await _stop_quietly(sb)
+                if sb is not None:
+                    await _stop_quietly(sb)
                 await self._db(self.store.update_rollout, ro.id, attempts=attempt)
                 log.warning("rollout %s: sandbox start %d/%d failed: %s", ro.id, attempt, retries + 1, exc)
                 if isinstance(exc, SandboxError) and not isinstance(exc, TransientSandboxError):
@@ -215,6 +218,9 @@ class RolloutRunner:
             await self._finish(ro.id, status="timed_out", reward=0.0,
                                error=f"harness ran past its limit of {budget:g}s and was killed")
             return
+        broken_call = await self._db(self._last_call_error, ro.id)
+        if broken_call:  # the harness gave up because the engine/proxy failed it: not the policy's data
+            raise _InfraFailure(f"infra: the rollout's last model call failed: {broken_call}")
         reward, verifier_output, note = await self._verify(sb, task)
         if assembly_error:
             await self._finish(ro.id, status="failed", reward=reward, verifier_output=verifier_output,
@@ -276,6 +282,12 @@ class RolloutRunner:
         return None
 
     # -- helpers --------------------------------------------------------------------------------
+
+    def _last_call_error(self, rollout_id: str) -> str | None:
+        calls = self.store.list_calls(rollout_id=rollout_id, limit=1, newest_first=True)
+        if calls and calls[0].status in ("error", "interrupted"):
+            return (calls[0].error or calls[0].status)[:500]
+        return None
 
     def _proxy_url_for(self, sb: Sandbox) -> str:
         """The proxy URL as seen from inside the sandbox."""

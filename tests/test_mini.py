@@ -1,0 +1,136 @@
+"""The `mini` harness end to end: ScriptedEngine -> real proxy (ProxyServer, loopback) -> mini agent in
+a real local sandbox -> verifier; and its robustness to the nonsense a random policy emits."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.scripted import ScriptedEngine
+from engine.serve import serve_in_thread
+from openforge.config import ForgeConfig
+from openforge.store import Store, loads
+from proxy.server import ProxyServer
+from rollouts.harnesses import get_harness
+from rollouts.harnesses.mini_agent import run_tool
+from rollouts.runner import RolloutRunner, RolloutSpec
+from rollouts.tasks import TaskSpec, load_tasks
+
+WRITE_HELLO = ('<tool_call>\n{"name": "write_file", "arguments": {"path": "hello.txt", '
+               '"content": "hello world\\n"}}\n</tool_call>')
+
+
+@pytest.fixture
+def serve(tiny_model: Path, store: Store) -> Iterator:
+    """serve(script) -> (proxy url, engine): a ScriptedEngine behind the real proxy, both on loopback."""
+    handles = []
+
+    def start(script) -> tuple[str, ScriptedEngine]:  # noqa: ANN001
+        engine = ScriptedEngine(tiny_model, script)
+        eng = serve_in_thread(engine.app)
+        proxy = ProxyServer(ForgeConfig().proxy, store_path=store.path, engine_url=eng.url, model_path=tiny_model)
+        handles.extend([eng, proxy])
+        proxy.start()
+        return proxy.url, engine
+
+    yield start
+    for h in reversed(handles):
+        h.stop()
+
+
+def _run(store: Store, url: str, task: TaskSpec, *, max_turns: int = 8):  # noqa: ANN202
+    import asyncio
+
+    cfg = ForgeConfig()
+    cfg.harness.max_turns = max_turns
+    run = store.create_run(kind="eval")
+    [ro] = asyncio.run(RolloutRunner(store, config=cfg, proxy_url=url).run(run.id, [RolloutSpec(task)]))
+    return ro
+
+
+def test_mini_solves_a_task_through_the_proxy_in_a_sandbox(serve, store: Store) -> None:  # noqa: ANN001
+    url, engine = serve([WRITE_HELLO, "Done: hello world"])
+    task = next(t for t in load_tasks("builtin") if t.id == "med-create-file")
+    ro = _run(store, url, task)
+    assert (ro.status, ro.reward, ro.exit_code, ro.harness) == ("scored", 1.0, 0, "mini"), (ro.error, ro.stderr)
+    assert "write_file -> 'wrote 12 characters" in ro.stdout
+    calls = store.list_calls(rollout_id=ro.id)
+    assert [c.status for c in calls] == ["ok", "ok"] and [c.api for c in calls] == ["openai_chat"] * 2
+    assert json.loads(calls[0].tool_calls_json)[0]["name"] == "write_file"
+    # the second call's request carries the tool result the agent produced in the sandbox
+    second = json.loads(calls[1].request_json)
+    assert second["messages"][-1]["role"] == "tool" and "wrote 12 characters" in second["messages"][-1]["content"]
+    assert len(engine.requests) == 2
+    [traj] = store.list_trajectories(rollout_ids=[ro.id])
+    mask = loads(traj.loss_mask)
+    assert ro.n_calls == 2 and traj.n_tokens == len(loads(traj.token_ids)) == len(mask) and 0 < sum(mask) < len(mask)
+
+
+def test_mini_survives_a_random_policy(serve, store: Store) -> None:  # noqa: ANN001
+    garbage = [
+        '<tool_call>\n{"name": "launch_rockets", "arguments": {}}\n</tool_call>',
+        '<tool_call>\n{"name": "bash", "arguments": {"command": 42}}\n</tool_call>',
+        '<tool_call>\n{"name": "read_file", "arguments": {"path": "no/such/file"}}\n</tool_call>',
+        '<tool_call>\n{"name": "write_file", "arguments": {"path": "/proc/1/nope", "content": "x"}}\n</tool_call>',
+        'the cat <tool_call>\n{"name": bash broken json\n</tool_call> yes yes',
+    ]
+    url, _ = serve(garbage)
+    task = TaskSpec(id="junk", instruction="anything", verifier="cat .forge/answer.txt")
+    ro = _run(store, url, task)
+    assert (ro.status, ro.exit_code) == ("scored", 0), (ro.error, ro.stderr)
+    assert "unknown tool 'launch_rockets'" in ro.stdout and "must be a string" in ro.stdout
+    assert "the cat" in ro.verifier_output  # the unparsed text came back as the final answer
+    assert len(store.list_calls(rollout_id=ro.id)) == 5
+
+
+def test_mini_stops_at_max_turns_and_still_answers(serve, store: Store) -> None:  # noqa: ANN001
+    url, _ = serve(lambda ids: '<tool_call>\n{"name": "bash", "arguments": {"command": "echo hi"}}\n</tool_call>')
+    task = TaskSpec(id="loop", instruction="loop", verifier="test -f .forge/answer.txt")
+    ro = _run(store, url, task, max_turns=3)
+    assert (ro.status, ro.reward, ro.exit_code) == ("scored", 1.0, 0)
+    assert "stopped after 3 turns" in ro.stdout and len(store.list_calls(rollout_id=ro.id)) == 3
+
+
+def test_engine_failure_is_infra_not_data(serve, store: Store) -> None:  # noqa: ANN001
+    url, engine = serve(["never used"])
+    for _ in range(20):  # more than the SDK's retry and any proxy retries of the engine can use
+        engine.fail_next("http_500")
+    ro = _run(store, url, TaskSpec(id="t", instruction="x", verifier="true"))
+    assert ro.exit_code == 3 and "API error" in ro.stderr
+    assert ro.status == "failed" and ro.error.startswith("infra: the rollout's last model call failed")
+
+
+def test_run_tool_never_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert run_tool("write_file", '{"path": "a/b.txt", "content": "hi"}', bash_timeout=5) == "wrote 2 characters to a/b.txt"
+    assert run_tool("read_file", '{"path": "a/b.txt"}', bash_timeout=5) == "hi"
+    assert run_tool("bash", '{"command": "echo out; echo err >&2; exit 3"}', bash_timeout=5) == "exit code 3\nout\nerr\n"
+    assert "timed out after 0.2s" in run_tool("bash", '{"command": "sleep 5"}', bash_timeout=0.2)
+    assert "JSONDecodeError" in run_tool("bash", "{nope", bash_timeout=5)
+    assert "must be a JSON object" in run_tool("bash", "[1]", bash_timeout=5)
+    assert "must be a string" in run_tool("read_file", '{"path": null}', bash_timeout=5)
+    assert "FileNotFoundError" in run_tool("read_file", '{"path": "missing"}', bash_timeout=5)
+    assert "IsADirectoryError" in run_tool("read_file", '{"path": "a"}', bash_timeout=5)
+    assert "unknown tool" in run_tool("", None, bash_timeout=5)
+    big = run_tool("bash", '{"command": "yes x | head -c 100000"}', bash_timeout=5)
+    assert len(big) < 4200 and "characters cut" in big
+
+
+def test_registry() -> None:
+    from openforge.config import HarnessConfig
+    from openforge.errors import HarnessError
+
+    mini = get_harness(HarnessConfig(name="mini", max_turns=2))
+    from rollouts.harness import HarnessContext
+
+    ctx = HarnessContext(proxy_url="http://127.0.0.1:5/", api_key="k", model="m", instruction="i", workdir="/w",
+                         backend="docker")
+    assert mini.command(ctx)[:2] == ["python3", ".forge/mini_agent.py"] and "2" in mini.command(ctx)
+    assert mini.env(ctx)["OPENAI_BASE_URL"] == "http://127.0.0.1:5/v1"
+    cfg = HarnessConfig()
+    object.__setattr__(cfg, "name", "nope")  # bypass the Literal, as a stale config file would
+    with pytest.raises(HarnessError, match="unknown harness 'nope'"):
+        get_harness(cfg)
