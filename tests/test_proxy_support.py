@@ -1,0 +1,84 @@
+"""Shared pieces of the proxy tests: a scripted engine + the real proxy on loopback, and tool specs.
+
+(No tests here; the test_proxy_*.py modules import these fixtures.)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.scripted import ScriptedEngine
+from engine.serve import ServerHandle, serve_in_thread
+from openforge.config import ProxyConfig
+from openforge.store import Rollout, Store, loads
+from proxy.server import ProxyServer
+
+BASH_SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
+CHAT_TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command",
+                                                 "parameters": BASH_SCHEMA}}]
+ANTHROPIC_TOOLS = [{"name": "bash", "description": "Run a shell command", "input_schema": BASH_SCHEMA}]
+RESPONSES_TOOLS = [{"type": "function", "name": "bash", "description": "Run a shell command",
+                    "parameters": BASH_SCHEMA}]
+# The model writes compact JSON; chat templates re-render it with spaces: re-tokenising would drift.
+TOOL_TURN = 'Let me look.\n<tool_call>\n{"name":"bash","arguments":{"command":"ls"}}\n</tool_call>'
+
+
+@dataclass
+class Rig:
+    engine: ScriptedEngine
+    engine_server: ServerHandle
+    proxy: ProxyServer
+    store: Store
+    rollout: Rollout
+    model_path: Path
+
+    @property
+    def url(self) -> str:
+        return self.proxy.url
+
+    @property
+    def key(self) -> str:
+        return self.rollout.api_key
+
+    def new_rollout(self, status: str = "running") -> Rollout:
+        return self.store.create_rollout(run_id=self.rollout.run_id, task_id="t", status=status)
+
+    def calls(self, rollout_id: str | None = None) -> list[Any]:
+        return self.store.list_calls(rollout_id=rollout_id or self.rollout.id)
+
+    def served_texts(self, rollout_id: str | None = None) -> list[str]:
+        tok = self.engine.tokenizer
+        return [tok.decode(loads(c.completion_ids), skip_special_tokens=True)
+                for c in self.calls(rollout_id) if c.status == "ok"]
+
+
+@pytest.fixture
+def make_rig(tiny_model: Path, store: Store) -> Iterator[Any]:
+    """make_rig(script, **proxy_config) -> Rig; everything is stopped at the end of the test."""
+    started: list[Rig] = []
+
+    def make(script: Any, *, token_delay_s: float = 0.0, **config: Any) -> Rig:
+        engine = ScriptedEngine(tiny_model, script, token_delay_s=token_delay_s)
+        es = serve_in_thread(engine.app)
+        run = store.create_run(kind="proxy")
+        rollout = store.create_rollout(run_id=run.id, task_id="t", status="running")
+        proxy = ProxyServer(ProxyConfig(**config), store_path=store.path, engine_url=es.url,
+                            model_path=tiny_model).start()
+        rig = Rig(engine, es, proxy, store, rollout, tiny_model)
+        started.append(rig)
+        return rig
+
+    yield make
+    for rig in started:
+        rig.proxy.stop()
+        rig.engine_server.stop()
+
+
+def tool_args(call: Any) -> dict[str, Any]:
+    return json.loads(call.function.arguments)
