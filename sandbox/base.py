@@ -32,6 +32,8 @@ from openforge.errors import SandboxError
 LABEL_RUN = "openforge.run"
 LABEL_ROLLOUT = "openforge.rollout"
 LABEL_MANAGED = "openforge.managed"
+# The data dir whose store knows the run: `forge gc` of one FORGE_HOME never judges another's runs.
+LABEL_HOME = "openforge.home"
 
 
 def sandbox_labels(run_id: str, rollout_id: str) -> dict[str, str]:

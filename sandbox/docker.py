@@ -25,14 +25,19 @@ from typing import Any
 
 from openforge.config import SandboxConfig
 from openforge.errors import SandboxError
-from sandbox.base import (ExecResult, SandboxBase, SandboxFileNotFound, SandboxInfo, TransientSandboxError,
-                          sandbox_labels)
+from openforge.paths import forge_home
+from sandbox.base import (LABEL_HOME, ExecResult, SandboxBase, SandboxFileNotFound, SandboxInfo,
+                          TransientSandboxError, sandbox_labels)
 
 BUILD_HINT = "forge sandbox build-image"
 _FOREVER = "2147483647"  # `sleep infinity` is GNU-only; a big number works in busybox too
-# Kills every process whose environ holds the marker; POSIX sh + tr + grep, so busybox images work.
-_KILL_MARKED = ('for p in /proc/[0-9]*; do tr "\\0" "\\n" < $p/environ 2>/dev/null | grep -qx "$1" '
-                '&& kill -9 ${p#/proc/} 2>/dev/null; done; true')
+# Kills every process (but this shell) whose environ holds the marker $1; POSIX sh + tr + grep, so
+# busybox images work too.
+_KILL_MARKED = ('for p in /proc/[0-9]*; do [ "${p#/proc/}" = "$$" ] && continue; tr "\\0" "\\n" < $p/environ '
+                '2>/dev/null | grep -qx "$1" && kill -9 ${p#/proc/} 2>/dev/null; done; true')
+# Runs the command, then kills what it left in the background, in the same exec (no extra round trip),
+# so background processes end with their exec as on the local backend.
+_RUN_THEN_REAP = '"$@"; rc=$?; set -- "OPENFORGE_EXEC=$OPENFORGE_EXEC"; ' + _KILL_MARKED + '; exit $rc'
 
 
 def connect(base_url: str = "", timeout: float = 30) -> Any:
@@ -57,7 +62,7 @@ class DockerSandbox(SandboxBase):
         self.config = config
         self.cfg = config.docker
         self.start_retries = config.start_retries
-        self.labels = sandbox_labels(run_id, rollout_id)
+        self.labels = {**sandbox_labels(run_id, rollout_id), LABEL_HOME: str(forge_home())}
         self.info = SandboxInfo(backend="docker", sandbox_id="", workdir=config.workdir, home="/root",
                                 labels=self.labels)
         self.name = f"openforge-{rollout_id}"
@@ -131,6 +136,7 @@ class DockerSandbox(SandboxBase):
             path = f"/tmp/.openforge-stdin-{marker[-16:]}"
             await asyncio.to_thread(self._put, path, stdin, 0o600)
             argv = ["sh", "-c", f'exec "$@" < {path}', "sh", *argv]
+        argv = ["sh", "-c", _RUN_THEN_REAP, "sh", *argv]
         environment = {**(env or {}), "OPENFORGE_EXEC": marker.partition("=")[2]}
         workdir = self._resolve(cwd) if cwd else self.config.workdir
         start = time.monotonic()

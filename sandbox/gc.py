@@ -21,7 +21,7 @@ import psutil
 
 from openforge.config import SandboxConfig
 from openforge.errors import ForgeError, SandboxError
-from sandbox.base import LABEL_MANAGED, LABEL_ROLLOUT, LABEL_RUN
+from sandbox.base import LABEL_HOME, LABEL_MANAGED, LABEL_ROLLOUT, LABEL_RUN
 from sandbox.procs import CGROUP_PARENT, CGROUP_ROOT, kill_tree, remove_cgroup_dir
 
 
@@ -68,14 +68,16 @@ def collect_local(root: Path, *, run_id: str | None, is_live: Callable[[str], bo
     return found
 
 
-def collect_docker(config: SandboxConfig, *, run_id: str | None, is_live: Callable[[str], bool],
+def collect_docker(config: SandboxConfig, *, home: Path, run_id: str | None, is_live: Callable[[str], bool],
                    dry_run: bool = False) -> list[Leftover]:
+    """Containers labelled by this data dir (`home`): another FORGE_HOME's live runs are not ours to judge."""
     from sandbox.docker import connect
 
     client = connect(config.docker.base_url, timeout=10)
     found: list[Leftover] = []
     try:
-        filters = {"label": [f"{LABEL_MANAGED}=1"] + ([f"{LABEL_RUN}={run_id}"] if run_id else [])}
+        filters = {"label": [f"{LABEL_MANAGED}=1", f"{LABEL_HOME}={home}"]
+                   + ([f"{LABEL_RUN}={run_id}"] if run_id else [])}
         for c in client.containers.list(all=True, filters=filters):
             run = c.labels.get(LABEL_RUN, "")
             if not _wanted(run, run_id, is_live):
@@ -98,7 +100,7 @@ def collect_all(config: SandboxConfig, *, home: Path, run_id: str | None, is_liv
     found = collect_local(sandboxes_root(home), run_id=run_id, is_live=is_live, dry_run=dry_run)
     notes: list[str] = []
     try:
-        found += collect_docker(config, run_id=run_id, is_live=is_live, dry_run=dry_run)
+        found += collect_docker(config, home=home, run_id=run_id, is_live=is_live, dry_run=dry_run)
     except SandboxError as exc:
         notes.append(f"docker: skipped ({exc})")
     if config.type == "kubernetes" or kubernetes:

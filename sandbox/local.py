@@ -12,7 +12,8 @@ usable, nothing outside the sandbox folder is writable), its own /dev and /proc,
 and uts namespaces. The network namespace is *not* unshared: the harness must reach the proxy on the
 host's 127.0.0.1. /tmp stays the host's (read-only): harness installs and task files often live there,
 so processes get TMPDIR inside the sandbox instead. With `--unshare-pid` and `--die-with-parent`,
-killing bwrap kills everything the command started; background processes end with their exec.
+killing bwrap kills everything the command started. On every backend, background processes end
+with the exec that started them (plain mode and docker kill them when the command exits).
 
 Without bubblewrap the command is a plain subprocess in its own session (cwd and env confined by
 convention only). Either way it runs with the limits of `sandbox.procs` and a minimal environment:
@@ -42,7 +43,7 @@ SANDBOX_ENV = "OPENFORGE_SANDBOX"
 EXEC_ENV = "OPENFORGE_EXEC"
 META_FILE = "sandbox.json"
 _CHUNK = 64 * 1024
-_GRACE_S = 1.0  # after the command exits, how long to wait for children still holding its pipes
+_GRACE_S = 1.0  # after the tree is killed, how long to wait for the pipes to reach EOF
 
 
 def sandboxes_root(home: Path | None = None) -> Path:
@@ -171,7 +172,9 @@ class LocalSandbox(SandboxBase):
         except asyncio.TimeoutError:
             timed_out = True
         finally:
-            if timed_out or proc.returncode is None:  # timeout, or our caller was cancelled
+            # Whatever the command left running ends with it (under bwrap its pid namespace already
+            # did that): on timeout, on our caller's cancellation, and after a normal exit.
+            if timed_out or proc.returncode is None or not self.bwrap:
                 await asyncio.to_thread(self._kill_exec, proc.pid, exec_id)
             done, pending = await asyncio.wait(readers, timeout=_GRACE_S)
             for task in (*pending, feeder):

@@ -1,0 +1,151 @@
+"""`forge gc` removes what a crashed run left, by label, and spares live runs; the Docker backend's
+failures are one clear line; the factory; the locally built images."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from forge_cli.main import app
+from openforge.config import SandboxConfig
+from openforge.errors import SandboxError
+from openforge.store import Store
+from sandbox import make_sandbox
+from sandbox.docker import DockerSandbox
+from sandbox.local import LocalSandbox
+from sandbox.testing import backend_config, docker_image
+
+pytestmark = pytest.mark.timeout(120)
+runner = CliRunner()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+async def _crashed_local(run_id: str, rollout_id: str) -> tuple[LocalSandbox, int]:
+    """A local sandbox whose owner died without stop(): its folder and a setsid'd process remain."""
+    config = SandboxConfig()
+    config.local.isolation = "none"  # plain mode: the stray survives its exec only if it escapes
+    sb = LocalSandbox(config, run_id=run_id, rollout_id=rollout_id)
+    await sb.start()
+    stray = subprocess.Popen(["sleep", "120"], env={**os.environ, "OPENFORGE_SANDBOX": rollout_id},
+                             start_new_session=True)
+    meta = sb.dir / "sandbox.json"
+    data = json.loads(meta.read_text())
+    data["owner_pid"] = _dead_pid()
+    meta.write_text(json.dumps(data))
+    return sb, stray.pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def test_gc_removes_a_crashed_local_sandbox_and_its_processes(store: Store, forge_home: Path) -> None:
+    crashed, stray = await _crashed_local("run-crashed", "ro-crashed")
+    # A live run's sandbox (owner = this process, run running) must survive the sweep.
+    live_run = store.create_run(name="live", owner_pid=os.getpid())
+    store.set_run_status(live_run.id, "running")
+    live = LocalSandbox(SandboxConfig(), run_id=live_run.id, rollout_id="ro-live")
+    await live.start()
+    try:
+        dry = runner.invoke(app, ["gc", "--dry-run"], catch_exceptions=False)
+        assert dry.exit_code == 0 and "would remove local" in dry.stdout and crashed.dir.exists()
+        result = runner.invoke(app, ["gc"], catch_exceptions=False)
+        assert result.exit_code == 0, result.stdout
+        assert f"removed local {crashed.dir}" in result.stdout and "1 live run(s) left alone" in result.stdout
+        assert not crashed.dir.exists()
+        psutil.wait_procs([psutil.Process(stray)], timeout=5) if _alive(stray) else None
+        assert not _alive(stray)
+        assert live.dir.exists()
+        # Asked by run id, even a live run's sandboxes go.
+        by_run = runner.invoke(app, ["gc", "--run", live_run.id], catch_exceptions=False)
+        assert by_run.exit_code == 0 and not live.dir.exists()
+    finally:
+        await live.stop()
+        await crashed.stop()
+
+
+async def test_gc_removes_leftover_containers_by_label(store: Store) -> None:
+    config, why = backend_config("docker")
+    if config is None:
+        pytest.skip(why)
+    run = store.create_run(name="crashed", owner_pid=_dead_pid())
+    store.set_run_status(run.id, "running")  # what a crash leaves: "running", owner gone
+    sb = DockerSandbox(config, run_id=run.id, rollout_id=f"ro-gc-{os.getpid()}")
+    await sb.start()  # ...and never stopped
+    name = sb.name
+    try:
+        # --run scopes the sweep to this run, so containers of anything else on the engine are safe.
+        result = runner.invoke(app, ["gc", "--run", run.id], catch_exceptions=False)
+        assert result.exit_code == 0 and f"removed docker {name}" in result.stdout
+        import docker
+
+        client = docker.DockerClient(base_url=os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock")
+        assert client.containers.list(all=True, filters={"name": name}) == []
+        client.close()
+    finally:
+        await sb.stop()
+
+
+async def test_docker_failures_say_what_to_do() -> None:
+    config = SandboxConfig(type="docker")
+    config.docker.base_url = "unix:///nonexistent/docker.sock"
+    with pytest.raises(SandboxError, match=r"no Docker engine reachable at unix:///nonexistent.*sandbox.type"):
+        async with make_sandbox(config, run_id="r", rollout_id="ro-nodocker"):
+            pass
+    ok, why = backend_config("docker")
+    if ok is None:
+        pytest.skip(why)
+    ok.docker.image = "openforge-sandbox:no-such-tag"
+    with pytest.raises(SandboxError, match="image openforge-sandbox:no-such-tag not found; build it with"):
+        async with make_sandbox(ok, run_id="r", rollout_id="ro-noimage"):
+            pass
+
+
+def test_factory_picks_the_backend_by_type() -> None:
+    assert isinstance(make_sandbox(SandboxConfig(), run_id="r", rollout_id="a"), LocalSandbox)
+    assert isinstance(make_sandbox(SandboxConfig(type="docker"), run_id="r", rollout_id="a"), DockerSandbox)
+    k8s = make_sandbox(SandboxConfig(type="kubernetes"), run_id="r", rollout_id="a")
+    assert type(k8s).__name__ == "KubernetesSandbox"
+
+
+def test_gc_is_one_clear_line_for_an_unknown_run() -> None:
+    result = runner.invoke(app, ["gc", "--run", "run-nope"])
+    assert result.exit_code == 1 and result.stderr.startswith("forge: error:")
+
+
+async def test_python_image_runs_the_openai_sdk_on_the_host_network() -> None:
+    """The image the `mini` harness runs in: python3 + openai, and the host's loopback reachable."""
+    tag, why = docker_image("python")
+    if tag is None:
+        pytest.skip(why)
+    import http.server
+    import threading
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = SandboxConfig(type="docker")
+    config.docker.image = tag
+    try:
+        async with make_sandbox(config, run_id="r", rollout_id=f"ro-py-{os.getpid()}") as sb:
+            code = ("import openai, urllib.request; "
+                    f"print(openai.__version__, urllib.request.urlopen('http://127.0.0.1:{server.server_port}/').status)")
+            res = await sb.exec(["python3", "-c", code], timeout=60)
+            assert res.exit_code == 0, res.stderr
+            assert res.stdout.split()[1] == "200"
+    finally:
+        server.shutdown()
