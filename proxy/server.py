@@ -38,6 +38,7 @@ class ProxyServer:
         self.model_path = Path(model_path)
         self.served_model = served_model or config.served_model_name
         self._handle: ServerHandle | None = None
+        self.app = None  # the Starlette app once started (tests read app.state.proxy)
         self.interrupted_on_start = 0
 
     @property
@@ -55,6 +56,7 @@ class ProxyServer:
         app = create_app(self.config, store_path=self.store_path, engine=engine,
                          tokenizer=load_tokenizer(self.model_path), served_model=self.served_model,
                          close_engine=True)
+        self.app = app
         self.interrupted_on_start = app.state.proxy.interrupted_on_start
         self._handle = serve_in_thread(app, self.config.host, self.config.port)
         return self
