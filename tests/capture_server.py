@@ -49,10 +49,54 @@ def _anthropic_has_tool_result(body: dict[str, Any]) -> bool:
 
 def _anthropic_blocks(body: dict[str, Any], command: str) -> list[dict[str, Any]]:
     tool_names = {t.get("name") for t in body.get("tools") or []}
-    if "Bash" in tool_names and not _anthropic_has_tool_result(body):
-        return [{"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:20]}", "name": "Bash",
-                 "input": {"command": command, "description": "Run the scripted command"}}]
+    if not _anthropic_has_tool_result(body):
+        if "Bash" in tool_names:  # Claude Code
+            return [{"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:20]}", "name": "Bash",
+                     "input": {"command": command, "description": "Run the scripted command"}}]
+        if "exec" in tool_names:  # OpenClaw
+            return [{"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:20]}", "name": "exec",
+                     "input": {"command": command}}]
     return [{"type": "text", "text": ANSWER}]
+
+
+# --------------------------------------------------------------------------------------------
+# OpenAI Chat Completions
+
+
+def chat_reply(body: dict[str, Any], command: str) -> dict[str, Any]:
+    """The assistant message: a call of the shell tool until a tool result is in the history."""
+    names = {(t.get("function") or {}).get("name") for t in body.get("tools") or []}
+    done = any(m.get("role") == "tool" for m in body.get("messages", []))
+    for name in ("exec", "bash", "shell"):
+        if name in names and not done:
+            call = {"id": f"call_{uuid.uuid4().hex[:20]}", "type": "function",
+                    "function": {"name": name, "arguments": json.dumps({"command": command})}}
+            return {"role": "assistant", "content": None, "tool_calls": [call]}
+    return {"role": "assistant", "content": ANSWER}
+
+
+def chat_stream(body: dict[str, Any], message: dict[str, Any]) -> list[str]:
+    cid, created, model = f"chatcmpl-{uuid.uuid4().hex[:20]}", int(time.time()), body.get("model", "m")
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
+        return _sse(None, {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra})
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    if message.get("tool_calls"):
+        call = message["tool_calls"][0]
+        out.append(chunk({"tool_calls": [{"index": 0, "id": call["id"], "type": "function",
+                                          "function": {"name": call["function"]["name"], "arguments": ""}}]}))
+        out.append(chunk({"tool_calls": [{"index": 0, "function": {"arguments": call["function"]["arguments"]}}]}))
+        out.append(chunk({}, "tool_calls"))
+    else:
+        out.append(chunk({"content": message["content"]}))
+        out.append(chunk({}, "stop"))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        out.append(_sse(None, {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                               "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5,
+                                                        "total_tokens": 15}}))
+    return out + ["data: [DONE]\n\n"]
 
 
 def anthropic_stream(body: dict[str, Any], blocks: list[dict[str, Any]]) -> list[str]:
@@ -148,7 +192,10 @@ def responses_stream(body: dict[str, Any], command: str) -> list[str]:
 
 def _without(events: list[str], drop: frozenset[str]) -> list[str]:
     """Probe mode: leave out some SSE event types to learn which ones a harness needs."""
-    return [e for e in events if json.loads(e.split("data: ", 1)[1])["type"] not in drop]
+    def kind(event: str) -> str:
+        data = event.split("data: ", 1)[1]
+        return "" if data.startswith("[DONE]") else json.loads(data).get("type", "")
+    return [e for e in events if kind(e) not in drop]
 
 
 def create_capture_app(log_path: Path, command: str, drop: frozenset[str] = frozenset(),
@@ -181,6 +228,15 @@ def create_capture_app(log_path: Path, command: str, drop: frozenset[str] = froz
             return JSONResponse({"id": f"msg_{uuid.uuid4().hex[:20]}", "type": "message", "role": "assistant",
                                  "model": body.get("model", "m"), "content": blocks, "stop_reason": stop,
                                  "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 5}})
+        if path.endswith("/chat/completions"):
+            message = chat_reply(body, command)
+            if body.get("stream"):
+                return StreamingResponse(iter(_without(chat_stream(body, message), drop)), media_type="text/event-stream")
+            finish = "tool_calls" if message.get("tool_calls") else "stop"
+            return JSONResponse({"id": f"chatcmpl-{uuid.uuid4().hex[:20]}", "object": "chat.completion",
+                                 "created": int(time.time()), "model": body.get("model", "m"),
+                                 "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                                 "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
         if path.endswith("/responses"):
             return StreamingResponse(iter(_without(responses_stream(body, command), drop)), media_type="text/event-stream")
         return JSONResponse({"error": {"message": f"capture server: no route {path}"}}, status_code=404)

@@ -1,0 +1,58 @@
+"""Claude Code (`@anthropic-ai/claude-code`) as a harness: `claude -p` against the proxy's Anthropic
+Messages API. The wire protocol it speaks is written down in docs/harnesses.md.
+
+    claude -p --output-format json --dangerously-skip-permissions --max-turns N --model M -- "<task>"
+
+Its final JSON (`{"type": "result", "result": ..., "num_turns": ...}`) lands in the rollout's stdout.
+"""
+
+from __future__ import annotations
+
+from openforge.config import HarnessConfig
+from rollouts.harness import HarnessContext
+from rollouts.npm import check_in_sandbox, npm_cache_dir, sandbox_executable
+from sandbox.base import Sandbox
+
+# Settings that keep Claude Code talking to the proxy only (checked with strace: no DNS, no other
+# connection) and let it run unattended.
+QUIET_ENV = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    # --dangerously-skip-permissions refuses to run as root unless told it is inside a sandbox;
+    # containers run as root, and the rollout's sandbox is exactly that.
+    "IS_SANDBOX": "1",
+}
+
+
+class ClaudeCodeHarness:
+    name = "claude-code"
+
+    def __init__(self, config: HarnessConfig) -> None:
+        self.config = config
+        self.cache = npm_cache_dir(config)
+
+    async def prepare(self, sandbox: Sandbox, ctx: HarnessContext) -> None:
+        # HOME is the sandbox's own (local: <sandbox>/home; containers: fresh per rollout), so
+        # ~/.claude.json and ~/.claude/ never carry anything from one rollout to the next.
+        await check_in_sandbox(sandbox, ctx, self.name, self.cache)
+
+    def command(self, ctx: HarnessContext) -> list[str]:
+        return [*sandbox_executable(ctx, self.name, self.cache), "-p", "--output-format", "json",
+                "--dangerously-skip-permissions", "--max-turns", str(self.config.max_turns),
+                "--model", ctx.model, "--no-session-persistence", *self.config.extra_args,
+                "--", ctx.instruction]  # `--`: an instruction that starts with "-" is not an option
+
+    def env(self, ctx: HarnessContext) -> dict[str, str]:
+        return {
+            **QUIET_ENV,
+            # The SDK appends /v1/messages itself: the base URL has no /v1.
+            "ANTHROPIC_BASE_URL": ctx.proxy_url.rstrip("/"),
+            "ANTHROPIC_API_KEY": ctx.api_key,  # sent as x-api-key
+            # Not seen in `-p` runs, but any side request (titles, compaction summaries) then names
+            # the served model rather than a Claude model the proxy does not serve.
+            "ANTHROPIC_MODEL": ctx.model,
+            "ANTHROPIC_SMALL_FAST_MODEL": ctx.model,
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": ctx.model,
+        }

