@@ -244,3 +244,30 @@ class EmbeddedEngine:
 def create_engine_app(config: EngineConfig) -> Starlette:
     """Load `config.model` and return the engine's ASGI app (`app.state.engine` is the EmbeddedEngine)."""
     return EmbeddedEngine(config).app
+
+
+def serve_engine(config: EngineConfig, *, announce=print) -> None:
+    """Run the embedded engine in the foreground until SIGINT/SIGTERM (`forge engine`, `python -m engine`).
+
+    The socket is bound first, so `port=0` works and the announced URL is the real one; connections
+    made while the model loads wait in the listen backlog and are answered once it is serving."""
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((config.host, config.port))
+    except OSError as exc:
+        raise EngineError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
+    port = sock.getsockname()[1]
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    engine = EmbeddedEngine(config)
+    announce(f"engine: serving {engine.m.path} at http://{host}:{port} ({engine.m.device}, {str(engine.m.dtype).removeprefix('torch.')})")
+    server = uvicorn.Server(uvicorn.Config(engine.app, log_level="warning", access_log=False, timeout_graceful_shutdown=5))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        engine.close()
+        sock.close()

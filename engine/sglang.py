@@ -1,0 +1,46 @@
+"""The SGLang server command line (kind = "sglang"); `EngineProcess` runs and supervises it.
+
+SGLang lives in its own environment (it pins its own torch and CUDA), so forge runs
+`<engine.sglang_python> -m sglang.launch_server ...` and talks to it over HTTP only. Flags, as in
+SGLang's `server_args.py` and its LoRA serving docs:
+
+    --model-path P --host H --port N --tp-size T --random-seed S [--dtype D]
+    --enable-lora --max-lora-rank R --lora-target-modules all|q_proj ...
+        (adapters are loaded later through POST /load_lora_adapter, so SGLang cannot infer the rank
+        or the target modules from --lora-paths: both must be given up front)
+    ... engine.sglang_args (passed last, verbatim: e.g. --mem-fraction-static 0.8)
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+from openforge.config import EngineConfig
+
+
+def sglang_command(config: EngineConfig, *, model_path: str, port: int,
+                   lora_target_modules: list[str] | None = None) -> list[str]:
+    cmd = [
+        config.sglang_python, "-m", "sglang.launch_server",
+        "--model-path", model_path,
+        "--host", config.host,
+        "--port", str(port),
+        "--tp-size", str(config.tp_size),
+        "--random-seed", str(config.seed),
+        "--enable-lora",
+        "--max-lora-rank", str(config.max_lora_rank),
+        "--lora-target-modules", *(lora_target_modules or ["all"]),
+    ]
+    if config.dtype != "auto":
+        cmd += ["--dtype", config.dtype]
+    return cmd + list(config.sglang_args)
+
+
+def sglang_version(python: str, timeout: float = 60.0) -> str | None:
+    """The sglang version importable by `python`, or None (for `forge doctor`)."""
+    try:
+        out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
+                             capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
