@@ -176,16 +176,15 @@ def tar_one_file(name: str, data: bytes, mode: int) -> bytes:
     return buf.getvalue()
 
 
-def first_member(archive: bytes, max_bytes: int | None, *, where: str) -> bytes:
-    """The first regular file in a tar stream, at most `max_bytes` of it."""
+def first_member(archive: bytes, *, where: str) -> bytes:
+    """The first regular file in a tar stream."""
     try:
-        # Stream mode reads headers then data in order, so an archive cut after max_bytes still parses.
-        with tarfile.open(fileobj=io.BytesIO(archive), mode="r|") as tar:
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
             for member in tar:
                 if member.isfile():
                     f = tar.extractfile(member)
                     assert f is not None
-                    return f.read() if max_bytes is None else f.read(max_bytes)
+                    return f.read()
     except tarfile.TarError as exc:
         raise SandboxError(f"cannot read {where}: bad tar stream ({exc})") from None
     raise SandboxError(f"cannot read {where}: the tar stream held no file")

@@ -112,7 +112,8 @@ def check_pod_manifest(manifest: dict[str, Any]) -> None:
     from pydantic import ValidationError
 
     try:
-        V1Pod.from_dict(manifest)
+        # model_validate, not from_dict: from_dict drops keys it does not know, model_validate refuses them.
+        V1Pod.model_validate(manifest)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])

@@ -226,17 +226,20 @@ class KubernetesSandbox(SandboxBase):
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         full = self._path(path)
         folder, base = posixpath.split(full)
-        script = (f"[ -f {shlex.quote(full)} ] || exit {_FILE_MISSING}\n"
-                  f"tar -c -f - -C {shlex.quote(folder)} -- {shlex.quote(base)}")
-        if max_bytes is not None:
-            # Header blocks (PAX for long names) come first; cut the stream in the pod, not after transfer.
-            script += f" | head -c {max_bytes + 8192}"
+        script = f"[ -f {shlex.quote(full)} ] || exit {_FILE_MISSING}\n"
+        if max_bytes is None:
+            script += f"tar -c -f - -C {shlex.quote(folder)} -- {shlex.quote(base)}"
+        else:
+            # A prefix needs no archive, and is cut in the pod rather than after the transfer.
+            script += f"head -c {max_bytes} -- {shlex.quote(full)}"
         raw = await self._file_op(script, None, None)
         if raw.exit_code == _FILE_MISSING:
             raise FileNotFoundError(f"no such file in pod {self.name}: {full}")
         if raw.exit_code != 0:
             raise SandboxError(f"cannot read {full} in pod {self.name}: {_why(raw)}")
-        return first_member(raw.stdout, max_bytes, where=f"{full} in pod {self.name}")
+        if max_bytes is not None:
+            return raw.stdout
+        return first_member(raw.stdout, where=f"{full} in pod {self.name}")
 
 
 def _why(raw: RawExec) -> str:
@@ -308,7 +311,7 @@ def cluster_version(config: SandboxConfig) -> str:
     try:
         info = VersionApi(api).get_code(_request_timeout=10)
     except Exception as exc:
-        raise api_error(f"Kubernetes API at {cfg.host} is unreachable", exc) from None
+        raise api_error(f"Kubernetes API at {cfg.host}", exc) from None
     finally:
         api.close()
     return f"{info.git_version} at {cfg.host}"

@@ -18,17 +18,19 @@ what `kubernetes` (the official Python client) sends and expects, checked agains
   ContainerCreating -> Running (or ErrImagePull -> ImagePullBackOff for an unknown image) ->
   Succeeded/Failed when the container exits, Failed/DeadlineExceeded at activeDeadlineSeconds.
 
-A pod is realised as a folder used as its root filesystem under bubblewrap: the host's /usr and
-/etc read-only, the folder writable at `/`, the container's command running inside. Each exec is a
-fresh bwrap in its own PID namespace over the same folder, so files and the network are shared as in
-a container but processes of different execs do not see each other (a difference from a real pod).
-As with a real kubelet, closing an exec stream does not kill its process; deleting the pod does.
+A pod is realised as a folder used as its root filesystem under bubblewrap (the host's /usr and
+/etc read-only, the folder writable at `/`, new mount and PID namespaces) running the container's
+command. An exec enters those namespaces with nsenter, as `runc exec` does: it sees the pod's files
+and processes, and what it leaves running lives on under the container's PID 1. As with a real
+kubelet, closing an exec stream does not kill its process, and an exec's output stays open while a
+background child holds it; deleting the pod kills everything in it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -38,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from kubernetes.client import V1Pod
 
 from .pods import NODE_NAME, V5, admit_pod, defaulted_pod, kill_processes, run_exec, run_pod_lifecycle
 
@@ -45,10 +48,10 @@ V4 = "v4.channel.k8s.io"
 
 
 def bwrap_available() -> bool:
-    if not shutil.which("bwrap"):
+    if not (shutil.which("bwrap") and shutil.which("nsenter")):
         return False
     probe = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--unshare-pid", "true"], capture_output=True)
-    return probe.returncode == 0
+    return probe.returncode == 0 and os.geteuid() == 0  # nsenter into another PID namespace needs root
 
 
 def _now() -> str:
@@ -99,6 +102,7 @@ class _Pod:
     root: Path
     procs: set[asyncio.subprocess.Process] = field(default_factory=set)  # every process it runs
     task: asyncio.Task | None = None
+    ns_pid: int = 0  # host pid of the container's main process: execs enter its namespaces
 
     @property
     def ns(self) -> str:
@@ -153,6 +157,7 @@ class KubeDouble:
             app = web.Application(middlewares=[self._auth])
             base = "/api/v1/namespaces/{ns}/pods"
             app.router.add_get("/version", self._version)
+            app.router.add_get("/version/", self._version)  # the client asks with the slash
             app.router.add_post(base, self._create)
             app.router.add_get(base, self._list)
             app.router.add_get(base + "/{name}", self._get)
@@ -222,6 +227,7 @@ class KubeDouble:
         self._rv += 1
         pod.obj["metadata"]["resourceVersion"] = str(self._rv)
         snapshot = json.loads(json.dumps(pod.obj))
+        V1Pod.model_validate(snapshot)  # the double must not invent fields: the client's model refuses extras
         self.events.append((self._rv, etype, snapshot))
         for ns, labels, fields, queue in self.watchers:
             if self._matches(snapshot, ns, labels, fields):

@@ -1,5 +1,6 @@
 """The double's pods: admission and defaults as the apiserver applies them, the kubelet's life
-cycle, and exec over the channel protocol. Pods run as bubblewrap sandboxes over a folder."""
+cycle, and exec over the channel protocol. A pod's container is a bubblewrap sandbox over a folder;
+execs enter its namespaces with nsenter."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from aiohttp import WSMsgType, web
 V5 = "v5.channel.k8s.io"
 NODE_NAME = "double-node-1"
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_FATAL_CONTAINER_EXIT = {0: "Completed"}
 
 
 def _now() -> str:
@@ -125,7 +125,7 @@ def _container_status(c: dict[str, Any], state: dict[str, Any], *, ready: bool =
     return out
 
 
-def bwrap_argv(root: Path, workdir: str, argv: list[str]) -> list[str]:
+def bwrap_argv(root: Path, workdir: str, tail: list[str]) -> list[str]:
     """A container over `root`: the host's /usr and /etc read-only, `root` writable at /, own PID ns."""
     cmd = ["bwrap", "--bind", str(root), "/", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
     for top in ("bin", "sbin", "lib", "lib64", "lib32"):
@@ -137,15 +137,50 @@ def bwrap_argv(root: Path, workdir: str, argv: list[str]) -> list[str]:
         elif host.is_dir():
             cmd += ["--ro-bind", str(host), f"/{top}"]
     cmd += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--unshare-pid", "--die-with-parent",
-            "--dir", workdir, "--chdir", workdir, "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
-            "--setenv", "HOME", "/root", "--"]
-    return cmd + argv
+            "--dir", workdir, "--chdir", workdir]
+    return cmd + tail
 
 
-async def spawn(pod, workdir: str, argv: list[str], *, stdin: bool) -> asyncio.subprocess.Process:  # type: ignore[no-untyped-def]
+_CONTAINER_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"]
+
+
+async def start_container(pod, workdir: str, argv: list[str]) -> asyncio.subprocess.Process:  # type: ignore[no-untyped-def]
+    """The container's main process in new mount and PID namespaces; `pod.ns_pid` is where execs join."""
     pod.root.mkdir(parents=True, exist_ok=True)
+    read_end, write_end = os.pipe()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *bwrap_argv(pod.root, workdir, ["--info-fd", str(write_end), "--", "env", "-i", *_CONTAINER_ENV,
+                                            f"HOSTNAME={pod.name}", *argv]),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True, pass_fds=(write_end,))
+    finally:
+        os.close(write_end)
+    pod.procs.add(proc)
+    info = json.loads(await asyncio.to_thread(_read_all, read_end))
+    # child-pid is bwrap's init (PID 1 inside); its child runs the command in the final root.
+    init = info["child-pid"]
+    for _ in range(500):
+        kids = Path(f"/proc/{init}/task/{init}/children").read_text().split()
+        if kids:
+            pod.ns_pid = int(kids[0])
+            return proc
+        await asyncio.sleep(0.01)
+    raise RuntimeError("the container's process did not start")
+
+
+def _read_all(fd: int) -> bytes:
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+async def spawn_exec(pod, argv: list[str], *, stdin: bool) -> asyncio.subprocess.Process:  # type: ignore[no-untyped-def]
+    """An exec joins the container's PID and mount namespaces, as `runc exec` does: it sees the pod's
+    files and processes, its orphans live on under the container's PID 1, and all die with the pod."""
     proc = await asyncio.create_subprocess_exec(
-        *bwrap_argv(pod.root, workdir, argv), stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+        "nsenter", "-t", str(pod.ns_pid), "-p", "-m", "-r", "-w", "--", "env", "-i", *_CONTAINER_ENV,
+        f"HOSTNAME={pod.name}", *argv,
+        stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
     pod.procs.add(proc)
     return proc
@@ -197,7 +232,7 @@ async def run_pod_lifecycle(double, pod) -> None:  # type: ignore[no-untyped-def
             await asyncio.sleep(double.step_s)
         return
     argv = list(container.get("command") or []) + list(container.get("args") or [])
-    proc = await spawn(pod, container.get("workingDir") or "/", argv or ["sleep", "3600"], stdin=False)
+    proc = await start_container(pod, container.get("workingDir") or "/", argv or ["sleep", "3600"])
     started = _now()
     status["podIP"], status["podIPs"] = "10.244.0.7", [{"ip": "10.244.0.7"}]
     status["phase"] = "Running"
@@ -263,9 +298,8 @@ def exec_status(code: int, command: list[str]) -> bytes:
 
 async def run_exec(double, pod, ws: web.WebSocketResponse, command: list[str], *, stdin: bool,  # type: ignore[no-untyped-def]
                    protocol: str) -> None:
-    container = pod.obj["spec"]["containers"][0]
     await ws.send_bytes(b"\x01")  # empty frame on the lowest open output channel: "connected"
-    proc = await spawn(pod, container.get("workingDir") or "/", command, stdin=stdin)
+    proc = await spawn_exec(pod, command, stdin=stdin)
     feeder = asyncio.create_task(_feed_stdin(ws, proc, protocol))
     assert proc.stdout and proc.stderr
     await asyncio.gather(_pump(proc.stdout, ws, 1), _pump(proc.stderr, ws, 2))
