@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -51,26 +52,31 @@ def tasks_list(path: Annotated[str, typer.Argument(help="a task .jsonl file, a t
     console.print(table)
 
 
-def _fmt(value: float | None, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def metrics_table(metrics: RunMetrics, title: str) -> Table:
-    """The eval table: one row per task, then the run's means."""
-    table = Table(title=title)
-    for col in ("task", "n", "pass", "reward", *[f"pass@{k}" for k in metrics.k_values],
-                *[f"pass^{k}" for k in metrics.k_values], "calls", "tokens", "wall s"):
-        table.add_column(col, justify="left" if col == "task" else "right")
+    """The eval table: one row per task, then the run's means over tasks. Usage (calls, tokens, wall
+    time) goes in the caption: it keeps the table inside 80 columns. Per-task usage is in the summary."""
+    ks = metrics.k_values
+    caption = (f"p@k = pass@k, p^k = pass^k (unbiased, from n samples); {metrics.calls} calls, "
+               f"{metrics.tokens} tokens, {metrics.wall_s:.0f} s of rollouts")
+    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD)
+    table.add_column("task", no_wrap=True, overflow="ellipsis", max_width=32)
+    for col in ("n", "pass", "mean", *[f"p@{k}" for k in ks], *[f"p^{k}" for k in ks]):
+        table.add_column(col, justify="right", no_wrap=True)
+
+    def cells(m) -> list[str]:  # noqa: ANN001 - a TaskMetrics or the RunMetrics
+        return [_fmt(m.mean_reward), *[_fmt(m.pass_at[k]) for k in ks], *[_fmt(m.pass_hat[k]) for k in ks]]
+
     for t in sorted(metrics.tasks, key=lambda t: t.task_id):
-        failed = f" (+{t.n_infra_failed} failed)" if t.n_infra_failed else ""
-        table.add_row(t.task_id, f"{t.n}{failed}", str(t.n_pass), _fmt(t.mean_reward),
-                      *[_fmt(t.pass_at[k]) for k in metrics.k_values], *[_fmt(t.pass_hat[k]) for k in metrics.k_values],
-                      str(t.calls), str(t.tokens), f"{t.wall_s:.1f}")
+        n = f"{t.n}+{t.n_infra_failed}!" if t.n_infra_failed else str(t.n)  # ! = infra failures left out
+        table.add_row(t.task_id, n, str(t.n_pass), *cells(t))
     table.add_section()
-    table.add_row("[bold]all tasks[/]", str(metrics.n_rollouts), "", _fmt(metrics.mean_reward),
-                  *[_fmt(metrics.pass_at[k]) for k in metrics.k_values],
-                  *[_fmt(metrics.pass_hat[k]) for k in metrics.k_values],
-                  str(metrics.calls), str(metrics.tokens), f"{metrics.wall_s:.1f}")
+    failed = f"+{metrics.n_infra_failed}!" if metrics.n_infra_failed else ""
+    table.add_row("[bold]all tasks[/]", f"{metrics.n_rollouts - metrics.n_infra_failed}{failed}",
+                  str(sum(t.n_pass for t in metrics.tasks)), *cells(metrics))
     return table
 
 

@@ -1,0 +1,42 @@
+"""`forge eval` end to end: the CLI starts the proxy in front of an engine (a ScriptedEngine at
+--engine-url), runs every task k times through the mini harness in local sandboxes, prints the table
+and stores it as the eval run's summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.scripted import ScriptedEngine
+from engine.serve import serve_in_thread
+from forge_cli.main import app
+from openforge.store import Store, loads
+
+
+def test_forge_eval_prints_and_stores_pass_at_k(tiny_model: Path, store: Store) -> None:
+    engine = ScriptedEngine(tiny_model, lambda ids: "hello world")  # right for one task, wrong for the other
+    with serve_in_thread(engine.app) as eng:
+        out = CliRunner().invoke(app, [
+            "eval", "--tasks", "builtin", "--task", "easy-say-hello", "--task", "easy-say-done", "-k", "2",
+            "--pass-k", "1", "--pass-k", "2", "--concurrency", "4", "--engine-url", eng.url,
+            "--model", str(tiny_model), "--name", "smoke"])
+    assert out.exit_code == 0, out.output
+    assert "easy-say-hello" in out.output and "p@2" in out.output
+    [run] = store.list_runs()
+    assert (run.kind, run.status, run.name) == ("eval", "finished", "smoke")
+    summary = loads(run.summary_json)
+    tasks = {t["task_id"]: t for t in summary["tasks"]}
+    assert tasks["easy-say-hello"]["mean_reward"] == pytest.approx(1.0)
+    assert tasks["easy-say-done"]["mean_reward"] == pytest.approx(0.2)  # non-empty, no target word
+    assert summary["pass_at"] == {"1": pytest.approx(0.5), "2": pytest.approx(0.5)}
+    assert summary["calls"] == 4 and summary["tokens"] > 0 and summary["samples"] == 2
+    assert {r.status for r in store.list_rollouts(run.id)} == {"scored"}
+
+
+def test_forge_eval_bad_task_set_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x"}\n')
+    out = CliRunner().invoke(app, ["eval", "--tasks", str(bad)])
+    assert out.exit_code == 1 and out.output.startswith("forge: error: 2 problem(s) in task set")
