@@ -127,6 +127,9 @@ def build_tiny_model(path: str | Path, *, seed: int = 0, hidden_size: int = 64, 
     """Write a tiny Qwen2 model + tokenizer + chat template to `path` and return it."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards" bars would clutter `forge model tiny`
 
     out = Path(path).expanduser()
     out.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,59 @@
-"""Commands of the engine part (filled in by its issue)."""
+"""Commands of the engine part: `forge engine` (the embedded engine alone) and `forge model tiny PATH`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, Optional
+
 import typer
+
+from forge_cli.context import new_typer, state
+from openforge.errors import ForgeError
+
+model_app = new_typer(help="Build or inspect local model checkpoints.")
+
+
+def engine(
+    ctx: typer.Context,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="HF checkpoint folder (default: engine.model, else the tiny model)")] = None,
+    port: Annotated[Optional[int], typer.Option("--port", "-p", help="port to listen on (0 = a free one)")] = None,
+    host: Annotated[Optional[str], typer.Option("--host", help="address to listen on")] = None,
+    device: Annotated[Optional[str], typer.Option("--device", help="torch device: auto, cpu, cuda, cuda:1")] = None,
+    max_batch_size: Annotated[Optional[int], typer.Option("--max-batch-size", help="sequences decoded together")] = None,
+) -> None:
+    """Serve the embedded engine (SGLang's native API) until Ctrl-C; the first line printed is its URL."""
+    from engine.embedded import serve_engine
+    from engine.model import resolve_model_path
+
+    flags = {"model": model, "port": port, "host": host, "device": device, "max_batch_size": max_batch_size}
+    config = state(ctx).config({"engine": {k: v for k, v in flags.items() if v is not None}}).engine
+    resolve_model_path(config.model)  # a wrong path is one clear line before the torch imports
+    try:
+        serve_engine(config, announce=lambda line: typer.echo(line))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+@model_app.command("tiny")
+def model_tiny(
+    path: Annotated[Path, typer.Argument(help="folder to write the model to (created)")],
+    seed: Annotated[int, typer.Option(help="weights seed: same seed, same files")] = 0,
+    force: Annotated[bool, typer.Option("--force", help="overwrite a folder that already holds files")] = False,
+) -> None:
+    """Build, offline, a tiny Qwen2 causal LM with a locally trained BPE tokenizer and a tool-calling chat template."""
+    from engine.tiny import build_tiny_model
+
+    target = path.expanduser()
+    if target.exists() and not target.is_dir():
+        raise ForgeError(f"{target} exists and is not a folder")
+    if target.is_dir() and any(target.iterdir()) and not force:
+        raise ForgeError(f"{target} is not empty (use --force to overwrite)")
+    out = build_tiny_model(target, seed=seed)
+    n_files = sum(1 for _ in out.iterdir())
+    typer.echo(f"built the tiny model in {out} ({n_files} files)")
 
 
 def register(app: typer.Typer) -> None:
     """Add this part's commands to the root app."""
+    app.command("engine")(engine)
+    app.add_typer(model_app, name="model")
