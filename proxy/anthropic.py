@@ -3,7 +3,8 @@
 Shapes follow the official `anthropic` SDK types (`Message`, `RawMessageStreamEvent` and its
 members, `ErrorResponse`). Content blocks map onto chat-template messages like this:
 
-    system (str | text blocks)            -> a system message
+    system (str | text blocks)            -> a system message (also a `role: "system"` message, which
+                                             Claude Code sends mid-conversation)
     user: text blocks                     -> a user message
     user: tool_result blocks              -> one tool message each (before the user's text)
     assistant: text + tool_use blocks     -> an assistant message with tool calls
@@ -152,8 +153,11 @@ def parse_request(body: dict[str, Any], *, count_only: bool = False) -> CallRequ
         messages.append(Message("system", _text(body["system"], "system")))
     for i, m in enumerate(raw_messages):
         where = f"messages.{i}.content"
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise bad_request(f"messages.{i}.role must be 'user' or 'assistant'", f"messages.{i}.role")
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            raise bad_request(f"messages.{i}.role must be 'user', 'assistant' or 'system'", f"messages.{i}.role")
+        if m["role"] == "system":  # Claude Code's mid-conversation system turns (a beta of the API)
+            messages.append(Message("system", _text(m.get("content"), where)))
+            continue
         blocks = _blocks(m.get("content", ""), where)
         messages += _user(blocks, where) if m["role"] == "user" else [_assistant(blocks, where)]
     return CallRequest(

@@ -101,6 +101,7 @@ class CallRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     seed: int | None = None
+    namespaces: dict[str, str] = field(default_factory=dict)  # Responses: tool name -> its namespace
 
     @property
     def prompt_tools(self) -> list[dict[str, Any]]:

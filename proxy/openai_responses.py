@@ -63,26 +63,34 @@ def _input_items(items: Any) -> list[Message]:
     return out
 
 
-def parse_tools(tools: Any) -> list[dict[str, Any]]:
-    """Function tools become template tools; hosted tools (web_search, file_search, ...) cannot run
-    here and are left out, so the model is never offered a tool nobody executes."""
+def _function(tool: dict[str, Any], where: str) -> dict[str, Any]:
+    if not isinstance(tool.get("name"), str):
+        raise bad_request(f"{where}.name is required", "tools")
+    params = tool.get("parameters") if isinstance(tool.get("parameters"), dict) else {}
+    return {"type": "function", "function": {"name": tool["name"], "description": str(tool.get("description") or ""),
+                                             "parameters": params}}
+
+
+def parse_tools(tools: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Function tools (also those grouped in a `namespace`) become template tools; hosted tools
+    (web_search, file_search, ...) cannot run here and are left out, so the model is never offered
+    a tool nobody executes. Returns the tools and each namespaced tool's namespace."""
     if tools is None:
-        return []
+        return [], {}
     if not isinstance(tools, list):
         raise bad_request("'tools' must be a list", "tools")
-    out = []
+    out, namespaces = [], {}
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise bad_request(f"tools[{i}] must be an object", "tools")
-        if tool.get("type") != "function":
-            continue
-        if not isinstance(tool.get("name"), str):
-            raise bad_request(f"tools[{i}].name is required", "tools")
-        params = tool.get("parameters") if isinstance(tool.get("parameters"), dict) else {}
-        out.append({"type": "function", "function": {"name": tool["name"],
-                                                     "description": str(tool.get("description") or ""),
-                                                     "parameters": params}})
-    return out
+        if tool.get("type") == "function":
+            out.append(_function(tool, f"tools[{i}]"))
+        elif tool.get("type") == "namespace" and isinstance(tool.get("tools"), list):
+            for j, member in enumerate(tool["tools"]):
+                if isinstance(member, dict) and member.get("type") == "function":
+                    out.append(_function(member, f"tools[{i}].tools[{j}]"))
+                    namespaces[member["name"]] = str(tool.get("name") or "")
+    return out, namespaces
 
 
 def _tool_choice(value: Any) -> Any:
@@ -104,9 +112,10 @@ def parse_request(body: dict[str, Any]) -> CallRequest:
         messages.insert(0, Message("system", body["instructions"]))
     if not messages:
         raise bad_request("'input' is empty", "input")
+    tools, namespaces = parse_tools(body.get("tools"))
     return CallRequest(
-        api=API_RESPONSES, model=str(body.get("model") or ""), messages=messages,
-        tools=parse_tools(body.get("tools")), tool_choice=_tool_choice(body.get("tool_choice")),
+        api=API_RESPONSES, model=str(body.get("model") or ""), messages=messages, tools=tools,
+        namespaces=namespaces, tool_choice=_tool_choice(body.get("tool_choice")),
         max_tokens=as_int(body, "max_output_tokens", low=1), temperature=as_float(body, "temperature", low=0, high=2),
         top_p=as_float(body, "top_p", low=0, high=1), stream=bool(body.get("stream")),
     )
@@ -121,9 +130,12 @@ def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
             "content": [_text_part(text)] if status == "completed" else []}
 
 
-def _call_item(item_id: str, tc: ToolCall, status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "call_id": tc.id, "name": tc.name,
+def _call_item(item_id: str, tc: ToolCall, status: str, namespaces: dict[str, str]) -> dict[str, Any]:
+    item = {"id": item_id, "type": "function_call", "call_id": tc.id, "name": tc.name,
             "arguments": tc.arguments_json if status == "completed" else "", "status": status}
+    if tc.name in namespaces:
+        item["namespace"] = namespaces[tc.name]
+    return item
 
 
 def _response(req: CallRequest, call_id: str, model: str, created: float, output: list[dict[str, Any]],
@@ -147,7 +159,7 @@ def response_json(req: CallRequest, comp: Completion, *, call_id: str, model: st
     output = []
     if comp.text or not comp.tool_calls:
         output.append(_message_item(new_call_id("msg"), comp.text, "completed"))
-    output += [_call_item(new_call_id("fc"), tc, "completed") for tc in comp.tool_calls]
+    output += [_call_item(new_call_id("fc"), tc, "completed", req.namespaces) for tc in comp.tool_calls]
     return _response(req, call_id, model, time.time(), output, comp)
 
 
@@ -204,11 +216,11 @@ class Stream:
             return out
         out = self._close_text()
         idx, item_id, tc = len(self.output), new_call_id("fc"), ev.call
-        done = _call_item(item_id, tc, "completed")
+        done = _call_item(item_id, tc, "completed", self.req.namespaces)
         self.output.append(done)
         return out + [
             self._ev({"type": "response.output_item.added", "output_index": idx,
-                      "item": _call_item(item_id, tc, "in_progress")}),
+                      "item": _call_item(item_id, tc, "in_progress", self.req.namespaces)}),
             self._ev({"type": "response.function_call_arguments.delta", "item_id": item_id, "output_index": idx,
                       "delta": tc.arguments_json}),
             self._ev({"type": "response.function_call_arguments.done", "item_id": item_id, "output_index": idx,
