@@ -52,11 +52,17 @@ def check_docker(config: ForgeConfig) -> Check:
     try:
         client = docker.DockerClient(base_url=url, timeout=5)
         version = client.version().get("Version", "?")
-        client.close()
     except Exception as exc:  # noqa: BLE001 - any failure means "not reachable", said plainly
         why = str(exc).splitlines()[0][:160]
         return Check("Docker engine", "missing", f"no engine reachable at {url} ({why}); sandbox = \"local\" works")
-    return Check("Docker engine", "ok", f"{version} at {url}")
+    image = config.sandbox.docker.image
+    try:
+        client.images.get(image)
+    except Exception:  # noqa: BLE001 - ImageNotFound (or an engine that stopped answering)
+        return Check("Docker engine", "warn", f"{version} at {url}; image {image} missing: forge sandbox build-image")
+    finally:
+        client.close()
+    return Check("Docker engine", "ok", f"{version} at {url}; image {image} present")
 
 
 def check_kubernetes(config: ForgeConfig) -> Check:
@@ -85,13 +91,10 @@ def check_sglang(config: ForgeConfig) -> Check:
 
 
 def check_isolation() -> Check:
-    bwrap = shutil.which("bwrap")
-    if not bwrap:
-        return Check("bubblewrap", "warn", "bwrap not found: local sandboxes are plain subprocesses (apt-get install bubblewrap)")
-    code, out = _run([bwrap, "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"])
-    if code != 0:
-        return Check("bubblewrap", "warn", f"bwrap present but cannot create namespaces here ({out[:100]}); plain subprocesses")
-    return Check("bubblewrap", "ok", f"{bwrap}: local sandboxes are isolated")
+    from sandbox.local import describe_isolation  # the same probe the local backend decides by
+
+    verdict, detail = describe_isolation()
+    return Check("bubblewrap", verdict, detail)
 
 
 def check_npm_harnesses(config: ForgeConfig, home: Path) -> list[Check]:

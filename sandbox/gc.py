@@ -22,7 +22,7 @@ import psutil
 from openforge.config import SandboxConfig
 from openforge.errors import ForgeError, SandboxError
 from sandbox.base import LABEL_HOME, LABEL_MANAGED, LABEL_ROLLOUT, LABEL_RUN
-from sandbox.procs import CGROUP_PARENT, CGROUP_ROOT, kill_tree, remove_cgroup_dir
+from sandbox.procs import kill_tree, orphan_cgroups, remove_cgroup_dir
 
 
 @dataclass
@@ -60,11 +60,12 @@ def collect_local(root: Path, *, run_id: str | None, is_live: Callable[[str], bo
             continue
         if not dry_run:
             kill_tree(None, SANDBOX_ENV, labels.get(LABEL_ROLLOUT, d.name))
-            for ctrl in ("pids", "memory", ""):
-                remove_cgroup_dir(CGROUP_ROOT / ctrl / CGROUP_PARENT / d.name if ctrl
-                                  else CGROUP_ROOT / CGROUP_PARENT / d.name)
             _rmtree(d)
         found.append(Leftover("local", str(d), run, not dry_run))
+    for cg in orphan_cgroups():  # machine-wide, but only those whose owner process is dead
+        if not dry_run:
+            remove_cgroup_dir(cg)
+        found.append(Leftover("local", str(cg), "", not dry_run))
     return found
 
 

@@ -37,7 +37,7 @@ from openforge.config import SandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
 from sandbox.base import ExecResult, SandboxBase, SandboxFileNotFound, SandboxInfo, sandbox_labels
-from sandbox.procs import Cgroup, Limits, kill_tree, preexec
+from sandbox.procs import Cgroup, Limits, cgroup_name, kill_tree, preexec
 
 SANDBOX_ENV = "OPENFORGE_SANDBOX"
 EXEC_ENV = "OPENFORGE_EXEC"
@@ -101,7 +101,7 @@ class LocalSandbox(SandboxBase):
             (self.dir / META_FILE).write_text(json.dumps(meta))
         except OSError as exc:
             raise SandboxError(f"cannot create the sandbox folder {self.dir}: {exc.strerror}") from None
-        self.cgroup = Cgroup(self.id, self.limits)
+        self.cgroup = Cgroup(cgroup_name(self.id), self.limits)
         self._started = True
 
     async def stop(self) -> None:
@@ -266,3 +266,17 @@ def _rmtree(path: Path) -> None:
 
     if path.exists():
         shutil.rmtree(path, onerror=onexc)  # onerror, not onexc: Python 3.11 has only the old name
+
+
+def describe_isolation() -> tuple[str, str]:
+    """(verdict, detail) for `forge doctor`: what a local sandbox gets on this machine, probed the
+    same way the backend decides (bwrap_usable, a cgroup it can create)."""
+    cg = Cgroup(f"doctor-{os.getpid()}", Limits(1, 64, 8, 1))
+    limits = ("cgroup limits on memory and process count" if cg.limits_pids and cg.limits_memory
+              else "rlimits only (no writable cgroup: process count is per-user, memory per-process)")
+    cg.remove()
+    if bwrap_usable():
+        return "ok", f"{shutil.which('bwrap')}: local sandboxes are isolated; {limits}"
+    why = "bwrap not found (apt-get install bubblewrap)" if not shutil.which("bwrap") else \
+        "bwrap cannot create namespaces here"
+    return "warn", f"{why}: local sandboxes are plain subprocesses; {limits}"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +92,23 @@ class Cgroup:
         self.dirs = []
 
 
+def cgroup_name(sandbox_id: str) -> str:
+    """`<sandbox id>.<owner pid>`: `forge gc` removes the cgroups of owners that died."""
+    return f"{sandbox_id}.{os.getpid()}"
+
+
+def orphan_cgroups() -> list[Path]:
+    """Our cgroups whose owner process is gone (a crash between start and stop)."""
+    parents = [CGROUP_ROOT / c / CGROUP_PARENT for c in ("pids", "memory")] + [CGROUP_ROOT / CGROUP_PARENT]
+    found = []
+    for parent in parents:
+        for d in parent.iterdir() if parent.is_dir() else []:
+            owner = d.name.rpartition(".")[2]
+            if d.is_dir() and owner.isdigit() and not psutil.pid_exists(int(owner)):
+                found.append(d)
+    return found
+
+
 def remove_cgroup_dir(path: Path) -> None:
     """Kill what is left in a cgroup and remove it (rmdir only succeeds once it is empty)."""
     for _ in range(50):
@@ -103,8 +121,10 @@ def remove_cgroup_dir(path: Path) -> None:
         try:
             path.rmdir()
             return
-        except OSError:
-            psutil.wait_procs([p for p in _procs(pids)], timeout=0.05)
+        except FileNotFoundError:
+            return
+        except OSError:  # EBUSY: tasks still exiting leave the cgroup a moment after SIGKILL
+            psutil.wait_procs(_procs(pids), timeout=0.05) if pids else time.sleep(0.02)
 
 
 def preexec(limits: Limits, cgroup_dirs: list[str], nproc_fallback: bool, mem_fallback: bool):  # type: ignore[no-untyped-def]

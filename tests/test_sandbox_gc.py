@@ -20,6 +20,7 @@ from openforge.store import Store
 from sandbox import make_sandbox
 from sandbox.docker import DockerSandbox
 from sandbox.local import LocalSandbox
+from sandbox.procs import Cgroup, Limits
 from sandbox.testing import backend_config, docker_image
 
 pytestmark = pytest.mark.timeout(120)
@@ -61,6 +62,8 @@ async def test_gc_removes_a_crashed_local_sandbox_and_its_processes(store: Store
     store.set_run_status(live_run.id, "running")
     live = LocalSandbox(SandboxConfig(), run_id=live_run.id, rollout_id="ro-live")
     await live.start()
+    # A cgroup whose owner died between start and stop (only where this machine lets us make one).
+    orphan = Cgroup(f"ro-orphan.{_dead_pid()}", Limits(1, 64, 8, 1))
     try:
         dry = runner.invoke(app, ["gc", "--dry-run"], catch_exceptions=False)
         assert dry.exit_code == 0 and "would remove local" in dry.stdout and crashed.dir.exists()
@@ -71,12 +74,15 @@ async def test_gc_removes_a_crashed_local_sandbox_and_its_processes(store: Store
         psutil.wait_procs([psutil.Process(stray)], timeout=5) if _alive(stray) else None
         assert not _alive(stray)
         assert live.dir.exists()
+        assert all(not d.exists() for d in orphan.dirs)
+        assert all(d.exists() for d in (live.cgroup.dirs if live.cgroup else []))
         # Asked by run id, even a live run's sandboxes go.
         by_run = runner.invoke(app, ["gc", "--run", live_run.id], catch_exceptions=False)
         assert by_run.exit_code == 0 and not live.dir.exists()
     finally:
         await live.stop()
         await crashed.stop()
+        orphan.remove()
 
 
 async def test_gc_removes_leftover_containers_by_label(store: Store) -> None:

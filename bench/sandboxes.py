@@ -1,0 +1,132 @@
+"""Sandbox overhead: create -> exec(`true`) -> destroy latency per backend, against the bare primitive
+each backend is built on, measured in the same run:
+
+    local (plain, bwrap)  vs  a bare subprocess running `true`
+    local bwrap           vs  a bare `bwrap --ro-bind / / ... true`
+    docker                vs  `docker run --rm IMG true` (the CLI; the SDK's containers.run if no CLI)
+
+p50 and p99 over the repeats; the ratio is backend p50 / primitive p50. A backend that cannot run
+here (no bwrap, no Docker engine) is reported as skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from openforge.config import SandboxConfig
+from sandbox import make_sandbox
+from sandbox.local import bwrap_usable
+from sandbox.testing import docker_image
+
+
+def _pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def _time(fn: Callable[[], Awaitable[None]], n: int) -> dict[str, float]:
+    await fn()  # warm-up: first-call imports and caches are not the figure we want
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await fn()
+        samples.append((time.perf_counter() - t0) * 1000)
+    return {"p50_ms": round(statistics.median(samples), 2), "p99_ms": round(_pct(samples, 0.99), 2), "n": n}
+
+
+async def _bare(argv: list[str]) -> None:
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL,
+                                                stderr=asyncio.subprocess.DEVNULL)
+    if await proc.wait() != 0:
+        raise RuntimeError(f"{argv[0]} failed")
+
+
+def _sandbox_cycle(config: SandboxConfig) -> Callable[[], Awaitable[None]]:
+    counter = iter(range(10**9))
+
+    async def cycle() -> None:
+        async with make_sandbox(config, run_id="run-bench", rollout_id=f"ro-bench-{next(counter)}") as sb:
+            res = await sb.exec(["true"], timeout=30)
+            if res.exit_code != 0:
+                raise RuntimeError(f"true failed in {sb.info.backend}: {res.stderr}")
+
+    return cycle
+
+
+def _docker_run(image: str) -> Callable[[], Awaitable[None]]:
+    cli = shutil.which("docker")
+    if cli:
+        return lambda: _bare([cli, "run", "--rm", "--network", "host", image, "true"])
+    from sandbox.docker import connect
+
+    client = connect()
+
+    async def sdk_run() -> None:
+        await asyncio.to_thread(client.containers.run, image, ["true"], remove=True, network_mode="host")
+
+    return sdk_run
+
+
+async def _measure(quick: bool) -> dict:
+    n_local, n_docker = (5, 3) if quick else (40, 15)
+    out: dict[str, dict] = {}
+    plain = SandboxConfig()
+    plain.local.isolation = "none"
+    out["subprocess_true"] = await _time(lambda: _bare(["true"]), n_local)
+    out["local_plain"] = await _time(_sandbox_cycle(plain), n_local)
+    bwrap = bwrap_usable()
+    if bwrap:
+        out["bwrap_true"] = await _time(lambda: _bare([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc",
+                                                       "/proc", "--unshare-pid", "true"]), n_local)
+        isolated = SandboxConfig()
+        isolated.local.isolation = "bwrap"
+        out["local_bwrap"] = await _time(_sandbox_cycle(isolated), n_local)
+    else:
+        out["local_bwrap"] = {"skipped": "bubblewrap missing or unusable"}
+    image, why = docker_image("busybox")
+    if image:
+        out["docker_run_rm_true"] = await _time(_docker_run(image), n_docker)
+        cfg = SandboxConfig(type="docker")
+        cfg.docker.image = image
+        out["docker"] = await _time(_sandbox_cycle(cfg), n_docker)
+    else:
+        out["docker"] = {"skipped": why}
+    return out
+
+
+def run(quick: bool = False) -> dict:
+    # Sandboxes go to a throwaway data dir, not the user's FORGE_HOME.
+    with tempfile.TemporaryDirectory(prefix="forge-bench-") as tmp:
+        old = os.environ.get("FORGE_HOME")
+        os.environ["FORGE_HOME"] = str(Path(tmp))
+        try:
+            res = asyncio.run(_measure(quick))
+        finally:
+            if old is None:
+                os.environ.pop("FORGE_HOME", None)
+            else:
+                os.environ["FORGE_HOME"] = old
+    pairs = [("local_plain", "subprocess_true"), ("local_bwrap", "subprocess_true"),
+             ("local_bwrap", "bwrap_true"), ("docker", "docker_run_rm_true")]
+    ratios = {f"{a}_vs_{b}": round(res[a]["p50_ms"] / res[b]["p50_ms"], 2)
+              for a, b in pairs if "p50_ms" in res.get(a, {}) and "p50_ms" in res.get(b, {})}
+    print("create -> exec(true) -> destroy, milliseconds:")
+    for name, fig in res.items():
+        shown = f"p50 {fig['p50_ms']:8.2f}  p99 {fig['p99_ms']:8.2f}  (n={fig['n']})" if "p50_ms" in fig \
+            else f"skipped: {fig['skipped']}"
+        print(f"  {name:20s} {shown}")
+    for name, ratio in ratios.items():
+        print(f"  ratio {name}: {ratio:.2f}x")
+    return {**res, "ratios_p50": ratios}
+
+
+if __name__ == "__main__":
+    run(quick=True)
