@@ -90,7 +90,7 @@ def header_text(snap: Snapshot, *, paused: bool | None = None) -> Text:
         ("model", Path(model).name or model), ("harness", cfg.get("harness", {}).get("name", "-")),
         ("engine", cfg.get("engine", {}).get("kind", "-")), ("sandbox", cfg.get("sandbox", {}).get("type", "-")),
         ("step", step), ("elapsed", _duration(run.started_at or run.created_at, run.ended_at, snap.now)),
-        ("adapter", run.current_adapter or "base"),
+        ("adapter", (run.current_adapter or "base").removeprefix(f"{run.id}-")),
     ]
     line2 = Text()
     for name, value in fields:
@@ -131,7 +131,7 @@ class RewardChart(PlotextPlot):
         plt = self.plt
         plt.clear_data()
         plt.title("reward / pass rate by step")
-        points = [(s.step, s.reward_mean, s.pass_rate) for s in snap.steps]
+        points = [(s.step + 1, s.reward_mean, s.pass_rate) for s in snap.steps]  # 1-based, as in the header
         if points:
             xs = [p[0] for p in points]
             plt.plot(xs, [p[1] or 0.0 for p in points], label="reward", marker="braille")
@@ -151,7 +151,10 @@ def sync_table(table: DataTable, rows: list[tuple[str, list[Any]]]) -> None:
             for col, cell in zip(columns, cells):
                 table.update_cell(key, col, cell)
         return
-    selected = have[table.cursor_row] if have and 0 <= table.cursor_row < len(have) else None
+    # A cursor on the top row stays there (newest first: it follows the news); one the user moved
+    # down stays on its row while new rows arrive above it.
+    row = table.cursor_row
+    selected = have[row] if have and 0 < row < len(have) else None
     table.clear()
     for key, cells in rows:
         table.add_row(*cells, key=key)
@@ -247,7 +250,7 @@ class Dashboard(App[None]):
                 yield Static(id="metrics")
         with Horizontal(id="bottom"):
             yield DataTable(id="calls", cursor_type="row", zebra_stripes=True)
-            yield RichLog(id="log", max_lines=2000, wrap=True, markup=False)
+            yield RichLog(id="log", max_lines=2000, wrap=True, markup=False, min_width=20)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -280,7 +283,7 @@ class Dashboard(App[None]):
         self.query_one("#metrics", Static).update(metrics_table(snap))
         self.query_one(RewardChart).show(snap)
         sync_table(self.query_one("#rollouts", DataTable), [
-            (r.id, [r.id, r.task_id, str(r.step), _status(r.status), _duration(r.started_at, r.ended_at, snap.now),
+            (r.id, [r.id, r.task_id, str(r.step + 1), _status(r.status), _duration(r.started_at, r.ended_at, snap.now),
                     str(r.n_calls), str(r.n_tokens), _fmt(r.reward, ".2f")])
             for r in snap.rollouts
         ])

@@ -56,14 +56,14 @@ def known_run(store: Store) -> str:
     store.add_tasks(run.id, [{"id": "add", "instruction": "add numbers"}])
     done = []
     for i, reward in enumerate((1.0, 0.0, 1.0)):
-        r = store.create_rollout(run_id=run.id, task_id="add", step=1, sample_index=i, harness="mini")
+        r = store.create_rollout(run_id=run.id, task_id="add", step=0, sample_index=i, harness="mini")
         store.update_rollout(r.id, status="running")
         done.append(store.update_rollout(r.id, status="scored", reward=reward, n_calls=2, n_tokens=40))
-    live = store.create_rollout(run_id=run.id, task_id="add", step=2, harness="mini")
+    live = store.create_rollout(run_id=run.id, task_id="add", step=1, harness="mini")
     store.update_rollout(live.id, status="running", n_calls=1)
-    store.add_train_step(TrainStep(run_id=run.id, step=1, loss=0.1234, reward_mean=0.25, pass_rate=0.25,
+    store.add_train_step(TrainStep(run_id=run.id, step=0, loss=0.1234, reward_mean=0.25, pass_rate=0.25,
                                    kl=0.001, mismatch_mean=0.0021, mismatch_max=0.05, tokens_per_s=321.5))
-    store.add_train_step(TrainStep(run_id=run.id, step=2, loss=0.0987, reward_mean=0.5, pass_rate=0.5,
+    store.add_train_step(TrainStep(run_id=run.id, step=1, loss=0.0987, reward_mean=0.5, pass_rate=0.5,
                                    kl=0.002, mismatch_mean=0.0031, mismatch_max=0.07, tokens_per_s=345.25))
     request = {"model": "forge-policy", "messages": [
         {"role": "system", "content": "You solve tasks."},
@@ -111,7 +111,7 @@ async def test_shows_the_runs_state(store: Store, known_run: str) -> None:
         assert "running 1" in metrics and "scored 3" in metrics
         rows = cells(app.query_one("#rollouts", DataTable))
         assert len(rows) == 4
-        assert rows[0][3] == "running"  # in-flight first
+        assert rows[0][3] == "running" and rows[0][2] == "2"  # in-flight first; steps shown 1-based
         assert sorted(r[7] for r in rows[1:]) == ["0.00", "1.00", "1.00"]
         calls = cells(app.query_one("#calls", DataTable))
         assert [c[2] for c in calls] == ["messages", "chat"]  # newest first
@@ -127,7 +127,7 @@ async def test_follows_the_store_on_a_timer(store: Store, known_run: str, monkey
         await pilot.pause()
         live = store.list_rollouts(known_run, status="running")[0]
         store.update_rollout(live.id, status="scored", reward=0.75)
-        store.add_train_step(TrainStep(run_id=known_run, step=3, loss=0.05, reward_mean=0.9, pass_rate=0.8))
+        store.add_train_step(TrainStep(run_id=known_run, step=2, loss=0.05, reward_mean=0.9, pass_rate=0.8))
         with run_log_path(store.path, known_run).open("a") as fh:
             fh.write("13:00:09 step 3 reward 0.9\n13:00:09 half a li")
         store.set_run_status(known_run, "finished")

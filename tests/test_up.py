@@ -1,0 +1,178 @@
+"""`forge up` end to end: the real engine child, proxy, mini harness in local sandboxes and the GRPO
+trainer on the tiny model, driven through the `forge` command line as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from openforge.store import Store
+
+FORGE = [sys.executable, "-m", "forge_cli.main"]
+# One task, two samples a step: the smallest run that still has a GRPO group.
+SMALL = ["--set", "runner.samples_per_task=2", "--set", "trainer.tasks_per_step=1", "--set", "runner.concurrency=2"]
+
+
+def forge(home: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*FORGE, *args], env={**os.environ, "FORGE_HOME": str(home)}, cwd=home,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def spawn(home: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([*FORGE, *args], env={**os.environ, "FORGE_HOME": str(home)}, cwd=home,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_until(predicate, what: str, timeout: float = 180, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"forge exited with {proc.returncode} before {what}:\n{proc.stdout.read()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.3)
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+@pytest.fixture
+def home_with_model(forge_home: Path, tiny_model: Path) -> Path:
+    (forge_home / "models").mkdir()
+    (forge_home / "models" / "tiny").symlink_to(tiny_model)
+    return forge_home
+
+
+def served_with_adapter(store: Store, run_id: str, step: int, adapter: str) -> list:
+    """The calls of `step`'s rollouts that the engine answered with `adapter` (it refuses unknown ones)."""
+    ids = {r.id for r in store.list_rollouts(run_id, step=step) if r.adapter == adapter}
+    return [c for c in store.list_calls(run_id=run_id) if c.rollout_id in ids and c.adapter == adapter
+            and c.status == "ok"]
+
+
+@pytest.mark.slow
+def test_demo_headless_trains_and_hot_loads(forge_home: Path) -> None:
+    out = forge(forge_home, *SMALL, "up", "--demo", "--headless", "--steps", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (forge_home / "models" / "tiny" / "config.json").is_file()  # built because it was missing
+    assert f"stored in {forge_home / 'forge.db'}" in out.stdout.replace("\n", "")
+    assert "step 1/2" in out.stdout and "step 2/2" in out.stdout
+
+    store = Store(forge_home / "forge.db")
+    run = store.get_run("latest")
+    assert run.status == "finished" and run.owner_pid is not None
+    rollouts = store.list_rollouts(run.id)
+    assert len(rollouts) == 4 and all(r.status == "scored" and r.reward is not None for r in rollouts)
+    assert all(r.n_calls >= 1 and r.harness == "mini" and r.sandbox == "local" for r in rollouts)
+    assert len(store.list_trajectories(rollout_ids=[r.id for r in rollouts])) >= 4
+    steps = store.list_train_steps(run.id)
+    assert [s.step for s in steps] == [0, 1] and all(s.loss is not None and s.n_tokens > 0 for s in steps)
+    ckpts = store.list_checkpoints(run.id)
+    assert [c.loaded for c in ckpts] == [True, True] and all(Path(c.path).is_dir() for c in ckpts)
+    # Step 1 was sampled with step 0's adapter, hot-loaded into the running engine.
+    assert served_with_adapter(store, run.id, 1, f"{run.id}-step-0")
+    assert run.current_adapter == f"{run.id}-step-1"
+    log = (forge_home / "runs" / run.id / "forge.log").read_text()
+    assert "step 0 done" in log and "stopped the engine" in log
+    assert json.loads(run.config_json)["harness"]["name"] == "mini"
+
+
+@pytest.mark.slow
+def test_forge_stop_sigterm_leaves_no_process(home_with_model: Path) -> None:
+    home = home_with_model
+    proc = spawn(home, *SMALL, "up", "--demo", "--headless", "--steps", "5")
+    store = Store(home / "forge.db")
+
+    def running() -> bool:
+        runs = store.list_runs()
+        return bool(runs) and bool(store.list_rollouts(runs[0].id, status="running"))
+
+    wait_until(running, "a rollout to run", proc=proc)
+    children = descendants(proc.pid)
+    assert len(children) >= 2  # the engine, the harness processes in their sandboxes
+    stop = forge(home, "stop", "latest", timeout=30)
+    assert stop.returncode == 0 and "SIGTERM" in stop.stdout, stop.stdout + stop.stderr
+    output, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 0, output
+    assert not alive(children), [p.cmdline() for p in alive(children)]
+    run = store.get_run("latest")
+    assert run.status == "stopped" and run.error is None
+    assert not store.list_rollouts(run.id, status="running") and not store.list_rollouts(run.id, status="pending")
+    assert f"forge up --resume {run.id}" in output
+
+
+@pytest.mark.slow
+def test_sigkill_is_marked_interrupted_and_resumes(home_with_model: Path) -> None:
+    home = home_with_model
+    proc = spawn(home, *SMALL, "up", "--demo", "--headless", "--steps", "2")
+    store = Store(home / "forge.db")
+    wait_until(lambda: bool(store.list_runs()) and bool(store.list_train_steps(store.list_runs()[0].id)),
+               "the first train step", proc=proc)
+    children = descendants(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    # Nothing can clean up after SIGKILL: end what it left (the engine leads its own session).
+    for p in alive(children):
+        p.kill()
+    run_id = store.list_runs()[0].id
+    assert store.get_run(run_id).status == "running"  # the store does not know yet
+
+    out = forge(home, "up", "--resume", run_id, "--headless")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{run_id} was left running by a process that is gone: marked interrupted" in out.stdout.replace("\n", "")
+    run = store.get_run(run_id)
+    assert run.status == "finished"
+    assert [s.step for s in store.list_train_steps(run_id)] == [0, 1]
+    # The fresh engine got step 0's adapter back before step 1 was sampled with it.
+    assert served_with_adapter(store, run_id, 1, f"{run_id}-step-0")
+
+
+def cli(*args: str):
+    """In-process, for the quick refusals (a subprocess costs seconds of imports here)."""
+    from typer.testing import CliRunner
+
+    from forge_cli.main import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_up_refuses_what_this_machine_lacks(forge_home: Path) -> None:
+    out = cli("--set", "sandbox.type=docker", "--set", "sandbox.docker.base_url=unix:///nonexistent.sock",
+              "up", "--headless")
+    assert out.exit_code == 1
+    assert out.stderr == ("forge: error: no Docker engine reachable at unix:///nonexistent.sock; "
+                          "use sandbox.type = \"local\" or start Docker\n")
+    assert not Store(forge_home / "forge.db").list_runs()  # refused before a run was created
+
+
+def test_resume_of_an_unknown_or_live_run_is_one_line(forge_home: Path) -> None:
+    out = cli("up", "--resume", "nope", "--headless")
+    assert out.exit_code == 1 and out.stderr.startswith("forge: error: no run 'nope'")
+    store = Store(forge_home / "forge.db")
+    run = store.create_run(owner_pid=os.getpid())  # this test process: alive
+    store.set_run_status(run.id, "running")
+    out = cli("up", "--resume", run.id, "--headless")
+    assert out.exit_code == 1 and f"run {run.id} is running" in out.stderr and "forge stop" in out.stderr
