@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import secrets
 import shlex
 import tarfile
 import threading
@@ -19,6 +20,7 @@ import time
 from dataclasses import dataclass
 
 from openforge.errors import SandboxError
+from sandbox.base import TransientSandboxError
 
 CLIENT_GRACE_S = 10.0  # how long past its timeout the client waits for the in-pod `timeout` to report
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -26,7 +28,9 @@ _FRAME = 1 << 16
 
 
 def api_error(action: str, exc: BaseException) -> SandboxError:
-    """One line from an ApiException (its Status message) or a transport error."""
+    """One line from an ApiException (its Status message) or a transport error. Throttling, server
+    errors, a full quota and an unreachable server are transient (the start is retried); refusals
+    (RBAC, validation, a missing namespace) are not."""
     status = getattr(exc, "status", None)
     body = getattr(exc, "body", None)
     message = ""
@@ -37,8 +41,10 @@ def api_error(action: str, exc: BaseException) -> SandboxError:
             message = str(body)[:300]
     if status:
         detail = f"HTTP {status} {getattr(exc, 'reason', '') or ''}".strip()
-        return SandboxError(f"{action}: {detail}" + (f": {message}" if message else ""))
-    return SandboxError(f"{action}: {getattr(exc, 'reason', None) or exc}")
+        transient = status in (429, 500, 502, 503, 504) or (status == 403 and "exceeded quota" in message)
+        kind = TransientSandboxError if transient else SandboxError
+        return kind(f"{action}: {detail}" + (f": {message}" if message else ""))
+    return TransientSandboxError(f"{action}: {getattr(exc, 'reason', None) or exc}")
 
 
 def is_not_found(exc: BaseException) -> bool:
@@ -55,27 +61,38 @@ class RawExec:
     duration_s: float
 
 
+# Kills every process but this shell whose environ holds the marker $1 (POSIX sh + tr + grep, so
+# busybox images work too): what an exec left in the background, or that left its process group.
+_KILL_MARKED = ('for p in /proc/[0-9]*; do [ "${p#/proc/}" = "$$" ] && continue; tr "\\0" "\\n" < $p/environ '
+                '2>/dev/null | grep -qx "$1" && kill -9 ${p#/proc/} 2>/dev/null; done; true')
+
+
 def wrap_command(command: str | list[str], *, cwd: str, env: dict[str, str] | None, timeout: float,
                  stdin_len: int | None) -> list[str]:
-    """The argv sent to the exec subresource: `sh -c` that cds, sets env, and runs under `timeout`.
+    """The argv sent to the exec subresource: `sh -c` that cds, sets env, runs the command under
+    `timeout`, then kills what it left behind, and exits with the command's status.
 
     Stdin is read through `head -c N`: the v4 channel protocol cannot close stdin, so the command
     would never see EOF; with a known length it does on both v4 and v5.
-    `timeout` (not --foreground) puts the command in its own process group and signals the group, so
-    whatever the command started dies with it; -k escalates to KILL for what ignores TERM.
+    `timeout` (not --foreground) puts the command in its own process group and signals the group at
+    the deadline; -k escalates to KILL for what ignores TERM. Processes that outlive the command (in
+    the background, or setsid) carry the exec's marker and are killed before the exec returns, as on
+    the local and docker backends; otherwise they would hold the output stream open.
     """
     argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
     if not argv:
         raise SandboxError("exec needs a command")
-    assignments = []
+    marker = f"OPENFORGE_EXEC={secrets.token_hex(8)}"
+    assignments = [marker]
     for key, value in (env or {}).items():
         if not _ENV_NAME.match(key):
             raise SandboxError(f"invalid environment variable name for exec: {key!r}")
-        assignments.append(shlex.quote(f"{key}={value}"))
-    inner = " ".join(["timeout", "-k", "2", f"{max(timeout, 0.001):.3f}", "env", *assignments,
-                      *(shlex.quote(a) for a in argv)])
-    run = f"head -c {stdin_len} | {inner}" if stdin_len is not None else f"exec {inner} </dev/null"
-    return ["sh", "-c", f"cd {shlex.quote(cwd)} || exit 1\n{run}"]
+        assignments.append(f"{key}={value}")
+    inner = " ".join(["timeout", "-k", "2", f"{max(timeout, 0.001):.3f}", "env",
+                      *(shlex.quote(a) for a in assignments), *(shlex.quote(a) for a in argv)])
+    run = f"head -c {stdin_len} | {inner}" if stdin_len is not None else f"{inner} </dev/null"
+    reap = f"set -- {shlex.quote(marker)}; {_KILL_MARKED}"
+    return ["sh", "-c", f"cd {shlex.quote(cwd)} || exit 1\n{run}\nrc=$?\n{reap}\nexit $rc"]
 
 
 def exit_code_from_status(raw: bytes | str) -> int:
@@ -154,8 +171,6 @@ def run_exec_stream(core, *, pod: str, namespace: str, container: str, argv: lis
         timed_out = code == 124 or (code == 137 and duration >= timeout)
         if timed_out:
             code = 124
-        elif 128 < code <= 128 + 64:
-            code = -(code - 128)  # the runtime reports death by signal N as 128+N; the interface says -N
     return RawExec(code, bytes(out.buf), bytes(err.buf), timed_out, bool(out.dropped or err.dropped), duration)
 
 

@@ -15,10 +15,8 @@ from typing import Any
 
 from openforge.config import SandboxConfig
 from openforge.errors import ConfigError
+from sandbox.base import LABEL_MANAGED, LABEL_RUN, sandbox_labels
 
-MANAGED_LABEL = "openforge.managed"
-RUN_LABEL = "openforge.run"
-ROLLOUT_LABEL = "openforge.rollout"
 CONTAINER_NAME = "sandbox"
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -42,13 +40,14 @@ def pod_name(rollout_id: str) -> str:
 
 
 def pod_labels(*, run_id: str, rollout_id: str) -> dict[str, str]:
-    return {MANAGED_LABEL: "true", RUN_LABEL: label_value(run_id), ROLLOUT_LABEL: label_value(rollout_id)}
+    """The labels every backend uses (sandbox.base), made valid as Kubernetes label values."""
+    return {key: label_value(value) for key, value in sandbox_labels(run_id, rollout_id).items()}
 
 
 def managed_selector(run_id: str | None = None) -> str:
     """The label selector of every pod forge made (of one run, when `run_id` is given)."""
-    selector = f"{MANAGED_LABEL}=true"
-    return selector + (f",{RUN_LABEL}={label_value(run_id)}" if run_id else "")
+    managed = sandbox_labels("", "")[LABEL_MANAGED]
+    return f"{LABEL_MANAGED}={managed}" + (f",{LABEL_RUN}={label_value(run_id)}" if run_id else "")
 
 
 def build_pod_manifest(config: SandboxConfig, *, name: str, run_id: str, rollout_id: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 from openforge.config import KubernetesSandboxConfig, SandboxConfig
 from openforge.errors import SandboxError
-from sandbox.base import ExecResult, SandboxBase, SandboxInfo
+from sandbox.base import ExecResult, SandboxBase, SandboxFileNotFound, SandboxInfo, TransientSandboxError
 from sandbox.k8s_exec import (
     RawExec, api_error, first_member, is_not_found, run_exec_stream, tar_one_file, wrap_command,
 )
@@ -79,6 +79,7 @@ class KubernetesSandbox(SandboxBase):
         self.run_id, self.rollout_id = run_id, rollout_id
         self.name = pod_name(rollout_id)
         self.proxy_url = self.k8s.proxy_url.rstrip("/")
+        self.start_retries = config.start_retries
         self.info = SandboxInfo(backend="kubernetes", sandbox_id=self.name, workdir=config.workdir,
                                 proxy_host=urlparse(self.proxy_url).hostname or "127.0.0.1",
                                 labels=pod_labels(run_id=run_id, rollout_id=rollout_id))
@@ -100,9 +101,22 @@ class KubernetesSandbox(SandboxBase):
         await asyncio.to_thread(self._create, manifest)
         try:
             await asyncio.to_thread(self._wait_running)
+            await self._probe()
         except BaseException:
             await self.stop()
             raise
+
+    async def _probe(self) -> None:
+        """One exec right away: learn $HOME (harness config goes there) and fail now, with the fix,
+        if the image lacks what every later exec relies on."""
+        script = 'for t in timeout head tar; do command -v $t >/dev/null || printf "%s " $t; done; echo; echo "$HOME"'
+        raw = await asyncio.to_thread(self._stream, ["sh", "-c", script], 30.0, None, 4096)
+        missing, _, home = raw.stdout.decode("utf-8", "replace").partition("\n")
+        if raw.exit_code != 0 or missing.strip():
+            why = f"lacks {missing.strip()}" if missing.strip() else f"cannot run sh ({_why(raw)})"
+            raise SandboxError(f"image {self.k8s.image} {why}: the kubernetes backend needs sh, timeout, "
+                               "head and tar in the image (coreutils or busybox)")
+        self.info.home = home.strip() or "/root"
 
     def _core(self):
         from kubernetes.client import ApiClient, CoreV1Api
@@ -137,15 +151,16 @@ class KubernetesSandbox(SandboxBase):
                 for event in w.stream(core.list_namespaced_pod, self.k8s.namespace,
                                       field_selector=f"metadata.name={self.name}",
                                       timeout_seconds=max(1, int(remaining)), _request_timeout=remaining + 5):
-                    if event["type"] == "DELETED":
-                        raise SandboxError(f"pod {self.name} was deleted while starting")
+                    if event["type"] == "DELETED":  # evicted, preempted, or someone's gc
+                        raise TransientSandboxError(f"pod {self.name} was deleted while starting")
                     state, why = pod_state(event["object"])
                     if state == "running":
                         w.stop()
                         return
                     last = why or last
                     if state == "failed":
-                        raise SandboxError(f"pod {self.name} cannot start: {why}")
+                        kind = TransientSandboxError if transient_failure(why) else SandboxError
+                        raise kind(f"pod {self.name} cannot start: {why}")
                     if self._stopped.is_set():
                         raise SandboxError(f"pod {self.name}: stopped while starting")
         except SandboxError:
@@ -154,7 +169,8 @@ class KubernetesSandbox(SandboxBase):
             raise api_error(f"watching pod {self.name}", exc) from None
         finally:
             core.api_client.close()
-        raise SandboxError(f"pod {self.name} not running after {self.k8s.start_timeout_s:g}s: {last}")
+        # A busy cluster (no room yet, an autoscaler adding nodes): worth another try.
+        raise TransientSandboxError(f"pod {self.name} not running after {self.k8s.start_timeout_s:g}s: {last}")
 
     async def stop(self) -> None:
         self._stopped.set()
@@ -187,7 +203,7 @@ class KubernetesSandbox(SandboxBase):
                    cwd: str | None = None, max_output: int | None = None, stdin: bytes | None = None,
                    ) -> ExecResult:
         limit = self.config.max_output_bytes if max_output is None else max_output
-        argv = wrap_command(command, cwd=self._path(cwd or "."), env=env, timeout=timeout,
+        argv = wrap_command(command, cwd=self._resolve(cwd or "."), env=env, timeout=timeout,
                             stdin_len=None if stdin is None else len(stdin))
         raw = await asyncio.to_thread(self._stream, argv, timeout, stdin, limit)
         return ExecResult(exit_code=raw.exit_code, stdout=raw.stdout.decode("utf-8", "replace"),
@@ -196,7 +212,7 @@ class KubernetesSandbox(SandboxBase):
 
     def _stream(self, argv: list[str], timeout: float, stdin: bytes | None, limit: int | None) -> RawExec:
         if not self._created or self._stopped.is_set():
-            raise SandboxError(f"pod {self.name} is not running (start() it first)")
+            raise SandboxError(f"sandbox {self.name} is not started (or already stopped)")
         core = self._core()
         try:
             return run_exec_stream(core, pod=self.name, namespace=self.k8s.namespace, container=CONTAINER_NAME,
@@ -210,11 +226,19 @@ class KubernetesSandbox(SandboxBase):
         return await asyncio.to_thread(self._stream, argv, FILE_OP_TIMEOUT_S, stdin, limit)
 
     # -- files -----------------------------------------------------------------------------------
-    def _path(self, path: str) -> str:
-        return posixpath.normpath(posixpath.join(self.config.workdir, path))
+    def _resolve(self, path: str) -> str:
+        """Relative paths stay in the workdir; an absolute one may be anywhere in the pod (the pod is
+        the sandbox: harness config under $HOME lives outside the workdir)."""
+        if posixpath.isabs(path):
+            return posixpath.normpath(path)
+        root = posixpath.normpath(self.config.workdir)
+        full = posixpath.normpath(posixpath.join(root, path))
+        if full != root and not full.startswith(root + "/"):
+            raise SandboxError(f"path {path!r} leaves the sandbox's working directory {root}")
+        return full
 
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
-        full = self._path(path)
+        full = self._resolve(path)
         folder, base = posixpath.split(full)
         q = shlex.quote(folder)
         # -o: do not try to chown to the archive's owner (fails for a non-root image user).
@@ -224,7 +248,7 @@ class KubernetesSandbox(SandboxBase):
             raise SandboxError(f"cannot write {full} in pod {self.name}: {_why(raw)}")
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
-        full = self._path(path)
+        full = self._resolve(path)
         folder, base = posixpath.split(full)
         script = f"[ -f {shlex.quote(full)} ] || exit {_FILE_MISSING}\n"
         if max_bytes is None:
@@ -234,7 +258,7 @@ class KubernetesSandbox(SandboxBase):
             script += f"head -c {max_bytes} -- {shlex.quote(full)}"
         raw = await self._file_op(script, None, None)
         if raw.exit_code == _FILE_MISSING:
-            raise FileNotFoundError(f"no such file in pod {self.name}: {full}")
+            raise SandboxFileNotFound(f"{path}: no such file in the sandbox (pod {self.name})")
         if raw.exit_code != 0:
             raise SandboxError(f"cannot read {full} in pod {self.name}: {_why(raw)}")
         if max_bytes is not None:
@@ -271,6 +295,16 @@ def pod_state(pod: Any) -> tuple[str, str]:
         if cond.type == "PodScheduled" and cond.status == "False":
             return "pending", f"{cond.reason or 'not scheduled'}: {cond.message or ''}".rstrip(": ")
     return "pending", f"phase {phase}"
+
+
+def transient_failure(why: str) -> bool:
+    """Whether a pod that failed to start may start on another try: a registry hiccup or an
+    eviction, not an image that does not exist or a secret that is missing."""
+    lowered = why.lower()
+    if "errimagepull" in lowered or "imagepullbackoff" in lowered:
+        return not any(k in lowered for k in ("not found", "unauthorized", "denied", "manifest unknown",
+                                              "invalid", "back-off"))
+    return any(k in why for k in ("Evicted", "Preempting", "NodeShutdown", "NodeLost", "Terminated"))
 
 
 def gc_pods(config: SandboxConfig, run_id: str | None = None) -> list[str]:

@@ -12,7 +12,7 @@ from k8s_double import V4, V5, KubeDouble, bwrap_available
 
 from openforge.config import SandboxConfig
 from openforge.errors import SandboxError
-from sandbox.base import Sandbox
+from sandbox.base import Sandbox, SandboxFileNotFound, TransientSandboxError
 from sandbox.kubernetes import KubernetesSandbox, cluster_version, gc_pods
 
 pytestmark = [
@@ -30,11 +30,11 @@ def double(tmp_path: Path):
     d.stop()
 
 
-def make_config(double: KubeDouble, tmp_path: Path, **k8s) -> SandboxConfig:
+def make_config(double: KubeDouble, tmp_path: Path, *, retries: int = 0, **k8s) -> SandboxConfig:
     kubeconfig = double.write_kubeconfig(tmp_path / "kubeconfig")
     settings = {"kubeconfig": str(kubeconfig), "image": "openforge:test", "start_timeout_s": 10,
                 "proxy_url": "http://forge-proxy.openforge:8700", **k8s}
-    return SandboxConfig(type="kubernetes", kubernetes=settings)
+    return SandboxConfig(type="kubernetes", start_retries=retries, kubernetes=settings)
 
 
 async def test_start_exec_files_stop(double: KubeDouble, tmp_path: Path) -> None:
@@ -43,7 +43,7 @@ async def test_start_exec_files_stop(double: KubeDouble, tmp_path: Path) -> None
     async with sb:
         pod = double.pods[("openforge", sb.name)]
         assert pod.obj["status"]["phase"] == "Running"
-        assert pod.obj["metadata"]["labels"] == {"openforge.managed": "true", "openforge.run": "run-a",
+        assert pod.obj["metadata"]["labels"] == {"openforge.managed": "1", "openforge.run": "run-a",
                                                  "openforge.rollout": "ro-1"}
         assert sb.info.backend == "kubernetes" and sb.info.sandbox_id == sb.name
         assert sb.info.proxy_host == "forge-proxy.openforge" and sb.proxy_url.endswith(":8700")
@@ -62,14 +62,17 @@ async def test_start_exec_files_stop(double: KubeDouble, tmp_path: Path) -> None
         r = await sb.exec("stat -c %a blob.bin", timeout=10, cwd="sub/dir")
         assert r.stdout.strip() == "755"
         assert (pod.root / "workspace/sub/dir/blob.bin").read_bytes() == blob  # really in the pod's fs
-        with pytest.raises(FileNotFoundError):
+        with pytest.raises(SandboxFileNotFound):
             await sb.read_file("nope.txt")
+        with pytest.raises(SandboxError, match="leaves the sandbox"):
+            await sb.write_file("../escape.txt", b"x")
+        assert sb.info.home == "/root"
         r = await sb.exec("true", timeout=10, cwd="missing-dir")
         assert r.exit_code != 0 and "missing-dir" in r.stderr
     assert ("openforge", sb.name) not in double.pods
     assert not pod.root.exists()
     await sb.stop()  # idempotent
-    with pytest.raises(SandboxError, match="not running"):
+    with pytest.raises(SandboxError, match="not started"):
         await sb.exec("true", timeout=5)
 
 
@@ -79,7 +82,7 @@ async def test_exit_codes_signals_and_output_limit(double: KubeDouble, tmp_path:
         assert (await sb.exec(["sh", "-c", "exit 42"], timeout=10)).exit_code == 42
         missing = await sb.exec("no-such-program", timeout=10)
         assert missing.exit_code == 127 and "not found" in missing.stderr
-        assert (await sb.exec("kill -9 $$", timeout=10)).exit_code == -9
+        assert (await sb.exec("kill -9 $$", timeout=10)).exit_code == 128 + 9  # as a shell says it
         big = await sb.exec("head -c 200000 /dev/zero | tr '\\0' a; echo done >&2", timeout=10, max_output=1000)
         assert big.truncated and big.stdout == "a" * 1000 and big.stderr == "done\n" and big.exit_code == 0
 
@@ -139,17 +142,21 @@ async def test_start_waits_through_a_watch_not_polling(tmp_path: Path) -> None:
 
 async def test_missing_image_says_why_and_cleans_up(double: KubeDouble, tmp_path: Path) -> None:
     sb = KubernetesSandbox(make_config(double, tmp_path, image="ghcr.io/acme/nope:1"), run_id="r", rollout_id="ro")
-    with pytest.raises(SandboxError, match=r"cannot start: (ErrImagePull|ImagePullBackOff): .*not found"):
+    with pytest.raises(SandboxError, match=r"cannot start: (ErrImagePull|ImagePullBackOff): .*not found") as info:
         await sb.start()
+    assert not isinstance(info.value, TransientSandboxError)  # a missing image is not retried
     assert not double.pods
 
 
 async def test_unschedulable_reports_the_scheduler_message_at_timeout(double: KubeDouble, tmp_path: Path) -> None:
-    config = make_config(double, tmp_path, node_selector={"pool": "gpu"}, start_timeout_s=1.0)
-    with pytest.raises(SandboxError, match=r"not running after 1s: Unschedulable: 0/1 nodes .*node affinity/selector"):
+    config = make_config(double, tmp_path, retries=1, node_selector={"pool": "gpu"}, start_timeout_s=1.0)
+    with pytest.raises(TransientSandboxError,
+                       match=r"not running after 1s: Unschedulable: 0/1 nodes .*node affinity/selector"):
         async with KubernetesSandbox(config, run_id="r", rollout_id="ro"):
             pass
     assert not double.pods
+    creates = [p for m, p, q in double.requests if m == "POST"]
+    assert len(creates) == 2  # a busy cluster is retried, a bounded number of times, each pod removed
 
 
 async def test_taints_need_tolerations(tmp_path: Path) -> None:

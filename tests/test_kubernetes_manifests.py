@@ -43,7 +43,7 @@ def test_manifest_round_trips_through_the_client_model(k8s: dict) -> None:
     c = spec.containers[0]
     assert c.command[0] == "sleep" and int(c.command[1]) > spec.active_deadline_seconds
     assert c.working_dir == "/work" and not c.stdin and not c.tty
-    assert pod.metadata.labels == {"openforge.managed": "true", "openforge.run": "run-20261202-1f3a9c",
+    assert pod.metadata.labels == {"openforge.managed": "1", "openforge.run": "run-20261202-1f3a9c",
                                    "openforge.rollout": "ro-20261202-abc123"}
     assert spec.enable_service_links is False
 
@@ -86,7 +86,7 @@ def test_names_and_labels_are_always_valid() -> None:
     assert name.startswith("forge-ro-") and len(name) <= 63 and name == name.lower()
     assert pod_name("ro-1") != pod_name("ro-1")  # a retried start never collides with a lingering pod
     assert label_value("run/with spaces" + "y" * 80) == ("run-with-spaces" + "y" * 80)[:63]
-    assert managed_selector("run-1") == "openforge.managed=true,openforge.run=run-1"
+    assert managed_selector("run-1") == "openforge.managed=1,openforge.run=run-1"
     config = SandboxConfig(type="kubernetes")
     check_pod_manifest(build_pod_manifest(config, name=name, run_id="Run ID!" * 20, rollout_id="r" * 90))
 
@@ -137,7 +137,8 @@ def test_exec_status_channel() -> None:
 def test_wrap_command_quotes_and_refuses_bad_env() -> None:
     argv = wrap_command(["echo", "a'b"], cwd="/w s", env={"K": "v w"}, timeout=2, stdin_len=None)
     assert argv[:2] == ["sh", "-c"] and "cd '/w s'" in argv[2] and "'K=v w'" in argv[2]
-    assert "exec timeout -k 2 2.000 env" in argv[2] and "</dev/null" in argv[2]
+    assert "timeout -k 2 2.000 env OPENFORGE_EXEC=" in argv[2] and "</dev/null" in argv[2]
+    assert argv[2].endswith("exit $rc")  # the command's status, after its leftovers are reaped
     assert "head -c 7 |" in wrap_command("cat", cwd="/", env=None, timeout=1, stdin_len=7)[2]
     with pytest.raises(SandboxError, match="invalid environment variable name"):
         wrap_command("true", cwd="/", env={"A B": "x"}, timeout=1, stdin_len=None)
