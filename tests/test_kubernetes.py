@@ -222,3 +222,27 @@ async def test_gc_deletes_managed_pods_by_label_only(double: KubeDouble, tmp_pat
 
 async def test_cluster_version(double: KubeDouble, tmp_path: Path) -> None:
     assert await asyncio.to_thread(cluster_version, make_config(double, tmp_path)) == f"v1.31.4 at {double.url}"
+
+
+async def test_active_deadline_ends_the_pod_with_the_reason(double: KubeDouble, tmp_path: Path) -> None:
+    # The backend's minimum deadline is a minute; a hand-made pod shows the double and pod_state agree.
+    from kubernetes import watch
+    from kubernetes.client import ApiClient, CoreV1Api
+
+    from sandbox.kubernetes import load_client_configuration, pod_state
+
+    config = make_config(double, tmp_path)
+    core = CoreV1Api(ApiClient(load_client_configuration(config.kubernetes)))
+    core.create_namespaced_pod("openforge", {"metadata": {"name": "short"}, "spec": {
+        "restartPolicy": "Never", "activeDeadlineSeconds": 1,
+        "containers": [{"name": "sandbox", "image": "openforge:test", "command": ["sleep", "60"]}]}})
+    seen = []
+    for event in watch.Watch().stream(core.list_namespaced_pod, "openforge", field_selector="metadata.name=short",
+                                      timeout_seconds=5):
+        seen.append(pod_state(event["object"]))
+        if seen[-1][0] == "failed":
+            break
+    assert ("running", "") in seen
+    assert seen[-1] == ("failed", "phase Failed: DeadlineExceeded Pod was active on the node longer than the "
+                                  "specified deadline")
+    core.api_client.close()
