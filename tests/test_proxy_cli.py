@@ -1,0 +1,86 @@
+"""`forge proxy` as a real process (against a scripted engine URL) and `forge calls`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import pytest
+from typer.testing import CliRunner
+
+from engine.scripted import ScriptedEngine
+from engine.serve import serve_in_thread
+from forge_cli.main import app
+from openforge.store import Store, loads
+from test_proxy_support import CHAT_TOOLS, TOOL_TURN
+
+pytestmark = pytest.mark.timeout(120)
+FORGE = [sys.executable, "-c", "from forge_cli.main import main; main()"]
+
+
+def _read_until(proc: subprocess.Popen, prefix: str, deadline: float) -> list[str]:
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line.rstrip("\n"))
+        if line.startswith(prefix):
+            return lines
+    raise AssertionError(f"no {prefix!r} line; got {lines}")
+
+
+def test_forge_proxy_records_one_key_and_refuses_others(tiny_model, forge_home):
+    engine = ScriptedEngine(tiny_model, [TOOL_TURN, "finished"])
+    with serve_in_thread(engine.app) as es:
+        proc = subprocess.Popen([*FORGE, "proxy", "--model", str(tiny_model), "--engine", es.url, "--api-key",
+                                 "sk-only-this"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "FORGE_HOME": str(forge_home)})
+        try:
+            lines = _read_until(proc, "api key", time.monotonic() + 60)
+            assert lines[0].startswith("run run-") and lines[-1] == "api key sk-only-this"
+            url = lines[1].split()[1]
+            c = openai.OpenAI(base_url=url + "/v1", api_key="sk-only-this", max_retries=0, timeout=20)
+            msgs = [{"role": "user", "content": "ls"}]
+            msg = c.chat.completions.create(model="m", messages=msgs, tools=CHAT_TOOLS).choices[0].message
+            msgs += [msg.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": msg.tool_calls[0].id,
+                                                          "content": "a.txt"}]
+            assert c.chat.completions.create(model="m", messages=msgs, tools=CHAT_TOOLS).choices[0].message.content \
+                == "finished"
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=url + "/v1", api_key="sk-other", max_retries=0).chat.completions.create(
+                    model="m", messages=msgs)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "recorded 2 call(s) into 1 segment(s)" in out
+    store = Store(forge_home / "forge.db")
+    run = store.get_run(lines[0].split()[1])
+    assert run.kind == "proxy" and run.status == "stopped"
+    (rollout,) = store.list_rollouts(run.id)
+    assert rollout.api_key == "sk-only-this" and rollout.status == "cancelled" and rollout.n_extends == 1
+    (traj,) = store.list_trajectories(rollout_ids=[rollout.id])
+    sampled = [t for t, m in zip(loads(traj.token_ids), loads(traj.loss_mask)) if m]
+    assert engine.tokenizer.decode(sampled, skip_special_tokens=True) == TOOL_TURN + "finished"
+
+    runner = CliRunner()
+    listed = runner.invoke(app, ["calls", run.id])
+    assert listed.exit_code == 0 and "tool_calls" in listed.output and "bash" in listed.output
+    first = store.list_calls(run_id=run.id)[0]
+    shown = runner.invoke(app, ["calls", run.id, "--show", str(first.id)])
+    assert shown.exit_code == 0 and "Let me look." in shown.output
+    assert f"{loads(first.logprobs)[0]:.4f}" in shown.output
+    missing = runner.invoke(app, ["calls", run.id, "--show", "999"])
+    assert missing.exit_code == 1 and "no call 999" in missing.output
+
+
+def test_bad_engine_flag_is_one_line(tiny_model):
+    result = CliRunner().invoke(app, ["proxy", "--model", str(tiny_model), "--engine", "gpu-please"])
+    assert result.exit_code == 1 and "forge: error: --engine must be" in result.output
+    assert "Traceback" not in result.output
