@@ -135,7 +135,7 @@ class DockerSandbox(SandboxBase):
             # Exec stdin needs a hijacked socket; a file redirect gives the same bytes more simply.
             path = f"/tmp/.openforge-stdin-{marker[-16:]}"
             await asyncio.to_thread(self._put, path, stdin, 0o600)
-            argv = ["sh", "-c", f'exec "$@" < {path}', "sh", *argv]
+            argv = ["sh", "-c", f'"$@" < {path}; rc=$?; rm -f {path}; exit $rc', "sh", *argv]
         argv = ["sh", "-c", _RUN_THEN_REAP, "sh", *argv]
         environment = {**(env or {}), "OPENFORGE_EXEC": marker.partition("=")[2]}
         workdir = self._resolve(cwd) if cwd else self.config.workdir

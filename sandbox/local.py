@@ -37,7 +37,7 @@ from openforge.config import SandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
 from sandbox.base import ExecResult, SandboxBase, SandboxFileNotFound, SandboxInfo, sandbox_labels
-from sandbox.procs import Cgroup, Limits, cgroup_name, kill_tree, preexec
+from sandbox.procs import Cgroup, Limits, cgroup_name, kill_tree, limit_argv, nproc_budget, preexec
 
 SANDBOX_ENV = "OPENFORGE_SANDBOX"
 EXEC_ENV = "OPENFORGE_EXEC"
@@ -144,12 +144,15 @@ class LocalSandbox(SandboxBase):
         exec_id = secrets.token_hex(8)
         cap = max_output or self.config.max_output_bytes
         cg = self.cgroup
-        child = preexec(self.limits, [str(d) for d in cg.dirs] if cg else [],
-                        nproc_fallback=not (cg and cg.limits_pids), mem_fallback=not (cg and cg.limits_memory))
+        dirs = [str(d) for d in cg.dirs] if cg else []
+        nproc = None if cg and cg.limits_pids else nproc_budget(self.limits.max_processes)
+        mem_fallback = not (cg and cg.limits_memory)
+        prefix = limit_argv(self.limits, dirs, nproc=nproc, mem_fallback=mem_fallback)
+        child = None if prefix else preexec(self.limits, dirs, nproc=nproc, mem_fallback=mem_fallback)
         start = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self._argv(command, workdir), cwd=workdir, env=self._env(env, exec_id),
+                *(prefix or []), *self._argv(command, workdir), cwd=workdir, env=self._env(env, exec_id),
                 stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 start_new_session=True, preexec_fn=child)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 import resource
+import shlex
+import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -127,15 +129,36 @@ def remove_cgroup_dir(path: Path) -> None:
             psutil.wait_procs(_procs(pids), timeout=0.05) if pids else time.sleep(0.02)
 
 
-def preexec(limits: Limits, cgroup_dirs: list[str], nproc_fallback: bool, mem_fallback: bool):  # type: ignore[no-untyped-def]
-    """The function run in the child between fork and exec: join the cgroups, set the rlimits.
+def nproc_budget(max_processes: int) -> int:
+    """RLIMIT_NPROC counts every process of the real uid: the budget is on top of what runs now."""
+    uid = os.getuid()
+    return max_processes + sum(1 for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == uid)
 
-    Only async-signal-safe-ish work here (file writes, setrlimit): no locks, no logging."""
+
+def limit_argv(limits: Limits, cgroup_dirs: list[str], *, nproc: int | None, mem_fallback: bool) -> list[str] | None:
+    """An argv prefix that joins the cgroups and sets the rlimits, then execs the command: `sh` writes
+    its pid into each `cgroup.procs`, `prlimit` (util-linux) sets the limits and execs.
+
+    A prefix rather than `preexec_fn`: without preexec_fn Python spawns with vfork, which matters
+    when the caller is a trainer process with gigabytes mapped, and no Python runs between fork and
+    exec (where a lock held by another thread could deadlock the child). None if prlimit is missing."""
+    prlimit = shutil.which("prlimit")
+    if not prlimit:
+        return None
+    size, cpu = limits.max_file_mb << 20, limits.cpu_time_s
+    opts = [f"--cpu={cpu}:{cpu + 5}", f"--fsize={size}:{size}", "--core=0:0"]
+    if mem_fallback:
+        opts.append(f"--data={limits.memory_mb << 20}:{limits.memory_mb << 20}")
+    if nproc is not None:
+        opts.append(f"--nproc={nproc}:{nproc}")
+    joins = "".join(f"echo $$ > {shlex.quote(os.path.join(d, 'cgroup.procs'))} || exit 125; " for d in cgroup_dirs)
+    return ["/bin/sh", "-c", f'{joins}exec {shlex.quote(prlimit)} {" ".join(opts)} -- "$@"', "sh"]
+
+
+def preexec(limits: Limits, cgroup_dirs: list[str], *, nproc: int | None, mem_fallback: bool):  # type: ignore[no-untyped-def]
+    """The same as `limit_argv`, as a function run in the child between fork and exec (when there is
+    no prlimit): only file writes and setrlimit, no locks, no logging."""
     procs_files = [os.path.join(d, "cgroup.procs") for d in cgroup_dirs]
-    nproc = None
-    if nproc_fallback:
-        nproc = limits.max_processes + sum(1 for p in psutil.process_iter(["uids"])
-                                           if p.info["uids"] and p.info["uids"].real == os.getuid())
 
     def child() -> None:
         for path in procs_files:

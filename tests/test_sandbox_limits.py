@@ -108,3 +108,16 @@ async def test_cpu_spinner_is_killed_by_the_cpu_time_limit(backend: str) -> None
     async with _sandbox(_config(backend, cpu_time_s=1), f"cpu-{backend}") as sb:
         res = await sb.exec("while :; do :; done", timeout=20)
         assert not res.timed_out and res.exit_code == 128 + 24  # SIGXCPU, long before the timeout
+
+
+async def test_limits_hold_on_the_preexec_path_when_prlimit_is_missing(monkeypatch) -> None:
+    import shutil as real_shutil
+
+    import sandbox.procs
+
+    which = real_shutil.which
+    monkeypatch.setattr(sandbox.procs.shutil, "which", lambda name: None if name == "prlimit" else which(name))
+    async with _sandbox(_config("local-plain", max_file_mb=1), "noprlimit") as sb:
+        res = await sb.exec("ulimit -f; head -c 5000000 /dev/zero > big.bin", timeout=20)
+        assert res.exit_code != 0 and res.stdout.strip() == str((1 << 20) // 512)  # dash counts 512-byte blocks
+        assert os.path.getsize(os.path.join(sb.info.workdir, "big.bin")) <= 1 << 20
