@@ -45,6 +45,7 @@ class Sequence:
     state: CompletionState
     generator: torch.Generator
     emit: Callable[[Sequence], None]  # thread-safe notification: state has new tokens or finished
+    stream: bool = False  # notify on every token; otherwise only when finished
     aborted: bool = False
     created: float = field(default_factory=time.monotonic)
     next_token: int = -1  # sampled, not yet fed to the model
@@ -194,7 +195,8 @@ class Scheduler:
             seq.state.append(token, lp)
             if seq.state.finish is None and seq.position + 1 >= self.m.context_length:
                 seq.state.finish = finish_json("length", length=len(seq.state.output_ids))
-            seq.emit(seq)
+            if seq.stream or seq.state.finish is not None:
+                seq.emit(seq)
 
     def _decode(self, adapter: str | None) -> None:
         rows, kv = self._batches[adapter]
