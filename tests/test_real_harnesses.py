@@ -1,0 +1,205 @@
+"""The real npm harnesses against the real proxy: Claude Code, Codex and OpenClaw each call one tool
+and answer, in a real local sandbox, with the scripted engine behind the proxy.
+
+Skipped (with the reason) where node/npm or the installed packages are absent. The packages are looked
+for in $FORGE_NPM_CACHE, else ~/.cache/openforge-npm (where .ci/run installs them):
+
+    npm install --prefix ~/.cache/openforge-npm @anthropic-ai/claude-code @openai/codex
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from openforge.config import HarnessConfig, SandboxConfig
+from openforge.store import loads
+from proxy.trajectory import assemble_rollout
+from rollouts.harness import HarnessContext
+from rollouts.harnesses import get_harness
+from rollouts.npm import find_package_bin, install_hint, node_platform
+from sandbox.factory import make_sandbox
+from test_proxy_support import make_rig  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.timeout(120)
+
+NPM_CACHE = Path(os.environ.get("FORGE_NPM_CACHE") or Path.home() / ".cache" / "openforge-npm").expanduser()
+MARK = "FORGE_TOOL_RAN"
+# printf splits the marker so that only the tool's *output* contains it, not the call's arguments:
+# the script answers once the marker is in the prompt, i.e. once the tool result came back.
+COMMAND = f"printf 'forge-ok\\n' > proof.txt && printf 'FORGE_%s\\n' TOOL_RAN"
+ANSWER = "Done: proof.txt is written."
+
+
+def needs(name: str) -> Any:
+    """Mark a test `npm` and skip it unless harness `name` is installed in the npm cache."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        skip = pytest.mark.skip(reason="node/npm are not installed")
+    elif find_package_bin(NPM_CACHE, name) is None:
+        skip = pytest.mark.skip(reason=f"{name} is not installed in {NPM_CACHE} ({install_hint(name, NPM_CACHE)})")
+    else:
+        skip = pytest.mark.npm
+    return lambda test: skip(pytest.mark.npm(test))
+
+
+def tool_then_answer(tokenizer: Any, tool: str, arguments: dict[str, Any]) -> Any:
+    """A script: one `<tool_call>` of `tool` until the prompt holds the tool's output, then the answer."""
+    call = f'<tool_call>\n{json.dumps({"name": tool, "arguments": arguments})}\n</tool_call>'
+
+    def script(prompt_ids: list[int]) -> str:
+        return ANSWER if MARK in tokenizer.decode(prompt_ids) else call
+
+    return script
+
+
+async def run_harness(rig: Any, name: str, **harness: Any) -> tuple[Any, bytes]:
+    """Run harness `name` in a fresh local sandbox against the rig's proxy; (ExecResult, proof.txt)."""
+    adapter = get_harness(HarnessConfig(name=name, npm_cache=str(NPM_CACHE), **harness))
+    async with make_sandbox(SandboxConfig(), run_id=rig.rollout.run_id, rollout_id=rig.rollout.id) as sb:
+        ctx = HarnessContext(proxy_url=rig.url, api_key=rig.key, model="forge-policy",
+                             instruction="Write forge-ok into proof.txt, then say you are done.",
+                             workdir=sb.info.workdir, backend=sb.info.backend)
+        await adapter.prepare(sb, ctx)
+        result = await sb.exec(adapter.command(ctx), env=adapter.env(ctx), timeout=90)
+        try:
+            proof = await sb.read_file("proof.txt")
+        except Exception:  # noqa: BLE001 - a missing file is what the assertion below reports
+            proof = b""
+    return result, proof
+
+
+def check_recording(rig: Any, api: str) -> dict[str, Any]:
+    """The calls are recorded as `api`, their tokens decode to what was served, and the trajectory's
+    sampled tokens are exactly those completions."""
+    calls = [c for c in rig.calls() if c.status == "ok"]
+    assert {c.api for c in calls} == {api}
+    served = rig.served_texts()
+    assert served[-1] == ANSWER and any("<tool_call>" in text for text in served)
+    stats = assemble_rollout(rig.store, rig.rollout.id)
+    trajectories = rig.store.list_trajectories(rollout_ids=[rig.rollout.id])
+    assert trajectories and sum(len(loads(t.call_ids)) for t in trajectories) == len(calls)
+    tok = rig.engine.tokenizer
+    sampled = [i for t in trajectories for i, m in zip(loads(t.token_ids), loads(t.loss_mask)) if m]
+    expected = [i for c in calls for i in loads(c.completion_ids)]
+    assert sampled == expected
+    assert tok.decode(sampled, skip_special_tokens=True) == "".join(served)
+    assert stats["n_calls"] == len(calls) and stats["n_segments"] + stats["n_extends"] == len(calls)
+    return stats
+
+
+def check_extends(rig: Any, stats: dict[str, Any]) -> None:
+    """The answer's prompt extended the tool call's prompt + completion: one segment, and the replayed
+    assistant turn reused the sampled tokens (no re-tokenisation)."""
+    first, second = [c for c in rig.calls() if c.status == "ok"]
+    assert (stats["n_segments"], stats["n_extends"]) == (1, 1)
+    assert second.reused_tokens == first.completion_tokens
+
+
+@needs("claude-code")
+async def test_claude_code_runs_bash_through_the_proxy(make_rig):
+    """Claude Code as deployed: 24 tools, the full system prompt (~48k tokens with the tiny tokenizer,
+    hence the raised context limit), a mid-conversation system turn."""
+    rig = make_rig([], max_context_tokens=400_000)
+    rig.engine.script = tool_then_answer(rig.engine.tokenizer, "Bash", {"command": COMMAND, "description": "write"})
+    result, proof = await run_harness(rig, "claude-code", max_turns=4)
+    assert result.exit_code == 0, result.stderr[-2000:] + result.stdout[-2000:]
+    assert proof == b"forge-ok\n"
+    final = json.loads(result.stdout)
+    assert final["is_error"] is False and final["result"] == ANSWER and final["num_turns"] == 2
+    check_extends(rig, check_recording(rig, "anthropic_messages"))
+
+
+@needs("codex")
+async def test_codex_runs_exec_command_through_the_proxy(make_rig):
+    rig = make_rig([], max_context_tokens=400_000)
+    rig.engine.script = tool_then_answer(rig.engine.tokenizer, "exec_command", {"cmd": COMMAND})
+    result, proof = await run_harness(rig, "codex")
+    assert result.exit_code == 0, result.stderr[-3000:]
+    assert proof == b"forge-ok\n"
+    assert result.stdout.strip().endswith(ANSWER)
+    check_extends(rig, check_recording(rig, "openai_responses"))
+
+
+@pytest.mark.slow  # OpenClaw needs ~20 s to start before its first model call
+@needs("openclaw")
+async def test_openclaw_runs_exec_through_the_proxy(make_rig):
+    rig = make_rig([], max_context_tokens=400_000)
+    rig.engine.script = tool_then_answer(rig.engine.tokenizer, "exec", {"command": COMMAND})
+    result, proof = await run_harness(rig, "openclaw")
+    assert result.exit_code == 0, result.stderr[-3000:] + result.stdout[-2000:]
+    assert proof == b"forge-ok\n"
+    final = json.loads(result.stdout[result.stdout.index("{"):])
+    assert final["ok"] is True and final["final"] == ANSWER
+    # OpenClaw rewrites its history between calls (an internal-context user message moves behind the
+    # tool result; tool-call ids and argument JSON are re-serialised): each call is its own segment.
+    assert check_recording(rig, "openai_chat")["n_segments"] == 2
+
+
+# -- adapters without the packages: what they run, and how they fail -----------------------------
+
+def ctx_for(backend: str = "local", instruction: str = "-v is not a flag here") -> HarnessContext:
+    return HarnessContext(proxy_url="http://127.0.0.1:8700/", api_key="sk-rollout", model="forge-policy",
+                          instruction=instruction, workdir="/work", backend=backend)
+
+
+def test_adapters_point_the_harness_at_the_proxy(tmp_path):
+    config = HarnessConfig(name="claude-code", npm_cache=str(tmp_path))
+    claude = get_harness(config)
+    env, cmd = claude.env(ctx_for()), claude.command(ctx_for())
+    assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:8700" and env["ANTHROPIC_API_KEY"] == "sk-rollout"
+    assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1" and env["IS_SANDBOX"] == "1"
+    assert cmd[-2:] == ["--", "-v is not a flag here"] and cmd[cmd.index("--model") + 1] == "forge-policy"
+    codex = get_harness(config.model_copy(update={"name": "codex"}))
+    cmd = codex.command(ctx_for("docker"))
+    assert cmd[:2] == ["codex", "exec"] and cmd[-2:] == ["--", "-v is not a flag here"]
+    assert "model_providers.forge.base_url=http://127.0.0.1:8700/v1" in cmd
+    assert "model_providers.forge.wire_api=responses" in cmd and "--dangerously-bypass-approvals-and-sandbox" in cmd
+    assert codex.env(ctx_for())["FORGE_API_KEY"] == "sk-rollout"
+
+
+def test_openclaw_and_zeroclaw_configs_name_the_proxy():
+    import tomllib
+
+    from rollouts.harnesses.openclaw import openclaw_config
+    from rollouts.harnesses.zeroclaw import zeroclaw_config
+
+    provider = openclaw_config(ctx_for())["models"]["providers"]["forge"]
+    assert provider["baseUrl"] == "http://127.0.0.1:8700/v1" and provider["apiKey"] == "sk-rollout"
+    assert provider["api"] == "openai-completions" and provider["models"][0]["id"] == "forge-policy"
+    zc = tomllib.loads(zeroclaw_config(ctx_for(), 5))
+    assert zc["default_provider"] == "custom:http://127.0.0.1:8700/v1" and zc["api_key"] == "sk-rollout"
+    assert zc["autonomy"]["level"] == "full" and zc["agent"]["max_tool_iterations"] == 5
+
+
+def test_cache_lookup_prefers_native_binaries(tmp_path):
+    modules = tmp_path / "node_modules"
+    (modules / ".bin").mkdir(parents=True)
+    stub = modules / "@anthropic-ai" / "claude-code" / "bin" / "claude.exe"
+    stub.parent.mkdir(parents=True)
+    stub.write_text("#!/bin/sh\necho 'postinstall did not run'\n")
+    (modules / ".bin" / "claude").symlink_to(stub)
+    assert find_package_bin(tmp_path, "claude-code") is None  # the placeholder is not Claude Code
+    osname, cpu = node_platform()
+    native = modules / "@openai" / f"codex-{osname}-{cpu}" / "vendor" / "triple" / "bin" / "codex"
+    native.parent.mkdir(parents=True)
+    native.write_text("#!/bin/sh\n")
+    native.chmod(0o755)
+    assert find_package_bin(tmp_path, "codex") == native
+
+
+async def test_missing_harnesses_fail_with_the_fix(tmp_path):
+    from openforge.errors import HarnessError
+
+    async with make_sandbox(SandboxConfig(), run_id="run-x", rollout_id="ro-missing") as sb:
+        ctx = ctx_for(sb.info.backend)
+        for name in ("claude-code", "codex", "openclaw"):
+            adapter = get_harness(HarnessConfig(name=name, npm_cache=str(tmp_path / "empty")))
+            with pytest.raises(HarnessError, match=f"npm install --prefix {tmp_path / 'empty'}"):
+                await adapter.prepare(sb, ctx)
+        with pytest.raises(HarnessError, match="not on npm"):
+            await get_harness(HarnessConfig(name="zeroclaw")).prepare(sb, ctx)
