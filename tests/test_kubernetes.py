@@ -4,6 +4,7 @@ talks REST, watch streams and the exec WebSocket subprotocol to it over loopback
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -149,9 +150,9 @@ async def test_missing_image_says_why_and_cleans_up(double: KubeDouble, tmp_path
 
 
 async def test_unschedulable_reports_the_scheduler_message_at_timeout(double: KubeDouble, tmp_path: Path) -> None:
-    config = make_config(double, tmp_path, retries=1, node_selector={"pool": "gpu"}, start_timeout_s=1.0)
+    config = make_config(double, tmp_path, retries=1, node_selector={"pool": "gpu"}, start_timeout_s=0.5)
     with pytest.raises(TransientSandboxError,
-                       match=r"not running after 1s: Unschedulable: 0/1 nodes .*node affinity/selector"):
+                       match=r"not running after 0.5s: Unschedulable: 0/1 nodes .*node affinity/selector"):
         async with KubernetesSandbox(config, run_id="r", rollout_id="ro"):
             pass
     assert not double.pods
@@ -164,7 +165,7 @@ async def test_taints_need_tolerations(tmp_path: Path) -> None:
                    node_taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
     d.start()
     try:
-        plain = make_config(d, tmp_path, node_selector={"pool": "gpu"}, start_timeout_s=1.0)
+        plain = make_config(d, tmp_path, node_selector={"pool": "gpu"}, start_timeout_s=0.5)
         with pytest.raises(SandboxError, match=r"untolerated taint \{nvidia.com/gpu: present\}"):
             await KubernetesSandbox(plain, run_id="r", rollout_id="ro").start()
         tolerant = make_config(d, tmp_path, node_selector={"pool": "gpu"}, tolerations=[
@@ -237,11 +238,13 @@ async def test_active_deadline_ends_the_pod_with_the_reason(double: KubeDouble, 
         "restartPolicy": "Never", "activeDeadlineSeconds": 1,
         "containers": [{"name": "sandbox", "image": "openforge:test", "command": ["sleep", "60"]}]}})
     seen = []
-    for event in watch.Watch().stream(core.list_namespaced_pod, "openforge", field_selector="metadata.name=short",
-                                      timeout_seconds=5):
-        seen.append(pod_state(event["object"]))
-        if seen[-1][0] == "failed":
-            break
+    events = watch.Watch().stream(core.list_namespaced_pod, "openforge", field_selector="metadata.name=short",
+                                  timeout_seconds=5)
+    with contextlib.closing(events):
+        for event in events:
+            seen.append(pod_state(event["object"]))
+            if seen[-1][0] == "failed":
+                break
     assert ("running", "") in seen
     assert seen[-1] == ("failed", "phase Failed: DeadlineExceeded Pod was active on the node longer than the "
                                   "specified deadline")

@@ -165,7 +165,7 @@ class KubeDouble:
             app.router.add_route("*", base + "/{name}/exec", self._exec)
             self._runner = web.AppRunner(app, handle_signals=False)
             await self._runner.setup()
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            site = web.TCPSite(self._runner, "127.0.0.1", 0, shutdown_timeout=0.5)  # open watches end at stop
             await site.start()
             port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             self.url = f"http://127.0.0.1:{port}"
