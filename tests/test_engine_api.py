@@ -2,7 +2,8 @@
 
 By default it runs against the embedded engine (a peaky tiny model, on loopback). With
 ENGINE_URL=http://host:port it runs the same checks against that engine instead, e.g. a real SGLang
-server on a GPU machine (bench/gpu_smoke.sh does this). Only model-agnostic facts are asserted.
+server on a GPU machine (bench/gpu_smoke.sh does this); ENGINE_MODEL_PATH (the served checkpoint's
+local folder) enables the LoRA check there. Only model-agnostic facts are asserted.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def engine_url(tmp_path_factory, tiny_model):
+def engine(tmp_path_factory, tiny_model):
+    """(base URL, local folder of the served model or None)."""
     if os.environ.get("ENGINE_URL"):
-        yield os.environ["ENGINE_URL"]
+        yield os.environ["ENGINE_URL"], os.environ.get("ENGINE_MODEL_PATH") or None
         return
     from engine.embedded import EmbeddedEngine
     from engine.serve import serve_in_thread
@@ -32,13 +34,13 @@ def engine_url(tmp_path_factory, tiny_model):
     model = make_peaky_model(tiny_model, tmp_path_factory.mktemp("api") / "peaky")
     engine = EmbeddedEngine(EngineConfig(model=str(model), max_batch_size=4))
     with serve_in_thread(engine.app) as server:
-        yield server.url
+        yield server.url, str(model)
     engine.close()
 
 
 @pytest.fixture
-async def client(engine_url):
-    async with EngineClient(engine_url, timeout=120) as c:
+async def client(engine):
+    async with EngineClient(engine[0], timeout=120) as c:
         yield c
 
 
@@ -95,3 +97,23 @@ async def test_bad_requests_are_engine_errors(client):
         await client.generate(PROMPTS[0], {"max_new_tokens": 4}, lora_path="no-such-adapter")
     with pytest.raises(EngineError, match="load_lora_adapter"):
         await client.load_lora_adapter("ghost", "/nonexistent/adapter")
+
+
+async def test_runtime_lora_changes_greedy_output_and_unloading_restores_it(client, engine, tmp_path):
+    if engine[1] is None:
+        pytest.skip("set ENGINE_MODEL_PATH to the served checkpoint's folder to build an adapter for it")
+    from engine.testing import make_random_lora
+
+    adapter = make_random_lora(engine[1], tmp_path / "smoke-lora", target_modules=("q_proj", "v_proj"))
+    base = await client.generate(PROMPTS[0], GREEDY)
+    await client.load_lora_adapter("smoke-a", str(adapter))
+    try:
+        tuned = await client.generate(PROMPTS[0], GREEDY, lora_path="smoke-a")
+        untouched = await client.generate(PROMPTS[0], GREEDY)
+    finally:
+        await client.unload_lora_adapter("smoke-a")
+    assert tuned.output_ids != base.output_ids
+    assert untouched.output_ids == base.output_ids
+    assert (await client.generate(PROMPTS[0], GREEDY)).output_ids == base.output_ids
+    with pytest.raises(EngineError):
+        await client.generate(PROMPTS[0], GREEDY, lora_path="smoke-a")
