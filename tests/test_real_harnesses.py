@@ -114,6 +114,27 @@ async def test_claude_code_runs_bash_through_the_proxy(make_rig):
     check_extends(rig, check_recording(rig, "anthropic_messages"))
 
 
+@needs("claude-code")
+async def test_runner_scores_a_claude_code_rollout(make_rig):
+    """The whole path of issue 5: RolloutRunner -> sandbox -> Claude Code -> proxy -> verifier -> store."""
+    from openforge.config import ForgeConfig
+    from rollouts.runner import RolloutRunner, RolloutSpec
+    from rollouts.tasks import TaskSpec
+
+    rig = make_rig([], max_context_tokens=400_000)
+    rig.engine.script = tool_then_answer(rig.engine.tokenizer, "Bash", {"command": COMMAND, "description": "write"})
+    config = ForgeConfig()
+    config.harness = HarnessConfig(name="claude-code", npm_cache=str(NPM_CACHE), max_turns=4,
+                                   extra_args=["--bare", "--tools", "Bash"])
+    task = TaskSpec(id="proof", instruction="Write forge-ok into proof.txt.", verifier="grep -qx forge-ok proof.txt")
+    runner = RolloutRunner(rig.store, config=config, proxy_url=rig.url)
+    [ro] = await runner.run(rig.rollout.run_id, [RolloutSpec(task, 0)])
+    assert (ro.status, ro.reward, ro.exit_code, ro.harness) == ("scored", 1.0, 0, "claude-code"), ro.error
+    assert json.loads(ro.stdout)["result"] == ANSWER
+    [traj] = rig.store.list_trajectories(rollout_ids=[ro.id])
+    assert len(loads(traj.call_ids)) == 2 and (ro.n_segments, ro.n_extends) == (1, 1)
+
+
 @needs("codex")
 async def test_codex_runs_exec_command_through_the_proxy(make_rig):
     rig = make_rig([], max_context_tokens=400_000)
