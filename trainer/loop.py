@@ -1,0 +1,206 @@
+"""The training loop: sample -> train -> save the adapter -> hot-load it -> repeat.
+
+    for step in range(start, steps):
+        rollouts = sampler.sample(run, next tasks, step, adapter)      # engine serves the current adapter
+        batch    = build_batch(rollouts, trajectories)                 # group advantages, drop failed groups
+        metrics  = grpo_step(model, optimizer, micro_batches(batch))   # one update (or epochs_per_step)
+        path     = save_checkpoint(...)                                # adapter + optimizer + rng + position
+        engine.load_lora_adapter(name, path); run.current_adapter = name
+        store.add_train_step(metrics)
+
+Step N is done when its checkpoint exists; `train(..., resume=True)` starts after the newest one
+(re-recording its metrics row if the kill came between checkpoint and row), so no step is lost or
+repeated. Rollouts of a step that was interrupted are sampled again.
+
+With `overlap`, the rollouts of step N+1 are sampled (with the adapter of step N-1) while step N
+trains: one step off-policy, which TIS corrects for along with the engine/trainer mismatch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from openforge.config import TrainerConfig
+from openforge.errors import TrainerError
+from openforge.paths import forge_home
+from openforge.store import Checkpoint, Store, TrainStep
+from trainer.checkpoint import adapter_name, latest_checkpoint, save_checkpoint, set_rng_state
+from trainer.data import build_batch, micro_batches
+from trainer.grpo import StepConfig, grpo_step
+from trainer.model import autocast_dtype, build_optimizer, build_policy, pad_token_id, pick_device
+from trainer.sampler import AdapterSync, Sampler
+
+
+class TaskStream:
+    """An endless, seeded sequence of tasks: each pass over the set is a fresh shuffle.
+
+    The position (tasks handed out so far) is all a checkpoint needs to continue it."""
+
+    def __init__(self, tasks: Sequence[Any], seed: int) -> None:
+        if not tasks:
+            raise TrainerError("no tasks to train on")
+        self.tasks, self.seed = list(tasks), seed
+        ids = [str(t["id"] if isinstance(t, dict) else t.id) for t in self.tasks]
+        self.fingerprint = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
+
+    def take(self, position: int, n: int) -> list[Any]:
+        out = []
+        for pos in range(position, position + n):
+            epoch, i = divmod(pos, len(self.tasks))
+            order = list(range(len(self.tasks)))
+            random.Random(f"{self.seed}-{epoch}").shuffle(order)
+            out.append(self.tasks[order[i]])
+        return out
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    steps: list[dict[str, Any]] = field(default_factory=list)  # metrics of the steps run by this call
+    adapter: str | None = None  # the adapter the engine serves at the end
+
+
+def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str | Path, tasks: Sequence[Any],
+          sampler: Sampler, engine: AdapterSync | None = None, home: Path | None = None, resume: bool = False,
+          temperature: float = 1.0, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+    """Train run `run_id` for `config.steps` steps (counted from 0, including steps done before a resume)."""
+    home = home or forge_home()
+    device = pick_device(config.device)
+    random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    found = latest_checkpoint(home, run_id)
+    if found is not None and not resume:
+        raise TrainerError(f"run {run_id} already has checkpoints (step {found.step}); resume it with --resume")
+    model = build_policy(model_path, config, device=device, resume_from=found.adapter_path if found else None)
+    optimizer, scheduler = build_optimizer(model, config)
+    stream = TaskStream(tasks, config.seed)
+    step_cfg = StepConfig(clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high, tis_cap=config.tis_cap,
+                          kl_coef=config.kl_coef, loss_agg=config.loss_agg, max_grad_norm=config.max_grad_norm,
+                          epochs=config.epochs_per_step, temperature=temperature, autocast_dtype=autocast_dtype(device))
+    if config.kl_coef > 0 and config.full_finetune:
+        raise TrainerError("kl_coef > 0 needs LoRA: the reference is the base model with the adapter disabled")
+
+    start, position, adapter = 0, 0, None
+    if found is not None:
+        start, position, adapter = _restore(store, run_id, found, optimizer, scheduler, stream, engine, config)
+    store.update_run(run_id, owner_pid=os.getpid())
+    store.set_run_status(run_id, "running")
+    result = TrainResult(run_id=run_id, adapter=adapter)
+    pool = ThreadPoolExecutor(max_workers=1) if config.overlap else None
+    pending: Future | None = None
+    pad_id = pad_token_id(model)
+    try:
+        for step in range(start, config.steps):
+            t0 = time.perf_counter()
+            step_tasks = stream.take(position, config.tasks_per_step)
+            rollouts = pending.result() if pending else sampler.sample(run_id, step_tasks, step=step, adapter=adapter)
+            pending = None
+            if pool is not None and step + 1 < config.steps:
+                nxt = stream.take(position + len(step_tasks), config.tasks_per_step)
+                pending = pool.submit(sampler.sample, run_id, nxt, step=step + 1, adapter=adapter)
+            t1 = time.perf_counter()
+
+            batch = build_batch(rollouts, store.list_trajectories(rollout_ids=[r.id for r in rollouts]),
+                                std_normalize=config.std_normalize)
+            mbs = micro_batches(batch.samples, token_budget=config.micro_batch_tokens, pad_id=pad_id,
+                                loss_agg=config.loss_agg, device=device)
+            metrics = grpo_step(model, optimizer, mbs, step_cfg, scheduler) if mbs else {"n_tokens": 0}
+            t2 = time.perf_counter()
+            position += len(step_tasks)
+            metrics.update(_reward_metrics(batch, step_tasks), step=step, n_rollouts=len(rollouts),
+                           t_rollout_s=t1 - t0, t_train_s=t2 - t1, tokens_per_s=metrics["n_tokens"] / max(t2 - t1, 1e-9))
+            path = save_checkpoint(home, run_id, step, model=model, optimizer=optimizer, scheduler=scheduler,
+                                   state={"position": position, "metrics": metrics, "fingerprint": stream.fingerprint})
+            adapter = _publish(store, run_id, step, path, engine, config)
+            metrics["t_sync_s"] = time.perf_counter() - t2
+            _record_step(store, run_id, metrics, adapter)
+            result.steps.append(metrics)
+            result.adapter = adapter
+            if on_step is not None:
+                on_step(metrics)
+    except BaseException as exc:
+        status = "stopped" if isinstance(exc, KeyboardInterrupt) else "failed"
+        store.set_run_status(run_id, status, error=None if status == "stopped" else f"{type(exc).__name__}: {exc}")
+        store.interrupt_unfinished(run_id)
+        raise
+    finally:
+        if pending is not None:
+            pending.cancel()
+        if pool is not None:
+            pool.shutdown(wait=True)
+    store.set_run_status(run_id, "finished")
+    return result
+
+
+def _restore(store: Store, run_id: str, found: Any, optimizer: Any, scheduler: Any, stream: TaskStream,
+             engine: AdapterSync | None, config: TrainerConfig) -> tuple[int, int, str | None]:
+    state = found.state
+    if state.get("fingerprint") != stream.fingerprint:
+        raise TrainerError(f"run {run_id} was trained on a different task set; resume it with the same tasks")
+    optimizer.load_state_dict(state["optimizer"])
+    if state.get("scheduler") is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    store.interrupt_unfinished(run_id)  # rollouts of the interrupted step are sampled again
+    # The engine may have restarted since: load the newest adapter again before the next rollouts.
+    adapter = _publish(store, run_id, found.step, found.adapter_path, engine, config)
+    if found.step not in {s.step for s in store.list_train_steps(run_id)}:
+        _record_step(store, run_id, dict(state["metrics"]), adapter)  # killed between checkpoint and row
+    return found.step + 1, int(state["position"]), adapter
+
+
+def _publish(store: Store, run_id: str, step: int, path: Path, engine: AdapterSync | None,
+             config: TrainerConfig) -> str:
+    """Make the engine serve step `step`'s weights and point the run's next rollouts at them."""
+    name = adapter_name(run_id, step)
+    if engine is not None:
+        if config.full_finetune:
+            engine.update_weights(str(path))
+        else:
+            engine.load(name, str(path))
+    # Full fine-tuning replaces the base weights in place: rollouts then ask for no adapter.
+    served = None if config.full_finetune else name
+    store.update_run(run_id, current_adapter=served)
+    if not any(c.step == step for c in store.list_checkpoints(run_id)):
+        store.add_checkpoint(Checkpoint(run_id=run_id, step=step, kind="full" if config.full_finetune else "adapter",
+                                        path=str(path), adapter_name=served, loaded=engine is not None))
+    return served  # type: ignore[return-value]
+
+
+def _reward_metrics(batch: Any, tasks: Sequence[Any]) -> dict[str, Any]:
+    thresholds = {str(t["id"] if isinstance(t, dict) else t.id):
+                  float((t.get("pass_threshold") if isinstance(t, dict) else getattr(t, "pass_threshold", None)) or 1.0)
+                  for t in tasks}
+    rewards = batch.rewards
+    passed = [r >= thresholds.get(t, 1.0) for r, t in zip(rewards, batch.task_ids)]
+    return {
+        "reward_mean": statistics.fmean(rewards) if rewards else None,
+        "reward_std": statistics.pstdev(rewards) if rewards else None,
+        "pass_rate": sum(passed) / len(passed) if passed else None,
+        "n_groups": batch.n_groups, "dropped_groups": batch.dropped_groups,
+    }
+
+
+_COLUMNS = ("loss", "reward_mean", "reward_std", "pass_rate", "kl", "clip_frac", "mismatch_mean", "mismatch_max",
+            "grad_norm", "tokens_per_s", "t_rollout_s", "t_train_s", "t_sync_s")
+
+
+def _record_step(store: Store, run_id: str, metrics: dict[str, Any], adapter: str | None) -> None:
+    extra = {k: v for k, v in metrics.items() if k not in _COLUMNS and k not in ("step", "n_tokens", "n_rollouts")}
+    store.add_train_step(TrainStep(
+        run_id=run_id, step=int(metrics["step"]), n_tokens=int(metrics.get("n_tokens") or 0),
+        n_rollouts=int(metrics.get("n_rollouts") or 0), adapter=adapter,
+        metrics_json=json.dumps(extra), **{k: metrics.get(k) for k in _COLUMNS},
+    ))

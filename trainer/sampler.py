@@ -1,0 +1,157 @@
+"""Where the trainer's rollouts come from, and how adapters reach the engine.
+
+`Sampler.sample(run_id, tasks, step=, adapter=)` returns finished Rollout rows whose trajectories are
+in the store. Two implementations:
+
+- `RunnerSampler`: production. The rollouts part's `RolloutRunner` runs real harnesses in sandboxes
+  through the recording proxy; the proxy serves each rollout with `Rollout.adapter` as `lora_path`.
+- `EngineSampler`: no harness, no proxy. Prompts (token ids) go straight to the engine's
+  `/generate` and the reward is a Python function of the completion: synthetic tasks, the "it
+  learns" test and the benchmark. It writes the same rows the proxy would (Rollout, Call, Trajectory).
+
+The engine client is async and its HTTP pool belongs to one event loop, while the training loop is
+plain synchronous PyTorch; `BackgroundLoop` runs one event loop in a thread for all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from typing import Any, Protocol, Sequence, TypeVar
+
+from openforge.errors import TrainerError
+from openforge.store import Call, Rollout, Store, Trajectory, utcnow
+
+T = TypeVar("T")
+
+
+class BackgroundLoop:
+    """One asyncio loop in a daemon thread; `run(coro)` blocks the caller until it is done."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="forge-trainer-io", daemon=True)
+        self._thread.start()
+
+    def submit(self, value: Awaitable[T] | T) -> Future:
+        if not inspect.isawaitable(value):
+            done: Future = Future()
+            done.set_result(value)
+            return done
+        async def wrap() -> Any:
+            return await value
+        return asyncio.run_coroutine_threadsafe(wrap(), self.loop)
+
+    def run(self, value: Awaitable[T] | T) -> T:
+        return self.submit(value).result()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+
+
+class Sampler(Protocol):
+    def sample(self, run_id: str, tasks: Sequence[Any], *, step: int, adapter: str | None) -> list[Rollout]:
+        """Run a group of rollouts per task with `adapter`; return them finished and assembled."""
+
+
+class RunnerSampler:
+    """Adapts `RolloutRunner(store, config=..., proxy_url=...).run(run_id, specs, step=, adapter=)`
+    (sync or async) to the `Sampler` interface."""
+
+    def __init__(self, runner: Any, bridge: BackgroundLoop) -> None:
+        self.runner = runner
+        self.bridge = bridge
+
+    def sample(self, run_id: str, tasks: Sequence[Any], *, step: int, adapter: str | None) -> list[Rollout]:
+        return list(self.bridge.run(self.runner.run(run_id, list(tasks), step=step, adapter=adapter)))
+
+
+RewardFn = Callable[[Any, list[int]], float]
+
+
+class EngineSampler:
+    """G completions per prompt straight from the engine, scored by `reward_fn(task, completion_ids)`.
+
+    A task is a dict with `id` and `prompt_ids` (the exact tokens sent), or any object with those
+    attributes. The recorded logprobs are the engine's, exactly as the proxy records them."""
+
+    def __init__(self, client: Any, store: Store, bridge: BackgroundLoop, *, reward_fn: RewardFn,
+                 group_size: int = 4, max_new_tokens: int = 16, temperature: float = 1.0,
+                 stop_token_ids: Sequence[int] = ()) -> None:
+        self.client, self.store, self.bridge = client, store, bridge
+        self.reward_fn = reward_fn
+        self.group_size = group_size
+        self.params: dict[str, Any] = {"max_new_tokens": max_new_tokens, "temperature": temperature}
+        if stop_token_ids:
+            self.params["stop_token_ids"] = list(stop_token_ids)
+
+    def sample(self, run_id: str, tasks: Sequence[Any], *, step: int, adapter: str | None) -> list[Rollout]:
+        jobs = []
+        for task in tasks:
+            for k in range(self.group_size):
+                rollout = self.store.create_rollout(run_id=run_id, task_id=_get(task, "id"), step=step,
+                                                    sample_index=k, harness="direct", adapter=adapter,
+                                                    status="running")
+                jobs.append((task, rollout))
+
+        async def go() -> list[Any]:
+            return await asyncio.gather(*[
+                self.client.generate(list(_get(t, "prompt_ids")), self.params, lora_path=adapter) for t, _ in jobs
+            ], return_exceptions=True)
+
+        outputs = self.bridge.run(go())
+        return [self._record(run_id, task, rollout, out, adapter) for (task, rollout), out in zip(jobs, outputs)]
+
+    def _record(self, run_id: str, task: Any, rollout: Rollout, out: Any, adapter: str | None) -> Rollout:
+        if isinstance(out, BaseException):  # the engine failed this one: infrastructure, not data
+            return self.store.update_rollout(rollout.id, status="failed", error=f"{type(out).__name__}: {out}")
+        prompt = list(_get(task, "prompt_ids"))
+        completion, logprobs = list(out.output_ids), list(out.logprobs)
+        if len(logprobs) != len(completion):
+            raise TrainerError(f"engine returned {len(completion)} tokens but {len(logprobs)} logprobs")
+        call = self.store.add_call(Call(
+            run_id=run_id, rollout_id=rollout.id, seq=0, api="sglang_generate", adapter=adapter, status="ok",
+            request_json=json.dumps({"sampling_params": self.params}), prompt_ids=json.dumps(prompt),
+            completion_ids=json.dumps(completion), logprobs=json.dumps(logprobs), finish_reason=out.finish_reason,
+            prompt_tokens=len(prompt), completion_tokens=len(completion), ended_at=utcnow(),
+        ))
+        tokens = prompt + completion
+        self.store.replace_trajectories(rollout.id, [Trajectory(
+            run_id=run_id, rollout_id=rollout.id, segment=0, token_ids=json.dumps(tokens),
+            loss_mask=json.dumps([0] * len(prompt) + [1] * len(completion)),
+            logprobs=json.dumps([0.0] * len(prompt) + logprobs), call_ids=json.dumps([call.id]),
+            n_tokens=len(tokens),
+        )])
+        reward = float(self.reward_fn(task, completion))
+        return self.store.update_rollout(rollout.id, status="scored", reward=reward, n_calls=1,
+                                         n_tokens=len(tokens), n_segments=1)
+
+
+def _get(task: Any, key: str) -> Any:
+    return task[key] if isinstance(task, dict) else getattr(task, key)
+
+
+class AdapterSync:
+    """Hot-loads each new adapter into the engine under a new name and unloads old ones.
+
+    The adapter of step N-1 stays loaded while N is being served: with one-step-off-policy overlap,
+    rollouts that started with it may still be running."""
+
+    def __init__(self, client: Any, bridge: BackgroundLoop, keep: int = 2) -> None:
+        self.client, self.bridge, self.keep = client, bridge, keep
+        self.loaded: list[str] = []
+
+    def load(self, name: str, path: str) -> None:
+        self.bridge.run(self.client.load_lora_adapter(name, path))
+        self.loaded.append(name)
+        while len(self.loaded) > self.keep:
+            self.bridge.run(self.client.unload_lora_adapter(self.loaded.pop(0)))
+
+    def update_weights(self, path: str) -> None:
+        """Full fine-tuning: the engine reloads its base weights from the saved model folder."""
+        self.bridge.run(self.client.update_weights_from_disk(path))
