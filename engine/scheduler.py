@@ -123,7 +123,11 @@ class Scheduler:
                     self._run_commands()
                     self._admit()
                     for adapter in list(self._batches):
-                        self._decode(adapter)
+                        try:
+                            self._decode(adapter)
+                        except Exception as exc:  # noqa: BLE001 - fail this batch's requests, keep serving
+                            log.exception("decode step failed")
+                            self._abort_batch(adapter, f"decode failed: {type(exc).__name__}: {exc}")
                     self.steps += 1
         except BaseException as exc:  # noqa: BLE001 - every request must hear about it
             log.exception("engine scheduler died")
@@ -169,7 +173,16 @@ class Scheduler:
             if seq.state.finish is not None:  # max_new_tokens == 0
                 seq.emit(seq)
                 continue
-            self._prefill(seq)
+            if seq.adapter is not None and seq.adapter not in self.adapters.paths:
+                # Unloaded between the request's check and its admission.
+                self._finish(seq, finish_json("abort", message=f"LoRA adapter {seq.adapter!r} was unloaded"))
+                continue
+            try:
+                self._prefill(seq)
+            except Exception as exc:  # noqa: BLE001 - one bad request (e.g. out of memory) must not stop the engine
+                log.exception("prefill of %s failed", seq.rid)
+                self._drop(seq)
+                self._finish(seq, finish_json("abort", message=f"prefill failed: {type(exc).__name__}: {exc}"))
 
     def _forward(self, adapter: str | None, cache: Any, **kwargs: Any) -> Any:
         """One forward pass; `cache` (a DynamicCache) is extended in place."""
@@ -227,6 +240,20 @@ class Scheduler:
                 self._finish(s, finish_json("abort", message="the client went away"))
         kv.keep(keep)
         rows[:] = [rows[i] for i in keep]
+
+    def _drop(self, seq: Sequence) -> None:
+        """Remove `seq` from its batch if it joined one."""
+        rows, kv = self._batches.get(seq.adapter, ([], None))
+        if seq in rows:
+            keep = [i for i, s in enumerate(rows) if s is not seq]
+            kv.keep(keep)
+            rows[:] = [rows[i] for i in keep]
+
+    def _abort_batch(self, adapter: str | None, message: str) -> None:
+        rows, _ = self._batches.pop(adapter, ([], None))
+        for seq in rows:
+            if seq.state.finish is None:
+                self._finish(seq, finish_json("abort", message=message))
 
     def _finish(self, seq: Sequence, finish: dict[str, Any]) -> None:
         seq.state.finish = finish

@@ -184,3 +184,21 @@ def test_a_wrong_model_path_is_one_clear_error(tmp_path):
         EmbeddedEngine(EngineConfig(model=str(tmp_path / "missing")))
     with pytest.raises(EngineError, match="not a Hugging Face checkpoint folder"):
         EmbeddedEngine(EngineConfig(model=str(tmp_path)))
+
+
+async def test_a_failing_forward_pass_aborts_that_request_only(served, monkeypatch):
+    engine, url = served
+    real = engine.m.model.forward
+
+    def forward(*args, **kwargs):
+        ids = kwargs.get("input_ids")
+        if ids is not None and ids.shape[1] > 1 and int(ids[0, 0]) == 77:  # the poisoned prompt's prefill
+            raise RuntimeError("simulated out of memory")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine.m.model, "forward", forward)
+    async with EngineClient(url) as client:
+        bad, good = await asyncio.gather(client.generate([77, 78, 79], GREEDY), client.generate([80, 81], GREEDY))
+        assert bad.finish_reason == "abort" and "simulated out of memory" in bad.meta["finish_reason"]["message"]
+        assert good.finish_reason == "length" and len(good.output_ids) == GREEDY["max_new_tokens"]
+        assert await client.health()
