@@ -249,3 +249,18 @@ async def test_active_deadline_ends_the_pod_with_the_reason(double: KubeDouble, 
     assert seen[-1] == ("failed", "phase Failed: DeadlineExceeded Pod was active on the node longer than the "
                                   "specified deadline")
     core.api_client.close()
+
+
+async def test_a_host_venv_can_be_shared_into_pods(tmp_path: Path) -> None:
+    # What a rollout test needs: the harness's Python (with the openai SDK) inside the pod, and the
+    # proxy on the host's loopback reachable (pods of the double share the host network).
+    import sys
+
+    d = KubeDouble(tmp_path / "pods", ro_binds=tuple(sorted({sys.prefix, sys.base_prefix})))
+    d.start()
+    try:
+        async with KubernetesSandbox(make_config(d, tmp_path), run_id="r", rollout_id="ro-py") as sb:
+            r = await sb.exec([sys.executable, "-c", "import openai, socket; print(openai.__name__)"], timeout=30)
+            assert (r.exit_code, r.stdout) == (0, "openai\n"), r.stderr
+    finally:
+        d.stop()

@@ -119,7 +119,7 @@ class KubeDouble:
     def __init__(self, root: Path, *, token: str = "double-token", images: set[str] | None = None,
                  namespaces: set[str] | None = None, node_labels: dict[str, str] | None = None,
                  node_taints: list[dict[str, str]] | None = None, protocols: tuple[str, ...] = (V5, V4),
-                 max_pods: int | None = None, step_s: float = 0.02) -> None:
+                 max_pods: int | None = None, step_s: float = 0.02, ro_binds: tuple[str, ...] = ()) -> None:
         self.root = root
         self.token = token
         self.images = images if images is not None else {"openforge:test"}
@@ -129,6 +129,7 @@ class KubeDouble:
         self.node_taints = node_taints or []
         self.protocols = protocols
         self.max_pods = max_pods
+        self.ro_binds = ro_binds  # host folders every pod sees read-only at the same path (a venv)
         self.step_s = step_s  # time between lifecycle steps: long enough that a watch sees each one
         self.pods: dict[tuple[str, str], _Pod] = {}
         self.events: list[tuple[int, str, dict[str, Any]]] = []

@@ -125,8 +125,9 @@ def _container_status(c: dict[str, Any], state: dict[str, Any], *, ready: bool =
     return out
 
 
-def bwrap_argv(root: Path, workdir: str, tail: list[str]) -> list[str]:
-    """A container over `root`: the host's /usr and /etc read-only, `root` writable at /, own PID ns."""
+def bwrap_argv(root: Path, workdir: str, tail: list[str], ro_binds: tuple[str, ...] = ()) -> list[str]:
+    """A container over `root`: the host's /usr and /etc (and `ro_binds`) read-only, `root` writable at
+    /, own PID ns."""
     cmd = ["bwrap", "--bind", str(root), "/", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
     for top in ("bin", "sbin", "lib", "lib64", "lib32"):
         host, inside = Path("/") / top, root / top
@@ -136,6 +137,8 @@ def bwrap_argv(root: Path, workdir: str, tail: list[str]) -> list[str]:
                 inside.symlink_to(os.readlink(host))
         elif host.is_dir():
             cmd += ["--ro-bind", str(host), f"/{top}"]
+    for path in ro_binds:  # e.g. a venv, so a test can run a real harness in a pod
+        cmd += ["--ro-bind", path, path]
     cmd += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--unshare-pid", "--die-with-parent",
             "--dir", workdir, "--chdir", workdir]
     return cmd + tail
@@ -144,14 +147,15 @@ def bwrap_argv(root: Path, workdir: str, tail: list[str]) -> list[str]:
 _CONTAINER_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"]
 
 
-async def start_container(pod, workdir: str, argv: list[str]) -> asyncio.subprocess.Process:  # type: ignore[no-untyped-def]
+async def start_container(pod, workdir: str, argv: list[str], ro_binds: tuple[str, ...] = (),
+                          ) -> asyncio.subprocess.Process:  # type: ignore[no-untyped-def]
     """The container's main process in new mount and PID namespaces; `pod.ns_pid` is where execs join."""
     pod.root.mkdir(parents=True, exist_ok=True)
     read_end, write_end = os.pipe()
     try:
         proc = await asyncio.create_subprocess_exec(
             *bwrap_argv(pod.root, workdir, ["--info-fd", str(write_end), "--", "env", "-i", *_CONTAINER_ENV,
-                                            f"HOSTNAME={pod.name}", *argv]),
+                                            f"HOSTNAME={pod.name}", *argv], ro_binds),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
             start_new_session=True, pass_fds=(write_end,))
     finally:
@@ -232,7 +236,8 @@ async def run_pod_lifecycle(double, pod) -> None:  # type: ignore[no-untyped-def
             await asyncio.sleep(double.step_s)
         return
     argv = list(container.get("command") or []) + list(container.get("args") or [])
-    proc = await start_container(pod, container.get("workingDir") or "/", argv or ["sleep", "3600"])
+    proc = await start_container(pod, container.get("workingDir") or "/", argv or ["sleep", "3600"],
+                                 double.ro_binds)
     started = _now()
     status["podIP"], status["podIPs"] = "10.244.0.7", [{"ip": "10.244.0.7"}]
     status["phase"] = "Running"
