@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 
 from forge_cli import up as orchestrator
-from forge_cli import up_views
+from forge_cli import up_setup, up_views
 from forge_cli.context import is_tty, state
 from openforge.config import load_config
 from openforge.errors import ForgeError
@@ -34,17 +34,17 @@ def up(
     st = state(ctx)
     console = Console()
     home = st.home
-    overrides = orchestrator.cli_overrides(demo=demo, sets=st.sets, steps=steps, name=name)
+    overrides = up_setup.cli_overrides(demo=demo, sets=st.sets, steps=steps, name=name)
     config = load_config(st.config_path, overrides=overrides)
     store = st.store()
-    for run_id in orchestrator.mark_dead_runs(store):
+    for run_id in up_setup.mark_dead_runs(store):
         console.print(f"[magenta]{run_id}[/] was left running by a process that is gone: marked interrupted "
                       f"(continue it with `forge up --resume {run_id}`)")
     if resume is None:
-        orchestrator.preflight(config, home)
-    run_id, config = orchestrator.prepare_run(store, config, home=home, resume=resume, steps=steps)
+        up_setup.preflight(config, home)
+    run_id, config = up_setup.prepare_run(store, config, home=home, resume=resume, steps=steps)
     if resume is not None:
-        orchestrator.preflight(config, home)
+        up_setup.preflight(config, home)
     controller = orchestrator.RunController(store, run_id)
     console.print(f"{'resuming' if resume else 'run'} [bold]{run_id}[/]: {config.trainer.steps} step(s) of "
                   f"{config.harness.name} on {config.tasks.path} in {config.sandbox.type} sandboxes, "

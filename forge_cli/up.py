@@ -1,7 +1,7 @@
 """`forge up`: bring up the engine, the proxy, the rollout runner and the trainer for one run, and take
 every one of them down again, whatever ends the run (its last step, `q`, Ctrl-C, SIGTERM, an error).
 
-    run_id = prepare_run(store, config, home=home)                  # main thread: the run row, tasks
+    run_id, config = prepare_run(store, config, home=home)          # up_setup: the run row, its tasks
     controller = RunController(store, run_id)                       # what the dashboard's p / q drive
     thread = start_run_thread(store, run_id, config, controller, home=home)
     ...                                                             # the dashboard, or headless printing
@@ -9,15 +9,14 @@ every one of them down again, whatever ends the run (its last step, `q`, Ctrl-C,
 
 The whole lifecycle runs in one worker thread (`run_lifecycle`), because the trainer is plain
 synchronous PyTorch and the front end (Textual, or Rich progress) owns the main thread, where signals
-arrive. The order is fixed: engine -> proxy -> runner -> train(); teardown is the reverse, in a
-`finally`, so a failure at any stage still stops what was started before it.
+arrive. The order is fixed: engine and proxy (side by side) -> runner -> train(); teardown is the
+reverse, in a `finally`, so a failure at any stage still stops what was started before it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,148 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from forge_cli.snapshot import run_log_path
-from openforge.config import ForgeConfig, parse_override
-from openforge.errors import ConfigError, EngineError, ForgeError, SandboxError
-from openforge.paths import default_tiny_model
-from openforge.store import RUN_FINAL, Store
+from forge_cli.up_setup import load_run_tasks
+from openforge.config import ForgeConfig
+from openforge.errors import EngineError, ForgeError
+from openforge.store import Store
 
 log = logging.getLogger("forge.up")
-
-# `forge up --demo`: small enough to finish in a minute or two on 2 CPU cores. The tiny model is random,
-# so its answers are noise; these two tasks reward any answer containing the right digit (0.2 for an
-# answer, 1.0 with the digit), which noise sometimes does: groups get different rewards and GRPO a
-# non-zero advantage to learn from.
-DEMO_TASKS = ["easy-sum", "easy-count-words"]
-DEMO_OVERRIDES: dict[str, Any] = {
-    "name": "demo",
-    "engine": {"kind": "embedded", "max_batch_size": 8},
-    "sandbox": {"type": "local"},
-    "harness": {"name": "mini", "max_turns": 2, "max_tokens": 12},
-    "tasks": {"path": "builtin", "include": DEMO_TASKS},
-    "runner": {"samples_per_task": 4, "concurrency": 4, "rollout_timeout_s": 120.0},
-    "proxy": {"default_max_tokens": 12, "max_context_tokens": 4096},
-    "trainer": {"steps": 3, "tasks_per_step": 2, "lr": 5e-3, "micro_batch_tokens": 2048},
-}
-
-
-def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in top.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def cli_overrides(*, demo: bool, sets: list[str], steps: int | None, name: str | None) -> dict[str, Any]:
-    """Flags as config overrides: the demo's settings, then `--set` items, then --steps/--name on top."""
-    data: dict[str, Any] = dict(DEMO_OVERRIDES) if demo else {}
-    for item in sets:
-        data = _merge(data, parse_override(item))
-    if steps is not None:
-        data = _merge(data, {"trainer": {"steps": steps}})
-    if name is not None:
-        data["name"] = name
-    return data
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a run's owner still lives (a zombie - killed, not yet reaped - does not)."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:  # alive, owned by someone else
-        return True
-
-
-# ---------------------------------------------------------------------------------------------
-# Before anything starts: the config, the model, what the machine can do, the run row.
-
-
-def resolve_model(config: ForgeConfig, home: Path) -> Path:
-    """The model folder the engine and the trainer load; the tiny model is built when it is the default."""
-    if config.engine.kind == "url" and not config.engine.model:
-        raise ConfigError("engine.kind = \"url\" needs engine.model: the local copy of the served checkpoint "
-                          "(the trainer and the proxy's tokenizer load it)")
-    path = Path(config.engine.model).expanduser() if config.engine.model else default_tiny_model(home)
-    if not config.engine.model and not (path / "config.json").is_file():
-        from engine.tiny import build_tiny_model
-
-        log.info("building the tiny model in %s", path)
-        build_tiny_model(path)
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"engine.model {path} is not a model folder (no config.json); "
-                          "point it at a Hugging Face checkpoint directory, or leave it empty for the tiny model")
-    return path
-
-
-def preflight(config: ForgeConfig, home: Path) -> None:
-    """Refuse early, with the fix, when the config asks for something this machine lacks."""
-    from forge_cli.doctor import check_docker, check_kubernetes, check_sglang
-
-    if config.sandbox.type == "docker":
-        check = check_docker(config)
-        if check.verdict != "ok":
-            url = config.sandbox.docker.base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-            why = "the docker SDK is not installed; " if "SDK" in check.detail else ""
-            raise SandboxError(f"no Docker engine reachable at {url}; {why}use sandbox.type = \"local\" or start Docker")
-    if config.sandbox.type == "kubernetes":
-        check = check_kubernetes(config)
-        if check.verdict != "ok":
-            raise SandboxError(f"Kubernetes: {check.detail}; use sandbox.type = \"local\" or \"docker\", "
-                               "or set sandbox.kubernetes.context / kubeconfig")
-    if config.engine.kind == "sglang":
-        check = check_sglang(config)
-        if check.verdict != "ok":
-            raise EngineError(f"SGLang is {check.detail}; or use engine.kind = \"embedded\" "
-                              "(CPU) or \"url\" for a server that is already running")
-    if config.engine.kind == "url" and not config.engine.url:
-        raise ConfigError("engine.kind = \"url\" needs engine.url (e.g. http://gpu-box:30000)")
-
-
-def load_run_tasks(config: ForgeConfig) -> list[Any]:
-    from rollouts.tasks import load_tasks
-
-    tasks = load_tasks(config.tasks.path, include=config.tasks.include or None)
-    if not tasks:
-        raise ConfigError(f"the task set {config.tasks.path} is empty")
-    return tasks
-
-
-def mark_dead_runs(store: Store) -> list[str]:
-    """Runs whose driving process died (SIGKILL, a crash, a reboot) become `interrupted`."""
-    return store.mark_interrupted(alive=pid_alive)
-
-
-def prepare_run(store: Store, config: ForgeConfig, *, home: Path, resume: str | None = None,
-                steps: int | None = None) -> tuple[str, ForgeConfig]:
-    """Create the run (or reopen `resume` with its stored config) and copy its tasks in.
-
-    Returns the run id and the effective config, whose `engine.model` is the resolved model folder."""
-    if resume is None:
-        model = resolve_model(config, home)
-        config = config.model_copy(update={"engine": config.engine.model_copy(update={"model": str(model)})})
-        tasks = load_run_tasks(config)
-        run = store.create_run(kind="train", name=config.name, config=config.model_dump(mode="json"),
-                               owner_pid=os.getpid())
-        store.add_tasks(run.id, [t.to_record() for t in tasks])
-        return run.id, config
-    run = store.get_run(resume)
-    if run.status not in RUN_FINAL:
-        raise ForgeError(f"run {run.id} is {run.status} (driven by pid {run.owner_pid}); "
-                         f"stop it first with `forge stop {run.id}`")
-    config = ForgeConfig.model_validate_json(run.config_json) if run.config_json else config
-    if steps is not None:
-        config.trainer.steps = steps
-    done = len(store.list_train_steps(run.id))
-    if done >= config.trainer.steps:
-        raise ForgeError(f"run {run.id} has done {done} of its {config.trainer.steps} steps; "
-                         "give a larger --steps to train it further")
-    resolve_model(config, home)
-    store.update_run(run.id, owner_pid=os.getpid(), error=None, ended_at=None, config=config.model_dump(mode="json"))
-    return run.id, config
-
 
 # ---------------------------------------------------------------------------------------------
 # Control from the front end: pause, resume, stop.
@@ -188,6 +51,7 @@ class RunController:
         self.bridge: Any = None  # the BackgroundLoop the runner's coroutines run on
         self._paused = False
         self._current: Any = None  # the asyncio task sampling the current step
+        self.on_stop: list[Callable[[], Any]] = []  # run in a thread of their own: stop() returns at once
 
     @property
     def paused(self) -> bool:
@@ -220,6 +84,8 @@ class RunController:
             bridge.loop.call_soon_threadsafe(task.cancel)
         if self._paused:
             self._runner_call("resume")  # a paused runner must wake up to see its cancellation
+        for hook in self.on_stop:
+            threading.Thread(target=hook, name="forge-stop-hook", daemon=True).start()
 
     def check(self) -> None:
         if self.stopping.is_set():
@@ -291,52 +157,98 @@ def run_log_handler(store: Store, run_id: str) -> logging.Handler:
     return handler
 
 
+@dataclass
+class Services:
+    engine: Any  # engine.supervisor.EngineProcess
+    proxy_url: str
+    runner: Any  # rollouts.runner.RolloutRunner
+    client: Any  # engine.client.EngineClient, the trainer's line to the engine (adapter loads)
+
+
+def bring_up(store: Store, run_id: str, config: ForgeConfig, controller: RunController,
+             started: list[tuple[str, Callable[[], Any]]]) -> Services:
+    """Engine and proxy start side by side (each spends its first seconds importing and loading the
+    model), then the runner and the trainer's engine client. Each `stop` joins `started` as it starts."""
+    from engine.client import EngineClient
+    from engine.supervisor import EngineProcess
+
+    engine_cfg = config.engine
+    if engine_cfg.kind != "url" and not engine_cfg.port:  # fix the port now: the proxy needs the URL
+        engine_cfg = engine_cfg.model_copy(update={"port": _free_port(engine_cfg.host)})
+    engine = EngineProcess(engine_cfg, log_path=run_log_path(store.path, run_id).with_name("engine.log"),
+                           lora_target_modules=config.trainer.lora_target_modules)
+    started.append(("engine", engine.stop))
+    failed: list[BaseException] = []
+
+    def start_engine() -> None:
+        try:
+            engine.start()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the lifecycle thread below
+            failed.append(exc)
+
+    booting = threading.Thread(target=start_engine, name="forge-engine-start", daemon=True)
+    booting.start()
+    controller.on_stop.append(lambda: booting.is_alive() and engine.stop())  # don't wait out its startup
+    try:
+        proxy_url = _start_proxy(store, config, engine.url, started)
+    finally:
+        booting.join()
+    if failed:
+        raise failed[0]
+    log.info("engine (%s) up at %s serving %s", config.engine.kind, engine.url, config.engine.model)
+    controller.check()
+    runner = _make_runner(store, config, proxy_url)
+    controller.runner = runner
+    client = EngineClient(engine.url, timeout=config.engine.request_timeout_s)
+    started.append(("engine client", lambda: controller.bridge.run(client.aclose())))
+    engine.on_restart.append(lambda: _reload_adapter(store, run_id, client, controller.bridge))
+    return Services(engine=engine, proxy_url=proxy_url, runner=runner, client=client)
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def run_lifecycle(store: Store, run_id: str, config: ForgeConfig, controller: RunController, *, home: Path,
                   resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None) -> Outcome:
-    """Engine -> proxy -> runner -> train(), then teardown in reverse. Never raises: returns the outcome."""
+    """Bring up, train(), then teardown in reverse. Never raises: returns the outcome."""
+    from trainer.loop import train
     from trainer.sampler import AdapterSync, BackgroundLoop
 
     outcome = Outcome()
     started: list[tuple[str, Callable[[], Any]]] = []  # (what, stop) in start order
-    bridge = BackgroundLoop()
-    controller.bridge = bridge
+    controller.bridge = bridge = BackgroundLoop()
+
+    def step_done(metrics: dict[str, Any]) -> None:
+        log.info("step %d done: reward %s, loss %s, adapter %s loaded", metrics.get("step"),
+                 fmt_num(metrics.get("reward_mean")), fmt_num(metrics.get("loss")), store.get_run(run_id).current_adapter)
+        outcome.steps.append(metrics)
+        if on_step is not None:
+            on_step(metrics)
+        controller.check()
+
     try:
-        engine = _start_engine(store, run_id, config, started)
-        controller.check()
-        proxy_url = _start_proxy(store, config, engine.url, started)
-        controller.check()
-        runner = _make_runner(store, config, proxy_url)
-        controller.runner = runner
-        from engine.client import EngineClient
-
-        client = EngineClient(engine.url, timeout=config.engine.request_timeout_s)
-        started.append(("engine client", lambda: bridge.run(client.aclose())))
-        engine.on_restart.append(lambda: _reload_adapter(store, run_id, client, bridge))
-        from trainer.loop import train
-
-        def step_done(metrics: dict[str, Any]) -> None:
-            log.info("step %d done: reward %s, loss %s, adapter %s loaded", metrics.get("step"),
-                     fmt_num(metrics.get("reward_mean")), fmt_num(metrics.get("loss")),
-                     store.get_run(run_id).current_adapter)
-            outcome.steps.append(metrics)
-            if on_step is not None:
-                on_step(metrics)
-            controller.check()
-
+        svc = bring_up(store, run_id, config, controller, started)
+        sampler = ControlledSampler(svc.runner, bridge, controller, group_size=config.runner.samples_per_task,
+                                    engine_failure=lambda: svc.engine.failure)
         result = train(store, run_id, config.trainer, model_path=config.engine.model, tasks=load_run_tasks(config),
-                       sampler=ControlledSampler(runner, bridge, controller, group_size=config.runner.samples_per_task,
-                                                 engine_failure=lambda: engine.failure), engine=AdapterSync(client, bridge),
-                       home=home, resume=resume, on_step=step_done)
+                       sampler=sampler, engine=AdapterSync(svc.client, bridge), home=home, resume=resume,
+                       on_step=step_done)
         outcome.status = "finished"
         log.info("finished %d step(s); the engine serves %s", len(result.steps), result.adapter or "the base model")
-    except KeyboardInterrupt:  # Stopped, or Ctrl-C that reached this thread
-        outcome.status = "stopped"
-    except ForgeError as exc:
-        outcome.status, outcome.error = "failed", str(exc)
-        log.error("%s", exc)
-    except Exception as exc:  # noqa: BLE001 - reported as the run's error, not a traceback on a TUI
-        outcome.status, outcome.error = "failed", f"{type(exc).__name__}: {exc}"
-        log.exception("the run failed")
+    except BaseException as exc:  # noqa: BLE001 - reported as the run's outcome, never a traceback on a TUI
+        if isinstance(exc, KeyboardInterrupt) or controller.stopping.is_set():
+            outcome.status = "stopped"  # whatever broke while stopping was the stop itself
+        elif isinstance(exc, ForgeError):
+            outcome.status, outcome.error = "failed", str(exc)
+            log.error("%s", exc)
+        else:
+            outcome.status, outcome.error = "failed", f"{type(exc).__name__}: {exc}"
+            log.exception("the run failed")
     finally:
         _teardown(started)
         bridge.close()
@@ -365,18 +277,6 @@ def _teardown(started: list[tuple[str, Callable[[], Any]]]) -> None:
             log.info("stopped the %s", what)
         except Exception as exc:  # noqa: BLE001 - keep stopping the rest
             log.warning("stopping the %s failed: %s", what, exc)
-
-
-def _start_engine(store: Store, run_id: str, config: ForgeConfig,
-                  started: list[tuple[str, Callable[[], Any]]]) -> Any:
-    from engine.supervisor import EngineProcess
-
-    engine = EngineProcess(config.engine, log_path=run_log_path(store.path, run_id).with_name("engine.log"),
-                           lora_target_modules=config.trainer.lora_target_modules)
-    started.append(("engine", engine.stop))
-    engine.start()
-    log.info("engine (%s) up at %s serving %s", config.engine.kind, engine.url, config.engine.model)
-    return engine
 
 
 def _reload_adapter(store: Store, run_id: str, client: Any, bridge: Any) -> None:

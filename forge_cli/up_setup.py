@@ -1,0 +1,149 @@
+"""Before `forge up` starts anything: the effective config, the model, what this machine can do, and
+the run row (new, or reopened with `--resume`). Everything here is quick and refuses with the fix."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from openforge.config import ForgeConfig, parse_override
+from openforge.errors import ConfigError, EngineError, ForgeError, SandboxError
+from openforge.paths import default_tiny_model
+from openforge.store import RUN_FINAL, Store
+
+log = logging.getLogger("forge.up")
+
+# `forge up --demo`: small enough to finish in a minute or two on 2 CPU cores. The tiny model is random,
+# so its answers are noise; these two tasks reward any answer containing the right digit (0.2 for an
+# answer, 1.0 with the digit), which noise sometimes does: groups get different rewards and GRPO a
+# non-zero advantage to learn from.
+DEMO_TASKS = ["easy-sum", "easy-count-words"]
+DEMO_OVERRIDES: dict[str, Any] = {
+    "name": "demo",
+    "engine": {"kind": "embedded", "max_batch_size": 8},
+    "sandbox": {"type": "local"},
+    "harness": {"name": "mini", "max_turns": 2, "max_tokens": 12},
+    "tasks": {"path": "builtin", "include": DEMO_TASKS},
+    "runner": {"samples_per_task": 4, "concurrency": 4, "rollout_timeout_s": 120.0},
+    "proxy": {"default_max_tokens": 12, "max_context_tokens": 4096},
+    "trainer": {"steps": 3, "tasks_per_step": 2, "lr": 5e-3, "micro_batch_tokens": 2048},
+}
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def cli_overrides(*, demo: bool, sets: list[str], steps: int | None, name: str | None) -> dict[str, Any]:
+    """Flags as config overrides: the demo's settings, then `--set` items, then --steps/--name on top."""
+    data: dict[str, Any] = dict(DEMO_OVERRIDES) if demo else {}
+    for item in sets:
+        data = _merge(data, parse_override(item))
+    if steps is not None:
+        data = _merge(data, {"trainer": {"steps": steps}})
+    if name is not None:
+        data["name"] = name
+    return data
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a run's owner still lives (a zombie - killed, not yet reaped - does not)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:  # alive, owned by someone else
+        return True
+
+
+def resolve_model(config: ForgeConfig, home: Path) -> Path:
+    """The model folder the engine and the trainer load; the tiny model is built when it is the default."""
+    if config.engine.kind == "url" and not config.engine.model:
+        raise ConfigError("engine.kind = \"url\" needs engine.model: the local copy of the served checkpoint "
+                          "(the trainer and the proxy's tokenizer load it)")
+    path = Path(config.engine.model).expanduser() if config.engine.model else default_tiny_model(home)
+    if not config.engine.model and not (path / "config.json").is_file():
+        from engine.tiny import build_tiny_model
+
+        log.info("building the tiny model in %s", path)
+        build_tiny_model(path)
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"engine.model {path} is not a model folder (no config.json); "
+                          "point it at a Hugging Face checkpoint directory, or leave it empty for the tiny model")
+    return path
+
+
+def preflight(config: ForgeConfig, home: Path) -> None:
+    """Refuse early, with the fix, when the config asks for something this machine lacks."""
+    from forge_cli.doctor import check_docker, check_kubernetes, check_sglang
+
+    if config.sandbox.type == "docker":
+        check = check_docker(config)
+        if check.verdict != "ok":
+            url = config.sandbox.docker.base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+            why = "the docker SDK is not installed; " if "SDK" in check.detail else ""
+            raise SandboxError(f"no Docker engine reachable at {url}; {why}use sandbox.type = \"local\" or start Docker")
+    if config.sandbox.type == "kubernetes":
+        check = check_kubernetes(config)
+        if check.verdict != "ok":
+            raise SandboxError(f"Kubernetes: {check.detail}; use sandbox.type = \"local\" or \"docker\", "
+                               "or set sandbox.kubernetes.context / kubeconfig")
+    if config.engine.kind == "sglang":
+        check = check_sglang(config)
+        if check.verdict != "ok":
+            raise EngineError(f"SGLang is {check.detail}; or use engine.kind = \"embedded\" "
+                              "(CPU) or \"url\" for a server that is already running")
+    if config.engine.kind == "url" and not config.engine.url:
+        raise ConfigError("engine.kind = \"url\" needs engine.url (e.g. http://gpu-box:30000)")
+
+
+def load_run_tasks(config: ForgeConfig) -> list[Any]:
+    from rollouts.tasks import load_tasks
+
+    tasks = load_tasks(config.tasks.path, include=config.tasks.include or None)
+    if not tasks:
+        raise ConfigError(f"the task set {config.tasks.path} is empty")
+    return tasks
+
+
+def mark_dead_runs(store: Store) -> list[str]:
+    """Runs whose driving process died (SIGKILL, a crash, a reboot) become `interrupted`."""
+    return store.mark_interrupted(alive=pid_alive)
+
+
+def prepare_run(store: Store, config: ForgeConfig, *, home: Path, resume: str | None = None,
+                steps: int | None = None) -> tuple[str, ForgeConfig]:
+    """Create the run (or reopen `resume` with its stored config) and copy its tasks in.
+
+    Returns the run id and the effective config, whose `engine.model` is the resolved model folder."""
+    if resume is None:
+        model = resolve_model(config, home)
+        config = config.model_copy(update={"engine": config.engine.model_copy(update={"model": str(model)})})
+        tasks = load_run_tasks(config)
+        run = store.create_run(kind="train", name=config.name, config=config.model_dump(mode="json"),
+                               owner_pid=os.getpid())
+        store.add_tasks(run.id, [t.to_record() for t in tasks])
+        return run.id, config
+    run = store.get_run(resume)
+    if run.status not in RUN_FINAL:
+        raise ForgeError(f"run {run.id} is {run.status} (driven by pid {run.owner_pid}); "
+                         f"stop it first with `forge stop {run.id}`")
+    config = ForgeConfig.model_validate_json(run.config_json) if run.config_json else config
+    if steps is not None:
+        config.trainer.steps = steps
+    done = len(store.list_train_steps(run.id))
+    if done >= config.trainer.steps:
+        raise ForgeError(f"run {run.id} has done {done} of its {config.trainer.steps} steps; "
+                         "give a larger --steps to train it further")
+    resolve_model(config, home)
+    store.update_run(run.id, owner_pid=os.getpid(), error=None, ended_at=None, config=config.model_dump(mode="json"))
+    return run.id, config
+
+

@@ -1,0 +1,157 @@
+"""The pieces of `forge up` that are quick to test on their own: config composition, the run row, dead
+owners, resume, and the controller's pause/stop against the real RolloutRunner in local sandboxes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from forge_cli.main import app
+from forge_cli.up import ControlledSampler, RunController, Stopped
+from forge_cli.up_setup import DEMO_TASKS, cli_overrides, prepare_run, resolve_model
+from openforge.config import load_config
+from openforge.errors import ConfigError, ForgeError
+from openforge.store import Store, TrainStep
+from rollouts.runner import RolloutRunner
+from rollouts.tasks import TaskSpec
+from trainer.sampler import BackgroundLoop
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_demo_settings_then_set_items_then_flags() -> None:
+    data = cli_overrides(demo=True, sets=["runner.samples_per_task=2", "trainer.lr=1e-3"], steps=1, name="mine")
+    config = load_config(None, overrides=data)
+    assert config.tasks.include == DEMO_TASKS and config.sandbox.type == "local" and config.harness.name == "mini"
+    assert config.runner.samples_per_task == 2 and config.trainer.lr == 1e-3  # --set beats the demo
+    assert config.trainer.steps == 1 and config.name == "mine"  # --steps / --name beat both
+    assert cli_overrides(demo=False, sets=[], steps=None, name=None) == {}
+
+
+def test_a_new_run_gets_its_config_tasks_and_owner(store: Store, tiny_model: Path) -> None:
+    config = load_config(None, overrides=cli_overrides(demo=True, sets=[f"engine.model={tiny_model}"], steps=2,
+                                                       name=None))
+    run_id, effective = prepare_run(store, config, home=store.path.parent)
+    run = store.get_run(run_id)
+    assert run.owner_pid == os.getpid() and run.kind == "train" and run.name == "demo"
+    assert effective.engine.model == str(tiny_model) and effective.trainer.steps == 2
+    assert sorted(t.task_id for t in store.list_tasks(run_id)) == sorted(DEMO_TASKS)
+
+
+def test_resume_reopens_the_stored_config(store: Store, tiny_model: Path) -> None:
+    config = load_config(None, overrides={"engine": {"model": str(tiny_model)}, "trainer": {"steps": 2}})
+    run_id, _ = prepare_run(store, config, home=store.path.parent)
+    store.set_run_status(run_id, "interrupted", error="killed")
+    store.add_train_step(TrainStep(run_id=run_id, step=0))
+    other = load_config(None, overrides={"trainer": {"steps": 9, "lr": 0.5}})  # flags of the resuming command
+    same, effective = prepare_run(store, other, home=store.path.parent, resume=run_id[:14])
+    assert same == run_id
+    assert effective.trainer.steps == 2 and effective.trainer.lr == config.trainer.lr  # the run's own settings
+    assert store.get_run(run_id).error is None and store.get_run(run_id).owner_pid == os.getpid()
+    store.add_train_step(TrainStep(run_id=run_id, step=1))
+    store.set_run_status(run_id, "finished")
+    with pytest.raises(ForgeError, match="has done 2 of its 2 steps; give a larger --steps"):
+        prepare_run(store, other, home=store.path.parent, resume=run_id)
+    _, more = prepare_run(store, other, home=store.path.parent, resume=run_id, steps=3)
+    assert more.trainer.steps == 3
+
+
+def test_a_model_path_that_is_not_a_model(tmp_path: Path) -> None:
+    config = load_config(None, overrides={"engine": {"model": str(tmp_path)}})
+    with pytest.raises(ConfigError, match="is not a model folder \\(no config.json\\)"):
+        resolve_model(config, tmp_path)
+
+
+def test_forge_up_marks_runs_of_dead_owners_interrupted(store: Store) -> None:
+    run = store.create_run(owner_pid=dead_pid())
+    store.set_run_status(run.id, "running")
+    ro = store.create_rollout(run_id=run.id, task_id="t")
+    store.update_rollout(ro.id, status="running")
+    # Preflight then refuses (no Docker there): marking happens first, whatever follows.
+    out = CliRunner().invoke(app, ["--set", "sandbox.type=docker", "--set", "sandbox.docker.base_url=unix:///nope.sock",
+                                   "up", "--headless"])
+    assert out.exit_code == 1 and "no Docker engine reachable at unix:///nope.sock" in out.stderr
+    assert f"{run.id} was left running by a process that is gone: marked interrupted" in out.stdout.replace("\n", "")
+    assert store.get_run(run.id).status == "interrupted" and store.get_rollout(ro.id).status == "interrupted"
+
+
+@pytest.fixture
+def runner_rig(store: Store, tmp_path: Path):
+    """A real RolloutRunner (local sandboxes, no isolation so the test can see the process) on a bridge."""
+    config = load_config(None, overrides={"sandbox": {"local": {"isolation": "none"}},
+                                          "runner": {"concurrency": 1, "verifier_timeout_s": 60}})
+    run = store.create_run(config=config.model_dump(mode="json"))
+    bridge = BackgroundLoop()
+    runner = RolloutRunner(store, config=config, proxy_url="http://127.0.0.1:9")  # setup hangs before any call
+    controller = RunController(store, run.id)
+    controller.runner, controller.bridge = runner, bridge
+    pidfile = tmp_path / "setup.pid"
+    task = TaskSpec(id="hang", instruction="wait", verifier="true", setup=f"echo $$ > {pidfile}; exec sleep 60")
+    yield store, run.id, controller, ControlledSampler(runner, bridge, controller, group_size=1), task, pidfile
+    bridge.close()
+
+
+def sample_in_thread(sampler: ControlledSampler, run_id: str, task: TaskSpec) -> tuple[threading.Thread, list]:
+    outcome: list = []
+
+    def go() -> None:
+        try:
+            outcome.append(sampler.sample(run_id, [task], step=0, adapter=None))
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            outcome.append(exc)
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    return thread, outcome
+
+
+def wait_for(predicate, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_pause_holds_new_rollouts_and_resume_releases_them(runner_rig) -> None:
+    store, run_id, controller, sampler, task, pidfile = runner_rig
+    controller.pause()
+    assert controller.paused and store.get_run(run_id).status == "paused"
+    thread, outcome = sample_in_thread(sampler, run_id, task)
+    wait_for(lambda: bool(store.list_rollouts(run_id)))
+    time.sleep(0.5)
+    assert [r.status for r in store.list_rollouts(run_id)] == ["pending"]  # held at the gate
+    controller.resume()
+    assert store.get_run(run_id).status == "running"
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "")
+    controller.stop()
+    thread.join(30)
+    assert isinstance(outcome[0], Stopped)
+
+
+def test_stop_cancels_the_step_and_its_sandbox_processes(runner_rig) -> None:
+    store, run_id, controller, sampler, task, pidfile = runner_rig
+    hooked = threading.Event()
+    controller.on_stop.append(hooked.set)
+    thread, outcome = sample_in_thread(sampler, run_id, task)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "")
+    setup_pid = int(pidfile.read_text())
+    assert psutil.pid_exists(setup_pid)
+    controller.stop()
+    thread.join(30)
+    assert isinstance(outcome[0], Stopped) and hooked.wait(5)
+    assert [r.status for r in store.list_rollouts(run_id)] == ["cancelled"]
+    # The runner stopped the sandbox before the sampler returned: its process is gone already.
+    assert not psutil.pid_exists(setup_pid) or psutil.Process(setup_pid).status() == psutil.STATUS_ZOMBIE
+    with pytest.raises(Stopped):
+        controller.check()
