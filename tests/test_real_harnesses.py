@@ -57,7 +57,7 @@ def tool_then_answer(tokenizer: Any, tool: str, arguments: dict[str, Any]) -> An
     return script
 
 
-async def run_harness(rig: Any, name: str, **harness: Any) -> tuple[Any, bytes]:
+async def run_harness(rig: Any, name: str, timeout: float = 90, **harness: Any) -> tuple[Any, bytes]:
     """Run harness `name` in a fresh local sandbox against the rig's proxy; (ExecResult, proof.txt)."""
     adapter = get_harness(HarnessConfig(name=name, npm_cache=str(NPM_CACHE), **harness))
     async with make_sandbox(SandboxConfig(), run_id=rig.rollout.run_id, rollout_id=rig.rollout.id) as sb:
@@ -65,7 +65,7 @@ async def run_harness(rig: Any, name: str, **harness: Any) -> tuple[Any, bytes]:
                              instruction="Write forge-ok into proof.txt, then say you are done.",
                              workdir=sb.info.workdir, backend=sb.info.backend)
         await adapter.prepare(sb, ctx)
-        result = await sb.exec(adapter.command(ctx), env=adapter.env(ctx), timeout=90)
+        result = await sb.exec(adapter.command(ctx), env=adapter.env(ctx), timeout=timeout)
         try:
             proof = await sb.read_file("proof.txt")
         except Exception:  # noqa: BLE001 - a missing file is what the assertion below reports
@@ -146,12 +146,15 @@ async def test_codex_runs_exec_command_through_the_proxy(make_rig):
     check_extends(rig, check_recording(rig, "openai_responses"))
 
 
-@pytest.mark.slow  # OpenClaw needs ~20 s to start before its first model call
+@pytest.mark.slow
+@pytest.mark.timeout(330)
+@pytest.mark.skipif(os.environ.get("FORGE_TEST_OPENCLAW") != "1", reason="OpenClaw takes 20-90 s to start on this "
+                    "machine: opt in with FORGE_TEST_OPENCLAW=1 (after rollouts.npm.install_harness('openclaw', cache))")
 @needs("openclaw")
 async def test_openclaw_runs_exec_through_the_proxy(make_rig):
     rig = make_rig([], max_context_tokens=400_000)
     rig.engine.script = tool_then_answer(rig.engine.tokenizer, "exec", {"command": COMMAND})
-    result, proof = await run_harness(rig, "openclaw")
+    result, proof = await run_harness(rig, "openclaw", timeout=300)
     assert result.exit_code == 0, result.stderr[-3000:] + result.stdout[-2000:]
     assert proof == b"forge-ok\n"
     final = json.loads(result.stdout[result.stdout.index("{"):])
