@@ -27,7 +27,7 @@ from sandbox.base import Sandbox
 CONFIG_PATH = ".forge/openclaw.json"  # relative to the sandbox's working directory
 INSTRUCTION_PATH = ".forge/instruction.txt"
 PROVIDER = "forge"
-API = "openai-completions"  # also works: "anthropic-messages", "openai-responses" (see docs/harnesses.md)
+API = "openai-completions"  # "anthropic-messages" also ran (capture server); "openai-responses": untested
 
 
 def openclaw_config(ctx: HarnessContext, *, context_window: int = 32768, max_tokens: int = 4096) -> dict:
