@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 from rich import box
@@ -22,6 +23,7 @@ from rollouts.metrics import RunMetrics
 from rollouts.tasks import load_tasks, validate_tasks
 
 console = Console()
+T = TypeVar("T")
 tasks_app = new_typer(help="Check and list task sets (a .jsonl file, a folder, or 'builtin').")
 
 PathArg = Annotated[str, typer.Argument(help="a task .jsonl file, a task folder, or 'builtin'")]
@@ -117,14 +119,25 @@ def eval_cmd(
     with _services(config, store, st.home) as (config, proxy_url):
         console.print(f"eval: {len(task_set)} task(s) x {k} sample(s), harness {config.harness.name}, "
                       f"sandbox {config.sandbox.type}, proxy {proxy_url}")
+        job = run_eval(store, config, task_set, proxy_url=proxy_url, samples=k, k_values=config.runner.pass_k,
+                       name=name, adapter=adapter, on_progress=_printer(len(task_set) * k))
         try:
-            run, metrics = asyncio.run(run_eval(store, config, task_set, proxy_url=proxy_url, samples=k,
-                                                k_values=config.runner.pass_k, name=name, adapter=adapter,
-                                                on_progress=_printer(len(task_set) * k)))
-        except KeyboardInterrupt:
+            run, metrics = asyncio.run(_cancel_on_sigterm(job))
+        except (KeyboardInterrupt, asyncio.CancelledError):
             typer.echo("forge: eval interrupted; every sandbox was stopped", err=True)
             raise typer.Exit(130) from None
     console.print(metrics_table(metrics, f"eval {run.id}: {config.tasks.path}"))
+
+
+async def _cancel_on_sigterm(job: Coroutine[Any, Any, T]) -> T:
+    """Run `job`; SIGTERM (what `forge stop` sends) cancels it like Ctrl-C, so its sandboxes are stopped."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(job)
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await task
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 @contextmanager
@@ -132,7 +145,7 @@ def _services(config: ForgeConfig, store: Store, home: Path) -> Iterator[tuple[F
     """The engine and the recording proxy in front of it, as `forge up` starts them; stopped on exit.
     Yields the config with `engine.model` resolved (the tiny model is built if it is the default)."""
     from engine.supervisor import EngineProcess
-    from forge_cli.up import resolve_model
+    from forge_cli.up_setup import resolve_model
     from proxy.server import ProxyServer
 
     model = str(resolve_model(config, home))

@@ -40,3 +40,33 @@ def test_forge_eval_bad_task_set_is_one_line(tmp_path: Path) -> None:
     bad.write_text('{"id": "x"}\n')
     out = CliRunner().invoke(app, ["eval", "--tasks", str(bad)])
     assert out.exit_code == 1 and out.output.startswith("forge: error: 2 problem(s) in task set")
+
+
+def test_sigterm_stops_forge_eval_and_every_sandbox(tiny_model: Path, forge_home: Path) -> None:
+    """`forge stop` sends SIGTERM to the owner: the eval must cancel, stop its sandboxes, and say so."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    engine = ScriptedEngine(tiny_model, lambda ids: "hello")
+    for _ in range(8):
+        engine.fail_next("delay", seconds=60)  # every model call hangs: the harnesses are mid-rollout
+    with serve_in_thread(engine.app) as eng:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "forge_cli.main", "eval", "--tasks", "builtin", "--task", "easy-say-hello",
+             "-k", "3", "--engine-url", eng.url, "--model", str(tiny_model)],
+            cwd=Path(__file__).parent.parent, env={**os.environ, "FORGE_HOME": str(forge_home)},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 60
+        while len(engine.requests) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(engine.requests) == 3, "the three harnesses never called the model"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "eval interrupted; every sandbox was stopped" in out, out
+    store = Store(forge_home / "forge.db")
+    [run] = store.list_runs()
+    assert (run.status, [r.status for r in store.list_rollouts(run.id)]) == ("stopped", ["cancelled"] * 3)
+    assert not list((forge_home / "sandboxes").iterdir())
