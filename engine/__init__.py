@@ -1,0 +1,7 @@
+"""Inference engines behind one protocol, SGLang's native HTTP API.
+
+client.py (EngineClient, used by the proxy and the trainer) · embedded.py (the CPU engine: scheduler.py,
+kv.py, sampling.py, lora.py, weights.py, model.py) · scripted.py (scripted completions for tests) ·
+supervisor.py + sglang.py (EngineProcess: launch, watch, restart) · serve.py (serve_in_thread) ·
+tiny.py (the tiny model). Nothing heavy is imported here, so `import engine.client` stays fast.
+"""

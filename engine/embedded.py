@@ -44,8 +44,12 @@ from openforge.errors import EngineError
 class EmbeddedEngine:
     """The model, its scheduler thread, and the Starlette app (`.app`) in front of them."""
 
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, *, incremental_stream: bool = True) -> None:
         self.config = config
+        # Stream chunks hold only the new tokens, as SGLang's --incremental-streaming-output does;
+        # SGLang's default (cumulative chunks) resends the whole completion per token, which is
+        # quadratic in its length. EngineClient reads either.
+        self.incremental_stream = incremental_stream
         self.m = loaded or load_model(config.model, dtype=config.dtype, device=config.device)
         self.scheduler = Scheduler(self.m, max_batch_size=config.max_batch_size)
         self.weight_version = "default"
@@ -135,12 +139,21 @@ class EmbeddedEngine:
 
     async def _stream(self, seq: Sequence, events: asyncio.Queue, body: dict[str, Any], started: float):
         finish = None
+        sent, sent_text = 0, ""
         try:
             while finish is None:
                 n, finish = await events.get()
                 while finish is None and not events.empty():  # coalesce: send only the newest state
                     n, finish = events.get_nowait()
-                yield sse(self._chunk(seq, n, finish, body, started))
+                chunk = self._chunk(seq, n, finish, body, started)
+                if self.incremental_stream:
+                    text = chunk["text"]
+                    chunk["text"] = text[len(sent_text):] if text.startswith(sent_text) else text
+                    chunk["output_ids"] = chunk["output_ids"][sent:]
+                    if "output_token_logprobs" in chunk["meta_info"]:
+                        chunk["meta_info"]["output_token_logprobs"] = chunk["meta_info"]["output_token_logprobs"][sent:]
+                    sent, sent_text = n, text
+                yield sse(chunk)
             yield SSE_DONE
         finally:
             if finish is None:

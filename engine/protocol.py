@@ -1,10 +1,12 @@
 """The server side of SGLang's native API subset, shared by the embedded and the scripted engine.
 
 Shapes follow SGLang's `http_server.py` / `tokenizer_manager.py`: errors are `{"error": {"message"}}`
-with HTTP 400; a stream is `data: <json>\\n\\n` lines ending in `data: [DONE]`, each chunk cumulative
-(SGLang's default: `output_ids`, `text` and `meta_info.output_token_logprobs` hold everything so
-far); `finish_reason` is None until the last chunk, then `{"type": "stop", "matched": id|str}`,
-`{"type": "length", "length": n}` or `{"type": "abort", "message": ...}`.
+with HTTP 400; a stream is `data: <json>\\n\\n` lines ending in `data: [DONE]`. A chunk is either
+cumulative (SGLang's default: `output_ids`, `text` and `meta_info.output_token_logprobs` hold
+everything so far) or incremental (SGLang's `--incremental-streaming-output`: only the new part);
+`meta_info.completion_tokens` always counts them all. `finish_reason` is None until the last chunk,
+then `{"type": "stop", "matched": id|str}`, `{"type": "length", "length": n}` or
+`{"type": "abort", "message": ...}`.
 """
 
 from __future__ import annotations

@@ -117,3 +117,22 @@ async def test_runtime_lora_changes_greedy_output_and_unloading_restores_it(clie
     assert (await client.generate(PROMPTS[0], GREEDY)).output_ids == base.output_ids
     with pytest.raises(EngineError):
         await client.generate(PROMPTS[0], GREEDY, lora_path="smoke-a")
+
+
+async def test_raw_stream_chunks_count_every_token(engine):
+    """The wire format itself: SSE `data:` chunks, completion_tokens cumulative, `[DONE]` last."""
+    import json
+
+    import httpx
+
+    body = {"input_ids": PROMPTS[4], "sampling_params": GREEDY, "return_logprob": True, "stream": True}
+    async with httpx.AsyncClient(base_url=engine[0], timeout=120) as http:
+        async with http.stream("POST", "/generate", json=body) as resp:
+            assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+            lines = [line async for line in resp.aiter_lines() if line.startswith("data:")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[5:]) for line in lines[:-1]]
+    counts = [c["meta_info"]["completion_tokens"] for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 8
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
