@@ -4,6 +4,11 @@ pointed at the proxy with its rollout's credential.
 An adapter is small: `prepare` makes the program available inside the sandbox, `command` is the
 command line for one task, `env` the environment that points it at the proxy. The runner does the
 rest (timeouts, output capture, verification).
+
+Optional: `final_answer(stdout: str) -> str | None`, the harness's final answer read from its stdout
+(e.g. the `result` of Claude Code's JSON). After the harness exits, a runner that finds no
+`.forge/answer.txt` (rollouts.tasks.ANSWER_FILE) writes this there, or else the tail of stdout, so
+tasks that grade the answer work with every harness. `mini` writes the file itself.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from openforge.config import ForgeConfig
 from openforge.errors import HarnessError, SandboxError
 from openforge.store import Rollout, Store
 from rollouts.harness import Harness, HarnessContext
-from rollouts.tasks import TaskSpec, parse_score
+from rollouts.tasks import ANSWER_FILE, TaskSpec, parse_score
 from sandbox.base import ExecResult, Sandbox
 
 try:  # a start failure worth retrying (engine busy, quota full); other SandboxErrors fail at once
@@ -214,6 +214,8 @@ class RolloutRunner:
         await self._db(self.store.update_rollout, ro.id, exit_code=result.exit_code,
                        stdout=_tail(result.stdout), stderr=_tail(result.stderr))
         assembly_error = await self._assemble(ro.id)
+        if not result.timed_out:
+            await self._ensure_answer(sb, result)
         if result.timed_out:
             await self._finish(ro.id, status="timed_out", reward=0.0,
                                error=f"harness ran past its limit of {budget:g}s and was killed")
@@ -252,6 +254,22 @@ class RolloutRunner:
                               timed_out=True, duration_s=timeout + KILL_GRACE_S)
         except SandboxError as exc:
             raise _InfraFailure(f"infra: the sandbox failed while running: {exc}") from None
+
+    async def _ensure_answer(self, sb: Sandbox, result: ExecResult) -> None:
+        """Leave ANSWER_FILE for the verifier when the harness did not (only `mini` writes it): the
+        harness's `final_answer(stdout)` if it has one, else the tail of its stdout (npm harnesses print
+        their final message there), so answer-graded tasks work with every harness."""
+        try:
+            await sb.read_file(ANSWER_FILE, max_bytes=1)
+            return
+        except SandboxError:  # SandboxFileNotFound: the harness wrote none
+            pass
+        pick = getattr(self.harness, "final_answer", None)
+        answer = pick(result.stdout) if callable(pick) else None
+        try:
+            await sb.write_file(ANSWER_FILE, (answer if answer is not None else result.stdout[-8000:]).encode("utf-8"))
+        except SandboxError as exc:
+            raise _InfraFailure(f"infra: writing the answer file failed: {exc}") from None
 
     async def _verify(self, sb: Sandbox, task: TaskSpec) -> tuple[float, str, str | None]:
         """(reward, verifier output, a note when the verifier's output was unusable)."""

@@ -199,3 +199,23 @@ async def test_cancel_marks_every_rollout_and_cleans_every_sandbox(store: Store,
     assert [r.status for r in rollouts] == ["cancelled"] * 3
     assert all(_gone(forge_home, r.id) for r in rollouts)
     assert not list((forge_home / "sandboxes").iterdir())
+
+
+async def test_answer_file_from_stdout_or_final_answer_for_harnesses_that_write_none(store: Store) -> None:
+    from rollouts.tasks import load_tasks
+
+    hello = next(t for t in load_tasks("builtin") if t.id == "easy-say-hello")
+    run = store.create_run()
+    [ro] = await _runner(store, ShellHarness('echo \'{"result": "hello world"}\'')).run(run.id, [RolloutSpec(hello)])
+    assert (ro.status, ro.reward) == ("scored", 1.0)
+
+    class Picky(ShellHarness):
+        def final_answer(self, stdout: str) -> str:
+            return stdout.split("ANSWER:")[-1]
+
+    [ro] = await _runner(store, Picky("echo hello world; echo ANSWER: world")).run(run.id, [RolloutSpec(hello)])
+    assert ro.reward == pytest.approx(0.6)  # only "world" made it into the answer
+    # a harness that writes the file itself keeps its own answer
+    [ro] = await _runner(store, ShellHarness("mkdir -p .forge; echo hello > .forge/answer.txt; echo world")
+                         ).run(run.id, [RolloutSpec(hello)])
+    assert ro.reward == pytest.approx(0.6)
