@@ -1,9 +1,89 @@
-"""Commands of the train part (filled in by its issue)."""
+"""Commands of the train part: `forge train` (headless GRPO, one line per step) and `forge export`."""
 
 from __future__ import annotations
 
+from typing import Annotated, Any, Optional
+
 import typer
+from rich.console import Console
+
+from forge_cli.context import state
+from openforge.errors import ConfigError, ForgeError
+
+EXPORT_FORMATS = ("verl", "jsonl")
 
 
 def register(app: typer.Typer) -> None:
     """Add this part's commands to the root app."""
+    app.command("train")(train)
+    app.command("export")(export)
+
+
+def train(
+    ctx: typer.Context,
+    resume: Annotated[Optional[str], typer.Option("--resume", metavar="RUN",
+                                                  help="continue a killed or stopped run after its last saved step")] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="total train steps (trainer.steps)")] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", min=0.0, help="AdamW learning rate (trainer.lr)")] = None,
+    tasks_per_step: Annotated[Optional[int], typer.Option("--tasks-per-step", min=1,
+                                                          help="GRPO groups per step (trainer.tasks_per_step)")] = None,
+    group_size: Annotated[Optional[int], typer.Option("--group-size", min=1,
+                                                      help="rollouts per task, G (runner.samples_per_task)")] = None,
+    full_finetune: Annotated[Optional[bool], typer.Option("--full-finetune/--lora",
+                                                          help="train all weights instead of a LoRA adapter")] = None,
+    overlap: Annotated[Optional[bool], typer.Option("--overlap/--no-overlap",
+                                                    help="sample step N+1 while step N trains (one step off-policy)")] = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="a human name for the run")] = None,
+) -> None:
+    """Train the policy with GRPO on the configured tasks: engine, proxy, sandboxed rollouts, trainer.
+
+    Headless (a line per step); `forge up` runs the same with the dashboard. Stop with Ctrl-C or
+    `forge stop RUN`, continue with `forge train --resume RUN`: no step is lost or repeated."""
+    from forge_cli import up_setup, up_views
+    from forge_cli.up import RunController
+    from openforge.config import load_config
+
+    st = state(ctx)
+    trainer: dict[str, Any] = {k: v for k, v in (("lr", lr), ("tasks_per_step", tasks_per_step),
+                                                 ("full_finetune", full_finetune), ("overlap", overlap)) if v is not None}
+    if resume is not None and (trainer or group_size is not None or name is not None):
+        raise ConfigError("--resume continues a run with its stored config; only --steps may change")
+    overrides = up_setup.cli_overrides(demo=False, sets=st.sets, steps=steps, name=name)
+    if trainer:
+        overrides.setdefault("trainer", {}).update(trainer)
+    if group_size is not None:
+        overrides.setdefault("runner", {})["samples_per_task"] = group_size
+    config = load_config(st.config_path, overrides=overrides)
+    store = st.store()
+    console = Console()
+    up_setup.mark_dead_runs(store)
+    up_setup.preflight(config, st.home)
+    run_id, config = up_setup.prepare_run(store, config, home=st.home, resume=resume, steps=steps)
+    t = config.trainer
+    console.print(f"{'resuming' if resume else 'training'} [bold]{run_id}[/]: {t.steps} step(s) x {t.tasks_per_step} "
+                  f"task(s) x {config.runner.samples_per_task} rollouts, {'full' if t.full_finetune else f'LoRA r={t.lora_r}'}, "
+                  f"lr {t.lr:g}, {config.harness.name} in {config.sandbox.type} sandboxes")
+    outcome = up_views.run_headless(store, run_id, config, RunController(store, run_id), home=st.home,
+                                    resume=resume is not None, console=console)
+    console.print(up_views.summary(store, run_id, st.home))
+    if outcome.status == "failed":
+        raise ForgeError(f"run {run_id} failed: {outcome.error}")
+
+
+def export(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(help="run id, unique prefix, or 'latest'")],
+    out: Annotated[str, typer.Option("--out", "-o", help="the file to write (.parquet for verl, .jsonl for jsonl)")],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="verl (parquet, veRL's columns) or jsonl")] = "jsonl",
+) -> None:
+    """Write a run's recorded trajectories (token ids, masks, engine logprobs, rewards) for other RL codebases."""
+    from trainer.export import export_jsonl, export_verl
+
+    if fmt not in EXPORT_FORMATS:
+        raise ConfigError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, not {fmt!r}")
+    store = state(ctx).store()
+    run = store.get_run(run_id)
+    n = (export_verl if fmt == "verl" else export_jsonl)(store, run.id, out)
+    if n == 0:
+        typer.echo(f"warning: run {run.id} has no scored trajectories; wrote an empty {fmt} file", err=True)
+    typer.echo(f"wrote {n} trajectory segment(s) of {run.id} to {out} ({fmt})")

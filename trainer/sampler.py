@@ -60,15 +60,18 @@ class Sampler(Protocol):
 
 
 class RunnerSampler:
-    """Adapts `RolloutRunner(store, config=..., proxy_url=...).run(run_id, specs, step=, adapter=)`
-    (sync or async) to the `Sampler` interface."""
+    """`RolloutRunner(store, config=..., proxy_url=...).run(run_id, specs, step=, adapter=)` as a
+    `Sampler`: each task becomes a group of `group_size` rollout specs. (`forge up` wraps the runner
+    in its own cancellable sampler with the same contract.)"""
 
-    def __init__(self, runner: Any, bridge: BackgroundLoop) -> None:
-        self.runner = runner
-        self.bridge = bridge
+    def __init__(self, runner: Any, bridge: BackgroundLoop, *, group_size: int) -> None:
+        self.runner, self.bridge, self.group_size = runner, bridge, group_size
 
     def sample(self, run_id: str, tasks: Sequence[Any], *, step: int, adapter: str | None) -> list[Rollout]:
-        return list(self.bridge.run(self.runner.run(run_id, list(tasks), step=step, adapter=adapter)))
+        from rollouts.evaluate import eval_specs
+
+        specs = eval_specs(list(tasks), self.group_size)
+        return list(self.bridge.run(self.runner.run(run_id, specs, step=step, adapter=adapter)))
 
 
 RewardFn = Callable[[Any, list[int]], float]
