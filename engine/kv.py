@@ -5,7 +5,7 @@ have different lengths, so each row is *left*-padded to T (`pads[i]` empty slots
 entries). The attention mask hides the pads and `position_ids` carry each row's true position, so a
 padded row computes the same attention as it would alone (masked keys get exactly zero weight).
 
-    join(cache_1)   pad whichever side is shorter on the left, concatenate on the batch axis
+    join(cache, pads)  pad whichever side is shorter on the left, concatenate on the batch axis
     keep(rows)      select rows; then drop leading columns that are padding in every row
 """
 
@@ -43,11 +43,12 @@ class BatchKV:
         """T: the padded length of every row."""
         return self.cache.get_seq_length() if self.cache is not None else 0
 
-    def join(self, cache: Any) -> None:
-        """Append the single-row cache of a freshly prefilled sequence as the last row."""
+    def join(self, cache: Any, pads: list[int] | None = None) -> None:
+        """Append the rows of a freshly prefilled cache (left-padded by `pads`, default none)."""
         new_len = cache.get_seq_length()
+        pads = list(pads) if pads is not None else [0] * _layers(cache)[0].keys.shape[0]
         if self.cache is None:
-            self.cache, self.pads = cache, [0]
+            self.cache, self.pads = cache, pads
             return
         old_len = self.length
         total = max(old_len, new_len)
@@ -55,7 +56,7 @@ class BatchKV:
             mine.keys = torch.cat([_left_pad(mine.keys, total - old_len), _left_pad(theirs.keys, total - new_len)], 0)
             mine.values = torch.cat([_left_pad(mine.values, total - old_len),
                                      _left_pad(theirs.values, total - new_len)], 0)
-        self.pads = [p + total - old_len for p in self.pads] + [total - new_len]
+        self.pads = [p + total - old_len for p in self.pads] + [p + total - new_len for p in pads]
 
     def keep(self, rows: list[int]) -> None:
         """Keep only `rows` (in this order), then trim padding common to all of them."""

@@ -32,6 +32,7 @@ from engine.protocol import CompletionState, SamplingParams, finish_json
 from engine.sampling import sample_next
 
 log = logging.getLogger("openforge.engine")
+PREFILL_TOKEN_BUDGET = 16384  # padded prompt tokens in one prefill forward pass
 
 
 @dataclass
@@ -163,43 +164,70 @@ class Scheduler:
         return sum(len(rows) for rows, _ in self._batches.values())
 
     def _admit(self) -> None:
+        """Move waiting sequences into the running batches, prefilling those that share an adapter
+        together (left-padded), within a padded-token budget per forward pass."""
         if any(c.exclusive for c in self._commands):
             return
-        while self._waiting and self._running() < self.max_batch_size:
+        admitted: list[Sequence] = []
+        while self._waiting and self._running() + len(admitted) < self.max_batch_size:
             seq = self._waiting.pop(0)
             if seq.aborted:
                 self._finish(seq, finish_json("abort", message="aborted before it started"))
-                continue
-            if seq.state.finish is not None:  # max_new_tokens == 0
+            elif seq.state.finish is not None:  # max_new_tokens == 0
                 seq.emit(seq)
-                continue
-            if seq.adapter is not None and seq.adapter not in self.adapters.paths:
+            elif seq.adapter is not None and seq.adapter not in self.adapters.paths:
                 # Unloaded between the request's check and its admission.
                 self._finish(seq, finish_json("abort", message=f"LoRA adapter {seq.adapter!r} was unloaded"))
-                continue
-            try:
-                self._prefill(seq)
-            except Exception as exc:  # noqa: BLE001 - one bad request (e.g. out of memory) must not stop the engine
-                log.exception("prefill of %s failed", seq.rid)
-                self._drop(seq)
-                self._finish(seq, finish_json("abort", message=f"prefill failed: {type(exc).__name__}: {exc}"))
+            else:
+                admitted.append(seq)
+        for adapter in dict.fromkeys(s.adapter for s in admitted):
+            group: list[Sequence] = []
+            for seq in (s for s in admitted if s.adapter == adapter):
+                longest = max([len(seq.input_ids)] + [len(s.input_ids) for s in group])
+                if group and longest * (len(group) + 1) > PREFILL_TOKEN_BUDGET:
+                    self._prefill_or_abort(group)
+                    group = []
+                group.append(seq)
+            self._prefill_or_abort(group)
+
+    def _prefill_or_abort(self, seqs: list[Sequence]) -> None:
+        try:
+            self._prefill(seqs)
+        except Exception as exc:  # noqa: BLE001 - one bad request (e.g. out of memory) must not stop the engine
+            if len(seqs) > 1:  # find the culprit: the others may well succeed alone
+                for seq in seqs:
+                    self._prefill_or_abort([seq])
+                return
+            log.exception("prefill of %s failed", seqs[0].rid)
+            self._finish(seqs[0], finish_json("abort", message=f"prefill failed: {type(exc).__name__}: {exc}"))
 
     def _forward(self, adapter: str | None, cache: Any, **kwargs: Any) -> Any:
         """One forward pass; `cache` (a DynamicCache) is extended in place."""
         with self.adapters.activate(adapter):
             return self.m.model(**kwargs, **{self._cache_kw: cache}, use_cache=True)
 
-    def _prefill(self, seq: Sequence) -> None:
+    def _prefill(self, seqs: list[Sequence]) -> None:
+        """One forward pass over the prompts of `seqs` (same adapter), left-padded; they join its batch."""
         from transformers import DynamicCache
 
-        ids = torch.tensor([seq.input_ids], device=self.m.device)
+        dev = self.m.device
+        width = max(len(s.input_ids) for s in seqs)
+        pads = [width - len(s.input_ids) for s in seqs]
+        ids = torch.tensor([[0] * p + s.input_ids for p, s in zip(pads, seqs)], device=dev)
+        extra: dict[str, Any] = {}
+        if any(pads):  # pad id 0 is arbitrary: the mask hides it and positions skip it
+            extra["attention_mask"] = torch.tensor([[0] * p + [1] * len(s.input_ids) for p, s in zip(pads, seqs)],
+                                                   device=dev)
+            extra["position_ids"] = torch.tensor([[0] * p + list(range(len(s.input_ids))) for p, s in zip(pads, seqs)],
+                                                 device=dev)
         cache = DynamicCache(config=self.m.model.config)
-        out = self._forward(seq.adapter, cache, input_ids=ids, logits_to_keep=1)
-        seq.position = len(seq.input_ids)
-        rows, kv = self._batches.setdefault(seq.adapter, ([], BatchKV()))
-        kv.join(cache)
-        rows.append(seq)
-        self._take(out.logits[:, -1, :], [seq])
+        out = self._forward(seqs[0].adapter, cache, input_ids=ids, logits_to_keep=1, **extra)
+        for seq in seqs:
+            seq.position = len(seq.input_ids)
+        rows, kv = self._batches.setdefault(seqs[0].adapter, ([], BatchKV()))
+        kv.join(cache, pads)
+        rows.extend(seqs)
+        self._take(out.logits[:, -1, :], seqs)
 
     def _take(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         tokens, logprobs = sample_next(logits, [s.params for s in seqs], [s.generator for s in seqs])
@@ -240,14 +268,6 @@ class Scheduler:
                 self._finish(s, finish_json("abort", message="the client went away"))
         kv.keep(keep)
         rows[:] = [rows[i] for i in keep]
-
-    def _drop(self, seq: Sequence) -> None:
-        """Remove `seq` from its batch if it joined one."""
-        rows, kv = self._batches.get(seq.adapter, ([], None))
-        if seq in rows:
-            keep = [i for i, s in enumerate(rows) if s is not seq]
-            kv.keep(keep)
-            rows[:] = [rows[i] for i in keep]
 
     def _abort_batch(self, adapter: str | None, message: str) -> None:
         rows, _ = self._batches.pop(adapter, ([], None))

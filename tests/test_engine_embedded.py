@@ -202,3 +202,23 @@ async def test_a_failing_forward_pass_aborts_that_request_only(served, monkeypat
         assert bad.finish_reason == "abort" and "simulated out of memory" in bad.meta["finish_reason"]["message"]
         assert good.finish_reason == "length" and len(good.output_ids) == GREEDY["max_new_tokens"]
         assert await client.health()
+
+
+async def test_requests_arriving_together_are_prefilled_together(served, reference, monkeypatch):
+    import time
+
+    engine, url = served
+    _, tok = reference
+    prompts = [_prompt(tok, t) for t in ("ls", "write hello to a file named out.txt", "run", "count words")]
+    groups: list[int] = []
+    real = engine.scheduler._prefill
+    monkeypatch.setattr(engine.scheduler, "_prefill", lambda seqs: (groups.append(len(seqs)), real(seqs))[1])
+    async with EngineClient(url) as client:
+        serial = [await client.generate(p, GREEDY) for p in prompts]
+        groups.clear()
+        engine.scheduler.call(lambda: time.sleep(0.5))  # hold the scheduler so all four queue up
+        together = await asyncio.gather(*[client.generate(p, GREEDY) for p in prompts])
+    assert groups == [4], "one left-padded prefill for the four prompts"
+    assert [o.output_ids for o in together] == [o.output_ids for o in serial]
+    for a, b in zip(together, serial):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-4

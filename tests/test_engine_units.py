@@ -79,3 +79,13 @@ def test_batch_kv_left_pads_on_join_and_trims_on_leave():
     assert torch.equal(batch.cache.layers[0].values[0], short_kv[0][1][0])
     batch.keep([])
     assert batch.cache is None and batch.size == 0
+
+
+def test_batch_kv_joins_a_multi_row_prefill_with_its_padding():
+    batch = BatchKV()
+    first, _ = _cache(1, 6, 2)
+    group, group_kv = _cache(2, 4, 3)
+    batch.join(first)
+    batch.join(group, pads=[0, 1])  # the second prompt was one token shorter
+    assert (batch.size, batch.length, batch.pads) == (3, 6, [0, 2, 3])
+    assert torch.equal(batch.cache.layers[0].keys[2, :, 2:], group_kv[0][0][1])
