@@ -155,7 +155,7 @@ class RolloutRunner:
             raise
         except Exception as exc:  # noqa: BLE001 - one rollout's bug must not take the step down
             log.exception("rollout %s crashed", ro.id)
-            await self._finish(ro.id, status="failed", error=f"runner error: {type(exc).__name__}: {exc}")
+            await self._finish(ro.id, status="failed", error=f"infra: runner error: {type(exc).__name__}: {exc}")
 
     async def _rollout(self, ro: Rollout, spec: RolloutSpec) -> None:
         await self._gate.wait()
@@ -208,9 +208,10 @@ class RolloutRunner:
         await self._setup(sb, task)
         try:
             await self.harness.prepare(sb, ctx)
+            command, env = self.harness.command(ctx), self.harness.env(ctx)
         except (HarnessError, SandboxError) as exc:
             raise _InfraFailure(f"infra: harness {self.harness.name} could not be prepared: {exc}") from None
-        result = await self._exec(sb, self.harness.command(ctx), timeout=budget, env=self.harness.env(ctx))
+        result = await self._exec(sb, command, timeout=budget, env=env)
         await self._db(self.store.update_rollout, ro.id, exit_code=result.exit_code,
                        stdout=_tail(result.stdout), stderr=_tail(result.stderr))
         assembly_error = await self._assemble(ro.id)

@@ -219,3 +219,17 @@ async def test_answer_file_from_stdout_or_final_answer_for_harnesses_that_write_
     [ro] = await _runner(store, ShellHarness("mkdir -p .forge; echo hello > .forge/answer.txt; echo world")
                          ).run(run.id, [RolloutSpec(hello)])
     assert ro.reward == pytest.approx(0.6)
+
+
+async def test_a_harness_that_cannot_be_prepared_is_infra(store: Store, forge_home: Path) -> None:
+    from openforge.errors import HarnessError
+
+    class Missing(ShellHarness):
+        async def prepare(self, sandbox: Sandbox, ctx: HarnessContext) -> None:
+            raise HarnessError("claude not found in the sandbox; install it with npm")
+
+    run = store.create_run()
+    [ro] = await _runner(store, Missing("true")).run(run.id, [RolloutSpec(_task())])
+    assert ro.status == "failed" and ro.error == (
+        "infra: harness shell could not be prepared: claude not found in the sandbox; install it with npm")
+    assert _gone(forge_home, ro.id)
