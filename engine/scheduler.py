@@ -2,7 +2,7 @@
 
     while running:
         run queued commands whose preconditions hold (load/unload adapter, update weights)
-        admit waiting sequences (prefill each alone; it joins its adapter's batch)
+        admit waiting sequences (one left-padded prefill per adapter; they join its batch)
         one decode step for every adapter's batch (one forward pass each)
         retire finished or aborted rows
 
