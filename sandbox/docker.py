@@ -230,8 +230,10 @@ class _CappedReader:
         self.error: str | None = None
 
     def run(self, api: Any, exec_id: str) -> None:
+        stream = None
         try:
-            for out, err in api.exec_start(exec_id, stream=True, demux=True):
+            stream = api.exec_start(exec_id, stream=True, demux=True)  # a CancellableStream
+            for out, err in stream:
                 for i, chunk in ((0, out), (1, err)):
                     if chunk:
                         room = self.cap - len(self.kept[i])
@@ -241,6 +243,9 @@ class _CappedReader:
                             self.kept[i].extend(chunk[:room])
         except Exception as exc:  # noqa: BLE001 - reported by exec(), unless the kill caused it
             self.error = str(exc) or type(exc).__name__
+        finally:
+            if stream is not None:
+                stream.close()  # else the hijacked socket stays open until a GC cycle finds it
 
     def text(self, i: int) -> str:
         return bytes(self.kept[i]).decode("utf-8", errors="replace")

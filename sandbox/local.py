@@ -150,25 +150,43 @@ class LocalSandbox(SandboxBase):
         prefix = limit_argv(self.limits, dirs, nproc=nproc, mem_fallback=mem_fallback)
         child = None if prefix else preexec(self.limits, dirs, nproc=nproc, mem_fallback=mem_fallback)
         start = time.monotonic()
+        # Our own pipes, not asyncio's: asyncio's Process.wait() returns only once every pipe is
+        # closed, so a background child holding stdout would turn a finished command into a timeout.
+        # stdin comes from a file for the same reason (and a command that never reads it cannot block us).
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        stdin_file = self._stdin_file(exec_id, stdin)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *(prefix or []), *self._argv(command, workdir), cwd=workdir, env=self._env(env, exec_id),
-                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                start_new_session=True, preexec_fn=child)
+                stdin=stdin_file if stdin_file is not None else asyncio.subprocess.DEVNULL,
+                stdout=out_w, stderr=err_w, start_new_session=True, preexec_fn=child)
         except (FileNotFoundError, PermissionError) as exc:  # what a shell reports as 127 / 126
+            os.close(out_r), os.close(err_r)
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             return ExecResult(exit_code=code, stdout="", stderr=f"{exc.filename}: {exc.strerror}\n",
                               duration_s=time.monotonic() - start)
         except OSError as exc:
+            os.close(out_r), os.close(err_r)
             raise SandboxError(f"cannot start {command!r} in sandbox {self.id}: {exc}") from None
-        return await self._collect(proc, exec_id, cap, timeout, stdin, start)
+        finally:
+            os.close(out_w), os.close(err_w)
+            if stdin_file is not None:
+                stdin_file.close()
+                os.unlink(stdin_file.name)
+        return await self._collect(proc, exec_id, cap, timeout, (out_r, err_r), start)
+
+    def _stdin_file(self, exec_id: str, data: bytes | None):  # type: ignore[no-untyped-def]
+        if data is None:
+            return None
+        path = self.dir / "tmp" / f".stdin-{exec_id}"
+        path.write_bytes(data)
+        return open(path, "rb")
 
     async def _collect(self, proc: asyncio.subprocess.Process, exec_id: str, cap: int, timeout: float,
-                       stdin: bytes | None, start: float) -> ExecResult:
+                       fds: tuple[int, int], start: float) -> ExecResult:
         outs = (_Capped(cap), _Capped(cap))
-        readers = [asyncio.ensure_future(o.drain(s)) for o, s in zip(outs, (proc.stdout, proc.stderr))]
-        feeder = asyncio.ensure_future(_feed(proc, stdin))
+        readers = [asyncio.ensure_future(o.drain_fd(fd)) for o, fd in zip(outs, fds)]
         timed_out = False
         try:
             await asyncio.wait_for(proc.wait(), timeout)
@@ -179,9 +197,10 @@ class LocalSandbox(SandboxBase):
             # did that): on timeout, on our caller's cancellation, and after a normal exit.
             if timed_out or proc.returncode is None or not self.bwrap:
                 await asyncio.to_thread(self._kill_exec, proc.pid, exec_id)
-            done, pending = await asyncio.wait(readers, timeout=_GRACE_S)
-            for task in (*pending, feeder):
+            _, pending = await asyncio.wait(readers, timeout=_GRACE_S)
+            for task in pending:
                 task.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
             await proc.wait()
         # A signal death reads as 128+N, as a shell (and bwrap, and docker) reports it.
         code = 124 if timed_out else (proc.returncode if proc.returncode >= 0 else 128 - proc.returncode)
@@ -231,29 +250,24 @@ class _Capped:
     def __init__(self, cap: int) -> None:
         self.cap, self.buf, self.truncated = cap, bytearray(), False
 
-    async def drain(self, stream: asyncio.StreamReader | None) -> None:
-        if stream is None:
-            return
-        while chunk := await stream.read(_CHUNK):
-            room = self.cap - len(self.buf)
-            if len(chunk) > room:
-                self.truncated = True
-            if room > 0:
-                self.buf.extend(chunk[:room])
+    async def drain_fd(self, fd: int) -> None:
+        """Read the pipe `fd` to EOF (and close it), keeping the head."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=_CHUNK)
+        pipe = os.fdopen(fd, "rb", buffering=0)
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        try:
+            while chunk := await reader.read(_CHUNK):
+                room = self.cap - len(self.buf)
+                if len(chunk) > room:
+                    self.truncated = True
+                if room > 0:
+                    self.buf.extend(chunk[:room])
+        finally:
+            transport.close()
 
     def text(self) -> str:
         return bytes(self.buf).decode("utf-8", errors="replace")
-
-
-async def _feed(proc: asyncio.subprocess.Process, data: bytes | None) -> None:
-    if data is None or proc.stdin is None:
-        return
-    try:
-        proc.stdin.write(data)
-        await proc.stdin.drain()
-        proc.stdin.close()
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # the command exited without reading all of its input: not an error of ours
 
 
 def _rmtree(path: Path) -> None:

@@ -4,6 +4,7 @@ local plain, docker); a backend that cannot run is skipped with the reason."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 
 import psutil
@@ -172,3 +173,20 @@ async def test_exec_before_start_is_a_clear_error(config: SandboxConfig) -> None
     with pytest.raises(SandboxError, match="not started"):
         await sb.exec("true", timeout=5)
     await sb.stop()  # stop of a never-started sandbox is a no-op, not an error
+
+
+async def test_background_child_ends_with_its_exec_and_does_not_hold_it_open(config: SandboxConfig) -> None:
+    gc.collect()
+    fds_before = len(os.listdir("/proc/self/fd"))
+    async with _sandbox(config, "bg") as sb:
+        res = await sb.exec("sleep 60 & echo started", timeout=20)
+        assert (res.exit_code, res.stdout, res.timed_out) == (0, "started\n", False)
+        assert res.duration_s < 10  # not held open by the child's copy of stdout
+        await asyncio.sleep(0.2)
+        assert await leftover_processes(sb) == []
+        for _ in range(10):
+            await sb.exec("echo x; echo y >&2", timeout=10, stdin=b"in")
+        if sb.info.backend == "local":  # docker's SDK pools sockets until its client closes
+            assert len(os.listdir("/proc/self/fd")) <= fds_before + 2
+    gc.collect()  # the SDK's responses sit in reference cycles; what a cycle holds is not a leak
+    assert len(os.listdir("/proc/self/fd")) <= fds_before + 2  # no pipe, file or socket left open
