@@ -228,3 +228,12 @@ def test_unknown_run_is_one_clear_error(store: Store) -> None:
 
     with pytest.raises(NotFoundError, match="no run 'nope'"):
         make_dashboard(store.path, "nope")
+
+
+async def test_the_log_pane_shows_the_newest_lines(store: Store, known_run: str) -> None:
+    with run_log_path(store.path, known_run).open("a") as fh:
+        fh.writelines(f"13:01:{i:02d} I forge.up: line {i} of a long log that wraps in a narrow pane\n" for i in range(60))
+    app = make_dashboard(store.path, known_run)
+    async with app.run_test(size=(150, 44)) as pilot:
+        log = app.query_one("#log", RichLog)
+        await wait_for(pilot, lambda: log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y)
