@@ -28,13 +28,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 
 from engine.client import EngineClient
-from openforge.async_store import AsyncStore
 from openforge.config import ProxyConfig
 from openforge.errors import StoreError
+from openforge.store import Store
 from proxy import anthropic, openai_chat, openai_responses
 from proxy.calls import API_ANTHROPIC, API_CHAT, API_RESPONSES, APIError, bad_request
 from proxy.generation import token_logprobs
-from proxy.recorder import Recorder, interrupt_stale_calls
+from proxy.recorder import Recorder, RolloutLookup, interrupt_stale_calls
 from proxy.service import CallService, Prepared
 from proxy.tokens import ChatRenderer
 
@@ -69,10 +69,11 @@ class Proxy:
         if self.interrupted_on_start:
             log.warning("marked %d call(s) left in flight by a stopped proxy as interrupted",
                         self.interrupted_on_start)
-        self.store = AsyncStore(store_path)
+        self.store = Store(store_path)
         self.recorder = Recorder(self.store)
+        self.lookup = RolloutLookup(Path(store_path))
         self.renderer = ChatRenderer(tokenizer)
-        self.service = CallService(config, store=self.store, recorder=self.recorder, engine=engine,
+        self.service = CallService(config, recorder=self.recorder, engine=engine,
                                    renderer=self.renderer, served_model=served_model, api_modules=APIS)
 
     async def ensure_started(self) -> None:
@@ -81,7 +82,9 @@ class Proxy:
 
     async def aclose(self) -> None:
         await self.recorder.stop()
-        await self.store.close()
+        self.recorder.close()
+        self.lookup.close()
+        self.store.close()
 
     # -- request plumbing -------------------------------------------------------------------
 
@@ -111,7 +114,7 @@ class Proxy:
         if not key:
             raise APIError("authentication", "missing API key: send the rollout's key as "
                            "'Authorization: Bearer KEY' or 'x-api-key: KEY'")
-        rollout = await self.store.rollout_by_key(key)
+        rollout = self.lookup.by_key(key)
         if rollout is None:
             raise APIError("authentication", "invalid API key: no rollout has this key")
         if rollout["status"] not in LIVE_ROLLOUT:
@@ -132,7 +135,7 @@ class Proxy:
         try:
             p = await self.service.prepare(api, rollout, req, raw, api.TOOL_ID_PREFIX)
         except (APIError, StoreError) as exc:
-            self.service.slots.release()
+            self.service.release()
             return error_response(api, exc if isinstance(exc, APIError) else APIError("server", str(exc)))
         if not req.stream:
             try:
@@ -142,7 +145,7 @@ class Proxy:
             except StoreError as exc:
                 return error_response(api, APIError("server", f"the proxy could not record the call: {exc}"))
             finally:
-                self.service.slots.release()
+                self.service.release()
         return await self.start_stream(p)
 
     async def start_stream(self, p: Prepared) -> Response:
@@ -154,7 +157,7 @@ class Proxy:
         except (APIError, StopAsyncIteration) as exc:
             await events.aclose()
             await self.service.record_error(p, str(exc))
-            self.service.slots.release()
+            self.service.release()
             err = exc if isinstance(exc, APIError) else APIError("overloaded", "the engine returned nothing; retry")
             return error_response(p.api, err)
         return StreamingResponse(self.stream_body(p, events), media_type="text/event-stream",
@@ -191,7 +194,7 @@ class Proxy:
             await events.aclose()
             if not done:  # the client went away mid-stream (the generator was cancelled or closed)
                 await self.service.record_error(p, "the client disconnected before the response completed")
-            self.service.slots.release()
+            self.service.release()
 
     async def count_tokens(self, request: Request) -> Response:
         try:

@@ -17,10 +17,9 @@ from types import ModuleType
 from typing import Any
 
 from engine.client import EngineClient
-from openforge.async_store import AsyncStore
 from openforge.config import ProxyConfig
 from openforge.errors import EngineError, StoreError
-from openforge.store import utcnow
+from openforge.store import loads, utcnow
 from proxy.calls import APIError, CallRequest, Completion, TextDelta, ToolCallEvent, new_call_id
 from proxy.generation import Generation, GenerationParams, token_logprobs
 from proxy.recorder import Recorder
@@ -54,10 +53,9 @@ def engine_error(exc: EngineError) -> APIError:
 
 
 class CallService:
-    def __init__(self, config: ProxyConfig, *, store: AsyncStore, recorder: Recorder, engine: EngineClient,
+    def __init__(self, config: ProxyConfig, *, recorder: Recorder, engine: EngineClient,
                  renderer: ChatRenderer, served_model: str, api_modules: dict[str, ModuleType]) -> None:
         self.config = config
-        self.store = store
         self.recorder = recorder
         self.engine = engine
         self.r = renderer
@@ -65,7 +63,7 @@ class CallService:
         self.apis = api_modules
         self.builder = PromptBuilder(renderer)
         self.slots = asyncio.Semaphore(config.max_concurrent_calls)
-        self.waiting = 0
+        self.pending = 0  # calls holding or waiting for a slot
         self._warm_locks: dict[str, asyncio.Lock] = {}
 
     # -- preparing ---------------------------------------------------------------------------
@@ -86,20 +84,20 @@ class CallService:
         async with lock:
             if self.builder.knows(rollout_id):
                 return
-            rows = (await self.store.calls_of_rollout(rollout_id))[-self.builder.turns_per_rollout:]
+            rows = (await self.recorder.calls_of_rollout(rollout_id))[-self.builder.turns_per_rollout:]
             for row in rows:
-                api = self.apis.get(row["api"])
+                api = self.apis.get(row.api)
                 try:
-                    old = api.parse_request(json.loads(row["request_json"])) if api else None
+                    old = api.parse_request(json.loads(row.request_json or "")) if api else None
                 except (APIError, ValueError, TypeError):
                     old = None
                 if old is None:
                     continue
-                ids = json.loads(row["completion_ids"] or "[]")
+                ids = loads(row.completion_ids, [])
                 parsed = parse_completion(self.r.decode(ids))
                 comp = Completion(parsed.text, parsed.calls, "stop", ids, [], 0)
-                prompt = Prompt(json.loads(row["prompt_ids"] or "[]"), "", int(row["reused_tokens"] or 0))
-                self.builder.record(rollout_id, old.messages, old.prompt_tools, prompt, comp, row["id"])
+                prompt = Prompt(loads(row.prompt_ids, []), "", row.reused_tokens)
+                self.builder.record(rollout_id, old.messages, old.prompt_tools, prompt, comp, row.id)
             self.builder.mark_known(rollout_id)
         self._warm_locks.pop(rollout_id, None)
 
@@ -160,16 +158,25 @@ class CallService:
     # -- running -----------------------------------------------------------------------------
 
     async def slot(self) -> None:
-        """Wait for one of `max_concurrent_calls` slots; refuse (429) when the queue is long."""
-        if self.slots.locked() and self.waiting >= 4 * self.config.max_concurrent_calls:
+        """Take one of `max_concurrent_calls` slots, queueing behind the calls that hold them; refuse
+        (429, retryable) once 4x the limit are already queued: a harness retries later rather than
+        piling up connections."""
+        limit = self.config.max_concurrent_calls
+        if self.pending >= 5 * limit:
             raise APIError("rate_limit", "the proxy is at its concurrent-call limit; retry shortly", retry_after=1.0)
-        self.waiting += 1
+        self.pending += 1
         try:
             await asyncio.wait_for(self.slots.acquire(), self.config.call_timeout_s)
         except TimeoutError:
+            self.pending -= 1
             raise APIError("rate_limit", "waited too long for a free call slot; retry", retry_after=1.0) from None
-        finally:
-            self.waiting -= 1
+        except BaseException:
+            self.pending -= 1
+            raise
+
+    def release(self) -> None:
+        self.pending -= 1
+        self.slots.release()
 
     async def complete(self, p: Prepared) -> dict[str, Any]:
         """Non-streaming: the whole completion, recorded, as the API's response body."""
