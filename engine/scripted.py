@@ -85,6 +85,7 @@ class ScriptedEngine:
         self.incremental_stream = incremental_stream
         self.requests: list[dict[str, Any]] = []
         self.adapters: dict[str, str] = {}
+        self.weight_paths: list[str] = []  # every /update_weights_from_disk model_path, in order
         self.faults: deque[Fault] = deque()
         self._lock = threading.Lock()
         self.app = Starlette(routes=[
@@ -95,6 +96,7 @@ class ScriptedEngine:
             Route("/get_model_info", self._model_info, methods=["GET"]),
             Route("/load_lora_adapter", self._load_lora, methods=["POST"]),
             Route("/unload_lora_adapter", self._unload_lora, methods=["POST"]),
+            Route("/update_weights_from_disk", self._update_weights, methods=["POST"]),
             Route("/flush_cache", self._flush_cache, methods=["GET", "POST"]),
         ])
 
@@ -209,6 +211,18 @@ class ScriptedEngine:
                                  "loaded_adapters": dict(self.adapters)}, status_code=400)
         del self.adapters[name]
         return JSONResponse({"success": True, "error_message": None, "loaded_adapters": dict(self.adapters)})
+
+    async def _update_weights(self, request: Request) -> Response:
+        try:
+            body = await read_json(request)
+        except BadRequest as exc:
+            return error_response(str(exc))
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            return JSONResponse({"success": False, "message": "model_path must be a non-empty string",
+                                 "num_paused_requests": 0}, status_code=400)
+        self.weight_paths.append(path)
+        return JSONResponse({"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0})
 
     async def _flush_cache(self, request: Request) -> Response:
         return PlainTextResponse("Cache flushed.\n")

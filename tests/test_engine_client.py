@@ -117,6 +117,8 @@ async def test_lora_admin_calls(scripted):
         with pytest.raises(EngineError, match="'step-1' is not loaded"):
             await client.generate([1], {}, lora_path="step-1")
         await client.flush_cache()
+        await client.update_weights_from_disk("/ckpt/step-2")
+        assert engine.weight_paths == ["/ckpt/step-2"]
 
 
 def test_delta_tracker_reads_cumulative_incremental_and_abort_chunks():
