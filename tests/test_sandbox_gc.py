@@ -155,3 +155,48 @@ async def test_python_image_runs_the_openai_sdk_on_the_host_network() -> None:
             assert res.stdout.split()[1] == "200"
     finally:
         server.shutdown()
+
+
+def test_gc_asks_the_kubernetes_backend_only_when_no_run_is_live(store: Store, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    result = runner.invoke(app, ["gc", "--kubernetes"], catch_exceptions=False)
+    assert result.exit_code == 0 and "kubernetes: skipped (" in result.stdout  # it tried, and said why
+    run = store.create_run(name="live", owner_pid=os.getpid())
+    store.set_run_status(run.id, "running")
+    result = runner.invoke(app, ["gc", "--kubernetes"], catch_exceptions=False)
+    assert "kubernetes: skipped (a run is live; pass --run RUN" in result.stdout
+
+
+class _FlakyLocal(LocalSandbox):
+    """A real local sandbox whose first starts fail as a busy engine's do (or with a permanent error)."""
+
+    def __init__(self, failures: int, exc: type[SandboxError]) -> None:
+        config = SandboxConfig(start_retries=2)
+        super().__init__(config, run_id="r", rollout_id=f"ro-flaky-{failures}-{exc.__name__}")
+        self.failures, self.exc, self.starts = failures, exc, 0
+
+    async def start(self) -> None:
+        self.starts += 1
+        if self.starts <= self.failures:
+            raise self.exc(f"start {self.starts} failed")
+        await super().start()
+
+
+async def test_async_with_retries_transient_start_failures_only() -> None:
+    from sandbox.base import TransientSandboxError
+
+    sb = _FlakyLocal(2, TransientSandboxError)
+    async with sb:
+        assert (await sb.exec("echo up", timeout=10)).stdout == "up\n"
+    assert sb.starts == 3 and not sb.dir.exists()
+    gives_up = _FlakyLocal(5, TransientSandboxError)
+    with pytest.raises(TransientSandboxError, match="start 3 failed"):
+        async with gives_up:
+            pass
+    permanent = _FlakyLocal(1, SandboxError)  # image missing, engine unreachable: no point retrying
+    with pytest.raises(SandboxError, match="start 1 failed"):
+        async with permanent:
+            pass
+    assert permanent.starts == 1
