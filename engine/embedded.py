@@ -81,6 +81,8 @@ class EmbeddedEngine:
     # -- generation -------------------------------------------------------------------------
 
     def _sequence(self, body: dict[str, Any], loop: asyncio.AbstractEventLoop, events: asyncio.Queue) -> Sequence:
+        if "input_ids" not in body and isinstance(body.get("text"), str):  # SGLang also takes text
+            body = {**body, "input_ids": list(self.m.tokenizer.encode(body["text"]))}
         input_ids = parse_input_ids(body, len(self.m.tokenizer))
         params = parse_sampling_params(body.get("sampling_params"))
         ctx = self.m.context_length

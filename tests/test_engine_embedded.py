@@ -179,6 +179,20 @@ async def test_stop_strings_eos_and_an_abandoned_stream(served, reference):
     assert engine.scheduler.idle(), "an abandoned stream must leave the batch"
 
 
+async def test_text_input_is_tokenised_like_input_ids(served, reference):
+    import httpx
+
+    _, url = served
+    _, tok = reference
+    sampling = {"temperature": 0, "max_new_tokens": 5}
+    async with httpx.AsyncClient(base_url=url) as http:
+        by_text = (await http.post("/generate", json={"text": "hello world", "sampling_params": sampling})).json()
+        by_ids = (await http.post("/generate", json={"input_ids": tok.encode("hello world"),
+                                                     "sampling_params": sampling})).json()
+    assert by_text["output_ids"] == by_ids["output_ids"] and len(by_text["output_ids"]) >= 1
+    assert by_text["meta_info"]["prompt_tokens"] == len(tok.encode("hello world"))
+
+
 def test_a_wrong_model_path_is_one_clear_error(tmp_path):
     with pytest.raises(EngineError, match="does not exist"):
         EmbeddedEngine(EngineConfig(model=str(tmp_path / "missing")))
