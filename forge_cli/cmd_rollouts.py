@@ -145,9 +145,10 @@ def _services(config: ForgeConfig, store: Store, home: Path) -> Iterator[tuple[F
     """The engine and the recording proxy in front of it, as `forge up` starts them; stopped on exit.
     Yields the config with `engine.model` resolved (the tiny model is built if it is the default)."""
     from engine.supervisor import EngineProcess
-    from forge_cli.up_setup import resolve_model
+    from forge_cli.up_setup import preflight, resolve_model
     from proxy.server import ProxyServer
 
+    preflight(config, home)  # no Docker, no cluster, no SGLang: one line now, not N failed rollouts
     model = str(resolve_model(config, home))
     config = config.model_copy(update={"engine": config.engine.model_copy(update={"model": model})})
     engine = EngineProcess(config.engine)

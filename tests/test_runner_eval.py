@@ -35,11 +35,15 @@ def test_forge_eval_prints_and_stores_pass_at_k(tiny_model: Path, store: Store) 
     assert {r.status for r in store.list_rollouts(run.id)} == {"scored"}
 
 
-def test_forge_eval_bad_task_set_is_one_line(tmp_path: Path) -> None:
+def test_forge_eval_bad_input_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "x"}\n')
-    out = CliRunner().invoke(app, ["eval", "--tasks", str(bad)])
-    assert out.exit_code == 1 and out.output.startswith("forge: error: 2 problem(s) in task set")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")
+    for args, line in ((["--tasks", str(bad)], "forge: error: 2 problem(s) in task set"),
+                       (["--task", "nope"], "forge: error: task set builtin has no task(s) nope"),
+                       (["--sandbox", "docker", "--limit", "1"], "forge: error: no Docker engine reachable at unix://")):
+        out = CliRunner().invoke(app, ["eval", *args])
+        assert out.exit_code == 1 and out.output.startswith(line) and len(out.output.splitlines()) == 1, out.output
 
 
 def test_sigterm_stops_forge_eval_and_every_sandbox(tiny_model: Path, forge_home: Path) -> None:
