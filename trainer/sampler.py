@@ -85,13 +85,15 @@ class EngineSampler:
 
     def __init__(self, client: Any, store: Store, bridge: BackgroundLoop, *, reward_fn: RewardFn,
                  group_size: int = 4, max_new_tokens: int = 16, temperature: float = 1.0,
-                 stop_token_ids: Sequence[int] = ()) -> None:
+                 stop_token_ids: Sequence[int] = (), ignore_eos: bool = False) -> None:
         self.client, self.store, self.bridge = client, store, bridge
         self.reward_fn = reward_fn
         self.group_size = group_size
         self.params: dict[str, Any] = {"max_new_tokens": max_new_tokens, "temperature": temperature}
         if stop_token_ids:
             self.params["stop_token_ids"] = list(stop_token_ids)
+        if ignore_eos:  # fixed-length completions (benchmarks)
+            self.params["ignore_eos"] = True
 
     def sample(self, run_id: str, tasks: Sequence[Any], *, step: int, adapter: str | None) -> list[Rollout]:
         jobs = []

@@ -1,0 +1,203 @@
+"""GRPO training-step throughput and peak memory: OpenForge's trainer vs TRL's GRPOTrainer.
+
+Same run, same random Qwen2 (built here: hidden 256, 4 layers; quick: the 64-wide tiny model), same
+prompts (chat template, 4 per step), same group size (G = 8), same completion length (16 tokens, EOS
+ignored), same hyper-parameters (LoRA r 8 / alpha 16 on all linear layers, AdamW lr 1e-4, clip 0.2,
+no KL, token-mean loss = TRL's `loss_type="dapo"`, std-normalised group advantages, one update per
+batch). Sampling differs by design: OpenForge samples through the embedded engine in its own process
+(as in production), TRL with `model.generate` inside the trainer; so only the *training* part of a
+step is compared:
+
+    tokens/s      sampled (loss) tokens per second of training compute: ours = TrainStep.tokens_per_s
+                  (batch building, forward, backward, optimizer); TRL = the same tokens over the
+                  step's wall time minus its `_prepare_inputs` (generation + scoring).
+    peak memory   CUDA: max allocated by the trainer process; CPU: the growth of the trainer process's
+                  peak RSS over its RSS before the first step (each trainer runs in its own process).
+    mismatch      max |engine logprob - trainer logprob| on sampled tokens (fp32: must be ~0).
+
+Medians over the steps after the first (warm-up). Needs the `bench` extra (`pip install -e .[bench]`).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+PROMPTS = ["count the lines in data.txt", "write hello to a file", "run the tests", "list the folder",
+           "fix the bug in the script", "print the version", "sort the numbers", "make a directory"]
+G, NEW_TOKENS, TASKS_PER_STEP, LR, R, ALPHA = 8, 16, 4, 1e-4, 8, 16
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _reward(completion_ids: list[int]) -> float:
+    return sum(1 for t in completion_ids if t % 4 == 0) / max(len(completion_ids), 1)
+
+
+def _rss_kb() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss // 1024
+
+
+def _peak(device: str, rss_before_kb: int) -> float:
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before_kb, 0) / 1024
+
+
+def ours(model_dir: str, engine_url: str, steps: int, device: str, out: Any) -> None:
+    """OpenForge: EngineSampler -> trainer.loop.train, adapters hot-loaded into the engine each step."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from engine.client import EngineClient
+    from openforge.config import TrainerConfig
+    from openforge.store import Store
+    from trainer.loop import train
+    from trainer.sampler import AdapterSync, BackgroundLoop, EngineSampler
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tasks = [{"id": f"p{i}", "prompt_ids": list(tok.apply_chat_template(
+        [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True, return_dict=False))}
+        for i, p in enumerate(PROMPTS)]
+    home = Path(tempfile.mkdtemp(prefix="bench-trainer-"))
+    store = Store(home / "forge.db")
+    run = store.create_run(name="bench")
+    cfg = TrainerConfig(steps=steps, tasks_per_step=TASKS_PER_STEP, lr=LR, lora_r=R, lora_alpha=ALPHA,
+                        lora_target_modules=TARGETS, micro_batch_tokens=1 << 20, device=device, seed=0)
+    bridge = BackgroundLoop()
+    client = bridge.run(_client(engine_url))
+    sampler = EngineSampler(client, store, bridge, reward_fn=lambda _t, c: _reward(c), group_size=G,
+                            max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    # Same starting point as the TRL side, whose libraries and model are loaded before it measures.
+    import peft  # noqa: F401
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    before = _rss_kb()
+    res = train(store, run.id, cfg, model_path=model_dir, tasks=tasks, sampler=sampler,
+                engine=AdapterSync(client, bridge), home=home)
+    bridge.run(client.aclose())
+    bridge.close()
+    later = res.steps[1:] or res.steps
+    out.put({"tokens_per_s": statistics.median(m["tokens_per_s"] for m in later),
+             "tokens_per_step": statistics.median(m["n_tokens"] for m in later),
+             "peak_mib": _peak(device, before),
+             "mismatch_max": max(m["mismatch_max"] for m in res.steps),
+             "mismatch_mean": statistics.fmean(m["mismatch_mean"] for m in res.steps)})
+
+
+async def _client(url: str):  # created on the bridge's loop, which owns its connection pool
+    from engine.client import EngineClient
+
+    return EngineClient(url, timeout=120)
+
+
+def trl(model_dir: str, steps: int, device: str, out: Any) -> None:
+    """TRL's GRPOTrainer, timed per step with its generation (`_prepare_inputs`) taken out."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    class Timed(GRPOTrainer):
+        gen_s, tokens = 0.0, 0
+
+        def _prepare_inputs(self, inputs: Any) -> Any:
+            t0 = time.perf_counter()
+            batch = super()._prepare_inputs(inputs)
+            self.gen_s += time.perf_counter() - t0
+            self.tokens += int(batch["completion_mask"].sum())
+            return batch
+
+    rows: list[tuple[float, int]] = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
+            trainer.gen_s, trainer.tokens, self.t0 = 0.0, 0, time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+            rows.append((time.perf_counter() - self.t0 - trainer.gen_s, trainer.tokens))
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    data = Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in PROMPTS]})
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="bench-trl-"), max_steps=steps, learning_rate=LR,
+        per_device_train_batch_size=G * TASKS_PER_STEP, gradient_accumulation_steps=1, num_generations=G,
+        max_completion_length=NEW_TOKENS, temperature=1.0, beta=0.0, epsilon=0.2, num_iterations=1,
+        loss_type="dapo", scale_rewards="group", lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
+        generation_kwargs={"min_new_tokens": NEW_TOKENS}, report_to="none", logging_steps=1, save_strategy="no",
+        use_cpu=device == "cpu", bf16=False, fp16=False, seed=0, disable_dropout=True,
+    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    trainer = Timed(model=model, reward_funcs=[lambda completion_ids, **kw: [_reward(c) for c in completion_ids]],
+                    args=args, train_dataset=data, processing_class=tok, callbacks=[Clock()],
+                    peft_config=LoraConfig(r=R, lora_alpha=ALPHA, target_modules=TARGETS, task_type="CAUSAL_LM"))
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    before = _rss_kb()
+    trainer.train()
+    later = rows[1:] or rows
+    out.put({"tokens_per_s": statistics.median(n / t for t, n in later),
+             "tokens_per_step": statistics.median(n for _, n in later), "peak_mib": _peak(device, before)})
+
+
+def _in_child(target: Any, *args: Any) -> dict:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=target, args=(*args, queue))
+    proc.start()
+    try:
+        result = queue.get(timeout=1800)
+    finally:
+        proc.join(timeout=60)
+    return result
+
+
+def run(quick: bool = False) -> dict:
+    import torch
+
+    from engine.supervisor import EngineProcess
+    from engine.tiny import build_tiny_model
+    from openforge.config import EngineConfig
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    steps = 3 if quick else 6
+    size = {} if quick else {"hidden_size": 256, "layers": 4}
+    model_dir = str(build_tiny_model(Path(tempfile.mkdtemp(prefix="bench-model-")) / "tiny", **size))
+    engine = EngineProcess(EngineConfig(kind="embedded", model=model_dir, dtype="float32", device=device,
+                                        max_batch_size=G * TASKS_PER_STEP))
+    engine.start()
+    try:
+        mine = _in_child(ours, model_dir, engine.url, steps, device)
+    finally:
+        engine.stop()
+    theirs = _in_child(trl, model_dir, steps, device)
+    result = {
+        "device": device, "model": "tiny (64x2)" if quick else "qwen2 256x4", "steps": steps,
+        "openforge": mine, "trl": theirs,
+        "ratio_tokens_per_s": mine["tokens_per_s"] / theirs["tokens_per_s"],
+        "ratio_peak_memory": mine["peak_mib"] / theirs["peak_mib"] if theirs["peak_mib"] else None,
+    }
+    print(f"GRPO train step, {result['model']} on {device}, {steps} steps, {TASKS_PER_STEP}x{G} rollouts x {NEW_TOKENS} tokens")
+    print(f"  openforge  {mine['tokens_per_s']:10.0f} tok/s   peak {mine['peak_mib']:8.1f} MiB")
+    print(f"  trl        {theirs['tokens_per_s']:10.0f} tok/s   peak {theirs['peak_mib']:8.1f} MiB")
+    print(f"  ratio      {result['ratio_tokens_per_s']:10.2f}x throughput   "
+          f"{result['ratio_peak_memory'] or float('nan'):.2f}x memory (lower is better)")
+    print(f"  engine/trainer logprob mismatch on the embedded engine: max {mine['mismatch_max']:.2e}, "
+          f"mean {mine['mismatch_mean']:.2e}")
+    return result
+
+
+if __name__ == "__main__":
+    run(quick=True)
