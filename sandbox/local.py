@@ -124,6 +124,8 @@ class LocalSandbox(SandboxBase):
             raise SandboxError("exec needs a command")
         if not self.bwrap:
             return argv
+        if not isinstance(command, str):  # bwrap says "execvp failed" with exit 1; a shell says 127
+            argv = ["/bin/sh", "-c", 'exec "$@"', "sh", *argv]
         d = str(self.dir)
         return [self.bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
                 "--unshare-uts", "--unshare-cgroup-try", "--ro-bind", "/", "/", "--dev", "/dev",
