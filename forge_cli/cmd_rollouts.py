@@ -30,7 +30,12 @@ PathArg = Annotated[str, typer.Argument(help="a task .jsonl file, a task folder,
 
 
 @tasks_app.command("validate")
-def tasks_validate(path: PathArg) -> None:
+def tasks_validate(
+    ctx: typer.Context,
+    path: PathArg,
+    run: Annotated[bool, typer.Option("--run", help="also run each task's reference solution and an empty attempt "
+                                                    "in sandboxes (sandbox.type): the first must pass, the second not")] = False,
+) -> None:
     """Check a task set; print every bad task with its reason (exit 1 if any)."""
     problems = validate_tasks(path)
     if problems:
@@ -38,8 +43,18 @@ def tasks_validate(path: PathArg) -> None:
             typer.echo(f"{p}", err=True)
         raise TaskError(f"{len(problems)} problem(s) in {path}")
     tasks = load_tasks(path)
+    if run:
+        from rollouts.selfcheck import check_solutions
+
+        st = state(ctx)
+        problems = asyncio.run(check_solutions(st.store(), st.config(), tasks))
+        for p in problems:
+            typer.echo(f"{p}", err=True)
+        if problems:
+            raise TaskError(f"{len(problems)} task(s) of {path} failed the solution check")
     levels = Counter(t.difficulty or "-" for t in tasks)
-    typer.echo(f"{path}: {len(tasks)} task(s) ok ({', '.join(f'{k} {v}' for k, v in sorted(levels.items()))})")
+    checked = ", solutions checked" if run else ""
+    typer.echo(f"{path}: {len(tasks)} task(s) ok ({', '.join(f'{k} {v}' for k, v in sorted(levels.items()))}{checked})")
 
 
 @tasks_app.command("list")

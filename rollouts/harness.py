@@ -29,6 +29,7 @@ class HarnessContext:
     instruction: str  # the task's instruction text
     workdir: str  # the sandbox's working directory
     backend: str = "local"  # the sandbox backend (SandboxInfo.backend): local | docker | kubernetes
+    task_id: str = ""  # the task's id (for logs and labels; the agent is told only the instruction)
 
 
 class Harness(Protocol):

@@ -204,7 +204,7 @@ class RolloutRunner:
         budget = min(task.time_limit_s, self.config.runner.rollout_timeout_s)
         ctx = HarnessContext(proxy_url=self._proxy_url_for(sb), api_key=ro.api_key,
                              model=self.config.proxy.served_model_name, instruction=task.instruction,
-                             workdir=sb.info.workdir, backend=sb.info.backend)
+                             workdir=sb.info.workdir, backend=sb.info.backend, task_id=task.id)
         await self._setup(sb, task)
         try:
             await self.harness.prepare(sb, ctx)

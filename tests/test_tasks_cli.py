@@ -30,3 +30,29 @@ def test_validate_prints_every_problem_and_fails_in_one_line(tmp_path: Path) -> 
     assert "Traceback" not in out.output
     out = CliRunner().invoke(app, ["tasks", "list", str(tmp_path / "missing")])
     assert out.exit_code == 1 and "no such task file or folder" in out.output
+
+
+def test_validate_run_proves_every_builtin_verifier_in_real_sandboxes(forge_home: Path) -> None:
+    out = CliRunner().invoke(app, ["tasks", "validate", "builtin", "--run"])
+    assert out.exit_code == 0, out.output
+    assert "30 task(s) ok (easy 10, hard 8, medium 12, solutions checked)" in out.output
+    assert not list((forge_home / "sandboxes").iterdir())
+
+
+def test_validate_run_reports_verifiers_that_cannot_tell(tmp_path: Path) -> None:
+    path = tmp_path / "set.jsonl"
+    path.write_text("\n".join(json.dumps(t) for t in [
+        {"id": "good", "instruction": "a", "verifier": "test -f x", "solution": "touch x"},
+        {"id": "lenient", "instruction": "b", "verifier": "true", "solution": "true"},
+        {"id": "wrong", "instruction": "c", "verifier": "echo 'score: 0.4'", "solution": "true", "pass_threshold": 0.5},
+        {"id": "unchecked", "instruction": "d", "verifier": "test -f y"},
+    ]))
+    out = CliRunner().invoke(app, ["tasks", "validate", str(path), "--run"])
+    assert out.exit_code == 1
+    lines = out.output.strip().splitlines()
+    assert lines[:-1] == [
+        "solution check [unchecked]: no reference solution: its verifier is unchecked (add `solution`)",
+        "solution check [wrong]: the reference solution scores 0.4 < pass_threshold 0.5: score: 0.4",
+        "solution check [lenient]: an agent that does nothing passes (reward 1)",
+    ], lines
+    assert lines[-1] == f"forge: error: 3 task(s) of {path} failed the solution check"
