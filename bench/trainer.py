@@ -153,19 +153,31 @@ def trl(model_dir: str, steps: int, device: str, out: Any) -> None:
 
 
 def _in_child(target: Any, *args: Any) -> dict:
+    """Run one trainer in a fresh process (its own peak memory), and return what it measured."""
+    import queue as q
+
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=target, args=(*args, queue))
+    results = ctx.Queue()
+    proc = ctx.Process(target=target, args=(*args, results))
     proc.start()
     try:
-        result = queue.get(timeout=1800)
+        while True:
+            try:
+                return results.get(timeout=1.0)
+            except q.Empty:
+                if not proc.is_alive():
+                    raise RuntimeError(f"the {target.__name__} benchmark process died (exit {proc.exitcode})") from None
     finally:
         proc.join(timeout=60)
-    return result
 
 
 def run(quick: bool = False) -> dict:
+    import importlib.util
+
     import torch
+
+    if importlib.util.find_spec("trl") is None:
+        raise RuntimeError("bench/trainer.py compares against TRL: pip install -e '.[bench]' (trl>=1.16)")
 
     from engine.supervisor import EngineProcess
     from engine.tiny import build_tiny_model

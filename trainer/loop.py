@@ -72,62 +72,81 @@ class TrainResult:
     adapter: str | None = None  # the adapter the engine serves at the end
 
 
-def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str | Path, tasks: Sequence[Any],
-          sampler: Sampler, engine: AdapterSync | None = None, home: Path | None = None, resume: bool = False,
-          temperature: float = 1.0, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
-    """Train run `run_id` for `config.steps` steps (counted from 0, including steps done before a resume)."""
-    home = home or forge_home()
+@dataclass
+class _Policy:
+    """What the loop updates: the model with its optimizer and schedule, and how to step it."""
+
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    device: torch.device
+    step_cfg: StepConfig
+    pad_id: int
+
+
+def _build(config: TrainerConfig, model_path: str | Path, resume_from: Path | None, temperature: float) -> _Policy:
+    if config.kl_coef > 0 and config.full_finetune:
+        raise TrainerError("kl_coef > 0 needs LoRA: the reference is the base model with the adapter disabled")
     device = pick_device(config.device)
     random.seed(config.seed)
-    torch.manual_seed(config.seed)
-    found = latest_checkpoint(home, run_id)
-    if found is not None and not resume:
-        raise TrainerError(f"run {run_id} already has checkpoints (step {found.step}); resume it with --resume")
-    model = build_policy(model_path, config, device=device, resume_from=found.adapter_path if found else None)
+    torch.manual_seed(config.seed)  # the LoRA init
+    model = build_policy(model_path, config, device=device, resume_from=resume_from)
     optimizer, scheduler = build_optimizer(model, config)
-    stream = TaskStream(tasks, config.seed)
     step_cfg = StepConfig(clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high, tis_cap=config.tis_cap,
                           kl_coef=config.kl_coef, loss_agg=config.loss_agg, max_grad_norm=config.max_grad_norm,
                           epochs=config.epochs_per_step, temperature=temperature, autocast_dtype=autocast_dtype(device))
-    if config.kl_coef > 0 and config.full_finetune:
-        raise TrainerError("kl_coef > 0 needs LoRA: the reference is the base model with the adapter disabled")
+    return _Policy(model, optimizer, scheduler, device, step_cfg, pad_token_id(model))
 
+
+def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str | Path, tasks: Sequence[Any],
+          sampler: Sampler, engine: AdapterSync | None = None, home: Path | None = None, resume: bool = False,
+          temperature: float = 1.0, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+    """Train run `run_id` for `config.steps` steps (counted from 0, including steps done before a resume).
+
+    `temperature` must be the one the rollouts were sampled at: the trainer's logprobs are taken
+    under the same temperature-scaled distribution the engine reports."""
+    home = home or forge_home()
+    found = latest_checkpoint(home, run_id)
+    if found is not None and not resume:
+        raise TrainerError(f"run {run_id} already has checkpoints (step {found.step}); resume it with --resume")
+    pi = _build(config, model_path, found.adapter_path if found else None, temperature)
+    stream = TaskStream(tasks, config.seed)
     start, position, adapter = 0, 0, None
     if found is not None:
-        start, position, adapter = _restore(store, run_id, found, optimizer, scheduler, stream, engine, config)
+        start, position, adapter = _restore(store, run_id, found, pi, stream, engine, config)
     store.update_run(run_id, owner_pid=os.getpid())
     store.set_run_status(run_id, "running")
     result = TrainResult(run_id=run_id, adapter=adapter)
-    pool = ThreadPoolExecutor(max_workers=1) if config.overlap else None
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forge-overlap") if config.overlap else None
     pending: Future | None = None
-    pad_id = pad_token_id(model)
     try:
         for step in range(start, config.steps):
+            # 1. sample: this step's groups, with the adapter the engine serves now
             t0 = time.perf_counter()
             step_tasks = stream.take(position, config.tasks_per_step)
             rollouts = pending.result() if pending else sampler.sample(run_id, step_tasks, step=step, adapter=adapter)
             pending = None
-            if pool is not None and step + 1 < config.steps:
+            if pool is not None and step + 1 < config.steps:  # overlap: the next step samples while this trains
                 nxt = stream.take(position + len(step_tasks), config.tasks_per_step)
                 pending = pool.submit(sampler.sample, run_id, nxt, step=step + 1, adapter=adapter)
+            # 2. train: group advantages, micro-batches, one GRPO update
             t1 = time.perf_counter()
-
             batch = build_batch(rollouts, store.list_trajectories(rollout_ids=[r.id for r in rollouts]),
                                 std_normalize=config.std_normalize)
-            mbs = micro_batches(batch.samples, token_budget=config.micro_batch_tokens, pad_id=pad_id,
-                                loss_agg=config.loss_agg, device=device)
-            metrics = grpo_step(model, optimizer, mbs, step_cfg, scheduler) if mbs else {"n_tokens": 0}
+            mbs = micro_batches(batch.samples, token_budget=config.micro_batch_tokens, pad_id=pi.pad_id,
+                                loss_agg=config.loss_agg, device=pi.device)
+            metrics = grpo_step(pi.model, pi.optimizer, mbs, pi.step_cfg, pi.scheduler) if mbs else {"n_tokens": 0}
             t2 = time.perf_counter()
             position += len(step_tasks)
             metrics.update(_reward_metrics(batch, step_tasks), step=step, n_rollouts=len(rollouts),
                            t_rollout_s=t1 - t0, t_train_s=t2 - t1, tokens_per_s=metrics["n_tokens"] / max(t2 - t1, 1e-9))
-            path = save_checkpoint(home, run_id, step, model=model, optimizer=optimizer, scheduler=scheduler,
+            # 3. save (the step is done once its checkpoint exists), 4. hot-load, 5. record
+            path = save_checkpoint(home, run_id, step, model=pi.model, optimizer=pi.optimizer, scheduler=pi.scheduler,
                                    state={"position": position, "metrics": metrics, "fingerprint": stream.fingerprint})
-            adapter = _publish(store, run_id, step, path, engine, config)
+            adapter = result.adapter = _publish(store, run_id, step, path, engine, config)
             metrics["t_sync_s"] = time.perf_counter() - t2
             _record_step(store, run_id, metrics, adapter)
             result.steps.append(metrics)
-            result.adapter = adapter
             if on_step is not None:
                 on_step(metrics)
     except BaseException as exc:
@@ -136,22 +155,20 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
         store.interrupt_unfinished(run_id)
         raise
     finally:
-        if pending is not None:
-            pending.cancel()
-        if pool is not None:
-            pool.shutdown(wait=True)
+        if pool is not None:  # an unfinished prefetch is abandoned; its rollouts end up interrupted
+            pool.shutdown(wait=pending is None, cancel_futures=True)
     store.set_run_status(run_id, "finished")
     return result
 
 
-def _restore(store: Store, run_id: str, found: Any, optimizer: Any, scheduler: Any, stream: TaskStream,
+def _restore(store: Store, run_id: str, found: Any, pi: _Policy, stream: TaskStream,
              engine: AdapterSync | None, config: TrainerConfig) -> tuple[int, int, str | None]:
     state = found.state
     if state.get("fingerprint") != stream.fingerprint:
         raise TrainerError(f"run {run_id} was trained on a different task set; resume it with the same tasks")
-    optimizer.load_state_dict(state["optimizer"])
+    pi.optimizer.load_state_dict(state["optimizer"])
     if state.get("scheduler") is not None:
-        scheduler.load_state_dict(state["scheduler"])
+        pi.scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     store.interrupt_unfinished(run_id)  # rollouts of the interrupted step are sampled again
     # The engine may have restarted since: load the newest adapter again before the next rollouts.
