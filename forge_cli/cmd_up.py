@@ -54,7 +54,7 @@ def up(
                                         resume=resume is not None, console=console)
     else:
         outcome = up_views.run_tui(store, run_id, config, controller, home=home, resume=resume is not None,
-                                   exit_after_done_s=None if stay or not demo else 5.0)
+                                   exit_after_done_s=None if stay or not demo else 5.0, console=console)
     console.print(up_views.summary(store, run_id, home))
     if outcome.status == "failed":
         raise ForgeError(f"run {run_id} failed: {outcome.error}")

@@ -76,8 +76,10 @@ def short_adapter(adapter: str | None, run_id: str) -> str:
 
 
 def run_tui(store: Store, run_id: str, config: ForgeConfig, controller: RunController, *, home: Path,
-            resume: bool, exit_after_done_s: float | None) -> Outcome:
-    """The dashboard in the foreground; `q`/Ctrl-C/SIGTERM stop the run, then the worker tears down."""
+            resume: bool, exit_after_done_s: float | None, console: Console | None = None,
+            headless_app: bool = False) -> Outcome:
+    """The dashboard in the foreground; `q`/Ctrl-C/SIGTERM stop the run, then the worker tears down.
+    (`headless_app` runs the same app without a terminal: tests.)"""
     from forge_cli.dashboard import make_dashboard
 
     app = make_dashboard(store.path, run_id, controller=controller, exit_after_done_s=exit_after_done_s)
@@ -88,9 +90,10 @@ def run_tui(store: Store, run_id: str, config: ForgeConfig, controller: RunContr
         app.exit()
 
     with _OnSigterm(on_term):
-        app.run()
+        app.run(headless=headless_app)
     if thread.is_alive():
         controller.stop()  # the dashboard closed before the run ended
+        (console or Console()).print(f"stopping {run_id}: rollouts and their sandboxes, the proxy, the engine ...")
     return wait_for(thread, controller)
 
 

@@ -155,3 +155,45 @@ def test_stop_cancels_the_step_and_its_sandbox_processes(runner_rig) -> None:
     assert not psutil.pid_exists(setup_pid) or psutil.Process(setup_pid).status() == psutil.STATUS_ZOMBIE
     with pytest.raises(Stopped):
         controller.check()
+
+
+def test_the_dashboard_front_end_stops_everything_on_sigterm(store: Store, tiny_model: Path) -> None:
+    """`forge up`'s TUI path (Textual without a terminal): SIGTERM while the engine is still loading
+    closes the dashboard, aborts the engine start and leaves no child process."""
+    import signal
+
+    from forge_cli.up_views import run_tui
+
+    config = load_config(None, overrides=cli_overrides(demo=True, sets=[f"engine.model={tiny_model}"], steps=1,
+                                                       name=None))
+    run_id, config = prepare_run(store, config, home=store.path.parent)
+    controller = RunController(store, run_id)
+    children: list[psutil.Process] = []
+
+    def sigterm_once_the_engine_is_launching() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            kids = [p for p in psutil.Process().children(recursive=True) if "engine" in " ".join(p.cmdline())]
+            if kids and signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+                children.extend(kids)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.05)
+
+    sender = threading.Thread(target=sigterm_once_the_engine_is_launching)
+    sender.start()
+    outcome = run_tui(store, run_id, config, controller, home=store.path.parent, resume=False,
+                      exit_after_done_s=None, headless_app=True)
+    sender.join()
+    assert children, "the engine child never started"
+    assert outcome.status == "stopped" and controller.stopping.is_set()
+    assert store.get_run(run_id).status == "stopped"
+    assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone with the dashboard
+
+
+def test_forge_dash_without_a_terminal_says_what_to_use(store: Store) -> None:
+    store.create_run()
+    out = CliRunner().invoke(app, ["dash", "latest"])
+    assert out.exit_code == 1
+    assert out.stderr == "forge: error: forge dash needs a terminal; use `forge show RUN` to print a run's summary\n"
