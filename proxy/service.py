@@ -70,7 +70,11 @@ class CallService:
 
     async def prompt_for(self, rollout_id: str, req: CallRequest) -> Prompt:
         await self._warm(rollout_id)
-        prompt = self.builder.build(rollout_id, req.messages, req.prompt_tools)
+        prompt = self.builder.plan(rollout_id, req.messages, req.prompt_tools)
+        if len(prompt.tail) > 8192:  # a long first prompt (Claude Code's is ~80 KB): tokenise off the loop
+            prompt = await asyncio.to_thread(self.builder.encode_tail, prompt)
+        else:
+            self.builder.encode_tail(prompt)
         if len(prompt.ids) > self.config.max_context_tokens:
             raise APIError("invalid_request", f"the prompt is {len(prompt.ids)} tokens, over this proxy's "
                            f"limit of {self.config.max_context_tokens} (proxy.max_context_tokens)", param="messages")

@@ -56,7 +56,13 @@ class ChatRenderer:
         return text if isinstance(text, str) else str(text)
 
     def encode(self, text: str) -> list[int]:
-        # The template already wrote any BOS/special text; the tokenizer must not add more.
+        # The template already wrote any BOS/special text; the tokenizer must not add more. The Rust
+        # tokenizer is called directly where there is one: transformers' wrapper re-applies padding
+        # and truncation settings on every call (mutating the Rust object), which is unsafe when
+        # several threads encode at once.
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            return list(backend.encode(text, add_special_tokens=False).ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
@@ -214,6 +220,7 @@ class Prompt:
     text: str  # the template's rendering (what re-tokenisation would have tokenised)
     reused_tokens: int = 0  # earlier sampled tokens spliced in verbatim
     extends_call: int | None = None  # the call whose prompt + completion this prompt extends
+    tail: str = ""  # text still to tokenise and append to `ids` (see PromptBuilder.plan)
 
 
 def _key(text: str) -> str:
@@ -242,6 +249,11 @@ class PromptBuilder:
         self._turns.setdefault(rollout_id, OrderedDict())
 
     def build(self, rollout_id: str, messages: list[Message], tools: list[dict[str, Any]]) -> Prompt:
+        return self.encode_tail(self.plan(rollout_id, messages, tools))
+
+    def plan(self, rollout_id: str, messages: list[Message], tools: list[dict[str, Any]]) -> Prompt:
+        """The prompt with its reused ids in `ids` and the text still to tokenise in `tail` (the
+        caller may tokenise a long tail off the event loop with `encode_tail`)."""
         full = self.r.render(messages, tools, generation=True)
         turns = self._turns.get(rollout_id)
         if turns:
@@ -249,7 +261,11 @@ class PromptBuilder:
             spliced = self._splice(turns, messages, tools, full)
             if spliced is not None:
                 return spliced
-        return Prompt(ids=self.r.encode(full), text=full)
+        return Prompt(ids=[], text=full, tail=full)
+
+    def encode_tail(self, prompt: Prompt) -> Prompt:
+        prompt.ids, prompt.tail = prompt.ids + self.r.encode(prompt.tail), ""
+        return prompt
 
     def _splice(self, turns: OrderedDict[str, Turn], messages: list[Message], tools: list[dict[str, Any]],
                 full: str) -> Prompt | None:
@@ -274,8 +290,8 @@ class PromptBuilder:
             ids = list(turn.ids)
             if not ids or ids[-1] != self.r.eot_id:  # cut by max_tokens or a stop string
                 ids.append(self.r.eot_id)
-            ids += self.r.encode(trailer + full[len(head):])
-            return Prompt(ids=ids, text=full, reused_tokens=turn.reused_tokens, extends_call=turn.call_id)
+            return Prompt(ids=ids, text=full, reused_tokens=turn.reused_tokens, extends_call=turn.call_id,
+                          tail=trailer + full[len(head):])
         return None
 
     def record(self, rollout_id: str, messages: list[Message], tools: list[dict[str, Any]],
