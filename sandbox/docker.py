@@ -102,10 +102,12 @@ class DockerSandbox(SandboxBase):
     async def stop(self) -> None:
         if self._client is None:
             return
-        await asyncio.to_thread(self._remove, self._container.id if self._container else self.name)
-        self._container = None
-        client, self._client = self._client, None
-        await asyncio.to_thread(client.close)
+        try:
+            await asyncio.to_thread(self._remove, self._container.id if self._container else self.name)
+        finally:
+            self._container = None
+            client, self._client = self._client, None
+            await asyncio.to_thread(client.close)
 
     def _remove(self, ident: str) -> None:
         import docker.errors

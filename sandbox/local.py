@@ -77,7 +77,7 @@ class LocalSandbox(SandboxBase):
         self.limits = Limits(self.cfg.cpu_time_s, self.cfg.memory_mb, self.cfg.max_processes, self.cfg.max_file_mb)
         self.bwrap: str | None = None
         self.cgroup: Cgroup | None = None
-        self._started = False
+        self._started = self._created = False
 
     @property
     def isolation(self) -> str:
@@ -92,6 +92,7 @@ class LocalSandbox(SandboxBase):
         if mode == "bwrap" and not self.bwrap:
             raise SandboxError("sandbox.local.isolation = \"bwrap\" but bwrap is missing or cannot create "
                                "namespaces here (apt-get install bubblewrap, or isolation = \"auto\")")
+        self._created = True  # from here on stop() has something to clean, even if start() fails
         if self.dir.exists():  # a leftover of the same rollout id: never reuse its files
             await asyncio.to_thread(_rmtree, self.dir)
         try:
@@ -105,10 +106,10 @@ class LocalSandbox(SandboxBase):
         self._started = True
 
     async def stop(self) -> None:
-        if not self._started and not self.dir.exists():
+        if not self._created:  # never started: the folder, if any, is not this object's to remove
             return
         await asyncio.to_thread(self._stop_sync)
-        self._started = False
+        self._started = self._created = False
 
     def _stop_sync(self) -> None:
         among = self.cgroup.pids() if self.cgroup and self.cgroup.dirs else None
