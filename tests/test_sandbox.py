@@ -131,6 +131,11 @@ async def test_paths_cannot_escape_the_workdir(config: SandboxConfig) -> None:
             with pytest.raises(SandboxError, match="leaves the sandbox"):
                 await sb.write_file("sneaky/owned", b"x")
             assert not os.path.exists("/etc/owned")
+        if getattr(sb, "bwrap", None):  # under bwrap the process itself cannot write outside its folder
+            outside = f"/tmp/forge-escape-{os.getpid()}"
+            res = await sb.exec(f"touch {outside}; echo hi > $HOME/ok; echo hi > $TMPDIR/ok", timeout=10)
+            assert "Read-only file system" in res.stderr and not os.path.exists(outside)
+            assert (await sb.exec("cat $HOME/ok $TMPDIR/ok", timeout=10)).stdout == "hi\nhi\n"
 
 
 async def test_stop_removes_everything_and_is_idempotent(config: SandboxConfig) -> None:
