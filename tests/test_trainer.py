@@ -209,3 +209,34 @@ def test_kl_to_the_adapter_free_reference_and_full_finetune(store: Store, tiny_m
     with pytest.raises(TrainerError, match="LoRA"):
         train(store, store.create_run().id, _cfg(steps=1, full_finetune=True, kl_coef=0.1), model_path=tiny_model,
               tasks=TASKS, sampler=ReplaySampler(store), home=forge_home)
+
+
+def test_adapter_sync_keeps_two_replaces_a_held_name_and_reports_a_bad_path(tiny_model: Path, forge_home: Path) -> None:
+    from engine.embedded import create_engine_app
+    from engine.serve import serve_in_thread
+    from openforge.config import EngineConfig
+    from openforge.errors import EngineError
+    from trainer.sampler import AdapterSync, BackgroundLoop
+
+    model = build_policy(tiny_model, _cfg(), device=torch.device("cpu"))
+    model.save_pretrained(forge_home / "a")
+    bridge = BackgroundLoop()
+    app = create_engine_app(EngineConfig(model=str(tiny_model), dtype="float32", device="cpu"))
+    with serve_in_thread(app) as server:
+        client = bridge.run(_make_client(server.url))
+        sync = AdapterSync(client, bridge)
+        for name in ("s0", "s1", "s2"):
+            sync.load(name, str(forge_home / "a"))
+        assert sync.loaded == ["s1", "s2"]
+        assert set(app.state.engine.scheduler.adapters.paths) == {"s1", "s2"}
+        AdapterSync(client, bridge).load("s2", str(forge_home / "a"))  # held from before a resume: replaced
+        with pytest.raises(EngineError, match="load_lora_adapter"):
+            sync.load("s3", str(forge_home / "missing"))
+        bridge.run(client.aclose())
+    bridge.close()
+
+
+async def _make_client(url: str):
+    from engine.client import EngineClient
+
+    return EngineClient(url, timeout=30)

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any, Protocol, Sequence, TypeVar
 
-from openforge.errors import TrainerError
+from openforge.errors import EngineError, TrainerError
 from openforge.store import Call, Rollout, Store, Trajectory, utcnow
 
 T = TypeVar("T")
@@ -152,7 +152,16 @@ class AdapterSync:
         self.loaded: list[str] = []
 
     def load(self, name: str, path: str) -> None:
-        self.bridge.run(self.client.load_lora_adapter(name, path))
+        try:
+            self.bridge.run(self.client.load_lora_adapter(name, path))
+        except EngineError as first:
+            # A long-lived engine (kind = "url") may hold this name from before a resume; SGLang
+            # refuses to load a name twice, so replace it. Any other failure is the one reported.
+            try:
+                self.bridge.run(self.client.unload_lora_adapter(name))
+            except EngineError:
+                raise first from None
+            self.bridge.run(self.client.load_lora_adapter(name, path))
         self.loaded.append(name)
         while len(self.loaded) > self.keep:
             self.bridge.run(self.client.unload_lora_adapter(self.loaded.pop(0)))
