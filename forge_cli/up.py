@@ -314,9 +314,15 @@ class RunThread(threading.Thread):
         super().__init__(name="forge-up", daemon=True)
         self._target_fn = target
         self.outcome: Outcome | None = None
+        # Waited on instead of join(): a KeyboardInterrupt inside Thread.join() can leave the thread
+        # looking finished to is_alive() (CPython 3.11) while it is still tearing down.
+        self.done = threading.Event()
 
     def run(self) -> None:
-        self.outcome = self._target_fn()
+        try:
+            self.outcome = self._target_fn()
+        finally:
+            self.done.set()
 
 
 def start_run_thread(store: Store, run_id: str, config: ForgeConfig, controller: RunController, *, home: Path,
@@ -347,9 +353,9 @@ def wait_for(thread: RunThread, controller: RunController, *, grace_s: float = 6
     """Join the lifecycle thread. Ctrl-C here stops the run; a second one while it tears down is
     ignored: it is stopping sandboxes and children, and leaving now would orphan them."""
     deadline = None
-    while thread.is_alive():
+    while not thread.done.is_set():
         try:
-            thread.join(0.5)
+            thread.done.wait(0.5)
             if on_tick is not None:
                 on_tick()
         except KeyboardInterrupt:

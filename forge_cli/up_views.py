@@ -91,7 +91,7 @@ def run_tui(store: Store, run_id: str, config: ForgeConfig, controller: RunContr
 
     with _OnSigterm(on_term):
         app.run(headless=headless_app)
-    if thread.is_alive():
+    if not thread.done.is_set():
         controller.stop()  # the dashboard closed before the run ended
         (console or Console()).print(f"stopping {run_id}: rollouts and their sandboxes, the proxy, the engine ...")
     return wait_for(thread, controller)

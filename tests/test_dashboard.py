@@ -177,6 +177,14 @@ async def test_p_pauses_and_resumes_through_the_controller(store: Store, known_r
     assert app.return_code == 0
 
 
+async def test_ctrl_c_stops_the_run_too(store: Store, known_run: str) -> None:
+    ctl = FakeController()
+    app = make_dashboard(store.path, known_run, controller=ctl)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("ctrl+c")
+    assert ctl.calls == ["stop"]
+
+
 async def test_read_only_view_refuses_pause_and_quits(store: Store, known_run: str) -> None:
     app = make_dashboard(store.path, "latest")
     async with app.run_test(size=(120, 40), notifications=True) as pilot:

@@ -157,6 +157,38 @@ def test_stop_cancels_the_step_and_its_sandbox_processes(runner_rig) -> None:
         controller.check()
 
 
+def _signal_when_engine_launches(sig: int, children: list, *, needs_handler: bool) -> threading.Thread:
+    """Send `sig` to this process once the engine child exists (and, for SIGTERM, our handler is in)."""
+    import signal
+
+    def send() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            kids = [p for p in psutil.Process().children(recursive=True) if "engine" in " ".join(p.cmdline())]
+            if kids and (not needs_handler or signal.getsignal(sig) not in (signal.SIG_DFL, None)):
+                children.extend(kids)
+                os.kill(os.getpid(), sig)
+                return
+            time.sleep(0.05)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    return sender
+
+
+def _demo_run(store: Store, tiny_model: Path) -> tuple[str, object, RunController]:
+    config = load_config(None, overrides=cli_overrides(demo=True, sets=[f"engine.model={tiny_model}"], steps=1,
+                                                       name=None))
+    run_id, config = prepare_run(store, config, home=store.path.parent)
+    return run_id, config, RunController(store, run_id)
+
+
+def _assert_all_stopped(store: Store, run_id: str, outcome, children: list) -> None:
+    assert children, "the engine child never started"
+    assert outcome.status == "stopped" and store.get_run(run_id).status == "stopped", outcome
+    assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
 def test_the_dashboard_front_end_stops_everything_on_sigterm(store: Store, tiny_model: Path) -> None:
     """`forge up`'s TUI path (Textual without a terminal): SIGTERM while the engine is still loading
     closes the dashboard, aborts the engine start and leaves no child process."""
@@ -164,32 +196,30 @@ def test_the_dashboard_front_end_stops_everything_on_sigterm(store: Store, tiny_
 
     from forge_cli.up_views import run_tui
 
-    config = load_config(None, overrides=cli_overrides(demo=True, sets=[f"engine.model={tiny_model}"], steps=1,
-                                                       name=None))
-    run_id, config = prepare_run(store, config, home=store.path.parent)
-    controller = RunController(store, run_id)
+    run_id, config, controller = _demo_run(store, tiny_model)
     children: list[psutil.Process] = []
-
-    def sigterm_once_the_engine_is_launching() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            kids = [p for p in psutil.Process().children(recursive=True) if "engine" in " ".join(p.cmdline())]
-            if kids and signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
-                children.extend(kids)
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-            time.sleep(0.05)
-
-    sender = threading.Thread(target=sigterm_once_the_engine_is_launching)
-    sender.start()
+    sender = _signal_when_engine_launches(signal.SIGTERM, children, needs_handler=True)
     outcome = run_tui(store, run_id, config, controller, home=store.path.parent, resume=False,
                       exit_after_done_s=None, headless_app=True)
     sender.join()
-    assert children, "the engine child never started"
-    assert outcome.status == "stopped" and controller.stopping.is_set()
-    assert store.get_run(run_id).status == "stopped"
-    assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    _assert_all_stopped(store, run_id, outcome, children)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone with the dashboard
+
+
+def test_ctrl_c_in_headless_mode_stops_everything(store: Store, tiny_model: Path) -> None:
+    import signal
+
+    from rich.console import Console
+
+    from forge_cli.up_views import run_headless
+
+    run_id, config, controller = _demo_run(store, tiny_model)
+    children: list[psutil.Process] = []
+    sender = _signal_when_engine_launches(signal.SIGINT, children, needs_handler=False)
+    outcome = run_headless(store, run_id, config, controller, home=store.path.parent, resume=False,
+                           console=Console(file=open(os.devnull, "w")))
+    sender.join()
+    _assert_all_stopped(store, run_id, outcome, children)
 
 
 def test_forge_dash_without_a_terminal_says_what_to_use(store: Store) -> None:
