@@ -154,6 +154,11 @@ class Proxy:
         events = self.service.events(p)
         try:
             await events.__anext__()
+            await p.row  # the in-flight row is committed before the first byte
+        except StoreError as exc:
+            await events.aclose()
+            self.service.release()
+            return error_response(p.api, APIError("server", f"the proxy could not record the call: {exc}"))
         except (APIError, StopAsyncIteration) as exc:
             await events.aclose()
             await self.service.record_error(p, str(exc))

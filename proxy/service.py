@@ -34,7 +34,7 @@ class Prepared:
     rollout: dict[str, Any]
     req: CallRequest
     prompt: Prompt
-    row_id: int
+    row: asyncio.Future  # -> the call row's id, once its in-flight insert is committed
     response_id: str
     model: str
     started: float
@@ -123,15 +123,17 @@ class CallService:
                       id_prefix: str) -> Prepared:
         prompt = await self.prompt_for(rollout["id"], req)
         model = req.model or self.served_model
-        row_id = await self.recorder.begin({
+        # The in-flight row is committed while the engine starts on the prompt (not before it): the
+        # insert is off the critical path, and `row` is awaited before any byte of the answer goes out.
+        row = asyncio.ensure_future(self.recorder.begin({
             "run_id": rollout["run_id"], "rollout_id": rollout["id"], "api": req.api, "model": model,
             "adapter": rollout.get("adapter"), "stream": req.stream, "request_json": raw_body,
             "prompt_ids": json.dumps(prompt.ids), "reused_tokens": prompt.reused_tokens,
             "prompt_tokens": len(prompt.ids), "started_at": utcnow(),
-        })
+        }))
         params = GenerationParams(prompt.ids, self._sampling(req, len(prompt.ids)), req.stop, rollout.get("adapter"),
-                                  rid=f"{rollout['id']}-{row_id}", id_prefix=id_prefix)
-        return Prepared(api, rollout, req, prompt, row_id, new_call_id(api.RESPONSE_ID_PREFIX), model,
+                                  rid=new_call_id(rollout["id"]), id_prefix=id_prefix)
+        return Prepared(api, rollout, req, prompt, row, new_call_id(api.RESPONSE_ID_PREFIX), model,
                         time.perf_counter(), Generation(self.engine, self.r, params))
 
     # -- finishing ---------------------------------------------------------------------------
@@ -141,7 +143,8 @@ class CallService:
         return p.api.response_json(p.req, comp, call_id=p.response_id, model=p.model, token_logprobs=lps)
 
     async def record_ok(self, p: Prepared, comp: Completion, body: dict[str, Any]) -> None:
-        await self.recorder.end(p.row_id, {
+        row_id = await p.row
+        await self.recorder.end(row_id, {
             "status": "ok", "response_json": json.dumps(body, ensure_ascii=False),
             "completion_ids": json.dumps(comp.completion_ids), "logprobs": _json_floats(comp.logprobs),
             "tool_calls_json": json.dumps([{"id": t.id, "name": t.name, "arguments": t.arguments}
@@ -150,12 +153,13 @@ class CallService:
             "prompt_tokens": comp.prompt_tokens, "completion_tokens": comp.completion_tokens,
             "latency_ms": (time.perf_counter() - p.started) * 1000, "ended_at": utcnow(),
         })
-        self.builder.record(p.rollout["id"], p.req.messages, p.req.prompt_tools, p.prompt, comp, p.row_id)
+        self.builder.record(p.rollout["id"], p.req.messages, p.req.prompt_tools, p.prompt, comp, row_id)
 
     async def record_error(self, p: Prepared, message: str, status: str = "error") -> None:
         try:
-            await self.recorder.end(p.row_id, {"status": status, "error": message[:2000], "ended_at": utcnow(),
-                                               "latency_ms": (time.perf_counter() - p.started) * 1000})
+            row_id = await p.row
+            await self.recorder.end(row_id, {"status": status, "error": message[:2000], "ended_at": utcnow(),
+                                             "latency_ms": (time.perf_counter() - p.started) * 1000})
         except StoreError:
             pass  # the error being reported matters more than the failed bookkeeping
 
