@@ -240,3 +240,13 @@ async def _make_client(url: str):
     from engine.client import EngineClient
 
     return EngineClient(url, timeout=30)
+
+
+def test_pass_rate_uses_each_tasks_threshold() -> None:
+    from trainer.data import Batch
+    from trainer.loop import _reward_metrics
+
+    batch = Batch(samples=[], rewards=[0.0, 0.5, 1.0, 0.5], task_ids=["easy", "easy", "hard", "hard"])
+    m = _reward_metrics(batch, [{"id": "easy", "pass_threshold": 0.0}, {"id": "hard"}])
+    assert m["pass_rate"] == pytest.approx(3 / 4)  # both easy ones pass at 0; hard passes only at 1.0
+    assert m["reward_mean"] == pytest.approx(0.5) and m["reward_std"] == pytest.approx(0.3535534)

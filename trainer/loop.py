@@ -52,7 +52,7 @@ class TaskStream:
         if not tasks:
             raise TrainerError("no tasks to train on")
         self.tasks, self.seed = list(tasks), seed
-        ids = [str(t["id"] if isinstance(t, dict) else t.id) for t in self.tasks]
+        ids = [str(_task_field(t, "id")) for t in self.tasks]
         self.fingerprint = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
 
     def take(self, position: int, n: int) -> list[Any]:
@@ -197,9 +197,7 @@ def _publish(store: Store, run_id: str, step: int, path: Path, engine: AdapterSy
 
 
 def _reward_metrics(batch: Any, tasks: Sequence[Any]) -> dict[str, Any]:
-    thresholds = {str(t["id"] if isinstance(t, dict) else t.id):
-                  float((t.get("pass_threshold") if isinstance(t, dict) else getattr(t, "pass_threshold", None)) or 1.0)
-                  for t in tasks}
+    thresholds = {_task_field(t, "id"): _pass_threshold(t) for t in tasks}
     rewards = batch.rewards
     passed = [r >= thresholds.get(t, 1.0) for r, t in zip(rewards, batch.task_ids)]
     return {
@@ -208,6 +206,15 @@ def _reward_metrics(batch: Any, tasks: Sequence[Any]) -> dict[str, Any]:
         "pass_rate": sum(passed) / len(passed) if passed else None,
         "n_groups": batch.n_groups, "dropped_groups": batch.dropped_groups,
     }
+
+
+def _task_field(task: Any, key: str, default: Any = None) -> Any:
+    return task.get(key, default) if isinstance(task, dict) else getattr(task, key, default)
+
+
+def _pass_threshold(task: Any) -> float:
+    value = _task_field(task, "pass_threshold")
+    return 1.0 if value is None else float(value)  # a task without one passes at full reward
 
 
 _COLUMNS = ("loss", "reward_mean", "reward_std", "pass_rate", "kl", "clip_frac", "mismatch_mean", "mismatch_max",
