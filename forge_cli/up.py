@@ -109,6 +109,8 @@ class ControlledSampler:
         if (failure := self.engine_failure()) is not None:  # the supervisor gave up restarting it
             raise EngineError(failure)
         log.info("step %d: sampling %d task(s) x %d, adapter %s", step, len(tasks), self.group_size, adapter or "base")
+        if self.controller.paused:  # the trainer marks the run running as it starts; it is not
+            self.controller.store.update_run(run_id, status="paused")
 
         from rollouts.evaluate import eval_specs
 
@@ -117,6 +119,8 @@ class ControlledSampler:
         async def one_step() -> list[Any]:
             self.controller._current = asyncio.current_task()
             try:
+                if self.controller.stopping.is_set():  # stop() came before this task existed to cancel
+                    raise asyncio.CancelledError
                 return list(await self.runner.run(run_id, specs, step=step, adapter=adapter))
             finally:
                 self.controller._current = None
@@ -198,6 +202,8 @@ def bring_up(store: Store, run_id: str, config: ForgeConfig, controller: RunCont
     log.info("engine (%s) up at %s serving %s", config.engine.kind, engine.url, config.engine.model)
     controller.check()
     runner = _make_runner(store, config, proxy_url)
+    if controller.paused:  # `p` pressed while the engine was loading
+        runner.pause()
     controller.runner = runner
     client = EngineClient(engine.url, timeout=config.engine.request_timeout_s)
     started.append(("engine client", lambda: controller.bridge.run(client.aclose())))
