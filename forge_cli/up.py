@@ -235,7 +235,8 @@ def run_lifecycle(store: Store, run_id: str, config: ForgeConfig, controller: Ru
         outcome.steps.append(metrics)
         if on_step is not None:
             on_step(metrics)
-        controller.check()
+        if int(metrics["step"]) + 1 < config.trainer.steps:  # a stop during the last step: it is done anyway
+            controller.check()
 
     try:
         svc = bring_up(store, run_id, config, controller, started)
