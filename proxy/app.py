@@ -14,6 +14,7 @@ rollout; unknown keys and rollouts that are no longer pending/running get a 401 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -72,6 +73,7 @@ class Proxy:
         self.store = Store(store_path)
         self.recorder = Recorder(self.store)
         self.lookup = RolloutLookup(Path(store_path))
+        self._background: set[asyncio.Future] = set()
         self.renderer = ChatRenderer(tokenizer)
         self.service = CallService(config, recorder=self.recorder, engine=engine,
                                    renderer=self.renderer, served_model=served_model, api_modules=APIS)
@@ -81,6 +83,8 @@ class Proxy:
         await self.recorder.start()
 
     async def aclose(self) -> None:
+        if self._background:  # streams being wound up still write their rows
+            await asyncio.wait(list(self._background), timeout=10)
         await self.recorder.stop()
         self.recorder.close()
         self.lookup.close()
@@ -196,10 +200,17 @@ class Proxy:
             for line in stream.error(APIError("server", f"the proxy could not record the call: {exc}")):
                 yield line
         finally:
-            await events.aclose()
-            if not done:  # the client went away mid-stream (the generator was cancelled or closed)
-                await self.service.record_error(p, "the client disconnected before the response completed")
+            # The slot is given back first and the rest runs as its own task: when the client went
+            # away, this generator is cancelled, and every await here would be cancelled again.
             self.service.release()
+            task = asyncio.ensure_future(self._end_stream(p, events, done))
+            self._background.add(task)  # held: the loop keeps only weak references to tasks
+            task.add_done_callback(self._background.discard)
+
+    async def _end_stream(self, p: Prepared, events: AsyncIterator[Any], done: bool) -> None:
+        await events.aclose()  # closes the engine request: SGLang aborts the generation
+        if not done:  # the client went away mid-stream
+            await self.service.record_error(p, "the client disconnected before the response completed")
 
     async def count_tokens(self, request: Request) -> Response:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -156,3 +157,22 @@ def test_concurrent_calls_share_commits(make_rig):
     recorder = rig.proxy.app.state.proxy.recorder
     assert codes == [200] * 16 and recorder.writes == 32
     assert recorder.commits < recorder.writes  # group commits: several rows per transaction
+
+
+def test_client_disconnecting_mid_stream_ends_the_row_and_frees_the_slot(make_rig):
+    rig = make_rig(lambda ids: "one two three four five six seven eight nine ten", token_delay_s=0.1,
+                   max_concurrent_calls=1)
+    with httpx.Client(base_url=rig.url, headers={"authorization": f"Bearer {rig.key}"}, timeout=20) as http:
+        with http.stream("POST", "/v1/chat/completions", json={
+                "model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}) as resp:
+            next(resp.iter_lines())  # the first chunk came; then the client goes away
+    deadline = time.monotonic() + 10
+    while rig.calls()[0].status == "in_flight" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    call = rig.calls()[0]
+    assert call.status == "error" and "disconnected" in call.error
+    # The slot was given back: the next call is served, not queued forever behind the dead one.
+    rig.engine.script = lambda ids: "ok"
+    out = httpx.post(rig.url + "/v1/chat/completions", headers={"authorization": f"Bearer {rig.key}"},
+                     json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+    assert out.status_code == 200
