@@ -216,10 +216,15 @@ def run(quick: bool = False) -> dict:
         "ratio_rps_vs_direct": f["rps"] / d["rps"], "ratio_rps_vs_passthrough": f["rps"] / p["rps"],
         "ratio_ttfc_vs_direct": f["ttfc"] / d["ttfc"],
     }
-    print(f"proxy bench: prompt {len(prompt_ids)} tokens, completion {len(output_ids)}, instant engine, loopback")
-    print(f"{'path':<12} {'p50 ms':>8} {'p99 ms':>8} {'req/s @' + str(conc):>10} {'ttfc ms':>8}")
-    for name in paths:
-        m = med[name]
+    _report(result, med)
+    return result
+
+
+def _report(result: dict, med: dict) -> None:
+    print(f"proxy bench: prompt {result['prompt_tokens']} tokens, completion {result['completion_tokens']}, "
+          "instant engine, loopback, each server in its own process")
+    print(f"{'path':<12} {'p50 ms':>8} {'p99 ms':>8} {'req/s @' + str(result['concurrency']):>10} {'ttfc ms':>8}")
+    for name, m in med.items():
         print(f"{name:<12} {m['p50']:8.2f} {m['p99']:8.2f} {m['rps']:10.0f} {m['ttfc']:8.2f}")
     print(f"forge adds {result['forge_added_p50_ms']:.2f} ms p50 / {result['forge_added_p99_ms']:.2f} ms p99 over "
           f"direct ({result['forge_vs_passthrough_added_p50_ms']:.2f} ms over a bare pass-through hop); "
@@ -227,7 +232,6 @@ def run(quick: bool = False) -> dict:
           f"pass-through; throughput x{result['ratio_rps_vs_direct']:.2f} vs direct, "
           f"x{result['ratio_rps_vs_passthrough']:.2f} vs pass-through; first chunk +{result['ttfc_added_ms']:.2f} ms "
           f"(x{result['ratio_ttfc_vs_direct']:.2f})")
-    return result
 
 
 if __name__ == "__main__":

@@ -98,12 +98,20 @@ class CallService:
                 if old is None:
                     continue
                 ids = loads(row.completion_ids, [])
-                parsed = parse_completion(self.r.decode(ids))
-                comp = Completion(parsed.text, parsed.calls, "stop", ids, [], 0)
+                comp = self._replayed_completion(ids, old.stop, loads(row.tool_calls_json, []))
                 prompt = Prompt(loads(row.prompt_ids, []), "", row.reused_tokens)
                 self.builder.record(rollout_id, old.messages, old.prompt_tools, prompt, comp, row.id)
             self.builder.mark_known(rollout_id)
         self._warm_locks.pop(rollout_id, None)
+
+    def _replayed_completion(self, ids: list[int], stops: list[str], tool_calls: list[dict[str, Any]]) -> Completion:
+        """A recorded completion as the client saw it: text cut at its stop string, the same call ids."""
+        text = self.r.decode(ids)
+        hits = [text.find(s) for s in stops if s in text]
+        parsed = parse_completion(text[:min(hits)] if hits else text)
+        for call, recorded in zip(parsed.calls, tool_calls):
+            call.id = recorded.get("id", call.id)
+        return Completion(parsed.text, parsed.calls, "stop", ids, [], 0)
 
     def _sampling(self, req: CallRequest, prompt_len: int) -> dict[str, Any]:
         room = self.config.max_context_tokens - prompt_len

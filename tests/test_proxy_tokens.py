@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
