@@ -117,3 +117,22 @@ def test_lr_schedules() -> None:
     assert cos(0) == 1.0 and cos(2) == pytest.approx(0.5) and cos(4) == pytest.approx(0.0)
     with pytest.raises(TrainerError):
         lr_lambda("step", total_steps=1)
+
+
+def test_token_logprobs_skips_the_prompt_exactly(tiny_model) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from trainer.grpo import token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32).eval()
+    ids = torch.tensor([[5, 9, 33, 70, 2, 8, 41], [7, 7, 12, 90, 4, 0, 0]])
+    attn = torch.tensor([[1] * 7, [1] * 5 + [0, 0]])
+    with torch.no_grad():
+        full = token_logprobs(model, ids, attn)
+        part = token_logprobs(model, ids, attn, first=4)
+        logits = model(input_ids=ids, attention_mask=attn).logits
+    ref = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    assert full.shape == part.shape == (2, 6)
+    assert torch.allclose(full, ref, atol=1e-5)
+    assert torch.allclose(part[:, 3:], ref[:, 3:], atol=1e-5)  # targets 4..6
+    assert (part[:, :3] == 0).all()

@@ -102,7 +102,7 @@ def micro_batches(samples: Sequence[Sample], *, token_budget: int, pad_id: int, 
     A sample longer than the budget gets a micro-batch of its own. Loss weights are computed over
     the whole step (all micro-batches), so gradient accumulation gives exactly the full-batch loss.
     Tensors: input_ids/attention_mask [B, T]; mask/old_logp/weights [B, T-1] (aligned with the
-    predicted tokens 1..T-1); advantages [B].
+    predicted tokens 1..T-1); advantages [B]; first (scalar): the earliest sampled token position.
     """
     if not samples:
         return []
@@ -142,4 +142,6 @@ def _collate(rows: list[Sample], weights: torch.Tensor, pad_id: int, device: tor
         "input_ids": ids.to(device), "attention_mask": attn.to(device), "mask": mask.to(device),
         "old_logp": old.to(device), "weights": weights[:, : T - 1].contiguous().to(device),
         "advantages": torch.tensor([s.advantage for s in rows]).to(device),
+        # the first sampled token of any row: logits before it are never needed
+        "first": torch.tensor(min(s.loss_mask.index(1) for s in rows)),
     }

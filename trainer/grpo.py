@@ -147,14 +147,22 @@ def aggregation_weights(mask: torch.Tensor, loss_agg: str, seq_ids: torch.Tensor
 
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0) -> torch.Tensor:
-    """log pi(x_t | x_<t) for t = 1..T-1: [B, T] -> [B, T-1] (fp32 log-softmax, as the engine does)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+                   temperature: float = 1.0, first: int = 1) -> torch.Tensor:
+    """log pi(x_t | x_<t) for t = 1..T-1: [B, T] -> [B, T-1] (fp32 log-softmax, as the engine does).
+
+    Only targets t >= `first` are computed (earlier entries are 0): agent prompts are long (a harness's
+    system prompt alone can be 10k+ tokens) and the LM head + log-softmax over them would dominate
+    time and memory, so the model is asked for the last T - first + 1 positions' logits only."""
+    T = input_ids.shape[1]
+    keep = T - max(first, 1) + 1
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
+    logits = logits[:, -keep:-1].float()  # positions first-1 .. T-2 predict tokens first .. T-1
     if temperature != 1.0:
         logits = logits / temperature
-    targets = input_ids[:, 1:]
+    targets = input_ids[:, T - keep + 1:]
     # log softmax at the target only: gather - logsumexp, without a [B, T, V] log-prob tensor.
-    return logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    out = logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return torch.nn.functional.pad(out, (T - keep, 0))
 
 
 @dataclass
@@ -173,9 +181,9 @@ class StepConfig:
 def _forward(model: Any, mb: dict[str, torch.Tensor], cfg: StepConfig) -> torch.Tensor:
     device_type = mb["input_ids"].device.type
     if cfg.autocast_dtype is None:
-        return token_logprobs(model, mb["input_ids"], mb["attention_mask"], cfg.temperature)
+        return token_logprobs(model, mb["input_ids"], mb["attention_mask"], cfg.temperature, int(mb["first"]))
     with torch.autocast(device_type=device_type, dtype=cfg.autocast_dtype):
-        return token_logprobs(model, mb["input_ids"], mb["attention_mask"], cfg.temperature)
+        return token_logprobs(model, mb["input_ids"], mb["attention_mask"], cfg.temperature, int(mb["first"]))
 
 
 @torch.no_grad()
