@@ -11,8 +11,9 @@ step is compared:
     tokens/s      sampled (loss) tokens per second of training compute: ours = TrainStep.tokens_per_s
                   (batch building, forward, backward, optimizer); TRL = the same tokens over the
                   step's wall time minus its `_prepare_inputs` (generation + scoring).
-    peak memory   CUDA: max allocated by the trainer process; CPU: the growth of the trainer process's
-                  peak RSS over its RSS before the first step (each trainer runs in its own process).
+    peak memory   of the steps after the first, each trainer in its own process: CUDA, max allocated
+                  over allocated at the reset; CPU, peak RSS (VmHWM) over RSS at the reset. It includes
+                  the sampling phase of each step (ours: HTTP + store; TRL: model.generate).
     mismatch      max |engine logprob - trainer logprob| on sampled tokens (fp32: must be ~0).
 
 Medians over the steps after the first (warm-up). Needs the `bench` extra (`pip install -e .[bench]`).
@@ -21,7 +22,6 @@ Medians over the steps after the first (warm-up). Needs the `bench` extra (`pip 
 from __future__ import annotations
 
 import multiprocessing as mp
-import resource
 import statistics
 import tempfile
 import time
@@ -38,18 +38,39 @@ def _reward(completion_ids: list[int]) -> float:
     return sum(1 for t in completion_ids if t % 4 == 0) / max(len(completion_ids), 1)
 
 
-def _rss_kb() -> int:
-    import psutil
+class PeakMeter:
+    """Peak memory of the steps after the first (steady state; the first step allocates optimizer
+    state and warms caches). CUDA: max allocated since the reset; CPU: the growth of the process's
+    peak RSS (VmHWM, reset through /proc/self/clear_refs) over its RSS at the reset."""
 
-    return psutil.Process().memory_info().rss // 1024
+    def __init__(self, device: str) -> None:
+        self.device, self.base_kb = device, 0
 
+    def reset(self) -> None:
+        import torch
 
-def _peak(device: str, rss_before_kb: int) -> float:
-    import torch
+        if self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+            return
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        self.base_kb = self._status("VmRSS")
 
-    if device == "cuda":
-        return torch.cuda.max_memory_allocated() / 2**20
-    return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before_kb, 0) / 1024
+    def peak_mib(self) -> float:
+        import torch
+
+        if self.device == "cuda":
+            return (torch.cuda.max_memory_allocated() - self.base) / 2**20
+        return max(self._status("VmHWM") - self.base_kb, 0) / 1024
+
+    @staticmethod
+    def _status(key: str) -> int:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+        return 0
 
 
 def ours(model_dir: str, engine_url: str, steps: int, device: str, out: Any) -> None:
@@ -76,22 +97,16 @@ def ours(model_dir: str, engine_url: str, steps: int, device: str, out: Any) -> 
     client = bridge.run(_client(engine_url))
     sampler = EngineSampler(client, store, bridge, reward_fn=lambda _t, c: _reward(c), group_size=G,
                             max_new_tokens=NEW_TOKENS, ignore_eos=True)
-    # Same starting point as the TRL side, whose libraries and model are loaded before it measures.
-    import peft  # noqa: F401
-    from transformers import AutoModelForCausalLM
-
-    AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    before = _rss_kb()
+    meter = PeakMeter(device)
     res = train(store, run.id, cfg, model_path=model_dir, tasks=tasks, sampler=sampler,
-                engine=AdapterSync(client, bridge), home=home)
+                engine=AdapterSync(client, bridge), home=home,
+                on_step=lambda m: meter.reset() if m["step"] == 0 else None)
     bridge.run(client.aclose())
     bridge.close()
     later = res.steps[1:] or res.steps
     out.put({"tokens_per_s": statistics.median(m["tokens_per_s"] for m in later),
              "tokens_per_step": statistics.median(m["n_tokens"] for m in later),
-             "peak_mib": _peak(device, before),
+             "peak_mib": meter.peak_mib(),
              "mismatch_max": max(m["mismatch_max"] for m in res.steps),
              "mismatch_mean": statistics.fmean(m["mismatch_mean"] for m in res.steps)})
 
@@ -128,6 +143,8 @@ def trl(model_dir: str, steps: int, device: str, out: Any) -> None:
 
         def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
             rows.append((time.perf_counter() - self.t0 - trainer.gen_s, trainer.tokens))
+            if len(rows) == 1:
+                meter.reset()
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     data = Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in PROMPTS]})
@@ -143,13 +160,11 @@ def trl(model_dir: str, steps: int, device: str, out: Any) -> None:
     trainer = Timed(model=model, reward_funcs=[lambda completion_ids, **kw: [_reward(c) for c in completion_ids]],
                     args=args, train_dataset=data, processing_class=tok, callbacks=[Clock()],
                     peft_config=LoraConfig(r=R, lora_alpha=ALPHA, target_modules=TARGETS, task_type="CAUSAL_LM"))
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    before = _rss_kb()
+    meter = PeakMeter(device)
     trainer.train()
     later = rows[1:] or rows
     out.put({"tokens_per_s": statistics.median(n / t for t, n in later),
-             "tokens_per_step": statistics.median(n for _, n in later), "peak_mib": _peak(device, before)})
+             "tokens_per_step": statistics.median(n for _, n in later), "peak_mib": meter.peak_mib()})
 
 
 def _in_child(target: Any, *args: Any) -> dict:
