@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -209,7 +210,7 @@ def parse_completion(text: str, id_prefix: str = "call") -> ToolCallParser:
 class Turn:
     """A recorded call as the ledger keeps it: prompt + completion ids, and the reuse behind them."""
 
-    ids: list[int]  # prompt ids + completion ids, exactly as sent to / sampled by the engine
+    ids: array  # prompt ids + completion ids, exactly as sent to / sampled by the engine (4 bytes each)
     reused_tokens: int  # sampled tokens of earlier turns inside `ids` (this call's own included)
     call_id: int | None = None
 
@@ -230,15 +231,18 @@ def _key(text: str) -> str:
 class PromptBuilder:
     """Builds each call's prompt ids, reusing the sampled ids of the rollout's earlier turns.
 
-    Keeps the last `turns_per_rollout` turns of each of the last `max_rollouts` rollouts in memory
-    (a harness replays its latest turn; older keys are only tried when the history was rewritten)."""
+    Keeps the last `turns_per_rollout` turns of each rollout in memory (a harness replays its latest
+    turn; older keys are only tried when the history was rewritten), the least recently used
+    rollouts dropped beyond `max_tokens` stored ids in all (Claude Code's prompts are ~50k tokens:
+    the budget, not a rollout count, bounds memory). A dropped rollout is reloaded from the store."""
 
-    def __init__(self, renderer: ChatRenderer, *, turns_per_rollout: int = 8, max_rollouts: int = 4096,
+    def __init__(self, renderer: ChatRenderer, *, turns_per_rollout: int = 8, max_tokens: int = 32_000_000,
                  max_tries: int = 4) -> None:
         self.r = renderer
         self.turns_per_rollout = turns_per_rollout
-        self.max_rollouts = max_rollouts
+        self.max_tokens = max_tokens
         self.max_tries = max_tries
+        self.stored_tokens = 0
         self._turns: OrderedDict[str, OrderedDict[str, Turn]] = OrderedDict()
 
     def knows(self, rollout_id: str) -> bool:
@@ -303,10 +307,15 @@ class PromptBuilder:
             return
         turns = self._turns.setdefault(rollout_id, OrderedDict())
         self._turns.move_to_end(rollout_id)
-        turns[_key(head)] = Turn(prompt.ids + completion.completion_ids,
-                                 prompt.reused_tokens + len(completion.completion_ids), call_id)
-        turns.move_to_end(_key(head))
+        key = _key(head)
+        if key in turns:
+            self.stored_tokens -= len(turns.pop(key).ids)
+        turn = Turn(array("i", prompt.ids + completion.completion_ids),
+                    prompt.reused_tokens + len(completion.completion_ids), call_id)
+        turns[key] = turn
+        self.stored_tokens += len(turn.ids)
         while len(turns) > self.turns_per_rollout:
-            turns.popitem(last=False)
-        while len(self._turns) > self.max_rollouts:
-            self._turns.popitem(last=False)
+            self.stored_tokens -= len(turns.popitem(last=False)[1].ids)
+        while self.stored_tokens > self.max_tokens and len(self._turns) > 1:
+            _, dropped = self._turns.popitem(last=False)
+            self.stored_tokens -= sum(len(t.ids) for t in dropped.values())

@@ -102,3 +102,13 @@ def test_rewritten_history_is_tokenised_fresh(renderer):
                  Message("user", "continue")]
     p1 = b.build("r", compacted, [])
     assert p1.reused_tokens == 0 and p1.ids == renderer.encode(renderer.render(compacted, [], generation=True))
+
+
+def test_memory_is_bounded_by_a_token_budget(renderer):
+    b = PromptBuilder(renderer, max_tokens=70)  # each turn here is ~34 ids
+    for rollout in ("a", "b", "c"):
+        msgs = [Message("user", f"go {rollout}")]
+        p = b.build(rollout, msgs, [])
+        b.record(rollout, msgs, [], p, _completion(renderer, "an answer of a few tokens"))
+    assert b.stored_tokens <= 70 and b.knows("c") and not b.knows("a")  # least recently used dropped first
+    assert b.stored_tokens == sum(len(t.ids) for turns in b._turns.values() for t in turns.values())
