@@ -195,3 +195,20 @@ def test_models_and_health(make_rig):
     rig = make_rig([])
     assert [m.id for m in client(rig).models.list()] == ["forge-policy"]
     assert httpx.get(rig.url + "/health").json()["status"] == "ok"
+
+
+def test_rollout_adapter_and_sampling_reach_the_engine(make_rig):
+    rig = make_rig(["ok", "ok"], temperature_override=0.0)
+    rig.engine.adapters["step-3"] = "/adapters/step-3"
+    tuned = rig.store.create_rollout(run_id=rig.rollout.run_id, task_id="t", status="running", adapter="step-3")
+    msgs = [{"role": "user", "content": "hi"}]
+    client(rig, key=tuned.api_key).chat.completions.create(model="m", messages=msgs, temperature=0.9, top_p=0.5,
+                                                           max_tokens=7)
+    client(rig).chat.completions.create(model="m", messages=msgs)
+    tuned_req, base_req = rig.engine.requests[-2:]
+    assert tuned_req["lora_path"] == "step-3" and "lora_path" not in base_req  # None = the base model
+    params = tuned_req["sampling_params"]
+    assert params["temperature"] == 0.0 and params["top_p"] == 0.5 and params["max_new_tokens"] == 7
+    assert rig.engine.tokenizer.convert_tokens_to_ids("<|im_end|>") in params["stop_token_ids"]
+    assert rig.calls(tuned.id)[0].adapter == "step-3"
+    assert tuned_req["input_ids"] == loads(rig.calls(tuned.id)[0].prompt_ids)  # recorded = what was sent
