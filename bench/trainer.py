@@ -75,10 +75,8 @@ class PeakMeter:
 
 def ours(model_dir: str, engine_url: str, steps: int, device: str, out: Any) -> None:
     """OpenForge: EngineSampler -> trainer.loop.train, adapters hot-loaded into the engine each step."""
-    import torch
     from transformers import AutoTokenizer
 
-    from engine.client import EngineClient
     from openforge.config import TrainerConfig
     from openforge.store import Store
     from trainer.loop import train
