@@ -136,21 +136,28 @@ class Proxy:
             await self.service.slot()
         except APIError as err:
             return error_response(api, err)
+        p: Prepared | None = None
+        streaming = False
         try:
             p = await self.service.prepare(api, rollout, req, raw, api.TOOL_ID_PREFIX)
-        except (APIError, StoreError) as exc:
-            self.service.release()
-            return error_response(api, exc if isinstance(exc, APIError) else APIError("server", str(exc)))
-        if not req.stream:
-            try:
+            if not req.stream:
                 return JSONResponse(await self.service.complete(p))
-            except APIError as err:
-                return error_response(api, err)
-            except StoreError as exc:
-                return error_response(api, APIError("server", f"the proxy could not record the call: {exc}"))
-            finally:
+            response = await self.start_stream(p)
+            streaming = True  # the stream's body gives the slot back when it ends
+            return response
+        except APIError as err:  # already recorded where it happened
+            return error_response(api, err)
+        except StoreError as exc:
+            return error_response(api, APIError("server", f"the proxy could not record the call: {exc}"))
+        except Exception as exc:  # noqa: BLE001 - a bug must still answer in the API's shape, never hang
+            log.exception("proxy: unexpected error in a %s call", req.api)
+            err = APIError("server", f"internal proxy error: {type(exc).__name__}: {exc}")
+            if p is not None:
+                await self.service.record_error(p, err.message)
+            return error_response(api, err)
+        finally:
+            if not streaming:
                 self.service.release()
-        return await self.start_stream(p)
 
     async def start_stream(self, p: Prepared) -> Response:
         """Wait for the engine's first tokens before answering 200, so an engine that is down is a
@@ -159,16 +166,14 @@ class Proxy:
         try:
             await events.__anext__()
             await p.row  # the in-flight row is committed before the first byte
-        except StoreError as exc:
-            await events.aclose()
-            self.service.release()
-            return error_response(p.api, APIError("server", f"the proxy could not record the call: {exc}"))
         except (APIError, StopAsyncIteration) as exc:
             await events.aclose()
-            await self.service.record_error(p, str(exc))
-            self.service.release()
             err = exc if isinstance(exc, APIError) else APIError("overloaded", "the engine returned nothing; retry")
-            return error_response(p.api, err)
+            await self.service.record_error(p, err.message)
+            raise err from None
+        except BaseException:
+            await events.aclose()
+            raise
         return StreamingResponse(self.stream_body(p, events), media_type="text/event-stream",
                                  headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
 
@@ -198,6 +203,13 @@ class Proxy:
         except StoreError as exc:
             done = True
             for line in stream.error(APIError("server", f"the proxy could not record the call: {exc}")):
+                yield line
+        except Exception as exc:  # noqa: BLE001 - a bug ends the stream with the API's error event
+            log.exception("proxy: unexpected error while streaming a %s call", p.req.api)
+            err = APIError("server", f"internal proxy error: {type(exc).__name__}: {exc}")
+            await self.service.record_error(p, err.message)
+            done = True
+            for line in stream.error(err):
                 yield line
         finally:
             # The slot is given back first and the rest runs as its own task: when the client went

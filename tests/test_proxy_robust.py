@@ -176,3 +176,20 @@ def test_client_disconnecting_mid_stream_ends_the_row_and_frees_the_slot(make_ri
     out = httpx.post(rig.url + "/v1/chat/completions", headers={"authorization": f"Bearer {rig.key}"},
                      json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
     assert out.status_code == 200
+
+
+def test_a_bug_in_translation_is_an_api_error_and_frees_the_slot(make_rig, monkeypatch):
+    import proxy.openai_chat as chat
+
+    rig = make_rig(lambda ids: "fine", max_concurrent_calls=1)
+    monkeypatch.setattr(chat, "response_json", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr(chat.Stream, "event", lambda self, ev: 1 / 0)
+    headers = {"authorization": f"Bearer {rig.key}"}
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    plain = httpx.post(rig.url + "/v1/chat/completions", headers=headers, json=body, timeout=10)
+    assert plain.status_code == 500 and "ZeroDivisionError" in plain.json()["error"]["message"]
+    streamed = httpx.post(rig.url + "/v1/chat/completions", headers=headers, json={**body, "stream": True}, timeout=10)
+    assert streamed.status_code == 200 and '"error"' in streamed.text  # the stream ends with an error event
+    assert [c.status for c in rig.calls()] == ["error", "error"]
+    monkeypatch.undo()
+    assert httpx.post(rig.url + "/v1/chat/completions", headers=headers, json=body, timeout=10).status_code == 200
