@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +44,11 @@ class _Op:
     kind: str  # "insert" | "update"
     payload: Any
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+def _as_columns(values: dict[str, Any]) -> dict[str, Any]:
+    """Lists and dicts (token ids, logprobs, bodies) become the JSON text the store's columns hold."""
+    return {k: json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v for k, v in values.items()}
 
 
 class Recorder:
@@ -105,6 +111,8 @@ class Recorder:
     def _write(self, inserts: list[dict[str, Any]], updates: list[tuple[int, dict[str, Any]]]) -> list[int]:
         """In the writer thread: one transaction for the whole batch; returns the inserted ids."""
         ids: list[int] = []
+        inserts = [_as_columns(row) for row in inserts]  # JSON encoding here, off the event loop
+        updates = [(call_id, _as_columns(values)) for call_id, values in updates]
         with self.store.guard(), self.store.engine.begin() as conn:
             for row in inserts:
                 values = {k: v for k, v in row.items() if k != "seq_rollout"}

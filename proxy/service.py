@@ -41,10 +41,6 @@ class Prepared:
     generation: Generation
 
 
-def _json_floats(values: list[float]) -> str:
-    return json.dumps([None if math.isnan(v) else v for v in values])
-
-
 def engine_error(exc: EngineError) -> APIError:
     """Engine trouble is the caller's to retry: overloaded (down, refused) or timeout."""
     msg = str(exc)
@@ -136,7 +132,7 @@ class CallService:
         row = asyncio.ensure_future(self.recorder.begin({
             "run_id": rollout["run_id"], "rollout_id": rollout["id"], "api": req.api, "model": model,
             "adapter": rollout.get("adapter"), "stream": req.stream, "request_json": raw_body,
-            "prompt_ids": json.dumps(prompt.ids), "reused_tokens": prompt.reused_tokens,
+            "prompt_ids": prompt.ids, "reused_tokens": prompt.reused_tokens,
             "prompt_tokens": len(prompt.ids), "started_at": utcnow(),
         }))
         params = GenerationParams(prompt.ids, self._sampling(req, len(prompt.ids)), req.stop, rollout.get("adapter"),
@@ -153,10 +149,10 @@ class CallService:
     async def record_ok(self, p: Prepared, comp: Completion, body: dict[str, Any]) -> None:
         row_id = await p.row
         await self.recorder.end(row_id, {
-            "status": "ok", "response_json": json.dumps(body, ensure_ascii=False),
-            "completion_ids": json.dumps(comp.completion_ids), "logprobs": _json_floats(comp.logprobs),
-            "tool_calls_json": json.dumps([{"id": t.id, "name": t.name, "arguments": t.arguments}
-                                           for t in comp.tool_calls]) if comp.tool_calls else None,
+            "status": "ok", "response_json": body, "completion_ids": comp.completion_ids,
+            "logprobs": [None if math.isnan(v) else v for v in comp.logprobs],
+            "tool_calls_json": [{"id": t.id, "name": t.name, "arguments": t.arguments}
+                                for t in comp.tool_calls] if comp.tool_calls else None,
             "tool_parse_error": comp.tool_parse_error, "finish_reason": comp.finish_reason,
             "prompt_tokens": comp.prompt_tokens, "completion_tokens": comp.completion_tokens,
             "latency_ms": (time.perf_counter() - p.started) * 1000, "ended_at": utcnow(),

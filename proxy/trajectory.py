@@ -38,7 +38,7 @@ class _Segment:
         self.last_prompt_len = len(self.tokens)
         self.tokens += completion
         self.mask += [1] * len(completion)
-        self.logprobs += [0.0 if math.isnan(x) else float(x) for x in lps]
+        self.logprobs += [0.0 if x is None or math.isnan(x) else float(x) for x in lps]  # None: engine sent none
         self.call_ids.append(call_id)
 
     def retry(self, call_id: int, prompt: list[int], completion: list[int], lps: list[float]) -> None:
