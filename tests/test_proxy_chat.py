@@ -212,3 +212,15 @@ def test_rollout_adapter_and_sampling_reach_the_engine(make_rig):
     assert rig.engine.tokenizer.convert_tokens_to_ids("<|im_end|>") in params["stop_token_ids"]
     assert rig.calls(tuned.id)[0].adapter == "step-3"
     assert tuned_req["input_ids"] == loads(rig.calls(tuned.id)[0].prompt_ids)  # recorded = what was sent
+
+
+def test_multibyte_text_streams_without_broken_characters(make_rig):
+    text = "héllo wörld ✓ 日本語 🙂 done"
+    rig = make_rig([text, text])
+    c = client(rig)
+    msgs = [{"role": "user", "content": "x"}]
+    deltas = [ch.choices[0].delta.content for ch in c.chat.completions.create(model="m", messages=msgs, stream=True)
+              if ch.choices and ch.choices[0].delta.content]
+    assert "".join(deltas) == text and not any("\ufffd" in d for d in deltas)
+    assert c.chat.completions.create(model="m", messages=msgs).choices[0].message.content == text
+    assert rig.served_texts() == [text, text]
