@@ -27,6 +27,7 @@ from textual.widgets import DataTable, Footer, RichLog, Static
 from textual_plotext import PlotextPlot
 
 from forge_cli.snapshot import Snapshot, conversation, read_snapshot, run_log_path
+from openforge.errors import ForgeError
 from openforge.store import RUN_FINAL, Call, Store, loads
 
 POLL_S = 1.0
@@ -240,6 +241,7 @@ class Dashboard(App[None]):
         self.snapshot: Snapshot | None = None
         self._log_offset = 0
         self._exit_scheduled = False
+        self._last_error: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(id="header")
@@ -267,7 +269,14 @@ class Dashboard(App[None]):
         self.set_interval(POLL_S, self.refresh_state)
 
     def refresh_state(self) -> None:
-        snap = read_snapshot(self.store, self.run_id)
+        try:
+            snap = read_snapshot(self.store, self.run_id)
+        except ForgeError as exc:  # e.g. the store locked past its busy timeout: keep the last view
+            if str(exc) != self._last_error:
+                self._last_error = str(exc)
+                self.notify(f"cannot read the run store: {exc}", severity="error")
+            return
+        self._last_error = None
         self.snapshot = snap
         try:
             self._show(snap)

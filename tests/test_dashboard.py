@@ -203,6 +203,27 @@ async def test_a_finished_run_can_close_by_itself(store: Store, known_run: str) 
         await wait_for(pilot, lambda: app._exit)  # asked to exit without a key press
 
 
+async def test_a_store_error_is_shown_and_the_view_carries_on(store: Store, known_run: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from openforge.errors import StoreError
+
+    real = dashboard.read_snapshot
+    app = make_dashboard(store.path, known_run)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await pilot.pause()
+        monkeypatch.setattr(dashboard, "read_snapshot", lambda *a, **k: (_ for _ in ()).throw(
+            StoreError("the run store x is locked by another process; retry, or stop that process")))
+        app.refresh_state()
+        app.refresh_state()  # the same error is said once
+        await pilot.pause()
+        assert [n.message for n in app._notifications if "locked" in n.message] == [
+            "cannot read the run store: the run store x is locked by another process; retry, or stop that process"]
+        monkeypatch.setattr(dashboard, "read_snapshot", real)
+        store.set_run_status(known_run, "finished")
+        app.refresh_state()
+        assert "finished" in plain(app.query_one("#header", Static).content)
+
+
 def test_conversation_of_each_api() -> None:
     anth = Call(api="anthropic_messages", status="ok", request_json=json.dumps({
         "system": [{"type": "text", "text": "be brief"}],
