@@ -87,7 +87,8 @@ def test_pending_migrations_run_once(tmp_path: Path, monkeypatch: pytest.MonkeyP
         applied.append(2)
         conn.exec_driver_sql("ALTER TABLE rollout ADD COLUMN cost FLOAT")
 
-    monkeypatch.setattr(store_mod, "MIGRATIONS", [*store_mod.MIGRATIONS, (2, "rollout.cost", add_column)])
+    nxt = store_mod.MIGRATIONS[-1][0] + 1
+    monkeypatch.setattr(store_mod, "MIGRATIONS", [*store_mod.MIGRATIONS, (nxt, "rollout.cost", add_column)])
     Store(path).close()
     Store(path).close()
     assert applied == [2]
@@ -220,3 +221,20 @@ async def test_insert_calls_with_mixed_columns_keeps_order(store: Store) -> None
     by_id = {c.id: c for c in store.list_calls(run_id=run.id)}
     assert [by_id[i].seq for i in ids] == [0, 1, 2]
     assert by_id[ids[1]].status == "ok"
+
+
+def test_a_version_1_store_gets_the_rollout_state_index(tmp_path: Path) -> None:
+    path = tmp_path / "forge.db"
+    Store(path).close()
+    con = sqlite3.connect(path)  # make it look like a store written by schema version 1
+    con.execute("DROP INDEX ix_rollout_run_status")
+    con.execute("DELETE FROM schema_migrations WHERE version > 1")
+    con.commit()
+    con.close()
+    s = Store(path)
+    assert s.schema_version() == 2
+    names = [r[1] for r in sqlite3.connect(path).execute("PRAGMA index_list(rollout)")]
+    assert "ix_rollout_run_status" in names
+    plan = sqlite3.connect(path).execute(
+        "EXPLAIN QUERY PLAN SELECT count(*) FROM rollout WHERE run_id='r' AND status='running'").fetchall()
+    assert "ix_rollout_run_status" in str(plan)
