@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, select, update
+from sqlalchemy import bindparam, event, func, select, update
 from sqlalchemy.exc import DatabaseError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -37,35 +37,50 @@ class AsyncStore:
 
     async def insert_calls(self, rows: Sequence[dict[str, Any]]) -> list[int]:
         """Insert call rows (dicts of `Call` columns) in one transaction; returns their ids in order."""
-        if not rows:
-            return []
-        # One multi-row INSERT ... RETURNING per batch (SQLAlchemy's insertmanyvalues), ids in row order.
-        stmt = _CALL.insert().returning(_CALL.c.id, sort_by_parameter_order=True)
-        # A multi-row statement needs one column set: rows are grouped by theirs, ids returned in input order.
-        groups: dict[tuple[str, ...], list[int]] = {}
-        for index, row in enumerate(rows):
-            groups.setdefault(tuple(sorted(row)), []).append(index)
-        ids = [0] * len(rows)
-        try:
-            async with self.engine.begin() as conn:
-                for indexes in groups.values():
-                    result = await conn.execute(stmt, [dict(rows[i]) for i in indexes])
-                    for i, r in zip(indexes, result.all(), strict=True):
-                        ids[i] = int(r[0])
-            return ids
-        except DatabaseError as exc:
-            raise _sqlite_error(exc, self.path) from None
+        return (await self.write_calls(rows, []))
 
     async def update_calls(self, updates: Sequence[tuple[int, dict[str, Any]]]) -> None:
         """Apply `(call id, {column: value})` updates in one transaction."""
-        if not updates:
-            return
+        await self.write_calls([], updates)
+
+    async def write_calls(self, inserts: Sequence[dict[str, Any]], updates: Sequence[tuple[int, dict[str, Any]]],
+                          *, number: bool = False) -> list[int]:
+        """One transaction: insert `inserts`, then apply `updates`; returns the inserted ids in order.
+
+        With `number=True` each inserted row gets `seq` = the next number within its rollout, counted
+        inside the same transaction (so concurrent batches never hand out a number twice).
+
+        Statements are few and multi-row (an aiosqlite statement is a hop to its thread): one read for
+        the numbering, one INSERT ... RETURNING per column set, one executemany UPDATE per column set.
+        """
+        if not inserts and not updates:
+            return []
+        rows = [dict(r) for r in inserts]
+        ids = [0] * len(rows)
         try:
             async with self.engine.begin() as conn:
-                for call_id, values in updates:
-                    await conn.execute(update(_CALL).where(_CALL.c.id == call_id).values(**values))
+                if number and rows:
+                    rollouts = sorted({r["rollout_id"] for r in rows})
+                    last = dict((await conn.execute(
+                        select(_CALL.c.rollout_id, func.max(_CALL.c.seq))
+                        .where(_CALL.c.rollout_id.in_(rollouts)).group_by(_CALL.c.rollout_id))).all())
+                    for row in rows:
+                        nxt = -1 if last.get(row["rollout_id"]) is None else last[row["rollout_id"]]
+                        row["seq"] = last[row["rollout_id"]] = nxt + 1
+                stmt = _CALL.insert().returning(_CALL.c.id, sort_by_parameter_order=True)
+                for indexes in _by_columns(rows).values():
+                    result = await conn.execute(stmt, [rows[i] for i in indexes])
+                    for i, r in zip(indexes, result.all(), strict=True):
+                        ids[i] = int(r[0])
+                values = [dict(v, _call_id=call_id) for call_id, v in updates]
+                for indexes in _by_columns(values).values():
+                    cols = [c for c in values[indexes[0]] if c != "_call_id"]
+                    stmt_u = (update(_CALL).where(_CALL.c.id == bindparam("_call_id"))
+                              .values({c: bindparam(c) for c in cols}))
+                    await conn.execute(stmt_u, [values[i] for i in indexes])
         except DatabaseError as exc:
             raise _sqlite_error(exc, self.path) from None
+        return ids
 
     async def rollout_by_key(self, api_key: str) -> dict[str, Any] | None:
         """The rollout a credential belongs to (id, run_id, status, adapter), or None."""
@@ -90,3 +105,11 @@ class AsyncStore:
         except DatabaseError as exc:
             raise _sqlite_error(exc, self.path) from None
         return [dict(r._mapping) for r in rows]
+
+
+def _by_columns(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, ...], list[int]]:
+    """Row indexes grouped by column set: a multi-row statement needs one."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for index, row in enumerate(rows):
+        groups.setdefault(tuple(sorted(row)), []).append(index)
+    return groups

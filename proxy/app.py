@@ -86,7 +86,6 @@ class Proxy:
         if self._background:  # streams being wound up still write their rows
             await asyncio.wait(list(self._background), timeout=10)
         await self.recorder.stop()
-        self.recorder.close()
         self.lookup.close()
         self.store.close()
 

@@ -6,13 +6,11 @@ share one commit (no lock contention between requests); alone, a write is commit
 `begin` returns after the in-flight row is committed, `end` after the finished row is: the proxy
 sends a response's last byte only after `end`, so nothing a harness saw is lost.
 
-Why a writer thread and not `AsyncStore` (aiosqlite): each aiosqlite statement is a round trip
-between the event loop and aiosqlite's thread, and a transaction is ~5 of them (checkout, begin,
-execute, commit, reset). On a loaded machine every round trip waits for the scheduler: measured
-~10 ms per operation on the project's 2-core box, which made recording most of the proxy's
-overhead. Here a whole batch is one hop to one thread running the sync SQLAlchemy engine of
-`openforge.store` (same tables, same type handling). Credential lookups are a single indexed read
-in WAL mode (microseconds, never blocked by the writer), so they run inline on the loop.
+The writes go through `openforge.async_store.AsyncStore` (aiosqlite): the event loop never blocks
+on SQLite. Each aiosqlite statement is a hop to its thread, and on a loaded machine every hop waits
+for the scheduler, so a batch is written with as few statements as possible (`write_calls`: one
+numbering read, one multi-row INSERT ... RETURNING, one executemany UPDATE). Credential lookups are a
+single indexed read in WAL mode (microseconds, never blocked by the writer), so they run inline.
 """
 
 from __future__ import annotations
@@ -22,22 +20,15 @@ import contextlib
 import json
 import os
 import sqlite3
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import bindparam, func, select, text, update
+from sqlalchemy import text
 
+from openforge.async_store import AsyncStore
 from openforge.errors import StoreError
 from openforge.store import Call, Store, _sqlite_error, utcnow
-
-_CALL = Call.__table__  # type: ignore[attr-defined]
-# One statement for every insert (so SQLAlchemy compiles it once): `seq` is the next number within
-# the row's rollout, computed inside the same transaction.
-_NEXT_SEQ = (select(func.coalesce(func.max(_CALL.c.seq), -1) + 1)
-             .where(_CALL.c.rollout_id == bindparam("seq_rollout")).scalar_subquery())
-
 
 @dataclass
 class _Op:
@@ -54,8 +45,8 @@ def _as_columns(values: dict[str, Any]) -> dict[str, Any]:
 class Recorder:
     def __init__(self, store: Store, *, max_batch: int = 512) -> None:
         self.store = store
+        self.astore = AsyncStore(store.path)
         self.max_batch = max_batch
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forge-recorder")
         self._queue: asyncio.Queue[_Op | None] = asyncio.Queue()
         self._task: asyncio.Task | None = None
         self.commits = 0  # transactions written (batching makes it < the number of writes)
@@ -71,14 +62,11 @@ class Recorder:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
+        await self.astore.close()
 
     async def begin(self, row: dict[str, Any]) -> int:
         """Insert an in-flight call row (its `seq` is assigned here, in commit order); returns its id."""
-        row = dict(row, status="in_flight", seq_rollout=row["rollout_id"])
-        return int(await self._submit(_Op("insert", row)))
+        return int(await self._submit(_Op("insert", dict(row, status="in_flight"))))
 
     async def end(self, call_id: int, values: dict[str, Any]) -> None:
         """Complete a call row (status ok/error plus the response); returns once committed."""
@@ -108,28 +96,14 @@ class Recorder:
             if stop:
                 return
 
-    def _write(self, inserts: list[dict[str, Any]], updates: list[tuple[int, dict[str, Any]]]) -> list[int]:
-        """In the writer thread: one transaction for the whole batch; returns the inserted ids."""
-        ids: list[int] = []
-        inserts = [_as_columns(row) for row in inserts]  # JSON encoding here, off the event loop
-        updates = [(call_id, _as_columns(values)) for call_id, values in updates]
-        with self.store.guard(), self.store.engine.begin() as conn:
-            for row in inserts:
-                values = {k: v for k, v in row.items() if k != "seq_rollout"}
-                stmt = _CALL.insert().values(**{k: bindparam(k) for k in values}, seq=_NEXT_SEQ)
-                result = conn.execute(stmt, {**values, "seq_rollout": row["seq_rollout"]})
-                ids.append(int(result.inserted_primary_key[0]))
-            for call_id, values in updates:
-                conn.execute(update(_CALL).where(_CALL.c.id == call_id).values(**values))
-        return ids
-
     async def _commit(self, ops: list[_Op]) -> None:
         inserts = [op for op in ops if op.kind == "insert"]
         updates = [op for op in ops if op.kind == "update"]
-        loop = asyncio.get_running_loop()
         try:
-            ids = await loop.run_in_executor(self.pool, self._write, [op.payload for op in inserts],
-                                             [op.payload for op in updates])
+            ids = await self.astore.write_calls(
+                [_as_columns(op.payload) for op in inserts],
+                [(call_id, _as_columns(values)) for call_id, values in (op.payload for op in updates)],
+                number=True)
         except Exception as exc:  # noqa: BLE001 - every waiter must hear about a failed commit
             err = exc if isinstance(exc, StoreError) else StoreError(f"recording calls failed: {exc}")
             for op in ops:
@@ -144,11 +118,9 @@ class Recorder:
             op.done.set_result(None)
 
     async def calls_of_rollout(self, rollout_id: str) -> list[Call]:
-        """A rollout's finished calls in order (read in the writer thread: after every write queued)."""
-        def read() -> list[Call]:
-            calls = [c for c in self.store.list_calls(rollout_id=rollout_id) if c.status == "ok"]
-            return sorted(calls, key=lambda c: (c.seq, c.id or 0))
-        return await asyncio.get_running_loop().run_in_executor(self.pool, read)
+        """A rollout's finished calls in order (committed ones: `end` returns only after its commit)."""
+        rows = await self.astore.calls_of_rollout(rollout_id)
+        return sorted((Call(**row) for row in rows), key=lambda c: (c.seq, c.id or 0))
 
 
 class RolloutLookup:
