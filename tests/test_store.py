@@ -238,3 +238,16 @@ def test_a_version_1_store_gets_the_rollout_state_index(tmp_path: Path) -> None:
     plan = sqlite3.connect(path).execute(
         "EXPLAIN QUERY PLAN SELECT count(*) FROM rollout WHERE run_id='r' AND status='running'").fetchall()
     assert "ix_rollout_run_status" in str(plan)
+
+
+async def test_write_calls_numbers_each_rollouts_calls_in_one_transaction(store: Store) -> None:
+    run = store.create_run()
+    astore = AsyncStore(store.path)
+    now = store_mod.utcnow()
+    first = await astore.write_calls([dict(run_id=run.id, rollout_id="a", started_at=now)], [], number=True)
+    batch = [dict(run_id=run.id, rollout_id=r, started_at=now) for r in ("a", "b", "a", "b", "a")]
+    ids = await astore.write_calls(batch, [(first[0], {"status": "ok", "finish_reason": "stop"})], number=True)
+    await astore.close()
+    by_id = {c.id: c for c in store.list_calls(run_id=run.id)}
+    assert [by_id[i].seq for i in ids] == [1, 0, 2, 1, 3]
+    assert (by_id[first[0]].seq, by_id[first[0]].status, by_id[first[0]].finish_reason) == (0, "ok", "stop")
