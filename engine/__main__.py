@@ -11,6 +11,24 @@ from openforge.config import EngineConfig
 from openforge.errors import ForgeError
 
 
+def _exit_with_parent(parent_pid: int, interval_s: float = 1.0) -> None:
+    """Watch the supervising process: once it is gone (even by SIGKILL, which runs no cleanup of its
+    own) this engine is reparented, and it stops itself with SIGTERM like a normal shutdown."""
+    import os
+    import signal
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+        os._exit(1)  # the graceful path did not finish in time
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="", help="HF checkpoint folder (empty: the tiny model in FORGE_HOME)")
@@ -20,7 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--max-batch-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--parent-pid", type=int, default=0,
+                   help="exit when this process dies (EngineProcess passes its own pid: no orphaned engines)")
     args = p.parse_args(argv)
+    if args.parent_pid:
+        _exit_with_parent(args.parent_pid)
     try:
         from engine.model import resolve_model_path
 

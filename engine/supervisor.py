@@ -108,7 +108,8 @@ class EngineProcess:
             return sglang_command(c, model_path=self.model_path, port=self.port,
                                   lora_target_modules=self.lora_target_modules)
         return [sys.executable, "-m", "engine", "--model", self.model_path, "--host", c.host, "--port", str(self.port),
-                "--dtype", c.dtype, "--device", c.device, "--max-batch-size", str(c.max_batch_size), "--seed", str(c.seed)]
+                "--dtype", c.dtype, "--device", c.device, "--max-batch-size", str(c.max_batch_size), "--seed", str(c.seed),
+                "--parent-pid", str(os.getpid())]
 
     # -- lifecycle --------------------------------------------------------------------------
 

@@ -332,3 +332,31 @@ def test_oversize_bodies_are_refused_on_every_endpoint(tiny_model: Path, store: 
     err = resp.json()
     assert isinstance((err.get("error") or {}).get("message"), str)
     assert engine.requests == []  # refused before any work reached the engine
+
+
+_SUPERVISOR_MAIN = textwrap.dedent("""
+    import sys, time
+    from openforge.config import EngineConfig
+    from engine.supervisor import EngineProcess
+    engine = EngineProcess(EngineConfig(model=sys.argv[1], startup_timeout_s=120), model_path=sys.argv[1],
+                           log_path=sys.argv[2])
+    engine.start()
+    print(engine.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_sigkilled_supervisor_leaves_no_engine_behind(tiny_model: Path, forge_home: Path) -> None:
+    # SIGKILL runs no cleanup in the supervising process; the engine notices its parent is gone.
+    proc = subprocess.Popen([sys.executable, "-c", _SUPERVISOR_MAIN, str(tiny_model), str(forge_home / "e.log")],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        engine_pid = int(proc.stdout.readline())
+        assert psutil.pid_exists(engine_pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        _wait_for(lambda: not psutil.pid_exists(engine_pid)
+                  or psutil.Process(engine_pid).status() == psutil.STATUS_ZOMBIE, 30, "the orphaned engine to exit")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
