@@ -23,6 +23,7 @@ Backends label what they create with `LABELS` so `forge gc` can find what a cras
 from __future__ import annotations
 
 import asyncio
+import posixpath
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Protocol, runtime_checkable
@@ -136,3 +137,15 @@ async def _stop_shielded(sb: "SandboxBase") -> None:
     except asyncio.CancelledError:
         await task  # finish the cleanup, then let the cancellation continue
         raise
+
+
+def container_path(workdir: str, path: str) -> str:
+    """A path inside a container or pod sandbox: relative ones must stay in `workdir`; an absolute one
+    may be anywhere (the container is the sandbox: harness config under $HOME lives outside the workdir)."""
+    if posixpath.isabs(path):
+        return posixpath.normpath(path)
+    root = posixpath.normpath(workdir)
+    full = posixpath.normpath(posixpath.join(root, path))
+    if full != root and not full.startswith(root + "/"):
+        raise SandboxError(f"path {path!r} leaves the sandbox's working directory {root}")
+    return full

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import io
 import os
-import posixpath
 import secrets
 import tarfile
 import time
@@ -26,7 +25,7 @@ from typing import Any
 from openforge.config import SandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
-from sandbox.base import (LABEL_HOME, ExecResult, SandboxBase, SandboxFileNotFound, SandboxInfo,
+from sandbox.base import (LABEL_HOME, container_path, ExecResult, SandboxBase, SandboxFileNotFound, SandboxInfo,
                           TransientSandboxError, sandbox_labels)
 
 BUILD_HINT = "forge sandbox build-image"
@@ -176,15 +175,7 @@ class DockerSandbox(SandboxBase):
 
     # -- files -------------------------------------------------------------------------------------
     def _resolve(self, path: str) -> str:
-        """Relative paths must stay in the workdir; an absolute one may be anywhere in the container
-        (the container is the sandbox: harness config under $HOME lives outside the workdir)."""
-        if posixpath.isabs(path):
-            return posixpath.normpath(path)
-        root = posixpath.normpath(self.config.workdir)
-        full = posixpath.normpath(posixpath.join(root, path))
-        if full != root and not full.startswith(root + "/"):
-            raise SandboxError(f"path {path!r} leaves the sandbox's working directory {root}")
-        return full
+        return container_path(self.config.workdir, path)
 
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
         self._need()

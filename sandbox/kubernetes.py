@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 from openforge.config import KubernetesSandboxConfig, SandboxConfig
 from openforge.errors import SandboxError
-from sandbox.base import ExecResult, SandboxBase, SandboxFileNotFound, SandboxInfo, TransientSandboxError
+from sandbox.base import ExecResult, container_path, SandboxBase, SandboxFileNotFound, SandboxInfo, TransientSandboxError
 from sandbox.k8s_exec import (
     RawExec, api_error, first_member, is_not_found, run_exec_stream, tar_one_file, wrap_command,
 )
@@ -227,15 +227,7 @@ class KubernetesSandbox(SandboxBase):
 
     # -- files -----------------------------------------------------------------------------------
     def _resolve(self, path: str) -> str:
-        """Relative paths stay in the workdir; an absolute one may be anywhere in the pod (the pod is
-        the sandbox: harness config under $HOME lives outside the workdir)."""
-        if posixpath.isabs(path):
-            return posixpath.normpath(path)
-        root = posixpath.normpath(self.config.workdir)
-        full = posixpath.normpath(posixpath.join(root, path))
-        if full != root and not full.startswith(root + "/"):
-            raise SandboxError(f"path {path!r} leaves the sandbox's working directory {root}")
-        return full
+        return container_path(self.config.workdir, path)
 
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
         full = self._resolve(path)
