@@ -43,3 +43,6 @@ Next:
   .venv/bin/forge doctor           # what this machine can run (Docker, GPU, harnesses)
   source .venv/bin/activate        # to type plain \`forge\`
 MSG
+if ! command -v bwrap >/dev/null 2>&1; then
+  echo "Optional: install bubblewrap (e.g. apt-get install bubblewrap) so local sandboxes are isolated."
+fi
