@@ -137,10 +137,11 @@ def bwrap_argv(root: Path, workdir: str, tail: list[str], ro_binds: tuple[str, .
                 inside.symlink_to(os.readlink(host))
         elif host.is_dir():
             cmd += ["--ro-bind", str(host), f"/{top}"]
+    cmd += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    # After the /tmp tmpfs, so a venv that lives under /tmp (a CI checkout there) is not hidden by it.
     for path in ro_binds:  # e.g. a venv, so a test can run a real harness in a pod
         cmd += ["--ro-bind", path, path]
-    cmd += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--unshare-pid", "--die-with-parent",
-            "--dir", workdir, "--chdir", workdir]
+    cmd += ["--unshare-pid", "--die-with-parent", "--dir", workdir, "--chdir", workdir]
     return cmd + tail
 
 
