@@ -122,9 +122,22 @@ def build_tokenizer(vocab_size: int = 1024):  # -> PreTrainedTokenizerFast
     return fast
 
 
+# The final RMSNorm's gain of the tiny model `forge up` builds for itself. With Qwen2's init (std 0.02,
+# tied embeddings) a logit is h.e with |h| = sqrt(hidden) * gain and |e| ~ 0.16, so at gain 1 every
+# next-token distribution is near uniform (entropy 6.84 of a possible 6.85 nats) and no LoRA can move
+# a logit by more than ~1.3: GRPO has nothing to sharpen. At 8 the model has the peaked, repetitive
+# distributions of a small trained LM (entropy ~0.5 at the first answer token), which a LoRA on the
+# attention/MLP can steer: that is what makes `forge up --demo` visibly learn (docs/dashboard.md).
+# The default build stays at 1.0: the tests' fixture model, whose fp32 logprob tolerances assume it.
+LEARNABLE_NORM_GAIN = 8.0
+
+
 def build_tiny_model(path: str | Path, *, seed: int = 0, hidden_size: int = 64, layers: int = 2,
-                     vocab_size: int = 1024) -> Path:
-    """Write a tiny Qwen2 model + tokenizer + chat template to `path` and return it."""
+                     vocab_size: int = 1024, norm_gain: float = 1.0) -> Path:
+    """Write a tiny Qwen2 model + tokenizer + chat template to `path` and return it.
+
+    `norm_gain` is the final RMSNorm's weight: 1.0 is the plain random init, LEARNABLE_NORM_GAIN the
+    peaked one `forge up` trains."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
     from transformers.utils import logging as hf_logging
@@ -150,6 +163,9 @@ def build_tiny_model(path: str | Path, *, seed: int = 0, hidden_size: int = 64, 
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
+    if norm_gain != 1.0:
+        with torch.no_grad():
+            model.model.norm.weight.fill_(norm_gain)
     model.generation_config = GenerationConfig(
         eos_token_id=[config.eos_token_id, config.pad_token_id], pad_token_id=config.pad_token_id,
     )

@@ -15,20 +15,21 @@ from openforge.store import RUN_FINAL, Store
 
 log = logging.getLogger("forge.up")
 
-# `forge up --demo`: small enough to finish in a minute or two on 2 CPU cores. The tiny model is random,
-# so its answers are noise; these two tasks reward any answer containing the right digit (0.2 for an
-# answer, 1.0 with the digit), which noise sometimes does: groups get different rewards and GRPO a
-# non-zero advantage to learn from.
+# `forge up --demo`: about 3 minutes on 2 CPU cores, and the reward curve rises (docs/dashboard.md,
+# "What the demo shows"). The tiny model's weights are random but peaked (engine/tiny.py
+# LEARNABLE_NORM_GAIN): at first it mostly answers nothing (0) or noise (0.2); these two tasks give 1.0
+# for an answer containing the right digit, which noise sometimes does, so a group of 8 has different
+# rewards and GRPO an advantage from the first step. 6 tokens an answer keep the base pass rate low.
 DEMO_TASKS = ["easy-sum", "easy-count-words"]
 DEMO_OVERRIDES: dict[str, Any] = {
     "name": "demo",
     "engine": {"kind": "embedded", "max_batch_size": 8},
     "sandbox": {"type": "local"},
-    "harness": {"name": "mini", "max_turns": 2, "max_tokens": 12},
+    "harness": {"name": "mini", "max_turns": 2, "max_tokens": 6},
     "tasks": {"path": "builtin", "include": DEMO_TASKS},
-    "runner": {"samples_per_task": 4, "concurrency": 4, "rollout_timeout_s": 120.0},
-    "proxy": {"default_max_tokens": 12, "max_context_tokens": 4096},
-    "trainer": {"steps": 3, "tasks_per_step": 2, "lr": 5e-3, "micro_batch_tokens": 2048},
+    "runner": {"samples_per_task": 8, "concurrency": 8, "rollout_timeout_s": 120.0},
+    "proxy": {"default_max_tokens": 6, "max_context_tokens": 4096},
+    "trainer": {"steps": 12, "tasks_per_step": 2, "lr": 2e-2, "micro_batch_tokens": 2048},
 }
 
 
@@ -70,10 +71,10 @@ def resolve_model(config: ForgeConfig, home: Path) -> Path:
                           "(the trainer and the proxy's tokenizer load it)")
     path = Path(config.engine.model).expanduser() if config.engine.model else default_tiny_model(home)
     if not config.engine.model and not (path / "config.json").is_file():
-        from engine.tiny import build_tiny_model
+        from engine.tiny import LEARNABLE_NORM_GAIN, build_tiny_model
 
         log.info("building the tiny model in %s", path)
-        build_tiny_model(path)
+        build_tiny_model(path, norm_gain=LEARNABLE_NORM_GAIN)  # peaked, so GRPO can visibly move it
     if not (path / "config.json").is_file():
         raise ConfigError(f"engine.model {path} is not a model folder (no config.json); "
                           "point it at a Hugging Face checkpoint directory, or leave it empty for the tiny model")
