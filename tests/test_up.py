@@ -104,7 +104,8 @@ def test_forge_stop_leaves_no_process_and_resume_finishes(home_with_model: Path)
     """SIGTERM (`forge stop`) mid-step stops every child; `--resume` continues after the last checkpoint.
     (A SIGKILLed owner is the same to the store once `forge up` marks it interrupted: test_up_parts.)"""
     home = home_with_model
-    proc = spawn(home, *SMALL, "up", "--demo", "--headless", "--steps", "2")
+    # 12-token answers (the demo's are 6) keep step 1 running long enough for `forge stop` to land in it
+    proc = spawn(home, *SMALL, "--set", "harness.max_tokens=12", "up", "--demo", "--headless", "--steps", "2")
     store = Store(home / "forge.db")
 
     def second_step_running() -> bool:
