@@ -39,16 +39,21 @@ def model_tiny(
     path: Annotated[Path, typer.Argument(help="folder to write the model to (created)")],
     seed: Annotated[int, typer.Option(help="weights seed: same seed, same files")] = 0,
     force: Annotated[bool, typer.Option("--force", help="overwrite a folder that already holds files")] = False,
+    norm_gain: Annotated[Optional[float], typer.Option(
+        "--norm-gain", help="final RMSNorm weight; default: the learnable gain `forge up --demo` uses "
+                            "(1.0 = plain random init, nearly uniform outputs that GRPO can hardly move)")] = None,
 ) -> None:
     """Build, offline, a tiny Qwen2 causal LM with a locally trained BPE tokenizer and a tool-calling chat template."""
-    from engine.tiny import build_tiny_model
+    from engine.tiny import LEARNABLE_NORM_GAIN, build_tiny_model
 
     target = path.expanduser()
     if target.exists() and not target.is_dir():
         raise ForgeError(f"{target} exists and is not a folder")
     if target.is_dir() and any(target.iterdir()) and not force:
         raise ForgeError(f"{target} is not empty (use --force to overwrite)")
-    out = build_tiny_model(target, seed=seed)
+    if norm_gain is not None and norm_gain <= 0:
+        raise ForgeError(f"--norm-gain must be positive, got {norm_gain}")
+    out = build_tiny_model(target, seed=seed, norm_gain=LEARNABLE_NORM_GAIN if norm_gain is None else norm_gain)
     n_files = sum(1 for _ in out.iterdir())
     typer.echo(f"built the tiny model in {out} ({n_files} files)")
 

@@ -27,6 +27,20 @@ def test_model_tiny_builds_a_loadable_model_and_refuses_a_full_folder(tmp_path):
     assert again.exit_code == 1 and "is not empty (use --force to overwrite)" in again.output
 
 
+def test_model_tiny_defaults_to_the_learnable_gain_forge_up_builds(tmp_path):
+    from safetensors.torch import load_file
+
+    from engine.tiny import LEARNABLE_NORM_GAIN
+
+    runner.invoke(app, ["model", "tiny", str(tmp_path / "a")])
+    runner.invoke(app, ["model", "tiny", str(tmp_path / "b"), "--norm-gain", "1"])
+    gain = {name: float(load_file(tmp_path / name / "model.safetensors")["model.norm.weight"].mean())
+            for name in ("a", "b")}
+    assert gain == {"a": LEARNABLE_NORM_GAIN, "b": 1.0}
+    bad = runner.invoke(app, ["model", "tiny", str(tmp_path / "c"), "--norm-gain", "0"])
+    assert bad.exit_code == 1 and "--norm-gain must be positive" in bad.output
+
+
 def test_engine_with_a_wrong_model_path_is_one_line(tmp_path):
     result = runner.invoke(app, ["engine", "--model", str(tmp_path / "missing")])
     assert result.exit_code == 1
