@@ -10,7 +10,8 @@ Tables (all plain, JSON in TEXT columns where a value is a list or an object):
     trainstep   the metrics of one training step
     checkpoint  an adapter or full checkpoint saved by the trainer
 
-Writes go through the keyword-only functions in this module (sync, SQLModel sessions) or through
+The tables themselves are defined in `openforge.tables` (and re-exported here). Writes go through the
+methods of `Store` in this module (sync, SQLModel sessions) or through
 `AsyncStore` (async, aiosqlite: the proxy's batched recorder). The file is in WAL mode so the
 dashboard can read while the proxy and trainer write.
 
@@ -29,176 +30,32 @@ import secrets
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, Index, Text, event, text
+from sqlalchemy import event, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DatabaseError, IntegrityError
-from sqlmodel import Field, Session, SQLModel, create_engine, select
+from sqlmodel import Session, SQLModel, create_engine, select
 
 from openforge.errors import NotFoundError, StoreError
+from openforge.tables import (  # noqa: F401 - re-exported: callers import the tables from here
+    CALL_STATES,
+    ROLLOUT_FINAL,
+    RUN_FINAL,
+    Call,
+    Checkpoint,
+    Rollout,
+    Run,
+    SchemaMigration,
+    Task,
+    TrainStep,
+    Trajectory,
+    new_id,
+    utcnow,
+)
 
 SCHEMA_VERSION = 2
-
-# Rollout states. pending -> running -> one of the final states.
-ROLLOUT_FINAL = ("scored", "failed", "timed_out", "cancelled", "interrupted")
-RUN_FINAL = ("finished", "failed", "stopped", "interrupted")
-# Call states: in_flight until the engine answered, then ok or error; in_flight calls found on
-# start-up belong to a proxy that died and become interrupted.
-CALL_STATES = ("in_flight", "ok", "error", "interrupted")
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def new_id(prefix: str) -> str:
-    """Short, sortable-enough, human-typable ids: `run-20261202-1f3a9c`."""
-    return f"{prefix}-{utcnow():%Y%m%d}-{secrets.token_hex(3)}"
-
-
-def _json_col() -> Any:
-    return Field(default=None, sa_column=Column(Text))
-
-
-class Run(SQLModel, table=True):
-    id: str = Field(primary_key=True)
-    name: str = ""
-    kind: str = "train"  # train | eval | proxy
-    status: str = "created"  # created | running | paused | finished | failed | stopped | interrupted
-    config_json: str | None = _json_col()
-    summary_json: str | None = _json_col()  # eval tables, final metrics
-    owner_pid: int | None = None  # the process driving the run; dead owner + running = interrupted
-    current_adapter: str | None = None  # the adapter name rollouts are served with now
-    error: str | None = None
-    created_at: datetime = Field(default_factory=utcnow)
-    started_at: datetime | None = None
-    ended_at: datetime | None = None
-
-
-class Task(SQLModel, table=True):
-    __table_args__ = (Index("ix_task_run_key", "run_id", "task_id", unique=True),)
-    id: int | None = Field(default=None, primary_key=True)
-    run_id: str = Field(foreign_key="run.id", index=True)
-    task_id: str
-    instruction: str = ""
-    spec_json: str | None = _json_col()
-
-
-class Rollout(SQLModel, table=True):
-    __table_args__ = (Index("ix_rollout_run_status", "run_id", "status"),)
-    id: str = Field(primary_key=True)
-    run_id: str = Field(foreign_key="run.id", index=True)
-    task_id: str = Field(index=True)
-    step: int = 0  # the train step (or eval round) that sampled it
-    sample_index: int = 0  # position within its group
-    sandbox: str = ""  # backend: local | docker | kubernetes
-    sandbox_id: str | None = None
-    harness: str = ""
-    adapter: str | None = None  # the adapter the engine served this rollout with
-    api_key: str = Field(index=True, unique=True)  # the rollout's credential for the proxy
-    status: str = "pending"  # pending | running | scored | failed | timed_out | cancelled | interrupted
-    reward: float | None = None
-    attempts: int = 0  # sandbox start attempts (infrastructure retries)
-    exit_code: int | None = None
-    stdout: str | None = _json_col()
-    stderr: str | None = _json_col()
-    verifier_output: str | None = _json_col()
-    error: str | None = None
-    n_calls: int = 0
-    n_tokens: int = 0
-    n_segments: int = 0  # trajectory segments (history rewrites start a new one)
-    n_extends: int = 0  # calls whose prompt extended the previous call exactly
-    created_at: datetime = Field(default_factory=utcnow)
-    started_at: datetime | None = None
-    ended_at: datetime | None = None
-
-
-class Call(SQLModel, table=True):
-    __table_args__ = (Index("ix_call_rollout_seq", "rollout_id", "seq"),)
-    id: int | None = Field(default=None, primary_key=True)
-    run_id: str = Field(index=True)
-    rollout_id: str = Field(index=True)
-    seq: int = 0  # order of the call within its rollout
-    api: str = ""  # openai_chat | openai_responses | anthropic_messages
-    model: str = ""
-    adapter: str | None = None
-    stream: bool = False
-    status: str = "in_flight"  # in_flight | ok | error | interrupted
-    request_json: str | None = _json_col()
-    response_json: str | None = _json_col()
-    prompt_ids: str | None = _json_col()  # JSON list[int]: exactly what the engine was given
-    completion_ids: str | None = _json_col()  # JSON list[int]: exactly what the engine sampled
-    logprobs: str | None = _json_col()  # JSON list[float], one per completion id
-    tool_calls_json: str | None = _json_col()
-    tool_parse_error: bool = False  # a malformed tool call was returned as text
-    reused_tokens: int = 0  # prompt tokens spliced from earlier completions (no re-tokenisation)
-    finish_reason: str | None = None
-    error: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    latency_ms: float | None = None
-    started_at: datetime = Field(default_factory=utcnow)
-    ended_at: datetime | None = None
-
-
-class Trajectory(SQLModel, table=True):
-    __table_args__ = (Index("ix_traj_rollout_seg", "rollout_id", "segment", unique=True),)
-    id: int | None = Field(default=None, primary_key=True)
-    run_id: str = Field(index=True)
-    rollout_id: str = Field(index=True)
-    segment: int = 0
-    token_ids: str | None = _json_col()  # JSON list[int]
-    loss_mask: str | None = _json_col()  # JSON list[int], 1 on sampled tokens
-    logprobs: str | None = _json_col()  # JSON list[float], the sampling logprob (0.0 where mask is 0)
-    call_ids: str | None = _json_col()  # JSON list[int]: the calls merged into this segment
-    n_tokens: int = 0
-    created_at: datetime = Field(default_factory=utcnow)
-
-
-class TrainStep(SQLModel, table=True):
-    __table_args__ = (Index("ix_step_run_step", "run_id", "step", unique=True),)
-    id: int | None = Field(default=None, primary_key=True)
-    run_id: str = Field(foreign_key="run.id", index=True)
-    step: int
-    loss: float | None = None
-    reward_mean: float | None = None
-    reward_std: float | None = None
-    pass_rate: float | None = None
-    kl: float | None = None
-    clip_frac: float | None = None
-    mismatch_mean: float | None = None  # mean |engine logprob - trainer logprob| on sampled tokens
-    mismatch_max: float | None = None
-    grad_norm: float | None = None
-    tokens_per_s: float | None = None
-    n_tokens: int = 0
-    n_rollouts: int = 0
-    t_rollout_s: float | None = None
-    t_train_s: float | None = None
-    t_sync_s: float | None = None
-    adapter: str | None = None
-    metrics_json: str | None = _json_col()  # anything else
-    created_at: datetime = Field(default_factory=utcnow)
-
-
-class Checkpoint(SQLModel, table=True):
-    id: int | None = Field(default=None, primary_key=True)
-    run_id: str = Field(foreign_key="run.id", index=True)
-    step: int
-    kind: str = "adapter"  # adapter | full
-    path: str
-    adapter_name: str | None = None
-    loaded: bool = False  # hot-loaded into the engine
-    created_at: datetime = Field(default_factory=utcnow)
-
-
-class SchemaMigration(SQLModel, table=True):
-    __tablename__ = "schema_migrations"
-    version: int = Field(primary_key=True)
-    name: str
-    applied_at: datetime = Field(default_factory=utcnow)
 
 
 # Numbered migrations: (version, name, function(connection)). A fresh database is created from the
