@@ -15,29 +15,14 @@ start (scheduling, image, runtime) dominates and is not measured here (its SLO: 
 from __future__ import annotations
 
 import asyncio
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from bench.timing import time_calls
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-async def _time(fn, n: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    await fn()  # warm-up: imports and first connections are not the figure
-    samples = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        await fn()
-        samples.append((time.perf_counter() - t0) * 1000)
-    return {"p50_ms": round(statistics.median(samples), 2), "p99_ms": round(_pct(samples, 0.99), 2), "n": n}
 
 
 def _ratio(backend: dict, primitive: dict) -> float:
@@ -76,7 +61,7 @@ async def _measure(quick: bool, tmp: Path) -> dict:
             await run_true(pod)
             await kill_processes(pod)
 
-        cycle = {"backend": await _time(backend_cycle, n), "primitive": await _time(primitive_cycle, n)}
+        cycle = {"backend": await time_calls(backend_cycle, n), "primitive": await time_calls(primitive_cycle, n)}
         cycle["ratio"] = _ratio(cycle["backend"], cycle["primitive"])
 
         bare_pod = SimpleNamespace(root=tmp / "bare" / "exec", name="bare", procs=set(), ns_pid=0)
@@ -85,8 +70,8 @@ async def _measure(quick: bool, tmp: Path) -> dict:
             async def backend_exec() -> None:
                 await sb.exec(["true"], timeout=30)
 
-            execs = {"backend": await _time(backend_exec, n * 2),
-                     "primitive": await _time(lambda: run_true(bare_pod), n * 2)}
+            execs = {"backend": await time_calls(backend_exec, n * 2),
+                     "primitive": await time_calls(lambda: run_true(bare_pod), n * 2)}
         await kill_processes(bare_pod)
         execs["ratio"] = _ratio(execs["backend"], execs["primitive"])
         return {"create_exec_destroy": cycle, "exec_true": execs}

@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from bench.timing import percentile
 from engine.serve import serve_in_thread
 from openforge.config import ProxyConfig
 from openforge.store import Store
@@ -163,11 +164,6 @@ async def _first_chunk(url: str, path: str, body: dict, n: int, headers: dict) -
     return out
 
 
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
-
-
 def run(quick: bool = False) -> dict:
     from engine.tiny import build_tokenizer
 
@@ -194,8 +190,8 @@ def run(quick: bool = False) -> dict:
             for _ in range(repeats):
                 for name, (url, path, body, hdr) in paths.items():
                     lat = asyncio.run(_latencies(url, path, body, n, hdr))
-                    runs[name]["p50"].append(_pct(lat, 0.5))
-                    runs[name]["p99"].append(_pct(lat, 0.99))
+                    runs[name]["p50"].append(percentile(lat, 0.5))
+                    runs[name]["p99"].append(percentile(lat, 0.99))
                     runs[name]["rps"].append(asyncio.run(_throughput(url, path, body, n_tp, conc, hdr)))
                     ttfc = asyncio.run(_first_chunk(url, path, {**body, "stream": True}, max(n // 3, 10), hdr))
                     runs[name]["ttfc"].append(statistics.median(ttfc))

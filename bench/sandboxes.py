@@ -14,32 +14,16 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import statistics
-import subprocess
 import tempfile
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+from bench.timing import time_calls
 
 from openforge.config import SandboxConfig
 from sandbox import make_sandbox
 from sandbox.local import bwrap_usable
 from sandbox.testing import docker_image
-
-
-def _pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-async def _time(fn: Callable[[], Awaitable[None]], n: int) -> dict[str, float]:
-    await fn()  # warm-up: first-call imports and caches are not the figure we want
-    samples = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        await fn()
-        samples.append((time.perf_counter() - t0) * 1000)
-    return {"p50_ms": round(statistics.median(samples), 2), "p99_ms": round(_pct(samples, 0.99), 2), "n": n}
 
 
 async def _bare(argv: list[str]) -> None:
@@ -80,23 +64,23 @@ async def _measure(quick: bool) -> dict:
     out: dict[str, dict] = {}
     plain = SandboxConfig()
     plain.local.isolation = "none"
-    out["subprocess_true"] = await _time(lambda: _bare(["true"]), n_local)
-    out["local_plain"] = await _time(_sandbox_cycle(plain), n_local)
+    out["subprocess_true"] = await time_calls(lambda: _bare(["true"]), n_local)
+    out["local_plain"] = await time_calls(_sandbox_cycle(plain), n_local)
     bwrap = bwrap_usable()
     if bwrap:
-        out["bwrap_true"] = await _time(lambda: _bare([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc",
+        out["bwrap_true"] = await time_calls(lambda: _bare([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc",
                                                        "/proc", "--unshare-pid", "true"]), n_local)
         isolated = SandboxConfig()
         isolated.local.isolation = "bwrap"
-        out["local_bwrap"] = await _time(_sandbox_cycle(isolated), n_local)
+        out["local_bwrap"] = await time_calls(_sandbox_cycle(isolated), n_local)
     else:
         out["local_bwrap"] = {"skipped": "bubblewrap missing or unusable"}
     image, why = docker_image("busybox")
     if image:
-        out["docker_run_rm_true"] = await _time(_docker_run(image), n_docker)
+        out["docker_run_rm_true"] = await time_calls(_docker_run(image), n_docker)
         cfg = SandboxConfig(type="docker")
         cfg.docker.image = image
-        out["docker"] = await _time(_sandbox_cycle(cfg), n_docker)
+        out["docker"] = await time_calls(_sandbox_cycle(cfg), n_docker)
     else:
         out["docker"] = {"skipped": why}
     return out
