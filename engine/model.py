@@ -79,7 +79,6 @@ def _eos_ids(path: Path, model: Any, tokenizer: Any) -> set[int]:
 
 def load_model(model: str, *, dtype: str = "auto", device: str = "auto") -> LoadedModel:
     """Load `AutoModelForCausalLM` + `AutoTokenizer` from a local folder, or raise one clear EngineError."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 

@@ -41,11 +41,10 @@ _FILE_MISSING = 44  # exit code of the read script when the path is not a regula
 
 def _client_module():
     try:
-        import kubernetes  # noqa: F401
+        import kubernetes
     except ImportError:
         raise SandboxError("the kubernetes backend needs the `kubernetes` package: "
                            "pip install 'openforge[k8s]'") from None
-    import kubernetes
     return kubernetes
 
 
@@ -343,5 +342,4 @@ def cluster_version(config: SandboxConfig) -> str:
     return f"{info.git_version} at {cfg.host}"
 
 
-__all__ = ["KubernetesSandbox", "gc_pods", "cluster_version", "pod_state", "wrap_command",
-           "exit_code_from_status"]
+__all__ = ["KubernetesSandbox", "gc_pods", "cluster_version", "pod_state"]
