@@ -222,8 +222,10 @@ async def test_hostile_agents_are_stopped_at_their_limits_and_the_run_goes_on(st
     elapsed = time.monotonic() - started
     by_task = {r.task_id: store.get_rollout(r.id) for r in rollouts}
     assert by_task["good"].status == "scored" and by_task["good"].reward == 1.0
-    assert by_task["hang"].status == "timed_out" and by_task["forkbomb"].status == "timed_out"
-    for name in ("diskfill", "printer"):
+    assert by_task["hang"].status == "timed_out"
+    # A fork bomb either runs into the time limit or, once the process limit stops even `sleep` from
+    # forking, exits on its own: contained either way, and worth nothing.
+    for name in ("forkbomb", "diskfill", "printer"):
         assert by_task[name].status in ("scored", "timed_out") and not by_task[name].reward
     assert len(by_task["printer"].stdout or "") < 1_000_000  # kept output is capped, not 100 MB
     assert elapsed < 60

@@ -104,8 +104,10 @@ def test_forge_stop_leaves_no_process_and_resume_finishes(home_with_model: Path)
     """SIGTERM (`forge stop`) mid-step stops every child; `--resume` continues after the last checkpoint.
     (A SIGKILLed owner is the same to the store once `forge up` marks it interrupted: test_up_parts.)"""
     home = home_with_model
-    # 12-token answers (the demo's are 6) keep step 1 running long enough for `forge stop` to land in it
-    proc = spawn(home, *SMALL, "--set", "harness.max_tokens=12", "up", "--demo", "--headless", "--steps", "2")
+    # Step 1 must still be running when `forge stop` (a new process: seconds of imports) lands: six
+    # rollouts one at a time keep it busy for several seconds even on an idle machine.
+    proc = spawn(home, *SMALL, "--set", "runner.samples_per_task=6", "--set", "runner.concurrency=1",
+                 "up", "--demo", "--headless", "--steps", "2")
     store = Store(home / "forge.db")
 
     def second_step_running() -> bool:
