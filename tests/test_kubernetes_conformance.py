@@ -8,8 +8,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from k8s_double import KubeDouble, bwrap_available
-from test_kubernetes import make_config
+from k8s_double import KubeDouble
+
+# The double fixture and the module marks (skip without bubblewrap/root, timeout) are test_kubernetes's.
+from test_kubernetes import double, make_config, pytestmark  # noqa: F401
 
 # Collected here again with this module's `config` fixture: the same checks as on local and docker.
 from test_sandbox import (  # noqa: F401
@@ -21,21 +23,6 @@ from test_sandbox import (  # noqa: F401
 
 from openforge.config import SandboxConfig
 from sandbox import make_sandbox
-
-pytestmark = [
-    pytest.mark.skipif(not bwrap_available(), reason="the API double runs pods under bubblewrap and nsenter as "
-                                                     "root (apt-get install bubblewrap util-linux); not available here"),
-    pytest.mark.timeout(60),
-]
-
-
-@pytest.fixture
-def double(tmp_path: Path):
-    d = KubeDouble(tmp_path / "pods")
-    d.start()
-    yield d
-    d.stop()
-
 
 @pytest.fixture
 def config(double: KubeDouble, tmp_path: Path) -> SandboxConfig:
