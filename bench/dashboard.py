@@ -26,7 +26,7 @@ def _fill(store: Store, n_rollouts: int, calls_per_rollout: int) -> str:
         rollouts, calls = [], []
         for i in range(n_rollouts):
             rid = f"ro-bench-{i:06d}"
-            rollouts.append(dict(id=rid, run_id=run.id, task_id=f"t{i % 20}", step=i // 40, api_key=f"k{i}",
+            rollouts.append(dict(id=rid, run_id=run.id, task_id=f"t{i % 20}", step=i // 40, key_hash=f"k{i}",
                                  status="scored" if i < n_rollouts - 8 else "running", reward=(i % 5) / 4,
                                  stdout=output, stderr=output, created_at=utcnow(), n_calls=calls_per_rollout))
             calls.extend(dict(run_id=run.id, rollout_id=rid, seq=j, api="openai_chat", status="ok",

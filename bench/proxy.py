@@ -179,7 +179,7 @@ def run(quick: bool = False) -> dict:
         rollout = store.create_rollout(run_id=store.create_run(kind="bench").id, task_id="t", status="running")
         gen = {"input_ids": prompt_ids, "sampling_params": {"max_new_tokens": 64}, "return_logprob": True}
         chat = {"model": "m", "messages": MESSAGES, "tools": TOOLS}
-        auth = {"authorization": f"Bearer {rollout.api_key}"}
+        auth = {"authorization": f"Bearer {rollout.key}"}
         engine = _Server("engine", output_ids)
         passthrough = _Server("passthrough", engine.url)
         proxy = _Server("forge", (store.path, engine.url, model_dir))

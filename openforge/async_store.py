@@ -15,7 +15,7 @@ from sqlalchemy import bindparam, event, func, select, update
 from sqlalchemy.exc import DatabaseError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from openforge.store import Call, Rollout, Store, _on_connect, _sqlite_error
+from openforge.store import Call, Rollout, Store, _on_connect, _sqlite_error, hash_key
 
 _CALL = Call.__table__  # type: ignore[attr-defined]
 _ROLLOUT = Rollout.__table__  # type: ignore[attr-defined]
@@ -59,6 +59,9 @@ class AsyncStore:
         ids = [0] * len(rows)
         try:
             async with self.engine.begin() as conn:
+                # IMMEDIATE: the numbering read happens under the write lock, so two proxies (two
+                # processes) on one store never read the same last seq; the unique index backs it.
+                await conn.exec_driver_sql("BEGIN IMMEDIATE")
                 if number and rows:
                     rollouts = sorted({r["rollout_id"] for r in rows})
                     last = dict((await conn.execute(
@@ -82,13 +85,13 @@ class AsyncStore:
             raise _sqlite_error(exc, self.path) from None
         return ids
 
-    async def rollout_by_key(self, api_key: str) -> dict[str, Any] | None:
-        """The rollout a credential belongs to (id, run_id, status, adapter), or None."""
+    async def rollout_by_key(self, key: str) -> dict[str, Any] | None:
+        """The rollout a plain credential belongs to (id, run_id, status, adapter), or None."""
         try:
             async with self.engine.connect() as conn:
                 row = (await conn.execute(
                     select(_ROLLOUT.c.id, _ROLLOUT.c.run_id, _ROLLOUT.c.status, _ROLLOUT.c.adapter)
-                    .where(_ROLLOUT.c.api_key == api_key)
+                    .where(_ROLLOUT.c.key_hash == hash_key(key))
                 )).first()
         except DatabaseError as exc:
             raise _sqlite_error(exc, self.path) from None

@@ -25,6 +25,7 @@ any old store without an Alembic environment next to it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import sqlite3
@@ -41,6 +42,7 @@ from sqlmodel import Session, SQLModel, create_engine, select
 from openforge.errors import NotFoundError, StoreError
 from openforge.tables import (  # noqa: F401 - re-exported: callers import the tables from here
     CALL_STATES,
+    FAILURE_KINDS,
     ROLLOUT_FINAL,
     RUN_FINAL,
     Call,
@@ -55,13 +57,52 @@ from openforge.tables import (  # noqa: F401 - re-exported: callers import the t
     utcnow,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+
+
+def new_rollout_key() -> str:
+    """A fresh rollout credential (192 random bits). Only its `hash_key` is ever stored."""
+    return f"forge-{secrets.token_urlsafe(24)}"
+
+
+def hash_key(key: str) -> str:
+    """What the store keeps of a credential: sha256 hex. Keys are random, so no salt or slow hash
+    is needed: a hash cannot be turned back into a key that works."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _v3_hashed_keys_and_sampling(conn: Any) -> None:
+    """Schema 3: hash the rollout keys and drop the plain ones; sampling params and failure kinds;
+    unique (rollout_id, seq)."""
+    sql = conn.exec_driver_sql
+    # The plain keys must not survive in freed pages of the file either.
+    sql("PRAGMA secure_delete=ON")
+    sql("ALTER TABLE rollout ADD COLUMN key_hash VARCHAR")
+    keys = sql("SELECT id, api_key FROM rollout").all()
+    if keys:
+        sql("UPDATE rollout SET key_hash=? WHERE id=?", [(hash_key(key), rid) for rid, key in keys])
+    sql("DROP INDEX IF EXISTS ix_rollout_api_key")  # DROP COLUMN refuses an indexed column
+    sql("ALTER TABLE rollout DROP COLUMN api_key")
+    sql("CREATE UNIQUE INDEX ix_rollout_key_hash ON rollout (key_hash)")
+    sql("ALTER TABLE rollout ADD COLUMN failure_kind VARCHAR")
+    for column, kind in (("temperature", "FLOAT"), ("top_p", "FLOAT"), ("top_k", "INTEGER"),
+                         ("break_reason", "VARCHAR")):
+        sql(f"ALTER TABLE call ADD COLUMN {column} {kind}")
+    sql("ALTER TABLE run ADD COLUMN isolation VARCHAR")
+    # Two proxies on one schema-2 store could number a call twice: renumber those rollouts in
+    # (seq, id) order so the unique index can be built; other rollouts keep their numbers.
+    sql("""UPDATE call SET seq = (SELECT count(*) FROM call AS c WHERE c.rollout_id = call.rollout_id
+                                  AND (c.seq < call.seq OR (c.seq = call.seq AND c.id < call.id)))
+           WHERE rollout_id IN (SELECT rollout_id FROM call GROUP BY rollout_id, seq HAVING count(*) > 1)""")
+    sql("DROP INDEX IF EXISTS ix_call_rollout_seq")
+    sql("CREATE UNIQUE INDEX ix_call_rollout_seq ON call (rollout_id, seq)")
+    sql("PRAGMA secure_delete=OFF")
 
 
 # Numbered migrations: (version, name, function(connection)). A fresh database is created from the
 # models above and stamped with every version here; an older one runs the versions it lacks.
 # Add a migration for every schema change, e.g.:
-#     (2, "rollout.cost", lambda c: c.exec_driver_sql("ALTER TABLE rollout ADD COLUMN cost FLOAT")),
+#     (4, "rollout.cost", lambda c: c.exec_driver_sql("ALTER TABLE rollout ADD COLUMN cost FLOAT")),
 Migration = tuple[int, str, Callable[[Any], None]]
 MIGRATIONS: list[Migration] = [
     (1, "initial schema", lambda conn: None),
@@ -69,6 +110,8 @@ MIGRATIONS: list[Migration] = [
     (2, "index rollout(run_id, status)",
      lambda conn: conn.exec_driver_sql(
          "CREATE INDEX IF NOT EXISTS ix_rollout_run_status ON rollout (run_id, status)")),
+    (3, "rollout.key_hash, failure_kind; call sampling params, break_reason; run.isolation; "
+        "unique call(rollout_id, seq)", _v3_hashed_keys_and_sampling),
 ]
 
 
@@ -134,6 +177,9 @@ class Store:
 
     def _migrate(self) -> None:
         with self.engine.begin() as conn:
+            # One write transaction around the check and the migrations: two processes opening an
+            # old (or new) store at once migrate it once, and a failed migration leaves no half.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
             has_table = conn.exec_driver_sql(
                 "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_migrations'"
             ).first()
@@ -284,13 +330,17 @@ class Store:
 
     def create_rollout(self, *, run_id: str, task_id: str, step: int = 0, sample_index: int = 0,
                        sandbox: str = "", harness: str = "", adapter: str | None = None,
-                       api_key: str | None = None, status: str = "pending") -> Rollout:
+                       key: str | None = None, status: str = "pending") -> Rollout:
+        """A new rollout whose credential is `key` (a fresh `new_rollout_key()` when None). Only the
+        key's hash is stored; the plain key is on the returned object (`rollout.key`) alone."""
+        key = key or new_rollout_key()
         rollout = Rollout(id=new_id("ro"), run_id=run_id, task_id=task_id, step=step,
                           sample_index=sample_index, sandbox=sandbox, harness=harness, adapter=adapter,
-                          api_key=api_key or f"forge-{secrets.token_urlsafe(18)}", status=status)
+                          key_hash=hash_key(key), status=status)
         with self.session() as s:
             s.add(rollout)
             s.commit()
+        rollout._key = key
         return rollout
 
     def get_rollout(self, rollout_id: str) -> Rollout:
@@ -300,9 +350,10 @@ class Store:
             raise NotFoundError(f"no rollout {rollout_id!r}")
         return rollout
 
-    def rollout_by_key(self, api_key: str) -> Rollout | None:
+    def rollout_by_key(self, key: str) -> Rollout | None:
+        """The rollout a plain credential belongs to (looked up by its hash), or None."""
         with self.session() as s:
-            return s.exec(select(Rollout).where(Rollout.api_key == api_key)).first()
+            return s.exec(select(Rollout).where(Rollout.key_hash == hash_key(key))).first()
 
     def update_rollout(self, rollout_id: str, **fields: Any) -> Rollout:
         with self.session() as s:

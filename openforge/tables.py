@@ -10,11 +10,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Column, Index, Text
+from pydantic import PrivateAttr
 from sqlmodel import Field, SQLModel
 
 # Rollout states. pending -> running -> one of the final states.
 ROLLOUT_FINAL = ("scored", "failed", "timed_out", "cancelled", "interrupted")
 RUN_FINAL = ("finished", "failed", "stopped", "interrupted")
+# Why a rollout that was not scored failed: the harness broke, the infrastructure (sandbox, engine,
+# proxy) broke, it ran out of time, or the agent itself failed. Null on scored rollouts.
+FAILURE_KINDS = ("harness", "infra", "timeout", "agent")
 # Call states: in_flight until the engine answered, then ok or error; in_flight calls found on
 # start-up belong to a proxy that died and become interrupted.
 CALL_STATES = ("in_flight", "ok", "error", "interrupted")
@@ -46,6 +50,7 @@ class Run(SQLModel, table=True):
     owner_pid: int | None = None  # the process driving the run; dead owner + running = interrupted
     current_adapter: str | None = None  # the adapter name rollouts are served with now
     error: str | None = None
+    isolation: str | None = None  # what kept its rollouts in: bwrap | docker | kubernetes | none
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
     ended_at: datetime | None = None
@@ -71,7 +76,9 @@ class Rollout(SQLModel, table=True):
     sandbox_id: str | None = None
     harness: str = ""
     adapter: str | None = None  # the adapter the engine served this rollout with
-    api_key: str = Field(index=True, unique=True)  # the rollout's credential for the proxy
+    # sha256 hex of the rollout's credential for the proxy. The plain key is never stored (a sandbox
+    # that reads the store must not find keys to write into other rollouts); see `key` below.
+    key_hash: str | None = Field(default=None, index=True, unique=True)
     status: str = "pending"  # pending | running | scored | failed | timed_out | cancelled | interrupted
     reward: float | None = None
     attempts: int = 0  # sandbox start attempts (infrastructure retries)
@@ -80,6 +87,7 @@ class Rollout(SQLModel, table=True):
     stderr: str | None = _json_col()
     verifier_output: str | None = _json_col()
     error: str | None = None
+    failure_kind: str | None = None  # harness | infra | timeout | agent (FAILURE_KINDS); null when scored
     n_calls: int = 0
     n_tokens: int = 0
     n_segments: int = 0  # trajectory segments (history rewrites start a new one)
@@ -88,9 +96,19 @@ class Rollout(SQLModel, table=True):
     started_at: datetime | None = None
     ended_at: datetime | None = None
 
+    _key: str | None = PrivateAttr(default=None)
+
+    @property
+    def key(self) -> str | None:
+        """The plain credential: held in memory on the object `Store.create_rollout` returned, and
+        nowhere else (a rollout read back from the store has only its `key_hash`)."""
+        private = self.__pydantic_private__  # None on rows SQLAlchemy loaded
+        return private.get("_key") if private else None
+
 
 class Call(SQLModel, table=True):
-    __table_args__ = (Index("ix_call_rollout_seq", "rollout_id", "seq"),)
+    # Unique: two proxies on one store must never hand out the same number (see AsyncStore.write_calls).
+    __table_args__ = (Index("ix_call_rollout_seq", "rollout_id", "seq", unique=True),)
     id: int | None = Field(default=None, primary_key=True)
     run_id: str = Field(index=True)
     rollout_id: str = Field(index=True)
@@ -109,6 +127,10 @@ class Call(SQLModel, table=True):
     tool_parse_error: bool = False  # a malformed tool call was returned as text
     reused_tokens: int = 0  # prompt tokens spliced from earlier completions (no re-tokenisation)
     finish_reason: str | None = None
+    temperature: float | None = None  # the sampling parameters the engine was given
+    top_p: float | None = None
+    top_k: int | None = None
+    break_reason: str | None = None  # why this call's prompt did not extend the previous call's tokens
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0

@@ -28,7 +28,7 @@ from sqlalchemy import text
 
 from openforge.async_store import AsyncStore
 from openforge.errors import StoreError
-from openforge.store import Call, Store, _sqlite_error, utcnow
+from openforge.store import Call, Store, _sqlite_error, hash_key, utcnow
 
 @dataclass
 class _Op:
@@ -131,10 +131,10 @@ class RolloutLookup:
         self.conn = sqlite3.connect(path, check_same_thread=False, timeout=5, isolation_level=None)
         self.conn.execute("PRAGMA query_only = ON")
 
-    def by_key(self, api_key: str) -> dict[str, Any] | None:
+    def by_key(self, key: str) -> dict[str, Any] | None:
         try:
-            row = self.conn.execute("SELECT id, run_id, status, adapter FROM rollout WHERE api_key = ?",
-                                    (api_key,)).fetchone()
+            row = self.conn.execute("SELECT id, run_id, status, adapter FROM rollout WHERE key_hash = ?",
+                                    (hash_key(key),)).fetchone()
         except sqlite3.Error as exc:
             raise _sqlite_error(exc, self.path) from None
         return None if row is None else {"id": row[0], "run_id": row[1], "status": row[2], "adapter": row[3]}

@@ -53,8 +53,8 @@ class StandaloneProxy:
                                          config={**self.config.model_dump(mode="json"), "model": str(self.model_path)})
         self.store.set_run_status(self.run.id, "running")
         self.rollout = self.store.create_rollout(run_id=self.run.id, task_id="proxy", harness="external",
-                                                 api_key=self.api_key, status="running")
-        self.api_key = self.rollout.api_key
+                                                 key=self.api_key, status="running")
+        self.api_key = self.rollout.key
         try:
             self.engine = EngineProcess(self.config.engine, model_path=str(self.model_path))
             self.engine.start()

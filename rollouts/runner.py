@@ -202,7 +202,7 @@ class RolloutRunner:
 
     async def _drive(self, sb: Sandbox, ro: Rollout, task: TaskSpec) -> None:
         budget = min(task.time_limit_s, self.config.runner.rollout_timeout_s)
-        ctx = HarnessContext(proxy_url=self._proxy_url_for(sb), api_key=ro.api_key,
+        ctx = HarnessContext(proxy_url=self._proxy_url_for(sb), api_key=ro.key,
                              model=self.config.proxy.served_model_name, instruction=task.instruction,
                              workdir=sb.info.workdir, backend=sb.info.backend, task_id=task.id)
         await self._setup(sb, task)

@@ -78,13 +78,13 @@ async def test_proxy_killed_with_50_calls_in_flight_loses_no_answered_call(tiny_
             assert url.startswith("http://127.0.0.1:")
             async with httpx.AsyncClient(timeout=30) as client:
                 # 10 calls that are answered before the kill...
-                answered = await asyncio.gather(*(client.post(**_chat(url, rollouts[i % 5].api_key, f"q{i}"))
+                answered = await asyncio.gather(*(client.post(**_chat(url, rollouts[i % 5].key, f"q{i}"))
                                                   for i in range(10)))
                 assert [r.status_code for r in answered] == [200] * 10
                 # ...then 50 the engine holds on to while the proxy is killed.
                 for _ in range(50):
                     engine.fail_next("delay", seconds=120)
-                pending = [asyncio.create_task(client.post(**_chat(url, rollouts[i % 5].api_key, f"late{i}")))
+                pending = [asyncio.create_task(client.post(**_chat(url, rollouts[i % 5].key, f"late{i}")))
                            for i in range(50)]
                 await asyncio.to_thread(_wait_for, lambda: len(engine.requests) >= 60, 60, "50 calls at the engine")
                 await asyncio.to_thread(
@@ -109,7 +109,7 @@ async def test_proxy_killed_with_50_calls_in_flight_loses_no_answered_call(tiny_
         try:
             assert server.interrupted_on_start == 50
             async with httpx.AsyncClient(timeout=30) as client:
-                again = await client.post(**_chat(server.url, rollouts[0].api_key, "after restart"))
+                again = await client.post(**_chat(server.url, rollouts[0].key, "after restart"))
             assert again.status_code == 200
         finally:
             server.stop()
@@ -137,7 +137,7 @@ def test_engine_killed_mid_stream_gives_an_api_error_then_recovers(tiny_model: P
     server = ProxyServer(ProxyConfig(call_timeout_s=60), store_path=store.path, engine_url=engine.url,
                          model_path=tiny_model).start()
     try:
-        client = OpenAI(base_url=server.url + "/v1", api_key=ro.api_key, max_retries=0, timeout=60)
+        client = OpenAI(base_url=server.url + "/v1", api_key=ro.key, max_retries=0, timeout=60)
         first_pid = engine.pid
         started = time.monotonic()
         # A long sampled stream (the random tiny model rarely stops early); kill the engine after the first chunk.
@@ -325,8 +325,8 @@ def test_oversize_bodies_are_refused_on_every_endpoint(tiny_model: Path, store: 
         try:
             body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x" * 200_000}],
                     "input": "x" * 200_000}
-            resp = httpx.post(server.url + path, json=body, headers={"x-api-key": ro.api_key,
-                                                                    "authorization": f"Bearer {ro.api_key}"},
+            resp = httpx.post(server.url + path, json=body, headers={"x-api-key": ro.key,
+                                                                    "authorization": f"Bearer {ro.key}"},
                               timeout=30)
         finally:
             server.stop()

@@ -43,9 +43,9 @@ def test_every_captured_harness_request_is_served(tiny_model, store):
                 headers = {k: v for k, v in req["headers"].items() if k in ("anthropic-version", "accept")}
                 # The captured credential's form (x-api-key or bearer), with this rollout's key.
                 if "x-api-key" in req["headers"]:
-                    headers["x-api-key"] = ro.api_key
+                    headers["x-api-key"] = ro.key
                 else:
-                    headers["authorization"] = f"Bearer {ro.api_key}"
+                    headers["authorization"] = f"Bearer {ro.key}"
                 query = f"?{req['query']}" if req["query"] else ""
                 resp = await http.request(req["method"], req["path"] + query, headers=headers, json=req["body"])
                 out.append((name, req, resp))

@@ -100,7 +100,7 @@ def test_wrong_ended_and_missing_keys_get_401_in_openai_shape(make_rig):
     assert bad.value.status_code == 401 and bad.value.body["code"] == "invalid_api_key"
     ended = rig.new_rollout(status="scored")
     with pytest.raises(openai.AuthenticationError, match="scored"):
-        client(rig, key=ended.api_key).chat.completions.create(model="m", messages=msgs)
+        client(rig, key=ended.key).chat.completions.create(model="m", messages=msgs)
     resp = httpx.post(rig.url + "/v1/chat/completions", json={"model": "m", "messages": msgs})
     assert resp.status_code == 401 and resp.json()["error"]["type"] == "invalid_request_error"
     # The path-prefix form works for harnesses that cannot set a key.
@@ -117,7 +117,7 @@ def test_a_rollout_cannot_reuse_or_write_another_rollouts_records(make_rig):
     msg = client(rig).chat.completions.create(model="m", messages=msgs, tools=CHAT_TOOLS).choices[0].message
     replay = msgs + [msg.model_dump(exclude_none=True),
                      {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "a.txt"}]
-    client(rig, key=other.api_key).chat.completions.create(model="m", messages=replay, tools=CHAT_TOOLS)
+    client(rig, key=other.key).chat.completions.create(model="m", messages=replay, tools=CHAT_TOOLS)
     client(rig).chat.completions.create(model="m", messages=replay, tools=CHAT_TOOLS)
     theirs, mine = rig.calls(other.id), rig.calls()
     assert len(theirs) == 1 and len(mine) == 2
@@ -202,7 +202,7 @@ def test_rollout_adapter_and_sampling_reach_the_engine(make_rig):
     rig.engine.adapters["step-3"] = "/adapters/step-3"
     tuned = rig.store.create_rollout(run_id=rig.rollout.run_id, task_id="t", status="running", adapter="step-3")
     msgs = [{"role": "user", "content": "hi"}]
-    client(rig, key=tuned.api_key).chat.completions.create(model="m", messages=msgs, temperature=0.9, top_p=0.5,
+    client(rig, key=tuned.key).chat.completions.create(model="m", messages=msgs, temperature=0.9, top_p=0.5,
                                                            max_tokens=7)
     client(rig).chat.completions.create(model="m", messages=msgs)
     tuned_req, base_req = rig.engine.requests[-2:]

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from engine.scripted import ScriptedEngine
 from engine.serve import serve_in_thread
 from forge_cli.main import app
-from openforge.store import Store, loads
+from openforge.store import Store, hash_key, loads
 from test_proxy_support import CHAT_TOOLS, TOOL_TURN
 
 pytestmark = pytest.mark.timeout(120)
@@ -63,7 +63,7 @@ def test_forge_proxy_records_one_key_and_refuses_others(tiny_model, forge_home):
     run = store.get_run(lines[0].split()[1])
     assert run.kind == "proxy" and run.status == "stopped"
     (rollout,) = store.list_rollouts(run.id)
-    assert rollout.api_key == "sk-only-this" and rollout.status == "cancelled" and rollout.n_extends == 1
+    assert rollout.key_hash == hash_key("sk-only-this") and rollout.status == "cancelled" and rollout.n_extends == 1
     (traj,) = store.list_trajectories(rollout_ids=[rollout.id])
     sampled = [t for t, m in zip(loads(traj.token_ids), loads(traj.loss_mask)) if m]
     assert engine.tokenizer.decode(sampled, skip_special_tokens=True) == TOOL_TURN + "finished"

@@ -80,7 +80,7 @@ def asgi(tiny_model, store):
         run = store.create_run(kind="proxy")
         ro = store.create_rollout(run_id=run.id, task_id="t", status="running")
         http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy",
-                                 headers={"authorization": f"Bearer {ro.api_key}"})
+                                 headers={"authorization": f"Bearer {ro.key}"})
         yield loop, http, app, ro
         loop.run_until_complete(http.aclose())
         loop.run_until_complete(app.state.proxy.aclose())

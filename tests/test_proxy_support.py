@@ -44,7 +44,7 @@ class Rig:
 
     @property
     def key(self) -> str:
-        return self.rollout.api_key
+        return self.rollout.key
 
     def new_rollout(self, status: str = "running") -> Rollout:
         return self.store.create_rollout(run_id=self.rollout.run_id, task_id="t", status=status)

@@ -13,7 +13,7 @@ import pytest
 
 from openforge.config import ForgeConfig
 from openforge.errors import SandboxError
-from openforge.store import Store
+from openforge.store import Store, hash_key
 from rollouts.harness import HarnessContext
 from rollouts.runner import RolloutRunner, RolloutSpec
 from rollouts.tasks import TaskSpec
@@ -68,10 +68,10 @@ async def test_scored_rollout_stores_output_and_verifier(store: Store, forge_hom
     task = _task(files={"task.txt": "hi\n"}, verifier="cat done.txt; echo 'score: 0.75'")
     [ro] = await _runner(store, harness).run(run.id, [RolloutSpec(task, 0)], step=2, adapter="step-1")
     assert (ro.status, ro.reward, ro.exit_code, ro.step, ro.adapter) == ("scored", 0.75, 3, 2, "step-1")
-    assert ro.stdout.strip() == f"key={ro.api_key}" and ro.stderr.strip() == "oops"
+    assert hash_key(ro.stdout.strip().removeprefix("key=")) == ro.key_hash and ro.stderr.strip() == "oops"
     assert "hi" in ro.verifier_output and ro.attempts == 1 and ro.error is None
     assert ro.started_at is not None and ro.ended_at is not None
-    assert harness.prepared == [ro.api_key]
+    assert [hash_key(k) for k in harness.prepared] == [ro.key_hash]
     assert [t.task_id for t in store.list_tasks(run.id)] == ["t"]
     assert _gone(forge_home, ro.id)
 

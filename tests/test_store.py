@@ -48,7 +48,7 @@ def test_every_table_round_trips(store: Store) -> None:
     ro = again.get_rollout(rollout.id)
     assert (ro.status, ro.reward, ro.step, ro.adapter) == ("scored", 0.5, 3, "step-2")
     assert ro.started_at is not None and ro.ended_at is not None and ro.ended_at >= ro.started_at
-    assert again.rollout_by_key(rollout.api_key).id == rollout.id
+    assert again.rollout_by_key(rollout.key).id == rollout.id
     (c,) = again.list_calls(rollout_id=rollout.id)
     assert loads(c.prompt_ids) == [1, 2, 3] and loads(c.logprobs) == [-0.1, -0.2]
     (tr,) = again.list_trajectories(rollout_ids=[rollout.id])
@@ -166,7 +166,7 @@ async def test_async_store_updates_and_key_lookup(store: Store) -> None:
     (cid,) = await astore.insert_calls([dict(run_id=run.id, rollout_id=rollout.id, seq=0, status="in_flight",
                                              started_at=store_mod.utcnow())])
     await astore.update_calls([(cid, {"status": "ok", "completion_ids": "[7]"})])
-    found = await astore.rollout_by_key(rollout.api_key)
+    found = await astore.rollout_by_key(rollout.key)
     assert found == {"id": rollout.id, "run_id": run.id, "status": "pending", "adapter": "a1"}
     assert await astore.rollout_by_key("forge-wrong") is None
     calls = await astore.calls_of_rollout(rollout.id)
@@ -223,21 +223,103 @@ async def test_insert_calls_with_mixed_columns_keeps_order(store: Store) -> None
     assert by_id[ids[1]].status == "ok"
 
 
-def test_a_version_1_store_gets_the_rollout_state_index(tmp_path: Path) -> None:
-    path = tmp_path / "forge.db"
-    Store(path).close()
-    con = sqlite3.connect(path)  # make it look like a store written by schema version 1
-    con.execute("DROP INDEX ix_rollout_run_status")
-    con.execute("DELETE FROM schema_migrations WHERE version > 1")
+def _old_store(path: Path, *, drop_v2: bool = False) -> None:
+    """A store as schema version 2 wrote it, with data (tests/data/store_schema2.sql)."""
+    con = sqlite3.connect(path)
+    con.executescript((Path(__file__).parent / "data" / "store_schema2.sql").read_text())
+    if drop_v2:  # and as version 1 did, before the rollout-state index
+        con.execute("DROP INDEX ix_rollout_run_status")
+        con.execute("DELETE FROM schema_migrations WHERE version > 1")
     con.commit()
     con.close()
+
+
+def test_a_version_1_store_gets_the_rollout_state_index(tmp_path: Path) -> None:
+    path = tmp_path / "forge.db"
+    _old_store(path, drop_v2=True)
     s = Store(path)
-    assert s.schema_version() == 2
+    assert s.schema_version() == store_mod.SCHEMA_VERSION
     names = [r[1] for r in sqlite3.connect(path).execute("PRAGMA index_list(rollout)")]
     assert "ix_rollout_run_status" in names
     plan = sqlite3.connect(path).execute(
         "EXPLAIN QUERY PLAN SELECT count(*) FROM rollout WHERE run_id='r' AND status='running'").fetchall()
     assert "ix_rollout_run_status" in str(plan)
+
+
+def test_a_schema_2_store_upgrades_with_its_keys_hashed(tmp_path: Path) -> None:
+    path = tmp_path / "forge.db"
+    _old_store(path)
+    s = Store(path)
+    assert s.schema_version() == 3 and s.integrity_check() == "ok"
+    con = sqlite3.connect(path)
+    cols = {t: [r[1] for r in con.execute(f"PRAGMA table_info({t})")] for t in ("rollout", "call", "run")}
+    assert "api_key" not in cols["rollout"] and {"key_hash", "failure_kind"} <= set(cols["rollout"])
+    assert {"temperature", "top_p", "top_k", "break_reason"} <= set(cols["call"])
+    assert "isolation" in cols["run"]
+    old = s.rollout_by_key("forge-old-key-1")  # the keys harnesses hold keep working
+    assert old is not None and (old.status, old.reward, old.key_hash) == ("scored", 1.0, store_mod.hash_key("forge-old-key-1"))
+    assert s.rollout_by_key("forge-old-key-2").status == "running"
+    # The duplicated seq of the old store is renumbered in id order; the rest keep their numbers.
+    running = s.rollout_by_key("forge-old-key-2").id
+    assert [(c.seq, loads(c.prompt_ids)) for c in s.list_calls(rollout_id=running)] == \
+        [(0, [0, 1]), (1, [1, 2]), (2, [2, 3]), (3, [3, 4])]
+    with pytest.raises(sqlite3.IntegrityError):
+        con.execute("INSERT INTO call (run_id, rollout_id, seq, api, model, stream, status, tool_parse_error, "
+                    "reused_tokens, prompt_tokens, completion_tokens, started_at) "
+                    "VALUES ('r', ?, 0, '', '', 0, 'ok', 0, 0, 0, 0, '2026-01-01')", (running,))
+    con.close()
+    s.close()
+    # No plain key is left anywhere in the file (secure_delete zeroed the freed pages).
+    data = path.read_bytes() + (path.with_name("forge.db-wal").read_bytes() if path.with_name("forge.db-wal").exists() else b"")
+    assert b"forge-old-key" not in data
+    assert Store(path).schema_version() == 3  # opening again runs nothing
+
+
+def test_only_the_hash_of_a_rollout_key_is_stored(store: Store) -> None:
+    run = store.create_run()
+    rollout = store.create_rollout(run_id=run.id, task_id="t")
+    mine = store.create_rollout(run_id=run.id, task_id="t", key="forge-chosen-by-user")
+    assert rollout.key.startswith("forge-") and len(rollout.key) > 30 and mine.key == "forge-chosen-by-user"
+    assert rollout.key_hash == store_mod.hash_key(rollout.key) and len(rollout.key_hash) == 64
+    assert store.get_rollout(rollout.id).key is None  # read back, a rollout carries no plain key
+    assert store.rollout_by_key("forge-chosen-by-user").id == mine.id
+    assert store.rollout_by_key(rollout.key_hash) is None  # the hash itself is not a credential
+    assert store_mod.new_rollout_key() != store_mod.new_rollout_key()
+    store.close()
+    assert rollout.key.encode() not in store.path.read_bytes()
+
+
+_NUMBERING_WRITER = textwrap.dedent("""
+    import asyncio, sys
+    from openforge.async_store import AsyncStore
+    from openforge.store import utcnow
+
+    async def main(path, run_id, rollouts, batches):
+        astore = AsyncStore(path)
+        for b in range(batches):
+            rows = [dict(run_id=run_id, rollout_id=rollouts[(b + i) % len(rollouts)], status="ok",
+                         prompt_ids="[1, 2, 3]", started_at=utcnow()) for i in range(5)]
+            await astore.write_calls(rows, [], number=True)
+        await astore.close()
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3].split(","), int(sys.argv[4])))
+""")
+
+
+def test_two_writer_processes_never_number_a_call_twice(store: Store) -> None:
+    run = store.create_run()
+    rollouts = [store.create_rollout(run_id=run.id, task_id="t").id for _ in range(3)]
+    batches = 60
+    procs = [subprocess.Popen([sys.executable, "-c", _NUMBERING_WRITER, str(store.path), run.id,
+                               ",".join(rollouts), str(batches)], stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+    calls = store.list_calls(run_id=run.id)
+    assert len(calls) == 3 * batches * 5
+    for rid in rollouts:
+        seqs = sorted(c.seq for c in calls if c.rollout_id == rid)
+        assert seqs == list(range(len(seqs)))  # no duplicate, no hole
 
 
 async def test_write_calls_numbers_each_rollouts_calls_in_one_transaction(store: Store) -> None:
