@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from forge_cli.context import state
-from openforge.errors import ForgeError, NotFoundError
+from openforge.errors import ConfigError, ForgeError, NotFoundError
 from openforge.store import Call, loads
 
 console = Console()
@@ -27,25 +27,28 @@ def proxy(
 ) -> None:
     """Serve a model behind the recording proxy until Ctrl-C; every call is recorded into a new run."""
     from engine.model import resolve_model_path
-    from proxy.standalone import StandaloneProxy, engine_overrides
+    from runs.proxy_session import ProxySession
 
     st = state(ctx)
     proxy_flags = {k: v for k, v in {"port": port, "host": host}.items() if v is not None}
     engine_flags = {**engine_overrides(engine), **({"model": model} if model else {})}
     config = st.config({"engine": engine_flags, "proxy": proxy_flags})
     model_path = resolve_model_path(config.engine.model)
-    session = StandaloneProxy(config, st.store(), model_path=model_path, api_key=api_key)
+    config = config.model_copy(update={"engine": config.engine.model_copy(update={"model": str(model_path)})})
+    session = ProxySession(config, st.store(), api_key=api_key)
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    started = False
     try:
         session.start()
+        started = True
         assert session.run is not None
         typer.echo(f"run {session.run.id}")
         typer.echo(f"proxy {session.url}  (OpenAI base URL {session.url}/v1, Anthropic base URL {session.url})")
         typer.echo(f"api key {session.api_key}")
-        typer.echo(f"engine {session.engine.url}  model {model_path}")
-        if session.server and session.server.interrupted_on_start:
-            typer.echo(f"marked {session.server.interrupted_on_start} call(s) left in flight by a stopped proxy "
+        typer.echo(f"engine {session.engine_url}  model {model_path}")
+        if session.interrupted_on_start:
+            typer.echo(f"marked {session.interrupted_on_start} call(s) left in flight by a stopped proxy "
                        "as interrupted")
         while not stop.wait(0.5):
             pass
@@ -53,10 +56,19 @@ def proxy(
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-        if session.server is not None:
+        if started:
             stats = session.stop()
             typer.echo(f"stopped; recorded {stats['n_calls']} call(s) into {stats['n_segments']} segment(s) "
                        f"(see `forge calls {session.run.id}`)")
+
+
+def engine_overrides(engine: str) -> dict[str, Any]:
+    """`--engine embedded|sglang|URL` as engine config values."""
+    if engine in ("embedded", "sglang"):
+        return {"kind": engine}
+    if engine.startswith(("http://", "https://")):
+        return {"kind": "url", "url": engine}
+    raise ConfigError(f"--engine must be 'embedded', 'sglang' or an http(s):// URL, got {engine!r}")
 
 
 def _decoder(run_config: dict[str, Any] | None) -> Any:

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 from collections import Counter
-from collections.abc import Coroutine, Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Annotated, Any, Optional, TypeVar
+from typing import Annotated, Optional
 
 import typer
 from rich import box
@@ -18,12 +14,10 @@ from rich.table import Table
 from forge_cli.context import new_typer, state
 from openforge.config import ForgeConfig
 from openforge.errors import ConfigError, TaskError
-from openforge.store import Store
 from rollouts.metrics import RunMetrics
 from rollouts.tasks import load_tasks, validate_tasks
 
 console = Console()
-T = TypeVar("T")
 tasks_app = new_typer(help="Check and list task sets (a .jsonl file, a folder, or 'builtin').")
 
 PathArg = Annotated[str, typer.Argument(help="a task .jsonl file, a task folder, or 'builtin'")]
@@ -127,56 +121,21 @@ def eval_cmd(
     task_set = load_tasks(config.tasks.path, include=config.tasks.include)[: limit or None]
     if not task_set:
         raise ConfigError("the task selection is empty")
-    from rollouts.evaluate import run_eval
+    from runs.evaluate import evaluate
 
     k = config.runner.samples_per_task
-    store = st.store()
-    with _services(config, store, st.home) as (config, proxy_url):
+
+    def started(config: ForgeConfig, proxy_url: str) -> None:
         console.print(f"eval: {len(task_set)} task(s) x {k} sample(s), harness {config.harness.name}, "
                       f"sandbox {config.sandbox.type}, proxy {proxy_url}")
-        job = run_eval(store, config, task_set, proxy_url=proxy_url, samples=k, k_values=config.runner.pass_k,
-                       name=name, adapter=adapter, on_progress=_printer(len(task_set) * k))
-        try:
-            run, metrics = asyncio.run(_cancel_on_sigterm(job))
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            typer.echo("forge: eval interrupted; every sandbox was stopped", err=True)
-            raise typer.Exit(130) from None
+
+    try:
+        run, metrics = evaluate(st.store(), config, task_set, home=st.home, name=name, adapter=adapter,
+                                on_start=started, on_progress=_printer(len(task_set) * k))
+    except KeyboardInterrupt:
+        typer.echo("forge: eval interrupted; every sandbox was stopped", err=True)
+        raise typer.Exit(130) from None
     console.print(metrics_table(metrics, f"eval {run.id}: {config.tasks.path}"))
-
-
-async def _cancel_on_sigterm(job: Coroutine[Any, Any, T]) -> T:
-    """Run `job`; SIGTERM (what `forge stop` sends) cancels it like Ctrl-C, so its sandboxes are stopped."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(job)
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    try:
-        return await task
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
-
-
-@contextmanager
-def _services(config: ForgeConfig, store: Store, home: Path) -> Iterator[tuple[ForgeConfig, str]]:
-    """The engine and the recording proxy in front of it, as `forge up` starts them; stopped on exit.
-    Yields the config with `engine.model` resolved (the tiny model is built if it is the default)."""
-    from engine.supervisor import EngineProcess
-    from forge_cli.up_setup import preflight, resolve_model
-    from proxy.server import ProxyServer
-
-    preflight(config, home)  # no Docker, no cluster, no SGLang: one line now, not N failed rollouts
-    model = str(resolve_model(config, home))
-    config = config.model_copy(update={"engine": config.engine.model_copy(update={"model": model})})
-    engine = EngineProcess(config.engine)
-    try:
-        engine.start()
-        proxy = ProxyServer(config.proxy, store_path=store.path, engine_url=engine.url, model_path=model)
-        try:
-            proxy.start()
-            yield config, proxy.url
-        finally:
-            proxy.stop()
-    finally:
-        engine.stop()
 
 
 def _printer(total: int):  # noqa: ANN202

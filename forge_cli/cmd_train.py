@@ -39,16 +39,18 @@ def train(
 
     Headless (a line per step); `forge up` runs the same with the dashboard. Stop with Ctrl-C or
     `forge stop RUN`, continue with `forge train --resume RUN`: no step is lost or repeated."""
-    from forge_cli import up_setup, up_views
-    from forge_cli.up import RunController
+    from forge_cli import up_views
+    from forge_cli.overrides import cli_overrides
     from openforge.config import load_config
+    from runs.control import RunController
+    from runs.prepare import mark_dead_runs, preflight, prepare_run
 
     st = state(ctx)
     trainer: dict[str, Any] = {k: v for k, v in (("lr", lr), ("tasks_per_step", tasks_per_step),
                                                  ("full_finetune", full_finetune), ("overlap", overlap)) if v is not None}
     if resume is not None and (trainer or group_size is not None or name is not None):
         raise ConfigError("--resume continues a run with its stored config; only --steps may change")
-    overrides = up_setup.cli_overrides(demo=False, sets=st.sets, steps=steps, name=name)
+    overrides = cli_overrides(demo=False, sets=st.sets, steps=steps, name=name)
     if trainer:
         overrides.setdefault("trainer", {}).update(trainer)
     if group_size is not None:
@@ -56,9 +58,9 @@ def train(
     config = load_config(st.config_path, overrides=overrides)
     store = st.store()
     console = Console()
-    up_setup.mark_dead_runs(store)
-    up_setup.preflight(config, st.home)
-    run_id, config = up_setup.prepare_run(store, config, home=st.home, resume=resume, steps=steps)
+    mark_dead_runs(store)
+    preflight(config, st.home)
+    run_id, config = prepare_run(store, config, home=st.home, resume=resume, steps=steps)
     t = config.trainer
     console.print(f"{'resuming' if resume else 'training'} [bold]{run_id}[/]: {t.steps} step(s) x {t.tasks_per_step} "
                   f"task(s) x {config.runner.samples_per_task} rollouts, {'full' if t.full_finetune else f'LoRA r={t.lora_r}'}, "

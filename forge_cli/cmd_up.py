@@ -7,12 +7,14 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from forge_cli import up as orchestrator
-from forge_cli import up_setup, up_views
+from forge_cli import up_views
 from forge_cli.context import is_tty, state
+from forge_cli.overrides import cli_overrides
 from openforge.config import load_config
 from openforge.errors import ForgeError
 from openforge.paths import runs_dir
+from runs.control import RunController
+from runs.prepare import mark_dead_runs, preflight, prepare_run
 
 
 def register(app: typer.Typer) -> None:
@@ -34,18 +36,18 @@ def up(
     st = state(ctx)
     console = Console()
     home = st.home
-    overrides = up_setup.cli_overrides(demo=demo, sets=st.sets, steps=steps, name=name)
+    overrides = cli_overrides(demo=demo, sets=st.sets, steps=steps, name=name)
     config = load_config(st.config_path, overrides=overrides)
     store = st.store()
-    for run_id in up_setup.mark_dead_runs(store):
+    for run_id in mark_dead_runs(store):
         console.print(f"[magenta]{run_id}[/] was left running by a process that is gone: marked interrupted "
                       f"(continue it with `forge up --resume {run_id}`)")
     if resume is None:
-        up_setup.preflight(config, home)
-    run_id, config = up_setup.prepare_run(store, config, home=home, resume=resume, steps=steps)
+        preflight(config, home)
+    run_id, config = prepare_run(store, config, home=home, resume=resume, steps=steps)
     if resume is not None:
-        up_setup.preflight(config, home)
-    controller = orchestrator.RunController(store, run_id)
+        preflight(config, home)
+    controller = RunController(store, run_id)
     console.print(f"{'resuming' if resume else 'run'} [bold]{run_id}[/]: {config.trainer.steps} step(s) of "
                   f"{config.harness.name} on {config.tasks.path} in {config.sandbox.type} sandboxes, "
                   f"engine {config.engine.kind}; log {runs_dir(home) / run_id / 'forge.log'}")

@@ -34,7 +34,7 @@ POLL_S = 1.0
 
 
 class Controller(Protocol):
-    """What the dashboard may ask of the process driving the run (`forge_cli.up.RunController`)."""
+    """What the dashboard may ask of the process driving the run (`runs.control.RunController`)."""
 
     @property
     def paused(self) -> bool: ...

@@ -17,7 +17,7 @@ from rich.table import Table
 import openforge
 from forge_cli import cmd_engine, cmd_proxy, cmd_rollouts, cmd_sandbox, cmd_train, cmd_up
 from forge_cli.context import AppState, ForgeGroup, new_typer, state
-from forge_cli.doctor import run_checks
+from runs.checks import run_checks
 from openforge.config import dump_toml
 from openforge.errors import ForgeError
 from openforge.store import loads

@@ -1,7 +1,7 @@
 """The two front ends of `forge up`: the dashboard, or headless Rich progress; and the closing summary.
 
 Both own the main thread, where SIGTERM (`forge stop RUN`) arrives, while the run's lifecycle runs in
-the worker thread that `forge_cli.up.start_run_thread` starts.
+the worker thread that `runs.train.start_run_thread` starts.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from forge_cli.up import Outcome, RunController, fmt_num, start_run_thread, wait_for
 from openforge.config import ForgeConfig
 from openforge.paths import runs_dir
 from openforge.store import Store
+from runs.control import RunController
+from runs.train import Outcome, fmt_num, start_run_thread, wait_for
 
 
 class _OnSigterm:

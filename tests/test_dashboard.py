@@ -29,7 +29,7 @@ def plain(renderable: object, width: int = 200) -> str:
 
 
 class FakeController:
-    """Records what the dashboard asks; the real one is forge_cli.up.RunController."""
+    """Records what the dashboard asks; the real one is runs.control.RunController."""
 
     def __init__(self) -> None:
         self.paused = False

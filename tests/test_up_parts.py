@@ -14,14 +14,15 @@ import pytest
 from typer.testing import CliRunner
 
 from forge_cli.main import app
-from forge_cli.up import ControlledSampler, RunController, Stopped
-from forge_cli.up_setup import DEMO_TASKS, cli_overrides, prepare_run, resolve_model
+from forge_cli.overrides import DEMO_TASKS, cli_overrides
 from openforge.config import load_config
 from openforge.errors import ConfigError, ForgeError
 from openforge.store import Store, TrainStep
 from rollouts.runner import RolloutRunner
 from rollouts.tasks import TaskSpec
-from trainer.sampler import BackgroundLoop
+from runs.control import RunController, Stopped
+from runs.prepare import prepare_run, resolve_model
+from trainer.sampler import BackgroundLoop, RolloutSampler
 
 
 def dead_pid() -> int:
@@ -95,14 +96,15 @@ def runner_rig(store: Store, tmp_path: Path):
     bridge = BackgroundLoop()
     runner = RolloutRunner(store, config=config, proxy_url="http://127.0.0.1:9")  # setup hangs before any call
     controller = RunController(store, run.id)
-    controller.runner, controller.bridge = runner, bridge
+    controller.attach(runner, bridge)
     pidfile = tmp_path / "setup.pid"
     task = TaskSpec(id="hang", instruction="wait", verifier="true", setup=f"echo $$ > {pidfile}; exec sleep 60")
-    yield store, run.id, controller, ControlledSampler(runner, bridge, controller, group_size=1), task, pidfile
+    yield store, run.id, controller, RolloutSampler(runner, bridge, group_size=1, cancel=controller.cancel,
+                                                            before_step=controller.before_step), task, pidfile
     bridge.close()
 
 
-def sample_in_thread(sampler: ControlledSampler, run_id: str, task: TaskSpec) -> tuple[threading.Thread, list]:
+def sample_in_thread(sampler: RolloutSampler, run_id: str, task: TaskSpec) -> tuple[threading.Thread, list]:
     outcome: list = []
 
     def go() -> None:

@@ -3,8 +3,9 @@
 `Sampler.sample(run_id, tasks, step=, adapter=)` returns finished Rollout rows whose trajectories are
 in the store. Two implementations:
 
-- `RunnerSampler`: production. The rollouts part's `RolloutRunner` runs real harnesses in sandboxes
+- `RolloutSampler`: production. The rollouts part's `RolloutRunner` runs real harnesses in sandboxes
   through the recording proxy; the proxy serves each rollout with `Rollout.adapter` as `lora_path`.
+  A `CancelToken` stops it from another thread (the run's controller).
 - `EngineSampler`: no harness, no proxy. Prompts (token ids) go straight to the engine's
   `/generate` and the reward is a Python function of the completion: synthetic tasks, the "it
   learns" test and the benchmark. It writes the same rows the proxy would (Rollout, Call, Trajectory).
@@ -18,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import threading
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any, Protocol, Sequence, TypeVar
@@ -27,6 +30,7 @@ from openforge.errors import EngineError, TrainerError
 from openforge.store import Call, Rollout, Store, Trajectory, utcnow
 
 T = TypeVar("T")
+log = logging.getLogger("forge.sampler")
 
 
 class BackgroundLoop:
@@ -59,19 +63,119 @@ class Sampler(Protocol):
         """Run a group of rollouts per task with `adapter`; return them finished and assembled."""
 
 
-class RunnerSampler:
-    """`RolloutRunner(store, config=..., proxy_url=...).run(run_id, specs, step=, adapter=)` as a
-    `Sampler`: each task becomes a group of `group_size` rollout specs. (`forge up` wraps the runner
-    in its own cancellable sampler with the same contract.)"""
+class Cancelled(KeyboardInterrupt):
+    """Sampling was cancelled: the run is stopping. A KeyboardInterrupt, so that `train()` records the
+    run as `stopped` rather than `failed`."""
 
-    def __init__(self, runner: Any, bridge: BackgroundLoop, *, group_size: int) -> None:
+
+class StepFailed(TrainerError):
+    """Every rollout of a step failed for infrastructure or harness reasons: there is nothing to learn
+    from, and the next step would fail the same way."""
+
+    def __init__(self, what: str, n: int, reason: str, count: int) -> None:
+        self.n, self.reason, self.count = n, reason, count
+        super().__init__(f"every rollout of {what} failed ({n}); the most frequent reason ({count} of {n}): {reason}")
+
+    @classmethod
+    def check(cls, what: str, rollouts: Sequence[Rollout]) -> None:
+        """Raise when `rollouts` is not empty and every one of them is an infra/harness failure."""
+        if rollouts and all(is_infra_failure(r) for r in rollouts):
+            reason, count = failure_reasons(rollouts)[0]
+            raise cls(what, len(rollouts), reason, count)
+
+
+class CancelToken:
+    """Cancels sampling from any thread: the step in flight (its asyncio task, so the runner's own
+    cleanup - sandbox `stop()` in its `finally` blocks - runs before the sampler returns) and every
+    later one."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._running: set[tuple[asyncio.AbstractEventLoop, asyncio.Task]] = set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._event.set()
+            running = list(self._running)
+        for loop, task in running:
+            loop.call_soon_threadsafe(task.cancel)
+
+    def check(self) -> None:
+        if self._event.is_set():
+            raise Cancelled()
+
+    async def guard(self, work: Awaitable[T]) -> T:
+        """Await `work` as a task this token cancels."""
+        task = asyncio.current_task()
+        assert task is not None
+        entry = (asyncio.get_running_loop(), task)
+        with self._lock:
+            if self._event.is_set():  # cancelled before this task existed to be cancelled
+                if inspect.iscoroutine(work):
+                    work.close()
+                raise asyncio.CancelledError
+            self._running.add(entry)
+        try:
+            return await work
+        finally:
+            with self._lock:
+                self._running.discard(entry)
+
+
+def is_infra_failure(rollout: Rollout) -> bool:
+    """Failed for a reason that is not the policy's: the sandbox, the engine, the harness itself.
+    (A row without a failure kind predates them: the runner marked only those `failed`.)"""
+    if rollout.failure_kind is not None:
+        return rollout.failure_kind in ("infra", "harness")
+    return rollout.status == "failed"
+
+
+def failure_reasons(rollouts: Sequence[Rollout]) -> list[tuple[str, int]]:
+    """The reasons of the infra/harness failures among `rollouts`, most frequent first."""
+    counts = Counter((r.error or "no reason recorded").strip().splitlines()[0][:300]
+                     for r in rollouts if is_infra_failure(r))
+    return counts.most_common()
+
+
+class RolloutSampler:
+    """The trainer's `Sampler` over a `RolloutRunner`: each task becomes a group of `group_size`
+    rollout specs, run on `bridge`'s loop, cancellable from another thread through `cancel`.
+
+    `before_step(step)` runs before each step's rollouts start (e.g. raise if the engine is gone).
+    A step whose every rollout failed for infra or harness reasons raises `StepFailed`."""
+
+    def __init__(self, runner: Any, bridge: BackgroundLoop, *, group_size: int, cancel: CancelToken | None = None,
+                 before_step: Callable[[int], None] | None = None) -> None:
         self.runner, self.bridge, self.group_size = runner, bridge, group_size
+        self.cancel = cancel or CancelToken()
+        self.before_step = before_step
 
     def sample(self, run_id: str, tasks: Sequence[Any], *, step: int, adapter: str | None) -> list[Rollout]:
         from rollouts.evaluate import eval_specs
 
-        specs = eval_specs(list(tasks), self.group_size)
-        return list(self.bridge.run(self.runner.run(run_id, specs, step=step, adapter=adapter)))
+        self.cancel.check()
+        if self.before_step is not None:
+            self.before_step(step)
+        log.info("step %d: sampling %d task(s) x %d, adapter %s", step, len(tasks), self.group_size, adapter or "base")
+        specs = eval_specs(list(tasks), self.group_size)  # a task's group starts (and ends) together
+        future = self.bridge.submit(self.cancel.guard(self.runner.run(run_id, specs, step=step, adapter=adapter)))
+        try:
+            rollouts = list(future.result())
+        except BaseException:
+            if self.cancel.cancelled:
+                raise Cancelled() from None
+            raise
+        self.cancel.check()
+        scored = [r.reward for r in rollouts if r.reward is not None]
+        log.info("step %d: %d rollouts, %d scored, mean reward %s", step, len(rollouts), len(scored),
+                 f"{sum(scored) / len(scored):.3f}" if scored else "-")
+        StepFailed.check(f"step {step}", rollouts)
+        return rollouts
 
 
 RewardFn = Callable[[Any, list[int]], float]

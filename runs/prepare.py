@@ -1,5 +1,5 @@
-"""Before `forge up` starts anything: the effective config, the model, what this machine can do, and
-the run row (new, or reopened with `--resume`). Everything here is quick and refuses with the fix."""
+"""Before a run starts anything: the model, what this machine can do (`preflight`), and the run row
+(new, or reopened with `--resume`). Everything here is quick and refuses with the fix."""
 
 from __future__ import annotations
 
@@ -8,48 +8,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from openforge.config import ForgeConfig, parse_override
+from openforge.config import ForgeConfig
 from openforge.errors import ConfigError, EngineError, ForgeError, SandboxError
 from openforge.paths import default_tiny_model
 from openforge.store import RUN_FINAL, Store
 
-log = logging.getLogger("forge.up")
-
-# `forge up --demo`: about 3 minutes on 2 CPU cores, and the reward curve rises (docs/dashboard.md,
-# "What the demo shows"). The tiny model's weights are random but peaked (engine/tiny.py
-# LEARNABLE_NORM_GAIN): at first it mostly answers nothing (0) or noise (0.2); these two tasks give 1.0
-# for an answer containing the right digit, which noise sometimes does, so a group of 8 has different
-# rewards and GRPO an advantage from the first step. 6 tokens an answer keep the base pass rate low.
-DEMO_TASKS = ["easy-sum", "easy-count-words"]
-DEMO_OVERRIDES: dict[str, Any] = {
-    "name": "demo",
-    "engine": {"kind": "embedded", "max_batch_size": 8},
-    "sandbox": {"type": "local"},
-    "harness": {"name": "mini", "max_turns": 2, "max_tokens": 6},
-    "tasks": {"path": "builtin", "include": DEMO_TASKS},
-    "runner": {"samples_per_task": 8, "concurrency": 8, "rollout_timeout_s": 120.0},
-    "proxy": {"default_max_tokens": 6, "max_context_tokens": 4096},
-    "trainer": {"steps": 12, "tasks_per_step": 2, "lr": 2e-2, "micro_batch_tokens": 2048},
-}
-
-
-def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in top.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def cli_overrides(*, demo: bool, sets: list[str], steps: int | None, name: str | None) -> dict[str, Any]:
-    """Flags as config overrides: the demo's settings, then `--set` items, then --steps/--name on top."""
-    data: dict[str, Any] = dict(DEMO_OVERRIDES) if demo else {}
-    for item in sets:
-        data = _merge(data, parse_override(item))
-    if steps is not None:
-        data = _merge(data, {"trainer": {"steps": steps}})
-    if name is not None:
-        data["name"] = name
-    return data
+log = logging.getLogger("forge.run")
 
 
 def pid_alive(pid: int) -> bool:
@@ -83,7 +47,7 @@ def resolve_model(config: ForgeConfig, home: Path) -> Path:
 
 def preflight(config: ForgeConfig, home: Path) -> None:
     """Refuse early, with the fix, when the config asks for something this machine lacks."""
-    from forge_cli.doctor import check_docker, check_kubernetes, check_sglang
+    from runs.checks import check_docker, check_kubernetes, check_sglang
 
     if config.sandbox.type == "docker":
         check = check_docker(config)
@@ -103,6 +67,36 @@ def preflight(config: ForgeConfig, home: Path) -> None:
                               "(CPU) or \"url\" for a server that is already running")
     if config.engine.kind == "url" and not config.engine.url:
         raise ConfigError("engine.kind = \"url\" needs engine.url (e.g. http://gpu-box:30000)")
+    check_harness(config)
+    isolation_for(config)
+
+
+def check_harness(config: ForgeConfig) -> None:
+    """HarnessError, with the install command, when the configured harness is not installed where
+    local sandboxes run it from (the npm cache). Container sandboxes carry it in their image."""
+    from rollouts.npm import NPM_HARNESSES, npm_cache_dir, require_package_bin
+
+    name = config.harness.name
+    if config.sandbox.type == "local" and name in NPM_HARNESSES:
+        require_package_bin(npm_cache_dir(config.harness), name)
+
+
+def isolation_for(config: ForgeConfig) -> str:
+    """What keeps this run's rollouts in (recorded as `run.isolation`): bwrap, docker, kubernetes or none.
+
+    Local sandboxes without a working bubblewrap are refused unless the user chose
+    `sandbox.local.isolation = "none"`: the policy's code must never run on the host by accident."""
+    if config.sandbox.type != "local":
+        return config.sandbox.type
+    if config.sandbox.local.isolation == "none":
+        return "none"
+    from sandbox.local import bwrap_usable
+
+    if bwrap_usable():
+        return "bwrap"
+    raise SandboxError("local sandboxes cannot be isolated here (bubblewrap is missing or cannot create "
+                       "namespaces): install it (apt-get install bubblewrap) or use sandbox.type = \"docker\"; "
+                       "to run rollouts unisolated anyway, set sandbox.local.isolation = \"none\"")
 
 
 def load_run_tasks(config: ForgeConfig) -> list[Any]:
@@ -131,6 +125,7 @@ def prepare_run(store: Store, config: ForgeConfig, *, home: Path, resume: str | 
         run = store.create_run(kind="train", name=config.name, config=config.model_dump(mode="json"),
                                owner_pid=os.getpid())
         store.add_tasks(run.id, [t.to_record() for t in tasks])
+        store.update_run(run.id, isolation=isolation_for(config))
         return run.id, config
     run = store.get_run(resume)
     if run.status not in RUN_FINAL:
@@ -144,7 +139,8 @@ def prepare_run(store: Store, config: ForgeConfig, *, home: Path, resume: str | 
         raise ForgeError(f"run {run.id} has done {done} of its {config.trainer.steps} steps; "
                          "give a larger --steps to train it further")
     resolve_model(config, home)
-    store.update_run(run.id, owner_pid=os.getpid(), error=None, ended_at=None, config=config.model_dump(mode="json"))
+    store.update_run(run.id, owner_pid=os.getpid(), error=None, ended_at=None, config=config.model_dump(mode="json"),
+                     isolation=isolation_for(config))
     return run.id, config
 
 

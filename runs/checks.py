@@ -1,4 +1,5 @@
-"""`forge doctor`: what this machine has, one verdict per item (ok / missing / warn)."""
+"""What this machine has, one verdict per item (ok / missing / warn): `forge doctor` prints them all, and
+`runs.preflight` refuses a run whose config needs one that is missing."""
 
 from __future__ import annotations
 

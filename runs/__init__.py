@@ -1,0 +1,11 @@
+"""One run's lifecycle, below the CLI and above the trainer, the rollouts, the proxy and the engine.
+
+- `stack.Stack`: engine + proxy (+ runner, + the trainer's engine client), up and down as one.
+- `control.RunController`: pause / resume / stop from any thread, through the sampler's cancel token.
+- `prepare`: preflight (what this machine lacks, refused with the fix; the run's isolation), the model,
+  the run row; `checks`: the machine checks `forge doctor` prints.
+- `train.run_training`, `evaluate.evaluate`, `proxy_session.ProxySession`: the three kinds of run, each
+  ending finished, stopped, or failed with the reason.
+
+Only `forge_cli` imports this package.
+"""

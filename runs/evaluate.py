@@ -1,0 +1,64 @@
+"""`forge eval` without the CLI: preflight, the engine and proxy, every task k times, the outcome.
+
+    run, metrics = evaluate(store, config, tasks, home=home, on_progress=print_rollout)
+
+Ctrl-C or SIGTERM (`forge stop`) cancels the rollouts; the runner stops their sandboxes first. An
+eval whose every rollout failed for infra or harness reasons is `failed` with the most frequent one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from openforge.config import ForgeConfig
+from openforge.store import Rollout, Run, Store
+from runs.prepare import isolation_for, preflight, resolve_model
+from runs.stack import Stack
+from trainer.sampler import StepFailed
+
+T = TypeVar("T")
+
+
+def evaluate(store: Store, config: ForgeConfig, tasks: Sequence[Any], *, home: Path, name: str = "",
+             adapter: str | None = None, on_start: Callable[[ForgeConfig, str], Any] | None = None,
+             on_progress: Callable[[Rollout], Any] | None = None) -> tuple[Run, Any]:
+    """Run `tasks` x `runner.samples_per_task`; return the eval run and its metrics (rollouts.metrics).
+
+    StepFailed when every rollout failed for infra/harness reasons; KeyboardInterrupt when cancelled."""
+    from rollouts.evaluate import run_eval
+
+    preflight(config, home)  # no Docker, no cluster, no SGLang, no harness: one line now, not N failed rollouts
+    isolation = isolation_for(config)
+    model = str(resolve_model(config, home))
+    config = config.model_copy(update={"engine": config.engine.model_copy(update={"model": model})})
+    with Stack(config, store) as stack:
+        if on_start is not None:
+            on_start(config, stack.proxy_url)
+        job = run_eval(store, config, list(tasks), proxy_url=stack.proxy_url, samples=config.runner.samples_per_task,
+                       k_values=config.runner.pass_k, name=name, adapter=adapter, on_progress=on_progress)
+        try:
+            run, metrics = asyncio.run(_cancel_on_sigterm(job))
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt from None
+    store.update_run(run.id, isolation=isolation)
+    try:
+        StepFailed.check(f"eval {run.id}", store.list_rollouts(run.id))
+    except StepFailed as exc:
+        store.set_run_status(run.id, "failed", error=str(exc))
+        raise
+    return store.get_run(run.id), metrics
+
+
+async def _cancel_on_sigterm(job: Coroutine[Any, Any, T]) -> T:
+    """Run `job`; SIGTERM (what `forge stop` sends) cancels it like Ctrl-C, so its sandboxes are stopped."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(job)
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await task
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)

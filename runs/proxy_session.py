@@ -1,0 +1,67 @@
+"""`forge proxy` without the CLI: the engine and the proxy (a `Stack`), and one run with one rollout
+whose key an outside harness records into.
+
+    session = ProxySession(config, store, api_key=None).start()   # config.engine.model: the model folder
+    print(session.run.id, session.url, session.api_key)
+    ...
+    stats = session.stop()   # assembles the rollout's trajectory, ends the run
+"""
+
+from __future__ import annotations
+
+import os
+
+from openforge.config import ForgeConfig
+from openforge.errors import StoreError
+from openforge.store import Rollout, Run, Store
+from runs.stack import Stack
+
+
+class ProxySession:
+    def __init__(self, config: ForgeConfig, store: Store, *, api_key: str | None = None) -> None:
+        self.config, self.store, self.api_key = config, store, api_key
+        self.stack = Stack(config, store)
+        self.run: Run | None = None
+        self.rollout: Rollout | None = None
+
+    @property
+    def url(self) -> str:
+        return self.stack.proxy_url
+
+    @property
+    def engine_url(self) -> str:
+        return self.stack.engine.url
+
+    @property
+    def interrupted_on_start(self) -> int:
+        """Calls left in flight by a proxy that died, marked interrupted as this one started."""
+        return self.stack.proxy.interrupted_on_start
+
+    def start(self) -> ProxySession:
+        if self.api_key and self.store.rollout_by_key(self.api_key) is not None:
+            raise StoreError("that --api-key already belongs to a rollout in this store; choose another")
+        self.run = self.store.create_run(kind="proxy", name=self.config.name or "proxy", owner_pid=os.getpid(),
+                                         config={**self.config.model_dump(mode="json"),
+                                                 "model": self.config.engine.model})
+        self.store.set_run_status(self.run.id, "running")
+        self.rollout = self.store.create_rollout(run_id=self.run.id, task_id="proxy", harness="external",
+                                                 key=self.api_key, status="running")
+        self.api_key = self.rollout.key
+        try:
+            self.stack.start()
+        except BaseException as exc:
+            self.store.set_run_status(self.run.id, "failed", error=str(exc))
+            self.store.update_rollout(self.rollout.id, status="failed", error=str(exc))
+            raise
+        return self
+
+    def stop(self) -> dict[str, int]:
+        """Stop serving, assemble what was recorded, end the run. Returns the trajectory counts."""
+        from proxy.trajectory import assemble_rollout
+
+        self.stack.stop()
+        assert self.run is not None and self.rollout is not None
+        stats = assemble_rollout(self.store, self.rollout.id)
+        self.store.update_rollout(self.rollout.id, status="cancelled")  # ended by its user, never scored
+        self.store.set_run_status(self.run.id, "stopped")
+        return stats
