@@ -1,10 +1,12 @@
 """`python -m engine --model PATH [--host H] [--port P] ...`: the embedded engine as its own process.
 
-This is what `EngineProcess` launches (kind = "embedded"); `forge engine` is the same for people."""
+This is what `EngineProcess` launches (kind = "embedded"); `forge engine` is the same for people.
+The API key, if any, is read from FORGE_ENGINE_API_KEY (and removed from the environment)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from openforge.config import EngineConfig
@@ -38,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--max-batch-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prefix-cache-mb", type=int, default=512, help="memory for cached prompt-prefix KV (0 = off)")
     p.add_argument("--parent-pid", type=int, default=0,
                    help="exit when this process dies (EngineProcess passes its own pid: no orphaned engines)")
     args = p.parse_args(argv)
@@ -49,8 +52,13 @@ def main(argv: list[str] | None = None) -> int:
         resolve_model_path(args.model)  # a wrong path fails here, before seconds of torch imports
         from engine.embedded import serve_engine
 
+        from engine.sglang_api import API_KEY_ENV
+
+        # The key comes in the environment, not argv (any local user can read a process's argv).
+        api_key = os.environ.pop(API_KEY_ENV, "")
         config = EngineConfig(model=args.model, host=args.host, port=args.port, dtype=args.dtype, device=args.device,
-                              max_batch_size=args.max_batch_size, seed=args.seed)
+                              max_batch_size=args.max_batch_size, seed=args.seed, api_key=api_key,
+                              prefix_cache_mb=args.prefix_cache_mb)
         serve_engine(config, announce=lambda line: print(line, flush=True))
     except ForgeError as exc:
         print(f"engine: error: {exc}", file=sys.stderr, flush=True)

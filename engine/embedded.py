@@ -1,11 +1,11 @@
 """The embedded engine: SGLang's native HTTP API served from transformers + torch, CPU by default.
 
-    app = create_engine_app(EngineConfig(model="~/.forge/models/tiny"))   # a Starlette app
+    engine = EmbeddedEngine(EngineConfig(model="~/.forge/models/tiny"))   # engine.app: a Starlette app
 
-Routes (SGLang's shapes, see engine/protocol.py): POST /generate (stream or not), GET /health,
-/health_generate, /model_info (= /get_model_info), POST /load_lora_adapter, /unload_lora_adapter,
-/update_weights_from_disk, GET|POST /flush_cache. Continuous batching, sampling and LoRA live in
-engine/scheduler.py, engine/sampling.py and engine/lora.py; this module is the HTTP edge.
+The HTTP side (routes, shapes, the `--api-key` check) is engine/sglang_api.py's; this module is the
+backend behind it: request validation (vocabulary, context length, adapters), generation through the
+scheduler thread, and the control commands. Continuous batching, the prefix cache, sampling and
+LoRA live in engine/scheduler.py, engine/prefix_cache.py, engine/sampling.py and engine/lora.py.
 """
 
 from __future__ import annotations
@@ -13,67 +13,65 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from engine.model import LoadedModel, load_model
-from engine.protocol import (
-    SSE_DONE,
-    BadRequest,
-    CompletionState,
-    error_response,
-    output_chunk,
-    parse_input_ids,
-    parse_sampling_params,
-    read_json,
-    sse,
-)
+from engine.protocol import BadRequest, CompletionState, parse_input_ids, parse_sampling_params
 from engine.scheduler import Scheduler, Sequence
+from engine.sglang_api import create_sglang_app
 from engine.weights import copy_weights_from_disk
 from openforge.config import EngineConfig
 from openforge.errors import EngineError
 
 
-class EmbeddedEngine:
-    """The model, its scheduler thread, and the Starlette app (`.app`) in front of them."""
+class _EmbeddedGeneration:
+    """One request in the scheduler, seen from the event loop (`engine.sglang_api.Generation`)."""
 
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, *, incremental_stream: bool = True) -> None:
+    def __init__(self, seq: Sequence, events: asyncio.Queue, weight_version: str) -> None:
+        self.seq = seq
+        self.rid = seq.rid
+        self.prompt_tokens = len(seq.input_ids)
+        self.state: CompletionState = seq.state
+        self._events = events
+        self._weight_version = weight_version
+
+    async def updates(self) -> AsyncIterator[tuple[int, dict[str, Any] | None]]:
+        finish = None
+        while finish is None:
+            n, finish = await self._events.get()
+            while finish is None and not self._events.empty():  # coalesce: only the newest state
+                n, finish = self._events.get_nowait()
+            yield n, finish
+
+    def abort(self) -> None:
+        self.seq.aborted = True  # the scheduler frees its batch slot at the next step
+
+    def meta(self) -> dict[str, Any]:
+        return {"weight_version": self._weight_version, "cached_tokens": self.seq.cached_tokens}
+
+
+class EmbeddedEngine:
+    """The model and its scheduler thread (an SGLang-API backend); `.app` serves them."""
+
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, *, incremental_stream: bool = True,
+                 api_key: str | None = None) -> None:
         self.config = config
         # Stream chunks hold only the new tokens, as SGLang's --incremental-streaming-output does;
         # SGLang's default (cumulative chunks) resends the whole completion per token, which is
         # quadratic in its length. EngineClient reads either.
         self.incremental_stream = incremental_stream
         self.m = loaded or load_model(config.model, dtype=config.dtype, device=config.device)
-        self.scheduler = Scheduler(self.m, max_batch_size=config.max_batch_size)
+        self.scheduler = Scheduler(self.m, max_batch_size=config.max_batch_size,
+                                   prefix_cache_bytes=config.prefix_cache_mb * 2**20)
         self.weight_version = "default"
         self._seeds = itertools.count()
-        self.app = Starlette(
-            routes=[
-                Route("/generate", self._generate, methods=["POST", "PUT"]),
-                Route("/health", self._health, methods=["GET"]),
-                Route("/health_generate", self._health_generate, methods=["GET"]),
-                Route("/model_info", self._model_info, methods=["GET"]),
-                Route("/get_model_info", self._model_info, methods=["GET"]),
-                Route("/load_lora_adapter", self._load_lora, methods=["POST"]),
-                Route("/unload_lora_adapter", self._unload_lora, methods=["POST"]),
-                Route("/update_weights_from_disk", self._update_weights, methods=["POST"]),
-                Route("/flush_cache", self._flush_cache, methods=["GET", "POST"]),
-            ],
-            lifespan=self._lifespan,
-        )
+        self.app = create_sglang_app(self, api_key=config.api_key if api_key is None else api_key)
         self.app.state.engine = self
-
-    @contextlib.asynccontextmanager
-    async def _lifespan(self, app: Starlette):
-        yield
-        self.close()
 
     def close(self) -> None:
         self.scheduler.close()
@@ -86,7 +84,7 @@ class EmbeddedEngine:
         input_ids = parse_input_ids(body, len(self.m.tokenizer))
         params = parse_sampling_params(body.get("sampling_params"))
         ctx = self.m.context_length
-        if len(input_ids) >= ctx:
+        if len(input_ids) >= ctx:  # SGLang's TokenizerManager refuses it with this very sentence
             raise BadRequest(f"The input ({len(input_ids)} tokens) is longer than the model's context length ({ctx} tokens).")
         adapter = body.get("lora_path")
         if adapter is not None and (adapter not in self.scheduler.adapters.paths
@@ -107,88 +105,58 @@ class EmbeddedEngine:
         return Sequence(rid=str(body.get("rid") or uuid.uuid4().hex), input_ids=input_ids, params=params,
                         adapter=adapter, state=state, generator=gen, emit=emit, stream=bool(body.get("stream")))
 
-    def _chunk(self, seq: Sequence, n: int, finish: dict | None, body: dict[str, Any], started: float) -> dict[str, Any]:
-        st = seq.state
-        text = st.text() if finish is not None else st.decode(st.output_ids[:n])
-        return output_chunk(
-            rid=seq.rid, text=text, output_ids=st.output_ids[:n], logprobs=st.logprobs[:n],
-            prompt_tokens=len(seq.input_ids), finish=finish, return_logprob=bool(body.get("return_logprob")),
-            e2e_latency=(time.monotonic() - started) if finish is not None else None,
-            extra_meta={"weight_version": self.weight_version},
-        )
-
-    async def _generate(self, request: Request) -> Response:
-        started = time.monotonic()
+    async def start(self, body: dict[str, Any]) -> _EmbeddedGeneration:
         events: asyncio.Queue = asyncio.Queue()
-        try:
-            body = await read_json(request)
-            seq = self._sequence(body, asyncio.get_running_loop(), events)
-        except BadRequest as exc:
-            return error_response(str(exc))
+        seq = self._sequence(body, asyncio.get_running_loop(), events)
         if not self.scheduler.alive:
-            return error_response("the engine's scheduler is not running", 503)
+            raise BadRequest("the engine's scheduler is not running", 503)
         self.scheduler.submit(seq)
-        if body.get("stream"):
-            return StreamingResponse(self._stream(seq, events, body, started), media_type="text/event-stream")
-        try:
-            finish = None
-            while finish is None:
-                n, finish = await events.get()
-        finally:
-            if finish is None:
-                seq.aborted = True
-        return JSONResponse(self._chunk(seq, n, finish, body, started))
-
-    async def _stream(self, seq: Sequence, events: asyncio.Queue, body: dict[str, Any], started: float):
-        finish = None
-        sent, sent_text = 0, ""
-        try:
-            while finish is None:
-                n, finish = await events.get()
-                while finish is None and not events.empty():  # coalesce: send only the newest state
-                    n, finish = events.get_nowait()
-                chunk = self._chunk(seq, n, finish, body, started)
-                if self.incremental_stream:
-                    text = chunk["text"]
-                    chunk["text"] = text[len(sent_text):] if text.startswith(sent_text) else text
-                    chunk["output_ids"] = chunk["output_ids"][sent:]
-                    if "output_token_logprobs" in chunk["meta_info"]:
-                        chunk["meta_info"]["output_token_logprobs"] = chunk["meta_info"]["output_token_logprobs"][sent:]
-                    sent, sent_text = n, text
-                yield sse(chunk)
-            yield SSE_DONE
-        finally:
-            if finish is None:
-                seq.aborted = True  # the client went away: free the batch slot
+        return _EmbeddedGeneration(seq, events, self.weight_version)
 
     # -- health and info --------------------------------------------------------------------
 
-    async def _health(self, request: Request) -> Response:
-        return Response(status_code=200 if self.scheduler.alive else 503)
+    async def healthy(self) -> bool:
+        return self.scheduler.alive
 
-    async def _health_generate(self, request: Request) -> Response:
-        events: asyncio.Queue = asyncio.Queue()
-        body = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
-        seq = self._sequence(body, asyncio.get_running_loop(), events)
-        self.scheduler.submit(seq)
+    async def health_generate(self) -> bool:
+        gen = await self.start({"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
+        finish = None
         try:
             async with asyncio.timeout(20):
-                finish = None
-                while finish is None:
-                    _, finish = await events.get()
+                async for _, finish in gen.updates():
+                    pass
         except TimeoutError:
-            seq.aborted = True
-            return Response(status_code=503)
-        return Response(status_code=200 if finish.get("type") != "abort" else 503)
+            gen.abort()
+            return False
+        return finish is not None and finish.get("type") != "abort"
 
-    async def _model_info(self, request: Request) -> Response:
-        return JSONResponse({
+    def model_info(self) -> dict[str, Any]:
+        hf = self.m.model.config
+        return {
             "model_path": str(self.m.path), "tokenizer_path": str(self.m.path), "is_generation": True,
             "preferred_sampling_params": None, "weight_version": self.weight_version,
-            "engine": "embedded", "context_length": self.m.context_length, "device": str(self.m.device),
-            "dtype": str(self.m.dtype).removeprefix("torch."), "max_batch_size": self.config.max_batch_size,
-            "loaded_adapters": dict(self.scheduler.adapters.paths),
-        })
+            "has_image_understanding": False, "has_audio_understanding": False,
+            "model_type": getattr(hf, "model_type", None), "architectures": getattr(hf, "architectures", None),
+            # Not in SGLang's /model_info (its /server_info has it): kept here so one call tells all.
+            "context_length": self.m.context_length,
+            "engine": "embedded", "device": str(self.m.device), "dtype": str(self.m.dtype).removeprefix("torch."),
+            "max_batch_size": self.config.max_batch_size, "loaded_adapters": dict(self.scheduler.adapters.paths),
+        }
+
+    def server_info(self) -> dict[str, Any]:
+        """SGLang's /server_info names: its server_args fields plus scheduler info and internal states."""
+        ctx = self.m.context_length
+        return {
+            "model_path": str(self.m.path), "tokenizer_path": str(self.m.path), "served_model_name": str(self.m.path),
+            "context_length": ctx, "max_req_input_len": ctx - 1, "max_total_num_tokens": ctx,
+            "max_running_requests": self.config.max_batch_size, "random_seed": self.config.seed,
+            "incremental_streaming_output": self.incremental_stream, "enable_lora": True,
+            "disable_radix_cache": self.scheduler.prefix_cache is None,
+            "internal_states": [self.scheduler.stats()], "version": "embedded",
+        }
+
+    def loaded_adapters(self) -> dict[str, str]:
+        return dict(self.scheduler.adapters.paths)
 
     # -- control ----------------------------------------------------------------------------
 
@@ -202,58 +170,28 @@ class EmbeddedEngine:
             return f"{type(exc).__name__}: {exc}"
         return None
 
-    def _lora_answer(self, error: str | None) -> Response:
-        body = {"success": error is None, "error_message": error, "loaded_adapters": dict(self.scheduler.adapters.paths)}
-        return JSONResponse(body, status_code=200 if error is None else 400)
+    async def load_lora(self, name: str, path: str) -> str | None:
+        return await self._run(lambda: self.scheduler.adapters.load(name, path))
 
-    async def _lora_body(self, request: Request, *keys: str) -> tuple[str, ...]:
-        body = await read_json(request)
-        values = tuple(body.get(k) for k in keys)
-        if not all(isinstance(v, str) and v for v in values):
-            raise BadRequest(f"{' and '.join(keys)} must be non-empty strings")
-        return values
-
-    async def _load_lora(self, request: Request) -> Response:
-        try:
-            name, path = await self._lora_body(request, "lora_name", "lora_path")
-        except BadRequest as exc:
-            return self._lora_answer(str(exc))
-        return self._lora_answer(await self._run(lambda: self.scheduler.adapters.load(name, path)))
-
-    async def _unload_lora(self, request: Request) -> Response:
-        try:
-            (name,) = await self._lora_body(request, "lora_name")
-        except BadRequest as exc:
-            return self._lora_answer(str(exc))
-        if name not in self.scheduler.adapters.paths:
-            return self._lora_answer(f"LoRA adapter {name!r} is not loaded")
+    async def unload_lora(self, name: str) -> str | None:
         # Like SGLang: refuse new requests for it at once, unload when its in-flight requests finish.
         self.scheduler.closing_adapters.add(name)
         try:
-            error = await self._run(lambda: self.scheduler.adapters.unload(name),
-                                    ready=lambda: not self.scheduler.uses_adapter(name))
+            return await self._run(lambda: self.scheduler.unload_adapter(name),
+                                   ready=lambda: not self.scheduler.uses_adapter(name))
         finally:
             self.scheduler.closing_adapters.discard(name)
-        return self._lora_answer(error)
 
-    async def _update_weights(self, request: Request) -> Response:
-        try:
-            body = await read_json(request)
-            path = body.get("model_path")
-            if not isinstance(path, str) or not path:
-                raise BadRequest("model_path must be a non-empty string")
-        except BadRequest as exc:
-            return JSONResponse({"success": False, "message": str(exc), "num_paused_requests": 0}, status_code=400)
+    async def update_weights(self, path: str, weight_version: str | None) -> str | None:
         # Between steps and with no sequence running: no request sees a half-updated model.
-        error = await self._run(lambda: copy_weights_from_disk(self.m, path), exclusive=True)
+        error = await self._run(lambda: self.scheduler.update_weights(lambda: copy_weights_from_disk(self.m, path)),
+                                exclusive=True)
         if error is None:
-            self.weight_version = str(body.get("weight_version") or path)
-        return JSONResponse({"success": error is None, "message": error or "Succeeded to update model weights.",
-                             "num_paused_requests": 0}, status_code=200 if error is None else 400)
+            self.weight_version = weight_version or path
+        return error
 
-    async def _flush_cache(self, request: Request) -> Response:
-        # No prefix cache is kept across requests, so there is nothing to flush; answer like SGLang.
-        return PlainTextResponse("Cache flushed.\n")
+    async def flush_cache(self) -> bool:
+        return await self._run(self.scheduler.flush_prefix_cache) is None
 
 
 def create_engine_app(config: EngineConfig) -> Starlette:
@@ -290,7 +228,9 @@ def serve_engine(config: EngineConfig, *, announce=print) -> None:
     host = f"[{config.host}]" if ":" in config.host else config.host
     engine = EmbeddedEngine(config)
     _pick_cpu_threads(engine.m)
-    announce(f"engine: serving {engine.m.path} at http://{host}:{port} ({engine.m.device}, {str(engine.m.dtype).removeprefix('torch.')})")
+    guard = "API key required" if config.api_key else "no API key: anyone who reaches this port can use it"
+    announce(f"engine: serving {engine.m.path} at http://{host}:{port} "
+             f"({engine.m.device}, {str(engine.m.dtype).removeprefix('torch.')}; {guard})")
     server = uvicorn.Server(uvicorn.Config(engine.app, log_level="warning", access_log=False, timeout_graceful_shutdown=5))
     try:
         server.run(sockets=[sock])

@@ -21,7 +21,11 @@ from starlette.responses import JSONResponse
 
 
 class BadRequest(ValueError):
-    """A request the engine refuses with HTTP 400 (SGLang raises ValueError for these)."""
+    """A request the engine refuses, with HTTP 400 unless told (SGLang raises ValueError for these)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def error_response(message: str, status: int = 400) -> JSONResponse:
@@ -173,13 +177,14 @@ def find_stop_string(text: str, stops: list[str]) -> tuple[int, str] | None:
 class CompletionState:
     """One sequence's output so far and SGLang's finish rules, applied token by token.
 
-    Finishes on: an eos / `stop_token_ids` token (kept in `output_ids`, like SGLang), a stop string
-    in the decoded text (its tokens kept, the text trimmed unless `no_stop_trim`), or
-    `max_new_tokens`."""
+    In SGLang's order (`Req.check_finished`): `max_new_tokens` first; then, unless `ignore_eos`, an
+    eos or `stop_token_ids` token (kept in `output_ids`) - under `ignore_eos` SGLang ignores
+    `stop_token_ids` too; then a stop string in the decoded text (its tokens kept, the text trimmed
+    unless `no_stop_trim`), which `ignore_eos` does not turn off."""
 
     def __init__(self, params: SamplingParams, eos_ids: set[int], decode: Any) -> None:
         self.params = params
-        self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
+        self.stop_ids = set() if params.ignore_eos else set(params.stop_token_ids) | set(eos_ids)
         self.decode = decode  # list[int] -> str
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
@@ -192,15 +197,15 @@ class CompletionState:
         """Add one sampled token; True when the sequence has finished."""
         self.output_ids.append(token_id)
         self.logprobs.append(logprob)
-        if token_id in self.stop_ids:
+        if len(self.output_ids) >= self.params.max_new_tokens:
+            self.finish = finish_json("length", length=len(self.output_ids))
+        elif token_id in self.stop_ids:
             self.finish = finish_json("stop", matched=token_id)
         elif self.params.stop:
             hit = find_stop_string(self.decode(self.output_ids), self.params.stop)
             if hit is not None:
                 self.finish = finish_json("stop", matched=hit[1])
                 self._stop_at = hit[0] + (len(hit[1]) if self.params.no_stop_trim else 0)
-        if self.finish is None and len(self.output_ids) >= self.params.max_new_tokens:
-            self.finish = finish_json("length", length=len(self.output_ids))
         return self.finish is not None
 
     def text(self) -> str:

@@ -51,6 +51,7 @@ class Sequence:
     created: float = field(default_factory=time.monotonic)
     next_token: int = -1  # sampled, not yet fed to the model
     position: int = 0  # tokens in this sequence's KV cache
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 @dataclass
@@ -64,7 +65,7 @@ class _Command:
 class Scheduler:
     """Owns the model; `submit` sequences and `call` commands from any thread."""
 
-    def __init__(self, loaded: LoadedModel, *, max_batch_size: int = 16) -> None:
+    def __init__(self, loaded: LoadedModel, *, max_batch_size: int = 16, prefix_cache_bytes: int = 0) -> None:
         self.m = loaded
         self.max_batch_size = max_batch_size
         self.adapters = AdapterSet(loaded.model)
@@ -79,6 +80,9 @@ class Scheduler:
         self._stop = threading.Event()
         self.error: BaseException | None = None
         self.steps = 0
+        self.prefix_cache = None
+        self.prefill_tokens = 0  # prompt tokens run through the model (cache hits excluded)
+        self.cached_tokens = 0  # prompt tokens served from the prefix cache
         self._thread = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
         self._thread.start()
 
@@ -105,6 +109,22 @@ class Scheduler:
         """True while a waiting or running sequence uses `name` (scheduler thread only)."""
         rows = self._batches.get(name, ([], None))[0]
         return bool(rows) or any(s.adapter == name for s in self._waiting)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for /server_info's internal_states (read from any thread: plain ints)."""
+        return {"prefill_tokens_computed": self.prefill_tokens, "cached_tokens": self.cached_tokens,
+                "decode_steps": self.steps, "prefix_cache_bytes": 0}
+
+    # -- commands (scheduler thread, through `call`) ----------------------------------------
+
+    def unload_adapter(self, name: str) -> None:
+        self.adapters.unload(name)
+
+    def update_weights(self, load: Callable[[], None]) -> None:
+        load()
+
+    def flush_prefix_cache(self) -> None:
+        pass
 
     def idle(self) -> bool:
         return not self._waiting and not any(rows for rows, _ in self._batches.values())
@@ -222,6 +242,7 @@ class Scheduler:
                                                  device=dev)
         cache = DynamicCache(config=self.m.model.config)
         out = self._forward(seqs[0].adapter, cache, input_ids=ids, logits_to_keep=1, **extra)
+        self.prefill_tokens += sum(len(s.input_ids) for s in seqs)
         for seq in seqs:
             seq.position = len(seq.input_ids)
         rows, kv = self._batches.setdefault(seqs[0].adapter, ([], BatchKV()))

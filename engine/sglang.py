@@ -5,6 +5,12 @@ SGLang lives in its own environment (it pins its own torch and CUDA), so forge r
 SGLang's `server_args.py` and its LoRA serving docs:
 
     --model-path P --host H --port N --tp-size T --random-seed S [--dtype D]
+    --incremental-streaming-output
+        (SGLang's default stream resends every token id and logprob so far with each new token:
+        quadratic, 380 MB of JSON and ~25 s of proxy CPU for one 4,000-token answer)
+    --api-key K
+        (then every route but /health* needs `Authorization: Bearer K`; SGLang has no env var for
+        it, so the key is in argv: the engine host's process list is as private as the key)
     --enable-lora --max-lora-rank R --lora-target-modules all|q_proj ...
         (adapters are loaded later through POST /load_lora_adapter, so SGLang cannot infer the rank
         or the target modules from --lora-paths: both must be given up front)
@@ -19,7 +25,7 @@ from openforge.config import EngineConfig
 
 
 def sglang_command(config: EngineConfig, *, model_path: str, port: int,
-                   lora_target_modules: list[str] | None = None) -> list[str]:
+                   lora_target_modules: list[str] | None = None, api_key: str = "") -> list[str]:
     cmd = [
         config.sglang_python, "-m", "sglang.launch_server",
         "--model-path", model_path,
@@ -27,12 +33,15 @@ def sglang_command(config: EngineConfig, *, model_path: str, port: int,
         "--port", str(port),
         "--tp-size", str(config.tp_size),
         "--random-seed", str(config.seed),
+        "--incremental-streaming-output",
         "--enable-lora",
         "--max-lora-rank", str(config.max_lora_rank),
         "--lora-target-modules", *(lora_target_modules or ["all"]),
     ]
     if config.dtype != "auto":
         cmd += ["--dtype", config.dtype]
+    if api_key:
+        cmd += ["--api-key", api_key]
     return cmd + list(config.sglang_args)
 
 

@@ -7,7 +7,13 @@
 
 kind = "embedded" runs `python -m engine` (this project's engine), kind = "sglang" runs
 `<sglang_python> -m sglang.launch_server` (see engine/sglang.py), kind = "url" launches nothing and
-only waits for the engine already at `config.url`. A child that dies is restarted on the same port,
+only waits for the engine already at `config.url`.
+
+The engine's credential: a run takes `key = engine_api_key(config)` (`engine.api_key`, or a fresh
+random key when that is empty), passes it as `EngineProcess(..., api_key=key)` and hands the same
+key to the proxy's and the trainer's EngineClient in memory. The embedded child gets it in
+FORGE_ENGINE_API_KEY (never argv), SGLang as `--api-key`. Without `api_key=` the process uses
+`engine.api_key` as it is (empty: an engine without a credential). A child that dies is restarted on the same port,
 at most `max_restarts` times; `on_restart` callbacks then run (e.g. to load the current adapter again,
 since a fresh engine has none). `start`/`stop` are blocking; `astart`/`astop` are their async forms.
 """
@@ -18,6 +24,7 @@ import asyncio
 import atexit
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -30,6 +37,7 @@ from pathlib import Path
 import httpx
 
 from engine.sglang import sglang_command
+from engine.sglang_api import API_KEY_ENV
 from openforge.config import EngineConfig
 from openforge.errors import EngineError
 from openforge.paths import forge_home
@@ -46,6 +54,14 @@ def make_engine_url(config: EngineConfig) -> str:
     if not url.startswith(("http://", "https://")):
         raise EngineError(f"engine.url must start with http:// or https://, got {config.url!r}")
     return url
+
+
+def engine_api_key(config: EngineConfig) -> str:
+    """The key a run's engine requires: `engine.api_key`, else a fresh one for this run. An engine
+    forge does not launch (kind = "url") has whatever key it was started with: the configured one."""
+    if config.api_key or config.kind == "url":
+        return config.api_key
+    return secrets.token_urlsafe(32)
 
 
 def _free_port(host: str) -> int:
@@ -66,12 +82,14 @@ class EngineProcess:
     """One supervised engine. `.url`, `.restarts`, `.pid`; `start()`, `stop()`."""
 
     def __init__(self, config: EngineConfig, *, model_path: str | None = None, log_path: str | Path | None = None,
-                 max_restarts: int = 3, lora_target_modules: list[str] | None = None) -> None:
+                 max_restarts: int = 3, lora_target_modules: list[str] | None = None,
+                 api_key: str | None = None) -> None:
         self.config = config
         self.model_path = model_path if model_path is not None else config.model
         self.max_restarts = max_restarts
         self.lora_target_modules = lora_target_modules
         self.port = config.port
+        self.api_key = config.api_key if api_key is None else api_key
         self.restarts = 0
         self.on_restart: list[Callable[[], None]] = []
         self.failure: str | None = None  # set when the child died and could not be brought back
@@ -106,9 +124,10 @@ class EngineProcess:
             if not self.model_path:
                 raise EngineError('engine.kind = "sglang" needs engine.model (a checkpoint folder or hub id)')
             return sglang_command(c, model_path=self.model_path, port=self.port,
-                                  lora_target_modules=self.lora_target_modules)
+                                  lora_target_modules=self.lora_target_modules, api_key=self.api_key)
         return [sys.executable, "-m", "engine", "--model", self.model_path, "--host", c.host, "--port", str(self.port),
                 "--dtype", c.dtype, "--device", c.device, "--max-batch-size", str(c.max_batch_size), "--seed", str(c.seed),
+                "--prefix-cache-mb", str(c.prefix_cache_mb),
                 "--parent-pid", str(os.getpid())]
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -175,10 +194,14 @@ class EngineProcess:
         cmd = self.command()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
+        env.pop(API_KEY_ENV, None)
         if self.config.kind == "embedded":  # `python -m engine` must import this checkout
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
+            if self.api_key:
+                env[API_KEY_ENV] = self.api_key
+        shown = ["***" if i and cmd[i - 1] == "--api-key" else a for i, a in enumerate(cmd)]  # no key in logs
         with open(self.log_path, "ab") as out:
-            out.write(f"\n==> {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
+            out.write(f"\n==> {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(shown)}\n".encode())
             out.flush()
             try:
                 self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -197,6 +220,7 @@ class EngineProcess:
                                       f"became healthy; {self.log_path}: {_tail(self.log_path)}")
                 try:
                     if http.get(f"{self.url}/health").status_code == 200:
+                        self._check_key(http)
                         return
                 except httpx.HTTPError:
                     pass
@@ -206,6 +230,14 @@ class EngineProcess:
                 if self._stopping.is_set():
                     raise EngineError("the engine was stopped while starting")
                 time.sleep(0.2)
+
+    def _check_key(self, http: httpx.Client) -> None:
+        """/health needs no key, so a wrong one would only show at the first call: test it now."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        if http.get(f"{self.url}/model_info", headers=headers).status_code == 401:
+            which = "the key forge holds" if self.api_key else "no key (engine.api_key is empty)"
+            raise EngineError(f"engine at {self.url} refused {which}: set engine.api_key to the key it was "
+                              "started with (SGLang's --api-key)")
 
     def _watch(self) -> None:
         """Monitor thread: wait for the child; if it died on its own, bring it back (bounded)."""

@@ -40,6 +40,10 @@ class EngineConfig(_Section):
     device: str = Field("auto", description="torch device for the embedded engine: auto, cpu, cuda")
     max_batch_size: int = Field(16, ge=1, description="embedded engine: sequences decoded together")
     seed: int = 0
+    api_key: str = Field("", repr=False, description="the engine's credential (SGLang's --api-key); empty = forge "
+                         "makes one per run and hands it to the proxy and trainer in memory")
+    prefix_cache_mb: int = Field(512, ge=0, description="embedded engine: memory for the KV of cached prompt "
+                                 "prefixes (RadixAttention-like); 0 = no prefix cache")
     request_timeout_s: float = Field(300.0, gt=0)
     startup_timeout_s: float = Field(300.0, gt=0)
     # SGLang only

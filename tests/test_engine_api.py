@@ -72,9 +72,19 @@ async def test_stop_token_ids_end_the_completion_on_that_token(client):
     free = await client.generate(PROMPTS[1], GREEDY)
     stop = free.output_ids[3]
     first = free.output_ids.index(stop)
-    out = await client.generate(PROMPTS[1], {**GREEDY, "stop_token_ids": [stop]})
-    assert out.output_ids == free.output_ids[: first + 1]
-    assert (out.finish_reason, out.matched_stop) == ("stop", stop)
+    # Without ignore_eos an eos token may end it earlier, so the answer is a prefix of `free` that
+    # ends either on an eos or exactly on the first `stop`.
+    out = await client.generate(PROMPTS[1], {**GREEDY, "ignore_eos": False, "stop_token_ids": [stop]})
+    assert out.finish_reason == "stop" and out.output_ids == free.output_ids[: len(out.output_ids)]
+    assert len(out.output_ids) <= first + 1
+    assert (out.matched_stop == stop) == (len(out.output_ids) == first + 1)
+
+
+async def test_ignore_eos_ignores_stop_token_ids_too(client):
+    """SGLang's Req.check_finished skips every stop token under ignore_eos; stop strings still count."""
+    free = await client.generate(PROMPTS[1], GREEDY)
+    out = await client.generate(PROMPTS[1], {**GREEDY, "stop_token_ids": [free.output_ids[0]]})
+    assert out.output_ids == free.output_ids and out.finish_reason == "length"
 
 
 async def test_seeded_sampling_is_reproducible(client):

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -206,11 +207,14 @@ async def test_a_failing_forward_pass_aborts_that_request_only(served, monkeypat
 
     def forward(*args, **kwargs):
         ids = kwargs.get("input_ids")
-        if ids is not None and ids.shape[1] > 1 and int(ids[0, 0]) == 77:  # the poisoned prompt's prefill
+        # Any prefill holding the poisoned prompt, whatever its row or left padding: the two requests
+        # may be prefilled together (either order) or apart, depending on when each arrives.
+        if ids is not None and ids.shape[1] > 1 and bool((ids == 77).any()):
             raise RuntimeError("simulated out of memory")
         return real(*args, **kwargs)
 
     monkeypatch.setattr(engine.m.model, "forward", forward)
+    engine.scheduler.call(lambda: time.sleep(0.3))  # both queue up: one prefill that must be split
     async with EngineClient(url) as client:
         bad, good = await asyncio.gather(client.generate([77, 78, 79], GREEDY), client.generate([80, 81], GREEDY))
         assert bad.finish_reason == "abort" and "simulated out of memory" in bad.meta["finish_reason"]["message"]
@@ -219,8 +223,6 @@ async def test_a_failing_forward_pass_aborts_that_request_only(served, monkeypat
 
 
 async def test_requests_arriving_together_are_prefilled_together(served, reference, monkeypatch):
-    import time
-
     engine, url = served
     _, tok = reference
     prompts = [_prompt(tok, t) for t in ("ls", "write hello to a file named out.txt", "run", "count words")]

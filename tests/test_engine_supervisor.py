@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import sys
 import time
+from pathlib import Path
 
+import httpx
 import pytest
 
-from engine.client import EngineClient
 from engine.scripted import ScriptedEngine
 from engine.serve import serve_in_thread
 from engine.sglang import sglang_command
-from engine.supervisor import EngineProcess, make_engine_url
+from engine.supervisor import EngineProcess, engine_api_key, make_engine_url
 from openforge.config import EngineConfig
 from openforge.errors import EngineError
 
@@ -27,31 +27,42 @@ def _gone(pid: int) -> bool:
     return False
 
 
-async def _greedy(url: str) -> list[int]:
-    async with EngineClient(url) as client:
-        return (await client.generate([5, 6, 7], {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True})).output_ids
+def _greedy(url: str, key: str) -> list[int]:
+    body = {"input_ids": [5, 6, 7], "sampling_params": {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}}
+    resp = httpx.post(url + "/generate", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    return resp.raise_for_status().json()["output_ids"]
+
+
+def _argv_and_env(pid: int) -> tuple[bytes, bytes]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes(), Path(f"/proc/{pid}/environ").read_bytes()
 
 
 @pytest.mark.slow
 def test_child_is_restarted_after_kill_9_and_stopped_with_its_group(tiny_model, tmp_path):
+    key = engine_api_key(EngineConfig())
     engine = EngineProcess(EngineConfig(model=str(tiny_model), startup_timeout_s=120), log_path=tmp_path / "engine.log",
-                           max_restarts=2)
+                           max_restarts=2, api_key=key)
     restarted = []
     engine.on_restart.append(lambda: restarted.append(engine.pid))
     engine.start()
     try:
         first_pid = engine.pid
-        before = asyncio.run(_greedy(engine.url))
+        argv, env = _argv_and_env(first_pid)
+        # The key reached the child through its environment (/proc/PID/environ is readable by its
+        # owner only), never argv (/proc/PID/cmdline is readable by every local user).
+        assert key.encode() not in argv and f"FORGE_ENGINE_API_KEY={key}".encode() in env
+        assert httpx.post(engine.url + "/generate", json={"input_ids": [5]}).status_code == 401
+        before = _greedy(engine.url, key)
         os.kill(first_pid, signal.SIGKILL)
         deadline = time.monotonic() + 120
         while not restarted and time.monotonic() < deadline:
             time.sleep(0.1)
         assert engine.restarts == 1 and restarted == [engine.pid] and engine.pid != first_pid
-        assert asyncio.run(_greedy(engine.url)) == before  # same port, same model, same answer
+        assert _greedy(engine.url, key) == before  # same port, same model, same key, same answer
     finally:
         engine.stop()
     assert _gone(restarted[0]) and engine.pid is None
-    assert "==> " in (tmp_path / "engine.log").read_text()
+    assert "==> " in (tmp_path / "engine.log").read_text() and key not in (tmp_path / "engine.log").read_text()
 
 
 def test_a_child_that_cannot_start_reports_its_log(tmp_path):
@@ -73,7 +84,8 @@ def test_sglang_command_line():
                           dtype="bfloat16", seed=3, sglang_args=["--mem-fraction-static", "0.7"])
     cmd = sglang_command(config, model_path="/models/qwen", port=30001, lora_target_modules=["q_proj", "v_proj"])
     assert cmd == ["/opt/sgl/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/qwen",
-                   "--host", "127.0.0.1", "--port", "30001", "--tp-size", "2", "--random-seed", "3", "--enable-lora",
+                   "--host", "127.0.0.1", "--port", "30001", "--tp-size", "2", "--random-seed", "3",
+                   "--incremental-streaming-output", "--enable-lora",
                    "--max-lora-rank", "16", "--lora-target-modules", "q_proj", "v_proj", "--dtype", "bfloat16",
                    "--mem-fraction-static", "0.7"]
 

@@ -53,6 +53,12 @@ def test_completion_state_finish_rules():
     assert s.finish == {"type": "stop", "matched": 9} and s.output_ids == [1, 9] and s.text() == "a"
     s = CompletionState(parse_sampling_params({"max_new_tokens": 2, "ignore_eos": True}), {9}, decode)
     assert [s.append(t, -1.0) for t in (9, 9)] == [False, True] and s.finish["type"] == "length"
+    # SGLang: ignore_eos ignores stop_token_ids too, not stop strings; max_new_tokens is checked first.
+    s = CompletionState(parse_sampling_params({"max_new_tokens": 3, "ignore_eos": True, "stop_token_ids": [2],
+                                               "stop": ["c"]}), {9}, decode)
+    assert [s.append(t, -1.0) for t in (2, 3)] == [False, True] and s.finish == {"type": "stop", "matched": "c"}
+    s = CompletionState(parse_sampling_params({"max_new_tokens": 2, "stop_token_ids": [2]}), {9}, decode)
+    assert [s.append(t, -1.0) for t in (1, 2)] == [False, True] and s.finish == {"type": "length", "length": 2}
 
 
 def _cache(rows: int, length: int, seed: int):
