@@ -161,6 +161,9 @@ class TrainerConfig(_Section):
     loss_agg: Literal["token-mean", "seq-mean"] = "token-mean"
     epochs_per_step: int = Field(1, ge=1)
     micro_batch_tokens: int = Field(4096, ge=16, description="token budget of one micro-batch")
+    share_prefix_min_tokens: int = Field(
+        256, ge=0, description="rows sharing a prompt prefix this long run it once per step (exact); 0 = off"
+    )
     full_finetune: bool = False
     lora_r: int = Field(8, ge=1)
     lora_alpha: int = Field(16, ge=1)

@@ -250,3 +250,12 @@ def test_pass_rate_uses_each_tasks_threshold() -> None:
     m = _reward_metrics(batch, [{"id": "easy", "pass_threshold": 0.0}, {"id": "hard"}])
     assert m["pass_rate"] == pytest.approx(3 / 4)  # both easy ones pass at 0; hard passes only at 1.0
     assert m["reward_mean"] == pytest.approx(0.5) and m["reward_std"] == pytest.approx(0.3535534)
+
+
+def test_data_docstring_examples_hold() -> None:
+    import doctest
+
+    import trainer.data
+
+    result = doctest.testmod(trainer.data)
+    assert result.attempted >= 1 and result.failed == 0

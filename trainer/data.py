@@ -3,6 +3,10 @@
 A rollout may have several trajectory segments (the harness rewrote its history, so the proxy
 started a new token sequence); every segment is a training row with the rollout's advantage.
 
+Each sampled token is scored at the temperature its call was sampled at (`Call.temperature`, found
+through the trajectory's `call_ids`): harnesses send their own settings, and the engine's logprob is
+of the temperature-scaled distribution (see `logprob_temperature`).
+
 Group rule (SkyRL's): if any rollout of a group failed for infrastructure reasons (no reward: the
 sandbox died, the run was interrupted, ...), the whole group is dropped, because the remaining rewards
 would be normalised against a biased group. A rollout that ran out of time but was scored is data.
@@ -12,14 +16,17 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
+from engine.sampling import return_original_logprob
 from openforge.errors import TrainerError
-from openforge.store import Rollout, Trajectory
+from openforge.store import Rollout, Store, Trajectory, loads
 from trainer.grpo import aggregation_weights, group_advantages
+from trainer.prefix import shared_prefixes
 
 
 @dataclass
@@ -34,6 +41,67 @@ class Sample:
     logprobs: list[float]  # the engine's sampling logprob (0.0 where the mask is 0)
     advantage: float
     reward: float
+    temperatures: list[float] | None = None  # per token: the temperature its logprob is taken at; None = 1.0
+
+
+@dataclass(frozen=True)
+class CallSampling:
+    """What the trainer needs of one recorded call: its sampling settings and completion length."""
+
+    temperature: float | None  # None: the harness sent none and the engine used its default (1.0)
+    top_k: int | None
+    n_completion: int
+
+
+def logprob_temperature(temperature: float | None, top_k: int | None) -> float:
+    """The temperature whose softmax the engine's recorded logprob is taken under.
+
+    The same rule as engine/sampling.py and SGLang's sampler (`logprobs = log(softmax(logits / T))`,
+    taken *before* top-k / top-p / min-p truncation, so top_p and a top_k > 1 do not change it):
+
+    >>> [logprob_temperature(t, k) for t, k in ((0.7, None), (None, None), (0.0, None), (0.7, 1), (0.7, 40))]
+    [0.7, 1.0, 1.0, 1.0, 0.7]
+
+    No temperature is SGLang's default 1.0; greedy (temperature < 1e-6 or top_k == 1) reports the raw
+    log_softmax; SGLANG_RETURN_ORIGINAL_LOGPROB=1 (read by the engine and here) reports it always."""
+    if temperature is None or temperature < 1e-6 or top_k == 1 or return_original_logprob():
+        return 1.0
+    return float(temperature)
+
+
+def call_sampling(store: Store, rollout_ids: Sequence[str]) -> dict[int, CallSampling]:
+    """The sampling settings of every recorded call of these rollouts, by call id."""
+    out: dict[int, CallSampling] = {}
+    for rid in rollout_ids:
+        for c in store.list_calls(rollout_id=rid):
+            if c.id is not None:
+                out[c.id] = CallSampling(getattr(c, "temperature", None), getattr(c, "top_k", None),  # TODO schema 3
+                                         len(loads(c.completion_ids, [])))
+    return out
+
+
+def _token_temperatures(traj: Trajectory, mask: list[int], sampling: Mapping[int, CallSampling] | None
+                        ) -> list[float] | None:
+    """Per token of a segment, the temperature of the call that sampled it (1.0 on prompt tokens).
+
+    A segment's mask-1 tokens are its calls' completions, in `call_ids` order (rollouts/trajectory.py
+    builds it so); a count that does not add up is an error, never a silent default."""
+    call_ids = loads(traj.call_ids, [])
+    if sampling is None or not call_ids:  # rows written without calls (tests, direct sampling)
+        return None
+    per_sampled: list[float] = []
+    for cid in call_ids:
+        cs = sampling.get(cid)
+        if cs is None:
+            raise TrainerError(f"trajectory {traj.rollout_id}/{traj.segment} lists call {cid}, which is not recorded")
+        per_sampled += [logprob_temperature(cs.temperature, cs.top_k)] * cs.n_completion
+    if len(per_sampled) != sum(mask):
+        raise TrainerError(f"trajectory {traj.rollout_id}/{traj.segment} has {sum(mask)} sampled tokens but its "
+                           f"calls completed {len(per_sampled)}")
+    if all(t == 1.0 for t in per_sampled):
+        return None
+    it = iter(per_sampled)
+    return [next(it) if m else 1.0 for m in mask]
 
 
 @dataclass
@@ -66,8 +134,12 @@ def _parse(traj: Trajectory) -> tuple[list[int], list[int], list[float]]:
 
 
 def build_batch(rollouts: Sequence[Rollout], trajectories: Sequence[Trajectory], *,
-                std_normalize: bool = True, eps: float = 1e-6) -> Batch:
-    """Group rollouts by task, drop groups with an infrastructure failure, attach advantages."""
+                sampling: Mapping[int, CallSampling] | None = None, std_normalize: bool = True,
+                eps: float = 1e-6) -> Batch:
+    """Group rollouts by task, drop groups with an infrastructure failure, attach advantages.
+
+    `sampling` (from `call_sampling`) gives each sampled token its call's temperature; without it
+    every token is taken at temperature 1."""
     groups: dict[tuple[str, int], list[Rollout]] = defaultdict(list)
     for r in rollouts:
         groups[(r.task_id, r.step)].append(r)
@@ -91,18 +163,24 @@ def build_batch(rollouts: Sequence[Rollout], trajectories: Sequence[Trajectory],
                 ids, mask, logp = _parse(t)
                 if sum(mask) == 0:
                     continue
-                batch.samples.append(Sample(r.id, r.task_id, t.segment, ids, mask, logp, a, float(r.reward)))  # type: ignore[arg-type]
+                temps = _token_temperatures(t, mask, sampling)
+                batch.samples.append(Sample(r.id, r.task_id, t.segment, ids, mask, logp, a, float(r.reward), temps))  # type: ignore[arg-type]
     return batch
 
 
 def micro_batches(samples: Sequence[Sample], *, token_budget: int, pad_id: int, loss_agg: str,
-                  device: torch.device | str = "cpu") -> list[dict[str, torch.Tensor]]:
+                  device: torch.device | str = "cpu", share_prefix_min: int = 0) -> list[dict[str, torch.Tensor]]:
     """Pack samples into right-padded micro-batches of at most `token_budget` padded tokens each.
 
     A sample longer than the budget gets a micro-batch of its own. Loss weights are computed over
     the whole step (all micro-batches), so gradient accumulation gives exactly the full-batch loss.
-    Tensors: input_ids/attention_mask [B, T]; mask/old_logp/weights [B, T-1] (aligned with the
-    predicted tokens 1..T-1); advantages [B]; first (scalar): the earliest sampled token position.
+    Tensors: input_ids/attention_mask [B, T]; mask/old_logp/weights/temperature [B, T-1] (aligned
+    with the predicted tokens 1..T-1); advantages [B]; first (scalar): the earliest sampled token.
+
+    With `share_prefix_min` > 0, rows sharing a prompt prefix of at least that many tokens (a GRPO
+    group's prompt; a harness's system prompt across groups) are packed together: their micro-batches
+    hold only the suffixes after the prefix, plus `prefix_ids` [P] and `prefix_id` (the same for
+    every micro-batch of that prefix, which are consecutive); trainer/prefix.py runs the prefix once.
     """
     if not samples:
         return []
@@ -114,34 +192,48 @@ def micro_batches(samples: Sequence[Sample], *, token_budget: int, pad_id: int, 
     seq_ids = torch.tensor([seq_of[s.rollout_id] for s in samples])
     full_weights = aggregation_weights(full_mask, loss_agg, seq_ids)
 
-    # Longest first, so each micro-batch holds rows of similar length (little padding).
-    order = sorted(range(len(samples)), key=lambda i: -len(samples[i].token_ids))
-    groups: list[list[int]] = []
-    for i in order:
-        if groups and (len(groups[-1]) + 1) * len(samples[groups[-1][0]].token_ids) <= token_budget:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return [_collate([samples[i] for i in g], full_weights[g], pad_id, device) for g in groups]
+    units = shared_prefixes(samples, share_prefix_min) if share_prefix_min > 0 else [(0, list(range(len(samples))))]
+    out: list[dict[str, torch.Tensor]] = []
+    for unit, (P, members) in enumerate(units):
+        # Longest first, so each micro-batch holds rows of similar length (little padding).
+        order = sorted(members, key=lambda i: -len(samples[i].token_ids))
+        groups: list[list[int]] = []
+        for i in order:
+            if groups and (len(groups[-1]) + 1) * (len(samples[groups[-1][0]].token_ids) - P) <= token_budget:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        prefix = torch.tensor(samples[members[0]].token_ids[:P]).to(device) if P else None
+        for g in groups:
+            mb = _collate([samples[i] for i in g], full_weights[g, P:], pad_id, device, offset=P)
+            if prefix is not None:
+                mb["prefix_ids"], mb["prefix_id"] = prefix, torch.tensor(unit)
+            out.append(mb)
+    return out
 
 
-def _collate(rows: list[Sample], weights: torch.Tensor, pad_id: int, device: torch.device | str
-             ) -> dict[str, torch.Tensor]:
-    T = max(len(s.token_ids) for s in rows)
+def _collate(rows: list[Sample], weights: torch.Tensor, pad_id: int, device: torch.device | str, *,
+             offset: int = 0) -> dict[str, torch.Tensor]:
+    """Rows from token `offset` on (0, or the length of the prefix they share) -> one micro-batch."""
+    T = max(len(s.token_ids) for s in rows) - offset
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
     attn = torch.zeros(len(rows), T, dtype=torch.long)
     mask = torch.zeros(len(rows), T - 1)
     old = torch.zeros(len(rows), T - 1)
+    temp = torch.ones(len(rows), T - 1)
     for i, s in enumerate(rows):
-        n = len(s.token_ids)
-        ids[i, :n] = torch.tensor(s.token_ids)
+        n = len(s.token_ids) - offset
+        ids[i, :n] = torch.tensor(s.token_ids[offset:])
         attn[i, :n] = 1
-        mask[i, : n - 1] = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
-        old[i, : n - 1] = torch.tensor(s.logprobs[1:], dtype=torch.float32)
+        mask[i, : n - 1] = torch.tensor(s.loss_mask[offset + 1:], dtype=torch.float32)
+        old[i, : n - 1] = torch.tensor(s.logprobs[offset + 1:], dtype=torch.float32)
+        if s.temperatures is not None:
+            temp[i, : n - 1] = torch.tensor(s.temperatures[offset + 1:], dtype=torch.float32)
     return {
         "input_ids": ids.to(device), "attention_mask": attn.to(device), "mask": mask.to(device),
         "old_logp": old.to(device), "weights": weights[:, : T - 1].contiguous().to(device),
+        "temperature": temp.to(device),
         "advantages": torch.tensor([s.advantage for s in rows]).to(device),
         # the first sampled token of any row: logits before it are never needed
-        "first": torch.tensor(min(s.loss_mask.index(1) for s in rows)),
+        "first": torch.tensor(min(s.loss_mask.index(1) for s in rows) - offset),
     }

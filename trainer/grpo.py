@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from openforge.errors import TrainerError
+from trainer.prefix import PastFactory, autocast, shared_prefix, units_of
 
 
 def group_advantages(rewards: torch.Tensor, *, std_normalize: bool = True, eps: float = 1e-6) -> torch.Tensor:
@@ -147,17 +148,25 @@ def aggregation_weights(mask: torch.Tensor, loss_agg: str, seq_ids: torch.Tensor
 
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0, first: int = 1) -> torch.Tensor:
-    """log pi(x_t | x_<t) for t = 1..T-1: [B, T] -> [B, T-1] (fp32 log-softmax, as the engine does).
+                   temperature: float | torch.Tensor = 1.0, first: int = 1, past: Any = None) -> torch.Tensor:
+    """log pi_T(x_t | x_<t) for t = 1..T-1: [B, T] -> [B, T-1] (fp32 log-softmax, as the engine does).
 
+    `temperature` is a number or [B, T-1] (per predicted token: each call's own temperature).
     Only targets t >= `first` are computed (earlier entries are 0): agent prompts are long (a harness's
     system prompt alone can be 10k+ tokens) and the LM head + log-softmax over them would dominate
-    time and memory, so the model is asked for the last T - first + 1 positions' logits only."""
+    time and memory, so the model is asked for the last T - first + 1 positions' logits only.
+    `past` is a cache holding the K/V of a prefix these rows continue (trainer/prefix.py)."""
     T = input_ids.shape[1]
     keep = T - max(first, 1) + 1
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
+    if past is not None:  # the mask covers the prefix too; positions continue after it
+        ones = attention_mask.new_ones(attention_mask.shape[0], past.get_seq_length())
+        attention_mask = torch.cat([ones, attention_mask], dim=1)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, cache=past, use_cache=past is not None,
+                   logits_to_keep=keep).logits
     logits = logits[:, -keep:-1].float()  # positions first-1 .. T-2 predict tokens first .. T-1
-    if temperature != 1.0:
+    if isinstance(temperature, torch.Tensor):
+        logits = logits / temperature[:, T - keep:, None].to(logits.dtype)
+    elif temperature != 1.0:
         logits = logits / temperature
     targets = input_ids[:, T - keep + 1:]
     # log softmax at the target only: gather - logsumexp, without a [B, T, V] log-prob tensor.
@@ -174,25 +183,35 @@ class StepConfig:
     loss_agg: str = "token-mean"
     max_grad_norm: float = 1.0
     epochs: int = 1
-    temperature: float = 1.0
     autocast_dtype: torch.dtype | None = None  # bf16 on GPUs that support it; None = fp32
 
 
-def _forward(model: Any, mb: dict[str, torch.Tensor], cfg: StepConfig) -> torch.Tensor:
-    device_type = mb["input_ids"].device.type
-    if cfg.autocast_dtype is None:
-        return token_logprobs(model, mb["input_ids"], mb["attention_mask"], cfg.temperature, int(mb["first"]))
-    with torch.autocast(device_type=device_type, dtype=cfg.autocast_dtype):
-        return token_logprobs(model, mb["input_ids"], mb["attention_mask"], cfg.temperature, int(mb["first"]))
+def _forward(model: Any, mb: dict[str, torch.Tensor], cfg: StepConfig, past: PastFactory | None = None
+             ) -> torch.Tensor:
+    # each sampled token at its call's temperature (trainer/data.py); 1.0 for hand-built micro-batches
+    temperature = mb.get("temperature", 1.0)
+    cache = past(mb["input_ids"].shape[0]) if past is not None else None
+    with autocast(mb["input_ids"].device.type, cfg.autocast_dtype):
+        return token_logprobs(model, mb["input_ids"], mb["attention_mask"], temperature, int(mb["first"]), cache)
 
 
 @torch.no_grad()
-def _reference_logprobs(model: Any, mb: dict[str, torch.Tensor], cfg: StepConfig) -> torch.Tensor:
+def _logprobs(model: Any, micro_batches: list[dict[str, torch.Tensor]], cfg: StepConfig) -> list[torch.Tensor]:
+    """Every micro-batch's logprobs without a graph (pi_old before several epochs; the reference)."""
+    out: list[torch.Tensor] = []
+    for unit in units_of(micro_batches):
+        with shared_prefix(model, micro_batches[unit[0]], grad=False, autocast_dtype=cfg.autocast_dtype) as past:
+            out += [_forward(model, micro_batches[i], cfg, past) for i in unit]
+    return out
+
+
+def _reference_logprobs(model: Any, micro_batches: list[dict[str, torch.Tensor]], cfg: StepConfig
+                        ) -> list[torch.Tensor]:
     # The reference is the base model: the same weights with the LoRA adapter switched off.
     if not hasattr(model, "disable_adapter"):
         raise TrainerError("kl_coef > 0 needs a LoRA model (the reference is the adapter disabled)")
     with model.disable_adapter():
-        return _forward(model, mb, cfg)
+        return _logprobs(model, micro_batches, cfg)
 
 
 def grpo_step(model: Any, optimizer: torch.optim.Optimizer, micro_batches: list[dict[str, torch.Tensor]],
@@ -207,36 +226,20 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, micro_batches: list[
     if not micro_batches:
         raise TrainerError("no trainable tokens in this step (every group was dropped or empty)")
     model.train()
-    proximal: list[torch.Tensor | None] = [None] * len(micro_batches)
-    if cfg.epochs > 1:  # several updates on one batch: pi_old must be frozen before the first
-        with torch.no_grad():
-            proximal = [_forward(model, mb, cfg) for mb in micro_batches]
-    refs = [_reference_logprobs(model, mb, cfg) if cfg.kl_coef > 0 else None for mb in micro_batches]
+    # several updates on one batch: pi_old must be frozen before the first
+    proximal: list[torch.Tensor | None] = list(_logprobs(model, micro_batches, cfg)) if cfg.epochs > 1 \
+        else [None] * len(micro_batches)
+    refs: list[torch.Tensor | None] = list(_reference_logprobs(model, micro_batches, cfg)) if cfg.kl_coef > 0 \
+        else [None] * len(micro_batches)
 
     sums = {"loss": 0.0, "clip": 0.0, "kl": 0.0, "tis": 0.0, "mm_sum": 0.0, "mm_max": 0.0, "tok": 0.0}
     grad_norm = 0.0
     for epoch in range(cfg.epochs):
         optimizer.zero_grad(set_to_none=True)
-        for i, mb in enumerate(micro_batches):
-            logp = _forward(model, mb, cfg)
-            mask = mb["mask"]
-            parts = policy_loss(
-                logp, mb["old_logp"], mb["advantages"], mask, logp_proximal=proximal[i], logp_ref=refs[i],
-                kl_coef=cfg.kl_coef, clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
-                tis_cap=cfg.tis_cap, weights=mb["weights"],
-            )
-            parts.loss.backward()
-            if epoch == 0:
-                n = float(mask.sum())
-                before = (proximal[i] if proximal[i] is not None else logp).detach()
-                gap = (before - mb["old_logp"]).abs() * mask
-                sums["loss"] += float(parts.loss.detach())
-                sums["clip"] += parts.clip_frac * n
-                sums["kl"] += parts.kl * n
-                sums["tis"] += parts.tis_frac * n
-                sums["mm_sum"] += float(gap.sum())
-                sums["mm_max"] = max(sums["mm_max"], float(gap.max()) if gap.numel() else 0.0)
-                sums["tok"] += n
+        for unit in units_of(micro_batches):  # a shared prefix runs once per unit (trainer/prefix.py)
+            with shared_prefix(model, micro_batches[unit[0]], grad=True, autocast_dtype=cfg.autocast_dtype) as past:
+                for i in unit:
+                    _accumulate(model, micro_batches[i], cfg, past, proximal[i], refs[i], sums if epoch == 0 else None)
         params = [p for p in model.parameters() if p.requires_grad]
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
         if not math.isfinite(grad_norm):
@@ -250,6 +253,31 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, micro_batches: list[
         "tis_frac": sums["tis"] / tok, "mismatch_mean": sums["mm_sum"] / tok, "mismatch_max": sums["mm_max"],
         "grad_norm": grad_norm, "n_tokens": int(sums["tok"]),
     }
+
+
+def _accumulate(model: Any, mb: dict[str, torch.Tensor], cfg: StepConfig, past: PastFactory | None,
+                proximal: torch.Tensor | None, ref: torch.Tensor | None, sums: dict[str, float] | None) -> None:
+    """One micro-batch: forward, loss, backward (gradients accumulate); metrics into `sums` if given."""
+    logp = _forward(model, mb, cfg, past)
+    mask = mb["mask"]
+    parts = policy_loss(
+        logp, mb["old_logp"], mb["advantages"], mask, logp_proximal=proximal, logp_ref=ref,
+        kl_coef=cfg.kl_coef, clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
+        tis_cap=cfg.tis_cap, weights=mb["weights"],
+    )
+    parts.loss.backward()
+    if sums is None:
+        return
+    n = float(mask.sum())
+    before = (proximal if proximal is not None else logp).detach()
+    gap = (before - mb["old_logp"]).abs() * mask
+    sums["loss"] += float(parts.loss.detach())
+    sums["clip"] += parts.clip_frac * n
+    sums["kl"] += parts.kl * n
+    sums["tis"] += parts.tis_frac * n
+    sums["mm_sum"] += float(gap.sum())
+    sums["mm_max"] = max(sums["mm_max"], float(gap.max()) if gap.numel() else 0.0)
+    sums["tok"] += n
 
 
 def lr_lambda(schedule: str, *, total_steps: int, warmup_steps: int = 0):  # -> Callable[[int], float]

@@ -37,7 +37,7 @@ from openforge.errors import TrainerError
 from openforge.paths import forge_home
 from openforge.store import Checkpoint, Store, TrainStep
 from trainer.checkpoint import adapter_name, latest_checkpoint, save_checkpoint, set_rng_state
-from trainer.data import build_batch, micro_batches
+from trainer.data import build_batch, call_sampling, micro_batches
 from trainer.grpo import StepConfig, grpo_step
 from trainer.model import autocast_dtype, build_optimizer, build_policy, pad_token_id, pick_device
 from trainer.sampler import AdapterSync, Sampler
@@ -84,7 +84,7 @@ class _Policy:
     pad_id: int
 
 
-def _build(config: TrainerConfig, model_path: str | Path, resume_from: Path | None, temperature: float) -> _Policy:
+def _build(config: TrainerConfig, model_path: str | Path, resume_from: Path | None) -> _Policy:
     if config.kl_coef > 0 and config.full_finetune:
         raise TrainerError("kl_coef > 0 needs LoRA: the reference is the base model with the adapter disabled")
     device = pick_device(config.device)
@@ -94,22 +94,22 @@ def _build(config: TrainerConfig, model_path: str | Path, resume_from: Path | No
     optimizer, scheduler = build_optimizer(model, config)
     step_cfg = StepConfig(clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high, tis_cap=config.tis_cap,
                           kl_coef=config.kl_coef, loss_agg=config.loss_agg, max_grad_norm=config.max_grad_norm,
-                          epochs=config.epochs_per_step, temperature=temperature, autocast_dtype=autocast_dtype(device))
+                          epochs=config.epochs_per_step, autocast_dtype=autocast_dtype(device))
     return _Policy(model, optimizer, scheduler, device, step_cfg, pad_token_id(model))
 
 
 def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str | Path, tasks: Sequence[Any],
           sampler: Sampler, engine: AdapterSync | None = None, home: Path | None = None, resume: bool = False,
-          temperature: float = 1.0, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+          on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
     """Train run `run_id` for `config.steps` steps (counted from 0, including steps done before a resume).
 
-    `temperature` must be the one the rollouts were sampled at: the trainer's logprobs are taken
-    under the same temperature-scaled distribution the engine reports."""
+    Each sampled token's logprob is taken at the temperature its call recorded (trainer/data.py), so
+    a harness that sends its own temperature is trained under the distribution it sampled from."""
     home = home or forge_home()
     found = latest_checkpoint(home, run_id)
     if found is not None and not resume:
         raise TrainerError(f"run {run_id} already has checkpoints (step {found.step}); resume it with --resume")
-    pi = _build(config, model_path, found.adapter_path if found else None, temperature)
+    pi = _build(config, model_path, found.adapter_path if found else None)
     stream = TaskStream(tasks, config.seed)
     start, position, adapter = 0, 0, None
     if found is not None:
@@ -131,10 +131,12 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
                 pending = pool.submit(sampler.sample, run_id, nxt, step=step + 1, adapter=adapter)
             # 2. train: group advantages, micro-batches, one GRPO update
             t1 = time.perf_counter()
-            batch = build_batch(rollouts, store.list_trajectories(rollout_ids=[r.id for r in rollouts]),
+            ids = [r.id for r in rollouts]
+            batch = build_batch(rollouts, store.list_trajectories(rollout_ids=ids), sampling=call_sampling(store, ids),
                                 std_normalize=config.std_normalize)
             mbs = micro_batches(batch.samples, token_budget=config.micro_batch_tokens, pad_id=pi.pad_id,
-                                loss_agg=config.loss_agg, device=pi.device)
+                                loss_agg=config.loss_agg, device=pi.device,
+                                share_prefix_min=config.share_prefix_min_tokens)
             metrics = grpo_step(pi.model, pi.optimizer, mbs, pi.step_cfg, pi.scheduler) if mbs else {"n_tokens": 0}
             t2 = time.perf_counter()
             position += len(step_tasks)
