@@ -75,7 +75,7 @@ def call_sampling(store: Store, rollout_ids: Sequence[str]) -> dict[int, CallSam
     for rid in rollout_ids:
         for c in store.list_calls(rollout_id=rid):
             if c.id is not None:
-                out[c.id] = CallSampling(getattr(c, "temperature", None), getattr(c, "top_k", None),  # TODO schema 3
+                out[c.id] = CallSampling(c.temperature, c.top_k,
                                          len(loads(c.completion_ids, [])))
     return out
 

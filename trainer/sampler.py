@@ -226,6 +226,7 @@ class EngineSampler:
         call = self.store.add_call(Call(
             run_id=run_id, rollout_id=rollout.id, seq=0, api="sglang_generate", adapter=adapter, status="ok",
             request_json=json.dumps({"sampling_params": self.params}), prompt_ids=json.dumps(prompt),
+            temperature=self.params.get("temperature"),  # the trainer scores each token at its call's temperature
             completion_ids=json.dumps(completion), logprobs=json.dumps(logprobs), finish_reason=out.finish_reason,
             prompt_tokens=len(prompt), completion_tokens=len(completion), ended_at=utcnow(),
         ))
