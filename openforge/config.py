@@ -104,6 +104,21 @@ class KubernetesSandboxConfig(_Section):
     active_deadline_s: int = Field(
         3600, ge=60, description="activeDeadlineSeconds of each pod: the backstop if forge dies before deleting it"
     )
+    run_as_user: int = Field(1000, ge=1, description="uid of every process in the pod (never root)")
+    run_as_group: int = Field(1000, ge=1, description="gid, and the fsGroup of the pod's volumes")
+    home: str = Field("/home/forge", description="$HOME in the pod: a writable emptyDir (the root is read-only)")
+    ephemeral_storage_request: str = "1Gi"
+    ephemeral_storage_limit: str = Field("8Gi", description="disk a pod may use: its volumes, logs and layer")
+    delete_grace_s: int = Field(5, ge=1, description="grace period of the pod delete (TERM, then KILL after it)")
+    max_pods_per_minute: int = Field(600, ge=1, description="client-side limit on pod creates")
+    api_qps: float = Field(50.0, gt=0, description="client-side limit on API requests per second")
+    api_burst: int = Field(100, ge=1)
+    max_threads: int = Field(
+        128, ge=4, description="the backend's own executor: one thread per running exec; >= 2 x runner.concurrency"
+    )
+    create_error_retries: int = Field(
+        3, ge=0, description="CreateContainerError seen this often on one pod fails its start (retried as transient)"
+    )
 
 
 class SandboxConfig(_Section):

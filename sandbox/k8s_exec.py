@@ -5,6 +5,13 @@ The stream carries one channel byte before each frame: 0 stdin, 1 stdout, 2 stde
 CLOSE signal `[255, channel]`. Exec has no cwd, env or timeout of its own, so `wrap_command` builds a
 small `sh` script that sets them; the timeout runs inside the pod, because closing the stream does
 not kill a process in a container. Files travel as tar over the same stream, as `kubectl cp` does.
+
+The frames are read here, by one loop over all channels (`_read_frames`), not through the client's
+`WSClient` buffers: its `read_channel` peeks call `update()`, which pulls frames of *every* channel
+into `_channels`, and its `read_all()` then clears them, so frames that arrived between two reads
+were dropped (20,000 frames lost 24 bytes, silently). It also appends each frame to a `bytes` per
+channel and to a copy of all output, quadratic and unbounded for a large output. The connection
+itself is the client's (`create_websocket`: TLS, client certificates, proxies, the subprotocols).
 """
 
 from __future__ import annotations
@@ -13,26 +20,43 @@ import io
 import json
 import re
 import secrets
+import select
 import shlex
+import ssl
 import tarfile
 import threading
 import time
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from openforge.errors import SandboxError
 from sandbox.base import TransientSandboxError
 
 CLIENT_GRACE_S = 10.0  # how long past its timeout the client waits for the in-pod `timeout` to report
+STALL_S = 60.0  # a frame that started arriving and did not finish in this long: the connection is dead
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FRAME = 1 << 16
+V5 = "v5.channel.k8s.io"
 
 
-def api_error(action: str, exc: BaseException) -> SandboxError:
-    """One line from an ApiException (its Status message) or a transport error. Throttling, server
-    errors, a full quota and an unreachable server are transient (the start is retried); refusals
-    (RBAC, validation, a missing namespace) are not."""
-    status = getattr(exc, "status", None)
-    body = getattr(exc, "body", None)
+class ApiCallError(SandboxError):
+    """An API refusal; `status` is the HTTP status (0: no answer), `retry_after` the server's hint (s)."""
+
+    status: int = 0
+    retry_after: float | None = None
+
+
+class TransientApiCallError(ApiCallError, TransientSandboxError):
+    """Throttling, a server error, a full quota or an unreachable server: worth another try."""
+
+
+def api_error(action: str, exc: BaseException) -> ApiCallError:
+    """One line from an ApiException (its Status message), a refused WebSocket upgrade or a transport
+    error. Throttling, server errors, a full quota and an unreachable server are transient (the start
+    is retried); refusals (RBAC, validation, admission, a missing namespace) are not."""
+    status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
+    body = getattr(exc, "body", None) or getattr(exc, "resp_body", None)
+    headers = getattr(exc, "headers", None) or getattr(exc, "resp_headers", None) or {}
     message = ""
     if body:
         try:
@@ -40,15 +64,27 @@ def api_error(action: str, exc: BaseException) -> SandboxError:
         except (ValueError, AttributeError):
             message = str(body)[:300]
     if status:
-        detail = f"HTTP {status} {getattr(exc, 'reason', '') or ''}".strip()
+        reason = getattr(exc, "reason", None) or getattr(exc, "status_message", None) or ""
+        detail = f"HTTP {status} {reason}".strip()
         transient = status in (429, 500, 502, 503, 504) or (status == 403 and "exceeded quota" in message)
-        kind = TransientSandboxError if transient else SandboxError
-        return kind(f"{action}: {detail}" + (f": {message}" if message else ""))
-    return TransientSandboxError(f"{action}: {getattr(exc, 'reason', None) or exc}")
+        kind = TransientApiCallError if transient else ApiCallError
+        err = kind(f"{action}: {detail}" + (f": {message}" if message else ""))
+        err.status = int(status)
+        err.retry_after = _retry_after(headers)
+        return err
+    return TransientApiCallError(f"{action}: {getattr(exc, 'reason', None) or exc}")
+
+
+def _retry_after(headers) -> float | None:  # type: ignore[no-untyped-def]
+    try:
+        value = {k.lower(): v for k, v in dict(headers).items()}.get("retry-after")
+        return None if value is None else max(0.0, float(value))
+    except (TypeError, ValueError):
+        return None  # an HTTP-date form: fall back to our own backoff
 
 
 def is_not_found(exc: BaseException) -> bool:
-    return getattr(exc, "status", None) == 404
+    return (getattr(exc, "status", None) or getattr(exc, "status_code", None)) == 404
 
 
 @dataclass
@@ -63,14 +99,20 @@ class RawExec:
 
 # Kills every process but this shell whose environ holds the marker $1 (POSIX sh + tr + grep, so
 # busybox images work too): what an exec left in the background, or that left its process group.
-_KILL_MARKED = ('for p in /proc/[0-9]*; do [ "${p#/proc/}" = "$$" ] && continue; tr "\\0" "\\n" < $p/environ '
+_KILL_MARKED = ('for p in /proc/[0-9]*; do [ "${p#/proc/}" = "$$" ] && continue; { tr "\\0" "\\n" < $p/environ; } '
                 '2>/dev/null | grep -qx "$1" && kill -9 ${p#/proc/} 2>/dev/null; done; true')
 
 
+def _capper(limit: int) -> str:
+    """Keep the first limit+1 bytes (the client sees that more existed), read and drop the rest: the
+    command neither blocks on a full pipe nor dies of SIGPIPE, and the rest never leaves the pod."""
+    return f"{{ head -c {limit + 1}; cat >/dev/null; }}"
+
+
 def wrap_command(command: str | list[str], *, cwd: str, env: dict[str, str] | None, timeout: float,
-                 stdin_len: int | None) -> list[str]:
+                 stdin_len: int | None, limit: int | None = None) -> list[str]:
     """The argv sent to the exec subresource: `sh -c` that cds, sets env, runs the command under
-    `timeout`, then kills what it left behind, and exits with the command's status.
+    `timeout`, kills what it left behind, and exits with the command's status.
 
     Stdin is read through `head -c N`: the v4 channel protocol cannot close stdin, so the command
     would never see EOF; with a known length it does on both v4 and v5.
@@ -78,6 +120,9 @@ def wrap_command(command: str | list[str], *, cwd: str, env: dict[str, str] | No
     the deadline; -k escalates to KILL for what ignores TERM. Processes that outlive the command (in
     the background, or setsid) carry the exec's marker and are killed before the exec returns, as on
     the local and docker backends; otherwise they would hold the output stream open.
+    With `limit`, stdout and stderr each pass through `_capper` inside the pod: 256 MiB printed with a
+    1 MiB limit sends 1 MiB (+1 byte) over the network, not 256. The status comes back on fd 5
+    (the command has neither 5 nor 6, so a background child cannot hold the result open).
     """
     argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
     if not argv:
@@ -92,7 +137,13 @@ def wrap_command(command: str | list[str], *, cwd: str, env: dict[str, str] | No
                       *(shlex.quote(a) for a in assignments), *(shlex.quote(a) for a in argv)])
     run = f"head -c {stdin_len} | {inner}" if stdin_len is not None else f"{inner} </dev/null"
     reap = f"set -- {shlex.quote(marker)}; {_KILL_MARKED}"
-    return ["sh", "-c", f"cd {shlex.quote(cwd)} || exit 1\n{run}\nrc=$?\n{reap}\nexit $rc"]
+    head = f"cd {shlex.quote(cwd)} || exit 1\n"
+    if limit is None:
+        return ["sh", "-c", f"{head}{run}\nrc=$?\n{reap}\nexit $rc"]
+    cap = _capper(limit)
+    body = (f"exec 6>&1\nrc=$( {{ {{ {{ {{ {run}; }} 5>&- 6>&-; rc=$?; {reap}; echo $rc >&5; }} "
+            f"2>&1 1>&3 3>&- | {cap} >&2; }} 3>&1 | {cap} >&6; }} 5>&1 )\nexit ${{rc:-1}}")
+    return ["sh", "-c", head + body]
 
 
 def exit_code_from_status(raw: bytes | str) -> int:
@@ -117,51 +168,66 @@ class _Capture:
     def __init__(self, limit: int | None) -> None:
         self.limit, self.buf, self.dropped = limit, bytearray(), 0
 
-    def add(self, data: bytes) -> None:
-        if not data:
-            return
+    def add(self, data: bytes | memoryview) -> None:
         room = len(data) if self.limit is None else max(0, self.limit - len(self.buf))
         self.buf += data[:room]
         self.dropped += len(data) - min(room, len(data))
 
 
-def run_exec_stream(core, *, pod: str, namespace: str, container: str, argv: list[str], timeout: float,  # type: ignore[no-untyped-def]
-                    stdin: bytes | None, limit: int | None, stopped: threading.Event) -> RawExec:
-    """One exec, blocking (run it in a thread). `core` is a CoreV1Api on a client of its own:
-    `stream()` swaps `api_client.call_api` for the length of the call, so two concurrent execs on one
-    client would steal each other's transport."""
-    from kubernetes.stream import stream
+def open_exec_socket(api_client, *, pod: str, namespace: str, container: str, argv: list[str],  # type: ignore[no-untyped-def]
+                     stdin: bool):
+    """The exec WebSocket, opened by the client's own `create_websocket` with the credentials the
+    shared `api_client` would send (a refreshed token included). No `stream()`: it swaps
+    `api_client.call_api` for the length of the call, which a client shared by threads cannot allow."""
+    from kubernetes.stream.ws_client import create_websocket, get_websocket_url
 
+    cfg = api_client.configuration
+    path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(pod, safe='')}/exec"
+    query = [("command", list(argv)), ("container", container), ("stderr", "true"),
+             ("stdin", "true" if stdin else "false"), ("stdout", "true"), ("tty", "false")]
+    headers: dict[str, str] = {}
+    api_client.update_params_for_auth(headers, [], ["BearerToken"], path, "GET", None)
+    ws = create_websocket(cfg, get_websocket_url(cfg.host + path, query), headers)
+    ws.settimeout(STALL_S)
+    return ws
+
+
+def subprotocol(ws) -> str:  # type: ignore[no-untyped-def]
+    """The negotiated subprotocol (websocket-client leaves `subprotocol` unset when the header is
+    passed by hand, as create_websocket does)."""
+    found = getattr(ws, "subprotocol", None)
+    if found:
+        return found
+    for key, value in (ws.getheaders() or {}).items():
+        if key.lower() == "sec-websocket-protocol":
+            return value
+    return ""
+
+
+def run_exec_stream(api_client, *, pod: str, namespace: str, container: str, argv: list[str],  # type: ignore[no-untyped-def]
+                    timeout: float, stdin: bytes | None, limit: int | None, stopped: threading.Event) -> RawExec:
+    """One exec, blocking (run it in the backend's executor)."""
     t0 = time.monotonic()
     try:
-        ws = stream(core.connect_get_namespaced_pod_exec, pod, namespace, command=argv, container=container,
-                    stdin=stdin is not None, stdout=True, stderr=True, tty=False, _preload_content=False,
-                    binary=True)
+        ws = open_exec_socket(api_client, pod=pod, namespace=namespace, container=container, argv=argv,
+                              stdin=stdin is not None)
     except Exception as exc:
         raise api_error(f"exec in pod {pod}", exc) from None
     out, err, status = _Capture(limit), _Capture(limit), bytearray()
-    hard_timeout = False
     try:
         if stdin is not None:
             for i in range(0, len(stdin), _FRAME):
-                ws.write_stdin(stdin[i:i + _FRAME])
-            ws.close_channel(0)  # v5 only (a no-op on v4); `head -c N` covers v4
-        deadline = t0 + timeout + CLIENT_GRACE_S
-        while ws.is_open():
-            if time.monotonic() > deadline:
-                hard_timeout = True
-                break
-            if stopped.is_set():
-                raise SandboxError(f"pod {pod} was stopped during exec")
-            ws.update(timeout=min(0.25, max(0.0, deadline - time.monotonic())))
-            _drain(ws, out, err, status)
-        _drain(ws, out, err, status)
+                ws.send_binary(b"\x00" + stdin[i:i + _FRAME])
+            if subprotocol(ws) == V5:
+                ws.send_binary(bytes([255, 0]))  # CLOSE stdin; on v4 `head -c N` ends it instead
+        hard_timeout = not _read_frames(ws, out, err, status, deadline=t0 + timeout + CLIENT_GRACE_S,
+                                        stopped=stopped, pod=pod)
     except SandboxError:
         raise
     except Exception as exc:
         raise api_error(f"exec in pod {pod}", exc) from None
     finally:
-        ws.close()
+        ws.close(timeout=1)
     duration = time.monotonic() - t0
     if hard_timeout:
         code, timed_out = 124, True
@@ -174,12 +240,73 @@ def run_exec_stream(core, *, pod: str, namespace: str, container: str, argv: lis
     return RawExec(code, bytes(out.buf), bytes(err.buf), timed_out, bool(out.dropped or err.dropped), duration)
 
 
-def _drain(ws, out: _Capture, err: _Capture, status: bytearray) -> None:  # type: ignore[no-untyped-def]
-    out.add(ws.read_channel(1))
-    err.add(ws.read_channel(2))
-    status.extend(ws.read_channel(3) or b"")
-    # The client also copies stdout+stderr into an unbounded buffer for read_all(); empty it.
-    ws.read_all()
+def _read_frames(ws, out: _Capture, err: _Capture, status: bytearray, *, deadline: float,  # type: ignore[no-untyped-def]
+                 stopped: threading.Event, pod: str) -> bool:
+    """Every frame of every channel, in arrival order, until the server closes (True) or the deadline
+    passes (False). Nothing is buffered in between: each frame goes straight to its capture."""
+    from websocket import ABNF
+
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        if stopped.is_set():
+            raise SandboxError(f"pod {pod} was stopped during exec")
+        if not _readable(ws.sock, min(0.25, remaining)):
+            continue
+        opcode, frame = ws.recv_data_frame(True)
+        if opcode == ABNF.OPCODE_CLOSE:
+            return True
+        if opcode not in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) or not frame.data:
+            continue  # ping/pong, or the empty frame of no channel
+        data = frame.data if isinstance(frame.data, (bytes, bytearray)) else frame.data.encode()
+        channel, payload = data[0], memoryview(data)[1:]
+        if channel == 1:
+            out.add(payload)
+        elif channel == 2:
+            err.add(payload)
+        elif channel == 3:
+            status += payload
+        # 255 (v5 CLOSE of a channel by the server) and anything else carry no output.
+
+
+def _readable(sock, timeout: float) -> bool:  # type: ignore[no-untyped-def]
+    # A TLS record decrypted whole may hold the next frames already: invisible to poll().
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return True
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(timeout * 1000))
+
+
+# Ends every process in the pod but PID 1 (the keeper loop, `pod_command`) and this shell: SIGSTOP
+# first, so nothing forks while it is being killed, then SIGKILL; waits until the killed are gone
+# (zombies count as gone; PID 1 reaps them). A new process may only come from PID 1 (a fresh keeper
+# `sleep`): any other survivor means another round. Shell builtins only, besides `sleep`.
+KILL_ALL_SCRIPT = r"""
+alive() { read -r s < /proc/$1/stat 2>/dev/null || return 1; s=${s##*) }; [ "${s%% *}" != Z ]; }
+ppid() { read -r s < /proc/$1/stat 2>/dev/null || return 1; s=${s##*) }; s=${s#* }; echo "${s%% *}"; }
+round=0
+while [ $round -lt 6 ]; do
+  round=$((round + 1)); pids=
+  for p in /proc/[0-9]*; do p=${p#/proc/}
+    [ "$p" = 1 ] || [ "$p" = $$ ] || ! alive $p || pids="$pids $p"
+  done
+  [ -z "$pids" ] && exit 0
+  others=
+  for p in $pids; do [ "$(ppid $p)" = 1 ] && [ "$(cat /proc/$p/comm 2>/dev/null)" = sleep ] || others=1; done
+  [ $round -gt 1 ] && [ -z "$others" ] && exit 0
+  kill -STOP $pids 2>/dev/null; kill -KILL $pids 2>/dev/null
+  i=0
+  while [ $i -lt 100 ]; do left=
+    for p in $pids; do alive $p && left=1; done
+    [ -z "$left" ] && break
+    i=$((i + 1)); sleep 0.05
+  done
+done
+echo "processes survive kill_all:" >&2; ls /proc | grep -E '^[0-9]+$' | tr '\n' ' ' >&2
+exit 1
+"""
 
 
 def tar_one_file(name: str, data: bytes, mode: int) -> bytes:

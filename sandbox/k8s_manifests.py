@@ -9,15 +9,21 @@ from the cluster after a scheduling round trip.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
+from pathlib import Path
 from typing import Any
 
 from openforge.config import SandboxConfig
 from openforge.errors import ConfigError
-from sandbox.base import LABEL_MANAGED, LABEL_RUN, sandbox_labels
+from sandbox.base import LABEL_HOME, LABEL_MANAGED, LABEL_RUN, sandbox_labels
 
 CONTAINER_NAME = "sandbox"
+# PID 1 of every pod: a shell that keeps a `sleep` going and, waiting on it, reaps the orphans that
+# execs leave (a bare `sleep` as PID 1 reaps nothing: zombies would pile up against the PID limit).
+# It ends at once on the TERM of a graceful delete; `kill_all` kills the keeper and PID 1 starts another.
+KEEPER = 'trap "exit 0" TERM; while :; do sleep 3600 & wait $!; done'
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -39,45 +45,71 @@ def pod_name(rollout_id: str) -> str:
     return f"forge-{slug}-{secrets.token_hex(3)}"
 
 
-def pod_labels(*, run_id: str, rollout_id: str) -> dict[str, str]:
-    """The labels every backend uses (sandbox.base), made valid as Kubernetes label values."""
-    return {key: label_value(value) for key, value in sandbox_labels(run_id, rollout_id).items()}
+def home_label(home: Path | str) -> str:
+    """The `openforge.home` label value of a data dir: its path does not fit a label value, a hash does."""
+    return "h" + hashlib.sha256(str(home).encode()).hexdigest()[:20]
 
 
-def managed_selector(run_id: str | None = None) -> str:
-    """The label selector of every pod forge made (of one run, when `run_id` is given)."""
+def pod_labels(*, run_id: str, rollout_id: str, home: Path | str | None = None) -> dict[str, str]:
+    """The labels every backend uses (sandbox.base), made valid as Kubernetes label values, and the
+    data dir's (`forge gc` of one FORGE_HOME only sees its own pods)."""
+    labels = {key: label_value(value) for key, value in sandbox_labels(run_id, rollout_id).items()}
+    if home is not None:
+        labels[LABEL_HOME] = home_label(home)
+    return labels
+
+
+def managed_selector(run_id: str | None = None, home: Path | str | None = None) -> str:
+    """The label selector of every pod forge made (of one run, of one data dir, when given)."""
     managed = sandbox_labels("", "")[LABEL_MANAGED]
-    return f"{LABEL_MANAGED}={managed}" + (f",{LABEL_RUN}={label_value(run_id)}" if run_id else "")
+    return (f"{LABEL_MANAGED}={managed}" + (f",{LABEL_HOME}={home_label(home)}" if home is not None else "")
+            + (f",{LABEL_RUN}={label_value(run_id)}" if run_id else ""))
 
 
-def build_pod_manifest(config: SandboxConfig, *, name: str, run_id: str, rollout_id: str) -> dict[str, Any]:
-    """One Pod per rollout: a long-running `sleep` that execs land in, deleted when the rollout ends.
+def build_pod_manifest(config: SandboxConfig, *, name: str, run_id: str, rollout_id: str,
+                       home: Path | str | None = None) -> dict[str, Any]:
+    """One Pod per rollout: a keeper loop (`KEEPER`) that execs land in, deleted when the rollout ends.
 
+    It passes Pod Security `restricted`: a non-root uid, no privilege escalation, every capability
+    dropped, the runtime's seccomp profile. The root filesystem is read-only; the workdir, $HOME and
+    /tmp are emptyDir volumes (counted against `ephemeral-storage`), writable by the pod's group.
     `activeDeadlineSeconds` is the backstop for a controller that crashed before deleting its pods;
     `forge gc` is the other. The service-account token is only mounted when a service account is
     configured: agent code runs in this pod and should not be handed API credentials by default.
     """
     k8s = config.kubernetes
+    mounts = {"workdir": config.workdir, "home": k8s.home, "tmp": "/tmp"}
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "activeDeadlineSeconds": k8s.active_deadline_s,
-        # Deleted with grace 0 anyway; `sleep` as PID 1 ignores SIGTERM, so a grace period only waits.
-        "terminationGracePeriodSeconds": 0,
+        "terminationGracePeriodSeconds": k8s.delete_grace_s,
         # Service env vars of every Service in the namespace would leak into the harness environment.
         "enableServiceLinks": False,
         "automountServiceAccountToken": bool(k8s.service_account),
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": k8s.run_as_user, "runAsGroup": k8s.run_as_group,
+            "fsGroup": k8s.run_as_group, "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumes": [{"name": vol, "emptyDir": {}} for vol in mounts],
         "containers": [{
             "name": CONTAINER_NAME,
             "image": k8s.image,
             # Hundreds of pods per step: do not ask the registry for every one. Pin image tags.
             "imagePullPolicy": "IfNotPresent",
-            # The container's own life is bounded like the pod's, so a sleep that ends is not a surprise.
-            "command": ["sleep", str(k8s.active_deadline_s + 60)],
+            "command": ["sh", "-c", KEEPER],
             "workingDir": config.workdir,
+            "env": [{"name": "HOME", "value": k8s.home}, {"name": "TMPDIR", "value": "/tmp"}],
             "resources": {
-                "requests": {"cpu": k8s.cpu_request, "memory": k8s.memory_request},
-                "limits": {"cpu": k8s.cpu_limit, "memory": k8s.memory_limit},
+                "requests": {"cpu": k8s.cpu_request, "memory": k8s.memory_request,
+                             "ephemeral-storage": k8s.ephemeral_storage_request},
+                "limits": {"cpu": k8s.cpu_limit, "memory": k8s.memory_limit,
+                           "ephemeral-storage": k8s.ephemeral_storage_limit},
             },
+            "securityContext": {
+                "allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
+                "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
+            },
+            "volumeMounts": [{"name": vol, "mountPath": path} for vol, path in mounts.items()],
             "stdin": False,
             "tty": False,
         }],
@@ -90,15 +122,18 @@ def build_pod_manifest(config: SandboxConfig, *, name: str, run_id: str, rollout
         spec["imagePullSecrets"] = [{"name": s} for s in k8s.image_pull_secrets]
     if k8s.service_account:
         spec["serviceAccountName"] = k8s.service_account
+    annotations = {"openforge.run-id": run_id, "openforge.rollout-id": rollout_id}
+    if home is not None:
+        annotations["openforge.home"] = str(home)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": name,
             "namespace": k8s.namespace,
-            "labels": pod_labels(run_id=run_id, rollout_id=rollout_id),
+            "labels": pod_labels(run_id=run_id, rollout_id=rollout_id, home=home),
             # Labels are sanitised and cut at 63 chars; the exact ids are kept here.
-            "annotations": {"openforge.run-id": run_id, "openforge.rollout-id": rollout_id},
+            "annotations": annotations,
         },
         "spec": spec,
     }

@@ -1,41 +1,40 @@
 """The Kubernetes backend: one Pod per rollout, commands and files through the exec subresource.
 
-    pod = build_pod_manifest(...)          # sandbox/k8s_manifests.py, checked before it is sent
-    create -> watch until Running          # ImagePullBackOff, Failed, ... -> SandboxError saying why
-    exec   -> pods/exec over WebSocket     # sandbox/k8s_exec.py: channels, exit status, tar for files
-    stop   -> delete, grace 0
+    pod = build_pod_manifest(...)          # sandbox/k8s_manifests.py: Pod Security `restricted`, checked
+    create -> shared watch until Running   # sandbox/k8s_client.py: one client, executor, watch, limits
+    exec   -> pods/exec over WebSocket     # sandbox/k8s_exec.py: one frame loop, output capped in the pod
+    kill_all -> every process but PID 1    # before the verifier: nothing the agent started survives
+    stop   -> graceful delete (delete_grace_s), wait for DELETED on the watch
 
-The official `kubernetes` client is synchronous and imported lazily; every call runs in a thread,
-each on an `ApiClient` of its own (see k8s_exec.run_exec_stream for why).
-What the image must have: `sh`, `timeout`, `head`, `tar` and `sleep` (coreutils or busybox).
+The official `kubernetes` client is synchronous and imported lazily; its calls run in the backend's
+own executor (never the default pool the store and the proxy use).
+What the image must have: `sh`, `timeout`, `head`, `cat`, `tar` and `sleep` (coreutils or busybox),
+and a user with the uid `run_as_user` is best (the pod runs as it; $HOME is set either way).
 """
 
 from __future__ import annotations
 
-import asyncio
 import posixpath
 import shlex
 import threading
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from openforge.config import KubernetesSandboxConfig, SandboxConfig
 from openforge.errors import SandboxError
+from openforge.paths import forge_home
 from sandbox.base import ExecResult, container_path, SandboxBase, SandboxFileNotFound, SandboxInfo, TransientSandboxError
+from sandbox.k8s_client import ClusterClient
 from sandbox.k8s_exec import (
-    RawExec, api_error, first_member, is_not_found, run_exec_stream, tar_one_file, wrap_command,
+    KILL_ALL_SCRIPT, RawExec, api_error, first_member, is_not_found, run_exec_stream, tar_one_file, wrap_command,
 )
-from sandbox.k8s_manifests import (
-    CONTAINER_NAME, build_pod_manifest, check_pod_manifest, managed_selector, pod_labels, pod_name,
-)
+from sandbox.k8s_manifests import CONTAINER_NAME, build_pod_manifest, check_pod_manifest, managed_selector, pod_labels, pod_name
+from sandbox.k8s_status import death_reason, pod_state, transient_failure, waiting_reason
 
-# Waiting reasons after which a pod will not reach Running without someone changing something.
-FATAL_WAITING = {
-    "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
-    "CreateContainerConfigError", "CreateContainerError", "CrashLoopBackOff", "RunContainerError",
-}
 FILE_OP_TIMEOUT_S = 120.0
+DEATH_WAIT_S = 3.0  # after an exec died by SIGKILL or broke: how long the watch may take to say why
 _FILE_MISSING = 44  # exit code of the read script when the path is not a regular file
 
 
@@ -69,6 +68,7 @@ def load_client_configuration(k8s: KubernetesSandboxConfig):
     return cfg
 
 
+
 class KubernetesSandbox(SandboxBase):
     """A rollout's sandbox as one Pod. `proxy_url` is how code in the pod reaches the proxy."""
 
@@ -76,13 +76,15 @@ class KubernetesSandbox(SandboxBase):
         self.config = config
         self.k8s = config.kubernetes
         self.run_id, self.rollout_id = run_id, rollout_id
+        self.home = forge_home()  # the data dir: its label scopes the shared watch and `forge gc`
         self.name = pod_name(rollout_id)
         self.proxy_url = self.k8s.proxy_url.rstrip("/")
         self.start_retries = config.start_retries
         self.info = SandboxInfo(backend="kubernetes", sandbox_id=self.name, workdir=config.workdir,
                                 proxy_host=urlparse(self.proxy_url).hostname or "127.0.0.1",
-                                labels=pod_labels(run_id=run_id, rollout_id=rollout_id))
-        self._cfg = None  # kubernetes.client.Configuration, loaded in start()
+                                labels=pod_labels(run_id=run_id, rollout_id=rollout_id, home=self.home))
+        self._cluster: ClusterClient | None = None
+        self._waiter = None
         self._created = False
         self._stopped = threading.Event()
 
@@ -94,12 +96,13 @@ class KubernetesSandbox(SandboxBase):
         self._stopped.clear()
         self.name = self.info.sandbox_id = pod_name(self.rollout_id)
         manifest = build_pod_manifest(self.config, name=self.name, run_id=self.run_id,
-                                      rollout_id=self.rollout_id)
+                                      rollout_id=self.rollout_id, home=self.home)
         check_pod_manifest(manifest)
-        self._cfg = await asyncio.to_thread(load_client_configuration, self.k8s)
-        await asyncio.to_thread(self._create, manifest)
+        self._cluster = ClusterClient.acquire(self.k8s, self.home, lambda: load_client_configuration(self.k8s))
         try:
-            await asyncio.to_thread(self._wait_running)
+            self._waiter = self._cluster.subscribe(self.name)  # before the create: no event is missed
+            await self._create(manifest)
+            await self._wait_running()
             await self._probe()
         except BaseException:
             await self.stop()
@@ -108,94 +111,107 @@ class KubernetesSandbox(SandboxBase):
     async def _probe(self) -> None:
         """One exec right away: learn $HOME (harness config goes there) and fail now, with the fix,
         if the image lacks what every later exec relies on."""
-        script = 'for t in timeout head tar; do command -v $t >/dev/null || printf "%s " $t; done; echo; echo "$HOME"'
-        raw = await asyncio.to_thread(self._stream, ["sh", "-c", script], 30.0, None, 4096)
+        script = ('for t in timeout head cat tar; do command -v $t >/dev/null || printf "%s " $t; done; echo; '
+                  'echo "$HOME"')
+        raw = await self._stream(["sh", "-c", script], 30.0, None, 4096)
         missing, _, home = raw.stdout.decode("utf-8", "replace").partition("\n")
         if raw.exit_code != 0 or missing.strip():
             why = f"lacks {missing.strip()}" if missing.strip() else f"cannot run sh ({_why(raw)})"
             raise SandboxError(f"image {self.k8s.image} {why}: the kubernetes backend needs sh, timeout, "
-                               "head and tar in the image (coreutils or busybox)")
-        self.info.home = home.strip() or "/root"
+                               "head, cat and tar in the image (coreutils or busybox)")
+        self.info.home = home.strip() or self.k8s.home
 
-    def _core(self):
-        from kubernetes.client import ApiClient, CoreV1Api
+    async def _create(self, manifest: dict[str, Any]) -> None:
+        cluster = self._cluster
+        assert cluster is not None
 
-        return CoreV1Api(ApiClient(configuration=self._cfg))
+        def create() -> None:
+            cluster.core.create_namespaced_pod(self.k8s.namespace, manifest, _request_timeout=30)
+            self._created = True
+            if self._stopped.is_set():  # stop() ran (a cancelled start) while the create was in flight
+                self._delete_sync(cluster)
 
-    def _create(self, manifest: dict[str, Any]) -> None:
-        core = self._core()
         try:
-            core.create_namespaced_pod(self.k8s.namespace, manifest, _request_timeout=30)
-        except Exception as exc:  # ApiException (quota, RBAC, invalid) or the transport's error
+            await cluster.call("create", create, create=True)
+        except Exception as exc:  # ApiException (quota, RBAC, admission, invalid) or the transport's
             raise api_error(f"cannot create pod {self.name} in namespace {self.k8s.namespace}", exc) from None
-        finally:
-            core.api_client.close()
-        self._created = True
-        if self._stopped.is_set():  # stop() ran (a cancelled start) while the create was in flight
-            self._delete()
-            self._created = False
+        if self._stopped.is_set():
             raise SandboxError(f"pod {self.name}: stopped while starting")
 
-    def _wait_running(self) -> None:
-        """Watch the pod until Running; raise SandboxError on a state it will not leave by itself."""
-        from kubernetes import watch
-
+    async def _wait_running(self) -> None:
+        """Follow the pod on the shared watch until Running; raise SandboxError on a state it will not
+        leave by itself. A CreateContainerError (the kubelet retries it) is tolerated
+        `create_error_retries` times, then the start fails as transient: a fresh pod is tried."""
+        waiter = self._waiter
         deadline = time.monotonic() + self.k8s.start_timeout_s
-        core, last = self._core(), "no status yet"
-        try:
-            while (remaining := deadline - time.monotonic()) > 0:
-                w = watch.Watch()
-                # No resourceVersion: the server first sends the pod as it is (ADDED), so a pod that
-                # became Running between create and watch is not missed.
-                for event in w.stream(core.list_namespaced_pod, self.k8s.namespace,
-                                      field_selector=f"metadata.name={self.name}",
-                                      timeout_seconds=max(1, int(remaining)), _request_timeout=remaining + 5):
-                    if event["type"] == "DELETED":  # evicted, preempted, or someone's gc
-                        raise TransientSandboxError(f"pod {self.name} was deleted while starting")
-                    state, why = pod_state(event["object"])
-                    if state == "running":
-                        w.stop()
-                        return
-                    last = why or last
-                    if state == "failed":
-                        kind = TransientSandboxError if transient_failure(why) else SandboxError
-                        raise kind(f"pod {self.name} cannot start: {why}")
-                    if self._stopped.is_set():
-                        raise SandboxError(f"pod {self.name}: stopped while starting")
-        except SandboxError:
-            raise
-        except Exception as exc:
-            raise api_error(f"watching pod {self.name}", exc) from None
-        finally:
-            core.api_client.close()
-        # A busy cluster (no room yet, an autoscaler adding nodes): worth another try.
-        raise TransientSandboxError(f"pod {self.name} not running after {self.k8s.start_timeout_s:g}s: {last}")
+        last, create_errors, seen_rv = "no status yet", 0, None
+        while True:
+            if waiter.error is not None and not isinstance(waiter.error, TransientSandboxError):
+                raise waiter.error
+            if waiter.deleted:  # evicted, preempted, or someone's gc
+                raise TransientSandboxError(f"pod {self.name} was deleted while starting")
+            if waiter.pod is not None and waiter.pod.metadata.resource_version != seen_rv:
+                seen_rv = waiter.pod.metadata.resource_version
+                state, why = pod_state(waiter.pod)
+                if state == "running":
+                    return
+                last = why or last
+                if state == "failed":
+                    kind = TransientSandboxError if transient_failure(why) else SandboxError
+                    raise kind(f"pod {self.name} cannot start: {why}")
+                if waiting_reason(waiter.pod) == "CreateContainerError":
+                    create_errors += 1
+                    if create_errors > self.k8s.create_error_retries:
+                        raise TransientSandboxError(f"pod {self.name} cannot start: {why} "
+                                                    f"({create_errors} times)")
+            if self._stopped.is_set():
+                raise SandboxError(f"pod {self.name}: stopped while starting")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                # A busy cluster (no room yet, an autoscaler adding nodes): worth another try.
+                raise TransientSandboxError(f"pod {self.name} not running after {self.k8s.start_timeout_s:g}s: {last}")
+            await waiter.wait_change(min(remaining, 1.0))
+
+    async def kill_all(self) -> None:
+        """End every process in the pod but PID 1 (the keeper), so nothing the agent started is still
+        running when the verifier runs. The pod, its files and the keeper stay."""
+        raw = await self._stream(["sh", "-c", KILL_ALL_SCRIPT], 60.0, None, 64 * 1024)
+        if raw.exit_code != 0:
+            raise SandboxError(f"kill_all in pod {self.name}: {_why(raw)}")
 
     async def stop(self) -> None:
         self._stopped.set()
-        if not self._created:
+        cluster, waiter = self._cluster, self._waiter
+        if cluster is None:
             return
-        await asyncio.to_thread(self._delete)
-        self._created = False
+        try:
+            if self._created:
+                await cluster.call("delete", self._delete_sync, cluster)
+                self._created = False
+                # Graceful: the pod object stays until the kubelet has killed its processes. Wait for
+                # that on the watch (no extra requests), bounded: the kubelet finishes it regardless.
+                deadline = time.monotonic() + self.k8s.delete_grace_s + 5
+                while waiter is not None and not waiter.deleted and (left := deadline - time.monotonic()) > 0:
+                    await waiter.wait_change(left)
+        finally:
+            if waiter is not None:
+                cluster.unsubscribe(self.name, waiter)
+            self._cluster = self._waiter = None
+            cluster.release()
 
-    def _delete(self) -> None:
+    def _delete_sync(self, cluster: ClusterClient) -> None:
         from kubernetes.client import V1DeleteOptions
 
-        core = self._core()
-        try:
-            for attempt in range(2):
-                try:
-                    core.delete_namespaced_pod(self.name, self.k8s.namespace, _request_timeout=30,
-                                               body=V1DeleteOptions(grace_period_seconds=0))
+        body = V1DeleteOptions(grace_period_seconds=self.k8s.delete_grace_s)
+        for attempt in range(2):
+            try:
+                cluster.core.delete_namespaced_pod(self.name, self.k8s.namespace, _request_timeout=30, body=body)
+                return
+            except Exception as exc:
+                if is_not_found(exc):
                     return
-                except Exception as exc:
-                    if is_not_found(exc):
-                        return
-                    if attempt == 1:
-                        raise api_error(f"cannot delete pod {self.name} (`forge gc` removes it later)",
-                                        exc) from None
-        finally:
-            core.api_client.close()
+                if attempt == 1:
+                    raise api_error(f"cannot delete pod {self.name} (`forge gc` removes it later)", exc) from None
 
     # -- exec ------------------------------------------------------------------------------------
     async def exec(self, command: str | list[str], *, timeout: float, env: dict[str, str] | None = None,
@@ -203,26 +219,44 @@ class KubernetesSandbox(SandboxBase):
                    ) -> ExecResult:
         limit = self.config.max_output_bytes if max_output is None else max_output
         argv = wrap_command(command, cwd=self._resolve(cwd or "."), env=env, timeout=timeout,
-                            stdin_len=None if stdin is None else len(stdin))
-        raw = await asyncio.to_thread(self._stream, argv, timeout, stdin, limit)
+                            stdin_len=None if stdin is None else len(stdin), limit=limit)
+        raw = await self._stream(argv, timeout, stdin, limit)
         return ExecResult(exit_code=raw.exit_code, stdout=raw.stdout.decode("utf-8", "replace"),
                           stderr=raw.stderr.decode("utf-8", "replace"), timed_out=raw.timed_out,
                           truncated=raw.truncated, duration_s=raw.duration_s)
 
-    def _stream(self, argv: list[str], timeout: float, stdin: bytes | None, limit: int | None) -> RawExec:
-        if not self._created or self._stopped.is_set():
+    async def _stream(self, argv: list[str], timeout: float, stdin: bytes | None, limit: int | None) -> RawExec:
+        cluster = self._cluster
+        if cluster is None or not self._created or self._stopped.is_set():
             raise SandboxError(f"sandbox {self.name} is not started (or already stopped)")
-        core = self._core()
         try:
-            return run_exec_stream(core, pod=self.name, namespace=self.k8s.namespace, container=CONTAINER_NAME,
-                                   argv=argv, timeout=timeout, stdin=stdin, limit=limit, stopped=self._stopped)
-        finally:
-            core.api_client.close()
+            raw = await cluster.run_blocking("exec", lambda: run_exec_stream(
+                cluster.api, pod=self.name, namespace=self.k8s.namespace, container=CONTAINER_NAME, argv=argv,
+                timeout=timeout, stdin=stdin, limit=limit, stopped=self._stopped))
+        except SandboxError as exc:
+            if not self._stopped.is_set() and (why := await self._death()):
+                raise SandboxError(f"pod {self.name} {why}; exec: {exc}") from None
+            raise
+        # SIGKILL and no timeout: maybe the whole container went (an OOM kill takes every process).
+        if raw.exit_code == 137 and not raw.timed_out and (why := await self._death()):
+            raise SandboxError(f"pod {self.name} {why}")
+        return raw
+
+    async def _death(self) -> str:
+        """Why the pod stopped running, if the watch says so within DEATH_WAIT_S; "" if it runs on."""
+        waiter = self._waiter
+        deadline = time.monotonic() + DEATH_WAIT_S
+        while waiter is not None:
+            why = "was deleted" if waiter.deleted else death_reason(waiter.pod, memory_limit=self.k8s.memory_limit)
+            if why or (left := deadline - time.monotonic()) <= 0:
+                return why
+            await waiter.wait_change(left)
+        return ""
 
     async def _file_op(self, script: str, stdin: bytes | None, limit: int | None) -> RawExec:
         argv = wrap_command(["sh", "-c", script], cwd="/", env=None, timeout=FILE_OP_TIMEOUT_S,
-                            stdin_len=None if stdin is None else len(stdin))
-        return await asyncio.to_thread(self._stream, argv, FILE_OP_TIMEOUT_S, stdin, limit)
+                            stdin_len=None if stdin is None else len(stdin), limit=limit)
+        return await self._stream(argv, FILE_OP_TIMEOUT_S, stdin, limit)
 
     # -- files -----------------------------------------------------------------------------------
     def _resolve(self, path: str) -> str:
@@ -261,63 +295,30 @@ def _why(raw: RawExec) -> str:
     return raw.stderr.decode("utf-8", "replace").strip() or f"exit code {raw.exit_code}"
 
 
-def pod_state(pod: Any) -> tuple[str, str]:
-    """("running" | "pending" | "failed", why) for a V1Pod: the reason a person would want to read."""
-    status = pod.status
-    phase = (status.phase if status else None) or "Pending"
-    containers = (status.container_statuses if status else None) or []
-    if phase == "Running" and any(c.state and c.state.running for c in containers):
-        return "running", ""
-    if phase in ("Succeeded", "Failed"):
-        why = " ".join(filter(None, [status.reason, status.message]))
-        for c in containers:
-            term = c.state.terminated if c.state else None
-            if term:
-                why = why or f"container {term.reason or 'exited'} (exit code {term.exit_code})"
-        return "failed", f"phase {phase}" + (f": {why}" if why else "")
-    for c in containers:
-        waiting = c.state.waiting if c.state else None
-        if waiting and waiting.reason:
-            why = f"{waiting.reason}: {waiting.message}" if waiting.message else waiting.reason
-            return ("failed" if waiting.reason in FATAL_WAITING else "pending"), why
-    for cond in (status.conditions if status else None) or []:
-        # Unschedulable is not fatal: a cluster autoscaler may be adding the node right now. It is the
-        # reason given if start_timeout_s runs out.
-        if cond.type == "PodScheduled" and cond.status == "False":
-            return "pending", f"{cond.reason or 'not scheduled'}: {cond.message or ''}".rstrip(": ")
-    return "pending", f"phase {phase}"
+def gc_pods(config: SandboxConfig, run_id: str | None = None, *, home: Path | None = None) -> list[str]:
+    """Delete every pod this data dir's forge made in the configured namespace (of one run if
+    `run_id`); returns their names. For `forge gc` after a crashed run.
 
-
-def transient_failure(why: str) -> bool:
-    """Whether a pod that failed to start may start on another try: a registry hiccup or an
-    eviction, not an image that does not exist or a secret that is missing."""
-    lowered = why.lower()
-    if "errimagepull" in lowered or "imagepullbackoff" in lowered:
-        return not any(k in lowered for k in ("not found", "unauthorized", "denied", "manifest unknown",
-                                              "invalid", "back-off"))
-    return any(k in why for k in ("Evicted", "Preempting", "NodeShutdown", "NodeLost", "Terminated"))
-
-
-def gc_pods(config: SandboxConfig, run_id: str | None = None) -> list[str]:
-    """Delete every pod forge made in the configured namespace (of one run if `run_id`); returns names.
-
-    For `forge gc` after a crashed run. Selects by label only, so pods of other tools are never touched.
+    Selects by label: `openforge.managed=1` and this data dir's `openforge.home` (default: the current
+    FORGE_HOME), so neither other tools' pods nor another forge's sharing the namespace are touched.
     """
     from kubernetes.client import ApiClient, CoreV1Api, V1DeleteOptions
 
     k8s = config.kubernetes
     core = CoreV1Api(ApiClient(configuration=load_client_configuration(k8s)))
+    selector = managed_selector(run_id, home=forge_home() if home is None else home)
     deleted: list[str] = []
     try:
         try:
-            pods = core.list_namespaced_pod(k8s.namespace, label_selector=managed_selector(run_id),
-                                            _request_timeout=30)
+            pods = core.list_namespaced_pod(k8s.namespace, label_selector=selector, _request_timeout=30)
         except Exception as exc:
             raise api_error(f"cannot list pods in namespace {k8s.namespace}", exc) from None
         for pod in pods.items:
+            if pod.metadata.deletion_timestamp:  # already terminating: the kubelet finishes it
+                continue
             try:
                 core.delete_namespaced_pod(pod.metadata.name, k8s.namespace, _request_timeout=30,
-                                           body=V1DeleteOptions(grace_period_seconds=0))
+                                           body=V1DeleteOptions(grace_period_seconds=k8s.delete_grace_s))
             except Exception as exc:
                 if not is_not_found(exc):
                     raise api_error(f"cannot delete pod {pod.metadata.name}", exc) from None
@@ -342,4 +343,4 @@ def cluster_version(config: SandboxConfig) -> str:
     return f"{info.git_version} at {cfg.host}"
 
 
-__all__ = ["KubernetesSandbox", "gc_pods", "cluster_version", "pod_state"]
+__all__ = ["KubernetesSandbox", "gc_pods", "cluster_version", "load_client_configuration"]

@@ -14,6 +14,8 @@ from k8s_double import V4, V5, KubeDouble, bwrap_available
 from openforge.config import SandboxConfig
 from openforge.errors import SandboxError
 from sandbox.base import Sandbox, SandboxFileNotFound, TransientSandboxError
+from openforge.paths import forge_home
+from sandbox.k8s_manifests import home_label
 from sandbox.kubernetes import KubernetesSandbox, cluster_version, gc_pods
 
 pytestmark = [
@@ -31,6 +33,14 @@ def double(tmp_path: Path):
     d.stop()
 
 
+def restricted_pod(name: str, labels: dict[str, str] | None = None, **spec) -> dict:
+    """A hand-made pod that the `restricted` namespace admits."""
+    return {"metadata": {"name": name, "labels": labels or {}}, "spec": {
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{"name": "sandbox", "image": "openforge:test", "command": ["sleep", "60"], "securityContext": {
+            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}], **spec}}
+
+
 def make_config(double: KubeDouble, tmp_path: Path, *, retries: int = 0, **k8s) -> SandboxConfig:
     kubeconfig = double.write_kubeconfig(tmp_path / "kubeconfig")
     settings = {"kubeconfig": str(kubeconfig), "image": "openforge:test", "start_timeout_s": 10,
@@ -45,7 +55,8 @@ async def test_start_exec_files_stop(double: KubeDouble, tmp_path: Path) -> None
         pod = double.pods[("openforge", sb.name)]
         assert pod.obj["status"]["phase"] == "Running"
         assert pod.obj["metadata"]["labels"] == {"openforge.managed": "1", "openforge.run": "run-a",
-                                                 "openforge.rollout": "ro-1"}
+                                                 "openforge.rollout": "ro-1",
+                                                 "openforge.home": home_label(forge_home())}
         assert sb.info.backend == "kubernetes" and sb.info.sandbox_id == sb.name
         assert sb.info.proxy_host == "forge-proxy.openforge" and sb.proxy_url.endswith(":8700")
 
@@ -67,7 +78,7 @@ async def test_start_exec_files_stop(double: KubeDouble, tmp_path: Path) -> None
             await sb.read_file("nope.txt")
         with pytest.raises(SandboxError, match="leaves the sandbox"):
             await sb.write_file("../escape.txt", b"x")
-        assert sb.info.home == "/root"
+        assert sb.info.home == "/home/forge"
         r = await sb.exec("true", timeout=10, cwd="missing-dir")
         assert r.exit_code != 0 and "missing-dir" in r.stderr
     assert ("openforge", sb.name) not in double.pods
@@ -133,7 +144,7 @@ async def test_start_waits_through_a_watch_not_polling(tmp_path: Path) -> None:
         elapsed = time.monotonic() - t0
         assert 0.6 <= elapsed < 3  # it followed Pending -> ContainerCreating -> Running as they happened
         watches = [q for m, path, q in d.requests if path.endswith("/pods") and q.get("watch") == "true"]
-        assert watches and watches[0]["fieldSelector"] == f"metadata.name={sb.name}"
+        assert watches and watches[0]["labelSelector"] == f"openforge.managed=1,openforge.home={home_label(forge_home())}"
         assert not [p for m, p, q in d.requests if m == "GET" and p.endswith(f"/pods/{sb.name}")]
         await sb.stop()
     finally:
@@ -209,13 +220,17 @@ async def test_gc_deletes_managed_pods_by_label_only(double: KubeDouble, tmp_pat
     from sandbox.kubernetes import load_client_configuration
 
     core = CoreV1Api(ApiClient(load_client_configuration(config.kubernetes)))
-    core.create_namespaced_pod("openforge", {"metadata": {"name": "someone-else", "labels": {"app": "x"}},
-                                             "spec": {"containers": [{"name": "c", "image": "openforge:test",
-                                                                      "command": ["sleep", "60"]}]}})
+    core.create_namespaced_pod("openforge", restricted_pod("someone-else", {"app": "x"}))
+    # Another forge (another data dir) sharing the namespace: its pods are not ours to delete.
+    core.create_namespaced_pod("openforge", restricted_pod("other-forge", {
+        "openforge.managed": "1", "openforge.run": "a", "openforge.home": home_label("/elsewhere/.forge")}))
     assert sorted(await asyncio.to_thread(gc_pods, config, "a")) == sorted(b.name for b in boxes[:2])
-    assert sorted(n for _, n in double.pods) == sorted([boxes[2].name, "someone-else"])
+    def live() -> list[str]:  # gc deletes gracefully: a deleted pod terminates for a moment
+        return sorted(n for (_, n), p in double.pods.items() if "deletionTimestamp" not in p.obj["metadata"])
+
+    assert live() == sorted([boxes[2].name, "someone-else", "other-forge"])
     assert await asyncio.to_thread(gc_pods, config) == [boxes[2].name]
-    assert [n for _, n in double.pods] == ["someone-else"]
+    assert live() == ["other-forge", "someone-else"]
     for b in boxes:
         await b.stop()  # already gone: no error
     core.api_client.close()
@@ -234,9 +249,7 @@ async def test_active_deadline_ends_the_pod_with_the_reason(double: KubeDouble, 
 
     config = make_config(double, tmp_path)
     core = CoreV1Api(ApiClient(load_client_configuration(config.kubernetes)))
-    core.create_namespaced_pod("openforge", {"metadata": {"name": "short"}, "spec": {
-        "restartPolicy": "Never", "activeDeadlineSeconds": 1,
-        "containers": [{"name": "sandbox", "image": "openforge:test", "command": ["sleep", "60"]}]}})
+    core.create_namespaced_pod("openforge", restricted_pod("short", restartPolicy="Never", activeDeadlineSeconds=1))
     seen = []
     events = watch.Watch().stream(core.list_namespaced_pod, "openforge", field_selector="metadata.name=short",
                                   timeout_seconds=5)

@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from k8s_double.admission import admit_pod, pod_security_violations
 from kubernetes.client import ApiClient, V1Pod
 
 from openforge.config import SandboxConfig
 from openforge.errors import ConfigError, SandboxError
 from sandbox.k8s_exec import exit_code_from_status, wrap_command
-from sandbox.k8s_manifests import build_pod_manifest, check_pod_manifest, label_value, managed_selector, pod_name
-from sandbox.kubernetes import pod_state
+from sandbox.k8s_manifests import (
+    KEEPER, build_pod_manifest, check_pod_manifest, home_label, label_value, managed_selector, pod_name,
+)
+from sandbox.k8s_status import pod_state
 
 GPU_POOL = {
     "namespace": "rl", "image": "registry.example.com/forge/sandbox:2026.12", "cpu_request": "250m",
@@ -41,7 +44,7 @@ def test_manifest_round_trips_through_the_client_model(k8s: dict) -> None:
     spec = pod.spec
     assert spec.restart_policy == "Never" and spec.active_deadline_seconds == k8s.get("active_deadline_s", 3600)
     c = spec.containers[0]
-    assert c.command[0] == "sleep" and int(c.command[1]) > spec.active_deadline_seconds
+    assert c.command == ["sh", "-c", KEEPER]
     assert c.working_dir == "/work" and not c.stdin and not c.tty
     assert pod.metadata.labels == {"openforge.managed": "1", "openforge.run": "run-20261202-1f3a9c",
                                    "openforge.rollout": "ro-20261202-abc123"}
@@ -56,7 +59,41 @@ def test_gpu_pool_settings_reach_the_pod() -> None:
     assert [s.name for s in spec.image_pull_secrets] == ["regcred", "mirror"]
     assert spec.service_account_name == "forge-sandbox" and spec.automount_service_account_token is True
     res = spec.containers[0].resources
-    assert res.requests == {"cpu": "250m", "memory": "1Gi"} and res.limits == {"cpu": "4", "memory": "8Gi"}
+    assert res.requests == {"cpu": "250m", "memory": "1Gi", "ephemeral-storage": "1Gi"}
+    assert res.limits == {"cpu": "4", "memory": "8Gi", "ephemeral-storage": "8Gi"}
+
+
+@pytest.mark.parametrize("k8s", [{}, GPU_POOL], ids=["defaults", "gpu-pool"])
+def test_every_manifest_passes_pod_security_restricted(k8s: dict) -> None:
+    m = manifest(**k8s)
+    assert pod_security_violations(m, "restricted") == [] and admit_pod(m) == []
+    c = m["spec"]["containers"][0]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    # What the read-only root leaves writable: the workdir, $HOME and /tmp, each an emptyDir.
+    mounts = {v["mountPath"]: v["name"] for v in c["volumeMounts"]}
+    assert set(mounts) == {"/work", "/home/forge", "/tmp"}
+    assert {v["name"]: v for v in m["spec"]["volumes"]}.keys() == set(mounts.values())
+    assert all("emptyDir" in v for v in m["spec"]["volumes"])
+    assert {"name": "HOME", "value": "/home/forge"} in c["env"]
+
+
+@pytest.mark.parametrize("breaks, violation", [
+    (lambda m: m["spec"]["containers"][0]["securityContext"].pop("allowPrivilegeEscalation"),
+     'allowPrivilegeEscalation != false (container "sandbox" must set securityContext.allowPrivilegeEscalation=false)'),
+    (lambda m: m["spec"]["containers"][0]["securityContext"]["capabilities"].update(drop=["NET_RAW"]),
+     'unrestricted capabilities (container "sandbox" must set securityContext.capabilities.drop=["ALL"])'),
+    (lambda m: [sc.pop("runAsNonRoot") for sc in (m["spec"]["securityContext"],
+                                                  m["spec"]["containers"][0]["securityContext"])],
+     'runAsNonRoot != true (pod or container "sandbox" must set securityContext.runAsNonRoot=true)'),
+    (lambda m: m["spec"]["securityContext"].update(runAsUser=0), "runAsUser=0"),
+    (lambda m: m["spec"]["securityContext"].pop("seccompProfile"), 'seccompProfile (pod or container "sandbox" must'),
+    (lambda m: m["spec"]["volumes"].append({"name": "host", "hostPath": {"path": "/"}}), 'hostPath volumes (volume "host")'),
+    (lambda m: m["spec"].update(hostNetwork=True), "host namespaces (hostNetwork=true)"),
+])
+def test_the_double_refuses_what_restricted_refuses(breaks, violation: str) -> None:  # type: ignore[no-untyped-def]
+    m = manifest()
+    breaks(m)
+    assert any(v.startswith(violation) for v in pod_security_violations(m, "restricted"))
 
 
 def test_defaults_keep_api_credentials_out_of_the_sandbox() -> None:
@@ -87,6 +124,8 @@ def test_names_and_labels_are_always_valid() -> None:
     assert pod_name("ro-1") != pod_name("ro-1")  # a retried start never collides with a lingering pod
     assert label_value("run/with spaces" + "y" * 80) == ("run-with-spaces" + "y" * 80)[:63]
     assert managed_selector("run-1") == "openforge.managed=1,openforge.run=run-1"
+    assert managed_selector("run-1", home="/d") == f"openforge.managed=1,openforge.home={home_label('/d')},openforge.run=run-1"
+    assert home_label("/d") != home_label("/e") and len(home_label("/" + "x" * 500)) <= 63
     config = SandboxConfig(type="kubernetes")
     check_pod_manifest(build_pod_manifest(config, name=name, run_id="Run ID!" * 20, rollout_id="r" * 90))
 
@@ -107,6 +146,9 @@ def _cs(state: dict) -> dict:
     ({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                           "message": "0/3 nodes are available: 3 Insufficient cpu."}]},
      "pending", "Unschedulable: 0/3 nodes are available: 3 Insufficient cpu."),
+    ({"phase": "Pending", "containerStatuses": [_cs({"waiting": {"reason": "CreateContainerError",
+                                                                 "message": "context deadline exceeded"}})]},
+     "pending", "CreateContainerError: context deadline exceeded"),  # the kubelet retries it
     ({"phase": "Pending", "containerStatuses": [_cs({"waiting": {"reason": "CreateContainerConfigError",
                                                                  "message": 'secret "x" not found'}})]},
      "failed", 'CreateContainerConfigError: secret "x" not found'),
@@ -139,6 +181,8 @@ def test_wrap_command_quotes_and_refuses_bad_env() -> None:
     assert argv[:2] == ["sh", "-c"] and "cd '/w s'" in argv[2] and "'K=v w'" in argv[2]
     assert "timeout -k 2 2.000 env OPENFORGE_EXEC=" in argv[2] and "</dev/null" in argv[2]
     assert argv[2].endswith("exit $rc")  # the command's status, after its leftovers are reaped
+    capped = wrap_command("yes", cwd="/", env=None, timeout=1, stdin_len=None, limit=100)[2]
+    assert capped.count("{ head -c 101; cat >/dev/null; }") == 2  # stdout and stderr cut in the pod
     assert "head -c 7 |" in wrap_command("cat", cwd="/", env=None, timeout=1, stdin_len=7)[2]
     with pytest.raises(SandboxError, match="invalid environment variable name"):
         wrap_command("true", cwd="/", env={"A B": "x"}, timeout=1, stdin_len=None)

@@ -32,6 +32,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 from dataclasses import dataclass, field
@@ -42,7 +43,8 @@ from typing import Any
 from aiohttp import web
 from kubernetes.client import V1Pod
 
-from .pods import NODE_NAME, V5, admit_pod, defaulted_pod, kill_processes, run_exec, run_pod_lifecycle
+from .admission import admit_pod, pod_security_violations
+from .pods import NODE_NAME, V5, defaulted_pod, kill_processes, run_exec, run_pod_lifecycle
 
 V4 = "v4.channel.k8s.io"
 
@@ -102,7 +104,10 @@ class _Pod:
     root: Path
     procs: set[asyncio.subprocess.Process] = field(default_factory=set)  # every process it runs
     task: asyncio.Task | None = None
-    ns_pid: int = 0  # host pid of the container's main process: execs enter its namespaces
+    ns_pid: int = 0  # host pid of the container's main process (its PID 1): execs enter its namespaces
+    main: asyncio.subprocess.Process | None = None  # the runtime's process for the container
+    runtime: object = None  # pods.Runtime: user, read-only root, volumes, env
+    oom_killed: bool = False
 
     @property
     def ns(self) -> str:
@@ -119,7 +124,9 @@ class KubeDouble:
     def __init__(self, root: Path, *, token: str = "double-token", images: set[str] | None = None,
                  namespaces: set[str] | None = None, node_labels: dict[str, str] | None = None,
                  node_taints: list[dict[str, str]] | None = None, protocols: tuple[str, ...] = (V5, V4),
-                 max_pods: int | None = None, step_s: float = 0.02, ro_binds: tuple[str, ...] = ()) -> None:
+                 max_pods: int | None = None, step_s: float = 0.02, ro_binds: tuple[str, ...] = (),
+                 pod_security: dict[str, str] | None = None, enforce_memory: bool = False,
+                 create_container_errors: int = 0, throttle_creates: int = 0) -> None:
         self.root = root
         self.token = token
         self.images = images if images is not None else {"openforge:test"}
@@ -131,6 +138,12 @@ class KubeDouble:
         self.max_pods = max_pods
         self.ro_binds = ro_binds  # host folders every pod sees read-only at the same path (a venv)
         self.step_s = step_s  # time between lifecycle steps: long enough that a watch sees each one
+        # The namespace label pod-security.kubernetes.io/enforce: openforge is `restricted`, as it
+        # should be on a cluster; default is unlabelled (privileged), for hand-made test pods.
+        self.pod_security = {"openforge": "restricted"} if pod_security is None else pod_security
+        self.enforce_memory = enforce_memory  # kill a pod past its memory limit, as cgroup v2 does
+        self.create_container_errors = create_container_errors  # CreateContainerError seen before each start
+        self.throttle_creates = throttle_creates  # the next N creates are answered 429 with Retry-After
         self.pods: dict[tuple[str, str], _Pod] = {}
         self.events: list[tuple[int, str, dict[str, Any]]] = []
         self.watchers: list[tuple[str, list, list, asyncio.Queue]] = []
@@ -267,6 +280,16 @@ class KubeDouble:
                           {"name": name, "kind": "Pod",
                            "causes": [{"reason": "FieldValueInvalid", "message": p} for p in problems]})
         name = meta["name"]
+        if self.throttle_creates > 0:
+            self.throttle_creates -= 1
+            resp = _error(429, "TooManyRequests", "the server has received too many requests and has asked us "
+                                                  "to try again later", {"retryAfterSeconds": 1})
+            resp.headers["Retry-After"] = "1"
+            return resp
+        level = self.pod_security.get(ns, "privileged")
+        if violations := pod_security_violations(obj, level):
+            return _error(403, "Forbidden", f'pods "{name}" is forbidden: violates PodSecurity "{level}:latest": '
+                          + ", ".join(violations), {"name": name, "kind": "pods"})
         if (ns, name) in self.pods:
             return _error(409, "AlreadyExists", f'pods "{name}" already exists', {"name": name, "kind": "pods"})
         in_ns = sum(1 for key in self.pods if key[0] == ns)
@@ -335,6 +358,10 @@ class KubeDouble:
         return resp
 
     async def _delete(self, request: web.Request) -> web.Response:
+        """A graceful delete marks the pod (deletionTimestamp) and returns at once; the kubelet sends
+        TERM to PID 1, KILLs what is left after the grace period, and only then the object goes
+        (DELETED). Grace 0 is a force delete: the object goes at once, and the processes die a moment
+        later, when the kubelet notices: they outlive the delete call, as on a real node."""
         ns, name = request.match_info["ns"], request.match_info["name"]
         pod = self.pods.get((ns, name))
         if pod is None:
@@ -343,23 +370,39 @@ class KubeDouble:
         grace = json.loads(body).get("gracePeriodSeconds") if body else None
         if grace is None:
             grace = request.query.get("gracePeriodSeconds")
-        pod.obj["metadata"]["deletionTimestamp"] = _now()
-        pod.obj["metadata"]["deletionGracePeriodSeconds"] = int(grace or 0)
-        # Grace 0 removes the object at once; a graceful delete would wait for the kubelet. The double
-        # has no kubelet between the two, so both end the same way, after `grace` seconds at most.
-        if grace:
-            await asyncio.sleep(min(float(grace), 1.0))
-        await self._remove(pod)
+        grace = int(pod.obj["spec"].get("terminationGracePeriodSeconds", 30) if grace is None else grace)
+        meta = pod.obj["metadata"]
+        if "deletionTimestamp" in meta and grace > 0:
+            return web.json_response(pod.obj)  # already terminating
+        meta["deletionTimestamp"], meta["deletionGracePeriodSeconds"] = _now(), grace
+        if grace == 0:
+            self.pods.pop((ns, name), None)
+            self._bump(pod, "DELETED")
+            asyncio.get_running_loop().call_later(1.0, lambda: asyncio.ensure_future(self._remove(pod, emit=False)))
+            return web.json_response(pod.obj)
+        self._bump(pod, "MODIFIED")
+        asyncio.ensure_future(self._terminate(pod, grace))
         return web.json_response(pod.obj)
+
+    async def _terminate(self, pod: _Pod, grace: int) -> None:
+        main = pod.main
+        if main is not None and main.returncode is None:
+            try:
+                os.kill(pod.ns_pid, signal.SIGTERM)  # PID 1 gets it only if it handles TERM, as in a container
+                await asyncio.wait_for(main.wait(), grace)
+            except (ProcessLookupError, TimeoutError):
+                pass
+        await self._remove(pod)
 
     async def _remove(self, pod: _Pod, emit: bool = True) -> None:
         if pod.task and not pod.task.done():
             pod.task.cancel()
         await kill_processes(pod)
-        self.pods.pop((pod.ns, pod.name), None)
+        shutil.rmtree(pod.root, ignore_errors=True)
+        if self.pods.get((pod.ns, pod.name)) is pod:
+            self.pods.pop((pod.ns, pod.name), None)
         if emit:
             self._bump(pod, "DELETED")
-        shutil.rmtree(pod.root, ignore_errors=True)
 
     # -- exec ------------------------------------------------------------------------------------
     async def _exec(self, request: web.Request) -> web.StreamResponse:

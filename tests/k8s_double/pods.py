@@ -7,48 +7,25 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
+import shutil
 import signal
 import uuid
 from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 from aiohttp import WSMsgType, web
+from kubernetes.utils import parse_quantity
 
 V5 = "v5.channel.k8s.io"
 NODE_NAME = "double-node-1"
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_IMAGE_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root")
 
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def admit_pod(obj: dict[str, Any]) -> list[str]:
-    """The validation errors the apiserver would return (422), in its wording; [] = admitted."""
-    problems = []
-    name = obj.get("metadata", {}).get("name", "")
-    if not name:
-        problems.append("metadata.name: Required value: name or generateName is required")
-    elif len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
-        problems.append(f'metadata.name: Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist '
-                        "of lower case alphanumeric characters, '-' or '.'")
-    spec = obj.get("spec") or {}
-    containers = spec.get("containers") or []
-    if not containers:
-        problems.append("spec.containers: Required value")
-    for i, c in enumerate(containers):
-        if not c.get("name"):
-            problems.append(f"spec.containers[{i}].name: Required value")
-        if not c.get("image"):
-            problems.append(f"spec.containers[{i}].image: Required value")
-    if spec.get("restartPolicy", "Always") not in ("Always", "OnFailure", "Never"):
-        problems.append(f'spec.restartPolicy: Unsupported value: "{spec["restartPolicy"]}"')
-    deadline = spec.get("activeDeadlineSeconds")
-    if deadline is not None and (not isinstance(deadline, int) or deadline <= 0):
-        problems.append(f"spec.activeDeadlineSeconds: Invalid value: {deadline}: must be greater than 0")
-    return problems
 
 
 def defaulted_pod(obj: dict[str, Any], ns: str) -> dict[str, Any]:
@@ -125,51 +102,107 @@ def _container_status(c: dict[str, Any], state: dict[str, Any], *, ready: bool =
     return out
 
 
-def bwrap_argv(root: Path, workdir: str, tail: list[str], ro_binds: tuple[str, ...] = ()) -> list[str]:
-    """A container over `root`: the host's /usr and /etc (and `ro_binds`) read-only, `root` writable at
-    /, own PID ns."""
-    cmd = ["bwrap", "--bind", str(root), "/", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+@dataclass
+class Runtime:
+    """How the kubelet and runtime would run the pod's container: the user, the root filesystem,
+    the volumes, the environment (the spec's `env` over the image's)."""
+
+    uid: int = 0
+    gid: int = 0
+    groups: tuple[int, ...] = ()
+    read_only: bool = False
+    mounts: tuple[str, ...] = ()  # emptyDir mount paths: writable folders over a read-only root
+    env: tuple[str, ...] = _IMAGE_ENV
+    no_new_privs: bool = False
+
+    def user_argv(self) -> list[str]:
+        """The runtime drops to the pod's user, its capabilities and (if asked) privilege escalation."""
+        if not self.uid and not self.no_new_privs:
+            return []
+        argv = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}"]
+        argv += [f"--groups={','.join(map(str, self.groups))}"] if self.groups else ["--clear-groups"]
+        if self.uid:
+            argv += ["--inh-caps=-all", "--bounding-set=-all"]
+        if self.no_new_privs:
+            argv.append("--no-new-privs")
+        return argv + ["--"]
+
+
+def container_runtime(spec: dict[str, Any]) -> Runtime:
+    c = spec["containers"][0]
+    psc, csc = spec.get("securityContext") or {}, c.get("securityContext") or {}
+    uid = csc.get("runAsUser", psc.get("runAsUser", 0))  # the double's images have no USER: root
+    gid = csc.get("runAsGroup", psc.get("runAsGroup", 0))
+    groups = tuple(g for g in [psc.get("fsGroup"), *(psc.get("supplementalGroups") or [])] if g is not None)
+    env = dict(e.split("=", 1) for e in _IMAGE_ENV)
+    env.update({e["name"]: e.get("value", "") for e in c.get("env") or []})
+    empty = {v["name"] for v in spec.get("volumes") or [] if "emptyDir" in v}
+    mounts = tuple(m["mountPath"] for m in c.get("volumeMounts") or [] if m["name"] in empty)
+    return Runtime(uid=uid, gid=gid, groups=groups, read_only=bool(csc.get("readOnlyRootFilesystem")),
+                   mounts=mounts, env=tuple(f"{k}={v}" for k, v in env.items()),
+                   no_new_privs=csc.get("allowPrivilegeEscalation") is False)
+
+
+def bwrap_argv(root: Path, workdir: str, tail: list[str], ro_binds: tuple[str, ...] = (),
+               runtime: Runtime | None = None) -> list[str]:
+    """A container over `root`: the host's /usr and /etc (and `ro_binds`) read-only, `root` at / (read-only
+    with `readOnlyRootFilesystem`, its emptyDirs writable over it), its own PID namespace in which
+    the container's command is PID 1, as under a real runtime."""
+    rt = runtime or Runtime()
+    # The mount points live in the pod's folder (the container's /), made once, like an image's.
+    for path in {workdir, *rt.mounts, *ro_binds, "/tmp", "/usr", "/etc", "/dev", "/proc"}:
+        (root / path.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    for path in rt.mounts:
+        os.chmod(root / path.lstrip("/"), 0o777)  # an emptyDir is world-writable, as the kubelet makes it
+    cmd = ["bwrap", "--ro-bind" if rt.read_only else "--bind", str(root), "/",
+           "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
     for top in ("bin", "sbin", "lib", "lib64", "lib32"):
         host, inside = Path("/") / top, root / top
-        # The skeleton lives in the pod's folder (it is the container's /), made once, like an image's.
         if host.is_symlink():
             if not inside.is_symlink():
                 inside.symlink_to(os.readlink(host))
         elif host.is_dir():
+            inside.mkdir(exist_ok=True)
             cmd += ["--ro-bind", str(host), f"/{top}"]
-    cmd += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    # After the /tmp tmpfs, so a venv that lives under /tmp (a CI checkout there) is not hidden by it.
+    cmd += ["--dev", "/dev", "--proc", "/proc"]
+    if "/tmp" not in rt.mounts:
+        cmd += ["--tmpfs", "/tmp"]
+    for path in rt.mounts:
+        cmd += ["--bind", str(root / path.lstrip("/")), path]
+    # After /tmp, so a venv that lives under /tmp (a CI checkout there) is not hidden by it.
     for path in ro_binds:  # e.g. a venv, so a test can run a real harness in a pod
         cmd += ["--ro-bind", path, path]
-    cmd += ["--unshare-pid", "--die-with-parent", "--dir", workdir, "--chdir", workdir]
+    cmd += ["--unshare-pid", "--as-pid-1", "--die-with-parent", "--chdir", workdir]
     return cmd + tail
 
 
-_CONTAINER_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"]
-
-
-async def start_container(pod, workdir: str, argv: list[str], ro_binds: tuple[str, ...] = (),
-                          ) -> asyncio.subprocess.Process:  # type: ignore[no-untyped-def]
-    """The container's main process in new mount and PID namespaces; `pod.ns_pid` is where execs join."""
+async def start_container(pod, workdir: str, argv: list[str], ro_binds: tuple[str, ...] = (),  # type: ignore[no-untyped-def]
+                          runtime: Runtime | None = None) -> asyncio.subprocess.Process:
+    """The container's main process, PID 1 of new mount and PID namespaces; `pod.ns_pid` is its host
+    pid, where execs join."""
+    rt = runtime or Runtime()
+    pod.runtime = rt
     pod.root.mkdir(parents=True, exist_ok=True)
     read_end, write_end = os.pipe()
     try:
         proc = await asyncio.create_subprocess_exec(
-            *bwrap_argv(pod.root, workdir, ["--info-fd", str(write_end), "--", "env", "-i", *_CONTAINER_ENV,
-                                            f"HOSTNAME={pod.name}", *argv], ro_binds),
+            *bwrap_argv(pod.root, workdir, ["--info-fd", str(write_end), "--", *rt.user_argv(), "env", "-i",
+                                            *rt.env, f"HOSTNAME={pod.name}", *argv], ro_binds, rt),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
             start_new_session=True, pass_fds=(write_end,))
     finally:
         os.close(write_end)
     pod.procs.add(proc)
+    pod.main = proc
     info = json.loads(await asyncio.to_thread(_read_all, read_end))
-    # child-pid is bwrap's init (PID 1 inside); its child runs the command in the final root.
-    init = info["child-pid"]
-    for _ in range(500):
-        kids = Path(f"/proc/{init}/task/{init}/children").read_text().split()
-        if kids:
-            pod.ns_pid = int(kids[0])
-            return proc
+    pod.ns_pid = info["child-pid"]  # with --as-pid-1 the command itself, once bwrap has exec'd it
+    bwrap = os.path.realpath(shutil.which("bwrap") or "bwrap")
+    for _ in range(500):  # before the exec its mounts are not all in place: an exec could not start
+        try:
+            if os.readlink(f"/proc/{pod.ns_pid}/exe") != bwrap:
+                return proc
+        except OSError:
+            return proc  # it ended already: the life cycle reports how
         await asyncio.sleep(0.01)
     raise RuntimeError("the container's process did not start")
 
@@ -180,10 +213,11 @@ def _read_all(fd: int) -> bytes:
 
 
 async def spawn_exec(pod, argv: list[str], *, stdin: bool) -> asyncio.subprocess.Process:  # type: ignore[no-untyped-def]
-    """An exec joins the container's PID and mount namespaces, as `runc exec` does: it sees the pod's
-    files and processes, its orphans live on under the container's PID 1, and all die with the pod."""
+    """An exec joins the container's PID and mount namespaces as its user, as `runc exec` does: it
+    sees the pod's files and processes, its orphans live on under PID 1, and all die with the pod."""
+    rt = getattr(pod, "runtime", None) or Runtime()
     proc = await asyncio.create_subprocess_exec(
-        "nsenter", "-t", str(pod.ns_pid), "-p", "-m", "-r", "-w", "--", "env", "-i", *_CONTAINER_ENV,
+        "nsenter", "-t", str(pod.ns_pid), "-p", "-m", "-r", "-w", "--", *rt.user_argv(), "env", "-i", *rt.env,
         f"HOSTNAME={pod.name}", *argv,
         stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
@@ -204,6 +238,38 @@ async def kill_processes(pod) -> None:  # type: ignore[no-untyped-def]
         except TimeoutError:
             pass
     pod.procs.clear()
+
+
+def _pid_ns(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
+def pod_rss(pod) -> int:  # type: ignore[no-untyped-def]
+    """Resident memory of every process in the pod's PID namespace (the cgroup's usage, roughly)."""
+    ns, total = _pid_ns(pod.ns_pid), 0
+    if not ns:
+        return 0
+    for proc in psutil.process_iter():
+        try:
+            if _pid_ns(proc.pid) == ns:
+                total += proc.memory_info().rss
+        except (psutil.Error, OSError):
+            continue
+    return total
+
+
+async def oom_watch(pod, limit: int, main: asyncio.subprocess.Process) -> None:  # type: ignore[no-untyped-def]
+    """cgroup v2 with memory.oom.group, as the kubelet sets it: past the limit the kernel kills every
+    process of the container at once, and the container ends OOMKilled (137)."""
+    while main.returncode is None:
+        if pod_rss(pod) > limit:
+            pod.oom_killed = True
+            await kill_processes(pod)
+            return
+        await asyncio.sleep(0.05)
 
 
 async def run_pod_lifecycle(double, pod) -> None:  # type: ignore[no-untyped-def]
@@ -236,9 +302,22 @@ async def run_pod_lifecycle(double, pod) -> None:  # type: ignore[no-untyped-def
             double._bump(pod, "MODIFIED")
             await asyncio.sleep(double.step_s)
         return
+    runtime = container_runtime(spec)
+    csc, psc = container.get("securityContext") or {}, spec.get("securityContext") or {}
+    if csc.get("runAsNonRoot", psc.get("runAsNonRoot")) and not runtime.uid:
+        await _waiting(double, pod, container, "CreateContainerConfigError",
+                       f"container has runAsNonRoot and image will run as root (pod: \"{pod.name}_{pod.ns}"
+                       f'({pod.obj["metadata"]["uid"]})", container: {container["name"]})')
+        return  # the kubelet keeps retrying; nothing changes until someone fixes the spec
+    for _ in range(double.create_container_errors):  # the runtime hiccups, the kubelet retries
+        await _waiting(double, pod, container, "CreateContainerError",
+                       f'failed to reserve container name "{container["name"]}_{pod.name}": name is reserved')
     argv = list(container.get("command") or []) + list(container.get("args") or [])
     proc = await start_container(pod, container.get("workingDir") or "/", argv or ["sleep", "3600"],
-                                 double.ro_binds)
+                                 double.ro_binds, runtime)
+    memory = (container.get("resources") or {}).get("limits", {}).get("memory")
+    if double.enforce_memory and memory:
+        asyncio.create_task(oom_watch(pod, int(parse_quantity(memory)), proc))
     started = _now()
     status["podIP"], status["podIPs"] = "10.244.0.7", [{"ip": "10.244.0.7"}]
     status["phase"] = "Running"
@@ -257,11 +336,20 @@ async def run_pod_lifecycle(double, pod) -> None:  # type: ignore[no-untyped-def
         double._bump(pod, "MODIFIED")
         return
     exit_code = 128 - code if code < 0 else code
+    reason = "Completed" if exit_code == 0 else "Error"
+    if getattr(pod, "oom_killed", False):
+        exit_code, reason = 137, "OOMKilled"
     status["phase"] = "Succeeded" if exit_code == 0 else "Failed"
     status["containerStatuses"] = [_container_status(container, {"terminated": {
-        "exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
-        "startedAt": started, "finishedAt": _now()}})]
+        "exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": _now()}})]
     double._bump(pod, "MODIFIED")
+
+
+async def _waiting(double, pod, container: dict[str, Any], reason: str, message: str) -> None:  # type: ignore[no-untyped-def]
+    pod.obj["status"]["containerStatuses"] = [_container_status(container, {"waiting": {"reason": reason,
+                                                                                         "message": message}})]
+    double._bump(pod, "MODIFIED")
+    await asyncio.sleep(double.step_s)
 
 
 async def _pump(stream: asyncio.StreamReader, ws: web.WebSocketResponse, channel: int) -> None:
