@@ -226,6 +226,14 @@ async def spawn_exec(pod, argv: list[str], *, stdin: bool) -> asyncio.subprocess
 
 
 async def kill_processes(pod) -> None:  # type: ignore[no-untyped-def]
+    """Everything in the pod dies: PID 1 first (the kernel then kills its whole PID namespace, and
+    bwrap, its parent, reaps it), then every process the double started for it."""
+    if pod.ns_pid and pod.main is not None and pod.main.returncode is None:
+        try:
+            os.kill(pod.ns_pid, signal.SIGKILL)
+            await asyncio.wait_for(pod.main.wait(), 5)
+        except (ProcessLookupError, TimeoutError):
+            pass
     for proc in list(pod.procs):
         if proc.returncode is None:
             try:
