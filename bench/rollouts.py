@@ -18,6 +18,7 @@ from pathlib import Path
 
 class _TrueHarness:
     name = "true"
+    calls_model = False
 
     async def prepare(self, sandbox, ctx) -> None:  # noqa: ANN001
         return None
@@ -27,6 +28,11 @@ class _TrueHarness:
 
     def env(self, ctx) -> dict[str, str]:  # noqa: ANN001
         return {}
+
+    async def outcome(self, result, sandbox):  # noqa: ANN001, ANN201
+        from rollouts.harness import HarnessOutcome
+
+        return HarnessOutcome(answer="")
 
 
 async def _bare(n: int) -> float:

@@ -27,8 +27,8 @@ PathArg = Annotated[str, typer.Argument(help="a task .jsonl file, a task folder,
 def tasks_validate(
     ctx: typer.Context,
     path: PathArg,
-    run: Annotated[bool, typer.Option("--run", help="also run each task's reference solution and an empty attempt "
-                                                    "in sandboxes (sandbox.type): the first must pass, the second not")] = False,
+    run: Annotated[bool, typer.Option("--run", help="also run each task's reference solution and six hostile answers "
+                                                    "in sandboxes (sandbox.type): the first must pass, the others score 0")] = False,
 ) -> None:
     """Check a task set; print every bad task with its reason (exit 1 if any)."""
     problems = validate_tasks(path)
@@ -45,7 +45,7 @@ def tasks_validate(
         for p in problems:
             typer.echo(f"{p}", err=True)
         if problems:
-            raise TaskError(f"{len(problems)} task(s) of {path} failed the solution check")
+            raise TaskError(f"{len({p.task_id for p in problems})} task(s) of {path} failed the solution check")
     levels = Counter(t.difficulty or "-" for t in tasks)
     checked = ", solutions checked" if run else ""
     typer.echo(f"{path}: {len(tasks)} task(s) ok ({', '.join(f'{k} {v}' for k, v in sorted(levels.items()))}{checked})")

@@ -1,14 +1,19 @@
-"""The harness interface: how an agent program is found/installed in a sandbox, run on a task, and
-pointed at the proxy with its rollout's credential.
+"""The harness interface: how an agent program is found/installed in a sandbox, run on a task,
+pointed at the proxy with its rollout's credential, and how its result is read.
 
 An adapter is small: `prepare` makes the program available inside the sandbox, `command` is the
-command line for one task, `env` the environment that points it at the proxy. The runner does the
-rest (timeouts, output capture, verification).
+command line for one task, `env` the environment that points it at the proxy, and `outcome` reads
+what the harness itself reported once it has exited: its final answer, or why it failed. The runner
+does the rest (timeouts, output capture, killing what the agent left, verification).
 
-Optional: `final_answer(stdout: str) -> str | None`, the harness's final answer read from its stdout
-(e.g. the `result` of Claude Code's JSON). After the harness exits, a runner that finds no
-`.forge/answer.txt` (rollouts.tasks.ANSWER_FILE) writes this there, or else the tail of stdout, so
-tasks that grade the answer work with every harness. `mini` writes the file itself.
+A harness failure (an API error it reports, a non-zero exit without an answer, no final message) is
+never scored: the rollout ends `failed` with failure_kind "harness" and the reason, and its error
+text never reaches a verifier. Adapters must read the harness's own structured result (Claude Code's
+JSON, Codex's last-message file, OpenClaw's JSON), never guess from free-form output.
+
+`calls_model` (default True) says the harness talks to the model: a rollout in which it made no
+successful model call is a harness failure too. Only stand-in agents (selfcheck's solution scripts,
+tests' shell lines) set it False.
 """
 
 from __future__ import annotations
@@ -16,7 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from sandbox.base import Sandbox
+from openforge.errors import SandboxError
+from sandbox.base import ExecResult, Sandbox
+
+# Where the answer file is read from; rollouts.tasks.ANSWER_FILE is the same path (not imported:
+# tasks imports nothing from here and this module stays below it).
+ANSWER_FILE = ".forge/answer.txt"
+MAX_ANSWER_BYTES = 4 * 1024 * 1024  # an answer longer than this is cut (it fails exact grading anyway)
 
 
 @dataclass
@@ -32,6 +43,19 @@ class HarnessContext:
     task_id: str = ""  # the task's id (for logs and labels; the agent is told only the instruction)
 
 
+@dataclass(frozen=True)
+class HarnessOutcome:
+    """What a harness reported: its final answer, or the reason it failed (exactly one is set)."""
+
+    answer: str | None = None
+    failure: str | None = None  # e.g. "API error 400: prompt is too long"
+    turns: int | None = None  # model turns, where the harness reports them
+
+    @classmethod
+    def failed(cls, reason: str, *, turns: int | None = None) -> "HarnessOutcome":
+        return cls(failure=reason.strip()[:500] or "failed without a reason", turns=turns)
+
+
 class Harness(Protocol):
     name: str
 
@@ -44,3 +68,30 @@ class Harness(Protocol):
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         """Environment variables pointing the harness at the proxy with the rollout's credential."""
+
+    async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
+        """The harness's final answer or failure, read from its own result (after it has exited)."""
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of some output (where a CLI prints its error)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+async def read_text(sandbox: Sandbox, path: str) -> str | None:
+    """A text file the harness wrote in the sandbox, or None when it wrote none."""
+    try:
+        data = await sandbox.read_file(path, max_bytes=MAX_ANSWER_BYTES)
+    except SandboxError:  # SandboxFileNotFound, or a path it made unreadable
+        return None
+    return data.decode("utf-8", errors="replace")
+
+
+async def answer_file_outcome(result: ExecResult, sandbox: Sandbox, *, name: str) -> HarnessOutcome:
+    """For a harness that writes its final answer to ANSWER_FILE and exits 0 (mini, solution scripts):
+    a non-zero exit is a failure whatever the file says; exit 0 without the file is an empty answer."""
+    if result.exit_code != 0:
+        reason = last_line(result.stderr) or last_line(result.stdout) or "no output"
+        return HarnessOutcome.failed(f"{name} exited {result.exit_code}: {reason}")
+    return HarnessOutcome(answer=await read_text(sandbox, ANSWER_FILE) or "")

@@ -5,13 +5,16 @@
 
 One rollout: pending -> running -> start a sandbox (retried: infrastructure) -> setup files and
 command -> harness prepare + run under the time limit (the sandbox kills it) -> assemble the
-trajectory from the proxy's recorded calls -> verifier -> scored. The final states say who failed:
+trajectory from the proxy's recorded calls -> the harness's outcome (answer or failure) -> the
+answer and expected files checked exactly, then the shell verifier -> scored. The final states say who failed:
 
-    scored     the verifier ran; `reward` is the policy's data (0.0 for an agent that did nothing)
+    scored     graded; `reward` is the policy's data (0.0 for an agent that did nothing)
     timed_out  the harness ran past its limit and was killed; reward 0.0 (the agent's failure)
-    failed     infrastructure: the sandbox would not start, setup or the harness install broke, the
-               sandbox died, the rollout's last model call failed in the proxy/engine. Not the
-               policy's fault: the trainer drops the whole group. `error` starts with "infra:".
+    failed     no reward; the trainer drops the whole group. `failure_kind` and the prefix of `error`
+               say whose: "infra" (the sandbox would not start, setup or the harness install broke,
+               the sandbox died, the rollout's last model call failed in the proxy/engine) or
+               "harness" (the harness reported an API error, exited non-zero without an answer, or
+               made no successful model call: rollouts/harness.py). Never graded from its output.
     cancelled  the run was cancelled (Ctrl-C, `cancel()`) before the rollout finished
 
 Every sandbox is stopped on every path, cancellation included.
@@ -29,9 +32,11 @@ from urllib.parse import urlsplit, urlunsplit
 from openforge.config import ForgeConfig
 from openforge.errors import HarnessError, SandboxError
 from openforge.store import Rollout, Store
-from rollouts.harness import Harness, HarnessContext
+from rollouts.grading import answer_matches, clip, file_matches
+from rollouts.harness import Harness, HarnessContext, HarnessOutcome
 from rollouts.tasks import ANSWER_FILE, TaskSpec, parse_score
-from sandbox.base import ExecResult, Sandbox
+from rollouts.trajectory import assemble_rollout
+from sandbox.base import ExecResult, Sandbox, SandboxFileNotFound
 
 try:  # a start failure worth retrying (engine busy, quota full); other SandboxErrors fail at once
     from sandbox.base import TransientSandboxError
@@ -54,7 +59,12 @@ class RolloutSpec:
 
 
 class _InfraFailure(Exception):
-    """A failure that is not the policy's: recorded as status `failed`."""
+    """A failure of the machinery, not the policy's: recorded as status `failed`, failure_kind infra."""
+
+
+def _failure(kind: str, reason: str) -> dict[str, Any]:
+    """The fields of a failed rollout: failure_kind (harness | infra | timeout | agent) and the error."""
+    return {"error": f"{kind}: {reason}", "failure_kind": kind}
 
 
 def _tail(text: str, limit: int = STORED_OUTPUT_CHARS) -> str:
@@ -155,7 +165,7 @@ class RolloutRunner:
             raise
         except Exception as exc:  # noqa: BLE001 - one rollout's bug must not take the step down
             log.exception("rollout %s crashed", ro.id)
-            await self._finish(ro.id, status="failed", error=f"infra: runner error: {type(exc).__name__}: {exc}")
+            await self._finish(ro.id, status="failed", **_failure("infra", f"runner error: {type(exc).__name__}: {exc}"))
 
     async def _rollout(self, ro: Rollout, spec: RolloutSpec) -> None:
         await self._gate.wait()
@@ -169,7 +179,7 @@ class RolloutRunner:
             try:
                 await self._drive(sb, ro, spec.task)
             except _InfraFailure as exc:
-                await self._finish(ro.id, status="failed", error=str(exc))
+                await self._finish(ro.id, status="failed", **_failure("infra", str(exc)))
             finally:
                 await _stop_quietly(sb)
 
@@ -197,7 +207,7 @@ class RolloutRunner:
             return sb
         reason = f"{type(last).__name__}: {last}" if isinstance(last, TimeoutError) else str(last)
         await self._finish(ro.id, status="failed",
-                           error=f"infra: sandbox failed to start after {attempt} attempt(s): {reason}")
+                           **_failure("infra", f"sandbox failed to start after {attempt} attempt(s): {reason}"))
         return None
 
     async def _drive(self, sb: Sandbox, ro: Rollout, task: TaskSpec) -> None:
@@ -210,26 +220,41 @@ class RolloutRunner:
             await self.harness.prepare(sb, ctx)
             command, env = self.harness.command(ctx), self.harness.env(ctx)
         except (HarnessError, SandboxError) as exc:
-            raise _InfraFailure(f"infra: harness {self.harness.name} could not be prepared: {exc}") from None
+            raise _InfraFailure(f"harness {self.harness.name} could not be prepared: {exc}") from None
         result = await self._exec(sb, command, timeout=budget, env=env)
         await self._db(self.store.update_rollout, ro.id, exit_code=result.exit_code,
                        stdout=_tail(result.stdout), stderr=_tail(result.stderr))
         assembly_error = await self._assemble(ro.id)
-        if not result.timed_out:
-            await self._ensure_answer(sb, result)
         if result.timed_out:
-            await self._finish(ro.id, status="timed_out", reward=0.0,
+            await self._finish(ro.id, status="timed_out", reward=0.0, failure_kind="timeout",
                                error=f"harness ran past its limit of {budget:g}s and was killed")
             return
         broken_call = await self._db(self._last_call_error, ro.id)
         if broken_call:  # the harness gave up because the engine/proxy failed it: not the policy's data
-            raise _InfraFailure(f"infra: the rollout's last model call failed: {broken_call}")
-        reward, verifier_output, note = await self._verify(sb, task)
+            raise _InfraFailure(f"the rollout's last model call failed: {broken_call}")
+        outcome = await self._outcome(sb, ro, result)
+        if outcome.failure is not None:  # never scored: its error text is not an answer
+            await self._finish(ro.id, status="failed", **_failure("harness", outcome.failure))
+            return
+        reward, verifier_output, note = await self._grade(sb, task, outcome.answer or "")
         if assembly_error:
             await self._finish(ro.id, status="failed", reward=reward, verifier_output=verifier_output,
-                               error=f"infra: trajectory assembly failed: {assembly_error}")
+                               **_failure("infra", f"trajectory assembly failed: {assembly_error}"))
             return
         await self._finish(ro.id, status="scored", reward=reward, verifier_output=verifier_output, error=note)
+
+    async def _outcome(self, sb: Sandbox, ro: Rollout, result: ExecResult) -> HarnessOutcome:
+        """What the harness reported, and a failure when it reported an answer without ever having
+        had a model call answered (an answer it cannot have got from the policy)."""
+        try:
+            outcome = await self.harness.outcome(result, sb)
+        except SandboxError as exc:
+            raise _InfraFailure(f"reading the harness's result failed: {exc}") from None
+        if outcome.failure is None and getattr(self.harness, "calls_model", True):
+            if not await self._db(self._has_ok_call, ro.id):
+                return HarnessOutcome.failed(f"{self.harness.name} made no successful model call "
+                                             f"(exit code {result.exit_code})")
+        return outcome
 
     async def _setup(self, sb: Sandbox, task: TaskSpec) -> None:
         try:
@@ -238,9 +263,9 @@ class RolloutRunner:
             if task.setup:
                 done = await sb.exec(task.setup, timeout=self.config.runner.verifier_timeout_s)
                 if done.exit_code != 0:
-                    raise _InfraFailure(f"infra: task setup exited {done.exit_code}: {_tail(done.stderr, 500)}")
+                    raise _InfraFailure(f"task setup exited {done.exit_code}: {_tail(done.stderr, 500)}")
         except SandboxError as exc:
-            raise _InfraFailure(f"infra: task setup failed: {exc}") from None
+            raise _InfraFailure(f"task setup failed: {exc}") from None
 
     async def _exec(self, sb: Sandbox, command: list[str] | str, *, timeout: float,
                     env: dict[str, str] | None = None) -> ExecResult:
@@ -254,34 +279,57 @@ class RolloutRunner:
             return ExecResult(exit_code=124, stdout="", stderr="killed: the sandbox did not return at its limit",
                               timed_out=True, duration_s=timeout + KILL_GRACE_S)
         except SandboxError as exc:
-            raise _InfraFailure(f"infra: the sandbox failed while running: {exc}") from None
+            raise _InfraFailure(f"the sandbox failed while running: {exc}") from None
 
-    async def _ensure_answer(self, sb: Sandbox, result: ExecResult) -> None:
-        """Leave ANSWER_FILE for the verifier when the harness did not (only `mini` writes it): the
-        harness's `final_answer(stdout)` if it has one, else the tail of its stdout (npm harnesses print
-        their final message there), so answer-graded tasks work with every harness."""
+    async def _grade(self, sb: Sandbox, task: TaskSpec, answer: str) -> tuple[float, str, str | None]:
+        """(reward, what the graders said, a note when a verifier's output was unusable). The answer
+        and the expected files are checked here, outside the sandbox; then the shell verifier."""
         try:
-            await sb.read_file(ANSWER_FILE, max_bytes=1)
-            return
-        except SandboxError:  # SandboxFileNotFound: the harness wrote none
-            pass
-        pick = getattr(self.harness, "final_answer", None)
-        answer = pick(result.stdout) if callable(pick) else None
-        try:
-            await sb.write_file(ANSWER_FILE, (answer if answer is not None else result.stdout[-8000:]).encode("utf-8"))
+            await sb.write_file(ANSWER_FILE, answer.encode("utf-8"))
         except SandboxError as exc:
-            raise _InfraFailure(f"infra: writing the answer file failed: {exc}") from None
+            raise _InfraFailure(f"writing the answer file failed: {exc}") from None
+        lines, passed = [], True
+        if task.expect_answer is not None:
+            ok = answer_matches(task.expect_answer, answer)
+            passed &= ok
+            lines.append(f"answer: {'ok' if ok else 'wrong'}: expected {task.expect_answer.describe()}, "
+                         f"got {clip(answer)}")
+        for path, want in task.expect_files.items():
+            got = await self._read_expected(sb, path, len(want.encode("utf-8")) + 2)
+            ok = file_matches(want, got)
+            passed &= ok
+            lines.append(f"{path}: {'ok' if ok else 'missing' if got is None else 'wrong'}"
+                         + ("" if ok or got is None else f": got {clip(got.decode('utf-8', 'replace'))}"))
+        reward, note = (1.0 if passed else 0.0), None
+        if task.verifier is not None:
+            v_reward, v_output, note = await self._verify(sb, task)
+            lines.append(v_output)
+            reward = v_reward if passed else 0.0
+        return reward, _tail("\n".join(lines)), note
+
+    async def _read_expected(self, sb: Sandbox, path: str, limit: int) -> bytes | None:
+        """A file the task expects, read up to `limit` bytes (a longer one is wrong anyway)."""
+        try:
+            return await sb.read_file(path, max_bytes=limit)
+        except SandboxFileNotFound:
+            return None
+        except SandboxError as exc:
+            if "directory" in str(exc).lower() or "not a regular" in str(exc).lower():
+                return None  # the agent left a folder (or worse) where the file should be: not there
+            raise _InfraFailure(f"reading {path} from the sandbox failed: {exc}") from None
 
     async def _verify(self, sb: Sandbox, task: TaskSpec) -> tuple[float, str, str | None]:
         """(reward, verifier output, a note when the verifier's output was unusable)."""
+        assert task.verifier is not None
         try:
             for path, content in task.verifier_files.items():
                 await sb.write_file(path, content.encode("utf-8"))
         except SandboxError as exc:
-            raise _InfraFailure(f"infra: writing the verifier files failed: {exc}") from None
+            raise _InfraFailure(f"writing the verifier files failed: {exc}") from None
         limit = self.config.runner.verifier_timeout_s
         done = await self._exec(sb, task.verifier, timeout=limit)
-        output = _tail(f"exit code {done.exit_code}\n{done.stdout}" + (f"\n[stderr]\n{done.stderr}" if done.stderr else ""))
+        output = _tail(f"verifier: exit code {done.exit_code}\n{done.stdout}"
+                       + (f"\n[stderr]\n{done.stderr}" if done.stderr else ""))
         if done.timed_out:
             return 0.0, output, f"verifier ran past {limit:g}s"
         reward, note = parse_score(done.exit_code, done.stdout)
@@ -290,17 +338,15 @@ class RolloutRunner:
     async def _assemble(self, rollout_id: str) -> str | None:
         """Write the rollout's trajectory rows; returns why it failed, or None."""
         try:
-            from proxy.trajectory import assemble_rollout
-        except ImportError as exc:  # the proxy part is optional for runner-only tests
-            log.warning("no trajectory assembly (%s)", exc)
-            return None
-        try:
             await self._db(assemble_rollout, self.store, rollout_id)
         except Exception as exc:  # noqa: BLE001 - recorded on the rollout; the group gets dropped
             return f"{type(exc).__name__}: {exc}"
         return None
 
     # -- helpers --------------------------------------------------------------------------------
+
+    def _has_ok_call(self, rollout_id: str) -> bool:
+        return any(c.status == "ok" for c in self.store.list_calls(rollout_id=rollout_id))
 
     def _last_call_error(self, rollout_id: str) -> str | None:
         calls = self.store.list_calls(rollout_id=rollout_id, limit=1, newest_first=True)

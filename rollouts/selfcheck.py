@@ -1,35 +1,63 @@
-"""`forge tasks validate --run`: prove a task set's verifiers work, in real sandboxes.
+"""`forge tasks validate --run`: prove a task set's graders work, in real sandboxes.
 
-Each task with a reference `solution` runs twice through the rollout runner: once with the solution
-as the "agent" (its reward must reach `pass_threshold`) and once with an agent that does nothing (it
-must not). A verifier that passes an empty attempt, or fails the reference solution, is a task bug
-that would otherwise show up as a flat reward curve.
+Each task with a reference `solution` runs through the rollout runner with stand-in agents instead of
+a model: once with the solution as the "agent" (its reward must reach `pass_threshold`), and once for
+each of HOSTILE_ANSWERS, given as the final answer of an agent that touches nothing else (each must
+score exactly 0). A grader that passes an empty attempt, a digit string, the instruction echoed back
+or an error blob is a task bug that a policy would learn to exploit; one that fails the reference
+solution would show up as a flat reward curve.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 
 from openforge.config import ForgeConfig
 from openforge.store import Store
-from rollouts.harness import HarnessContext
+from rollouts.harness import ANSWER_FILE, HarnessContext, HarnessOutcome, answer_file_outcome
 from rollouts.runner import RolloutRunner, RolloutSpec
 from rollouts.tasks import TaskProblem, TaskSpec
-from sandbox.base import Sandbox
+from sandbox.base import ExecResult, Sandbox
 
 WHERE = "solution check"
+_ALPHABET = "abcdefghijklmnopqrstuvwxyz"
+# The JSON Claude Code prints when its API call was refused: the case that once scored 1.0.
+_ERROR_BLOB = json.dumps({"type": "result", "subtype": "success", "is_error": True, "api_error_status": 400,
+                          "result": "API Error: 400 prompt is too long", "num_turns": 1,
+                          "usage": {"input_tokens": 0, "output_tokens": 0}, "status": "ok"})
 
 
-class _ScriptHarness:
-    """Runs a fixed shell script per task id instead of an agent."""
+def _megabyte(task: TaskSpec) -> str:
+    """1 MB holding every word of the instruction, every digit and letter: what a substring grader passes."""
+    chunk = f"{task.instruction} 0123456789 {_ALPHABET} {_ALPHABET.upper()} true yes ok done\n"
+    return chunk * (1_000_000 // len(chunk) + 1)
+
+
+# name -> the hostile final answer for a task
+HOSTILE_ANSWERS: dict[str, Callable[[TaskSpec], str]] = {
+    "empty": lambda task: "",
+    "digits": lambda task: "0123456789",
+    "alphabet": lambda task: f"{_ALPHABET} {_ALPHABET.upper()}",
+    "error blob": lambda task: _ERROR_BLOB,
+    "instruction echoed": lambda task: task.instruction,
+    "1 MB of text": _megabyte,
+}
+
+
+class _StandInHarness:
+    """An agent without a model: per task id, a shell script to run and/or a final answer to give."""
 
     name = "solution"
+    calls_model = False
 
-    def __init__(self, scripts: dict[str, str]) -> None:
+    def __init__(self, scripts: dict[str, str], answers: dict[str, str] | None = None) -> None:
         self.scripts = scripts
+        self.answers = answers or {}
 
     async def prepare(self, sandbox: Sandbox, ctx: HarnessContext) -> None:
-        return None
+        if ctx.task_id in self.answers:  # a file, not argv: 1 MB does not fit in one argument
+            await sandbox.write_file(ANSWER_FILE, self.answers[ctx.task_id].encode("utf-8"))
 
     def command(self, ctx: HarnessContext) -> list[str]:
         return ["sh", "-c", self.scripts.get(ctx.task_id, "true")]
@@ -37,25 +65,34 @@ class _ScriptHarness:
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         return {}
 
+    async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
+        return await answer_file_outcome(result, sandbox, name=self.name)
+
 
 async def check_solutions(store: Store, config: ForgeConfig, tasks: Sequence[TaskSpec]) -> list[TaskProblem]:
-    """Every task whose verifier fails its reference solution or passes an empty attempt."""
+    """Every task whose graders fail its reference solution or give credit to a hostile answer."""
     with_solution = [t for t in tasks if t.solution]
     problems = [TaskProblem(WHERE, t.id, "no reference solution: its verifier is unchecked (add `solution`)")
                 for t in tasks if not t.solution]
     run = store.create_run(kind="check", name="tasks validate --run")
     store.set_run_status(run.id, "running")
-    for label, scripts in (("solved", {t.id: t.solution or "true" for t in with_solution}), ("empty", {})):
-        runner = RolloutRunner(store, config=config, proxy_url="http://127.0.0.1:9", harness=_ScriptHarness(scripts))
-        out = await runner.run(run.id, [RolloutSpec(t) for t in with_solution], step=0 if label == "solved" else 1)
+    attempts = [("solved", _StandInHarness({t.id: t.solution or "true" for t in with_solution}))]
+    attempts += [(label, _StandInHarness({}, {t.id: make(t) for t in with_solution}))
+                 for label, make in HOSTILE_ANSWERS.items()]
+    credited: dict[str, list[str]] = {}  # task id -> the hostile answers it gave credit to
+    for step, (label, harness) in enumerate(attempts):
+        runner = RolloutRunner(store, config=config, proxy_url="http://127.0.0.1:9", harness=harness)
+        out = await runner.run(run.id, [RolloutSpec(t) for t in with_solution], step=step)
         for task, ro in zip(with_solution, out):
             if ro.status != "scored":
                 problems.append(TaskProblem(WHERE, task.id, f"{label} attempt ended {ro.status}: {ro.error}"))
             elif label == "solved" and (ro.reward or 0.0) < task.pass_threshold:
                 problems.append(TaskProblem(WHERE, task.id, f"the reference solution scores {ro.reward:g} < "
                                             f"pass_threshold {task.pass_threshold:g}: {_last(ro.verifier_output)}"))
-            elif label == "empty" and (ro.reward or 0.0) >= task.pass_threshold:
-                problems.append(TaskProblem(WHERE, task.id, f"an agent that does nothing passes (reward {ro.reward:g})"))
+            elif label != "solved" and (ro.reward or 0.0) > 0.0:
+                credited.setdefault(task.id, []).append(f"{label} {ro.reward:g}")
+    problems += [TaskProblem(WHERE, tid, f"gives credit to hostile answers (must be 0): {', '.join(got)}")
+                 for tid, got in credited.items()]
     store.set_run_status(run.id, "finished")
     return problems
 

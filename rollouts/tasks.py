@@ -10,10 +10,16 @@ A task set is a JSONL file (one task per line) or a folder holding any mix of:
 
 `builtin` names the set shipped in `rollouts/builtin_tasks/`.
 
-A task's verifier is a shell command run in the sandbox's working directory after the agent stops.
-Its reward: a last stdout line `score: X` (or a bare number) with X in [0, 1]; without one, exit code
-0 -> 1.0, anything else -> 0.0. The mini harness leaves its final answer in `ANSWER_FILE`, so a
-verifier can grade the answer text as well as the files the agent made.
+A task is graded after the agent has stopped (and everything it started has been killed), by
+either or both of:
+
+- `expect_answer` / `expect_files`: exact checks the runner does itself on the harness's final answer
+  and on files read out of the sandbox (rollouts/grading.py). Nothing in the sandbox can sway them.
+- `verifier`: a shell command run in the sandbox's working directory. It fails (0.0) when it exits
+  non-zero; when it exits 0, a last stdout line `score: X` (or a bare number, X in [0, 1]) is the
+  reward, else 1.0. The harness's final answer is in `ANSWER_FILE` for it to read.
+
+With both, the reward is the verifier's when every expectation holds, else 0.0.
 """
 
 from __future__ import annotations
@@ -26,13 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from openforge.errors import TaskError
+from rollouts.grading import ExpectedAnswer
 
 BUILTIN_DIR = Path(__file__).parent / "builtin_tasks"
-# Where the mini harness writes its final answer, relative to the sandbox's working directory.
+# Where the harness's final answer is left for a shell verifier, relative to the sandbox's working
+# directory (the runner writes it from the harness's outcome; `mini` writes it itself).
 ANSWER_FILE = ".forge/answer.txt"
+_NO_GRADER = "verifier: missing (required unless expect_answer or expect_files grades the task)"
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -45,7 +54,9 @@ class TaskSpec(BaseModel):
     instruction: str = Field(min_length=1, description="what the agent is told")
     files: dict[str, str] = Field(default_factory=dict, description="setup files: path -> content")
     setup: str | None = Field(None, description="shell command run before the agent starts")
-    verifier: str = Field(min_length=1, description="shell command run after the agent stops")
+    verifier: str | None = Field(None, min_length=1, description="shell command run after the agent stops")
+    expect_answer: ExpectedAnswer | None = Field(None, description="the final answer, checked exactly by the runner")
+    expect_files: dict[str, str] = Field(default_factory=dict, description="path -> exact content, checked by the runner")
     verifier_files: dict[str, str] = Field(default_factory=dict, description="written just before the verifier")
     time_limit_s: float = Field(120.0, gt=0, le=86400, description="the agent's wall-clock budget")
     pass_threshold: float = Field(1.0, ge=0, le=1, description="reward at or above this counts as a pass")
@@ -60,7 +71,7 @@ class TaskSpec(BaseModel):
             raise ValueError("must be 1-128 of letters, digits, '.', '_', '-' (starting with a letter or digit)")
         return value
 
-    @field_validator("files", "verifier_files")
+    @field_validator("files", "verifier_files", "expect_files")
     @classmethod
     def _check_paths(cls, value: dict[str, str]) -> dict[str, str]:
         for path in value:
@@ -71,10 +82,16 @@ class TaskSpec(BaseModel):
 
     @field_validator("verifier", "instruction")
     @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
+    def _not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
             raise ValueError("must not be blank")
         return value
+
+    @model_validator(mode="after")
+    def _graded(self) -> "TaskSpec":
+        if self.verifier is None and self.expect_answer is None and not self.expect_files:
+            raise ValueError(_NO_GRADER)
+        return self
 
     def to_record(self) -> dict[str, Any]:
         """The JSON-ready dict the store keeps (Store.add_tasks wants `id` and `instruction`)."""
@@ -198,7 +215,7 @@ def _describe(err: ValidationError) -> list[str]:
             msg = "missing (required)"
         elif e["type"] == "extra_forbidden":
             msg = "unknown field"
-        msgs.append(f"{loc}: {msg}")
+        msgs.append(f"{loc}: {msg}" if e["loc"] else msg)
     return msgs
 
 
@@ -215,7 +232,11 @@ def _check(path: str | Path) -> tuple[list[TaskSpec], list[TaskProblem]]:
         try:
             spec = TaskSpec.model_validate(record)
         except ValidationError as exc:
-            problems.extend(TaskProblem(where, raw_id, msg) for msg in _describe(exc))
+            msgs = _describe(exc)
+            # Pydantic skips the model check when a field fails: say a grader is missing here too.
+            if _NO_GRADER not in msgs and not any(record.get(k) for k in ("verifier", "expect_answer", "expect_files")):
+                msgs.append(_NO_GRADER)
+            problems.extend(TaskProblem(where, raw_id, msg) for msg in msgs)
             continue
         if spec.id in seen:
             problems.append(TaskProblem(where, spec.id, f"duplicate id (first defined at {seen[spec.id]})"))
@@ -258,9 +279,13 @@ def load_tasks(path: str | Path, *, include: list[str] | None = None) -> list[Ta
 def parse_score(exit_code: int, stdout: str) -> tuple[float, str | None]:
     """A verifier's reward and, when its output was unusable, why.
 
-    The last non-empty stdout line `score: X` or `X` (a number) wins; X outside [0, 1] or NaN is an
-    error (reward 0.0). Without a score line, exit code 0 -> 1.0, else 0.0.
+    A verifier that exits non-zero gives 0.0 whatever it printed: a score line can come from the
+    agent's own code run by the verifier, an exit code cannot. On exit 0, the last non-empty stdout
+    line `score: X` or `X` (a number) wins; X outside [0, 1] or NaN is an error (reward 0.0); without
+    a score line the reward is 1.0.
     """
+    if exit_code != 0:
+        return 0.0, None
     lines = [ln.strip() for ln in stdout.splitlines() if ln.strip()]
     if lines:
         last = lines[-1]
@@ -272,4 +297,4 @@ def parse_score(exit_code: int, stdout: str) -> tuple[float, str | None]:
             return value, None
         if re.match(r"(?i)score\s*[:=]", last):
             return 0.0, f"verifier printed an unreadable score line {last[:80]!r}"
-    return (1.0 if exit_code == 0 else 0.0), None
+    return 1.0, None

@@ -57,7 +57,7 @@ class ProxySession:
 
     def stop(self) -> dict[str, int]:
         """Stop serving, assemble what was recorded, end the run. Returns the trajectory counts."""
-        from proxy.trajectory import assemble_rollout
+        from rollouts.trajectory import assemble_rollout
 
         self.stack.stop()
         assert self.run is not None and self.rollout is not None

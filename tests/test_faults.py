@@ -29,11 +29,11 @@ from engine.serve import serve_in_thread
 from openforge.config import EngineConfig, ForgeConfig, ProxyConfig
 from openforge.store import Store
 from proxy.server import ProxyServer
-from proxy.trajectory import assemble_rollout
-from rollouts.harness import HarnessContext
+from rollouts.trajectory import assemble_rollout
+from rollouts.harness import HarnessContext, HarnessOutcome
 from rollouts.runner import RolloutRunner, RolloutSpec
 from rollouts.tasks import TaskSpec
-from sandbox.base import Sandbox
+from sandbox.base import ExecResult, Sandbox
 from sandbox.local import SANDBOX_ENV
 from sandbox.procs import marked_pids
 
@@ -176,9 +176,11 @@ def test_engine_killed_mid_stream_gives_an_api_error_then_recovers(tiny_model: P
 
 
 class _ShellHarness:
-    """A real adapter whose agent is one shell line (a test's hostile or flaky 'agent')."""
+    """A real adapter whose agent is one shell line (a test's hostile or flaky 'agent'). The line
+    stands for what an agent does, so its crash is the agent's: this harness itself never fails."""
 
     name = "shell"
+    calls_model = False
 
     def __init__(self, script: str | None = None) -> None:
         self.script = script
@@ -191,6 +193,9 @@ class _ShellHarness:
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         return {"OPENAI_API_KEY": ctx.api_key}
+
+    async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
+        return HarnessOutcome(answer="")
 
 
 def _leftovers(forge_home: Path, rollout_ids: list[str]) -> tuple[list[str], list[int]]:

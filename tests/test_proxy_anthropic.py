@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from openforge.store import loads
-from proxy.trajectory import assemble_rollout
+from rollouts.trajectory import assemble_rollout
 from test_proxy_support import ANTHROPIC_TOOLS, TOOL_TURN, make_rig  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from openforge.store import loads
-from proxy.trajectory import assemble_rollout
+from rollouts.trajectory import assemble_rollout
 from test_proxy_support import CHAT_TOOLS, TOOL_TURN, make_rig, tool_args  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(60)

@@ -19,7 +19,7 @@ import pytest
 
 from openforge.config import HarnessConfig, SandboxConfig
 from openforge.store import loads
-from proxy.trajectory import assemble_rollout
+from rollouts.trajectory import assemble_rollout
 from rollouts.harness import HarnessContext
 from rollouts.harnesses import get_harness
 from rollouts.npm import find_package_bin, install_hint, node_platform
@@ -135,6 +135,43 @@ async def test_runner_scores_a_claude_code_rollout(make_rig):
     assert len(loads(traj.call_ids)) == 2 and (ro.n_segments, ro.n_extends) == (1, 1)
 
 
+async def run_refused(rig, name: str):  # noqa: ANN001, ANN201
+    """The runner on an answer task whose only right answer ("status ok") is also in the harness's
+    error JSON, against a proxy whose context (4096) refuses the harness's first prompt."""
+    from openforge.config import ForgeConfig
+    from rollouts.runner import RolloutRunner, RolloutSpec
+    from rollouts.tasks import load_tasks
+
+    task = next(t for t in load_tasks("builtin") if t.id == "easy-status-ok")
+    config = ForgeConfig()
+    config.harness = HarnessConfig(name=name, npm_cache=str(NPM_CACHE), max_turns=2)
+    [ro] = await RolloutRunner(rig.store, config=config, proxy_url=rig.url).run(rig.rollout.run_id, [RolloutSpec(task)])
+    assert not [c for c in rig.calls() if c.status == "ok"]  # nothing was sampled
+    return ro
+
+
+@needs("claude-code")
+async def test_a_claude_code_api_error_is_a_harness_failure_not_a_reward(make_rig):
+    """Issue 12's case: the proxy refuses Claude Code's ~48k-token prompt with a 400; Claude Code prints
+    `"is_error": true` JSON. The rollout fails with the reason, and no grader ever sees that text."""
+    rig = make_rig(lambda ids: "status ok", max_context_tokens=4096)
+    ro = await run_refused(rig, "claude-code")
+    final = json.loads(ro.stdout)
+    assert final["is_error"] is True and final.get("api_error_status") == 400, ro.stdout[-2000:]
+    assert (ro.status, ro.reward, ro.verifier_output) == ("failed", None, None)
+    assert ro.error.startswith("harness: API error 400: "), ro.error
+    assert "4096" in ro.error or "too long" in ro.error.lower(), ro.error
+    assert ro.failure_kind == "harness"
+
+
+@needs("codex")
+async def test_a_codex_api_error_is_a_harness_failure_not_a_reward(make_rig):
+    rig = make_rig(lambda ids: "status ok", max_context_tokens=4096)
+    ro = await run_refused(rig, "codex")
+    assert (ro.status, ro.reward, ro.verifier_output) == ("failed", None, None), (ro.error, ro.stderr[-2000:])
+    assert ro.error.startswith("harness: codex exited 1: API error: the prompt is "), ro.error
+
+
 @needs("codex")
 async def test_codex_runs_exec_command_through_the_proxy(make_rig):
     rig = make_rig([], max_context_tokens=400_000)
@@ -227,3 +264,33 @@ async def test_missing_harnesses_fail_with_the_fix(tmp_path):
                 await adapter.prepare(sb, ctx)
         with pytest.raises(HarnessError, match="not on npm"):
             await get_harness(HarnessConfig(name="zeroclaw")).prepare(sb, ctx)
+
+
+@pytest.mark.parametrize(("stdout", "code", "answer", "failure"), [
+    ('{"type":"result","subtype":"success","is_error":false,"num_turns":2,"result":"Done."}', 0, "Done.", None),
+    ('{"type":"result","subtype":"success","is_error":true,"api_error_status":400,'
+     '"result":"API Error: 400 prompt is too long","num_turns":1}', 1, None, "API error 400: prompt is too long"),
+    ('{"type":"result","subtype":"error_max_turns","is_error":true,"num_turns":4}', 1, None,
+     "claude-code reported an error (error_max_turns)"),
+    ('{"type":"result","is_error":false,"result":"Done."}', 1, None, "claude-code exited 1 after a result"),
+    ("Error: something broke", 1, None, "claude-code exited 1 without its result JSON: Error: something broke"),
+])
+def test_claude_code_outcome_reads_its_json(stdout: str, code: int, answer: str | None, failure: str | None):
+    from rollouts.harnesses.claude_code import claude_outcome
+    from sandbox.base import ExecResult
+
+    got = claude_outcome(ExecResult(exit_code=code, stdout=stdout, stderr=""))
+    assert (got.answer, got.failure) == (answer, failure)
+
+
+@pytest.mark.parametrize(("stdout", "answer", "failure"), [
+    ('[plugins] loaded\n{"ok": true, "final": "Done."}', "Done.", None),
+    ('{"ok": false, "error": {"message": "400 prompt too long"}}', None, "openclaw reported an error: 400 prompt too long"),
+    ("booting...", None, "openclaw exited 0 without its result JSON: booting..."),
+])
+def test_openclaw_outcome_reads_its_json(stdout: str, answer: str | None, failure: str | None):
+    from rollouts.harnesses.openclaw import openclaw_outcome
+    from sandbox.base import ExecResult
+
+    got = openclaw_outcome(ExecResult(exit_code=0, stdout=stdout, stderr=""))
+    assert (got.answer, got.failure) == (answer, failure)

@@ -14,17 +14,20 @@ import pytest
 from openforge.config import ForgeConfig
 from openforge.errors import SandboxError
 from openforge.store import Store, hash_key
-from rollouts.harness import HarnessContext
+from rollouts.harness import HarnessContext, HarnessOutcome, answer_file_outcome
 from rollouts.runner import RolloutRunner, RolloutSpec
 from rollouts.tasks import TaskSpec
-from sandbox.base import Sandbox, TransientSandboxError
+from sandbox.base import ExecResult, Sandbox, TransientSandboxError
 from sandbox.factory import make_sandbox
 from sandbox.local import SANDBOX_ENV
 from sandbox.procs import marked_pids
 
 
 class ShellHarness:
+    """A stand-in agent: its final answer is what it leaves in the answer file (as `mini` does)."""
+
     name = "shell"
+    calls_model = False  # a shell line asks no model
 
     def __init__(self, script: str) -> None:
         self.script = script
@@ -38,6 +41,9 @@ class ShellHarness:
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         return {"OPENAI_API_KEY": ctx.api_key, "OPENAI_BASE_URL": ctx.proxy_url + "/v1"}
+
+    async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
+        return await answer_file_outcome(result, sandbox, name=self.name)
 
 
 def _config(**runner: object) -> ForgeConfig:
@@ -64,10 +70,10 @@ def _gone(forge_home: Path, rollout_id: str) -> bool:
 
 async def test_scored_rollout_stores_output_and_verifier(store: Store, forge_home: Path) -> None:
     run = store.create_run(kind="eval")
-    harness = ShellHarness('echo "key=$OPENAI_API_KEY"; echo oops >&2; cat task.txt > done.txt; exit 3')
+    harness = ShellHarness('echo "key=$OPENAI_API_KEY"; echo oops >&2; cat task.txt > done.txt')
     task = _task(files={"task.txt": "hi\n"}, verifier="cat done.txt; echo 'score: 0.75'")
     [ro] = await _runner(store, harness).run(run.id, [RolloutSpec(task, 0)], step=2, adapter="step-1")
-    assert (ro.status, ro.reward, ro.exit_code, ro.step, ro.adapter) == ("scored", 0.75, 3, 2, "step-1")
+    assert (ro.status, ro.reward, ro.exit_code, ro.step, ro.adapter) == ("scored", 0.75, 0, 2, "step-1")
     assert hash_key(ro.stdout.strip().removeprefix("key=")) == ro.key_hash and ro.stderr.strip() == "oops"
     assert "hi" in ro.verifier_output and ro.attempts == 1 and ro.error is None
     assert ro.started_at is not None and ro.ended_at is not None
@@ -79,7 +85,7 @@ async def test_scored_rollout_stores_output_and_verifier(store: Store, forge_hom
 @pytest.mark.parametrize(("verifier", "reward", "note"), [
     ("exit 0", 1.0, None),
     ("exit 1", 0.0, None),
-    ("echo 'score: 0.3'; exit 1", 0.3, None),
+    ("echo 'score: 0.3'; exit 1", 0.0, None),  # a failing verifier gives nothing
     ("echo 0.5", 0.5, None),
     ("echo 'score: 7'", 0.0, "outside [0, 1]"),
 ])
@@ -97,7 +103,7 @@ async def test_hanging_harness_is_killed_at_its_limit_and_its_sandbox_is_gone(st
     t0 = time.monotonic()
     [ro] = await _runner(store, harness).run(run.id, [RolloutSpec(_task(time_limit_s=1.0))])
     assert time.monotonic() - t0 < 8
-    assert (ro.status, ro.reward, ro.exit_code) == ("timed_out", 0.0, 124)
+    assert (ro.status, ro.reward, ro.exit_code, ro.failure_kind) == ("timed_out", 0.0, 124, "timeout")
     assert "limit of 1s" in ro.error and "started" in ro.stdout
     assert _gone(forge_home, ro.id)
 
@@ -125,9 +131,9 @@ class FlakyFactory:
 async def test_infra_retry_then_success_and_agent_failure_is_data(store: Store) -> None:
     run = store.create_run()
     factory = FlakyFactory(failures=2)
-    runner = _runner(store, ShellHarness("exit 1"), sandbox_factory=factory)  # the agent fails: data
+    runner = _runner(store, ShellHarness("true"), sandbox_factory=factory)  # the agent did nothing: data
     [ro] = await runner.run(run.id, [RolloutSpec(_task())])
-    assert (ro.status, ro.reward, ro.attempts, ro.exit_code) == ("scored", 0.0, 3, 1)
+    assert (ro.status, ro.reward, ro.attempts, ro.exit_code) == ("scored", 0.0, 3, 0)
 
 
 async def test_infra_failure_after_retries_is_failed_not_scored(store: Store) -> None:
@@ -136,6 +142,7 @@ async def test_infra_failure_after_retries_is_failed_not_scored(store: Store) ->
     [ro] = await runner.run(run.id, [RolloutSpec(_task())])
     assert (ro.status, ro.reward, ro.attempts) == ("failed", None, 3)
     assert ro.error.startswith("infra: sandbox failed to start after 3 attempt(s): engine busy (start 3)")
+    assert ro.failure_kind == "infra"
 
 
 async def test_permanent_start_failure_is_not_retried(store: Store) -> None:
@@ -201,24 +208,55 @@ async def test_cancel_marks_every_rollout_and_cleans_every_sandbox(store: Store,
     assert not list((forge_home / "sandboxes").iterdir())
 
 
-async def test_answer_file_from_stdout_or_final_answer_for_harnesses_that_write_none(store: Store) -> None:
+class Reporting(ShellHarness):
+    """A harness whose own result (not a file in the sandbox) says what it answered or why it failed."""
+
+    def __init__(self, script: str, reported: HarnessOutcome, *, calls_model: bool = False) -> None:
+        super().__init__(script)
+        self.reported, self.calls_model = reported, calls_model
+
+    async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
+        return self.reported
+
+
+def _answer_task():  # noqa: ANN202
     from rollouts.tasks import load_tasks
 
-    hello = next(t for t in load_tasks("builtin") if t.id == "easy-say-hello")
+    return next(t for t in load_tasks("builtin") if t.id == "easy-say-hello")
+
+
+async def test_the_harness_reported_answer_is_graded_not_a_file_the_agent_wrote(store: Store) -> None:
     run = store.create_run()
-    [ro] = await _runner(store, ShellHarness('echo \'{"result": "hello world"}\'')).run(run.id, [RolloutSpec(hello)])
+    writes = "mkdir -p .forge; echo hello world > .forge/answer.txt"
+    [ro] = await _runner(store, Reporting(writes, HarnessOutcome(answer="hello"))).run(run.id, [RolloutSpec(_answer_task())])
+    assert (ro.status, ro.reward) == ("scored", 0.0)
+    assert "expected the words 'hello world', got 'hello'" in ro.verifier_output
+    [ro] = await _runner(store, Reporting("true", HarnessOutcome(answer="Hello, world."))).run(
+        run.id, [RolloutSpec(_answer_task())])
+    assert (ro.status, ro.reward) == ("scored", 1.0)
+    # a shell verifier reads the reported answer from the answer file, which the runner wrote
+    task = _task(verifier='[ "$(cat .forge/answer.txt)" = 42 ]')
+    [ro] = await _runner(store, Reporting(writes, HarnessOutcome(answer="42"))).run(run.id, [RolloutSpec(task)])
     assert (ro.status, ro.reward) == ("scored", 1.0)
 
-    class Picky(ShellHarness):
-        def final_answer(self, stdout: str) -> str:
-            return stdout.split("ANSWER:")[-1]
 
-    [ro] = await _runner(store, Picky("echo hello world; echo ANSWER: world")).run(run.id, [RolloutSpec(hello)])
-    assert ro.reward == pytest.approx(0.6)  # only "world" made it into the answer
-    # a harness that writes the file itself keeps its own answer
-    [ro] = await _runner(store, ShellHarness("mkdir -p .forge; echo hello > .forge/answer.txt; echo world")
-                         ).run(run.id, [RolloutSpec(hello)])
-    assert ro.reward == pytest.approx(0.6)
+@pytest.mark.parametrize(("harness", "error"), [
+    # the issue's case: the harness printed its error JSON, whose text holds "status" and "ok"
+    (Reporting('echo \'{"is_error": true, "api_error_status": 400, "result": "status ok"}\'',
+               HarnessOutcome.failed("API error 400: prompt is too long")), "harness: API error 400: prompt is too long"),
+    (ShellHarness("mkdir -p .forge; echo status ok > .forge/answer.txt; exit 3"), "harness: shell exited 3: "),
+    (Reporting("true", HarnessOutcome(answer="status ok"), calls_model=True),
+     "harness: shell made no successful model call (exit code 0)"),
+])
+async def test_a_harness_failure_is_failed_and_never_graded(store: Store, harness: ShellHarness, error: str) -> None:
+    from rollouts.tasks import load_tasks
+
+    status_ok = next(t for t in load_tasks("builtin") if t.id == "easy-status-ok")
+    run = store.create_run()
+    [ro] = await _runner(store, harness).run(run.id, [RolloutSpec(status_ok)])
+    assert (ro.status, ro.reward, ro.verifier_output) == ("failed", None, None)
+    assert ro.error.startswith(error), ro.error
+    assert ro.failure_kind == "harness"
 
 
 async def test_a_harness_that_cannot_be_prepared_is_infra(store: Store, forge_home: Path) -> None:

@@ -53,6 +53,9 @@ def test_validate_run_reports_verifiers_that_cannot_tell(tmp_path: Path) -> None
     assert lines[:-1] == [
         "solution check [unchecked]: no reference solution: its verifier is unchecked (add `solution`)",
         "solution check [wrong]: the reference solution scores 0.4 < pass_threshold 0.5: score: 0.4",
-        "solution check [lenient]: an agent that does nothing passes (reward 1)",
+        "solution check [lenient]: gives credit to hostile answers (must be 0): empty 1, digits 1, alphabet 1, "
+        "error blob 1, instruction echoed 1, 1 MB of text 1",
+        "solution check [wrong]: gives credit to hostile answers (must be 0): empty 0.4, digits 0.4, alphabet 0.4, "
+        "error blob 0.4, instruction echoed 0.4, 1 MB of text 0.4",
     ], lines
     assert lines[-1] == f"forge: error: 3 task(s) of {path} failed the solution check"

@@ -11,7 +11,7 @@ import torch
 
 from openforge.config import TrainerConfig
 from openforge.store import Call, Store, utcnow
-from proxy.trajectory import assemble_rollout
+from rollouts.trajectory import assemble_rollout
 from test_learn import embedded_engine
 from trainer.data import build_batch, call_sampling, micro_batches
 from trainer.grpo import StepConfig, grpo_step

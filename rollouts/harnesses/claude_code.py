@@ -3,15 +3,20 @@ Messages API. The wire protocol it speaks is written down in docs/harnesses.md.
 
     claude -p --output-format json --dangerously-skip-permissions --max-turns N --model M -- "<task>"
 
-Its final JSON (`{"type": "result", "result": ..., "num_turns": ...}`) lands in the rollout's stdout.
+Its final JSON (`{"type": "result", "is_error": false, "result": ..., "num_turns": ...}`) lands in
+the rollout's stdout; `outcome` reads it: `result` is the answer only when `is_error` is false, and an
+API error (`api_error_status`, e.g. the proxy's 400 for a prompt over the context) is a failure.
 """
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from openforge.config import HarnessConfig
-from rollouts.harness import HarnessContext
+from rollouts.harness import HarnessContext, HarnessOutcome, last_line
 from rollouts.npm import check_in_sandbox, npm_cache_dir, sandbox_executable
-from sandbox.base import Sandbox
+from sandbox.base import ExecResult, Sandbox
 
 # Settings that keep Claude Code talking to the proxy only (checked with strace: no DNS, no other
 # connection) and let it run unattended.
@@ -24,6 +29,36 @@ QUIET_ENV = {
     # containers run as root, and the rollout's sandbox is exactly that.
     "IS_SANDBOX": "1",
 }
+
+
+def final_json(stdout: str) -> dict[str, Any] | None:
+    """The `{"type": "result", ...}` object `claude -p --output-format json` prints last, if any."""
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and obj.get("type") == "result":
+            return obj
+    return None
+
+
+def claude_outcome(result: ExecResult) -> HarnessOutcome:
+    """Claude Code's own verdict on the run, from its final JSON."""
+    final = final_json(result.stdout)
+    if final is None:
+        why = last_line(result.stderr) or last_line(result.stdout) or "no output"
+        return HarnessOutcome.failed(f"claude-code exited {result.exit_code} without its result JSON: {why}")
+    turns = final.get("num_turns") if isinstance(final.get("num_turns"), int) else None
+    text = final.get("result") if isinstance(final.get("result"), str) else ""
+    if final.get("is_error") is not False:
+        status = final.get("api_error_status")
+        head = f"API error {status}" if status else f"claude-code reported an error ({final.get('subtype', '?')})"
+        detail = text.removeprefix("API Error: ").removeprefix(f"{status} ").strip() if text else ""
+        return HarnessOutcome.failed(f"{head}: {detail}" if detail else head, turns=turns)
+    if result.exit_code != 0:
+        return HarnessOutcome.failed(f"claude-code exited {result.exit_code} after a result", turns=turns)
+    return HarnessOutcome(answer=text, turns=turns)
 
 
 class ClaudeCodeHarness:
@@ -56,3 +91,6 @@ class ClaudeCodeHarness:
             "ANTHROPIC_SMALL_FAST_MODEL": ctx.model,
             "ANTHROPIC_DEFAULT_HAIKU_MODEL": ctx.model,
         }
+
+    async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
+        return claude_outcome(result)

@@ -1,16 +1,23 @@
 """Codex CLI (`@openai/codex`) as a harness: `codex exec` with a provider entry on the proxy's
 Responses API, given as `-c` overrides so no config file is needed. Wire protocol: docs/harnesses.md.
+
+Its final message is written by Codex itself to LAST_MESSAGE (`--output-last-message`); `outcome`
+reads that file. A run that exits non-zero (Codex gave up on the API: its `ERROR:` line is the
+reason) or leaves no last message is a failure, whatever it printed.
 """
 
 from __future__ import annotations
 
+import json
+
 from openforge.config import HarnessConfig
-from rollouts.harness import HarnessContext
+from rollouts.harness import HarnessContext, HarnessOutcome, last_line, read_text
 from rollouts.npm import check_in_sandbox, npm_cache_dir, sandbox_executable
-from sandbox.base import Sandbox
+from sandbox.base import ExecResult, Sandbox
 
 KEY_ENV = "FORGE_API_KEY"  # the provider's env_key: Codex sends it as `Authorization: Bearer ...`
 PROVIDER = "forge"
+LAST_MESSAGE = ".forge/codex-last-message.txt"  # relative to the sandbox's working directory
 
 
 def provider_overrides(base_url: str) -> list[str]:
@@ -29,6 +36,17 @@ def provider_overrides(base_url: str) -> list[str]:
     return [arg for item in settings for arg in ("-c", item)]
 
 
+def _error_message(line: str) -> str:
+    """Codex's `ERROR: {"error": {"message": ...}}` line as `API error: <message>`; other lines as they are."""
+    body = line.removeprefix("ERROR:").strip()
+    try:
+        error = json.loads(body).get("error")
+    except (json.JSONDecodeError, AttributeError):
+        return line
+    message = error.get("message") if isinstance(error, dict) else None
+    return f"API error: {message}" if isinstance(message, str) else line
+
+
 class CodexHarness:
     name = "codex"
 
@@ -39,6 +57,7 @@ class CodexHarness:
     async def prepare(self, sandbox: Sandbox, ctx: HarnessContext) -> None:
         # CODEX_HOME defaults to ~/.codex and HOME is the sandbox's own: state stays per rollout.
         await check_in_sandbox(sandbox, ctx, self.name, self.cache)
+        await sandbox.write_file(".forge/.codex", b"")  # the folder Codex writes its last message into
 
     def command(self, ctx: HarnessContext) -> list[str]:
         return [*sandbox_executable(ctx, self.name, self.cache), "exec",
@@ -48,8 +67,19 @@ class CodexHarness:
                 "--dangerously-bypass-approvals-and-sandbox",
                 "--ephemeral", "--color", "never",
                 "--disable", "plugins",  # the curated-plugin sync reaches github.com
+                "--output-last-message", f"{ctx.workdir.rstrip('/')}/{LAST_MESSAGE}",
                 "-m", ctx.model, *provider_overrides(ctx.proxy_url.rstrip("/") + "/v1"),
                 *self.config.extra_args, "--", ctx.instruction]
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         return {KEY_ENV: ctx.api_key, "NO_COLOR": "1"}
+
+    async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
+        if result.exit_code != 0:
+            errors = [ln.strip() for ln in result.stderr.splitlines() if ln.strip().startswith("ERROR")]
+            why = (_error_message(errors[-1]) if errors else last_line(result.stderr)) or "no output"
+            return HarnessOutcome.failed(f"codex exited {result.exit_code}: {why}")
+        message = await read_text(sandbox, LAST_MESSAGE)
+        if message is None:
+            return HarnessOutcome.failed("codex exited 0 without a last message")
+        return HarnessOutcome(answer=message)

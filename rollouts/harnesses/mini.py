@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from openforge.config import HarnessConfig
-from rollouts.harness import HarnessContext
-from sandbox.base import Sandbox
+from rollouts.harness import HarnessContext, HarnessOutcome, answer_file_outcome
+from sandbox.base import ExecResult, Sandbox
 
 AGENT_SOURCE = Path(__file__).with_name("mini_agent.py")
 AGENT_PATH = ".forge/mini_agent.py"  # relative to the sandbox's working directory
@@ -40,3 +40,8 @@ class MiniHarness:
             "PYTHONUNBUFFERED": "1",  # a killed agent still leaves its log in the stored stdout
             "PYTHONDONTWRITEBYTECODE": "1",
         }
+
+    async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
+        # mini_agent writes its final answer to the answer file and exits 3 when the API failed it,
+        # 4 without `openai`, 5 on its own bug: any of those is a failure, never an answer.
+        return await answer_file_outcome(result, sandbox, name=self.name)

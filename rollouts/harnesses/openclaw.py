@@ -10,6 +10,9 @@ keys from its config), which is fine for a per-rollout credential that dies with
 OpenClaw puts SQLite lock files in a hard-coded `/tmp/openclaw-state-locks-<uid>/` (not $TMPDIR) and
 fails with "unable to open database file" where /tmp is read-only, as in the local bubblewrap sandbox.
 There the command runs under a nested `bwrap` that binds the sandbox's own $TMPDIR over /tmp.
+
+With `--json` it prints one object `{"ok": true, "final": "<answer>", ...}` after its logs; `outcome`
+takes `final` only when `ok` is true, else its `error` is the failure.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ import shutil
 
 from openforge.config import HarnessConfig
 from openforge.errors import HarnessError
-from rollouts.harness import HarnessContext
+from rollouts.harness import HarnessContext, HarnessOutcome, last_line
 from rollouts.npm import check_in_sandbox, npm_cache_dir, sandbox_executable
-from sandbox.base import Sandbox
+from sandbox.base import ExecResult, Sandbox
 
 CONFIG_PATH = ".forge/openclaw.json"  # relative to the sandbox's working directory
 INSTRUCTION_PATH = ".forge/instruction.txt"
@@ -41,6 +44,25 @@ def openclaw_config(ctx: HarnessContext, *, context_window: int = 32768, max_tok
             "baseUrl": base, "apiKey": ctx.api_key, "api": API, "models": [model]}}},
         "agents": {"defaults": {"model": {"primary": f"{PROVIDER}/{ctx.model}"}}},
     }
+
+
+def openclaw_outcome(result: ExecResult) -> HarnessOutcome:
+    """OpenClaw's verdict from the JSON object it prints last (its logs come before it)."""
+    start = result.stdout.find("{")
+    try:
+        final = json.loads(result.stdout[start:]) if start >= 0 else None
+    except json.JSONDecodeError:
+        final = None
+    if not isinstance(final, dict):
+        why = last_line(result.stderr) or last_line(result.stdout) or "no output"
+        return HarnessOutcome.failed(f"openclaw exited {result.exit_code} without its result JSON: {why}")
+    if final.get("ok") is not True or not isinstance(final.get("final"), str):
+        error = final.get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+        return HarnessOutcome.failed(f"openclaw reported an error: {message or 'ok is not true'}")
+    if result.exit_code != 0:
+        return HarnessOutcome.failed(f"openclaw exited {result.exit_code} after its result")
+    return HarnessOutcome(answer=final["final"])
 
 
 class OpenClawHarness:
@@ -80,3 +102,6 @@ class OpenClawHarness:
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         # OpenClaw keeps its state under ~/.openclaw: the sandbox's own HOME keeps rollouts apart.
         return {"NO_COLOR": "1", "FORCE_COLOR": "0"}
+
+    async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
+        return openclaw_outcome(result)

@@ -7,7 +7,8 @@ adapter is written from ZeroClaw's documentation and has not run here (docs/harn
 
 What it does where the binary is on the sandbox's PATH: write `$ZEROCLAW_WORKSPACE/config.toml`
 with the proxy as a `custom:` OpenAI-compatible provider, full autonomy (no approval prompts; the
-sandbox is the isolation) and the tool-iteration cap, then run `zeroclaw agent -m <instruction>`.
+sandbox is the isolation) and the tool-iteration cap, then run `zeroclaw agent -m <instruction>`. Its reply is what it prints to stdout (documented; not
+seen here), so `outcome` takes stdout as the answer only on exit 0 with something printed.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import json
 
 from openforge.config import HarnessConfig
 from openforge.errors import HarnessError
-from rollouts.harness import HarnessContext
-from sandbox.base import Sandbox
+from rollouts.harness import HarnessContext, HarnessOutcome, last_line
+from sandbox.base import ExecResult, Sandbox
 
 WORKSPACE = ".forge/zeroclaw"  # ZeroClaw's config/state folder, relative to the sandbox's workdir
 
@@ -59,3 +60,11 @@ class ZeroClawHarness:
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         return {"ZEROCLAW_WORKSPACE": f"{ctx.workdir.rstrip('/')}/{WORKSPACE}", "NO_COLOR": "1"}
+
+    async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
+        if result.exit_code != 0:
+            why = last_line(result.stderr) or last_line(result.stdout) or "no output"
+            return HarnessOutcome.failed(f"zeroclaw exited {result.exit_code}: {why}")
+        if not result.stdout.strip():
+            return HarnessOutcome.failed("zeroclaw exited 0 without a reply")
+        return HarnessOutcome(answer=result.stdout.strip())

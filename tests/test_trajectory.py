@@ -1,11 +1,11 @@
-"""Trajectory assembly: extension, history rewrites, retries, interleaved conversations."""
+"""Trajectory assembly (rollouts/trajectory.py): extension, history rewrites, retries, interleaved conversations."""
 
 from __future__ import annotations
 
 import json
 
 from openforge.store import Call, loads
-from proxy.trajectory import assemble_calls, assemble_rollout
+from rollouts.trajectory import assemble_calls, assemble_rollout
 
 
 def call(i: int, prompt: list[int], completion: list[int]) -> Call:
