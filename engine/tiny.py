@@ -1,6 +1,6 @@
 """Build a tiny, real-architecture causal LM offline: `forge model tiny PATH`.
 
-A Qwen2 model (random weights, ~0.2M parameters) with a byte-level BPE tokenizer trained here with
+A Qwen2 model (random weights, ~0.2M parameters, 131,072 positions by default) with a byte-level BPE tokenizer trained here with
 `tokenizers` on bundled text, and Qwen2.5's chat template (ChatML with `<tool_call>` tools). It is
 saved with `save_pretrained`, so everything that loads it is the same code that loads a real
 Qwen2.5/Qwen3 checkpoint directory. Same seed, same files.
@@ -132,12 +132,19 @@ def build_tokenizer(vocab_size: int = 1024):  # -> PreTrainedTokenizerFast
 LEARNABLE_NORM_GAIN = 8.0
 
 
+# Enough for Claude Code's first request (~48.5k tokens with this tokenizer) and Codex's (~23.6k)
+# with room for many turns. Qwen2 has no learned position table (RoPE), so the context length changes
+# no weight: a model built with any context has the same weights for the same seed and size.
+DEFAULT_CONTEXT = 131072
+
+
 def build_tiny_model(path: str | Path, *, seed: int = 0, hidden_size: int = 64, layers: int = 2,
-                     vocab_size: int = 1024, norm_gain: float = 1.0) -> Path:
+                     vocab_size: int = 1024, norm_gain: float = 1.0, context_length: int = DEFAULT_CONTEXT) -> Path:
     """Write a tiny Qwen2 model + tokenizer + chat template to `path` and return it.
 
     `norm_gain` is the final RMSNorm's weight: 1.0 is the plain random init, LEARNABLE_NORM_GAIN the
-    peaked one `forge up` trains."""
+    peaked one `forge up` trains. `context_length` is `max_position_embeddings`, what the engine
+    reports and enforces."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
     from transformers.utils import logging as hf_logging
@@ -154,7 +161,7 @@ def build_tiny_model(path: str | Path, *, seed: int = 0, hidden_size: int = 64, 
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=4096,
+        max_position_embeddings=context_length,
         tie_word_embeddings=True,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),

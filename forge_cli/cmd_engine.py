@@ -39,6 +39,9 @@ def model_tiny(
     path: Annotated[Path, typer.Argument(help="folder to write the model to (created)")],
     seed: Annotated[int, typer.Option(help="weights seed: same seed, same files")] = 0,
     force: Annotated[bool, typer.Option("--force", help="overwrite a folder that already holds files")] = False,
+    context: Annotated[int, typer.Option(
+        "--context", help="context length in tokens (max_position_embeddings); the default fits Claude Code's and "
+                          "Codex's first requests with room for turns")] = 131072,
     norm_gain: Annotated[Optional[float], typer.Option(
         "--norm-gain", help="final RMSNorm weight; default: the learnable gain `forge up --demo` uses "
                             "(1.0 = plain random init, nearly uniform outputs that GRPO can hardly move)")] = None,
@@ -53,9 +56,12 @@ def model_tiny(
         raise ForgeError(f"{target} is not empty (use --force to overwrite)")
     if norm_gain is not None and norm_gain <= 0:
         raise ForgeError(f"--norm-gain must be positive, got {norm_gain}")
-    out = build_tiny_model(target, seed=seed, norm_gain=LEARNABLE_NORM_GAIN if norm_gain is None else norm_gain)
+    if context < 64:
+        raise ForgeError(f"--context must be at least 64 tokens, got {context}")
+    out = build_tiny_model(target, seed=seed, norm_gain=LEARNABLE_NORM_GAIN if norm_gain is None else norm_gain,
+                           context_length=context)
     n_files = sum(1 for _ in out.iterdir())
-    typer.echo(f"built the tiny model in {out} ({n_files} files)")
+    typer.echo(f"built the tiny model in {out} ({n_files} files, context {context:,} tokens)")
 
 
 def register(app: typer.Typer) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +24,12 @@ def test_model_tiny_builds_a_loadable_model_and_refuses_a_full_folder(tmp_path):
     assert result.exit_code == 0, result.output
     assert result.output.startswith(f"built the tiny model in {target}")
     assert (target / "config.json").is_file() and (target / "tokenizer_config.json").is_file()
+    assert json.loads((target / "config.json").read_text())["max_position_embeddings"] == 131072
+    short = runner.invoke(app, ["model", "tiny", str(tmp_path / "short"), "--context", "8192"])
+    assert short.exit_code == 0 and "context 8,192 tokens" in short.output
+    assert json.loads((tmp_path / "short" / "config.json").read_text())["max_position_embeddings"] == 8192
+    # RoPE has no position table: the context length changes no weight.
+    assert (tmp_path / "short" / "model.safetensors").read_bytes() == (target / "model.safetensors").read_bytes()
     again = runner.invoke(app, ["model", "tiny", str(target)])
     assert again.exit_code == 1 and "is not empty (use --force to overwrite)" in again.output
 

@@ -238,3 +238,30 @@ async def test_requests_arriving_together_are_prefilled_together(served, referen
     assert [o.output_ids for o in together] == [o.output_ids for o in serial]
     for a, b in zip(together, serial):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-4
+
+
+async def test_the_real_context_length_is_reported_and_enforced(tmp_path):
+    """Issue 12: the model config's max_position_embeddings, in SGLang's field names and error shape."""
+    import httpx
+
+    from engine.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "short", context_length=64)
+    engine = EmbeddedEngine(EngineConfig(model=str(model)))
+    try:
+        with serve_in_thread(engine.app) as server:
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+                info = (await http.get("/model_info")).json()
+                server_info = (await http.get("/get_server_info")).json()
+                models = (await http.get("/v1/models")).json()
+                fits = await http.post("/generate", json={"input_ids": [5] * 63, "sampling_params": {"max_new_tokens": 8}})
+                over = await http.post("/generate", json={"input_ids": [5] * 64})
+        assert info["context_length"] == server_info["context_length"] == 64
+        assert server_info["max_req_input_len"] == 63 and models["data"][0]["max_model_len"] == 64
+        # A 63-token prompt fits and stops at the context's end (one position left for one token).
+        assert fits.status_code == 200 and fits.json()["meta_info"]["finish_reason"]["type"] == "length"
+        assert fits.json()["meta_info"]["completion_tokens"] == 1
+        assert over.status_code == 400 and over.json() == {"error": {"message": (
+            "The input (64 tokens) is longer than the model's context length (64 tokens).")}}
+    finally:
+        engine.close()
