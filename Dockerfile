@@ -18,7 +18,12 @@ COPY trainer ./trainer
 COPY bench ./bench
 RUN pip install --no-cache-dir ".[k8s]"
 
+# A non-root user (uid 1000, as `sandbox.kubernetes.run_as_user`): the namespace enforces Pod Security
+# `restricted`, rollout pods run as it with a read-only root, and so does the controller.
+RUN groupadd --gid 1000 forge && useradd --uid 1000 --gid 1000 --create-home --home-dir /home/forge forge \
+    && mkdir -p /data && chown 1000:1000 /data
 ENV FORGE_HOME=/data
 VOLUME /data
+USER 1000:1000
 ENTRYPOINT ["forge"]
 CMD ["--help"]

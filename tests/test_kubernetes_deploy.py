@@ -48,8 +48,7 @@ def test_every_object_is_a_valid_kubernetes_object(objs) -> None:  # type: ignor
     kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
     listed = set(kustomization["resources"])
     on_disk = {p.name for p in DEPLOY.glob("*.yaml")} - {"kustomization.yaml"}
-    assert on_disk - listed == {"sandbox-networkpolicy.yaml"}  # the one optional piece
-    assert listed <= on_disk
+    assert listed == on_disk  # the egress policy included: applied by default
 
 
 def test_config_services_and_rbac_agree(objs, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -92,10 +91,41 @@ def test_config_services_and_rbac_agree(objs, tmp_path: Path) -> None:  # type: 
     check_pod_manifest(build_pod_manifest(config.sandbox, name=pod_name("ro-1"), run_id="run-1", rollout_id="ro-1"))
 
 
-def test_network_policy_selects_the_sandbox_pods(objs) -> None:  # type: ignore[no-untyped-def]
+def test_network_policy_denies_all_egress_but_the_proxy_and_dns(objs) -> None:  # type: ignore[no-untyped-def]
     from sandbox.k8s_manifests import pod_labels
 
-    policy = objs[("NetworkPolicy", "sandboxes-reach-only-the-proxy")]
-    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(run_id="r", rollout_id="x").items()
+    policy = objs[("NetworkPolicy", "sandboxes-reach-only-the-proxy")]["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels(run_id="r", rollout_id="x").items()
+    assert set(policy["policyTypes"]) == {"Egress", "Ingress"} and "ingress" not in policy  # no ingress at all
+    proxy, dns = policy["egress"]  # nothing else: no ipBlock (metadata endpoint, apiserver), no other pods
     controller_labels = objs[("Deployment", "forge-controller")]["spec"]["template"]["metadata"]["labels"]
-    assert policy["spec"]["egress"][0]["to"][0]["podSelector"]["matchLabels"].items() <= controller_labels.items()
+    assert [list(t) for t in proxy["to"]] == [["podSelector"]]
+    assert proxy["to"][0]["podSelector"]["matchLabels"].items() <= controller_labels.items()
+    proxy_port = objs[("Service", "forge-proxy")]["spec"]["ports"][0]["port"]  # = the container's port (above)
+    assert proxy["ports"] == [{"protocol": "TCP", "port": proxy_port}]
+    assert dns["to"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}]
+    assert sorted(p["protocol"] for p in dns["ports"]) == ["TCP", "UDP"] and {p["port"] for p in dns["ports"]} == {53}
+
+
+def test_the_namespace_enforces_restricted_and_the_controller_complies(objs) -> None:  # type: ignore[no-untyped-def]
+    from k8s_double.admission import pod_security_violations
+
+    labels = objs[("Namespace", "openforge")]["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    template = objs[("Deployment", "forge-controller")]["spec"]["template"]
+    assert pod_security_violations(template, "restricted") == []
+
+
+@pytest.mark.parametrize("version", ["1.30", "1.37"])
+def test_manifests_validate_against_the_real_schemas(objs, version: str) -> None:  # type: ignore[no-untyped-def]
+    # kubernetes-validate bundles the API server's OpenAPI schemas (strict: unknown fields refused).
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    docs = list(objs.values())
+    toml = objs[("ConfigMap", "forge-config")]["data"]["forge.toml"]
+    from openforge.config import ForgeConfig
+    import tomllib
+
+    sandbox = ForgeConfig.model_validate(tomllib.loads(toml)).sandbox
+    docs.append(build_pod_manifest(sandbox, name=pod_name("ro-1"), run_id="run-1", rollout_id="ro-1", home="/data"))
+    for doc in docs:
+        kubernetes_validate.validate(doc, version, strict=True)
