@@ -97,10 +97,14 @@ class RawExec:
     duration_s: float
 
 
-# Kills every process but this shell whose environ holds the marker $1 (POSIX sh + tr + grep, so
-# busybox images work too): what an exec left in the background, or that left its process group.
-_KILL_MARKED = ('for p in /proc/[0-9]*; do [ "${p#/proc/}" = "$$" ] && continue; { tr "\\0" "\\n" < $p/environ; } '
-                '2>/dev/null | grep -qx "$1" && kill -9 ${p#/proc/} 2>/dev/null; done; true')
+# Kills every process but this shell whose environ holds the marker $1: what an exec left in the
+# background, or that left its process group. One `grep -z` over every environ where grep has -z
+# (GNU); else a loop with tr + grep per process (busybox).
+_KILL_MARKED = ('if printf "x\\0" | grep -qzx x 2>/dev/null; then '
+                'for f in $(grep -lzx -- "$1" /proc/[0-9]*/environ 2>/dev/null); do p=${f#/proc/}; p=${p%/environ}; '
+                '[ "$p" = "$$" ] || kill -9 $p 2>/dev/null; done; '
+                'else for p in /proc/[0-9]*; do [ "${p#/proc/}" = "$$" ] && continue; { tr "\\0" "\\n" < $p/environ; } '
+                '2>/dev/null | grep -qx "$1" && kill -9 ${p#/proc/} 2>/dev/null; done; fi; true')
 
 
 def _capper(limit: int) -> str:
