@@ -18,12 +18,19 @@ what `kubernetes` (the official Python client) sends and expects, checked agains
   ContainerCreating -> Running (or ErrImagePull -> ImagePullBackOff for an unknown image) ->
   Succeeded/Failed when the container exits, Failed/DeadlineExceeded at activeDeadlineSeconds.
 
-A pod is realised as a folder used as its root filesystem under bubblewrap (the host's /usr and
-/etc read-only, the folder writable at `/`, new mount and PID namespaces) running the container's
-command. An exec enters those namespaces with nsenter, as `runc exec` does: it sees the pod's files
-and processes, and what it leaves running lives on under the container's PID 1. As with a real
-kubelet, closing an exec stream does not kill its process, and an exec's output stays open while a
-background child holds it; deleting the pod kills everything in it.
+Admission is the apiserver's: validation (422) and Pod Security admission (403, `restricted` in the
+`openforge` namespace by default; tests/k8s_double/admission.py). A pod is realised as a folder used
+as its root filesystem under bubblewrap (the host's /usr and /etc read-only; the folder read-only too
+with `readOnlyRootFilesystem`, its emptyDirs writable), in new mount and PID namespaces, its command
+PID 1, run as the pod's user without capabilities (setpriv). An exec enters those namespaces with
+nsenter as that user, as `runc exec` does: it sees the pod's files and processes, and what it leaves
+running lives on under PID 1. As with a real kubelet, closing an exec stream does not kill its
+process, and an exec's output stays open while a background child holds it. A graceful delete sends
+TERM to PID 1 and KILLs after the grace period before the object goes; a force delete (grace 0)
+removes the object first and the processes a second later. Knobs make the double misbehave as a
+cluster can: `enforce_memory` (a cgroup-v2 OOM kill of the whole pod past its limit),
+`create_container_errors` (CreateContainerError before each start), `throttle_creates` (429 with
+Retry-After).
 """
 
 from __future__ import annotations
