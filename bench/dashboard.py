@@ -7,7 +7,6 @@ The run: 2,000 rollouts with 32 KB of harness output each and 8,000 calls with 2
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 import time
@@ -20,8 +19,8 @@ from openforge.store import Store, TrainStep, utcnow
 def _fill(store: Store, n_rollouts: int, calls_per_rollout: int) -> str:
     run = store.create_run(name="bench", config={"trainer": {"steps": 50}})
     output = "harness log line\n" * 2000  # ~32 KB, the kind of tail the runner keeps
-    request = json.dumps({"messages": [{"role": "user", "content": "x" * 24_000}]})
-    response = json.dumps({"choices": [{"message": {"content": "y" * 500}}]})
+    request = {"messages": [{"role": "user", "content": "x" * 24_000}]}
+    response = {"choices": [{"message": {"content": "y" * 500}}]}
     with store.engine.begin() as conn:
         rollouts, calls = [], []
         for i in range(n_rollouts):

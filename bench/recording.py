@@ -7,7 +7,6 @@ batches through `AsyncStore.insert_calls`, with 8 concurrent producers, as the p
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import statistics
 import tempfile
@@ -20,11 +19,11 @@ from openforge.store import Store, utcnow
 
 def _rows(run_id: str, rollout_id: str, n: int, prompt_len: int, completion_len: int) -> list[dict]:
     rng = random.Random(0)
-    prompt = json.dumps([rng.randrange(150_000) for _ in range(prompt_len)])
-    completion = json.dumps([rng.randrange(150_000) for _ in range(completion_len)])
-    logprobs = json.dumps([round(-rng.random() * 5, 6) for _ in range(completion_len)])
-    request = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 4000}]})
-    response = json.dumps({"choices": [{"message": {"content": "y" * 1000}}]})
+    prompt = [rng.randrange(150_000) for _ in range(prompt_len)]
+    completion = [rng.randrange(150_000) for _ in range(completion_len)]
+    logprobs = [round(-rng.random() * 5, 6) for _ in range(completion_len)]
+    request = {"model": "m", "messages": [{"role": "user", "content": "x" * 4000}]}
+    response = {"choices": [{"message": {"content": "y" * 1000}}]}
     return [dict(run_id=run_id, rollout_id=rollout_id, seq=i, api="openai_chat", status="ok",
                  request_json=request, response_json=response, prompt_ids=prompt, completion_ids=completion,
                  logprobs=logprobs, prompt_tokens=prompt_len, completion_tokens=completion_len,

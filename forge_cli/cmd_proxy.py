@@ -12,7 +12,7 @@ from rich.table import Table
 
 from forge_cli.context import state
 from openforge.errors import ConfigError, ForgeError, NotFoundError
-from openforge.store import Call, loads
+from openforge.store import Call
 
 console = Console()
 
@@ -98,7 +98,7 @@ def calls(
         call = store.get_call(show)
         if call.run_id != run.id:
             raise NotFoundError(f"call {show} is not in run {run.id}")
-        _show_call(call, _decoder(loads(run.config_json)))
+        _show_call(call, _decoder(run.config_json))
         return
     rows = list(reversed(store.list_calls(run_id=run.id, limit=limit, newest_first=True)))
     several = len({c.rollout_id for c in rows}) > 1
@@ -108,7 +108,7 @@ def calls(
     for col in cols:
         table.add_column(col, justify="right" if col in ("id", "seq", "in", "out", "reused", "ms") else "left")
     for c in rows:
-        tools = ",".join(t["name"] for t in loads(c.tool_calls_json, [])) + (" (malformed)" if c.tool_parse_error else "")
+        tools = ",".join(t["name"] for t in (c.tool_calls_json or [])) + (" (malformed)" if c.tool_parse_error else "")
         table.add_row(str(c.id), *([c.rollout_id] if several else []), str(c.seq), _API_SHORT.get(c.api, c.api),
                       c.status, str(c.prompt_tokens), str(c.completion_tokens), str(c.reused_tokens),
                       c.finish_reason or "-", tools or "-", f"{c.latency_ms:.0f}" if c.latency_ms is not None else "-")
@@ -125,10 +125,10 @@ def _show_call(call: Call, tokenizer: Any) -> None:
                   f"completion {call.completion_tokens} tokens, latency {call.latency_ms or 0:.1f} ms")
     if call.error:
         console.print(f"[red]error:[/] {call.error}")
-    ids, lps = loads(call.completion_ids, []), loads(call.logprobs, [])
+    ids, lps = call.completion_ids or [], call.logprobs or []
     if tokenizer is not None:
         console.rule("prompt (decoded, last 2000 characters)")
-        console.print(tokenizer.decode(loads(call.prompt_ids, []))[-2000:], markup=False, highlight=False)
+        console.print(tokenizer.decode(call.prompt_ids or [])[-2000:], markup=False, highlight=False)
         console.rule("completion (decoded)")
         console.print(tokenizer.decode(ids), markup=False, highlight=False)
     table = Table(title="completion tokens")

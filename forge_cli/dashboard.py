@@ -28,7 +28,7 @@ from textual_plotext import PlotextPlot
 
 from forge_cli.snapshot import Snapshot, conversation, read_snapshot, run_log_path
 from openforge.errors import ForgeError
-from openforge.store import RUN_FINAL, Call, Store, loads
+from openforge.store import RUN_FINAL, Call, Store
 
 POLL_S = 1.0
 
@@ -174,8 +174,8 @@ class CallScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         c = self.call
-        prompt_ids = loads(c.prompt_ids, []) or []
-        completion_ids = loads(c.completion_ids, []) or []
+        prompt_ids = c.prompt_ids or []
+        completion_ids = c.completion_ids or []
         head = Text.assemble(
             (f"call {c.id}", "bold"), f"  {c.api}  rollout {c.rollout_id}  seq {c.seq}  ", _status(c.status),
             f"\nmodel {c.model}  adapter {c.adapter or 'base'}  stream {c.stream}  finish {c.finish_reason or '-'}",
@@ -191,7 +191,7 @@ class CallScreen(ModalScreen[None]):
                     block = Static(Text(text or "(empty)"), classes=f"turn role-{role.split()[0]}")
                     block.border_title = role
                     yield block
-                tools = loads(c.tool_calls_json, []) or []
+                tools = c.tool_calls_json or []
                 if tools or c.tool_parse_error:
                     body = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
                     if c.tool_parse_error:

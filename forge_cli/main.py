@@ -20,7 +20,6 @@ from forge_cli.context import AppState, ForgeGroup, new_typer, state
 from runs.checks import run_checks
 from openforge.config import dump_toml
 from openforge.errors import ForgeError
-from openforge.store import loads
 
 app = typer.Typer(
     cls=ForgeGroup,
@@ -122,7 +121,7 @@ def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
         for s in steps:
             table.add_row(*[("-" if getattr(s, c) is None else f"{getattr(s, c):.4g}") for c in cols])
         console.print(table)
-    summary = loads(run.summary_json)
+    summary = run.summary_json
     if summary:
         console.print_json(json.dumps(summary))
 

@@ -17,7 +17,7 @@ from sqlalchemy import func, literal_column
 from sqlalchemy.orm import load_only
 from sqlmodel import select
 
-from openforge.store import Call, Rollout, Run, Store, TrainStep, loads, utcnow
+from openforge.store import Call, Rollout, Run, Store, TrainStep, utcnow
 
 
 @dataclass
@@ -63,7 +63,7 @@ def read_snapshot(store: Store, run_id: str, *, max_rollouts: int = 40, max_call
         ).all())
     seen = {r.id for r in live}
     return Snapshot(
-        run=run, config=loads(run.config_json, {}) or {}, steps=store.list_train_steps(run.id),
+        run=run, config=run.config_json or {}, steps=store.list_train_steps(run.id),
         rollouts=(live + [r for r in recent if r.id not in seen])[:max_rollouts], calls=calls,
         counts=counts, n_calls=int(n_calls),
     )
@@ -143,11 +143,9 @@ def response_turns(api: str, response: dict[str, Any]) -> list[tuple[str, str]]:
 
 def conversation(call: Call) -> list[tuple[str, str]]:
     """The call as (role, text) turns: the prompt as the harness sent it, then what was sampled."""
-    try:
-        request = loads(call.request_json, {}) or {}
-        response = loads(call.response_json, None)
-    except json.JSONDecodeError:
-        return [("raw", call.request_json or ""), ("raw response", call.response_json or "")]
+    request, response = call.request_json or {}, call.response_json
+    if isinstance(request, str):  # JSON text not yet stored (the column decodes what it holds)
+        return [("raw", request), ("raw response", str(response or ""))]
     turns = request_turns(call.api, request) if isinstance(request, dict) else [("request", str(request))]
     if isinstance(response, dict):
         turns.extend(response_turns(call.api, response))

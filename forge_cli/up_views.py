@@ -112,8 +112,8 @@ def summary(store: Store, run_id: str, home: Path) -> str:
         f"stored in {store.path} (artefacts in {runs_dir(home) / run.id})",
         f"look at it: forge show {run.id}  |  forge dash {run.id}  |  forge calls {run.id}",
     ]
-    if run.status in ("stopped", "interrupted", "failed") and len(steps) < ForgeConfig.model_validate_json(
-            run.config_json or "{}").trainer.steps:
+    if run.status in ("stopped", "interrupted", "failed") and len(steps) < ForgeConfig.model_validate(
+            run.config_json or {}).trainer.steps:
         lines.append(f"continue it: forge up --resume {run.id}")
     if run.error:
         lines.insert(1, f"error: {run.error}")

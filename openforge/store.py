@@ -26,7 +26,6 @@ any old store without an Alembic environment next to it.
 from __future__ import annotations
 
 import hashlib
-import json
 import secrets
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
@@ -224,7 +223,7 @@ class Store:
     def create_run(self, *, kind: str = "train", name: str = "", config: dict[str, Any] | None = None,
                    run_id: str | None = None, owner_pid: int | None = None) -> Run:
         run = Run(id=run_id or new_id("run"), kind=kind, name=name, owner_pid=owner_pid,
-                  config_json=json.dumps(config) if config is not None else None)
+                  config_json=config)
         with self.session() as s:
             s.add(run)
             s.commit()
@@ -257,7 +256,7 @@ class Store:
                 raise NotFoundError(f"no run {run_id!r}")
             for key, value in fields.items():
                 if key in ("config", "summary"):
-                    key, value = f"{key}_json", json.dumps(value)
+                    key = f"{key}_json"
                 setattr(run, key, value)
             s.add(run)
             s.commit()
@@ -318,7 +317,7 @@ class Store:
                 if spec["id"] in have:
                     continue
                 s.add(Task(run_id=run_id, task_id=spec["id"], instruction=spec.get("instruction", ""),
-                           spec_json=json.dumps(spec)))
+                           spec_json=dict(spec)))
             s.commit()
 
     def list_tasks(self, run_id: str) -> list[Task]:
@@ -469,7 +468,3 @@ def open_store(home: Path) -> Store:
 
     return Store(db_path(home))
 
-
-def loads(value: str | None, default: Any = None) -> Any:
-    """Read a JSON column (None stays `default`)."""
-    return default if value is None else json.loads(value)

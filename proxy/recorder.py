@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import sqlite3
 from dataclasses import dataclass, field
@@ -35,11 +34,6 @@ class _Op:
     kind: str  # "insert" | "update"
     payload: Any
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-
-
-def _as_columns(values: dict[str, Any]) -> dict[str, Any]:
-    """Lists and dicts (token ids, logprobs, bodies) become the JSON text the store's columns hold."""
-    return {k: json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v for k, v in values.items()}
 
 
 class Recorder:
@@ -101,8 +95,7 @@ class Recorder:
         updates = [op for op in ops if op.kind == "update"]
         try:
             ids = await self.astore.write_calls(
-                [_as_columns(op.payload) for op in inserts],
-                [(call_id, _as_columns(values)) for call_id, values in (op.payload for op in updates)],
+                [op.payload for op in inserts], [op.payload for op in updates],
                 number=True)
         except Exception as exc:  # noqa: BLE001 - every waiter must hear about a failed commit
             err = exc if isinstance(exc, StoreError) else StoreError(f"recording calls failed: {exc}")

@@ -8,7 +8,6 @@ engine failures into a retryable API error instead of a hung connection.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from collections.abc import AsyncIterator
@@ -19,7 +18,7 @@ from typing import Any
 from engine.client import EngineClient
 from openforge.config import ProxyConfig
 from openforge.errors import EngineError, StoreError
-from openforge.store import loads, utcnow
+from openforge.store import utcnow
 from proxy.calls import APIError, CallRequest, Completion, TextDelta, ToolCallEvent, new_call_id
 from proxy.generation import Generation, GenerationParams, token_logprobs
 from proxy.recorder import Recorder
@@ -88,14 +87,14 @@ class CallService:
             for row in rows:
                 api = self.apis.get(row.api)
                 try:
-                    old = api.parse_request(json.loads(row.request_json or "")) if api else None
+                    old = api.parse_request(row.request_json) if api and row.request_json else None
                 except (APIError, ValueError, TypeError):
                     old = None
                 if old is None:
                     continue
-                ids = loads(row.completion_ids, [])
-                comp = self._replayed_completion(ids, old.stop, loads(row.tool_calls_json, []))
-                prompt = Prompt(loads(row.prompt_ids, []), "", row.reused_tokens)
+                ids = row.completion_ids or []
+                comp = self._replayed_completion(ids, old.stop, row.tool_calls_json or [])
+                prompt = Prompt(row.prompt_ids or [], "", row.reused_tokens)
                 self.builder.record(rollout_id, old.messages, old.prompt_tools, prompt, comp, row.id)
             self.builder.mark_known(rollout_id)
         self._warm_locks.pop(rollout_id, None)

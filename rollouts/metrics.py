@@ -19,7 +19,7 @@ from math import comb
 from statistics import fmean
 from typing import Any
 
-from openforge.store import Rollout, Store, loads
+from openforge.store import Rollout, Store
 
 DATA_STATES = ("scored", "timed_out")  # the policy's own outcomes (a timeout is the agent's failure)
 
@@ -129,7 +129,7 @@ def run_metrics(tasks: list[TaskMetrics], k_values: Sequence[int]) -> RunMetrics
 def summarize_run(store: Store, run_id: str, k_values: Sequence[int], *, step: int | None = None) -> RunMetrics:
     """Metrics of a run's rollouts (one step of it if given), thresholds from the run's task copies."""
     rollouts = store.list_rollouts(run_id, step=step)
-    thresholds = {t.task_id: float((loads(t.spec_json, {}) or {}).get("pass_threshold", 1.0))
+    thresholds = {t.task_id: float((t.spec_json or {}).get("pass_threshold", 1.0))
                   for t in store.list_tasks(run_id)}
     usage: dict[str, tuple[int, int]] = {}
     for call in store.list_calls(run_id=run_id):

@@ -14,12 +14,11 @@ call (the harness kept the retry's answer, not the first one's).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from openforge.store import Call, Store, Trajectory, loads
+from openforge.store import Call, Store, Trajectory
 
 
 @dataclass
@@ -59,8 +58,8 @@ def assemble_calls(calls: list[Call]) -> tuple[list[_Segment], dict[str, int]]:
     segments: list[_Segment] = []
     stats = {"n_calls": 0, "n_extends": 0, "n_segments": 0, "n_retries": 0, "n_tokens": 0, "n_sampled": 0}
     for call in calls:
-        prompt, completion = loads(call.prompt_ids, []), loads(call.completion_ids, [])
-        lps = loads(call.logprobs, [])
+        prompt, completion = call.prompt_ids or [], call.completion_ids or []
+        lps = call.logprobs or []
         lps = (lps + [float("nan")] * len(completion))[:len(completion)]
         stats["n_calls"] += 1
         retried = next((s for s in reversed(segments) if s.prompt_of_last() == prompt), None)
@@ -92,8 +91,8 @@ def assemble_rollout(store: Store, rollout_id: str) -> dict[str, Any]:
     calls.sort(key=lambda c: (c.seq, c.id or 0))
     segments, stats = assemble_calls(calls)
     rows = [
-        Trajectory(run_id=rollout.run_id, rollout_id=rollout_id, segment=i, token_ids=json.dumps(s.tokens),
-                   loss_mask=json.dumps(s.mask), logprobs=json.dumps(s.logprobs), call_ids=json.dumps(s.call_ids),
+        Trajectory(run_id=rollout.run_id, rollout_id=rollout_id, segment=i, token_ids=s.tokens,
+                   loss_mask=s.mask, logprobs=s.logprobs, call_ids=s.call_ids,
                    n_tokens=len(s.tokens))
         for i, s in enumerate(segments)
     ]

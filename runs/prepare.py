@@ -131,7 +131,7 @@ def prepare_run(store: Store, config: ForgeConfig, *, home: Path, resume: str | 
     if run.status not in RUN_FINAL:
         raise ForgeError(f"run {run.id} is {run.status} (driven by pid {run.owner_pid}); "
                          f"stop it first with `forge stop {run.id}`")
-    config = ForgeConfig.model_validate_json(run.config_json) if run.config_json else config
+    config = ForgeConfig.model_validate(run.config_json) if run.config_json else config
     if steps is not None:
         config.trainer.steps = steps
     done = len(store.list_train_steps(run.id))

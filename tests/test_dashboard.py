@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 
 import pytest
@@ -71,13 +70,13 @@ def known_run(store: Store) -> str:
     response = {"choices": [{"message": {"role": "assistant", "content": "Let me run it.", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{\"cmd\": \"echo 5\"}"}}]}}]}
     store.add_call(Call(run_id=run.id, rollout_id=done[0].id, seq=0, api="openai_chat", model="forge-policy",
-                        status="ok", request_json=json.dumps(request), response_json=json.dumps(response),
-                        prompt_ids=json.dumps(list(range(17))), completion_ids=json.dumps([1, 2, 3]),
-                        tool_calls_json=json.dumps([{"name": "bash", "arguments": {"cmd": "echo 5"}}]),
+                        status="ok", request_json=request, response_json=response,
+                        prompt_ids=list(range(17)), completion_ids=[1, 2, 3],
+                        tool_calls_json=[{"name": "bash", "arguments": {"cmd": "echo 5"}}],
                         prompt_tokens=17, completion_tokens=3, latency_ms=42.0, finish_reason="tool_calls"))
     store.add_call(Call(run_id=run.id, rollout_id=live.id, seq=0, api="anthropic_messages", model="forge-policy",
-                        status="in_flight", request_json=json.dumps({"system": "sys", "messages": [
-                            {"role": "user", "content": [{"type": "text", "text": "hello claude"}]}]})))
+                        status="in_flight", request_json={"system": "sys", "messages": [
+                            {"role": "user", "content": [{"type": "text", "text": "hello claude"}]}]}))
     log = run_log_path(store.path, run.id)
     log.parent.mkdir(parents=True)
     log.write_text("13:00:01 engine up at http://127.0.0.1:1234\n13:00:02 step 1 reward 0.25\n")
@@ -225,21 +224,21 @@ async def test_a_store_error_is_shown_and_the_view_carries_on(store: Store, know
 
 
 def test_conversation_of_each_api() -> None:
-    anth = Call(api="anthropic_messages", status="ok", request_json=json.dumps({
+    anth = Call(api="anthropic_messages", status="ok", request_json={
         "system": [{"type": "text", "text": "be brief"}],
         "messages": [{"role": "user", "content": "list files"},
                      {"role": "assistant", "content": [{"type": "tool_use", "name": "ls", "input": {"p": "."}}]},
-                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "a.txt"}]}]}),
-        response_json=json.dumps({"content": [{"type": "text", "text": "a.txt is there"}]}))
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "a.txt"}]}]},
+        response_json={"content": [{"type": "text", "text": "a.txt is there"}]})
     assert conversation(anth) == [("system", "be brief"), ("user", "list files"),
                                   ("assistant", "-> ls({\"p\": \".\"})"), ("user", "<- a.txt"),
                                   ("assistant (sampled)", "a.txt is there")]
-    resp = Call(api="openai_responses", status="ok", request_json=json.dumps({
+    resp = Call(api="openai_responses", status="ok", request_json={
         "instructions": "sys", "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
                                          {"type": "function_call", "name": "sh", "arguments": "{}"},
-                                         {"type": "function_call_output", "call_id": "x", "output": "ok"}]}),
-        response_json=json.dumps({"output": [{"type": "message", "role": "assistant",
-                                              "content": [{"type": "output_text", "text": "done"}]}]}))
+                                         {"type": "function_call_output", "call_id": "x", "output": "ok"}]},
+        response_json={"output": [{"type": "message", "role": "assistant",
+                                              "content": [{"type": "output_text", "text": "done"}]}]})
     assert conversation(resp) == [("system", "sys"), ("user", "hi"), ("assistant", "-> sh({})"), ("tool", "<- ok"),
                                   ("assistant (sampled)", "done")]
     broken = Call(api="openai_chat", status="error", request_json="{not json")

@@ -24,12 +24,12 @@ def _run(store: Store) -> str:
     store.add_tasks(run.id, [{"id": "count", "instruction": "count the lines"}])
     good = store.create_rollout(run_id=run.id, task_id="count", step=3, sample_index=1, harness="mini")
     store.replace_trajectories(good.id, [
-        Trajectory(run_id=run.id, rollout_id=good.id, segment=s, token_ids=json.dumps(TOKENS),
-                   loss_mask=json.dumps(MASK), logprobs=json.dumps(LOGP)) for s in (0, 1)])
+        Trajectory(run_id=run.id, rollout_id=good.id, segment=s, token_ids=TOKENS,
+                   loss_mask=MASK, logprobs=LOGP) for s in (0, 1)])
     store.update_rollout(good.id, status="scored", reward=0.75)
     bad = store.create_rollout(run_id=run.id, task_id="count", step=3)
-    store.replace_trajectories(bad.id, [Trajectory(run_id=run.id, rollout_id=bad.id, token_ids="[1, 2]",
-                                                   loss_mask="[0, 1]", logprobs="[0.0, -1.0]")])
+    store.replace_trajectories(bad.id, [Trajectory(run_id=run.id, rollout_id=bad.id, token_ids=[1, 2],
+                                                   loss_mask=[0, 1], logprobs=[0.0, -1.0])])
     store.update_rollout(bad.id, status="failed", error="sandbox died")
     return run.id
 

@@ -3,7 +3,6 @@ a real local sandbox -> verifier; and its robustness to the nonsense a random po
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 from engine.scripted import ScriptedEngine
 from engine.serve import serve_in_thread
 from openforge.config import ForgeConfig
-from openforge.store import Store, loads
+from openforge.store import Store
 from proxy.server import ProxyServer
 from rollouts.harnesses import get_harness
 from rollouts.harnesses.mini_agent import run_tool
@@ -59,14 +58,14 @@ def test_mini_solves_a_task_through_the_proxy_in_a_sandbox(serve, store: Store) 
     assert "write_file -> 'wrote 12 characters" in ro.stdout
     calls = store.list_calls(rollout_id=ro.id)
     assert [c.status for c in calls] == ["ok", "ok"] and [c.api for c in calls] == ["openai_chat"] * 2
-    assert json.loads(calls[0].tool_calls_json)[0]["name"] == "write_file"
+    assert calls[0].tool_calls_json[0]["name"] == "write_file"
     # the second call's request carries the tool result the agent produced in the sandbox
-    second = json.loads(calls[1].request_json)
+    second = calls[1].request_json
     assert second["messages"][-1]["role"] == "tool" and "wrote 12 characters" in second["messages"][-1]["content"]
     assert len(engine.requests) == 2
     [traj] = store.list_trajectories(rollout_ids=[ro.id])
-    mask = loads(traj.loss_mask)
-    assert ro.n_calls == 2 and traj.n_tokens == len(loads(traj.token_ids)) == len(mask) and 0 < sum(mask) < len(mask)
+    mask = traj.loss_mask
+    assert ro.n_calls == 2 and traj.n_tokens == len(traj.token_ids) == len(mask) and 0 < sum(mask) < len(mask)
 
 
 def test_mini_survives_a_random_policy(serve, store: Store) -> None:  # noqa: ANN001

@@ -6,7 +6,6 @@ import anthropic
 import httpx
 import pytest
 
-from openforge.store import loads
 from rollouts.trajectory import assemble_rollout
 from test_proxy_support import ANTHROPIC_TOOLS, TOOL_TURN, make_rig  # noqa: F401 - fixture
 
@@ -37,7 +36,7 @@ def test_tool_use_loop_streaming_extends_the_first_call(make_rig):
     second = c.messages.create(model="claude-x", max_tokens=200, system="You are terse.", messages=msgs,
                                tools=ANTHROPIC_TOOLS)
     assert second.content[0].text == "There is one file." and second.stop_reason == "end_turn"
-    assert second.usage.input_tokens == len(loads(rig.calls()[1].prompt_ids))
+    assert second.usage.input_tokens == len(rig.calls()[1].prompt_ids)
     stats = assemble_rollout(rig.store, rig.rollout.id)
     assert (stats["n_segments"], stats["n_extends"]) == (1, 1)
     assert rig.calls()[1].reused_tokens == rig.calls()[0].completion_tokens

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 
 import httpx
 import openai
 import pytest
 
-from openforge.store import loads
 from rollouts.trajectory import assemble_rollout
 from test_proxy_support import CHAT_TOOLS, TOOL_TURN, make_rig, tool_args  # noqa: F401 - fixture
 
@@ -38,7 +36,7 @@ def test_tool_loop_reuses_sampled_tokens_and_assembles_one_segment(make_rig):
 
     calls = rig.calls()
     assert [c.status for c in calls] == ["ok", "ok"] and [c.seq for c in calls] == [0, 1]
-    p0, c0, p1 = loads(calls[0].prompt_ids), loads(calls[0].completion_ids), loads(calls[1].prompt_ids)
+    p0, c0, p1 = calls[0].prompt_ids, calls[0].completion_ids, calls[1].prompt_ids
     assert p1[:len(p0) + len(c0)] == p0 + c0  # the second prompt extends the first exactly
     assert calls[1].reused_tokens == len(c0)
     # Re-tokenising the replayed history would have given other ids (the template re-spaces the JSON).
@@ -49,11 +47,11 @@ def test_tool_loop_reuses_sampled_tokens_and_assembles_one_segment(make_rig):
     stats = assemble_rollout(rig.store, rig.rollout.id)
     assert stats["n_segments"] == 1 and stats["n_extends"] == 1
     traj = rig.store.list_trajectories(rollout_ids=[rig.rollout.id])[0]
-    ids, mask, lps = loads(traj.token_ids), loads(traj.loss_mask), loads(traj.logprobs)
-    assert ids == p1 + loads(calls[1].completion_ids)
+    ids, mask, lps = traj.token_ids, traj.loss_mask, traj.logprobs
+    assert ids == p1 + calls[1].completion_ids
     sampled = [t for t, m in zip(ids, mask) if m]
-    assert sampled == c0 + loads(calls[1].completion_ids)
-    assert [lp for lp, m in zip(lps, mask) if m] == loads(calls[0].logprobs) + loads(calls[1].logprobs)
+    assert sampled == c0 + calls[1].completion_ids
+    assert [lp for lp, m in zip(lps, mask) if m] == calls[0].logprobs + calls[1].logprobs
     assert all(lp == 0.0 for lp, m in zip(lps, mask) if not m)
     assert tok.decode(c0, skip_special_tokens=True) == TOOL_TURN
     assert rig.store.get_rollout(rig.rollout.id).n_segments == 1
@@ -87,7 +85,7 @@ def test_logprobs_are_the_sampled_ones(make_rig):
     rig = make_rig(["Hello world"])
     out = client(rig).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], logprobs=True)
     got = [t.logprob for t in out.choices[0].logprobs.content]
-    recorded = loads(rig.calls()[0].logprobs)
+    recorded = rig.calls()[0].logprobs
     assert got == recorded[:len(got)] and len(got) == len(recorded) - 1  # the end-of-turn token is not content
     assert "".join(t.token for t in out.choices[0].logprobs.content) == "Hello world"
 
@@ -188,7 +186,7 @@ def test_stop_strings_and_max_tokens(make_rig):
     assert out.choices[0].message.content == "alpha beta " and out.choices[0].finish_reason == "stop"
     out = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
     assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 2
-    assert json.loads(rig.calls()[1].request_json)["max_tokens"] == 2
+    assert rig.calls()[1].request_json["max_tokens"] == 2
 
 
 def test_models_and_health(make_rig):
@@ -211,7 +209,7 @@ def test_rollout_adapter_and_sampling_reach_the_engine(make_rig):
     assert params["temperature"] == 0.0 and params["top_p"] == 0.5 and params["max_new_tokens"] == 7
     assert rig.engine.tokenizer.convert_tokens_to_ids("<|im_end|>") in params["stop_token_ids"]
     assert rig.calls(tuned.id)[0].adapter == "step-3"
-    assert tuned_req["input_ids"] == loads(rig.calls(tuned.id)[0].prompt_ids)  # recorded = what was sent
+    assert tuned_req["input_ids"] == rig.calls(tuned.id)[0].prompt_ids  # recorded = what was sent
 
 
 def test_multibyte_text_streams_without_broken_characters(make_rig):

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from engine.scripted import ScriptedEngine
 from engine.serve import serve_in_thread
 from forge_cli.main import app
-from openforge.store import Store, hash_key, loads
+from openforge.store import Store, hash_key
 from test_proxy_support import CHAT_TOOLS, TOOL_TURN
 
 pytestmark = pytest.mark.timeout(120)
@@ -65,7 +65,7 @@ def test_forge_proxy_records_one_key_and_refuses_others(tiny_model, forge_home):
     (rollout,) = store.list_rollouts(run.id)
     assert rollout.key_hash == hash_key("sk-only-this") and rollout.status == "cancelled" and rollout.n_extends == 1
     (traj,) = store.list_trajectories(rollout_ids=[rollout.id])
-    sampled = [t for t, m in zip(loads(traj.token_ids), loads(traj.loss_mask)) if m]
+    sampled = [t for t, m in zip(traj.token_ids, traj.loss_mask) if m]
     assert engine.tokenizer.decode(sampled, skip_special_tokens=True) == TOOL_TURN + "finished"
 
     runner = CliRunner()
@@ -74,7 +74,7 @@ def test_forge_proxy_records_one_key_and_refuses_others(tiny_model, forge_home):
     first = store.list_calls(run_id=run.id)[0]
     shown = runner.invoke(app, ["calls", run.id, "--show", str(first.id)])
     assert shown.exit_code == 0 and "Let me look." in shown.output
-    assert f"{loads(first.logprobs)[0]:.4f}" in shown.output
+    assert f"{first.logprobs[0]:.4f}" in shown.output
     missing = runner.invoke(app, ["calls", run.id, "--show", "999"])
     assert missing.exit_code == 1 and "no call 999" in missing.output
 

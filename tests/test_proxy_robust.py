@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 import httpx
@@ -16,7 +15,7 @@ from engine.client import EngineClient
 from engine.scripted import ScriptedEngine
 from engine.serve import serve_in_thread
 from openforge.config import ProxyConfig
-from openforge.store import Call, loads
+from openforge.store import Call
 from proxy.app import create_app
 from proxy.server import ProxyServer
 from test_proxy_support import CHAT_TOOLS, TOOL_TURN, make_rig  # noqa: F401 - fixture
@@ -109,7 +108,7 @@ def test_in_process_call_is_recorded_before_the_response_returns(asgi, store):
         "model": "m", "messages": [{"role": "user", "content": "hi"}]}))
     assert resp.status_code == 200
     calls = store.list_calls(rollout_id=ro.id)  # read right away, by another connection
-    assert [c.status for c in calls] == ["ok"] and json.loads(calls[0].response_json)["id"] == resp.json()["id"]
+    assert [c.status for c in calls] == ["ok"] and calls[0].response_json["id"] == resp.json()["id"]
 
 
 def test_restart_interrupts_stale_calls_and_keeps_reusing_tokens(make_rig, store, tiny_model):
@@ -132,8 +131,8 @@ def test_restart_interrupts_stale_calls_and_keeps_reusing_tokens(make_rig, store
         again.stop()
     calls = rig.calls()
     assert [c.status for c in calls] == ["ok", "interrupted", "ok"] and calls[2].seq == 2
-    assert loads(calls[2].prompt_ids)[:len(loads(calls[0].prompt_ids)) + calls[0].completion_tokens] == \
-        loads(calls[0].prompt_ids) + loads(calls[0].completion_ids)  # reuse survived the restart
+    assert calls[2].prompt_ids[:len(calls[0].prompt_ids) + calls[0].completion_tokens] == \
+        calls[0].prompt_ids + calls[0].completion_ids  # reuse survived the restart
 
 
 async def _burst(url: str, key: str, n: int, stream: bool) -> list[int]:

@@ -16,7 +16,7 @@ import pytest
 from engine.scripted import ScriptedEngine
 from engine.serve import ServerHandle, serve_in_thread
 from openforge.config import ProxyConfig
-from openforge.store import Rollout, Store, loads
+from openforge.store import Rollout, Store
 from proxy.server import ProxyServer
 
 BASH_SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
@@ -54,7 +54,7 @@ class Rig:
 
     def served_texts(self, rollout_id: str | None = None) -> list[str]:
         tok = self.engine.tokenizer
-        return [tok.decode(loads(c.completion_ids), skip_special_tokens=True)
+        return [tok.decode(c.completion_ids, skip_special_tokens=True)
                 for c in self.calls(rollout_id) if c.status == "ok"]
 
 

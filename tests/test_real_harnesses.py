@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from openforge.config import HarnessConfig, SandboxConfig
-from openforge.store import loads
 from rollouts.trajectory import assemble_rollout
 from rollouts.harness import HarnessContext
 from rollouts.harnesses import get_harness
@@ -82,10 +81,10 @@ def check_recording(rig: Any, api: str) -> dict[str, Any]:
     assert served[-1] == ANSWER and any("<tool_call>" in text for text in served)
     stats = assemble_rollout(rig.store, rig.rollout.id)
     trajectories = rig.store.list_trajectories(rollout_ids=[rig.rollout.id])
-    assert trajectories and sum(len(loads(t.call_ids)) for t in trajectories) == len(calls)
+    assert trajectories and sum(len(t.call_ids) for t in trajectories) == len(calls)
     tok = rig.engine.tokenizer
-    sampled = [i for t in trajectories for i, m in zip(loads(t.token_ids), loads(t.loss_mask)) if m]
-    expected = [i for c in calls for i in loads(c.completion_ids)]
+    sampled = [i for t in trajectories for i, m in zip(t.token_ids, t.loss_mask) if m]
+    expected = [i for c in calls for i in c.completion_ids]
     assert sampled == expected
     assert tok.decode(sampled, skip_special_tokens=True) == "".join(served)
     assert stats["n_calls"] == len(calls) and stats["n_segments"] + stats["n_extends"] == len(calls)
@@ -132,7 +131,7 @@ async def test_runner_scores_a_claude_code_rollout(make_rig):
     assert (ro.status, ro.reward, ro.exit_code, ro.harness) == ("scored", 1.0, 0, "claude-code"), ro.error
     assert json.loads(ro.stdout)["result"] == ANSWER
     [traj] = rig.store.list_trajectories(rollout_ids=[ro.id])
-    assert len(loads(traj.call_ids)) == 2 and (ro.n_segments, ro.n_extends) == (1, 1)
+    assert len(traj.call_ids) == 2 and (ro.n_segments, ro.n_extends) == (1, 1)
 
 
 async def run_refused(rig, name: str):  # noqa: ANN001, ANN201

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from engine.scripted import ScriptedEngine
 from engine.serve import serve_in_thread
 from forge_cli.main import app
-from openforge.store import Store, loads
+from openforge.store import Store
 
 
 def test_forge_eval_prints_and_stores_pass_at_k(tiny_model: Path, store: Store) -> None:
@@ -26,7 +26,7 @@ def test_forge_eval_prints_and_stores_pass_at_k(tiny_model: Path, store: Store) 
     assert "easy-say-hello" in out.output and "p@2" in out.output
     [run] = store.list_runs()
     assert (run.kind, run.status, run.name) == ("eval", "finished", "smoke")
-    summary = loads(run.summary_json)
+    summary = run.summary_json
     tasks = {t["task_id"]: t for t in summary["tasks"]}
     assert tasks["easy-say-hello"]["mean_reward"] == pytest.approx(1.0)
     assert tasks["easy-say-done"]["mean_reward"] == 0.0  # a wrong answer earns nothing, however long

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import sqlite3
@@ -17,7 +16,7 @@ import pytest
 from openforge import store as store_mod
 from openforge.async_store import AsyncStore
 from openforge.errors import NotFoundError, StoreError
-from openforge.store import Call, Checkpoint, Store, TrainStep, Trajectory, loads
+from openforge.store import Call, Checkpoint, Store, TrainStep, Trajectory
 
 
 def test_every_table_round_trips(store: Store) -> None:
@@ -29,32 +28,32 @@ def test_every_table_round_trips(store: Store) -> None:
     store.update_rollout(rollout.id, status="running")
     store.update_rollout(rollout.id, status="scored", reward=0.5, exit_code=0, stdout="out")
     call = store.add_call(Call(run_id=run.id, rollout_id=rollout.id, seq=0, api="openai_chat", status="ok",
-                               request_json=json.dumps({"messages": []}), prompt_ids=json.dumps([1, 2, 3]),
-                               completion_ids=json.dumps([4, 5]), logprobs=json.dumps([-0.1, -0.2]),
+                               request_json={"messages": []}, prompt_ids=[1, 2, 3],
+                               completion_ids=[4, 5], logprobs=[-0.1, -0.2],
                                finish_reason="stop", prompt_tokens=3, completion_tokens=2, latency_ms=1.5))
     store.replace_trajectories(rollout.id, [Trajectory(run_id=run.id, rollout_id=rollout.id, segment=0,
-                                                       token_ids=json.dumps([1, 2, 3, 4, 5]),
-                                                       loss_mask=json.dumps([0, 0, 0, 1, 1]),
-                                                       logprobs=json.dumps([0, 0, 0, -0.1, -0.2]),
-                                                       call_ids=json.dumps([call.id]), n_tokens=5)])
+                                                       token_ids=[1, 2, 3, 4, 5],
+                                                       loss_mask=[0, 0, 0, 1, 1],
+                                                       logprobs=[0, 0, 0, -0.1, -0.2],
+                                                       call_ids=[call.id], n_tokens=5)])
     store.add_train_step(TrainStep(run_id=run.id, step=0, loss=0.25, reward_mean=0.5, kl=0.0,
-                                   mismatch_max=1e-6, metrics_json=json.dumps({"lr": 1e-4})))
+                                   mismatch_max=1e-6, metrics_json={"lr": 1e-4}))
     store.add_checkpoint(Checkpoint(run_id=run.id, step=0, path="/tmp/a", adapter_name="step-0", loaded=True))
 
     again = Store(store.path)  # a second handle reads what the first wrote
     got = again.get_run(run.id)
-    assert (got.name, got.kind, loads(got.config_json)) == ("demo", "train", {"trainer": {"lr": 1e-4}})
+    assert (got.name, got.kind, got.config_json) == ("demo", "train", {"trainer": {"lr": 1e-4}})
     assert [t.task_id for t in again.list_tasks(run.id)] == ["t1", "t2"]
     ro = again.get_rollout(rollout.id)
     assert (ro.status, ro.reward, ro.step, ro.adapter) == ("scored", 0.5, 3, "step-2")
     assert ro.started_at is not None and ro.ended_at is not None and ro.ended_at >= ro.started_at
     assert again.rollout_by_key(rollout.key).id == rollout.id
     (c,) = again.list_calls(rollout_id=rollout.id)
-    assert loads(c.prompt_ids) == [1, 2, 3] and loads(c.logprobs) == [-0.1, -0.2]
+    assert c.prompt_ids == [1, 2, 3] and c.logprobs == [-0.1, -0.2]
     (tr,) = again.list_trajectories(rollout_ids=[rollout.id])
-    assert loads(tr.loss_mask) == [0, 0, 0, 1, 1]
+    assert tr.loss_mask == [0, 0, 0, 1, 1]
     (st,) = again.list_train_steps(run.id)
-    assert st.loss == 0.25 and loads(st.metrics_json) == {"lr": 1e-4}
+    assert st.loss == 0.25 and st.metrics_json == {"lr": 1e-4}
     assert again.latest_checkpoint(run.id).adapter_name == "step-0"
     assert again.get_run(run.id[:-2]).id == run.id  # a unique prefix finds it
     assert again.get_run("latest").id == run.id
@@ -141,7 +140,7 @@ async def test_concurrent_async_writers_lose_no_rows(store: Store) -> None:
     run = store.create_run()
     rollout = store.create_rollout(run_id=run.id, task_id="t")
     astore = AsyncStore(store.path)
-    payload = json.dumps(list(range(500)))
+    payload = list(range(500))
 
     async def writer(w: int) -> list[int]:
         ids: list[int] = []
@@ -165,12 +164,12 @@ async def test_async_store_updates_and_key_lookup(store: Store) -> None:
     astore = AsyncStore(store.path)
     (cid,) = await astore.insert_calls([dict(run_id=run.id, rollout_id=rollout.id, seq=0, status="in_flight",
                                              started_at=store_mod.utcnow())])
-    await astore.update_calls([(cid, {"status": "ok", "completion_ids": "[7]"})])
+    await astore.update_calls([(cid, {"status": "ok", "completion_ids": [7]})])
     found = await astore.rollout_by_key(rollout.key)
     assert found == {"id": rollout.id, "run_id": run.id, "status": "pending", "adapter": "a1"}
     assert await astore.rollout_by_key("forge-wrong") is None
     calls = await astore.calls_of_rollout(rollout.id)
-    assert [c["completion_ids"] for c in calls] == ["[7]"]
+    assert [c["completion_ids"] for c in calls] == [[7]]
     await astore.close()
 
 
@@ -184,7 +183,7 @@ _WRITER = textwrap.dedent("""
     print("ready", flush=True)
     i = 0
     while True:
-        s.add_call(Call(run_id=run.id, rollout_id=ro.id, seq=i, status="ok", prompt_ids=json.dumps([i] * 200)))
+        s.add_call(Call(run_id=run.id, rollout_id=ro.id, seq=i, status="ok", prompt_ids=[i] * 200))
         i += 1
 """)
 
@@ -261,7 +260,7 @@ def test_a_schema_2_store_upgrades_with_its_keys_hashed(tmp_path: Path) -> None:
     assert s.rollout_by_key("forge-old-key-2").status == "running"
     # The duplicated seq of the old store is renumbered in id order; the rest keep their numbers.
     running = s.rollout_by_key("forge-old-key-2").id
-    assert [(c.seq, loads(c.prompt_ids)) for c in s.list_calls(rollout_id=running)] == \
+    assert [(c.seq, c.prompt_ids) for c in s.list_calls(rollout_id=running)] == \
         [(0, [0, 1]), (1, [1, 2]), (2, [2, 3]), (3, [3, 4])]
     with pytest.raises(sqlite3.IntegrityError):
         con.execute("INSERT INTO call (run_id, rollout_id, seq, api, model, stream, status, tool_parse_error, "
@@ -298,7 +297,7 @@ _NUMBERING_WRITER = textwrap.dedent("""
         astore = AsyncStore(path)
         for b in range(batches):
             rows = [dict(run_id=run_id, rollout_id=rollouts[(b + i) % len(rollouts)], status="ok",
-                         prompt_ids="[1, 2, 3]", started_at=utcnow()) for i in range(5)]
+                         prompt_ids=[1, 2, 3], started_at=utcnow()) for i in range(5)]
             await astore.write_calls(rows, [], number=True)
         await astore.close()
 
@@ -333,3 +332,28 @@ async def test_write_calls_numbers_each_rollouts_calls_in_one_transaction(store:
     by_id = {c.id: c for c in store.list_calls(run_id=run.id)}
     assert [by_id[i].seq for i in ids] == [1, 0, 2, 1, 3]
     assert (by_id[first[0]].seq, by_id[first[0]].status, by_id[first[0]].finish_reason) == (0, "ok", "stop")
+
+
+def test_json_columns_hold_lists_and_dicts_that_sqlite_can_query(store: Store) -> None:
+    run = store.create_run(config={"trainer": {"lr": 1e-4}, "nested": [1, {"k": None}]})
+    body = '{"model": "m",  "messages": []}'  # a request body is stored as the client sent it
+    call = store.add_call(Call(run_id=run.id, rollout_id="r", request_json=body, prompt_ids=[7, 8, 9],
+                               logprobs=[-0.5, float("nan"), float("-inf")],
+                               tool_calls_json=[{"name": "sh", "arguments": {"cmd": "ls \ud800"}}]))
+    con = sqlite3.connect(store.path)
+    assert con.execute("SELECT json_extract(prompt_ids, '$[1]'), json_extract(config_json, '$.trainer.lr') "
+                       "FROM call JOIN run ON run.id = call.run_id").fetchone() == (8, 1e-4)
+    assert con.execute("SELECT request_json, logprobs FROM call").fetchone() == (body, "[-0.5,null,null]")
+    got = store.get_call(call.id)
+    assert got.request_json == {"model": "m", "messages": []} and got.prompt_ids == [7, 8, 9]
+    assert got.logprobs == [-0.5, None, None]  # NaN and infinities are JSON's null, never invalid `NaN`
+    assert got.tool_calls_json[0]["arguments"]["cmd"] == "ls \ud800"  # a lone surrogate survives
+    assert store.get_run(run.id).config_json["nested"] == [1, {"k": None}]
+    con.execute("UPDATE call SET response_json = '{broken' WHERE id = ?", (call.id,))
+    con.commit()
+    with pytest.raises(StoreError, match="not JSON"):
+        store.get_call(call.id)
+    con.execute("UPDATE call SET response_json = '[NaN, 1]' WHERE id = ?", (call.id,))  # json.dumps' old output
+    con.commit()
+    assert store.get_call(call.id).response_json[1] == 1
+    con.close()

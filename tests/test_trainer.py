@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
@@ -44,9 +43,9 @@ class ReplaySampler:
                     prompt = [rng.randrange(3, 900) for _ in range(5)]
                     completion = [rng.randrange(3, 900) for _ in range(4)]
                     rows.append(Trajectory(run_id=run_id, rollout_id=r.id, segment=seg,
-                                           token_ids=json.dumps(prompt + completion),
-                                           loss_mask=json.dumps([0] * 5 + [1] * 4),
-                                           logprobs=json.dumps([0.0] * 5 + [-3.0] * 4), n_tokens=9))
+                                           token_ids=prompt + completion,
+                                           loss_mask=[0] * 5 + [1] * 4,
+                                           logprobs=[0.0] * 5 + [-3.0] * 4, n_tokens=9))
                 self.store.replace_trajectories(r.id, rows)
                 out.append(self.store.update_rollout(r.id, status="scored", reward=float(rng.random() > 0.5)))
         return out
@@ -76,8 +75,8 @@ def test_build_batch_drops_groups_with_infrastructure_failures_and_keeps_every_s
     trajs = []
     for r in ok + bad + late:
         for seg in range(2 if r is ok[0] else 1):
-            trajs.append(Trajectory(run_id=run.id, rollout_id=r.id, segment=seg, token_ids="[1, 2, 3]",
-                                    loss_mask="[0, 1, 1]", logprobs="[0.0, -1.0, -2.0]"))
+            trajs.append(Trajectory(run_id=run.id, rollout_id=r.id, segment=seg, token_ids=[1, 2, 3],
+                                    loss_mask=[0, 1, 1], logprobs=[0.0, -1.0, -2.0]))
     batch = build_batch(ok + bad + late, trajs, std_normalize=False)
     assert batch.dropped_groups == 1 and set(batch.dropped_rollouts) == {r.id for r in bad}
     assert batch.n_groups == 2
@@ -90,7 +89,7 @@ def test_build_batch_drops_groups_with_infrastructure_failures_and_keeps_every_s
 def test_inconsistent_trajectory_is_one_clear_error(store: Store) -> None:
     run = store.create_run()
     r = _rollout(store, run.id, "a", "scored", 1.0)
-    bad = Trajectory(run_id=run.id, rollout_id=r.id, token_ids="[1, 2]", loss_mask="[0, 1, 1]", logprobs="[0, 0]")
+    bad = Trajectory(run_id=run.id, rollout_id=r.id, token_ids=[1, 2], loss_mask=[0, 1, 1], logprobs=[0, 0])
     with pytest.raises(TrainerError, match="inconsistent"):
         build_batch([r], [bad])
 

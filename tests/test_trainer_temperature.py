@@ -3,7 +3,6 @@ temperature its call was sampled at, so the engine/trainer mismatch stays ~0 wha
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -50,8 +49,8 @@ def test_logprobs_are_taken_at_each_calls_recorded_temperature(tiny_model: Path,
             out = bridge.run(client.generate(prompt, params))
             store.add_call(Call(
                 run_id=run.id, rollout_id=rollout.id, seq=seq, api="sglang_generate", status="ok",
-                prompt_ids=json.dumps(prompt), completion_ids=json.dumps(out.output_ids),
-                logprobs=json.dumps(out.logprobs), temperature=temperature, top_p=top_p, top_k=top_k,
+                prompt_ids=prompt, completion_ids=out.output_ids,
+                logprobs=out.logprobs, temperature=temperature, top_p=top_p, top_k=top_k,
                 prompt_tokens=len(prompt), completion_tokens=len(out.output_ids), ended_at=utcnow()))
             prompt = prompt + list(out.output_ids) + tool_turn  # the next turn extends this one
         bridge.run(client.aclose())
@@ -80,14 +79,14 @@ def test_a_segment_whose_calls_do_not_add_up_is_an_error(store: Store) -> None:
 
     run = store.create_run()
     r = store.create_rollout(run_id=run.id, task_id="t")
-    call = store.add_call(Call(run_id=run.id, rollout_id=r.id, status="ok", prompt_ids="[1, 2]",
-                               completion_ids="[3, 4]", logprobs="[-1.0, -1.0]", temperature=0.5))
+    call = store.add_call(Call(run_id=run.id, rollout_id=r.id, status="ok", prompt_ids=[1, 2],
+                               completion_ids=[3, 4], logprobs=[-1.0, -1.0], temperature=0.5))
     r = store.update_rollout(r.id, status="scored", reward=1.0)
-    traj = Trajectory(run_id=run.id, rollout_id=r.id, token_ids="[1, 2, 3, 4, 5]", loss_mask="[0, 0, 1, 1, 1]",
-                      logprobs="[0, 0, -1, -1, -1]", call_ids=json.dumps([call.id]))
+    traj = Trajectory(run_id=run.id, rollout_id=r.id, token_ids=[1, 2, 3, 4, 5], loss_mask=[0, 0, 1, 1, 1],
+                      logprobs=[0, 0, -1, -1, -1], call_ids=[call.id])
     with pytest.raises(TrainerError, match="3 sampled tokens but its calls completed 2"):
         build_batch([r], [traj], sampling=call_sampling(store, [r.id]))
-    missing = Trajectory(run_id=run.id, rollout_id=r.id, token_ids="[1, 2, 3, 4]", loss_mask="[0, 0, 1, 1]",
-                         logprobs="[0, 0, -1, -1]", call_ids="[999999]")
+    missing = Trajectory(run_id=run.id, rollout_id=r.id, token_ids=[1, 2, 3, 4], loss_mask=[0, 0, 1, 1],
+                         logprobs=[0, 0, -1, -1], call_ids=[999999])
     with pytest.raises(TrainerError, match="lists call 999999, which is not recorded"):
         build_batch([r], [missing], sampling=call_sampling(store, [r.id]))

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 
-from openforge.store import Call, loads
+from openforge.store import Call
 from rollouts.trajectory import assemble_calls, assemble_rollout
 
 
 def call(i: int, prompt: list[int], completion: list[int]) -> Call:
-    return Call(id=i, run_id="run", rollout_id="ro", seq=i, status="ok", prompt_ids=json.dumps(prompt),
-                completion_ids=json.dumps(completion), logprobs=json.dumps([-0.1 * (k + 1) for k in range(len(completion))]))
+    return Call(id=i, run_id="run", rollout_id="ro", seq=i, status="ok", prompt_ids=prompt,
+                completion_ids=completion, logprobs=[-0.1 * (k + 1) for k in range(len(completion))])
 
 
 def test_extending_calls_merge_with_masks_and_logprobs_aligned():
@@ -49,7 +48,7 @@ def test_assemble_rollout_writes_rows_and_counts(store):
     stats = assemble_rollout(store, ro.id)
     assert (stats["n_segments"], stats["n_extends"], stats["n_calls"]) == (2, 1, 3)
     rows = store.list_trajectories(rollout_ids=[ro.id])
-    assert [loads(r.token_ids) for r in rows] == [[1, 2, 3, 4], [5, 6]]
+    assert [r.token_ids for r in rows] == [[1, 2, 3, 4], [5, 6]]
     got = store.get_rollout(ro.id)
     assert (got.n_segments, got.n_extends, got.n_tokens) == (2, 1, 6)
     assemble_rollout(store, ro.id)  # again: replaces, does not duplicate

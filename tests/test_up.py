@@ -3,7 +3,6 @@ trainer on the tiny model, driven through the `forge` command line as a user wou
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -96,7 +95,7 @@ def test_demo_headless_trains_and_hot_loads(forge_home: Path) -> None:
     assert run.current_adapter == f"{run.id}-step-1"
     log = (forge_home / "runs" / run.id / "forge.log").read_text()
     assert "step 0 done" in log and "stopped the engine" in log
-    assert json.loads(run.config_json)["harness"]["name"] == "mini"
+    assert run.config_json["harness"]["name"] == "mini"
 
 
 @pytest.mark.slow

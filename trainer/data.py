@@ -14,7 +14,6 @@ would be normalised against a biased group. A rollout that ran out of time but w
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ import torch
 
 from engine.sampling import return_original_logprob
 from openforge.errors import TrainerError
-from openforge.store import Rollout, Store, Trajectory, loads
+from openforge.store import Rollout, Store, Trajectory
 from trainer.grpo import aggregation_weights, group_advantages
 from trainer.prefix import shared_prefixes
 
@@ -76,7 +75,7 @@ def call_sampling(store: Store, rollout_ids: Sequence[str]) -> dict[int, CallSam
         for c in store.list_calls(rollout_id=rid):
             if c.id is not None:
                 out[c.id] = CallSampling(c.temperature, c.top_k,
-                                         len(loads(c.completion_ids, [])))
+                                         len(c.completion_ids or []))
     return out
 
 
@@ -86,7 +85,7 @@ def _token_temperatures(traj: Trajectory, mask: list[int], sampling: Mapping[int
 
     A segment's mask-1 tokens are its calls' completions, in `call_ids` order (rollouts/trajectory.py
     builds it so); a count that does not add up is an error, never a silent default."""
-    call_ids = loads(traj.call_ids, [])
+    call_ids = traj.call_ids or []
     if sampling is None or not call_ids:  # rows written without calls (tests, direct sampling)
         return None
     per_sampled: list[float] = []
@@ -120,9 +119,9 @@ def is_usable(rollout: Rollout) -> bool:
 
 
 def _parse(traj: Trajectory) -> tuple[list[int], list[int], list[float]]:
-    ids = json.loads(traj.token_ids or "[]")
-    mask = json.loads(traj.loss_mask or "[]")
-    logp = json.loads(traj.logprobs or "[]")
+    ids = traj.token_ids or []
+    mask = traj.loss_mask or []
+    logp = traj.logprobs or []
     if not (len(ids) == len(mask) == len(logp)):
         raise TrainerError(
             f"trajectory {traj.rollout_id}/{traj.segment} is inconsistent: {len(ids)} tokens, "

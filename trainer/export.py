@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from openforge.errors import TrainerError
-from openforge.store import Store, loads
+from openforge.store import Store
 from trainer.data import is_usable
 
 
@@ -36,7 +36,7 @@ def iter_records(store: Store, run_id: str) -> Iterator[dict[str, Any]]:
         r = rollouts.get(traj.rollout_id)
         if r is None:
             continue
-        ids, mask, logp = loads(traj.token_ids, []), loads(traj.loss_mask, []), loads(traj.logprobs, [])
+        ids, mask, logp = traj.token_ids or [], traj.loss_mask or [], traj.logprobs or []
         if not (len(ids) == len(mask) == len(logp)):
             raise TrainerError(f"trajectory {r.id}/{traj.segment} is inconsistent; cannot export it")
         cut = mask.index(1) if 1 in mask else len(mask)

@@ -19,7 +19,6 @@ trains: one step off-policy, which TIS corrects for along with the engine/traine
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import random
 import statistics
@@ -228,5 +227,5 @@ def _record_step(store: Store, run_id: str, metrics: dict[str, Any], adapter: st
     store.add_train_step(TrainStep(
         run_id=run_id, step=int(metrics["step"]), n_tokens=int(metrics.get("n_tokens") or 0),
         n_rollouts=int(metrics.get("n_rollouts") or 0), adapter=adapter,
-        metrics_json=json.dumps(extra), **{k: metrics.get(k) for k in _COLUMNS},
+        metrics_json=extra, **{k: metrics.get(k) for k in _COLUMNS},
     ))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
 import threading
 from collections import Counter
@@ -225,16 +224,16 @@ class EngineSampler:
             raise TrainerError(f"engine returned {len(completion)} tokens but {len(logprobs)} logprobs")
         call = self.store.add_call(Call(
             run_id=run_id, rollout_id=rollout.id, seq=0, api="sglang_generate", adapter=adapter, status="ok",
-            request_json=json.dumps({"sampling_params": self.params}), prompt_ids=json.dumps(prompt),
+            request_json={"sampling_params": self.params}, prompt_ids=prompt,
             temperature=self.params.get("temperature"),  # the trainer scores each token at its call's temperature
-            completion_ids=json.dumps(completion), logprobs=json.dumps(logprobs), finish_reason=out.finish_reason,
+            completion_ids=completion, logprobs=logprobs, finish_reason=out.finish_reason,
             prompt_tokens=len(prompt), completion_tokens=len(completion), ended_at=utcnow(),
         ))
         tokens = prompt + completion
         self.store.replace_trajectories(rollout.id, [Trajectory(
-            run_id=run_id, rollout_id=rollout.id, segment=0, token_ids=json.dumps(tokens),
-            loss_mask=json.dumps([0] * len(prompt) + [1] * len(completion)),
-            logprobs=json.dumps([0.0] * len(prompt) + logprobs), call_ids=json.dumps([call.id]),
+            run_id=run_id, rollout_id=rollout.id, segment=0, token_ids=tokens,
+            loss_mask=[0] * len(prompt) + [1] * len(completion),
+            logprobs=[0.0] * len(prompt) + logprobs, call_ids=[call.id],
             n_tokens=len(tokens),
         )])
         reward = float(self.reward_fn(task, completion))
