@@ -2,9 +2,11 @@
 
     while running:
         run queued commands whose preconditions hold (load/unload adapter, update weights)
-        admit waiting sequences (one left-padded prefill per adapter; they join its batch)
+        admit waiting sequences: a prompt whose prefix is in the prefix cache is prefilled alone
+            from that KV (only its new tokens computed); the others, one left-padded prefill per
+            adapter; every prefilled prompt's KV goes into the cache; they join the adapter's batch
         one decode step for every adapter's batch (one forward pass each)
-        retire finished or aborted rows
+        retire finished or aborted rows (a finished row's prompt + answer KV goes into the cache)
 
 Requests join and leave the running batches between decode steps; the KV cache of each batch is a
 `BatchKV`. Results go back to the asyncio side by `emit`, a callback that must be thread-safe.
@@ -28,11 +30,15 @@ import torch
 from engine.kv import BatchKV
 from engine.lora import AdapterSet
 from engine.model import LoadedModel
+from engine.prefix_cache import PrefixCache
 from engine.protocol import CompletionState, SamplingParams, finish_json
 from engine.sampling import sample_next
 
 log = logging.getLogger("openforge.engine")
 PREFILL_TOKEN_BUDGET = 16384  # padded prompt tokens in one prefill forward pass
+# Shorter cached prefixes are not worth a forward pass of their own: batched with the other new
+# prompts, the few shared tokens cost less than a separate prefill.
+MIN_CACHED_PREFIX = 64
 
 
 @dataclass
@@ -80,7 +86,7 @@ class Scheduler:
         self._stop = threading.Event()
         self.error: BaseException | None = None
         self.steps = 0
-        self.prefix_cache = None
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.prefill_tokens = 0  # prompt tokens run through the model (cache hits excluded)
         self.cached_tokens = 0  # prompt tokens served from the prefix cache
         self._thread = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
@@ -112,19 +118,28 @@ class Scheduler:
 
     def stats(self) -> dict[str, Any]:
         """Counters for /server_info's internal_states (read from any thread: plain ints)."""
+        cache = self.prefix_cache
         return {"prefill_tokens_computed": self.prefill_tokens, "cached_tokens": self.cached_tokens,
-                "decode_steps": self.steps, "prefix_cache_bytes": 0}
+                "decode_steps": self.steps, "prefix_cache_bytes": cache.bytes if cache else 0,
+                "prefix_cache_budget_bytes": cache.budget_bytes if cache else 0,
+                "prefix_cache_evictions": cache.evictions if cache else 0}
 
     # -- commands (scheduler thread, through `call`) ----------------------------------------
 
     def unload_adapter(self, name: str) -> None:
         self.adapters.unload(name)
+        if self.prefix_cache is not None:
+            self.prefix_cache.drop_adapter(name)
 
     def update_weights(self, load: Callable[[], None]) -> None:
-        load()
+        try:
+            load()
+        finally:  # even a failed copy may have changed some weights: no KV of the old ones survives
+            self.flush_prefix_cache()
 
     def flush_prefix_cache(self) -> None:
-        pass
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     def idle(self) -> bool:
         return not self._waiting and not any(rows for rows, _ in self._batches.values())
@@ -203,6 +218,14 @@ class Scheduler:
         for adapter in dict.fromkeys(s.adapter for s in admitted):
             group: list[Sequence] = []
             for seq in (s for s in admitted if s.adapter == adapter):
+                head = seq.input_ids[:MIN_CACHED_PREFIX]
+                if group and self.prefix_cache is not None and len(head) == MIN_CACHED_PREFIX \
+                        and any(s.input_ids[:MIN_CACHED_PREFIX] == head for s in group):
+                    # It would recompute a prefix this group is about to cache: prefill the group first.
+                    self._prefill_or_abort(group)
+                    group = []
+                if self._prefill_from_cache(seq):
+                    continue
                 longest = max([len(seq.input_ids)] + [len(s.input_ids) for s in group])
                 if group and longest * (len(group) + 1) > PREFILL_TOKEN_BUDGET:
                     self._prefill_or_abort(group)
@@ -210,7 +233,55 @@ class Scheduler:
                 group.append(seq)
             self._prefill_or_abort(group)
 
+    def _cache_key(self, adapter: str | None) -> Any:
+        return None if adapter is None else (adapter, self.adapters.paths.get(adapter))
+
+    def _remember(self, adapter: str | None, ids: list[int], cache: Any, row: int, pad: int) -> None:
+        """Put row `row` of `cache` (its first `pad` columns padding) into the prefix cache as `ids`."""
+        if self.prefix_cache is None:
+            return
+        kv = [(layer.keys[row:row + 1, :, pad:, :], layer.values[row:row + 1, :, pad:, :]) for layer in cache.layers]
+        if kv[0][0].shape[-2] == len(ids):
+            self.prefix_cache.insert(self._cache_key(adapter), ids, kv)
+
+    def _prefill_from_cache(self, seq: Sequence) -> bool:
+        """Prefill `seq` from a cached prefix of its prompt; False when none is long enough."""
+        if self.prefix_cache is None:
+            return False
+        # At least the last prompt token is computed: its logits give the first output token.
+        n, kv = self.prefix_cache.match(self._cache_key(seq.adapter), seq.input_ids[:-1])
+        if n < MIN_CACHED_PREFIX:
+            return False
+        try:
+            self._prefill_cached(seq, n, kv)
+        except Exception as exc:  # noqa: BLE001 - one bad request must not stop the engine
+            log.exception("prefill of %s failed", seq.rid)
+            self._finish(seq, finish_json("abort", message=f"prefill failed: {type(exc).__name__}: {exc}"))
+        return True
+
+    def _prefill_cached(self, seq: Sequence, n: int, kv: Any) -> None:
+        """One forward pass over the prompt's tokens after its `n` cached ones, on top of their KV."""
+        from transformers import DynamicCache
+
+        dev = self.m.device
+        cache = DynamicCache(config=self.m.model.config)
+        for i, (k, v) in enumerate(kv):
+            cache.update(k, v, i)  # copies: the cached tensors are never written to
+        ids = seq.input_ids
+        out = self._forward(seq.adapter, cache, input_ids=torch.tensor([ids[n:]], device=dev),
+                            position_ids=torch.arange(n, len(ids), device=dev).unsqueeze(0), logits_to_keep=1)
+        self.prefill_tokens += len(ids) - n
+        self.cached_tokens += n
+        seq.position, seq.cached_tokens = len(ids), n
+        self._remember(seq.adapter, ids, cache, 0, 0)
+        rows, batch = self._batches.setdefault(seq.adapter, ([], BatchKV()))
+        batch.join(cache, [0])
+        rows.append(seq)
+        self._take(out.logits[:, -1, :], [seq])
+
     def _prefill_or_abort(self, seqs: list[Sequence]) -> None:
+        if not seqs:  # every one was served from the prefix cache
+            return
         try:
             self._prefill(seqs)
         except Exception as exc:  # noqa: BLE001 - one bad request (e.g. out of memory) must not stop the engine
@@ -243,8 +314,9 @@ class Scheduler:
         cache = DynamicCache(config=self.m.model.config)
         out = self._forward(seqs[0].adapter, cache, input_ids=ids, logits_to_keep=1, **extra)
         self.prefill_tokens += sum(len(s.input_ids) for s in seqs)
-        for seq in seqs:
+        for row, (seq, pad) in enumerate(zip(seqs, pads)):
             seq.position = len(seq.input_ids)
+            self._remember(seq.adapter, seq.input_ids, cache, row, pad)
         rows, kv = self._batches.setdefault(seqs[0].adapter, ([], BatchKV()))
         kv.join(cache, pads)
         rows.extend(seqs)
@@ -284,9 +356,12 @@ class Scheduler:
         keep = [i for i, s in enumerate(rows) if s.state.finish is None and not s.aborted]
         if len(keep) == len(rows):
             return
-        for s in rows:
+        for i, s in enumerate(rows):
             if s.aborted and s.state.finish is None:
                 self._finish(s, finish_json("abort", message="the client went away"))
+            elif s.state.finish is not None and s.state.finish["type"] != "abort":
+                # Prompt + answer: the next turn of this conversation starts with exactly these ids.
+                self._remember(adapter, (s.input_ids + s.state.output_ids)[:s.position], kv.cache, i, kv.pads[i])
         kv.keep(keep)
         rows[:] = [rows[i] for i in keep]
 
