@@ -211,12 +211,20 @@ def subprotocol(ws) -> str:  # type: ignore[no-untyped-def]
 def run_exec_stream(api_client, *, pod: str, namespace: str, container: str, argv: list[str],  # type: ignore[no-untyped-def]
                     timeout: float, stdin: bytes | None, limit: int | None, stopped: threading.Event) -> RawExec:
     """One exec, blocking (run it in the backend's executor)."""
+    from sandbox.k8s_client import MAX_THROTTLE_RETRIES, backoff_s
+
     t0 = time.monotonic()
-    try:
-        ws = open_exec_socket(api_client, pod=pod, namespace=namespace, container=container, argv=argv,
-                              stdin=stdin is not None)
-    except Exception as exc:
-        raise api_error(f"exec in pod {pod}", exc) from None
+    for attempt in range(MAX_THROTTLE_RETRIES + 1):
+        try:
+            ws = open_exec_socket(api_client, pod=pod, namespace=namespace, container=container, argv=argv,
+                                  stdin=stdin is not None)
+            break
+        except Exception as exc:
+            err = api_error(f"exec in pod {pod}", exc)
+            # A throttled upgrade started nothing in the pod: safe to send again.
+            if err.status not in (429, 503) or attempt == MAX_THROTTLE_RETRIES:
+                raise err from None
+            time.sleep(backoff_s(attempt, err.retry_after))
     out, err, status = _Capture(limit), _Capture(limit), bytearray()
     try:
         if stdin is not None:

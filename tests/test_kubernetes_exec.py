@@ -98,3 +98,21 @@ def test_a_stream_that_ends_without_a_status_is_an_error() -> None:
     with FrameEndpoint(lambda query: [(1, b"partial")], status=b"") as ep:
         with pytest.raises(SandboxError, match="no exit status|unreadable status"):
             run(ep.url)
+
+
+def test_a_throttled_exec_upgrade_is_retried_after_retry_after() -> None:
+    from aiohttp import web
+
+    class Throttled(FrameEndpoint):
+        async def _exec(self, request: web.Request):  # type: ignore[no-untyped-def]
+            self.count = getattr(self, "count", 0) + 1
+            if self.count == 1:  # the apiserver's max-in-flight limit: 429, try again in a second
+                return web.json_response({"kind": "Status", "status": "Failure", "code": 429,
+                                          "reason": "TooManyRequests", "message": "too many requests"},
+                                         status=429, headers={"Retry-After": "1"})
+            return await super()._exec(request)
+
+    with Throttled(lambda query: [(1, b"ok")]) as ep:
+        t0 = time.monotonic()
+        raw = run(ep.url)
+    assert raw.stdout == b"ok" and raw.exit_code == 0 and time.monotonic() - t0 >= 1.0
