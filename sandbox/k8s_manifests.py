@@ -91,28 +91,7 @@ def build_pod_manifest(config: SandboxConfig, *, name: str, run_id: str, rollout
             "fsGroup": k8s.run_as_group, "seccompProfile": {"type": "RuntimeDefault"},
         },
         "volumes": [{"name": vol, "emptyDir": {}} for vol in mounts],
-        "containers": [{
-            "name": CONTAINER_NAME,
-            "image": k8s.image,
-            # Hundreds of pods per step: do not ask the registry for every one. Pin image tags.
-            "imagePullPolicy": "IfNotPresent",
-            "command": ["sh", "-c", KEEPER],
-            "workingDir": config.workdir,
-            "env": [{"name": "HOME", "value": k8s.home}, {"name": "TMPDIR", "value": "/tmp"}],
-            "resources": {
-                "requests": {"cpu": k8s.cpu_request, "memory": k8s.memory_request,
-                             "ephemeral-storage": k8s.ephemeral_storage_request},
-                "limits": {"cpu": k8s.cpu_limit, "memory": k8s.memory_limit,
-                           "ephemeral-storage": k8s.ephemeral_storage_limit},
-            },
-            "securityContext": {
-                "allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
-                "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
-            },
-            "volumeMounts": [{"name": vol, "mountPath": path} for vol, path in mounts.items()],
-            "stdin": False,
-            "tty": False,
-        }],
+        "containers": [_container(config, mounts)],
     }
     if k8s.node_selector:
         spec["nodeSelector"] = dict(k8s.node_selector)
@@ -136,6 +115,32 @@ def build_pod_manifest(config: SandboxConfig, *, name: str, run_id: str, rollout
             "annotations": annotations,
         },
         "spec": spec,
+    }
+
+
+def _container(config: SandboxConfig, mounts: dict[str, str]) -> dict[str, Any]:
+    k8s = config.kubernetes
+    return {
+        "name": CONTAINER_NAME,
+        "image": k8s.image,
+        # Hundreds of pods per step: do not ask the registry for every one. Pin image tags.
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", KEEPER],
+        "workingDir": config.workdir,
+        "env": [{"name": "HOME", "value": k8s.home}, {"name": "TMPDIR", "value": "/tmp"}],
+        "resources": {
+            "requests": {"cpu": k8s.cpu_request, "memory": k8s.memory_request,
+                         "ephemeral-storage": k8s.ephemeral_storage_request},
+            "limits": {"cpu": k8s.cpu_limit, "memory": k8s.memory_limit,
+                       "ephemeral-storage": k8s.ephemeral_storage_limit},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [{"name": vol, "mountPath": path} for vol, path in mounts.items()],
+        "stdin": False,
+        "tty": False,
     }
 
 

@@ -43,7 +43,6 @@ import signal
 import subprocess
 import threading
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +50,9 @@ from aiohttp import web
 from kubernetes.client import V1Pod
 
 from .admission import admit_pod, pod_security_violations
-from .pods import NODE_NAME, V5, defaulted_pod, kill_processes, run_exec, run_pod_lifecycle
+from .protocol import _error, _now, parse_selector, selector_matches
+from .execs import run_exec
+from .pods import NODE_NAME, V5, defaulted_pod, kill_processes, run_pod_lifecycle
 
 V4 = "v4.channel.k8s.io"
 
@@ -61,48 +62,6 @@ def bwrap_available() -> bool:
         return False
     probe = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--unshare-pid", "true"], capture_output=True)
     return probe.returncode == 0 and os.geteuid() == 0  # nsenter into another PID namespace needs root
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def status_json(code: int, reason: str, message: str, details: dict | None = None) -> dict[str, Any]:
-    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason, "code": code}
-    if details:
-        body["details"] = details
-    return body
-
-
-def _error(code: int, reason: str, message: str, details: dict | None = None) -> web.Response:
-    return web.json_response(status_json(code, reason, message, details), status=code)
-
-
-def parse_selector(selector: str) -> list[tuple[str, str, str | None]]:
-    """Equality-based selectors: `k=v`, `k==v`, `k!=v`, `k`, `!k`, comma-separated."""
-    terms = []
-    for part in filter(None, (p.strip() for p in selector.split(","))):
-        if "!=" in part:
-            k, v = part.split("!=", 1)
-            terms.append(("!=", k.strip(), v.strip()))
-        elif "=" in part:
-            k, v = part.replace("==", "=").split("=", 1)
-            terms.append(("=", k.strip(), v.strip()))
-        elif part.startswith("!"):
-            terms.append(("!", part[1:].strip(), None))
-        else:
-            terms.append(("exists", part, None))
-    return terms
-
-
-def selector_matches(terms: list[tuple[str, str, str | None]], values: dict[str, str]) -> bool:
-    for op, key, want in terms:
-        have = values.get(key)
-        if (op == "=" and have != want) or (op == "!=" and have == want) or (op == "!" and have is not None) \
-                or (op == "exists" and have is None):
-            return False
-    return True
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""The double's pods: admission and defaults as the apiserver applies them, the kubelet's life
-cycle, and exec over the channel protocol. A pod's container is a bubblewrap sandbox over a folder;
-execs enter its namespaces with nsenter."""
+"""The double's pods: the apiserver's defaults, the scheduler and kubelet's life cycle, the runtime
+(a bubblewrap container over a folder, as the pod's user, its command PID 1), the memory limit.
+Execs enter its namespaces with nsenter (execs.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from aiohttp import WSMsgType, web
 from kubernetes.utils import parse_quantity
 
 V5 = "v5.channel.k8s.io"
@@ -310,22 +309,9 @@ async def run_pod_lifecycle(double, pod) -> None:  # type: ignore[no-untyped-def
             double._bump(pod, "MODIFIED")
             await asyncio.sleep(double.step_s)
         return
-    runtime = container_runtime(spec)
-    csc, psc = container.get("securityContext") or {}, spec.get("securityContext") or {}
-    if csc.get("runAsNonRoot", psc.get("runAsNonRoot")) and not runtime.uid:
-        await _waiting(double, pod, container, "CreateContainerConfigError",
-                       f"container has runAsNonRoot and image will run as root (pod: \"{pod.name}_{pod.ns}"
-                       f'({pod.obj["metadata"]["uid"]})", container: {container["name"]})')
-        return  # the kubelet keeps retrying; nothing changes until someone fixes the spec
-    for _ in range(double.create_container_errors):  # the runtime hiccups, the kubelet retries
-        await _waiting(double, pod, container, "CreateContainerError",
-                       f'failed to reserve container name "{container["name"]}_{pod.name}": name is reserved')
-    argv = list(container.get("command") or []) + list(container.get("args") or [])
-    proc = await start_container(pod, container.get("workingDir") or "/", argv or ["sleep", "3600"],
-                                 double.ro_binds, runtime)
-    memory = (container.get("resources") or {}).get("limits", {}).get("memory")
-    if double.enforce_memory and memory:
-        asyncio.create_task(oom_watch(pod, int(parse_quantity(memory)), proc))
+    proc = await _create_container(double, pod, container)
+    if proc is None:
+        return
     started = _now()
     status["podIP"], status["podIPs"] = "10.244.0.7", [{"ip": "10.244.0.7"}]
     status["phase"] = "Running"
@@ -353,66 +339,30 @@ async def run_pod_lifecycle(double, pod) -> None:  # type: ignore[no-untyped-def
     double._bump(pod, "MODIFIED")
 
 
+async def _create_container(double, pod, container: dict[str, Any]):  # type: ignore[no-untyped-def]
+    """The runtime's part: refuse what the kubelet refuses, hiccup if asked, start PID 1."""
+    spec = pod.obj["spec"]
+    runtime = container_runtime(spec)
+    csc, psc = container.get("securityContext") or {}, spec.get("securityContext") or {}
+    if csc.get("runAsNonRoot", psc.get("runAsNonRoot")) and not runtime.uid:
+        await _waiting(double, pod, container, "CreateContainerConfigError",
+                       f"container has runAsNonRoot and image will run as root (pod: \"{pod.name}_{pod.ns}"
+                       f'({pod.obj["metadata"]["uid"]})", container: {container["name"]})')
+        return None  # the kubelet keeps retrying; nothing changes until someone fixes the spec
+    for _ in range(double.create_container_errors):  # the runtime hiccups, the kubelet retries
+        await _waiting(double, pod, container, "CreateContainerError",
+                       f'failed to reserve container name "{container["name"]}_{pod.name}": name is reserved')
+    argv = list(container.get("command") or []) + list(container.get("args") or [])
+    proc = await start_container(pod, container.get("workingDir") or "/", argv or ["sleep", "3600"],
+                                 double.ro_binds, runtime)
+    memory = (container.get("resources") or {}).get("limits", {}).get("memory")
+    if double.enforce_memory and memory:
+        asyncio.create_task(oom_watch(pod, int(parse_quantity(memory)), proc))
+    return proc
+
+
 async def _waiting(double, pod, container: dict[str, Any], reason: str, message: str) -> None:  # type: ignore[no-untyped-def]
     pod.obj["status"]["containerStatuses"] = [_container_status(container, {"waiting": {"reason": reason,
                                                                                          "message": message}})]
     double._bump(pod, "MODIFIED")
     await asyncio.sleep(double.step_s)
-
-
-async def _pump(stream: asyncio.StreamReader, ws: web.WebSocketResponse, channel: int) -> None:
-    while chunk := await stream.read(32 * 1024):
-        if ws.closed:
-            continue  # keep reading so the process never blocks on a full pipe, as a kubelet does
-        try:
-            await ws.send_bytes(bytes([channel]) + chunk)
-        except (ConnectionResetError, RuntimeError):
-            pass
-
-
-async def _feed_stdin(ws: web.WebSocketResponse, proc: asyncio.subprocess.Process, protocol: str) -> None:
-    async for msg in ws:
-        if msg.type != WSMsgType.BINARY or not msg.data:
-            continue
-        channel, data = msg.data[0], msg.data[1:]
-        if channel == 255 and protocol == V5 and data[:1] == b"\x00" and proc.stdin:
-            proc.stdin.close()  # v5 CLOSE signal for stdin
-        elif channel == 0 and proc.stdin and not proc.stdin.is_closing():
-            proc.stdin.write(data)
-            try:
-                await proc.stdin.drain()
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-        # channel 4 (resize) means nothing without a tty
-
-
-def exec_status(code: int, command: list[str]) -> bytes:
-    """The metav1.Status the kubelet writes on channel 3 when the command ends."""
-    if code == 0:
-        return json.dumps({"metadata": {}, "status": "Success"}).encode()
-    return json.dumps({
-        "metadata": {}, "status": "Failure",
-        "message": f"command terminated with non-zero exit code: error executing command {command}, "
-                   f"exit code {code}",
-        "reason": "NonZeroExitCode", "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]},
-    }).encode()
-
-
-async def run_exec(double, pod, ws: web.WebSocketResponse, command: list[str], *, stdin: bool,  # type: ignore[no-untyped-def]
-                   protocol: str) -> None:
-    await ws.send_bytes(b"\x01")  # empty frame on the lowest open output channel: "connected"
-    proc = await spawn_exec(pod, command, stdin=stdin)
-    feeder = asyncio.create_task(_feed_stdin(ws, proc, protocol))
-    assert proc.stdout and proc.stderr
-    await asyncio.gather(_pump(proc.stdout, ws, 1), _pump(proc.stderr, ws, 2))
-    code = await proc.wait()
-    pod.procs.discard(proc)
-    # The runtime reports death by signal N as exit code 128+N.
-    code = 128 - code if code < 0 else code
-    if not ws.closed:
-        try:
-            await ws.send_bytes(b"\x03" + exec_status(code, command))
-            await ws.close()
-        except (ConnectionResetError, RuntimeError):
-            pass
-    feeder.cancel()
