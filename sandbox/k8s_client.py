@@ -207,14 +207,20 @@ class ClusterClient:
             else:
                 self._cache[name] = obj
             waiters = list(self._waiters.get(name, []))
+        self._notify(waiters, etype, obj)
+
+    @staticmethod
+    def _notify(waiters: list[PodWaiter], etype: str, obj: Any) -> None:
         for w in waiters:
-            w.loop.call_soon_threadsafe(w._apply, etype, obj)
+            try:
+                w.loop.call_soon_threadsafe(w._apply, etype, obj)
+            except RuntimeError:  # its event loop is closed: a sandbox abandoned without stop()
+                pass
 
     def _fail_all(self, err: ApiCallError) -> None:
         with self._lock:
             waiters = [w for ws in self._waiters.values() for w in ws]
-        for w in waiters:
-            w.loop.call_soon_threadsafe(w._apply, "ERROR", err)
+        self._notify(waiters, "ERROR", err)
 
     def _relist(self) -> str:
         self.calls["list"] += 1
