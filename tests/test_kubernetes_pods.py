@@ -173,3 +173,24 @@ async def test_the_double_lets_a_force_delete_outlive_the_call(double: KubeDoubl
     await asyncio.sleep(1.5)
     assert not psutil.pid_exists(pod.ns_pid)
     core.api_client.close()
+
+
+async def test_the_shared_watch_resumes_and_relists_after_410(double: KubeDouble, tmp_path: Path) -> None:
+    # The server ends watches early; meanwhile history is compacted: resuming gets 410, the watch
+    # lists again and goes on, and sandboxes waiting on it never notice.
+    double.watch_timeout_s = 0.3
+    config = make_config(double, tmp_path)
+    first = KubernetesSandbox(config, run_id="r", rollout_id="ro-a")
+    await first.start()
+    try:
+        double.compact()
+        await asyncio.sleep(0.8)  # at least one resume, answered 410
+        second = KubernetesSandbox(config, run_id="r", rollout_id="ro-b")
+        async with second:
+            assert (await second.exec("echo ok", timeout=10)).stdout == "ok\n"
+        lists = [q for m, p, q in double.requests if m == "GET" and p.endswith("/pods") and q.get("watch") != "true"]
+        watches = [q for m, p, q in double.requests if q.get("watch") == "true"]
+        assert len(lists) >= 2 and len(watches) >= 3
+        assert all(q.get("resourceVersion") for q in watches)  # always resumed from a version, never a gap
+    finally:
+        await first.stop()

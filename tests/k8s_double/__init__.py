@@ -50,7 +50,7 @@ from aiohttp import web
 from kubernetes.client import V1Pod
 
 from .admission import admit_pod, pod_security_violations
-from .protocol import _error, _now, parse_selector, selector_matches
+from .protocol import _error, _now, parse_selector, selector_matches, status_json
 from .execs import run_exec
 from .pods import NODE_NAME, V5, defaulted_pod, kill_processes, run_pod_lifecycle
 
@@ -110,6 +110,8 @@ class KubeDouble:
         self.enforce_memory = enforce_memory  # kill a pod past its memory limit, as cgroup v2 does
         self.create_container_errors = create_container_errors  # CreateContainerError seen before each start
         self.throttle_creates = throttle_creates  # the next N creates are answered 429 with Retry-After
+        self.watch_timeout_s = 1800.0  # the server ends every watch after this long
+        self.compacted_rv = 0  # a watch from a resourceVersion below this gets 410 Gone
         self.pods: dict[tuple[str, str], _Pod] = {}
         self.events: list[tuple[int, str, dict[str, Any]]] = []
         self.watchers: list[tuple[str, list, list, asyncio.Queue]] = []
@@ -227,6 +229,11 @@ class KubeDouble:
             return _error(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns, "kind": "namespaces"})
         return None
 
+    def compact(self) -> None:
+        """Forget the event history, as etcd compaction does: older resourceVersions are gone (410)."""
+        self.compacted_rv = self._rv + 1
+        self.events.clear()
+
     # -- REST ------------------------------------------------------------------------------------
     async def _create(self, request: web.Request) -> web.Response:
         ns = request.match_info["ns"]
@@ -300,6 +307,9 @@ class KubeDouble:
             for pod in self.pods.values():
                 if self._matches(pod.obj, ns, labels, fields):
                     queue.put_nowait(("ADDED", json.loads(json.dumps(pod.obj))))
+        elif int(since) < self.compacted_rv:  # etcd compacted past it: the client must list again
+            queue.put_nowait(("ERROR", status_json(410, "Expired", f"too old resource version: {since} "
+                                                                   f"({self.compacted_rv})")))
         else:
             for rv, etype, obj in self.events:
                 if rv > int(since) and self._matches(obj, ns, labels, fields):
@@ -309,7 +319,9 @@ class KubeDouble:
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         resp.enable_chunked_encoding()
         await resp.prepare(request)
-        deadline = asyncio.get_running_loop().time() + float(request.query.get("timeoutSeconds", "1800"))
+        # The apiserver ends a watch when it likes (--min-request-timeout, a restart): clients resume.
+        window = min(float(request.query.get("timeoutSeconds", "1800")), self.watch_timeout_s)
+        deadline = asyncio.get_running_loop().time() + window
         try:
             while (left := deadline - asyncio.get_running_loop().time()) > 0:
                 try:
@@ -317,6 +329,8 @@ class KubeDouble:
                 except TimeoutError:
                     break
                 await resp.write(json.dumps({"type": etype, "object": obj}).encode() + b"\n")
+                if etype == "ERROR":
+                    break
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         finally:
