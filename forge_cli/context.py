@@ -7,9 +7,8 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -19,18 +18,39 @@ from openforge.paths import forge_home
 from openforge.store import Store, open_store
 
 
+def _usage_error(exc: typer.TyperException, ctx: Any = None) -> NoReturn:
+    """A bad option or value: the command's usage line, the hint, one error line; exit 2 (Click's code).
+    `ctx`: the command's context when the parser raised without one (an option missing its value)."""
+    ctx = getattr(exc, "ctx", None) or ctx
+    if ctx is not None:
+        typer.echo(ctx.get_usage(), err=True)
+        typer.echo(f"Try '{ctx.command_path} --help' for help.", err=True)
+    typer.echo(f"forge: error: {exc.format_message()}", err=True)
+    raise typer.Exit(getattr(exc, "exit_code", 2))
+
+
 class ForgeGroup(TyperGroup):
-    """Turns a `ForgeError` anywhere below into one line on stderr and exit code 1.
+    """Turns a `ForgeError` anywhere below into one line on stderr and exit code 1, and a usage error
+    (an unknown option, a bad value, a missing argument) into the usage line and exit code 2.
 
-    An unexpected exception also becomes one line (FORGE_DEBUG=1 shows the traceback)."""
+    An unexpected exception also becomes one line (FORGE_DEBUG=1 shows the traceback). Typer 0.29
+    vendors Click: its parser errors are `typer.TyperException`s, not `click.ClickException`s."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        try:  # the group's own options (`forge --set` without a value) are parsed here
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except typer.TyperException as exc:
+            _usage_error(exc, self.context_class(self, info_name=info_name, parent=parent))
+
+    def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except ForgeError as exc:
             typer.echo(f"forge: error: {exc}", err=True)
             raise typer.Exit(1) from None
-        except (typer.Exit, click.exceptions.Exit, click.ClickException, click.exceptions.Abort, KeyboardInterrupt):
+        except typer.TyperException as exc:  # a subcommand's options, an unknown command
+            _usage_error(exc, self._subcommand_context(ctx))
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
         except OSError as exc:
             if os.environ.get("FORGE_DEBUG"):
@@ -48,6 +68,12 @@ class ForgeGroup(TyperGroup):
                 err=True,
             )
             raise typer.Exit(2) from None
+
+    def _subcommand_context(self, ctx: Any) -> Any:
+        """A context of the subcommand being parsed (Click names it before parsing its arguments)."""
+        name = ctx.invoked_subcommand
+        cmd = self.get_command(ctx, name) if name else None
+        return cmd.context_class(cmd, info_name=name, parent=ctx) if cmd is not None else ctx
 
 
 @dataclass

@@ -66,6 +66,31 @@ def test_missing_config_and_bad_set() -> None:
     assert res.exit_code == 1 and "KEY=VALUE" in res.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "usage", "needle"),
+    [
+        (["up", "--nope"], "up [OPTIONS]", "No such option: --nope"),
+        (["up", "--steps", "abc"], "up [OPTIONS]", "Invalid value for '--steps'"),
+        (["train", "--steps", "0"], "train [OPTIONS]", "Invalid value for '--steps'"),
+        (["train", "--lr", "fast"], "train [OPTIONS]", "Invalid value for '--lr'"),
+        (["eval", "--samples"], "eval [OPTIONS]", "Option '--samples' requires an argument"),
+        (["show"], "show [OPTIONS]", "Missing argument 'run_id'"),
+        (["runs", "--limit", "many"], "runs [OPTIONS]", "Invalid value for '--limit'"),
+        (["tasks", "validate", "--run=yes", "builtin"], "tasks validate [OPTIONS]", "does not take a value"),
+        (["tasks", "nope"], "tasks [OPTIONS] COMMAND", "No such command 'nope'"),
+        (["nosuchcommand"], "[OPTIONS] COMMAND", "No such command 'nosuchcommand'"),
+        (["--set"], "[OPTIONS] COMMAND", "Option '--set' requires an argument"),
+    ],
+)
+def test_a_bad_option_is_a_usage_error(args: list[str], usage: str, needle: str) -> None:
+    res = invoke(*args)
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2, res.stderr
+    assert lines[0].startswith("Usage: ") and usage in lines[0], lines
+    assert lines[-1].startswith("forge: error: ") and needle in lines[-1], lines
+    assert len(lines) == 3 and "internal error" not in res.stderr and "Traceback" not in res.stderr
+
+
 def test_unknown_run_is_one_line_error() -> None:
     for cmd in ("show", "stop"):
         res = invoke(cmd, "run-nope")
