@@ -28,7 +28,7 @@ from textual_plotext import PlotextPlot
 
 from forge_cli.snapshot import Snapshot, conversation, read_snapshot, run_log_path
 from openforge.errors import ForgeError
-from openforge.store import RUN_FINAL, Call, Store
+from openforge.store import RUN_FINAL, Call, Rollout, Store
 
 POLL_S = 1.0
 
@@ -163,6 +163,18 @@ def sync_table(table: DataTable, rows: list[tuple[str, list[Any]]]) -> None:
         table.move_cursor(row=keys.index(selected))
 
 
+def rollout_detail(r: Rollout) -> Text:
+    """The rollout under the cursor in one or two lines: how it ended and, if it failed, why."""
+    text = Text.assemble((r.id, "bold"), f"  {r.task_id}  sample {r.sample_index}  ", _status(r.status))
+    if r.reward is not None:
+        text.append(f"  reward {r.reward:.2f}")
+    if r.error:
+        kind = f" ({r.failure_kind})" if r.failure_kind else ""
+        text.append(f"\n{'why' if r.status == 'failed' else 'note'}{kind}: {r.error}",
+                    style="red" if r.status == "failed" else "")
+    return text
+
+
 class CallScreen(ModalScreen[None]):
     """One recorded call: the rendered conversation, its tokens, its tool calls."""
 
@@ -246,7 +258,9 @@ class Dashboard(App[None]):
     def compose(self) -> ComposeResult:
         yield Static(id="header")
         with Horizontal(id="top"):
-            yield DataTable(id="rollouts", cursor_type="row", zebra_stripes=True)
+            with Vertical(id="left"):
+                yield DataTable(id="rollouts", cursor_type="row", zebra_stripes=True)
+                yield Static(id="rollout-detail")
             with Vertical(id="side"):
                 yield RewardChart(id="chart")
                 yield Static(id="metrics")
@@ -317,6 +331,15 @@ class Dashboard(App[None]):
         log = self.query_one("#log", RichLog)
         for line in data[:end].decode("utf-8", "replace").splitlines():
             log.write(line)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table.id == "rollouts" and event.row_key.value is not None:
+            detail = self.query_one("#rollout-detail", Static)
+            try:
+                text = rollout_detail(self.store.get_rollout(str(event.row_key.value)))
+            except ForgeError as exc:  # e.g. the store locked past its busy timeout
+                text = Text(f"cannot read the rollout: {exc}", style="red")
+            detail.update(text)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if event.data_table.id == "calls" and event.row_key.value is not None:

@@ -112,6 +112,16 @@ def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
     states = ", ".join(f"{k} {v}" for k, v in sorted(by_state.items())) or "none"
     mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"
     console.print(f"rollouts: {len(rollouts)} ({states}); mean reward {mean}")
+    from trainer.sampler import failure_reasons, is_failure
+
+    failures = failure_reasons(rollouts, which=is_failure)
+    if failures:
+        table = Table(title="failed rollouts by reason", title_justify="left")
+        table.add_column("n", justify="right")
+        table.add_column("reason", overflow="fold")
+        for reason, n in failures:
+            table.add_row(str(n), reason)
+        console.print(table)
     steps = store.list_train_steps(run.id)
     if steps:
         table = Table(title="train steps")

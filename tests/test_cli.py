@@ -161,3 +161,21 @@ def test_sqlite_errors_become_clear_lines(message: str, needle: str) -> None:
 
     err = _sqlite_error(sqlite3.OperationalError(message), Path("/x/forge.db"))
     assert isinstance(err, StoreError) and needle in str(err)
+
+
+def test_show_lists_failure_reasons_with_counts(forge_home: Path) -> None:
+    store = Store(forge_home / "forge.db")
+    run = store.create_run(name="r")
+    for reason, n, kind in (("harness: API error 400: prompt too long", 3, "harness"),
+                            ("infra: sandbox failed to start after 3 attempt(s): no space", 1, "infra")):
+        for _ in range(n):
+            ro = store.create_rollout(run_id=run.id, task_id="t")
+            store.update_rollout(ro.id, status="failed", failure_kind=kind, error=reason + "\nsecond line")
+    ok = store.create_rollout(run_id=run.id, task_id="t")
+    store.update_rollout(ok.id, status="scored", reward=1.0, error="verifier note: not a failure")
+    res = runner.invoke(app, ["show", run.id], terminal_width=160)
+    assert res.exit_code == 0
+    rows = [line.strip("│ ").split("│") for line in res.stdout.splitlines() if line.startswith("│")]
+    assert [(n.strip(), reason.strip()) for n, reason in rows] == [
+        ("3", "harness: API error 400: prompt too long"),
+        ("1", "infra: sandbox failed to start after 3 attempt(s): no space")]  # most frequent first

@@ -265,3 +265,25 @@ async def test_the_log_pane_shows_the_newest_lines(store: Store, known_run: str)
     async with app.run_test(size=(150, 44)) as pilot:
         log = app.query_one("#log", RichLog)
         await wait_for(pilot, lambda: log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y)
+
+
+async def test_a_failed_rollout_shows_why_when_selected(store: Store, known_run: str) -> None:
+    failed = store.create_rollout(run_id=known_run, task_id="add", step=1, sample_index=1, harness="claude-code")
+    reason = "harness: API error 400: prompt too long"
+    store.update_rollout(failed.id, status="failed", failure_kind="harness", error=reason)
+    app = make_dashboard(store.path, known_run)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        table = app.query_one("#rollouts", DataTable)
+        table.focus()
+        keys = [row.key.value for row in table.ordered_rows]
+        detail = app.query_one("#rollout-detail", Static)
+        await pilot.press(*["down"] * keys.index(failed.id))
+        await wait_for(pilot, lambda: failed.id in plain(detail.content))
+        text = plain(detail.content)
+        assert "failed" in text and f"why (harness): {reason}" in text
+        scored = next(k for k in keys if k != failed.id and store.get_rollout(k).status == "scored")
+        await pilot.press(*["up"] * keys.index(failed.id))
+        await pilot.press(*["down"] * keys.index(scored))
+        await wait_for(pilot, lambda: scored in plain(detail.content))
+        assert "why" not in plain(detail.content) and "reward" in plain(detail.content)

@@ -134,10 +134,17 @@ def is_infra_failure(rollout: Rollout) -> bool:
     return rollout.status == "failed"
 
 
-def failure_reasons(rollouts: Sequence[Rollout]) -> list[tuple[str, int]]:
-    """The reasons of the infra/harness failures among `rollouts`, most frequent first."""
-    counts = Counter((r.error or "no reason recorded").strip().splitlines()[0][:300]
-                     for r in rollouts if is_infra_failure(r))
+def is_failure(rollout: Rollout) -> bool:
+    """Ended without being scored normally: failed (any kind) or timed out."""
+    return rollout.failure_kind is not None or rollout.status in ("failed", "timed_out")
+
+
+def failure_reasons(rollouts: Sequence[Rollout], *, which: Callable[[Rollout], bool] = is_infra_failure
+                    ) -> list[tuple[str, int]]:
+    """The reasons of the failures among `rollouts` (by default the infra/harness ones), most frequent
+    first. A reason is the first line of the rollout's error."""
+    counts = Counter(((r.error or "").strip().splitlines() or ["no reason recorded"])[0][:300]
+                     for r in rollouts if which(r))
     return counts.most_common()
 
 
