@@ -20,6 +20,8 @@ import os
 import platform
 import shutil
 import subprocess
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,15 +111,17 @@ def require_package_bin(cache: Path, name: str) -> Path:
     found = find_package_bin(cache, name)
     if found is None:
         raise HarnessError(f"harness {name!r} is not installed in {cache}; install it with: "
-                           f"{install_hint(name, cache)}  (or set harness.npm_cache / {CACHE_ENV})")
+                           f"forge harness install {name} --cache {cache}  (that is: {install_hint(name, cache)}; "
+                           f"or point harness.npm_cache / {CACHE_ENV} at an install)")
     return found
 
 
 def install_packages(packages: list[str] | tuple[str, ...], cache: Path, *, timeout: float = INSTALL_TIMEOUT_S,
-                     node_dir: Path | None = None) -> None:
+                     node_dir: Path | None = None, on_line: Callable[[str], None] | None = None) -> None:
     """`npm install` into the cache folder (created with a private package.json). HarnessError on failure.
 
-    `node_dir`: a folder put first on PATH so npm resolves versions for that Node (openclaw's engines)."""
+    `node_dir`: a folder put first on PATH so npm resolves versions for that Node (openclaw's engines).
+    `on_line`: gets each line npm prints; with it npm logs every registry fetch (progress)."""
     npm = shutil.which("npm")
     if npm is None:
         raise HarnessError("npm is not installed: install Node.js and npm (apt-get install npm) to use npm harnesses")
@@ -128,17 +132,38 @@ def install_packages(packages: list[str] | tuple[str, ...], cache: Path, *, time
     env = dict(os.environ)
     if node_dir is not None:
         env["PATH"] = f"{node_dir}{os.pathsep}{env.get('PATH', '')}"
-    argv = [npm, "install", "--prefix", str(cache), "--no-audit", "--no-fund", "--loglevel=error", *packages]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        raise HarnessError(f"npm install {' '.join(packages)} took longer than {timeout:.0f} s") from None
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise HarnessError(f"npm install {' '.join(packages)} failed: {' | '.join(tail) or done.returncode}")
+    level = "--loglevel=http" if on_line else "--loglevel=error"
+    argv = [npm, "install", "--prefix", str(cache), "--no-audit", "--no-fund", level, *packages]
+    code, lines = _run_streaming(argv, env=env, timeout=timeout, on_line=on_line or (lambda line: None))
+    if code is None:
+        raise HarnessError(f"npm install {' '.join(packages)} took longer than {timeout:.0f} s")
+    if code != 0:
+        tail = [ln for ln in lines if "http fetch" not in ln][-3:]
+        raise HarnessError(f"npm install {' '.join(packages)} failed: {' | '.join(tail) or code}")
 
 
-def install_harness(name: str, cache: Path, *, timeout: float = INSTALL_TIMEOUT_S) -> Path:
+def _run_streaming(argv: list[str], *, env: dict[str, str], timeout: float,
+                   on_line: Callable[[str], None]) -> tuple[int | None, list[str]]:
+    """Run a command, handing each output line to `on_line`; (exit code or None on timeout, last lines)."""
+    lines: list[str] = []
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                          stdin=subprocess.DEVNULL) as proc:
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines = [*lines[-50:], line.rstrip()]
+                on_line(line.rstrip())
+            code = proc.wait()
+        finally:
+            timed_out = not timer.is_alive()
+            timer.cancel()
+    return (None if timed_out else code), lines
+
+
+def install_harness(name: str, cache: Path, *, timeout: float = INSTALL_TIMEOUT_S,
+                    on_line: Callable[[str], None] | None = None) -> Path:
     """Install one npm harness into the cache (a no-op if present) and return its executable."""
     if name not in NPM_HARNESSES:
         raise HarnessError(f"{name!r} is not an npm harness; npm harnesses: {', '.join(NPM_HARNESSES)}")
@@ -149,13 +174,13 @@ def install_harness(name: str, cache: Path, *, timeout: float = INSTALL_TIMEOUT_
     if spec.needs_node:
         # Node first, then the package with that Node on PATH: npm picks the newest version whose
         # engines match the running Node, and Debian's Node 20 would get openclaw's 0.0.1 placeholder.
-        install_packages(spec.packages[:1], cache, timeout=timeout)
+        install_packages(spec.packages[:1], cache, timeout=timeout, on_line=on_line)
         node = node_binary(cache)
         if node is None:
             raise HarnessError(f"npm installed {spec.packages[0]} but {cache} has no usable node binary")
-        install_packages(spec.packages[1:], cache, timeout=timeout, node_dir=node.parent)
+        install_packages(spec.packages[1:], cache, timeout=timeout, node_dir=node.parent, on_line=on_line)
     else:
-        install_packages(spec.packages, cache, timeout=timeout)
+        install_packages(spec.packages, cache, timeout=timeout, on_line=on_line)
     return require_package_bin(cache, name)
 
 

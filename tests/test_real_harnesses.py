@@ -293,3 +293,54 @@ def test_openclaw_outcome_reads_its_json(stdout: str, answer: str | None, failur
 
     got = openclaw_outcome(ExecResult(exit_code=0, stdout=stdout, stderr=""))
     assert (got.answer, got.failure) == (answer, failure)
+
+
+def test_harness_available_names_the_fix(tmp_path):
+    from openforge.config import ForgeConfig
+    from rollouts.harnesses import harness_available
+
+    config = ForgeConfig()
+    assert harness_available(config) is None  # mini, local: this venv has openai
+    config.harness = HarnessConfig(name="claude-code", npm_cache=str(tmp_path / "empty"))
+    assert harness_available(config) == (f"harness 'claude-code' is not installed in {tmp_path / 'empty'}: "
+                                         f"run `forge harness install claude-code --cache {tmp_path / 'empty'}`")
+    config.sandbox.type = "docker"
+    assert harness_available(config) is None  # the image's install is checked by prepare, in the container
+    config.sandbox.type = "local"
+    config.harness = HarnessConfig(name="zeroclaw")
+    assert "cargo install zeroclaw" in harness_available(config)
+    if find_package_bin(NPM_CACHE, "codex") is not None:
+        config.harness = HarnessConfig(name="codex", npm_cache=str(NPM_CACHE))
+        assert harness_available(config) is None
+
+
+def test_forge_harness_install_reports_an_installed_harness_and_npm_errors(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from forge_cli.main import app
+
+    if find_package_bin(NPM_CACHE, "codex") is not None:
+        out = CliRunner().invoke(app, ["harness", "install", "codex", "--cache", str(NPM_CACHE)])
+        assert out.exit_code == 0 and f"codex ready: {find_package_bin(NPM_CACHE, 'codex')}" in out.output, out.output
+    out = CliRunner().invoke(app, ["harness", "install", "mini"])
+    assert out.exit_code == 1 and "'mini' is not an npm harness" in out.output and "Traceback" not in out.output
+    monkeypatch.setenv("PATH", str(tmp_path))  # no npm anywhere
+    out = CliRunner().invoke(app, ["harness", "install", "claude-code", "--cache", str(tmp_path / "c")])
+    assert out.exit_code == 1 and "npm is not installed" in out.output
+
+
+@pytest.mark.npm
+@pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not installed")
+def test_npm_install_streams_progress_and_fails_in_one_line(tmp_path):
+    from openforge.errors import HarnessError
+    from rollouts.npm import install_packages
+
+    lines: list[str] = []
+    try:
+        install_packages(["is-number@7.0.0"], tmp_path, timeout=120, on_line=lines.append)
+    except HarnessError as exc:
+        pytest.skip(f"the npm registry is not reachable here: {exc}")
+    assert (tmp_path / "node_modules" / "is-number" / "package.json").is_file()
+    assert any("http fetch" in line for line in lines), lines  # the progress the CLI shows
+    with pytest.raises(HarnessError, match="npm install no-such-package-forge-xyz@0.0.0 failed: "):
+        install_packages(["no-such-package-forge-xyz@0.0.0"], tmp_path, timeout=120)

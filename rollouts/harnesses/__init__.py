@@ -4,8 +4,11 @@ starts fast and an adapter's missing dependency only matters to whoever uses it.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import shutil
+import sys
 
-from openforge.config import HarnessConfig
+from openforge.config import ForgeConfig, HarnessConfig
 from openforge.errors import HarnessError
 from rollouts.harness import Harness
 
@@ -35,3 +38,33 @@ def get_harness(config: HarnessConfig) -> Harness:
     if cls is None:
         raise HarnessError(f"harness {config.name!r}: {module_name} defines no {class_name}")
     return cls(config)
+
+
+def harness_available(config: ForgeConfig) -> str | None:
+    """None when `config.harness` can run with `config.sandbox`, else the fix to print (for preflight).
+
+    Local sandboxes run what this machine has: the npm cache's executables, this venv's `openai` for
+    `mini`, a `zeroclaw` on the PATH. Container sandboxes run their image's install, which only a
+    started container can show: the adapter's `prepare` checks it (a harness failure names the fix)."""
+    from rollouts.npm import NPM_HARNESSES, find_package_bin, node_binary, npm_cache_dir
+
+    name = config.harness.name
+    if name not in HARNESSES:
+        return f"unknown harness {name!r}; known: {', '.join(HARNESSES)}"
+    if config.sandbox.type != "local":
+        return None
+    if name == "mini":
+        if importlib.util.find_spec("openai") is None:
+            return f"the mini harness needs the `openai` package in {sys.executable}: pip install openai"
+        return None
+    if name == "zeroclaw":
+        return None if shutil.which("zeroclaw") else (
+            "zeroclaw is not on the PATH: it is a Rust binary, not on npm (`cargo install zeroclaw`); see docs/harnesses.md")
+    cache = npm_cache_dir(config.harness)
+    default = npm_cache_dir(None) == cache
+    fix = f"forge harness install {name}" + ("" if default else f" --cache {cache}")
+    if find_package_bin(cache, name) is None:
+        return f"harness {name!r} is not installed in {cache}: run `{fix}`"
+    if NPM_HARNESSES[name].needs_node and node_binary(cache) is None:
+        return f"harness {name!r} needs Node {NPM_HARNESSES[name].needs_node} in {cache}: run `{fix}`"
+    return None
