@@ -14,8 +14,17 @@ Streaming answers `data: {same object}` SSE lines and ends with `data: [DONE]`. 
 *incremental* under `--incremental-streaming-output`; `stream_generate` accepts both (it tells them
 apart by `meta_info.completion_tokens`) and always yields incremental deltas.
 
-Only connection failures are retried (the request never reached the engine, so retrying cannot
-duplicate work); everything else becomes one `EngineError` line.
+Errors are typed (openforge.errors), so callers decide by class, never by message text:
+
+    EngineUnavailable   cannot connect (after retries), the connection broke, or HTTP 5xx
+    EngineTimeout       no answer, or a stream stalled, within `timeout`
+    EngineRejected      HTTP 4xx (or an error chunk in a stream: SGLang's validation errors)
+
+Only failures where the request cannot have been processed are retried: a refused connection (with
+backoff), and once, a kept-alive connection the engine closed as the request went out (see
+`KEEPALIVE_EXPIRY_S`).
+
+With `api_key`, every request carries `Authorization: Bearer <key>` (SGLang's `--api-key`).
 """
 
 from __future__ import annotations
@@ -29,9 +38,19 @@ from typing import Any
 
 import httpx
 
-from openforge.errors import EngineError
+from openforge.errors import EngineError, EngineRejected, EngineTimeout, EngineUnavailable
 
-_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout)
+_NOT_CONNECTED = (httpx.ConnectError, httpx.ConnectTimeout)
+# The request went out on a kept-alive connection that the server closed at the same moment: no
+# response at all. The server never read it (uvicorn closes idle connections without reading).
+_DROPPED_BEFORE_ANSWER = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+# Both uvicorn (the embedded engine, SGLang's server) and httpx drop idle keep-alive connections
+# after 5 s. With equal timers a request sent on a connection idle for ~5 s races the server's close
+# and fails with no response (about 1 call in 1,000-2,500 under load). Expiring our side well before
+# the server's leaves the race a window of scheduler delay only, and the one retry on
+# `_DROPPED_BEFORE_ANSWER` covers that.
+KEEPALIVE_EXPIRY_S = 2.0
 
 
 @dataclass
@@ -74,9 +93,9 @@ def _logprobs(meta: dict[str, Any]) -> list[float]:
 
 
 def parse_generate_response(body: dict[str, Any]) -> GenerateOutput:
-    """A non-streaming /generate answer -> GenerateOutput (raises EngineError on an error body)."""
+    """A non-streaming /generate answer -> GenerateOutput (raises EngineRejected on an error body)."""
     if "error" in body:
-        raise EngineError(f"engine refused the request: {_error_message(body)}")
+        raise EngineRejected(f"engine refused the request: {_error_message(body)}")
     meta = body.get("meta_info") or {}
     ids = [int(t) for t in body.get("output_ids") or []]
     reason, matched = _finish(meta)
@@ -132,16 +151,22 @@ class _DeltaTracker:
 
 
 class EngineClient:
-    """Async client of one engine at `base_url` (SGLang's native API)."""
+    """Async client of one engine at `base_url` (SGLang's native API).
 
-    def __init__(self, base_url: str, *, timeout: float = 300, retries: int = 3) -> None:
+    `transport` replaces the network (e.g. `httpx.ASGITransport(app=engine.app)` in tests)."""
+
+    def __init__(self, base_url: str, *, timeout: float = 300, retries: int = 3, api_key: str | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 keepalive_expiry: float = KEEPALIVE_EXPIRY_S) -> None:
         self.base_url = base_url.rstrip("/")
         self.retries = retries
         self.timeout = timeout
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64, keepalive_expiry=keepalive_expiry),
+            headers={"authorization": f"Bearer {api_key}"} if api_key else None,
+            transport=transport,
         )
 
     async def __aenter__(self) -> EngineClient:
@@ -156,25 +181,50 @@ class EngineClient:
     # -- plumbing ---------------------------------------------------------------------------
 
     async def _send(self, method: str, path: str, *, json_body: Any = None, stream: bool = False) -> httpx.Response:
-        """Send with retries on connection errors only; the caller closes a streamed response."""
+        """Send with the retries above; the caller closes a streamed response."""
+        resp = await self._open(method, path, json_body)
+        if not stream:
+            try:
+                await resp.aread()
+            except httpx.TimeoutException:
+                raise EngineTimeout(f"engine at {self.base_url} did not answer {path} within {self.timeout:g}s") \
+                    from None
+            except httpx.HTTPError as exc:
+                raise EngineUnavailable(f"engine at {self.base_url} broke off {path}: {type(exc).__name__}: {exc}") \
+                    from None
+            finally:
+                await resp.aclose()
+        return resp
+
+    async def _open(self, method: str, path: str, json_body: Any) -> httpx.Response:
+        """The response's head (its body still to read). Retries stop here: once the engine has
+        answered, it has the request, and sending it again could run it twice."""
         delay = 0.2
-        for attempt in range(self.retries + 1):
+        redone = False
+        attempt = 0
+        while True:
             try:
                 req = self._http.build_request(method, path, json=json_body)
-                return await self._http.send(req, stream=stream)
-            except _RETRYABLE as exc:
+                return await self._http.send(req, stream=True)
+            except _NOT_CONNECTED as exc:
                 if attempt == self.retries:
-                    raise EngineError(
+                    raise EngineUnavailable(
                         f"engine at {self.base_url} is down (cannot connect after {attempt + 1} tries: "
                         f"{type(exc).__name__})"
                     ) from None
+                attempt += 1
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
             except httpx.TimeoutException:
-                raise EngineError(f"engine at {self.base_url} did not answer {path} within {self.timeout:g}s") from None
+                raise EngineTimeout(f"engine at {self.base_url} did not answer {path} within {self.timeout:g}s") from None
+            except _DROPPED_BEFORE_ANSWER as exc:
+                if redone:
+                    raise EngineUnavailable(f"engine at {self.base_url} dropped {path}: {type(exc).__name__}: {exc}") \
+                        from None
+                redone = True  # at once, on a fresh connection: the pool discards the dead one
             except httpx.HTTPError as exc:
-                raise EngineError(f"engine at {self.base_url} failed {path}: {type(exc).__name__}: {exc}") from None
-        raise AssertionError("unreachable")
+                raise EngineUnavailable(f"engine at {self.base_url} failed {path}: {type(exc).__name__}: {exc}") \
+                    from None
 
     def _check(self, resp: httpx.Response, path: str) -> None:
         if resp.status_code >= 400:
@@ -182,7 +232,10 @@ class EngineClient:
                 detail = _error_message(resp.json())
             except (json.JSONDecodeError, UnicodeDecodeError):
                 detail = resp.text.strip()[:300]
-            raise EngineError(f"engine at {self.base_url}: {path} -> HTTP {resp.status_code}: {detail}")
+            message = f"engine at {self.base_url}: {path} -> HTTP {resp.status_code}: {detail}"
+            if resp.status_code < 500:
+                raise EngineRejected(message, status=resp.status_code)
+            raise EngineUnavailable(message)
 
     async def _call(self, method: str, path: str, json_body: Any = None) -> httpx.Response:
         resp = await self._send(method, path, json_body=json_body)
@@ -214,14 +267,15 @@ class EngineClient:
         try:
             body = resp.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise EngineError(f"engine at {self.base_url}: /generate answered non-JSON: {resp.text[:200]!r}") from None
+            raise EngineUnavailable(f"engine at {self.base_url}: /generate answered non-JSON: {resp.text[:200]!r}") \
+                from None
         return parse_generate_response(body)
 
     async def stream_generate(self, input_ids: list[int], sampling_params: dict[str, Any], *,
                               lora_path: str | None = None, rid: str | None = None) -> AsyncIterator[GenerateDelta]:
         """Yield incremental `GenerateDelta`s; the last one carries `finish_reason`.
 
-        A stream that ends without a finish reason (the engine died) raises EngineError."""
+        A stream that ends without a finish reason (the engine died) raises EngineUnavailable."""
         resp = await self._send("POST", "/generate", json_body=self._generate_body(input_ids, sampling_params, lora_path, rid, True),
                                 stream=True)
         try:
@@ -237,20 +291,22 @@ class EngineClient:
                 if payload == "[DONE]":
                     break
                 chunk = json.loads(payload)
-                if "error" in chunk:
-                    raise EngineError(f"engine at {self.base_url}: /generate stream failed: {_error_message(chunk)}")
+                if "error" in chunk:  # SGLang streams its validation errors (ValueError) this way
+                    raise EngineRejected(f"engine at {self.base_url}: /generate stream failed: {_error_message(chunk)}")
                 delta = tracker.delta(chunk)
                 finished = delta.finish_reason is not None
                 if delta.token_ids or finished:
                     yield delta
             if not finished:
-                raise EngineError(f"engine at {self.base_url}: /generate stream ended before the completion finished")
+                raise EngineUnavailable(f"engine at {self.base_url}: /generate stream ended before the completion "
+                                        "finished")
         except json.JSONDecodeError as exc:
-            raise EngineError(f"engine at {self.base_url}: bad stream chunk: {exc}") from None
+            raise EngineUnavailable(f"engine at {self.base_url}: bad stream chunk: {exc}") from None
         except httpx.TimeoutException:
-            raise EngineError(f"engine at {self.base_url}: /generate stream stalled for {self.timeout:g}s") from None
+            raise EngineTimeout(f"engine at {self.base_url}: /generate stream stalled for {self.timeout:g}s") from None
         except httpx.HTTPError as exc:
-            raise EngineError(f"engine at {self.base_url}: /generate stream broke: {type(exc).__name__}: {exc}") from None
+            raise EngineUnavailable(f"engine at {self.base_url}: /generate stream broke: {type(exc).__name__}: {exc}") \
+                from None
         finally:
             await resp.aclose()
 
@@ -263,7 +319,7 @@ class EngineClient:
         except (json.JSONDecodeError, UnicodeDecodeError):
             return {"success": True, "message": resp.text}
         if isinstance(out, dict) and out.get("success") is False:
-            raise EngineError(f"engine at {self.base_url}: {path} failed: {_error_message(out)}")
+            raise EngineRejected(f"engine at {self.base_url}: {path} failed: {_error_message(out)}")
         return out
 
     async def load_lora_adapter(self, name: str, path: str) -> dict[str, Any]:
@@ -283,6 +339,26 @@ class EngineClient:
     async def model_info(self) -> dict[str, Any]:
         return (await self._call("GET", "/model_info")).json()
 
+    async def context_length(self) -> int | None:
+        """The longest sequence (prompt + completion) the engine serves, as it reports it; None when
+        it reports none. The embedded engine answers `context_length` on /model_info (from the model
+        config); SGLang's /get_server_info has `context_length` (its server arg, may be null),
+        `max_total_num_tokens` (the KV cache's size) and `max_req_input_len` (the longest prompt:
+        min(the model's context, the KV cache) - 1); older versions only /get_model_info."""
+        for path in ("/model_info", "/get_server_info", "/get_model_info"):
+            try:
+                info = (await self._call("GET", path)).json()
+            except (EngineRejected, json.JSONDecodeError, UnicodeDecodeError):  # no such route here
+                continue
+            if not isinstance(info, dict):
+                continue
+            found = [info[k] + extra for k, extra in (("context_length", 0), ("max_total_num_tokens", 0),
+                                                      ("max_req_input_len", 1))
+                     if isinstance(info.get(k), int) and not isinstance(info[k], bool) and info[k] > 0]
+            if found:
+                return min(found)
+        return None
+
     async def health(self) -> bool:
         """True when the engine answers /health with 200 (no retries: this is a probe)."""
         try:
@@ -298,5 +374,5 @@ class EngineClient:
             if await self.health():
                 return
             if time.monotonic() >= deadline:
-                raise EngineError(f"engine at {self.base_url} did not become healthy within {timeout:g}s")
+                raise EngineUnavailable(f"engine at {self.base_url} did not become healthy within {timeout:g}s")
             await asyncio.sleep(0.1)

@@ -9,7 +9,10 @@ double) on 127.0.0.1 without a subprocess:
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ class ServerHandle:
     port: int
     server: uvicorn.Server
     thread: threading.Thread
+    uds: str | None = None  # the unix socket it also serves on, if any
 
     def stop(self, timeout: float = 10.0) -> None:
         self.server.should_exit = True
@@ -44,12 +48,33 @@ class ServerHandle:
         self.stop()
 
 
+def _unix_socket(path: str) -> socket.socket:
+    """A listening unix socket at `path` (a stale socket file left by a dead server is replaced)."""
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        # Open to every local user, like a loopback port: whoever connects still needs a credential,
+        # and a sandbox may run under another uid than the server.
+        os.chmod(path, 0o666)
+    except OSError as exc:
+        sock.close()
+        raise EngineError(f"cannot listen on unix socket {path}: {exc.strerror or exc}") from None
+    sock.listen(2048)
+    return sock
+
+
 def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
-                    startup_timeout: float = 30.0) -> ServerHandle:
+                    startup_timeout: float = 30.0, uds: str | None = None, **options: Any) -> ServerHandle:
     """Start `app` on uvicorn in a daemon thread and return once it accepts connections.
 
     The socket is bound here, before the thread starts, so `port=0` yields the real port at once and
-    two servers can never race for the same one."""
+    two servers can never race for the same one. With `uds`, the same app also serves on a unix socket
+    at that path (removed again on stop). `options` go to `uvicorn.Config` (e.g. `http=`)."""
     # proto=IPPROTO_TCP, not the default 0: asyncio only sets TCP_NODELAY on accepted sockets whose
     # proto says TCP; without it Nagle + delayed ACK add ~40 ms to every small response.
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -61,17 +86,28 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, *, log_lev
         raise EngineError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     sock.listen(2048)
     real_port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=2)
+    sockets = [sock]
+    if uds is not None:
+        try:
+            sockets.append(_unix_socket(uds))
+        except EngineError:
+            sock.close()
+            raise
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=2, **options)
     server = uvicorn.Server(config)
     errors: list[BaseException] = []
 
     def run() -> None:
         try:
-            server.run(sockets=[sock])
+            server.run(sockets=sockets)
         except BaseException as exc:  # noqa: BLE001 - reported to the starting thread below
             errors.append(exc)
         finally:
-            sock.close()
+            for s in sockets:
+                s.close()
+            if uds is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(uds)
 
     thread = threading.Thread(target=run, name=f"uvicorn-{real_port}", daemon=True)
     thread.start()
@@ -84,4 +120,5 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, *, log_lev
             raise EngineError(f"server on {host}:{real_port} did not start within {startup_timeout:g}s")
         time.sleep(0.01)
     shown = f"[{host}]" if ":" in host else host
-    return ServerHandle(url=f"http://{shown}:{real_port}", host=host, port=real_port, server=server, thread=thread)
+    return ServerHandle(url=f"http://{shown}:{real_port}", host=host, port=real_port, server=server, thread=thread,
+                        uds=uds)

@@ -62,6 +62,7 @@ class ProxyConfig(_Section):
     max_concurrent_calls: int = Field(64, ge=1)
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     call_timeout_s: float = Field(300.0, gt=0)
+    read_timeout_s: float = Field(30.0, gt=0, description="a request's headers and body must arrive within this")
     default_max_tokens: int = Field(512, ge=1)
     max_context_tokens: int = Field(32768, ge=16, description="refuse prompts longer than this")
     temperature_override: float | None = Field(

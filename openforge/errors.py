@@ -21,6 +21,22 @@ class EngineError(ForgeError):
     """The inference engine is unreachable, failed a request, or cannot load a model."""
 
 
+class EngineTimeout(EngineError):
+    """The engine did not answer (or a stream stalled) within the client's timeout."""
+
+
+class EngineUnavailable(EngineError):
+    """The engine cannot be reached, dropped the connection, or failed on its side (HTTP 5xx)."""
+
+
+class EngineRejected(EngineError):
+    """The engine refused the request itself (HTTP 4xx): retrying the same request cannot help."""
+
+    def __init__(self, message: str, *, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class SandboxError(ForgeError):
     """A sandbox could not be created, reached, or cleaned up."""
 

@@ -1,9 +1,13 @@
 """`ProxyServer`: the proxy on uvicorn in a background thread, for `forge up`, `forge proxy` and tests.
 
-    server = ProxyServer(config.proxy, store_path=db, engine_url=engine.url, model_path=model_dir)
+    server = ProxyServer(config.proxy, store_path=db, engine_url=engine.url, model_path=model_dir,
+                         uds=run_dir / "proxy.sock", engine_key=key)
     server.start()          # returns once it accepts connections
-    ... harnesses use server.url ...
+    ... harnesses use server.url, or the unix socket server.uds (bound into sandboxes) ...
     server.stop()
+
+One app serves both listeners: TCP on `config.host` (127.0.0.1) and, with `uds`, a unix socket, which
+is how a sandbox without a network reaches it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from engine.client import EngineClient
 from engine.serve import ServerHandle, serve_in_thread
 from openforge.config import ProxyConfig
 from openforge.errors import ConfigError, ForgeError
+from proxy.connections import deadline_protocol
 
 
 def load_tokenizer(model_path: str | Path):  # -> PreTrainedTokenizerBase
@@ -31,11 +36,14 @@ def load_tokenizer(model_path: str | Path):  # -> PreTrainedTokenizerBase
 
 class ProxyServer:
     def __init__(self, config: ProxyConfig, *, store_path: str | Path, engine_url: str, model_path: str | Path,
-                 served_model: str | None = None) -> None:
+                 served_model: str | None = None, uds: str | Path | None = None,
+                 engine_key: str | None = None) -> None:
         self.config = config
         self.store_path = Path(store_path)
         self.engine_url = engine_url
+        self.engine_key = engine_key
         self.model_path = Path(model_path)
+        self.uds = str(uds) if uds is not None else None
         self.served_model = served_model or config.served_model_name
         self._handle: ServerHandle | None = None
         self.app = None  # the Starlette app once started (tests read app.state.proxy)
@@ -52,13 +60,14 @@ class ProxyServer:
 
         if self._handle is not None:
             return self
-        engine = EngineClient(self.engine_url, timeout=self.config.call_timeout_s)
+        engine = EngineClient(self.engine_url, timeout=self.config.call_timeout_s, api_key=self.engine_key)
         app = create_app(self.config, store_path=self.store_path, engine=engine,
                          tokenizer=load_tokenizer(self.model_path), served_model=self.served_model,
                          close_engine=True)
         self.app = app
         self.interrupted_on_start = app.state.proxy.interrupted_on_start
-        self._handle = serve_in_thread(app, self.config.host, self.config.port)
+        self._handle = serve_in_thread(app, self.config.host, self.config.port, uds=self.uds,
+                                       http=deadline_protocol(self.config.read_timeout_s))
         return self
 
     def stop(self) -> None:

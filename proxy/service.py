@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.client import EngineClient
 from openforge.config import ProxyConfig
-from openforge.errors import EngineError, StoreError
+from openforge.errors import EngineError, EngineRejected, EngineTimeout, EngineUnavailable, StoreError
 from openforge.store import utcnow
 from proxy.calls import APIError, CallRequest, Completion, TextDelta, ToolCallEvent, new_call_id
 from proxy.generation import Generation, GenerationParams, token_logprobs
@@ -41,10 +41,14 @@ class Prepared:
 
 
 def engine_error(exc: EngineError) -> APIError:
-    """Engine trouble is the caller's to retry: overloaded (down, refused) or timeout."""
-    msg = str(exc)
-    kind = "timeout" if "did not answer" in msg or "stalled" in msg else "overloaded"
-    return APIError(kind, f"the inference engine failed this call, retry it: {msg}", retry_after=1.0)  # type: ignore[arg-type]
+    """Engine trouble by its type: a timeout or an engine that is down is the caller's to retry; a
+    request the engine refused (4xx) is not, so it is a 400 (or, for the proxy's own credentials, a 500)."""
+    if isinstance(exc, EngineRejected):
+        if exc.status == 400:
+            return APIError("invalid_request", f"the inference engine refused this call: {exc}")
+        return APIError("server", f"the inference engine refused the proxy: {exc}")
+    kind = "timeout" if isinstance(exc, EngineTimeout) else "overloaded"
+    return APIError(kind, f"the inference engine failed this call, retry it: {exc}", retry_after=1.0)
 
 
 class CallService:
@@ -194,7 +198,7 @@ class CallService:
         try:
             comp = await asyncio.wait_for(p.generation.complete(), self.config.call_timeout_s)
             if p.generation.finish == "abort":
-                raise EngineError("the engine aborted the request")
+                raise EngineUnavailable("the engine aborted the request")
         except TimeoutError:
             await self.record_error(p, "call timed out")
             raise APIError("timeout", f"the call took over {self.config.call_timeout_s:g}s "
@@ -223,6 +227,6 @@ class CallService:
                     raise engine_error(exc) from None
                 yield ev
             if p.generation.finish == "abort":
-                raise engine_error(EngineError("the engine aborted the request"))
+                raise engine_error(EngineUnavailable("the engine aborted the request"))
         finally:
             await agen.aclose()

@@ -1,15 +1,23 @@
-"""EngineClient against the scripted engine over real loopback HTTP: shapes, streaming, faults."""
+"""EngineClient against the scripted engine over real loopback HTTP and in-process (transport=):
+shapes, streaming, typed faults, the engine key, the keep-alive race."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
+import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Mount, Route
 
-from engine.client import EngineClient, _DeltaTracker
+from engine.client import KEEPALIVE_EXPIRY_S, EngineClient, _DeltaTracker
 from engine.scripted import ScriptedEngine, scripted_logprob
 from engine.serve import serve_in_thread
-from openforge.errors import EngineError
+from openforge.errors import EngineError, EngineRejected, EngineTimeout, EngineUnavailable
 
 TOOL_CALL = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
 
@@ -135,3 +143,133 @@ def test_delta_tracker_reads_cumulative_incremental_and_abort_chunks():
     # SGLang's abort chunk repeats only the last token while completion_tokens counts them all.
     aborted = incremental.delta(chunk([6], [-3], 3, {"type": "abort", "message": "x"}))
     assert (aborted.token_ids, aborted.finish_reason) == ([], "abort")
+
+
+# -- the transport seam, typed errors, the engine key, the keep-alive race --------------------------
+
+
+def in_process(engine: ScriptedEngine, **kw) -> EngineClient:
+    return EngineClient("http://engine", transport=httpx.ASGITransport(app=engine.app), **kw)
+
+
+async def test_transport_seam_serves_the_scripted_engine_in_process(tiny_model):
+    engine = ScriptedEngine(tiny_model, [TOOL_CALL, TOOL_CALL])
+    async with in_process(engine) as client:
+        whole = await client.generate([1, 2], {"max_new_tokens": 64})
+        deltas = [d async for d in client.stream_generate([1, 2], {"max_new_tokens": 64})]
+    assert whole.output_ids == engine.completion_ids(TOOL_CALL)
+    assert [t for d in deltas for t in d.token_ids] == whole.output_ids
+
+
+async def test_errors_are_typed(tiny_model):
+    engine = ScriptedEngine(tiny_model, ["ok"] * 4)
+    # Over loopback: httpx.ASGITransport has no network, hence no timeouts or dropped connections.
+    with serve_in_thread(engine.app) as server:
+        async with EngineClient(server.url, timeout=0.3) as client:
+            engine.fail_next("http_500")
+            with pytest.raises(EngineUnavailable, match="HTTP 500"):
+                await client.generate([1], {})
+            with pytest.raises(EngineRejected, match="top_p must be in") as refused:
+                await client.generate([1], {"top_p": 0})
+            assert refused.value.status == 400
+            engine.fail_next("delay", seconds=1.0)
+            with pytest.raises(EngineTimeout):
+                await client.generate([1], {})
+            engine.fail_next("disconnect", after_tokens=1)
+            with pytest.raises(EngineUnavailable, match="stream"):
+                async for _ in client.stream_generate([1], {"max_new_tokens": 8}):
+                    pass
+    async with EngineClient(f"http://127.0.0.1:{_free_port()}", retries=0) as down:
+        with pytest.raises(EngineUnavailable, match="is down"):
+            await down.generate([1], {})
+    assert all(issubclass(e, EngineError) for e in (EngineTimeout, EngineUnavailable, EngineRejected))
+
+
+def _requiring_key(app, key: str) -> Starlette:
+    """`app` behind SGLang's --api-key check: 401 unless `Authorization: Bearer <key>`."""
+    async def check(request: Request, call_next):
+        if request.headers.get("authorization") != f"Bearer {key}":
+            return JSONResponse({"error": {"message": "Unauthorized"}}, status_code=401)
+        return await call_next(request)
+    outer = Starlette(routes=[Mount("/", app=app)])
+    outer.add_middleware(BaseHTTPMiddleware, dispatch=check)
+    return outer
+
+
+async def test_the_engine_key_travels_as_a_bearer_token(tiny_model):
+    engine = ScriptedEngine(tiny_model, ["ok"])
+    guarded = _requiring_key(engine.app, "engine-secret")
+    async with EngineClient("http://engine", api_key="engine-secret",
+                            transport=httpx.ASGITransport(app=guarded)) as client:
+        assert (await client.generate([1], {})).text == "ok"
+    async with EngineClient("http://engine", transport=httpx.ASGITransport(app=guarded)) as keyless:
+        with pytest.raises(EngineRejected, match="HTTP 401") as refused:
+            await keyless.generate([1], {})
+    assert refused.value.status == 401
+
+
+class _ClosesAsTheRequestArrives:
+    """An HTTP/1.1 server that answers the first request on a connection with keep-alive, then,
+    like a server whose keep-alive timer fired as the next request went out, reads that request and
+    closes without answering. Every later connection is served normally."""
+
+    BODY = b'{"context_length": 4096}'
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.requests = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        first = self.connections == 1
+        served = 0
+        try:
+            while await reader.readuntil(b"\r\n\r\n"):
+                self.requests += 1
+                if first and served == 1:
+                    return  # closed with the request unanswered
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\n\r\n%s" % (len(self.BODY), self.BODY))
+                await writer.drain()
+                served += 1
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def test_a_kept_alive_connection_closed_under_a_request_is_retried_once():
+    server = _ClosesAsTheRequestArrives()
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        async with EngineClient(f"http://127.0.0.1:{port}") as client:
+            assert await client.model_info() == {"context_length": 4096}
+            # Reuses the kept-alive connection, which the server closes under this request.
+            assert await client.model_info() == {"context_length": 4096}
+    finally:
+        listener.close()
+        await listener.wait_closed()
+    assert (server.connections, server.requests) == (2, 3)
+
+
+def test_idle_connections_expire_before_the_engines_keep_alive():
+    import uvicorn
+
+    engine_keep_alive = uvicorn.Config(app=None).timeout_keep_alive  # the embedded engine's and SGLang's server
+    assert KEEPALIVE_EXPIRY_S < engine_keep_alive / 2
+
+
+async def test_context_length_reads_what_the_engine_reports(tiny_model):
+    def engine_with(path: str, info: dict) -> Starlette:
+        return Starlette(routes=[Route(path, lambda r: JSONResponse(info), methods=["GET"])])
+
+    async def ask(app) -> int | None:
+        async with EngineClient("http://engine", transport=httpx.ASGITransport(app=app)) as client:
+            return await client.context_length()
+
+    assert await ask(engine_with("/model_info", {"context_length": 4096})) == 4096  # the embedded engine
+    sglang = {"context_length": None, "max_total_num_tokens": 900_000, "max_req_input_len": 32767}
+    assert await ask(engine_with("/get_server_info", sglang)) == 32768  # SGLang: its model's context
+    assert await ask(engine_with("/get_server_info", {"context_length": 8192, "max_total_num_tokens": 6000})) == 6000
+    assert await ask(ScriptedEngine(tiny_model, []).app) is None  # reports none
