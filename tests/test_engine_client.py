@@ -272,4 +272,6 @@ async def test_context_length_reads_what_the_engine_reports(tiny_model):
     sglang = {"context_length": None, "max_total_num_tokens": 900_000, "max_req_input_len": 32767}
     assert await ask(engine_with("/get_server_info", sglang)) == 32768  # SGLang: its model's context
     assert await ask(engine_with("/get_server_info", {"context_length": 8192, "max_total_num_tokens": 6000})) == 6000
-    assert await ask(ScriptedEngine(tiny_model, []).app) is None  # reports none
+    assert await ask(engine_with("/get_model_info", {"model_path": "m"})) is None  # an older SGLang: none
+    scripted = ScriptedEngine(tiny_model, [])
+    assert await ask(scripted.app) == scripted.context_length
