@@ -38,15 +38,15 @@ async def _measure(quick: bool, tmp: Path) -> dict:
     from k8s_double import KubeDouble
     from k8s_double.pods import kill_processes, spawn_exec, start_container
 
-    from openforge.config import SandboxConfig
+    from openforge.config import KubernetesSandboxConfig
     from sandbox.kubernetes import KubernetesSandbox
 
     n = 5 if quick else 30
     double = KubeDouble(tmp / "pods", step_s=0.0)
     double.start()
     try:
-        config = SandboxConfig(type="kubernetes", kubernetes={
-            "kubeconfig": str(double.write_kubeconfig(tmp / "kubeconfig")), "image": "openforge:test"})
+        config = KubernetesSandboxConfig(kubeconfig=str(double.write_kubeconfig(tmp / "kubeconfig")),
+                                         image="openforge:test")
         counter = iter(range(10**9))
 
         async def backend_cycle() -> None:
@@ -89,7 +89,7 @@ async def _scale(n: int, tmp: Path) -> dict:
 
     from k8s_double import KubeDouble
 
-    from openforge.config import SandboxConfig
+    from openforge.config import KubernetesSandboxConfig
     from sandbox.kubernetes import KubernetesSandbox
 
     double = KubeDouble(tmp / "scale-pods", step_s=0.0)
@@ -106,9 +106,9 @@ async def _scale(n: int, tmp: Path) -> dict:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        config = SandboxConfig(type="kubernetes", kubernetes={
-            "kubeconfig": str(double.write_kubeconfig(tmp / "kubeconfig")), "image": "openforge:test",
-            "start_timeout_s": 120, "max_threads": 2 * n, "max_pods_per_minute": 6000})
+        config = KubernetesSandboxConfig(kubeconfig=str(double.write_kubeconfig(tmp / "kubeconfig")),
+                                         image="openforge:test", start_timeout_s=120, max_threads=2 * n,
+                                         max_pods_per_minute=6000)
         starts: list[float] = []
 
         async def rollout(i: int) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench.timing import time_calls
 
-from openforge.config import SandboxConfig
+from openforge.config import DockerSandboxConfig, LocalSandboxConfig, SandboxConfig
 from sandbox import make_sandbox
 from sandbox.local import bwrap_usable
 from sandbox.testing import docker_image
@@ -62,24 +62,21 @@ def _docker_run(image: str) -> Callable[[], Awaitable[None]]:
 async def _measure(quick: bool) -> dict:
     n_local, n_docker = (5, 3) if quick else (40, 15)
     out: dict[str, dict] = {}
-    plain = SandboxConfig()
-    plain.local.isolation = "none"
+    plain = LocalSandboxConfig(isolation="none")
     out["subprocess_true"] = await time_calls(lambda: _bare(["true"]), n_local)
     out["local_plain"] = await time_calls(_sandbox_cycle(plain), n_local)
     bwrap = bwrap_usable()
     if bwrap:
         out["bwrap_true"] = await time_calls(lambda: _bare([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc",
                                                        "/proc", "--unshare-pid", "true"]), n_local)
-        isolated = SandboxConfig()
-        isolated.local.isolation = "bwrap"
+        isolated = LocalSandboxConfig(isolation="bwrap")
         out["local_bwrap"] = await time_calls(_sandbox_cycle(isolated), n_local)
     else:
         out["local_bwrap"] = {"skipped": "bubblewrap missing or unusable"}
     image, why = docker_image("busybox")
     if image:
         out["docker_run_rm_true"] = await time_calls(_docker_run(image), n_docker)
-        cfg = SandboxConfig(type="docker")
-        cfg.docker.image = image
+        cfg = DockerSandboxConfig(image=image)
         out["docker"] = await time_calls(_sandbox_cycle(cfg), n_docker)
     else:
         out["docker"] = {"skipped": why}

@@ -49,7 +49,8 @@ def build_image(ctx: typer.Context,
     """Build the Docker sandbox image locally (debootstrap or busybox, then docker import); cached by recipe hash."""
     from sandbox.images import ensure_image
 
-    tag = ensure_image(variant, base_url=state(ctx).config().sandbox.docker.base_url, tag_latest=latest)
+    sandbox = state(ctx).config().sandbox
+    tag = ensure_image(variant, base_url=getattr(sandbox, "base_url", ""), tag_latest=latest)
     typer.echo(tag + ("  (also openforge-sandbox:latest)" if latest else ""))
 
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
 from openforge.errors import ConfigError
 
@@ -70,15 +70,32 @@ class ProxyConfig(_Section):
     )
 
 
-class LocalSandboxConfig(_Section):
-    isolation: Literal["auto", "bwrap", "none"] = "auto"
+class _SandboxCommon(_Section):
+    """Settings every sandbox backend has."""
+
+    type: str = Field("local", description="the backend: local, docker or kubernetes")  # narrowed by each backend
+    workdir: str = Field("/workspace", description="the task's working directory inside container backends")
+    start_retries: int = Field(2, ge=0, description="retries of a sandbox that failed to start")
+    max_output_bytes: int = Field(1024 * 1024, ge=1024, description="stdout/stderr kept per exec")
+
+
+class LocalSandboxConfig(_SandboxCommon):
+    """A folder and a process tree on this machine, isolated by bubblewrap (an unprivileged user namespace)."""
+
+    type: Literal["local"] = "local"
+    isolation: Literal["auto", "bwrap", "none"] = Field(
+        "auto", description="auto = bwrap, and refuse to run if it cannot isolate; 'none' = plain subprocesses "
+                            "(no isolation: only for code you trust)")
     cpu_time_s: int = Field(600, ge=1)
     memory_mb: int = Field(2048, ge=16)
     max_processes: int = Field(256, ge=1)
     max_file_mb: int = Field(512, ge=1, description="largest file a sandboxed process may write")
 
 
-class DockerSandboxConfig(_Section):
+class DockerSandboxConfig(_SandboxCommon):
+    """One container per rollout on a Docker engine."""
+
+    type: Literal["docker"] = "docker"
     image: str = "openforge-sandbox:latest"
     base_url: str = Field("", description="Docker engine URL; empty = DOCKER_HOST or the default socket")
     network: str = Field("host", description="'host' lets the harness reach a proxy on 127.0.0.1")
@@ -87,7 +104,10 @@ class DockerSandboxConfig(_Section):
     pids_limit: int = Field(256, ge=1)
 
 
-class KubernetesSandboxConfig(_Section):
+class KubernetesSandboxConfig(_SandboxCommon):
+    """One pod per rollout on a Kubernetes cluster."""
+
+    type: Literal["kubernetes"] = "kubernetes"
     namespace: str = "openforge"
     image: str = "openforge:latest"
     context: str = Field("", description="kubeconfig context; empty = current context or in-cluster")
@@ -122,16 +142,34 @@ class KubernetesSandboxConfig(_Section):
     )
 
 
-class SandboxConfig(_Section):
-    """Which backend runs each rollout's sandbox, and each backend's settings."""
+_SANDBOX_TYPES = {"local": LocalSandboxConfig, "docker": DockerSandboxConfig, "kubernetes": KubernetesSandboxConfig}
 
-    type: Literal["local", "docker", "kubernetes"] = "local"
-    workdir: str = Field("/workspace", description="the task's working directory inside container backends")
-    start_retries: int = Field(2, ge=0, description="retries of a sandbox that failed to start")
-    max_output_bytes: int = Field(1024 * 1024, ge=1024, description="stdout/stderr kept per exec")
-    local: LocalSandboxConfig = Field(default_factory=LocalSandboxConfig)
-    docker: DockerSandboxConfig = Field(default_factory=DockerSandboxConfig)
-    kubernetes: KubernetesSandboxConfig = Field(default_factory=KubernetesSandboxConfig)
+
+def _sandbox_tag(value: Any) -> str:
+    # A [sandbox] table without `type` is the local backend, as before the union.
+    if isinstance(value, dict):
+        return str(value.get("type", "local"))
+    return str(getattr(value, "type", "local"))
+
+
+# Which backend runs each rollout's sandbox: one table, holding the chosen backend's keys only.
+SandboxConfig = Annotated[
+    Annotated[LocalSandboxConfig, Tag("local")]
+    | Annotated[DockerSandboxConfig, Tag("docker")]
+    | Annotated[KubernetesSandboxConfig, Tag("kubernetes")],
+    Discriminator(_sandbox_tag),
+]
+
+
+def sandbox_config(type: str = "local", **fields: Any) -> LocalSandboxConfig | DockerSandboxConfig | KubernetesSandboxConfig:
+    """The sandbox config of backend `type` (ConfigError for an unknown one or a bad field)."""
+    cls = _SANDBOX_TYPES.get(type)
+    if cls is None:
+        raise ConfigError(f"unknown sandbox.type {type!r}; choose local, docker or kubernetes")
+    try:
+        return cls(**fields)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation(exc, f"sandbox ({type})")) from None
 
 
 class HarnessConfig(_Section):
@@ -198,11 +236,28 @@ class ForgeConfig(_Section):
     name: str = Field("", description="a human name for the run")
     engine: EngineConfig = Field(default_factory=EngineConfig)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
-    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    sandbox: SandboxConfig = Field(default_factory=LocalSandboxConfig)
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sandbox_shape(cls, data: Any) -> Any:
+        """Say plainly what is wrong with a `[sandbox]` table the union cannot place."""
+        sandbox = data.get("sandbox") if isinstance(data, dict) else None
+        if not isinstance(sandbox, dict):
+            return data
+        kind = sandbox.get("type", "local")
+        if kind not in _SANDBOX_TYPES:
+            raise ValueError(f"sandbox.type: unknown backend {kind!r}; choose local, docker or kubernetes")
+        for name in _SANDBOX_TYPES:
+            if isinstance(sandbox.get(name), dict):  # the shape before the union: [sandbox.docker] image = ...
+                key = next(iter(sandbox[name]), "KEY")
+                raise ValueError(f"sandbox.{name}.{key}: the [sandbox] table now holds the chosen backend's keys "
+                                 f"directly: write sandbox.{key} (with sandbox.type = \"{name}\")")
+        return data
 
 
 def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -217,9 +272,13 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 def _format_validation(err: ValidationError, source: str) -> str:
     first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
+    loc = list(first["loc"])
+    if loc[:1] == ["sandbox"] and len(loc) > 1 and loc[1] in _SANDBOX_TYPES:
+        del loc[1]  # the union's tag: the user wrote sandbox.image, not sandbox.docker.image
+    where = ".".join(str(p) for p in loc)
+    msg = first["msg"].removeprefix("Value error, ")
     more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return f"{source}: {where}: {first['msg']}{more}"
+    return f"{source}: {where}: {msg}{more}" if where else f"{source}: {msg}{more}"
 
 
 def parse_override(item: str) -> dict[str, Any]:

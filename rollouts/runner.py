@@ -36,12 +36,8 @@ from rollouts.grading import answer_matches, clip, file_matches
 from rollouts.harness import Harness, HarnessContext, HarnessOutcome
 from rollouts.tasks import ANSWER_FILE, TaskSpec, parse_score
 from rollouts.trajectory import assemble_rollout
-from sandbox.base import ExecResult, Sandbox, SandboxFileNotFound
-
-try:  # a start failure worth retrying (engine busy, quota full); other SandboxErrors fail at once
-    from sandbox.base import TransientSandboxError
-except ImportError:  # pragma: no cover - an older sandbox part: every start failure is retried
-    TransientSandboxError = SandboxError  # type: ignore[misc,assignment]
+from sandbox.base import (ExecResult, Sandbox, SandboxFileNotFound, SandboxStartFailed, start_with_retry,
+                          stop_shielded)
 
 log = logging.getLogger(__name__)
 
@@ -75,18 +71,6 @@ def _default_factory() -> SandboxFactory:
     from sandbox.factory import make_sandbox
 
     return make_sandbox
-
-
-async def _stop_quietly(sb: Sandbox) -> None:
-    """Stop a sandbox even while being cancelled; a stop that fails is logged, not raised."""
-    task = asyncio.ensure_future(sb.stop())
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await asyncio.wait([task])
-        raise
-    except Exception as exc:  # noqa: BLE001 - cleanup must not mask the rollout's own outcome
-        log.warning("stopping sandbox %s failed: %s", getattr(sb.info, "sandbox_id", "?"), exc)
 
 
 class RolloutRunner:
@@ -181,34 +165,24 @@ class RolloutRunner:
             except _InfraFailure as exc:
                 await self._finish(ro.id, status="failed", **_failure("infra", str(exc)))
             finally:
-                await _stop_quietly(sb)
+                await stop_shielded(sb)
 
     async def _start_sandbox(self, ro: Rollout) -> Sandbox | None:
         """A started sandbox, or None after recording `failed` once every start attempt has failed."""
-        retries = self.config.sandbox.start_retries
-        last: Exception | None = None
-        for attempt in range(1, retries + 2):
-            sb: Sandbox | None = None
-            try:
-                sb = self.sandbox_factory(self.config.sandbox, run_id=ro.run_id, rollout_id=ro.id)
-                await asyncio.wait_for(sb.start(), timeout=self.config.runner.rollout_timeout_s)
-            except (SandboxError, OSError, TimeoutError) as exc:
-                last = exc
-                if sb is not None:
-                    await _stop_quietly(sb)
-                await self._db(self.store.update_rollout, ro.id, attempts=attempt)
-                log.warning("rollout %s: sandbox start %d/%d failed: %s", ro.id, attempt, retries + 1, exc)
-                if isinstance(exc, SandboxError) and not isinstance(exc, TransientSandboxError):
-                    break  # e.g. an image that does not exist: retrying cannot help
-                if attempt <= retries:
-                    await asyncio.sleep(min(0.2 * 2 ** (attempt - 1), 5.0))
-                continue
-            await self._db(self.store.update_rollout, ro.id, attempts=attempt, sandbox_id=sb.info.sandbox_id)
-            return sb
-        reason = f"{type(last).__name__}: {last}" if isinstance(last, TimeoutError) else str(last)
-        await self._finish(ro.id, status="failed",
-                           **_failure("infra", f"sandbox failed to start after {attempt} attempt(s): {reason}"))
-        return None
+
+        async def record(attempt: int, error: BaseException | None) -> None:
+            await self._db(self.store.update_rollout, ro.id, attempts=attempt)
+
+        try:
+            sb = await start_with_retry(
+                lambda: self.sandbox_factory(self.config.sandbox, run_id=ro.run_id, rollout_id=ro.id),
+                retries=self.config.sandbox.start_retries, timeout=self.config.runner.rollout_timeout_s,
+                on_attempt=record)
+        except SandboxStartFailed as exc:
+            await self._finish(ro.id, status="failed", **_failure("infra", str(exc)))
+            return None
+        await self._db(self.store.update_rollout, ro.id, sandbox_id=sb.info.sandbox_id)
+        return sb
 
     async def _drive(self, sb: Sandbox, ro: Rollout, task: TaskSpec) -> None:
         budget = min(task.time_limit_s, self.config.runner.rollout_timeout_s)
@@ -275,7 +249,7 @@ class RolloutRunner:
                 sb.exec(command, timeout=timeout, env=env, max_output=self.config.sandbox.max_output_bytes),
                 timeout=timeout + KILL_GRACE_S)
         except TimeoutError:
-            await _stop_quietly(sb)
+            await stop_shielded(sb)
             return ExecResult(exit_code=124, stdout="", stderr="killed: the sandbox did not return at its limit",
                               timed_out=True, duration_s=timeout + KILL_GRACE_S)
         except SandboxError as exc:
@@ -356,7 +330,7 @@ class RolloutRunner:
 
     def _proxy_url_for(self, sb: Sandbox) -> str:
         """The proxy URL as seen from inside the sandbox."""
-        k8s = self.config.sandbox.kubernetes.proxy_url
+        k8s = getattr(self.config.sandbox, "proxy_url", "")  # only the kubernetes backend's config has one
         if sb.info.backend == "kubernetes" and k8s:
             return k8s
         parts = urlsplit(self.proxy_url)

@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from openforge.config import ForgeConfig
+from openforge.config import DockerSandboxConfig, ForgeConfig, KubernetesSandboxConfig
 
 
 @dataclass
@@ -45,7 +45,8 @@ def check_torch() -> list[Check]:
 
 
 def check_docker(config: ForgeConfig) -> Check:
-    url = config.sandbox.docker.base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    docker_cfg = config.sandbox if isinstance(config.sandbox, DockerSandboxConfig) else DockerSandboxConfig()
+    url = docker_cfg.base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     try:
         import docker
     except ImportError:
@@ -56,7 +57,7 @@ def check_docker(config: ForgeConfig) -> Check:
     except Exception as exc:  # noqa: BLE001 - any failure means "not reachable", said plainly
         why = str(exc).splitlines()[0][:160]
         return Check("Docker engine", "missing", f"no engine reachable at {url} ({why}); sandbox = \"local\" works")
-    image = config.sandbox.docker.image
+    image = docker_cfg.image
     try:
         client.images.get(image)
     except Exception:  # noqa: BLE001 - ImageNotFound (or an engine that stopped answering)
@@ -71,7 +72,7 @@ def check_kubernetes(config: ForgeConfig) -> Check:
         return Check("Kubernetes", "missing", "the kubernetes client is not installed (pip install 'openforge[k8s]')")
     from kubernetes import config as kconfig
 
-    k = config.sandbox.kubernetes
+    k = config.sandbox if isinstance(config.sandbox, KubernetesSandboxConfig) else KubernetesSandboxConfig()
     try:
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
             kconfig.load_incluster_config()

@@ -52,14 +52,14 @@ def preflight(config: ForgeConfig, home: Path) -> None:
     if config.sandbox.type == "docker":
         check = check_docker(config)
         if check.verdict != "ok":
-            url = config.sandbox.docker.base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+            url = config.sandbox.base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
             why = "the docker SDK is not installed; " if "SDK" in check.detail else ""
             raise SandboxError(f"no Docker engine reachable at {url}; {why}use sandbox.type = \"local\" or start Docker")
     if config.sandbox.type == "kubernetes":
         check = check_kubernetes(config)
         if check.verdict != "ok":
             raise SandboxError(f"Kubernetes: {check.detail}; use sandbox.type = \"local\" or \"docker\", "
-                               "or set sandbox.kubernetes.context / kubeconfig")
+                               "or set sandbox.context / sandbox.kubeconfig")
     if config.engine.kind == "sglang":
         check = check_sglang(config)
         if check.verdict != "ok":
@@ -85,10 +85,10 @@ def isolation_for(config: ForgeConfig) -> str:
     """What keeps this run's rollouts in (recorded as `run.isolation`): bwrap, docker, kubernetes or none.
 
     Local sandboxes without a working bubblewrap are refused unless the user chose
-    `sandbox.local.isolation = "none"`: the policy's code must never run on the host by accident."""
+    `sandbox.isolation = "none"`: the policy's code must never run on the host by accident."""
     if config.sandbox.type != "local":
         return config.sandbox.type
-    if config.sandbox.local.isolation == "none":
+    if config.sandbox.isolation == "none":
         return "none"
     from sandbox.local import bwrap_usable
 
@@ -96,7 +96,7 @@ def isolation_for(config: ForgeConfig) -> str:
         return "bwrap"
     raise SandboxError("local sandboxes cannot be isolated here (bubblewrap is missing or cannot create "
                        "namespaces): install it (apt-get install bubblewrap) or use sandbox.type = \"docker\"; "
-                       "to run rollouts unisolated anyway, set sandbox.local.isolation = \"none\"")
+                       "to run rollouts unisolated anyway, set sandbox.isolation = \"none\"")
 
 
 def load_run_tasks(config: ForgeConfig) -> list[Any]:

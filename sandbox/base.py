@@ -23,12 +23,16 @@ Backends label what they create with `LABELS` so `forge gc` can find what a cras
 from __future__ import annotations
 
 import asyncio
+import logging
 import posixpath
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
 from openforge.errors import SandboxError
+
+log = logging.getLogger(__name__)
 
 LABEL_RUN = "openforge.run"
 LABEL_ROLLOUT = "openforge.rollout"
@@ -97,9 +101,75 @@ class Sandbox(Protocol):
                         tb: TracebackType | None) -> None: ...
 
 
+class SandboxStartFailed(SandboxError):
+    """Every start attempt failed: `attempts` made, `last` the last attempt's exception."""
+
+    def __init__(self, message: str, *, attempts: int, last: BaseException) -> None:
+        super().__init__(message)
+        self.attempts, self.last = attempts, last
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds to wait after failed attempt number `attempt` (1-based): 0.2, 0.4, 0.8, ... capped at 5."""
+    return min(0.2 * 2 ** (attempt - 1), 5.0)
+
+
+async def start_with_retry(make: Callable[[], "Sandbox"], *, retries: int, timeout: float | None = None,
+                           on_attempt: Callable[[int, BaseException | None], Awaitable[None]] | None = None,
+                           ) -> "Sandbox":
+    """A started sandbox: `make()` gives a fresh (or stopped) one per attempt, `start()` is retried up to
+    `retries` times after a `TransientSandboxError`, an `OSError` or a start past `timeout`; any other
+    `SandboxError` (an image that does not exist) fails at once, since retrying cannot help. A failed
+    attempt's sandbox is stopped before the next. `on_attempt(n, error or None)` is awaited after each
+    attempt (the runner records the count). Raises `SandboxStartFailed` with the last reason."""
+    last: BaseException | None = None
+    attempt = 0
+    for attempt in range(1, retries + 2):
+        sb: Sandbox | None = None
+        try:
+            sb = make()
+            await asyncio.wait_for(sb.start(), timeout)
+        except (SandboxError, OSError, TimeoutError) as exc:
+            last = exc
+            if sb is not None:
+                await stop_shielded(sb)
+            if on_attempt is not None:
+                await on_attempt(attempt, exc)
+            log.warning("sandbox start %d/%d failed: %s", attempt, retries + 1, exc)
+            if isinstance(exc, SandboxError) and not isinstance(exc, TransientSandboxError):
+                break
+            if attempt <= retries:
+                await asyncio.sleep(retry_delay(attempt))
+            continue
+        except BaseException:  # cancelled mid-start: nothing may be left running
+            if sb is not None:
+                await stop_shielded(sb)
+            raise
+        if on_attempt is not None:
+            await on_attempt(attempt, None)
+        return sb
+    reason = f"{type(last).__name__}: {last}" if isinstance(last, TimeoutError) else str(last)
+    assert last is not None
+    raise SandboxStartFailed(f"sandbox failed to start after {attempt} attempt(s): {reason}", attempts=attempt,
+                             last=last)
+
+
+async def stop_shielded(sb: "Sandbox") -> None:
+    """stop() that a cancellation cannot interrupt halfway (which would leak processes), and whose
+    failure is logged, not raised: cleanup must not mask the outcome of what ran in the sandbox."""
+    task = asyncio.ensure_future(sb.stop())
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])  # finish the cleanup, then let the cancellation continue
+        raise
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        log.warning("stopping sandbox %s failed: %s", getattr(sb.info, "sandbox_id", "?"), exc)
+
+
 class SandboxBase:
-    """Shared context-manager behaviour: `async with` starts (retrying a `TransientSandboxError` up to
-    `start_retries` times), and always stops, even on cancellation."""
+    """Shared context-manager behaviour: `async with` starts (through `start_with_retry`, retrying a
+    transient failure up to `start_retries` times), and always stops, even on cancellation."""
 
     info: SandboxInfo
     start_retries: int = 0
@@ -111,32 +181,14 @@ class SandboxBase:
         raise NotImplementedError
 
     async def __aenter__(self):  # type: ignore[no-untyped-def]
-        for attempt in range(self.start_retries + 1):
-            try:
-                await self.start()
-                return self
-            except TransientSandboxError:
-                await _stop_shielded(self)
-                if attempt == self.start_retries:
-                    raise
-                await asyncio.sleep(min(0.5 * 2**attempt, 5.0))
-            except BaseException:
-                await _stop_shielded(self)
-                raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        try:
+            await start_with_retry(lambda: self, retries=self.start_retries)  # type: ignore[arg-type,return-value]
+        except SandboxStartFailed as exc:
+            raise exc.last from None  # the backend's own error, as a caller of start() would see it
+        return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:  # type: ignore[no-untyped-def]
-        await _stop_shielded(self)
-
-
-async def _stop_shielded(sb: "SandboxBase") -> None:
-    """stop() that a second cancellation cannot interrupt halfway (which would leak processes)."""
-    task = asyncio.ensure_future(sb.stop())
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await task  # finish the cleanup, then let the cancellation continue
-        raise
+        await stop_shielded(self)  # type: ignore[arg-type]
 
 
 def container_path(workdir: str, path: str) -> str:

@@ -22,7 +22,7 @@ import tarfile
 import time
 from typing import Any
 
-from openforge.config import SandboxConfig
+from openforge.config import DockerSandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
 from sandbox.base import (LABEL_HOME, container_path, ExecResult, SandboxBase, SandboxFileNotFound, SandboxInfo,
@@ -57,9 +57,9 @@ def connect(base_url: str = "", timeout: float = 30) -> Any:
 
 
 class DockerSandbox(SandboxBase):
-    def __init__(self, config: SandboxConfig, *, run_id: str, rollout_id: str) -> None:
+    def __init__(self, config: DockerSandboxConfig, *, run_id: str, rollout_id: str) -> None:
         self.config = config
-        self.cfg = config.docker
+        self.cfg = config
         self.start_retries = config.start_retries
         self.labels = {**sandbox_labels(run_id, rollout_id), LABEL_HOME: str(forge_home())}
         self.info = SandboxInfo(backend="docker", sandbox_id="", workdir=config.workdir, home="/root",
@@ -83,7 +83,7 @@ class DockerSandbox(SandboxBase):
             self._client.images.get(self.cfg.image)
         except docker.errors.ImageNotFound:
             raise SandboxError(f"image {self.cfg.image} not found; build it with `{BUILD_HINT}` "
-                               "(or set sandbox.docker.image)") from None
+                               "(or set sandbox.image)") from None
         try:
             container = self._client.containers.run(
                 self.cfg.image, ["sleep", _FOREVER], name=self.name, detach=True, init=True,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from openforge.config import SandboxConfig
+from openforge.config import DockerSandboxConfig, KubernetesSandboxConfig, SandboxConfig
 from openforge.errors import ForgeError, SandboxError
 from sandbox.base import LABEL_HOME, LABEL_MANAGED, LABEL_ROLLOUT, LABEL_RUN
 from sandbox.procs import kill_tree, orphan_cgroups, remove_cgroup_dir
@@ -74,7 +74,8 @@ def collect_docker(config: SandboxConfig, *, home: Path, run_id: str | None, is_
     """Containers labelled by this data dir (`home`): another FORGE_HOME's live runs are not ours to judge."""
     from sandbox.docker import connect
 
-    client = connect(config.docker.base_url, timeout=10)
+    base_url = config.base_url if isinstance(config, DockerSandboxConfig) else ""
+    client = connect(base_url, timeout=10)
     found: list[Leftover] = []
     try:
         filters = {"label": [f"{LABEL_MANAGED}=1", f"{LABEL_HOME}={home}"]
@@ -105,12 +106,13 @@ def collect_all(config: SandboxConfig, *, home: Path, run_id: str | None, is_liv
     except SandboxError as exc:
         notes.append(f"docker: skipped ({exc})")
     if config.type == "kubernetes" or kubernetes:
-        notes += _collect_kubernetes(config, run_id=run_id, is_live=is_live, live_runs=live_runs,
+        k8s = config if isinstance(config, KubernetesSandboxConfig) else KubernetesSandboxConfig()
+        notes += _collect_kubernetes(k8s, run_id=run_id, is_live=is_live, live_runs=live_runs,
                                      dry_run=dry_run, found=found)
     return found, notes
 
 
-def _collect_kubernetes(config: SandboxConfig, *, run_id: str | None, is_live: Callable[[str], bool],
+def _collect_kubernetes(config: KubernetesSandboxConfig, *, run_id: str | None, is_live: Callable[[str], bool],
                         live_runs: bool, dry_run: bool, found: list[Leftover]) -> list[str]:
     """The kubernetes backend's `gc_pods(config, run_id)` deletes by label only; it cannot spare a
     live run's pods, so without --run it is called only when no run is live."""

@@ -3,7 +3,7 @@
 Kept apart from the backend so the manifest can be built and validated without a cluster: the tests
 deserialize every manifest into the client's own `V1Pod` model (strict: unknown keys are refused),
 and `check_pod_manifest` adds the API server's rules the model does not enforce (names, label syntax,
-enums, quantities), so a typo in `[sandbox.kubernetes]` fails here with one line instead of a 422
+enums, quantities), so a typo in the kubernetes `[sandbox]` table fails here with one line instead of a 422
 from the cluster after a scheduling round trip.
 """
 
@@ -15,7 +15,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from openforge.config import SandboxConfig
+from openforge.config import KubernetesSandboxConfig
 from openforge.errors import ConfigError
 from sandbox.base import LABEL_HOME, LABEL_MANAGED, LABEL_RUN, sandbox_labels
 
@@ -66,7 +66,7 @@ def managed_selector(run_id: str | None = None, home: Path | str | None = None) 
             + (f",{LABEL_RUN}={label_value(run_id)}" if run_id else ""))
 
 
-def build_pod_manifest(config: SandboxConfig, *, name: str, run_id: str, rollout_id: str,
+def build_pod_manifest(config: KubernetesSandboxConfig, *, name: str, run_id: str, rollout_id: str,
                        home: Path | str | None = None) -> dict[str, Any]:
     """One Pod per rollout: a keeper loop (`KEEPER`) that execs land in, deleted when the rollout ends.
 
@@ -77,7 +77,7 @@ def build_pod_manifest(config: SandboxConfig, *, name: str, run_id: str, rollout
     `forge gc` is the other. The service-account token is only mounted when a service account is
     configured: agent code runs in this pod and should not be handed API credentials by default.
     """
-    k8s = config.kubernetes
+    k8s = config
     mounts = {"workdir": config.workdir, "home": k8s.home, "tmp": "/tmp"}
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -118,8 +118,8 @@ def build_pod_manifest(config: SandboxConfig, *, name: str, run_id: str, rollout
     }
 
 
-def _container(config: SandboxConfig, mounts: dict[str, str]) -> dict[str, Any]:
-    k8s = config.kubernetes
+def _container(config: KubernetesSandboxConfig, mounts: dict[str, str]) -> dict[str, Any]:
+    k8s = config
     return {
         "name": CONTAINER_NAME,
         "image": k8s.image,

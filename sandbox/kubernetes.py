@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from openforge.config import KubernetesSandboxConfig, SandboxConfig
+from openforge.config import KubernetesSandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
 from sandbox.base import ExecResult, container_path, SandboxBase, SandboxFileNotFound, SandboxInfo, TransientSandboxError
@@ -72,9 +72,9 @@ def load_client_configuration(k8s: KubernetesSandboxConfig):
 class KubernetesSandbox(SandboxBase):
     """A rollout's sandbox as one Pod. `proxy_url` is how code in the pod reaches the proxy."""
 
-    def __init__(self, config: SandboxConfig, *, run_id: str, rollout_id: str) -> None:
+    def __init__(self, config: KubernetesSandboxConfig, *, run_id: str, rollout_id: str) -> None:
         self.config = config
-        self.k8s = config.kubernetes
+        self.k8s = config
         self.run_id, self.rollout_id = run_id, rollout_id
         self.home = forge_home()  # the data dir: its label scopes the shared watch and `forge gc`
         self.name = pod_name(rollout_id)
@@ -295,7 +295,7 @@ def _why(raw: RawExec) -> str:
     return raw.stderr.decode("utf-8", "replace").strip() or f"exit code {raw.exit_code}"
 
 
-def gc_pods(config: SandboxConfig, run_id: str | None = None, *, home: Path | None = None) -> list[str]:
+def gc_pods(config: KubernetesSandboxConfig, run_id: str | None = None, *, home: Path | None = None) -> list[str]:
     """Delete every pod this data dir's forge made in the configured namespace (of one run if
     `run_id`); returns their names. For `forge gc` after a crashed run.
 
@@ -304,7 +304,7 @@ def gc_pods(config: SandboxConfig, run_id: str | None = None, *, home: Path | No
     """
     from kubernetes.client import ApiClient, CoreV1Api, V1DeleteOptions
 
-    k8s = config.kubernetes
+    k8s = config
     core = CoreV1Api(ApiClient(configuration=load_client_configuration(k8s)))
     selector = managed_selector(run_id, home=forge_home() if home is None else home)
     deleted: list[str] = []
@@ -328,11 +328,11 @@ def gc_pods(config: SandboxConfig, run_id: str | None = None, *, home: Path | No
     return deleted
 
 
-def cluster_version(config: SandboxConfig) -> str:
+def cluster_version(config: KubernetesSandboxConfig) -> str:
     """`v1.31.2 at https://...` for `forge doctor`; SandboxError saying why when the cluster is unreachable."""
     from kubernetes.client import ApiClient, VersionApi
 
-    cfg = load_client_configuration(config.kubernetes)
+    cfg = load_client_configuration(config)
     api = ApiClient(configuration=cfg)
     try:
         info = VersionApi(api).get_code(_request_timeout=10)

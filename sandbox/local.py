@@ -33,7 +33,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from openforge.config import SandboxConfig
+from openforge.config import LocalSandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
 from sandbox.base import ExecResult, SandboxBase, SandboxFileNotFound, SandboxInfo, sandbox_labels
@@ -65,9 +65,9 @@ def bwrap_usable() -> str | None:
 
 
 class LocalSandbox(SandboxBase):
-    def __init__(self, config: SandboxConfig, *, run_id: str, rollout_id: str, root: Path | None = None) -> None:
+    def __init__(self, config: LocalSandboxConfig, *, run_id: str, rollout_id: str, root: Path | None = None) -> None:
         self.config = config
-        self.cfg = config.local
+        self.cfg = config
         self.start_retries = config.start_retries
         self.id = rollout_id
         self.dir = (root or sandboxes_root()) / rollout_id
@@ -90,7 +90,7 @@ class LocalSandbox(SandboxBase):
         mode = self.cfg.isolation
         self.bwrap = bwrap_usable() if mode in ("auto", "bwrap") else None
         if mode == "bwrap" and not self.bwrap:
-            raise SandboxError("sandbox.local.isolation = \"bwrap\" but bwrap is missing or cannot create "
+            raise SandboxError("sandbox.isolation = \"bwrap\" but bwrap is missing or cannot create "
                                "namespaces here (apt-get install bubblewrap, or isolation = \"auto\")")
         self._created = True  # from here on stop() has something to clean, even if start() fails
         if self.dir.exists():  # a leftover of the same rollout id: never reuse its files

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 
-from openforge.config import SandboxConfig
+from openforge.config import DockerSandboxConfig, LocalSandboxConfig, SandboxConfig
 from openforge.errors import SandboxError
 
 
@@ -54,21 +54,18 @@ def backend_config(name: str, *, image: str = "busybox", **local: object) -> tup
     """A SandboxConfig for one parametrised backend, or (None, reason) when it cannot run here."""
     from sandbox.local import bwrap_usable
 
-    config = SandboxConfig()
+    config: SandboxConfig
     if name == "local-bwrap":
         if not bwrap_usable():
             return None, "bubblewrap missing or unable to create namespaces (apt-get install bubblewrap)"
-        config.local.isolation = "bwrap"
+        config = LocalSandboxConfig(isolation="bwrap", **local)  # type: ignore[arg-type]
     elif name == "local-plain":
-        config.local.isolation = "none"
+        config = LocalSandboxConfig(isolation="none", **local)  # type: ignore[arg-type]
     elif name == "docker":
         tag, why = docker_image(image)
         if tag is None:
             return None, why
-        config.type = "docker"
-        config.docker.image = tag
+        config = DockerSandboxConfig(image=tag)
     else:
         raise ValueError(name)
-    for key, value in local.items():
-        setattr(config.local, key, value)
     return config, ""

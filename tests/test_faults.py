@@ -216,8 +216,8 @@ async def test_hostile_agents_are_stopped_at_their_limits_and_the_run_goes_on(st
     cfg = ForgeConfig()
     cfg.runner.concurrency = 5
     cfg.runner.verifier_timeout_s = 10
-    cfg.sandbox.local.max_processes = 64
-    cfg.sandbox.local.max_file_mb = 16
+    cfg.sandbox.max_processes = 64
+    cfg.sandbox.max_file_mb = 16
     tasks = [TaskSpec(id=name, instruction=script, verifier="test -f done.txt", time_limit_s=8)
              for name, script in hostile.items()]
     runner = RolloutRunner(store, config=cfg, proxy_url="http://127.0.0.1:9", harness=_ShellHarness())

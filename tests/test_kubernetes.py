@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from k8s_double import V4, V5, KubeDouble, bwrap_available
 
-from openforge.config import SandboxConfig
+from openforge.config import KubernetesSandboxConfig
 from openforge.errors import SandboxError
 from sandbox.base import Sandbox, SandboxFileNotFound, TransientSandboxError
 from openforge.paths import forge_home
@@ -41,11 +41,11 @@ def restricted_pod(name: str, labels: dict[str, str] | None = None, **spec) -> d
             "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}], **spec}}
 
 
-def make_config(double: KubeDouble, tmp_path: Path, *, retries: int = 0, **k8s) -> SandboxConfig:
+def make_config(double: KubeDouble, tmp_path: Path, *, retries: int = 0, **k8s) -> KubernetesSandboxConfig:
     kubeconfig = double.write_kubeconfig(tmp_path / "kubeconfig")
     settings = {"kubeconfig": str(kubeconfig), "image": "openforge:test", "start_timeout_s": 10,
                 "proxy_url": "http://forge-proxy.openforge:8700", **k8s}
-    return SandboxConfig(type="kubernetes", start_retries=retries, kubernetes=settings)
+    return KubernetesSandboxConfig(start_retries=retries, **settings)
 
 
 async def test_start_exec_files_stop(double: KubeDouble, tmp_path: Path) -> None:
@@ -206,7 +206,7 @@ async def test_api_refusals_are_one_clear_line(tmp_path: Path) -> None:
         d.stop()
     with pytest.raises(SandboxError, match="cannot create pod"):  # nothing listens there any more
         await KubernetesSandbox(make_config(d, tmp_path, start_timeout_s=2), run_id="r", rollout_id="ro").start()
-    bad = SandboxConfig(type="kubernetes", kubernetes={"kubeconfig": str(tmp_path / "absent")})
+    bad = KubernetesSandboxConfig(kubeconfig=str(tmp_path / "absent"))
     with pytest.raises(SandboxError, match="cannot load Kubernetes credentials"):
         await KubernetesSandbox(bad, run_id="r", rollout_id="ro").start()
 
@@ -219,7 +219,7 @@ async def test_gc_deletes_managed_pods_by_label_only(double: KubeDouble, tmp_pat
 
     from sandbox.kubernetes import load_client_configuration
 
-    core = CoreV1Api(ApiClient(load_client_configuration(config.kubernetes)))
+    core = CoreV1Api(ApiClient(load_client_configuration(config)))
     core.create_namespaced_pod("openforge", restricted_pod("someone-else", {"app": "x"}))
     # Another forge (another data dir) sharing the namespace: its pods are not ours to delete.
     core.create_namespaced_pod("openforge", restricted_pod("other-forge", {
@@ -248,7 +248,7 @@ async def test_active_deadline_ends_the_pod_with_the_reason(double: KubeDouble, 
     from sandbox.kubernetes import load_client_configuration, pod_state
 
     config = make_config(double, tmp_path)
-    core = CoreV1Api(ApiClient(load_client_configuration(config.kubernetes)))
+    core = CoreV1Api(ApiClient(load_client_configuration(config)))
     core.create_namespaced_pod("openforge", restricted_pod("short", restartPolicy="Never", activeDeadlineSeconds=1))
     seen = []
     events = watch.Watch().stream(core.list_namespaced_pod, "openforge", field_selector="metadata.name=short",

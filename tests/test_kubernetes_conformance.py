@@ -21,7 +21,7 @@ from test_sandbox import (  # noqa: F401
     test_timeout_kills_the_command_and_its_children,
 )
 
-from openforge.config import SandboxConfig
+from openforge.config import KubernetesSandboxConfig as SandboxConfig
 from sandbox import make_sandbox
 
 @pytest.fixture

@@ -55,7 +55,7 @@ def test_config_services_and_rbac_agree(objs, tmp_path: Path) -> None:  # type: 
     toml = objs[("ConfigMap", "forge-config")]["data"]["forge.toml"]
     (tmp_path / "forge.toml").write_text(toml)
     config = load_config(tmp_path / "forge.toml")
-    k8s = config.sandbox.kubernetes
+    k8s = config.sandbox
     assert config.sandbox.type == "kubernetes" and k8s.namespace == "openforge"
 
     service = objs[("Service", "forge-proxy")]

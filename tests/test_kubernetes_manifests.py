@@ -9,7 +9,7 @@ import pytest
 from k8s_double.admission import admit_pod, pod_security_violations
 from kubernetes.client import ApiClient, V1Pod
 
-from openforge.config import SandboxConfig
+from openforge.config import KubernetesSandboxConfig
 from openforge.errors import ConfigError, SandboxError
 from sandbox.k8s_exec import exit_code_from_status, wrap_command
 from sandbox.k8s_manifests import (
@@ -29,7 +29,7 @@ GPU_POOL = {
 
 
 def manifest(**k8s) -> dict:
-    config = SandboxConfig(type="kubernetes", workdir="/work", kubernetes=k8s)
+    config = KubernetesSandboxConfig(workdir="/work", **k8s)
     return build_pod_manifest(config, name=pod_name("ro-20261202-abc123"), run_id="run-20261202-1f3a9c",
                               rollout_id="ro-20261202-abc123")
 
@@ -126,7 +126,7 @@ def test_names_and_labels_are_always_valid() -> None:
     assert managed_selector("run-1") == "openforge.managed=1,openforge.run=run-1"
     assert managed_selector("run-1", home="/d") == f"openforge.managed=1,openforge.home={home_label('/d')},openforge.run=run-1"
     assert home_label("/d") != home_label("/e") and len(home_label("/" + "x" * 500)) <= 63
-    config = SandboxConfig(type="kubernetes")
+    config = KubernetesSandboxConfig()
     check_pod_manifest(build_pod_manifest(config, name=name, run_id="Run ID!" * 20, rollout_id="r" * 90))
 
 

@@ -23,7 +23,7 @@ from sandbox.kubernetes import KubernetesSandbox, load_client_configuration
 
 
 def core_for(config) -> CoreV1Api:  # type: ignore[no-untyped-def]
-    return CoreV1Api(ApiClient(load_client_configuration(config.kubernetes)))
+    return CoreV1Api(ApiClient(load_client_configuration(config)))
 
 
 async def test_the_pod_runs_restricted(double: KubeDouble, tmp_path: Path) -> None:

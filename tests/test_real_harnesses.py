@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from openforge.config import HarnessConfig, SandboxConfig
+from openforge.config import HarnessConfig, LocalSandboxConfig
 from rollouts.trajectory import assemble_rollout
 from rollouts.harness import HarnessContext
 from rollouts.harnesses import get_harness
@@ -59,7 +59,7 @@ def tool_then_answer(tokenizer: Any, tool: str, arguments: dict[str, Any]) -> An
 async def run_harness(rig: Any, name: str, timeout: float = 90, **harness: Any) -> tuple[Any, bytes]:
     """Run harness `name` in a fresh local sandbox against the rig's proxy; (ExecResult, proof.txt)."""
     adapter = get_harness(HarnessConfig(name=name, npm_cache=str(NPM_CACHE), **harness))
-    async with make_sandbox(SandboxConfig(), run_id=rig.rollout.run_id, rollout_id=rig.rollout.id) as sb:
+    async with make_sandbox(LocalSandboxConfig(), run_id=rig.rollout.run_id, rollout_id=rig.rollout.id) as sb:
         ctx = HarnessContext(proxy_url=rig.url, api_key=rig.key, model="forge-policy",
                              instruction="Write forge-ok into proof.txt, then say you are done.",
                              workdir=sb.info.workdir, backend=sb.info.backend)
@@ -255,7 +255,7 @@ def test_cache_lookup_prefers_native_binaries(tmp_path):
 async def test_missing_harnesses_fail_with_the_fix(tmp_path):
     from openforge.errors import HarnessError
 
-    async with make_sandbox(SandboxConfig(), run_id="run-x", rollout_id="ro-missing") as sb:
+    async with make_sandbox(LocalSandboxConfig(), run_id="run-x", rollout_id="ro-missing") as sb:
         ctx = ctx_for(sb.info.backend)
         for name in ("claude-code", "codex", "openclaw"):
             adapter = get_harness(HarnessConfig(name=name, npm_cache=str(tmp_path / "empty")))

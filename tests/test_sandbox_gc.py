@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from forge_cli.main import app
-from openforge.config import SandboxConfig
+from openforge.config import DockerSandboxConfig, KubernetesSandboxConfig, LocalSandboxConfig
 from openforge.errors import SandboxError
 from openforge.store import Store
 from sandbox import make_sandbox
@@ -35,8 +35,7 @@ def _dead_pid() -> int:
 
 async def _crashed_local(run_id: str, rollout_id: str) -> tuple[LocalSandbox, int]:
     """A local sandbox whose owner died without stop(): its folder and a setsid'd process remain."""
-    config = SandboxConfig()
-    config.local.isolation = "none"  # plain mode: the stray survives its exec only if it escapes
+    config = LocalSandboxConfig(isolation="none")  # plain mode: the stray survives its exec only if it escapes
     sb = LocalSandbox(config, run_id=run_id, rollout_id=rollout_id)
     await sb.start()
     stray = subprocess.Popen(["sleep", "120"], env={**os.environ, "OPENFORGE_SANDBOX": rollout_id},
@@ -60,7 +59,7 @@ async def test_gc_removes_a_crashed_local_sandbox_and_its_processes(store: Store
     # A live run's sandbox (owner = this process, run running) must survive the sweep.
     live_run = store.create_run(name="live", owner_pid=os.getpid())
     store.set_run_status(live_run.id, "running")
-    live = LocalSandbox(SandboxConfig(), run_id=live_run.id, rollout_id="ro-live")
+    live = LocalSandbox(LocalSandboxConfig(), run_id=live_run.id, rollout_id="ro-live")
     await live.start()
     # A cgroup whose owner died between start and stop (only where this machine lets us make one).
     orphan = Cgroup(f"ro-orphan.{_dead_pid()}", Limits(1, 64, 8, 1))
@@ -108,24 +107,23 @@ async def test_gc_removes_leftover_containers_by_label(store: Store) -> None:
 
 
 async def test_docker_failures_say_what_to_do() -> None:
-    config = SandboxConfig(type="docker")
-    config.docker.base_url = "unix:///nonexistent/docker.sock"
+    config = DockerSandboxConfig(base_url="unix:///nonexistent/docker.sock")
     with pytest.raises(SandboxError, match=r"no Docker engine reachable at unix:///nonexistent.*sandbox.type"):
         async with make_sandbox(config, run_id="r", rollout_id="ro-nodocker"):
             pass
     ok, why = backend_config("docker")
     if ok is None:
         pytest.skip(why)
-    ok.docker.image = "openforge-sandbox:no-such-tag"
+    ok.image = "openforge-sandbox:no-such-tag"  # type: ignore[union-attr]
     with pytest.raises(SandboxError, match="image openforge-sandbox:no-such-tag not found; build it with"):
         async with make_sandbox(ok, run_id="r", rollout_id="ro-noimage"):
             pass
 
 
 def test_factory_picks_the_backend_by_type() -> None:
-    assert isinstance(make_sandbox(SandboxConfig(), run_id="r", rollout_id="a"), LocalSandbox)
-    assert isinstance(make_sandbox(SandboxConfig(type="docker"), run_id="r", rollout_id="a"), DockerSandbox)
-    k8s = make_sandbox(SandboxConfig(type="kubernetes"), run_id="r", rollout_id="a")
+    assert isinstance(make_sandbox(LocalSandboxConfig(), run_id="r", rollout_id="a"), LocalSandbox)
+    assert isinstance(make_sandbox(DockerSandboxConfig(), run_id="r", rollout_id="a"), DockerSandbox)
+    k8s = make_sandbox(KubernetesSandboxConfig(), run_id="r", rollout_id="a")
     assert type(k8s).__name__ == "KubernetesSandbox"
 
 
@@ -144,8 +142,7 @@ async def test_python_image_runs_the_openai_sdk_on_the_host_network() -> None:
 
     server = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    config = SandboxConfig(type="docker")
-    config.docker.image = tag
+    config = DockerSandboxConfig(image=tag)
     try:
         async with make_sandbox(config, run_id="r", rollout_id=f"ro-py-{os.getpid()}") as sb:
             code = ("import openai, urllib.request; "
@@ -173,7 +170,7 @@ class _FlakyLocal(LocalSandbox):
     """A real local sandbox whose first starts fail as a busy engine's do (or with a permanent error)."""
 
     def __init__(self, failures: int, exc: type[SandboxError]) -> None:
-        config = SandboxConfig(start_retries=2)
+        config = LocalSandboxConfig(start_retries=2)
         super().__init__(config, run_id="r", rollout_id=f"ro-flaky-{failures}-{exc.__name__}")
         self.failures, self.exc, self.starts = failures, exc, 0
 

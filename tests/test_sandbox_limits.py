@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from openforge.config import SandboxConfig
+from openforge.config import DockerSandboxConfig, SandboxConfig
 from sandbox import make_sandbox
 from sandbox.testing import backend_config
 
@@ -24,7 +24,8 @@ def _config(name: str, **local: object) -> SandboxConfig:
     cfg, why = backend_config(name, **local)
     if cfg is None:
         pytest.skip(why)
-    cfg.docker.pids_limit = int(local.get("max_processes", cfg.docker.pids_limit))
+    if isinstance(cfg, DockerSandboxConfig) and "max_processes" in local:
+        cfg.pids_limit = int(local["max_processes"])  # type: ignore[call-overload]
     return cfg
 
 

@@ -147,7 +147,7 @@ def cli(*args: str):
 
 
 def test_up_refuses_what_this_machine_lacks(forge_home: Path) -> None:
-    out = cli("--set", "sandbox.type=docker", "--set", "sandbox.docker.base_url=unix:///nonexistent.sock",
+    out = cli("--set", "sandbox.type=docker", "--set", "sandbox.base_url=unix:///nonexistent.sock",
               "up", "--headless")
     assert out.exit_code == 1
     assert out.stderr == ("forge: error: no Docker engine reachable at unix:///nonexistent.sock; "

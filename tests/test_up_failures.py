@@ -55,7 +55,7 @@ def test_no_isolation_is_refused_unless_chosen(command: list[str], forge_home: P
     assert out.exit_code == 1, out.output
     (line,) = out.stderr.strip().splitlines()
     assert "local sandboxes cannot be isolated here" in line and "apt-get install bubblewrap" in line
-    assert 'set sandbox.local.isolation = "none"' in line
+    assert 'set sandbox.isolation = "none"' in line
     assert not Store(forge_home / "forge.db").list_runs()
 
 
@@ -67,7 +67,7 @@ def test_the_run_records_its_isolation(store: Store, tiny_model: Path, request: 
     run_id, _ = prepare_run(store, config, home=store.path.parent)
     assert store.get_run(run_id).isolation == "bwrap"  # bubblewrap is installed on this machine
     unisolated = load_config(None, overrides={"engine": {"model": str(tiny_model)},
-                                              "sandbox": {"local": {"isolation": "none"}}})
+                                              "sandbox": {"isolation": "none"}})
     request.getfixturevalue("no_bubblewrap")
     run_id, _ = prepare_run(store, unisolated, home=store.path.parent)
     assert store.get_run(run_id).isolation == "none"

@@ -80,7 +80,7 @@ def test_forge_up_marks_runs_of_dead_owners_interrupted(store: Store) -> None:
     ro = store.create_rollout(run_id=run.id, task_id="t")
     store.update_rollout(ro.id, status="running")
     # Preflight then refuses (no Docker there): marking happens first, whatever follows.
-    out = CliRunner().invoke(app, ["--set", "sandbox.type=docker", "--set", "sandbox.docker.base_url=unix:///nope.sock",
+    out = CliRunner().invoke(app, ["--set", "sandbox.type=docker", "--set", "sandbox.base_url=unix:///nope.sock",
                                    "up", "--headless"])
     assert out.exit_code == 1 and "no Docker engine reachable at unix:///nope.sock" in out.stderr
     assert f"{run.id} was left running by a process that is gone: marked interrupted" in out.stdout.replace("\n", "")
@@ -90,7 +90,7 @@ def test_forge_up_marks_runs_of_dead_owners_interrupted(store: Store) -> None:
 @pytest.fixture
 def runner_rig(store: Store, tmp_path: Path):
     """A real RolloutRunner (local sandboxes, no isolation so the test can see the process) on a bridge."""
-    config = load_config(None, overrides={"sandbox": {"local": {"isolation": "none"}},
+    config = load_config(None, overrides={"sandbox": {"isolation": "none"},
                                           "runner": {"concurrency": 1, "verifier_timeout_s": 60}})
     run = store.create_run(config=config.model_dump(mode="json"))
     bridge = BackgroundLoop()
