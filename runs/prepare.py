@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from openforge.config import ForgeConfig
-from openforge.errors import ConfigError, EngineError, ForgeError, SandboxError
+from openforge.errors import ConfigError, EngineError, ForgeError, HarnessError, SandboxError
 from openforge.paths import default_tiny_model
 from openforge.store import RUN_FINAL, Store
 
@@ -72,13 +72,13 @@ def preflight(config: ForgeConfig, home: Path) -> None:
 
 
 def check_harness(config: ForgeConfig) -> None:
-    """HarnessError, with the install command, when the configured harness is not installed where
-    local sandboxes run it from (the npm cache). Container sandboxes carry it in their image."""
-    from rollouts.npm import NPM_HARNESSES, npm_cache_dir, require_package_bin
+    """HarnessError, with the fix, when the configured harness cannot run with the configured sandbox
+    (not installed in the npm cache for local sandboxes; container images are checked as they start)."""
+    from rollouts.harnesses import harness_available
 
-    name = config.harness.name
-    if config.sandbox.type == "local" and name in NPM_HARNESSES:
-        require_package_bin(npm_cache_dir(config.harness), name)
+    fix = harness_available(config)
+    if fix is not None:
+        raise HarnessError(fix)
 
 
 def isolation_for(config: ForgeConfig) -> str:

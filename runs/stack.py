@@ -5,6 +5,9 @@ and (for rollouts) the runner and the trainer's own line to the engine.
         stack.proxy_url, stack.runner, stack.client, stack.bridge
 
 `forge up`, `forge train`, `forge eval` and `forge proxy` all bring their services up through it.
+The engine takes a key made for this run (`engine.api_key` if set) that only the proxy and the
+trainer's client are given; the proxy also listens on a unix socket (`stack.proxy_socket`), the one
+door that sandboxes are given.
 Engine and proxy start side by side (each spends its first seconds importing and loading the model);
 then the runner and the engine client. Teardown is the reverse, whatever ends the block, and a
 failure at any stage still stops what was started before it. `abort()`, from another thread, ends a
@@ -14,7 +17,9 @@ start that is still waiting for the engine.
 from __future__ import annotations
 
 import logging
+import shutil
 import socket
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +52,8 @@ class Stack:
         self.runner: Any = None  # rollouts.runner.RolloutRunner
         self.client: Any = None  # engine.client.EngineClient, the trainer's (adapter loads)
         self.bridge: BackgroundLoop | None = None  # the loop the runner and the client run on
+        self.engine_key = ""  # the engine's credential: only the proxy and the trainer's client hold it
+        self.proxy_socket: Path | None = None  # the proxy's unix socket, what sandboxes are given
         self._started: list[tuple[str, Callable[[], Any]]] = []  # (what, stop), in start order
         self._booting: threading.Thread | None = None
 
@@ -81,15 +88,21 @@ class Stack:
         return self
 
     def _start_engine_and_proxy(self) -> None:
-        from engine.supervisor import EngineProcess
+        from engine.supervisor import EngineProcess, engine_api_key
         from proxy.server import ProxyServer
 
         cfg = self.config.engine
         if cfg.kind != "url" and not cfg.port:  # fix the port now: the proxy needs the URL before it is up
             cfg = cfg.model_copy(update={"port": free_port(cfg.host)})
+        self.engine_key = engine_api_key(cfg)  # engine.api_key, else a fresh one for this run
         self.engine = EngineProcess(cfg, log_path=self.log_dir / "engine.log" if self.log_dir else None,
-                                    lora_target_modules=self.config.trainer.lora_target_modules)
+                                    lora_target_modules=self.config.trainer.lora_target_modules,
+                                    api_key=self.engine_key)
         self._started.append(("engine", self.engine.stop))
+        # A short private folder: a unix socket path must fit in 108 bytes, a run folder may not.
+        sock_dir = Path(tempfile.mkdtemp(prefix="forge-proxy-"))
+        self._started.append(("proxy socket folder", lambda: shutil.rmtree(sock_dir, ignore_errors=True)))
+        self.proxy_socket = sock_dir / "proxy.sock"
         failed: list[BaseException] = []
 
         def boot() -> None:
@@ -102,10 +115,10 @@ class Stack:
         self._booting.start()
         try:
             self.proxy = ProxyServer(self.config.proxy, store_path=self.store.path, engine_url=self.engine.url,
-                                     model_path=cfg.model)
+                                     model_path=cfg.model, uds=self.proxy_socket, engine_key=self.engine_key or None)
             self._started.append(("proxy", self.proxy.stop))
             self.proxy.start()
-            log.info("proxy up at %s", self.proxy.url)
+            log.info("proxy up at %s and %s", self.proxy.url, self.proxy_socket)
         finally:
             self._booting.join()
         if failed:
@@ -123,7 +136,8 @@ class Stack:
     def _start_client(self) -> None:
         from engine.client import EngineClient
 
-        self.client = EngineClient(self.engine.url, timeout=self.config.engine.request_timeout_s)
+        self.client = EngineClient(self.engine.url, timeout=self.config.engine.request_timeout_s,
+                                   api_key=self.engine_key or None)
         bridge = self.bridge
         assert bridge is not None
         self._started.append(("engine client", lambda: bridge.run(self.client.aclose())))

@@ -32,8 +32,8 @@ def test_a_harness_that_is_not_installed_is_refused_with_the_fix(command: list[s
     out = cli("--set", "harness.name=claude-code", "--set", f"harness.npm_cache={empty}", *command)
     assert out.exit_code == 1, out.output
     (line,) = out.stderr.strip().splitlines()
-    assert line.startswith(f"forge: error: harness 'claude-code' is not installed in {empty}")
-    assert f"npm install --prefix {empty} @anthropic-ai/claude-code" in line
+    assert line == (f"forge: error: harness 'claude-code' is not installed in {empty}: "
+                    f"run `forge harness install claude-code --cache {empty}`")
     assert not Store(forge_home / "forge.db").list_runs()  # refused before a run existed
 
 

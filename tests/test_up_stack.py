@@ -30,11 +30,20 @@ def test_the_stack_comes_up_and_goes_down_as_one(store: Store, tiny_model: Path,
         assert stack.bridge is not None and stack.bridge.run(stack.client.health())
         assert stack.runner.proxy_url == stack.proxy_url
         assert (tmp_path / "run" / "engine.log").is_file()
+        # The engine holds a key of this run; without it, nothing but its health answers.
+        assert len(stack.engine_key) >= 32
+        refused = httpx.post(f"{stack.engine.url}/generate", json={"input_ids": [1], "sampling_params": {}}, timeout=10)
+        assert refused.status_code == 401
+        # The proxy answers on its unix socket too: what a sandbox without a network is given.
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(stack.proxy_socket))) as over_uds:
+            assert over_uds.get("http://proxy/health", timeout=10).status_code == 200
+        socket_dir = stack.proxy_socket.parent
         proxy_url = stack.proxy_url
     proc = psutil.Process(engine_pid) if psutil.pid_exists(engine_pid) else None
     assert proc is None or proc.status() == psutil.STATUS_ZOMBIE
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{proxy_url}/health", timeout=5)
+    assert not socket_dir.exists()
     stack.stop()  # a second stop has nothing left to do
 
 
