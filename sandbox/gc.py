@@ -107,15 +107,16 @@ def collect_all(config: SandboxConfig, *, home: Path, run_id: str | None, is_liv
         notes.append(f"docker: skipped ({exc})")
     if config.type == "kubernetes" or kubernetes:
         k8s = config if isinstance(config, KubernetesSandboxConfig) else KubernetesSandboxConfig()
-        notes += _collect_kubernetes(k8s, run_id=run_id, is_live=is_live, live_runs=live_runs,
+        notes += _collect_kubernetes(k8s, home=home, run_id=run_id, is_live=is_live, live_runs=live_runs,
                                      dry_run=dry_run, found=found)
     return found, notes
 
 
-def _collect_kubernetes(config: KubernetesSandboxConfig, *, run_id: str | None, is_live: Callable[[str], bool],
-                        live_runs: bool, dry_run: bool, found: list[Leftover]) -> list[str]:
-    """The kubernetes backend's `gc_pods(config, run_id)` deletes by label only; it cannot spare a
-    live run's pods, so without --run it is called only when no run is live."""
+def _collect_kubernetes(config: KubernetesSandboxConfig, *, home: Path, run_id: str | None,
+                        is_live: Callable[[str], bool], live_runs: bool, dry_run: bool,
+                        found: list[Leftover]) -> list[str]:
+    """The kubernetes backend's `gc_pods(config, run_id, home=)` deletes this data dir's pods by label;
+    it cannot spare a live run's pods, so without --run it is called only when no run is live."""
     try:
         k8s = importlib.import_module("sandbox.kubernetes")
         gc_pods = k8s.gc_pods
@@ -126,7 +127,7 @@ def _collect_kubernetes(config: KubernetesSandboxConfig, *, run_id: str | None, 
     if run_id is None and live_runs:
         return ["kubernetes: skipped (a run is live; pass --run RUN to sweep one run's pods)"]
     try:
-        names = gc_pods(config, run_id)
+        names = gc_pods(config, run_id, home=home)
     except ForgeError as exc:
         return [f"kubernetes: skipped ({exc})"]
     found += [Leftover("kubernetes", name, run_id or "", True) for name in names]

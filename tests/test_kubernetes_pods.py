@@ -55,7 +55,8 @@ async def test_kill_all_leaves_only_the_keeper(double: KubeDouble, tmp_path: Pat
         # Servers an agent might leave, out of the exec reaper's sight (no marker in their environment):
         # daemonised, in their own session, ignoring TERM.
         await sb.exec("(setsid env -i /bin/sh -c 'trap \"\" TERM; /bin/sleep 300 & wait' >/dev/null 2>&1 &); "
-                      "env -i /usr/bin/nohup /bin/sleep 300 >/dev/null 2>&1 & echo started", timeout=10)
+                      "env -i /usr/bin/nohup /bin/sleep 300 >/dev/null 2>&1 & sleep 0.5", timeout=10)
+        # (the pause: until both have exec'd `env -i`, they still carry the marker the reaper looks for)
         await sb.write_file("kept.txt", b"still here")
         # The agent's sleeps, by their exact argv (the listing's own shell only mentions them).
         ps = ("for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null); "
