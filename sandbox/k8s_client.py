@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import threading
 import time
@@ -34,6 +35,7 @@ from openforge.config import KubernetesSandboxConfig
 from sandbox.k8s_exec import ApiCallError, api_error
 from sandbox.k8s_manifests import home_label, managed_selector
 
+log = logging.getLogger(__name__)
 IDLE_CLOSE_S = 5.0  # a client nobody holds is closed after this long (the next step makes a new one)
 MAX_THROTTLE_RETRIES = 6
 _WATCH_WINDOW_S = 240  # one watch request; the server ends it, we go on from its last resourceVersion
@@ -110,6 +112,7 @@ class ClusterClient:
         self.calls: Counter[str] = Counter()  # API requests by kind, for the bench and the tests
         self.selector = managed_selector(home=home)
         self._refs, self._closed, self._idle_timer = 0, False, None
+        self._running, self._warned_full = 0, False  # blocking calls in the executor (or queued for it)
         self._lock = threading.Lock()
         self._waiters: dict[str, list[PodWaiter]] = {}
         self._cache: dict[str, Any] = {}
@@ -176,7 +179,15 @@ class ClusterClient:
         """A long blocking call (an exec) in the executor, counted and rate limited like the others."""
         await asyncio.sleep(self.qps.reserve())
         self.calls[kind] += 1
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+        self._running += 1
+        if self._running > self.k8s.max_threads and not self._warned_full:
+            self._warned_full = True  # execs now queue behind each other: say once what to change
+            log.warning("kubernetes backend: %d execs at once, %d threads (sandbox.max_threads): the rest wait; "
+                        "set max_threads to at least 2 x runner.concurrency", self._running, self.k8s.max_threads)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+        finally:
+            self._running -= 1
 
     # -- the shared watch ------------------------------------------------------------------------
     def subscribe(self, name: str) -> PodWaiter:

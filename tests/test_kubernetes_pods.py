@@ -195,3 +195,13 @@ async def test_the_shared_watch_resumes_and_relists_after_410(double: KubeDouble
         assert all(q.get("resourceVersion") for q in watches)  # always resumed from a version, never a gap
     finally:
         await first.stop()
+
+
+async def test_more_execs_than_threads_queue_and_say_so(double: KubeDouble, tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    async with KubernetesSandbox(make_config(double, tmp_path, max_threads=4), run_id="r", rollout_id="ro-q") as sb:
+        t0 = time.monotonic()
+        results = await asyncio.gather(*(sb.exec("sleep 0.5; echo $0", timeout=10) for _ in range(8)))
+        assert all(r.exit_code == 0 for r in results)
+        assert time.monotonic() - t0 >= 1.0  # 8 execs of 0.5 s on 4 threads: two rounds, none lost
+    assert "set max_threads to at least 2 x runner.concurrency" in caplog.text
