@@ -39,6 +39,11 @@ def resolve_model(config: ForgeConfig, home: Path) -> Path:
 
         log.info("building the tiny model in %s", path)
         build_tiny_model(path, norm_gain=LEARNABLE_NORM_GAIN)  # peaked, so GRPO can visibly move it
+        from rollouts.warmup import warm_up_number_answers
+
+        # Exact grading gives a random model no right answer to reinforce: teach it the answer format
+        # (one digit, any digit) first, so the demo's groups hold some right answers (rollouts/warmup.py).
+        warm_up_number_answers(path)
     if not (path / "config.json").is_file():
         raise ConfigError(f"engine.model {path} is not a model folder (no config.json); "
                           "point it at a Hugging Face checkpoint directory, or leave it empty for the tiny model")
