@@ -31,7 +31,7 @@ def _example(tokenizer, rng: random.Random, digits: list[int], eos: int) -> tupl
     return list(prompt["input_ids"]), [rng.choice(digits), eos]
 
 
-def warm_up_number_answers(model_dir: str | Path, *, steps: int = 20, batch: int = 8, lr: float = 3e-3,
+def warm_up_number_answers(model_dir: str | Path, *, steps: int = 30, batch: int = 8, lr: float = 3e-3,
                            seed: int = 0) -> dict:
     """Train the model in `model_dir` to answer number questions with one random digit; returns the record."""
     import torch

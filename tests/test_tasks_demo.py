@@ -36,7 +36,7 @@ def test_warm_up_teaches_the_answer_format_not_the_answer(tmp_path: Path) -> Non
     sums = next(t for t in load_tasks("builtin") if t.id == "easy-sum")
     before = _first_tokens(model, sums.instruction)
     assert before["5"] < 5 and before["\n"] > 150  # the random model: a newline, almost never the digit
-    record = warm_up_number_answers(model, steps=20)
+    record = warm_up_number_answers(model, steps=20)  # fewer than the default 30: the format is there by 20
     assert json.loads((model / WARMUP_FILE).read_text()) == record
     after = _first_tokens(model, sums.instruction)
     digits = sum(after[str(d)] for d in range(10))
