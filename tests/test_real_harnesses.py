@@ -296,7 +296,7 @@ def test_openclaw_outcome_reads_its_json(stdout: str, answer: str | None, failur
 
 
 def test_harness_available_names_the_fix(tmp_path):
-    from openforge.config import ForgeConfig
+    from openforge.config import ForgeConfig, sandbox_config
     from rollouts.harnesses import harness_available
 
     config = ForgeConfig()
@@ -304,9 +304,8 @@ def test_harness_available_names_the_fix(tmp_path):
     config.harness = HarnessConfig(name="claude-code", npm_cache=str(tmp_path / "empty"))
     assert harness_available(config) == (f"harness 'claude-code' is not installed in {tmp_path / 'empty'}: "
                                          f"run `forge harness install claude-code --cache {tmp_path / 'empty'}`")
-    config.sandbox.type = "docker"
-    assert harness_available(config) is None  # the image's install is checked by prepare, in the container
-    config.sandbox.type = "local"
+    docker = config.model_copy(update={"sandbox": sandbox_config("docker")})
+    assert harness_available(docker) is None  # the image's install is checked by prepare, in the container
     config.harness = HarnessConfig(name="zeroclaw")
     assert "cargo install zeroclaw" in harness_available(config)
     if find_package_bin(NPM_CACHE, "codex") is not None:
