@@ -36,19 +36,21 @@ import os, shlex, sys, time
 
 import pytest
 
-from engine.supervisor import EngineProcess
+from engine.supervisor import EngineProcess, engine_api_key
 from openforge.config import EngineConfig
 
 model = os.environ["MODEL"]
 config = EngineConfig(kind="sglang", model=model, sglang_python=os.environ["SGLANG_PYTHON"],
                       port=int(os.environ["PORT"]), startup_timeout_s=900,
                       sglang_args=shlex.split(os.environ["SGLANG_ARGS"]))
-engine = EngineProcess(config, log_path=os.environ["LOG"], max_restarts=0)
+key = engine_api_key(config)  # SGLang gets --api-key; the suite sends it (ENGINE_API_KEY)
+engine = EngineProcess(config, log_path=os.environ["LOG"], max_restarts=0, api_key=key)
 started = time.monotonic()
-print("gpu_smoke: launching:", " ".join(engine.command() if engine.port else ["(port chosen at start)"]), flush=True)
+print("gpu_smoke: launching SGLang (--incremental-streaming-output, --api-key ***)", flush=True)
 engine.start()
 print(f"gpu_smoke: SGLang healthy at {engine.url} after {time.monotonic() - started:.0f}s (log {engine.log_path})", flush=True)
 os.environ["ENGINE_URL"] = engine.url
+os.environ["ENGINE_API_KEY"] = key
 if os.path.isdir(os.path.expanduser(model)):
     os.environ["ENGINE_MODEL_PATH"] = os.path.expanduser(model)
 try:

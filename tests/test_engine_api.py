@@ -3,7 +3,8 @@
 By default it runs against the embedded engine (a peaky tiny model, on loopback). With
 ENGINE_URL=http://host:port it runs the same checks against that engine instead, e.g. a real SGLang
 server on a GPU machine (bench/gpu_smoke.sh does this); ENGINE_MODEL_PATH (the served checkpoint's
-local folder) enables the LoRA check there. Only model-agnostic facts are asserted.
+local folder) enables the LoRA check there, ENGINE_API_KEY the engine's key (SGLang's --api-key).
+Only model-agnostic facts are asserted.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from openforge.errors import EngineError
 
 PROMPTS = [[11, 12, 13, 14, 15], [21, 22, 23], [31, 32, 33, 34, 35, 36, 37], [41], [51, 52], [61, 62, 63, 64]]
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+KEY = os.environ.get("ENGINE_API_KEY") or None
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,7 @@ def engine(tmp_path_factory, tiny_model):
 
 @pytest.fixture
 async def client(engine):
-    async with EngineClient(engine[0], timeout=120) as c:
+    async with EngineClient(engine[0], timeout=120, api_key=KEY) as c:
         yield c
 
 
@@ -136,7 +138,8 @@ async def test_raw_stream_chunks_count_every_token(engine):
     import httpx
 
     body = {"input_ids": PROMPTS[4], "sampling_params": GREEDY, "return_logprob": True, "stream": True}
-    async with httpx.AsyncClient(base_url=engine[0], timeout=120) as http:
+    headers = {"Authorization": f"Bearer {KEY}"} if KEY else {}
+    async with httpx.AsyncClient(base_url=engine[0], timeout=120, headers=headers) as http:
         async with http.stream("POST", "/generate", json=body) as resp:
             assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
             lines = [line async for line in resp.aiter_lines() if line.startswith("data:")]
