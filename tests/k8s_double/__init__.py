@@ -52,7 +52,7 @@ from kubernetes.client import V1Pod
 from .admission import admit_pod, pod_security_violations
 from .protocol import _error, _now, parse_selector, selector_matches, status_json
 from .execs import run_exec
-from .pods import NODE_NAME, V5, defaulted_pod, kill_processes, run_pod_lifecycle
+from .pods import IMAGE_ENV, NODE_NAME, V5, defaulted_pod, kill_processes, run_pod_lifecycle
 
 V4 = "v4.channel.k8s.io"
 
@@ -92,7 +92,8 @@ class KubeDouble:
                  node_taints: list[dict[str, str]] | None = None, protocols: tuple[str, ...] = (V5, V4),
                  max_pods: int | None = None, step_s: float = 0.02, ro_binds: tuple[str, ...] = (),
                  pod_security: dict[str, str] | None = None, enforce_memory: bool = False,
-                 create_container_errors: int = 0, throttle_creates: int = 0) -> None:
+                 create_container_errors: int = 0, throttle_creates: int = 0,
+                 image_env: tuple[str, ...] = IMAGE_ENV) -> None:
         self.root = root
         self.token = token
         self.images = images if images is not None else {"openforge:test"}
@@ -103,6 +104,7 @@ class KubeDouble:
         self.protocols = protocols
         self.max_pods = max_pods
         self.ro_binds = ro_binds  # host folders every pod sees read-only at the same path (a venv)
+        self.image_env = image_env  # the image's ENV (PATH: put a shared venv's bin first)
         self.step_s = step_s  # time between lifecycle steps: long enough that a watch sees each one
         # The namespace label pod-security.kubernetes.io/enforce: openforge is `restricted`, as it
         # should be on a cluster; default is unlabelled (privileged), for hand-made test pods.

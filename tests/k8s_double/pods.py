@@ -20,7 +20,7 @@ from kubernetes.utils import parse_quantity
 
 V5 = "v5.channel.k8s.io"
 NODE_NAME = "double-node-1"
-_IMAGE_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root")
+IMAGE_ENV = _IMAGE_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root")
 
 
 def _now() -> str:
@@ -127,13 +127,13 @@ class Runtime:
         return argv + ["--"]
 
 
-def container_runtime(spec: dict[str, Any]) -> Runtime:
+def container_runtime(spec: dict[str, Any], image_env: tuple[str, ...] = _IMAGE_ENV) -> Runtime:
     c = spec["containers"][0]
     psc, csc = spec.get("securityContext") or {}, c.get("securityContext") or {}
     uid = csc.get("runAsUser", psc.get("runAsUser", 0))  # the double's images have no USER: root
     gid = csc.get("runAsGroup", psc.get("runAsGroup", 0))
     groups = tuple(g for g in [psc.get("fsGroup"), *(psc.get("supplementalGroups") or [])] if g is not None)
-    env = dict(e.split("=", 1) for e in _IMAGE_ENV)
+    env = dict(e.split("=", 1) for e in image_env)
     env.update({e["name"]: e.get("value", "") for e in c.get("env") or []})
     empty = {v["name"] for v in spec.get("volumes") or [] if "emptyDir" in v}
     mounts = tuple(m["mountPath"] for m in c.get("volumeMounts") or [] if m["name"] in empty)
@@ -342,7 +342,7 @@ async def run_pod_lifecycle(double, pod) -> None:  # type: ignore[no-untyped-def
 async def _create_container(double, pod, container: dict[str, Any]):  # type: ignore[no-untyped-def]
     """The runtime's part: refuse what the kubelet refuses, hiccup if asked, start PID 1."""
     spec = pod.obj["spec"]
-    runtime = container_runtime(spec)
+    runtime = container_runtime(spec, double.image_env)
     csc, psc = container.get("securityContext") or {}, spec.get("securityContext") or {}
     if csc.get("runAsNonRoot", psc.get("runAsNonRoot")) and not runtime.uid:
         await _waiting(double, pod, container, "CreateContainerConfigError",
