@@ -113,6 +113,8 @@ def parse_generate_response(body: dict[str, Any]) -> GenerateOutput:
 
 def _error_message(body: Any) -> str:
     if isinstance(body, dict):
+        if body.get("error_message"):  # SGLang's LoRA answers: {"success": false, "error_message": ...}
+            return str(body["error_message"])
         err = body.get("error", body)
         if isinstance(err, dict):
             return str(err.get("message") or err)
