@@ -194,11 +194,12 @@ def micro_batches(samples: Sequence[Sample], *, token_budget: int, pad_id: int, 
     units = shared_prefixes(samples, share_prefix_min) if share_prefix_min > 0 else [(0, list(range(len(samples))))]
     out: list[dict[str, torch.Tensor]] = []
     for unit, (P, members) in enumerate(units):
-        # Longest first, so each micro-batch holds rows of similar length (little padding).
+        # Longest first, so each micro-batch holds rows of similar length (little padding). A suffix row
+        # counts its full length: it attends over the prefix's P keys, which are copied per row.
         order = sorted(members, key=lambda i: -len(samples[i].token_ids))
         groups: list[list[int]] = []
         for i in order:
-            if groups and (len(groups[-1]) + 1) * (len(samples[groups[-1][0]].token_ids) - P) <= token_budget:
+            if groups and (len(groups[-1]) + 1) * len(samples[groups[-1][0]].token_ids) <= token_budget:
                 groups[-1].append(i)
             else:
                 groups.append([i])
