@@ -64,7 +64,9 @@ class ProxyConfig(_Section):
     call_timeout_s: float = Field(300.0, gt=0)
     read_timeout_s: float = Field(30.0, gt=0, description="a request's headers and body must arrive within this")
     default_max_tokens: int = Field(512, ge=1)
-    max_context_tokens: int = Field(32768, ge=16, description="refuse prompts longer than this")
+    max_context_tokens: int | None = Field(
+        None, ge=16, description="the longest prompt + completion served; unset = the engine's context length "
+        "(set, it can only lower it)")
     temperature_override: float | None = Field(
         None, description="force this sampling temperature on every call (RL wants on-policy sampling)"
     )

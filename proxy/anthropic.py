@@ -20,10 +20,12 @@ from typing import Any
 from proxy.calls import (API_ANTHROPIC, APIError, CallRequest, Completion, Message, TextDelta, ToolCall,
                          ToolCallEvent, as_float, as_int, as_stop, bad_request, parse_arguments, sse)
 
+API = API_ANTHROPIC
 RESPONSE_ID_PREFIX = "msg"
 TOOL_ID_PREFIX = "toolu"
-_ERROR_TYPE = {"invalid_request": "invalid_request_error", "authentication": "authentication_error",
-               "permission": "permission_error", "not_found": "not_found_error", "too_large": "request_too_large",
+_ERROR_TYPE = {"invalid_request": "invalid_request_error", "context_length": "invalid_request_error",
+               "authentication": "authentication_error", "permission": "permission_error",
+               "not_found": "not_found_error", "not_allowed": "invalid_request_error", "too_large": "request_too_large",
                "rate_limit": "rate_limit_error", "overloaded": "overloaded_error", "server": "api_error",
                "timeout": "timeout_error"}
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -164,7 +166,8 @@ def parse_request(body: dict[str, Any], *, count_only: bool = False) -> CallRequ
         api=API_ANTHROPIC, model=str(body.get("model") or ""), messages=messages,
         tools=parse_tools(body.get("tools")), tool_choice=_tool_choice(body.get("tool_choice")),
         max_tokens=max_tokens, temperature=as_float(body, "temperature", low=0, high=1),
-        top_p=as_float(body, "top_p", low=0, high=1), stop=as_stop(body.get("stop_sequences"), "stop_sequences"),
+        top_p=as_float(body, "top_p", low=0, high=1), top_k=as_int(body, "top_k", low=1),
+        stop=as_stop(body.get("stop_sequences"), "stop_sequences"),
         stream=bool(body.get("stream")),
     )
 

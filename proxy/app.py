@@ -1,5 +1,7 @@
 """The recording proxy as an ASGI app: `create_app(config, store_path=..., engine=..., tokenizer=...)`.
 
+It routes, authenticates and reads the request; the call itself is the pipeline's (proxy/pipeline.py).
+
 Routes (also under `/r/<key>/...` for harnesses that can set a base URL but not a key):
 
     POST /v1/chat/completions      OpenAI Chat Completions     (proxy.openai_chat)
@@ -10,6 +12,7 @@ Routes (also under `/r/<key>/...` for harnesses that can set a base URL but not 
 
 A request's credential (`Authorization: Bearer KEY`, `x-api-key: KEY`, or the path prefix) names its
 rollout; unknown keys and rollouts that are no longer pending/running get a 401 in the API's shape.
+Every error, an unknown path or method included, answers in the shape of the API it was meant for.
 """
 
 from __future__ import annotations
@@ -17,15 +20,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from engine.client import EngineClient
@@ -33,15 +37,16 @@ from openforge.config import ProxyConfig
 from openforge.errors import StoreError
 from openforge.store import Store
 from proxy import anthropic, openai_chat, openai_responses
-from proxy.calls import API_ANTHROPIC, API_CHAT, API_RESPONSES, APIError, bad_request
-from proxy.generation import token_logprobs
+from proxy.adapters import ApiAdapter, adapter_for_path
+from proxy.calls import APIError, bad_request
+from proxy.pipeline import CallPipeline
 from proxy.recorder import Recorder, RolloutLookup, interrupt_stale_calls
-from proxy.service import CallService, Prepared
 from proxy.tokens import ChatRenderer
 
 log = logging.getLogger("forge.proxy")
-APIS: dict[str, ModuleType] = {API_CHAT: openai_chat, API_RESPONSES: openai_responses, API_ANTHROPIC: anthropic}
 LIVE_ROLLOUT = ("pending", "running")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # \uD800-\uDFFF in JSON text: maybe a lone surrogate
+_PARSE_OFF_LOOP = 1 << 20  # bytes; parsing a bigger body in a thread keeps the loop answering
 
 
 def credential(request: Request) -> str | None:
@@ -54,13 +59,42 @@ def credential(request: Request) -> str | None:
     return request.headers.get("x-api-key") or request.headers.get("api-key")
 
 
-def error_response(api: ModuleType, err: APIError) -> Response:
+def error_response(adapter: ApiAdapter, err: APIError) -> Response:
     headers = {"retry-after": f"{err.retry_after:g}"} if err.retry_after is not None else {}
-    return JSONResponse(api.error_json(err), status_code=api.error_status(err), headers=headers)
+    return JSONResponse(adapter.error_json(err), status_code=adapter.error_status(err), headers=headers)
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """A lone surrogate (JSON's "\\ud800") cannot be encoded as UTF-8: tokenising or storing it fails."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
+
+
+def parse_body(raw: str) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, RecursionError):
+        raise bad_request("the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    # Valid surrogate pairs (how ensure_ascii encoders write emoji) become one character when parsed,
+    # so only a body with surrogate escapes needs the walk.
+    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(body):
+        raise bad_request("the request body has a lone UTF-16 surrogate (e.g. \\ud800): not valid Unicode text")
+    return body
 
 
 class Proxy:
-    """The app's state: store, recorder, engine, tokenizer, and the call service built on them."""
+    """The app's state: store, recorder, rollout lookup, and the call pipeline built on them."""
 
     def __init__(self, config: ProxyConfig, *, store_path: str | Path, engine: EngineClient, tokenizer: Any,
                  served_model: str) -> None:
@@ -73,18 +107,16 @@ class Proxy:
         self.store = Store(store_path)
         self.recorder = Recorder(self.store)
         self.lookup = RolloutLookup(Path(store_path))
-        self._background: set[asyncio.Future] = set()
         self.renderer = ChatRenderer(tokenizer)
-        self.service = CallService(config, recorder=self.recorder, engine=engine,
-                                   renderer=self.renderer, served_model=served_model, api_modules=APIS)
+        self.pipeline = CallPipeline(config, recorder=self.recorder, engine=engine, renderer=self.renderer,
+                                     served_model=served_model)
 
     async def ensure_started(self) -> None:
         # Lazily, inside the serving loop: httpx.ASGITransport runs no lifespan events.
         await self.recorder.start()
 
     async def aclose(self) -> None:
-        if self._background:  # streams being wound up still write their rows
-            await asyncio.wait(list(self._background), timeout=10)
+        await self.pipeline.aclose()
         await self.recorder.stop()
         self.lookup.close()
         self.store.close()
@@ -98,19 +130,18 @@ class Proxy:
         if length and length.isdigit() and int(length) > limit:
             raise too_big
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_big
-            chunks.append(chunk)
-        raw = b"".join(chunks).decode("utf-8", "replace")
         try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, RecursionError):
-            raise bad_request("the request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise bad_request("the request body must be a JSON object")
-        return raw, body
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_big
+                chunks.append(chunk)
+        except ClientDisconnect:  # gone (or cut off by the read deadline) before its body arrived
+            raise APIError("invalid_request", "the client disconnected before sending its whole request") from None
+        raw = b"".join(chunks).decode("utf-8", "replace")
+        if size > _PARSE_OFF_LOOP:
+            return raw, await asyncio.to_thread(parse_body, raw)
+        return raw, parse_body(raw)
 
     async def rollout(self, request: Request) -> dict[str, Any]:
         key = credential(request)
@@ -126,120 +157,37 @@ class Proxy:
 
     # -- the endpoints ----------------------------------------------------------------------
 
-    async def handle_call(self, request: Request, api: ModuleType) -> Response:
+    async def handle_call(self, request: Request, adapter: ApiAdapter) -> Response:
         try:
             await self.ensure_started()
             rollout = await self.rollout(request)
             raw, body = await self.read_body(request)
-            req = api.parse_request(body)
-            await self.service.slot()
+            return await self.pipeline.run(adapter, rollout, adapter.parse_request(body), raw)
         except APIError as err:
-            return error_response(api, err)
-        p: Prepared | None = None
-        streaming = False
-        try:
-            p = await self.service.prepare(api, rollout, req, raw, api.TOOL_ID_PREFIX)
-            if not req.stream:
-                return JSONResponse(await self.service.complete(p))
-            response = await self.start_stream(p)
-            streaming = True  # the stream's body gives the slot back when it ends
-            return response
-        except APIError as err:  # already recorded where it happened
-            return error_response(api, err)
+            return error_response(adapter, err)
         except StoreError as exc:
-            return error_response(api, APIError("server", f"the proxy could not record the call: {exc}"))
+            return error_response(adapter, APIError("server", f"the proxy could not record the call: {exc}"))
         except Exception as exc:  # noqa: BLE001 - a bug must still answer in the API's shape, never hang
-            log.exception("proxy: unexpected error in a %s call", req.api)
-            err = APIError("server", f"internal proxy error: {type(exc).__name__}: {exc}")
-            if p is not None:
-                await self.service.record_error(p, err.message)
-            return error_response(api, err)
-        finally:
-            if not streaming:
-                self.service.release()
-
-    async def start_stream(self, p: Prepared) -> Response:
-        """Wait for the engine's first tokens before answering 200, so an engine that is down is a
-        retryable error status rather than a stream that breaks."""
-        events = self.service.events(p)
-        try:
-            await events.__anext__()
-            await p.row  # the in-flight row is committed before the first byte
-        except (APIError, StopAsyncIteration) as exc:
-            await events.aclose()
-            err = exc if isinstance(exc, APIError) else APIError("overloaded", "the engine returned nothing; retry")
-            await self.service.record_error(p, err.message)
-            raise err from None
-        except BaseException:
-            await events.aclose()
-            raise
-        return StreamingResponse(self.stream_body(p, events), media_type="text/event-stream",
-                                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
-
-    async def stream_body(self, p: Prepared, events: AsyncIterator[Any]) -> AsyncIterator[str]:
-        stream = p.api.Stream(p.req, call_id=p.response_id, model=p.model, prompt_tokens=len(p.prompt.ids))
-        done = False
-        try:
-            for line in stream.start():
-                yield line
-            async for ev in events:
-                if ev is not None:
-                    for line in stream.event(ev):
-                        yield line
-            comp = p.generation.completion
-            assert comp is not None
-            body = self.service.response_body(p, comp)
-            await self.service.record_ok(p, comp, body)  # committed before the last chunk goes out
-            done = True
-            lps = token_logprobs(self.service.r, comp) if p.req.logprobs else None
-            for line in stream.finish(comp, lps):
-                yield line
-        except APIError as err:
-            await self.service.record_error(p, err.message)
-            done = True
-            for line in stream.error(err):
-                yield line
-        except StoreError as exc:
-            done = True
-            for line in stream.error(APIError("server", f"the proxy could not record the call: {exc}")):
-                yield line
-        except Exception as exc:  # noqa: BLE001 - a bug ends the stream with the API's error event
-            log.exception("proxy: unexpected error while streaming a %s call", p.req.api)
-            err = APIError("server", f"internal proxy error: {type(exc).__name__}: {exc}")
-            await self.service.record_error(p, err.message)
-            done = True
-            for line in stream.error(err):
-                yield line
-        finally:
-            # The slot is given back first and the rest runs as its own task: when the client went
-            # away, this generator is cancelled, and every await here would be cancelled again.
-            self.service.release()
-            task = asyncio.ensure_future(self._end_stream(p, events, done))
-            self._background.add(task)  # held: the loop keeps only weak references to tasks
-            task.add_done_callback(self._background.discard)
-
-    async def _end_stream(self, p: Prepared, events: AsyncIterator[Any], done: bool) -> None:
-        await events.aclose()  # closes the engine request: SGLang aborts the generation
-        if not done:  # the client went away mid-stream
-            await self.service.record_error(p, "the client disconnected before the response completed")
+            log.exception("proxy: unexpected error in a %s call", adapter.API)
+            return error_response(adapter, APIError("server", f"internal proxy error: {type(exc).__name__}: {exc}"))
 
     async def count_tokens(self, request: Request) -> Response:
         try:
             await self.ensure_started()
             rollout = await self.rollout(request)
-            _, body = await self.read_body(request)
+            raw, body = await self.read_body(request)
             req = anthropic.parse_request(body, count_only=True)
-            prompt = await self.service.prompt_for(rollout["id"], req)
+            count = await self.pipeline.count_tokens(rollout["id"], req, len(raw))
         except APIError as err:
-            return error_response(anthropic, err)
-        return JSONResponse({"input_tokens": len(prompt.ids)})
+            return error_response(anthropic, err)  # type: ignore[arg-type]
+        return JSONResponse({"input_tokens": count})
 
     async def models(self, request: Request) -> Response:
         try:
             await self.ensure_started()
             await self.rollout(request)
         except APIError as err:
-            return error_response(openai_chat, err)
+            return error_response(openai_chat, err)  # type: ignore[arg-type]
         # One list both SDKs read: OpenAI's {object, data[id, object, created, owned_by]} and
         # Anthropic's {data[id, type, display_name, created_at], has_more, first_id, last_id}.
         name = self.served_model
@@ -250,7 +198,7 @@ class Proxy:
 
 def create_app(config: ProxyConfig, *, store_path: str | Path, engine: EngineClient, tokenizer: Any,
                served_model: str | None = None, close_engine: bool = False) -> Starlette:
-    """The proxy app. `app.state.proxy` is the `Proxy` (tests read its recorder and service).
+    """The proxy app. `app.state.proxy` is the `Proxy` (tests read its recorder and pipeline).
     With `close_engine`, shutting the app down also closes the engine client (its owner is the app)."""
     proxy = Proxy(config, store_path=store_path, engine=engine, tokenizer=tokenizer,
                   served_model=served_model or config.served_model_name)
@@ -285,8 +233,16 @@ def create_app(config: ProxyConfig, *, store_path: str | Path, engine: EngineCli
             if close_engine:
                 await engine.aclose()
 
+    async def no_route(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 404
+        kind = "not_allowed" if status == 405 else "not_found"
+        where = f"{request.method} {request.url.path}"
+        message = f"{where} is not allowed here" if status == 405 else f"no such endpoint: {where}"
+        return error_response(adapter_for_path(request.url.path), APIError(kind, message))
+
     app = Starlette(routes=[*api_routes, Route("/health", health, methods=["GET"]),
                             Route("/", health, methods=["GET", "HEAD"]),
-                            Mount("/r/{key}", routes=api_routes)], lifespan=lifespan)
+                            Mount("/r/{key}", routes=api_routes)], lifespan=lifespan,
+                    exception_handlers={404: no_route, 405: no_route})
     app.state.proxy = proxy
     return app

@@ -20,10 +20,11 @@ API_RESPONSES = "openai_responses"
 API_ANTHROPIC = "anthropic_messages"
 
 # What went wrong, independent of any API; each API module maps a kind to its own error JSON.
-ErrorKind = Literal["invalid_request", "authentication", "permission", "not_found", "too_large",
-                    "rate_limit", "overloaded", "server", "timeout"]
-STATUS = {"invalid_request": 400, "authentication": 401, "permission": 403, "not_found": 404,
-          "too_large": 413, "rate_limit": 429, "overloaded": 529, "server": 500, "timeout": 504}
+# "context_length" is an invalid request the caller must shorten (OpenAI gives it its own code).
+ErrorKind = Literal["invalid_request", "context_length", "authentication", "permission", "not_found",
+                    "not_allowed", "too_large", "rate_limit", "overloaded", "server", "timeout"]
+STATUS = {"invalid_request": 400, "context_length": 400, "authentication": 401, "permission": 403, "not_found": 404,
+          "not_allowed": 405, "too_large": 413, "rate_limit": 429, "overloaded": 529, "server": 500, "timeout": 504}
 
 
 class APIError(Exception):
@@ -95,6 +96,7 @@ class CallRequest:
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None  # Anthropic's; an extension (vLLM's, SGLang's) on the OpenAI APIs
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False

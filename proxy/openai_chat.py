@@ -12,14 +12,16 @@ from typing import Any
 from proxy.calls import (API_CHAT, APIError, CallRequest, Completion, Message, TextDelta, ToolCall, ToolCallEvent,
                          as_float, as_int, as_stop, bad_request, new_call_id, parse_arguments, sse)
 
+API = API_CHAT
 RESPONSE_ID_PREFIX = "chatcmpl"
 TOOL_ID_PREFIX = "call"
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-_ERROR_TYPE = {"invalid_request": "invalid_request_error", "authentication": "invalid_request_error",
-               "permission": "permission_error", "not_found": "invalid_request_error",
+_ERROR_TYPE = {"invalid_request": "invalid_request_error", "context_length": "invalid_request_error",
+               "authentication": "invalid_request_error", "permission": "permission_error",
+               "not_found": "invalid_request_error", "not_allowed": "invalid_request_error",
                "too_large": "invalid_request_error", "rate_limit": "rate_limit_error",
                "overloaded": "server_error", "server": "server_error", "timeout": "server_error"}
-_ERROR_CODE = {"authentication": "invalid_api_key", "not_found": "model_not_found",
+_ERROR_CODE = {"authentication": "invalid_api_key", "context_length": "context_length_exceeded",
                "rate_limit": "rate_limit_exceeded", "too_large": "request_too_large"}
 
 
@@ -113,6 +115,7 @@ def parse_request(body: dict[str, Any]) -> CallRequest:
         max_tokens=as_int(body, "max_completion_tokens", low=1) or as_int(body, "max_tokens", low=1),
         temperature=as_float(body, "temperature", low=0, high=2),
         top_p=as_float(body, "top_p", low=0, high=1),
+        top_k=as_int(body, "top_k", low=1),
         stop=as_stop(body.get("stop")),
         stream=bool(body.get("stream")),
         include_usage=bool(opts.get("include_usage")),

@@ -22,6 +22,7 @@ from proxy import openai_chat
 from proxy.calls import (API_RESPONSES, APIError, CallRequest, Completion, Message, TextDelta, ToolCall,
                          ToolCallEvent, as_float, as_int, bad_request, new_call_id, parse_arguments, sse)
 
+API = API_RESPONSES
 RESPONSE_ID_PREFIX = "resp"
 TOOL_ID_PREFIX = "call"
 error_json = openai_chat.error_json
@@ -117,7 +118,8 @@ def parse_request(body: dict[str, Any]) -> CallRequest:
         api=API_RESPONSES, model=str(body.get("model") or ""), messages=messages, tools=tools,
         namespaces=namespaces, tool_choice=_tool_choice(body.get("tool_choice")),
         max_tokens=as_int(body, "max_output_tokens", low=1), temperature=as_float(body, "temperature", low=0, high=2),
-        top_p=as_float(body, "top_p", low=0, high=1), stream=bool(body.get("stream")),
+        top_p=as_float(body, "top_p", low=0, high=1), top_k=as_int(body, "top_k", low=1),
+        stream=bool(body.get("stream")),
     )
 
 

@@ -43,6 +43,12 @@ class ChatRenderer:
         if tokenizer.eos_token_id is not None:
             stops.add(int(tokenizer.eos_token_id))
         self.stop_token_ids = sorted(stops)
+        self.max_token_bytes = _longest_token_bytes(tokenizer)
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on the tokens of `text`, from its length alone: no token covers more than
+        `max_token_bytes` bytes, so an over-long prompt is refused before it is tokenised."""
+        return len(text.encode("utf-8", "surrogatepass")) // self.max_token_bytes
 
     def render(self, messages: list[Message], tools: list[dict[str, Any]], *, generation: bool) -> str:
         try:
@@ -61,13 +67,29 @@ class ChatRenderer:
         # tokenizer is called directly where there is one: transformers' wrapper re-applies padding
         # and truncation settings on every call (mutating the Rust object), which is unsafe when
         # several threads encode at once.
+        # `encode_batch`, not `encode`: only the batch call releases the GIL while the Rust code runs,
+        # so a long prompt tokenised in a worker thread leaves the event loop free.
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is not None:
-            return list(backend.encode(text, add_special_tokens=False).ids)
+            return list(backend.encode_batch([text], add_special_tokens=False)[0].ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _longest_token_bytes(tokenizer: Any) -> int:
+    """The most bytes of text one token can stand for (special tokens included). A byte-level BPE
+    vocabulary spells each byte as one character; any other vocabulary is measured in UTF-8, which
+    can only overstate it. A normaliser may shrink text (NFKC maps some 3-4 byte characters to one
+    byte), so the bound is loosened by 4 when there is one."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    byte_level = type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
+    longest = max((len(t) if byte_level else len(t.encode("utf-8", "surrogatepass")) for t in tokenizer.get_vocab()),
+                  default=1)
+    added = max((len(t.encode("utf-8", "surrogatepass")) for t in tokenizer.get_added_vocab()), default=1)
+    shrink = 4 if backend is None or backend.normalizer is not None else 1
+    return max(longest, added, 1) * shrink
 
 
 class ToolCallParser:

@@ -1,0 +1,299 @@
+"""The life of one call, whatever its API, owned in one place:
+
+    slot -> prompt ids (proxy/prompts.py) -> context check -> in-flight row -> engine
+         -> the stream or the body (the adapter renders it) -> finished row -> slot released
+
+`CallPipeline.run` returns the response. A streamed response carries its slot with it: the stream's
+body gives the slot back when it ends, however it ends (finished, failed, or the client gone).
+Engine failures become API errors by their type: retryable (timeout, engine down) or not (a request
+the engine refused); a bug still answers in the API's shape, and every failure ends the call's row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from engine.client import EngineClient
+from openforge.config import ProxyConfig
+from openforge.errors import EngineError, EngineRejected, EngineTimeout, EngineUnavailable, StoreError
+from openforge.store import utcnow
+from proxy.adapters import ApiAdapter
+from proxy.calls import APIError, CallRequest, Completion, TextDelta, ToolCallEvent, new_call_id
+from proxy.generation import Generation, GenerationParams, token_logprobs
+from proxy.prompts import RolloutPrompts, too_long
+from proxy.recorder import Recorder
+from proxy.slots import Slot, Slots
+from proxy.tokens import ChatRenderer, Prompt
+
+log = logging.getLogger("forge.proxy")
+
+
+def engine_error(exc: EngineError) -> APIError:
+    """An engine failure by its type. A timeout or an engine that is down is the caller's to retry; a
+    request the engine refused (400) is not (Codex retries a 503 until it gives up); a refusal of the
+    proxy itself (401/403/404: a wrong engine key or adapter) is the proxy's fault, a 500."""
+    if isinstance(exc, EngineRejected):
+        if exc.status == 400:
+            return APIError("invalid_request", f"the inference engine refused this call: {exc}")
+        return APIError("server", f"the inference engine refused the proxy: {exc}")
+    kind = "timeout" if isinstance(exc, EngineTimeout) else "overloaded"
+    return APIError(kind, f"the inference engine failed this call, retry it: {exc}", retry_after=1.0)
+
+
+def call_timeout(seconds: float) -> APIError:
+    return APIError("timeout", f"the call took over {seconds:g}s (proxy.call_timeout_s); retry it", retry_after=1.0)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling parameters a call is served with, after any proxy override. Every one is sent
+    explicitly: an engine may otherwise use the model's own defaults (SGLang can take them from
+    generation_config.json), and the recorded values must be the ones the tokens were sampled at."""
+
+    temperature: float
+    top_p: float
+    top_k: int  # -1 = the whole vocabulary (SGLang's convention)
+
+    @classmethod
+    def of(cls, req: CallRequest, config: ProxyConfig) -> Sampling:
+        override = config.temperature_override
+        return cls(temperature=override if override is not None else (req.temperature if req.temperature is not None
+                                                                       else 1.0),
+                   top_p=req.top_p if req.top_p is not None else 1.0, top_k=req.top_k or -1)
+
+
+@dataclass
+class LiveCall:
+    """A call being served: its prompt, its in-flight row, and the engine generation behind it."""
+
+    adapter: ApiAdapter
+    rollout: dict[str, Any]
+    req: CallRequest
+    prompt: Prompt
+    row: asyncio.Future  # -> the call row's id, once its in-flight insert is committed
+    response_id: str
+    model: str
+    started: float
+    generation: Generation
+
+
+class CallPipeline:
+    def __init__(self, config: ProxyConfig, *, recorder: Recorder, engine: EngineClient, renderer: ChatRenderer,
+                 served_model: str) -> None:
+        self.config = config
+        self.recorder = recorder
+        self.engine = engine
+        self.renderer = renderer
+        self.served_model = served_model
+        self.prompts = RolloutPrompts(renderer, recorder)
+        self.slots = Slots(config.max_concurrent_calls, queue_limit=5 * config.max_concurrent_calls,
+                           wait_s=config.call_timeout_s)
+        self._engine_context: int | None = None
+        self._background: set[asyncio.Future] = set()
+
+    async def run(self, adapter: ApiAdapter, rollout: dict[str, Any], req: CallRequest, raw_body: str) -> Response:
+        """Serve one parsed call; raises APIError (already recorded) for an answer in the API's shape."""
+        slot = await self.slots.take()
+        try:
+            call = await self._begin(adapter, rollout, req, raw_body)
+            try:
+                if req.stream:
+                    return await self._start_stream(call, slot)
+                return JSONResponse(await self._complete(call))
+            except APIError as err:
+                await self._record_error(call, err.message)
+                raise
+            except StoreError as exc:
+                raise APIError("server", f"the proxy could not record the call: {exc}") from None
+            except Exception as exc:  # noqa: BLE001 - a bug must still answer in the API's shape, never hang
+                log.exception("proxy: unexpected error in a %s call", req.api)
+                err = APIError("server", f"internal proxy error: {type(exc).__name__}: {exc}")
+                await self._record_error(call, err.message)
+                raise err from None
+        finally:
+            slot.release()  # a no-op once a stream has taken the slot over
+
+    async def context_limit(self) -> int | None:
+        """The longest prompt + completion served: the engine's context (asked once), or
+        `proxy.max_context_tokens` where that is lower (or the engine reports none)."""
+        if self._engine_context is None:
+            try:
+                self._engine_context = await self.engine.context_length()
+            except EngineError:
+                pass  # asked again on the next call; the engine itself still refuses what is too long
+        found = [n for n in (self._engine_context, self.config.max_context_tokens) if n is not None]
+        return min(found) if found else None
+
+    async def count_tokens(self, rollout_id: str, req: CallRequest, body_chars: int) -> int:
+        return len((await self.prompts.build(rollout_id, req, limit=None, body_chars=body_chars)).ids)
+
+    async def aclose(self) -> None:
+        if self._background:  # streams being wound up still write their rows
+            await asyncio.wait(list(self._background), timeout=10)
+
+    # -- the call's start and end --------------------------------------------------------------
+
+    async def _begin(self, adapter: ApiAdapter, rollout: dict[str, Any], req: CallRequest, raw_body: str) -> LiveCall:
+        limit = await self.context_limit()
+        prompt = await self.prompts.build(rollout["id"], req, limit=limit, body_chars=len(raw_body))
+        max_new = req.max_tokens or self.config.default_max_tokens
+        if limit is not None:  # SGLang refuses prompt + max_new_tokens >= its context: cut to the room left
+            max_new = min(max_new, limit - len(prompt.ids) - 1)
+            if max_new < 1:
+                raise too_long(len(prompt.ids), limit)
+        sampling = Sampling.of(req, self.config)
+        model = req.model or self.served_model
+        # The in-flight row is committed while the engine starts on the prompt (not before it): the
+        # insert is off the critical path, and `row` is awaited before any byte of the answer goes out.
+        row = asyncio.ensure_future(self.recorder.begin({
+            "run_id": rollout["run_id"], "rollout_id": rollout["id"], "api": req.api, "model": model,
+            "adapter": rollout.get("adapter"), "stream": req.stream, "request_json": raw_body,
+            "prompt_ids": prompt.ids, "reused_tokens": prompt.reused_tokens, "prompt_tokens": len(prompt.ids),
+            "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+            "started_at": utcnow(),
+        }))
+        engine_params: dict[str, Any] = {"max_new_tokens": max_new, "stop_token_ids": self.renderer.stop_token_ids,
+                                         "temperature": sampling.temperature, "top_p": sampling.top_p,
+                                         "top_k": sampling.top_k}
+        if req.stop:
+            engine_params["stop"] = req.stop
+        params = GenerationParams(prompt.ids, engine_params, req.stop, rollout.get("adapter"),
+                                  rid=new_call_id(rollout["id"]), id_prefix=adapter.TOOL_ID_PREFIX)
+        return LiveCall(adapter, rollout, req, prompt, row, new_call_id(adapter.RESPONSE_ID_PREFIX), model,
+                        time.perf_counter(), Generation(self.engine, self.renderer, params))
+
+    def _body(self, call: LiveCall, comp: Completion) -> dict[str, Any]:
+        lps = token_logprobs(self.renderer, comp) if call.req.logprobs else None
+        return call.adapter.response_json(call.req, comp, call_id=call.response_id, model=call.model,
+                                          token_logprobs=lps)
+
+    async def _record_ok(self, call: LiveCall, comp: Completion, body: dict[str, Any]) -> None:
+        row_id = await call.row
+        await self.recorder.end(row_id, {
+            "status": "ok", "response_json": body, "completion_ids": comp.completion_ids,
+            "logprobs": [None if math.isnan(v) else v for v in comp.logprobs],
+            "tool_calls_json": [{"id": t.id, "name": t.name, "arguments": t.arguments}
+                                for t in comp.tool_calls] if comp.tool_calls else None,
+            "tool_parse_error": comp.tool_parse_error, "finish_reason": comp.finish_reason,
+            "prompt_tokens": comp.prompt_tokens, "completion_tokens": comp.completion_tokens,
+            "latency_ms": (time.perf_counter() - call.started) * 1000, "ended_at": utcnow(),
+        })
+        self.prompts.remember(call.rollout["id"], call.req, call.prompt, comp, row_id)
+
+    async def _record_error(self, call: LiveCall, message: str) -> None:
+        try:
+            row_id = await call.row
+            await self.recorder.end(row_id, {"status": "error", "error": message[:2000], "ended_at": utcnow(),
+                                             "latency_ms": (time.perf_counter() - call.started) * 1000})
+        except StoreError:
+            pass  # the error being reported matters more than the failed bookkeeping
+
+    # -- a whole body ------------------------------------------------------------------------
+
+    async def _complete(self, call: LiveCall) -> dict[str, Any]:
+        try:
+            comp = await asyncio.wait_for(call.generation.complete(), self.config.call_timeout_s)
+        except TimeoutError:
+            raise call_timeout(self.config.call_timeout_s) from None
+        except EngineError as exc:
+            raise engine_error(exc) from None
+        if call.generation.finish == "abort":
+            raise engine_error(EngineUnavailable("the engine aborted the request"))
+        body = self._body(call, comp)
+        await self._record_ok(call, comp, body)
+        return body
+
+    # -- a stream ----------------------------------------------------------------------------
+
+    async def _start_stream(self, call: LiveCall, slot: Slot) -> Response:
+        """Wait for the engine's first tokens before answering 200, so an engine that is down is a
+        retryable error status rather than a stream that breaks."""
+        events = self._events(call)
+        try:
+            await events.__anext__()
+            await call.row  # the in-flight row is committed before the first byte
+        except StopAsyncIteration:
+            await events.aclose()
+            raise APIError("overloaded", "the engine returned nothing; retry", retry_after=1.0) from None
+        except BaseException:
+            await events.aclose()
+            raise
+        return StreamingResponse(self._stream_body(call, events, slot.hand_over()), media_type="text/event-stream",
+                                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+    async def _events(self, call: LiveCall) -> AsyncIterator[TextDelta | ToolCallEvent | None]:
+        """The generation's events with the per-call deadline applied to each wait on the engine."""
+        deadline = time.monotonic() + self.config.call_timeout_s
+        agen = call.generation.events()
+        try:
+            while True:
+                try:
+                    ev = await asyncio.wait_for(agen.__anext__(), max(deadline - time.monotonic(), 0.001))
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise call_timeout(self.config.call_timeout_s) from None
+                except EngineError as exc:
+                    raise engine_error(exc) from None
+                yield ev
+            if call.generation.finish == "abort":
+                raise engine_error(EngineUnavailable("the engine aborted the request"))
+        finally:
+            await agen.aclose()
+
+    async def _stream_body(self, call: LiveCall, events: AsyncIterator[Any], slot: Slot) -> AsyncIterator[str]:
+        stream = call.adapter.Stream(call.req, call_id=call.response_id, model=call.model,
+                                     prompt_tokens=len(call.prompt.ids))
+        ended = False  # the row is finished (ok or error) and the stream's last event written
+        try:
+            for line in stream.start():
+                yield line
+            async for ev in events:
+                if ev is not None:
+                    for line in stream.event(ev):
+                        yield line
+            comp = call.generation.completion
+            assert comp is not None
+            await self._record_ok(call, comp, self._body(call, comp))  # committed before the last chunk goes out
+            ended = True
+            lps = token_logprobs(self.renderer, comp) if call.req.logprobs else None
+            for line in stream.finish(comp, lps):
+                yield line
+        except (APIError, StoreError, Exception) as exc:  # noqa: BLE001 - a failure ends the stream in the API's shape
+            err = self._stream_failure(call, exc)
+            if not isinstance(exc, StoreError):
+                await self._record_error(call, err.message)
+            ended = True
+            for line in stream.error(err):
+                yield line
+        finally:
+            # The slot is given back first and the rest runs as its own task: when the client went
+            # away, this generator is cancelled, and every await here would be cancelled again.
+            slot.release()
+            task = asyncio.ensure_future(self._end_stream(call, events, ended))
+            self._background.add(task)  # held: the loop keeps only weak references to tasks
+            task.add_done_callback(self._background.discard)
+
+    @staticmethod
+    def _stream_failure(call: LiveCall, exc: Exception) -> APIError:
+        if isinstance(exc, APIError):
+            return exc
+        if isinstance(exc, StoreError):
+            return APIError("server", f"the proxy could not record the call: {exc}")
+        log.exception("proxy: unexpected error while streaming a %s call", call.req.api, exc_info=exc)
+        return APIError("server", f"internal proxy error: {type(exc).__name__}: {exc}")
+
+    async def _end_stream(self, call: LiveCall, events: AsyncIterator[Any], ended: bool) -> None:
+        await events.aclose()  # closes the engine request: SGLang aborts the generation
+        if not ended:  # the client went away mid-stream: one line, not a traceback
+            log.info("proxy: the client left a %s stream of rollout %s before it ended", call.req.api,
+                     call.rollout["id"])
+            await self._record_error(call, "the client disconnected before the response completed")

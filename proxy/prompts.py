@@ -1,0 +1,93 @@
+"""Each call's prompt ids: the rollout's earlier sampled ids reused (tokens.PromptBuilder), the rest
+rendered and tokenised - off the event loop when it is long - and the prompt's size checked.
+
+    render (chat template) -> size bound on bytes -> tokenise the tail -> exact length check
+
+One huge prompt must not freeze the proxy: `/health` and every other call keep being served while it
+is rendered and tokenised in a worker thread (the Rust tokenizer's batch call releases the GIL), and a
+prompt whose bytes alone prove it too long is refused before it is tokenised at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from proxy.adapters import ADAPTERS
+from proxy.calls import APIError, CallRequest, Completion
+from proxy.recorder import Recorder
+from proxy.tokens import ChatRenderer, Prompt, PromptBuilder, parse_completion
+
+LONG_TEXT = 16_384  # characters; below this, a thread hop costs more than the work
+
+
+def too_long(tokens: int, limit: int, *, at_least: bool = False) -> APIError:
+    """The context error in the words both vendors use ("prompt is too long" is what Claude Code
+    recognises and offers /compact for)."""
+    count = f"at least {tokens}" if at_least else str(tokens)
+    return APIError("context_length", f"prompt is too long: {count} tokens > {limit - 1} maximum (the "
+                    f"engine's context is {limit} tokens, prompt and completion together)", param="messages")
+
+
+class RolloutPrompts:
+    def __init__(self, renderer: ChatRenderer, recorder: Recorder) -> None:
+        self.renderer = renderer
+        self.recorder = recorder
+        self.builder = PromptBuilder(renderer)
+        self._warm_locks: dict[str, asyncio.Lock] = {}
+
+    async def build(self, rollout_id: str, req: CallRequest, *, limit: int | None, body_chars: int) -> Prompt:
+        """The prompt for `req` in `rollout_id`; raises the context error if it leaves no room for one
+        completion token within `limit` (prompt + max_new_tokens must stay below it, as SGLang counts)."""
+        await self._warm(rollout_id)
+        if body_chars > LONG_TEXT:
+            prompt = await asyncio.to_thread(self.builder.plan, rollout_id, req.messages, req.prompt_tools)
+        else:
+            prompt = self.builder.plan(rollout_id, req.messages, req.prompt_tools)
+        if limit is not None:
+            at_least = len(prompt.ids) + self.renderer.min_tokens(prompt.tail)
+            if at_least + 1 >= limit:
+                raise too_long(at_least, limit, at_least=True)
+        if len(prompt.tail) > LONG_TEXT:
+            prompt = await asyncio.to_thread(self.builder.encode_tail, prompt)
+        else:
+            self.builder.encode_tail(prompt)
+        if limit is not None and len(prompt.ids) + 1 >= limit:
+            raise too_long(len(prompt.ids), limit)
+        return prompt
+
+    def remember(self, rollout_id: str, req: CallRequest, prompt: Prompt, comp: Completion, call_id: int) -> None:
+        """A finished call, so the next request replaying its answer reuses its exact ids."""
+        self.builder.record(rollout_id, req.messages, req.prompt_tools, prompt, comp, call_id)
+
+    async def _warm(self, rollout_id: str) -> None:
+        """After a proxy restart, relearn a rollout's last turns from the store so reuse continues."""
+        if self.builder.knows(rollout_id):
+            return
+        lock = self._warm_locks.setdefault(rollout_id, asyncio.Lock())
+        async with lock:
+            if self.builder.knows(rollout_id):
+                return
+            rows = (await self.recorder.calls_of_rollout(rollout_id))[-self.builder.turns_per_rollout:]
+            for row in rows:
+                adapter = ADAPTERS.get(row.api)
+                try:
+                    old = adapter.parse_request(row.request_json) if adapter and row.request_json else None
+                except (APIError, ValueError, TypeError):
+                    old = None
+                if old is None:
+                    continue
+                comp = self._replayed_completion(row.completion_ids or [], old.stop, row.tool_calls_json or [])
+                prompt = Prompt(row.prompt_ids or [], "", row.reused_tokens)
+                self.builder.record(rollout_id, old.messages, old.prompt_tools, prompt, comp, row.id)
+            self.builder.mark_known(rollout_id)
+        self._warm_locks.pop(rollout_id, None)
+
+    def _replayed_completion(self, ids: list[int], stops: list[str], tool_calls: list[dict[str, Any]]) -> Completion:
+        """A recorded completion as the client saw it: text cut at its stop string, the same call ids."""
+        text = self.renderer.decode(ids)
+        hits = [text.find(s) for s in stops if s in text]
+        parsed = parse_completion(text[:min(hits)] if hits else text)
+        for call, recorded in zip(parsed.calls, tool_calls):
+            call.id = recorded.get("id", call.id)
+        return Completion(parsed.text, parsed.calls, "stop", ids, [], 0)
