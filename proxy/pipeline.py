@@ -230,13 +230,18 @@ class CallPipeline:
                                  headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
 
     async def _events(self, call: LiveCall) -> AsyncIterator[TextDelta | ToolCallEvent | None]:
-        """The generation's events with the per-call deadline applied to each wait on the engine."""
-        deadline = time.monotonic() + self.config.call_timeout_s
+        """The generation's events with the per-call deadline applied to each wait on the engine.
+
+        The wait runs in this task (`asyncio.timeout`, not `wait_for`, which wraps it in a task of its
+        own): when the client leaves, the cancellation reaches the engine stream directly, and closing
+        it cannot find it still running in another task."""
+        deadline = asyncio.get_running_loop().time() + self.config.call_timeout_s
         agen = call.generation.events()
         try:
             while True:
                 try:
-                    ev = await asyncio.wait_for(agen.__anext__(), max(deadline - time.monotonic(), 0.001))
+                    async with asyncio.timeout_at(deadline):
+                        ev = await agen.__anext__()
                 except StopAsyncIteration:
                     break
                 except TimeoutError:

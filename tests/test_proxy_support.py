@@ -63,13 +63,16 @@ def make_rig(tiny_model: Path, store: Store) -> Iterator[Any]:
     """make_rig(script, **proxy_config) -> Rig; everything is stopped at the end of the test."""
     started: list[Rig] = []
 
-    def make(script: Any, *, token_delay_s: float = 0.0, uds: Path | None = None, **config: Any) -> Rig:
-        engine = ScriptedEngine(tiny_model, script, token_delay_s=token_delay_s)
+    def make(script: Any, *, token_delay_s: float = 0.0, uds: Path | None = None, engine_key: str = "",
+             proxy_engine_key: str | None = "", **config: Any) -> Rig:
+        """`engine_key`: the engine requires it; the proxy holds it too unless `proxy_engine_key` says otherwise."""
+        engine = ScriptedEngine(tiny_model, script, token_delay_s=token_delay_s, api_key=engine_key)
+        held = engine_key if proxy_engine_key == "" else proxy_engine_key
         es = serve_in_thread(engine.app)
         run = store.create_run(kind="proxy")
         rollout = store.create_rollout(run_id=run.id, task_id="t", status="running")
         proxy = ProxyServer(ProxyConfig(**config), store_path=store.path, engine_url=es.url,
-                            model_path=tiny_model, uds=uds).start()
+                            model_path=tiny_model, uds=uds, engine_key=held or None).start()
         rig = Rig(engine, es, proxy, store, rollout, tiny_model)
         started.append(rig)
         return rig
