@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 import openforge
-from forge_cli import cmd_engine, cmd_harness, cmd_proxy, cmd_rollouts, cmd_sandbox, cmd_train, cmd_up
+from forge_cli import cmd_analyze, cmd_engine, cmd_harness, cmd_proxy, cmd_rollouts, cmd_sandbox, cmd_train, cmd_up
 from forge_cli.context import AppState, ForgeGroup, new_typer, state
 from runs.checks import run_checks
 from openforge.config import dump_toml
@@ -157,7 +157,7 @@ def stop(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
     typer.echo(f"{run.id} had no live owner; marked stopped")
 
 
-for module in (cmd_engine, cmd_harness, cmd_proxy, cmd_sandbox, cmd_rollouts, cmd_train, cmd_up):
+for module in (cmd_engine, cmd_harness, cmd_proxy, cmd_sandbox, cmd_rollouts, cmd_train, cmd_up, cmd_analyze):
     module.register(app)
 
 

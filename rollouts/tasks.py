@@ -63,6 +63,12 @@ class TaskSpec(BaseModel):
     difficulty: Literal["easy", "medium", "hard"] | None = None
     tags: list[str] = Field(default_factory=list)
     solution: str | None = Field(None, description="a reference solution (shell); never shown to the agent")
+    checkpoints: list[str] = Field(default_factory=list, description=(
+        "named steps of a multi-step task; the verifier prints `checkpoint NAME: ok` for each one reached "
+        "(forge analyze's plan completion)"))
+    requires_tools: bool | None = Field(None, description=(
+        "whether the task cannot be done without tools (default: when it has setup files); an answer "
+        "with no tool call counts as a give-up in forge analyze"))
 
     @field_validator("id")
     @classmethod
