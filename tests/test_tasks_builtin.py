@@ -92,3 +92,17 @@ def test_normalising_strips_one_wrapper_and_one_period() -> None:
     assert normalise_answer("...") == "..."
     with pytest.raises(ValueError, match="exactly one"):
         ExpectedAnswer(number=1, words="one")
+
+
+async def test_hard_fix_calc_gives_half_credit_per_function_fixed(store: Store) -> None:
+    run = store.create_run(kind="check")
+    task = BY_ID["hard-fix-calc"]
+    fixes = {"add only": "sed -i '2s/a - b/a + b/' calc.py", "both": task.solution or "",
+             "div broken": task.solution + " && sed -i 's/a \\/ b/a - b/' calc.py"}
+    got = {}
+    for label, script in fixes.items():
+        runner = RolloutRunner(store, config=ForgeConfig(), proxy_url="http://127.0.0.1:9",
+                               harness=_StandInHarness({task.id: script}))
+        [ro] = await runner.run(run.id, [RolloutSpec(task)])
+        got[label] = ro.reward
+    assert got == {"add only": 0.5, "both": 1.0, "div broken": 0.0}

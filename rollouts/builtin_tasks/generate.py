@@ -42,21 +42,26 @@ def py(code: str) -> str:
     return textwrap.dedent(code).lstrip()
 
 
-# Runs one expression against the agent's module in a child interpreter: whatever the agent's code
-# prints, or however it exits, only the repr of the result on the child's stdout is compared.
+# Runs expressions against the agent's module in one child interpreter: whatever the agent's code
+# prints, or however it exits, only the reprs of the results on the child's stdout are compared.
+# One child for all cases, with a generous limit: a verifier must not fail a right answer because a
+# busy machine was slow to start Python.
 CALL_HELPER = py("""
     import subprocess
     import sys
 
 
-    def call(module, expr):
-        code = f"import sys; sys.path.insert(0, '.'); from {module} import *; print(repr({expr}))"
+    def call_all(module, exprs):
+        code = (f"import sys; sys.path.insert(0, '.')\\nfrom {module} import *\\n"
+                f"for e in {exprs!r}:\\n"
+                "    try:\\n        print(repr(eval(e)))\\n    except Exception:\\n        print('<error>')\\n")
         try:
             done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
-                                  timeout=10, stdin=subprocess.DEVNULL)
+                                  timeout=40, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
+            return [None] * len(exprs)
+        got = done.stdout.splitlines() if done.returncode == 0 else []
+        return got if len(got) == len(exprs) else [None] * len(exprs)
     """)
 
 
@@ -171,10 +176,9 @@ HARD = [
          # still works, so breaking the module to dodge a case gains nothing.
          verifier_files={".verify/check.py": CALL_HELPER + py("""
 
-             fixed = {"add": [("add(4, 5)", 9), ("add(-1, 1)", 0)], "mul": [("mul(4, 5)", 20), ("mul(0, 7)", 0)]}
-             score = 0.0
-             if call("calc", "div(9, 3)") == repr(3.0):
-                 score = sum(0.5 for cases in fixed.values() if all(call("calc", e) == repr(w) for e, w in cases))
+             cases = [("div(9, 3)", 3.0), ("add(4, 5)", 9), ("add(-1, 1)", 0), ("mul(4, 5)", 20), ("mul(0, 7)", 0)]
+             ok = [got == repr(want) for got, (_, want) in zip(call_all("calc", [e for e, _ in cases]), cases)]
+             score = 0.5 * (ok[1] and ok[2]) + 0.5 * (ok[3] and ok[4]) if ok[0] else 0.0
              print(f"score: {score:.3f}")
              """)},
          verifier="python3 -I .verify/check.py",
@@ -200,8 +204,8 @@ HARD = [
 
              cases = [("Racecar", True), ("A man, a plan, a canal: Panama", True), ("hello", False),
                       ("", True), ("ab", False), ("No 'x' in Nixon", True), ("abca", False)]
-             ok = all(call("pal", f"is_palindrome({s!r}) is True") == repr(want) for s, want in cases)
-             sys.exit(0 if ok else 1)
+             got = call_all("pal", [f"is_palindrome({s!r}) is True" for s, _ in cases])
+             sys.exit(0 if got == [repr(want) for _, want in cases] else 1)
              """)},
          verifier="python3 -I .verify/check.py",
          solution="printf '%s\\n' 'def is_palindrome(s):' '    t = [c.lower() for c in s if c.isalpha()]' "
