@@ -90,3 +90,42 @@ def test_a_segment_whose_calls_do_not_add_up_is_an_error(store: Store) -> None:
                          logprobs=[0, 0, -1, -1], call_ids=[999999])
     with pytest.raises(TrainerError, match="lists call 999999, which is not recorded"):
         build_batch([r], [missing], sampling=call_sampling(store, [r.id]))
+
+
+def test_a_harness_temperature_sent_through_the_proxy_is_trained_at(tiny_model: Path, store: Store) -> None:
+    """The real path: an OpenAI Chat client sends its own temperature (0.7, then none = 1.0) to the
+    recording proxy in front of the embedded engine; the trainer reads it back from the call rows."""
+    import httpx
+
+    from openforge.config import ProxyConfig
+    from proxy.server import ProxyServer
+
+    run = store.create_run(kind="train")
+    rollout = store.create_rollout(run_id=run.id, task_id="t", status="running")
+    with embedded_engine(tiny_model) as client:
+        proxy = ProxyServer(ProxyConfig(), store_path=store.path, engine_url=client.base_url,
+                            model_path=tiny_model).start()
+        try:
+            messages = [{"role": "user", "content": "list the files"}]
+            for temperature in (0.7, None, 1.3):
+                body = {"model": "policy", "messages": messages, "max_tokens": 6}
+                if temperature is not None:
+                    body["temperature"] = temperature
+                resp = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=60,
+                                  headers={"Authorization": f"Bearer {rollout.key}"})
+                assert resp.status_code == 200, resp.text
+                messages += [resp.json()["choices"][0]["message"], {"role": "user", "content": "and then?"}]
+        finally:
+            proxy.stop()
+    calls = store.list_calls(rollout_id=rollout.id)
+    assert [c.temperature for c in calls] == [0.7, 1.0, 1.3]  # what the engine was given, default included
+    assemble_rollout(store, rollout.id)
+    scored = store.update_rollout(rollout.id, status="scored", reward=1.0)
+    trajs = store.list_trajectories(rollout_ids=[rollout.id])
+    batch = build_batch([scored], trajs, sampling=call_sampling(store, [rollout.id]))
+    right = _mismatch(tiny_model, micro_batches(batch.samples, token_budget=4096, pad_id=0, loss_agg="token-mean"))
+    wrong = _mismatch(tiny_model, micro_batches(build_batch([scored], trajs).samples, token_budget=4096, pad_id=0,
+                                                loss_agg="token-mean"))
+    print(f"\nthrough the proxy: max mismatch {right:.2e} at the recorded temperatures, {wrong:.2e} all at 1.0")
+    assert right <= 1e-4
+    assert wrong > 1e-2
