@@ -22,23 +22,23 @@ class IncrementalDecoder:
     across tokens): decode a short window and only release text that no longer ends in U+FFFD."""
 
     def __init__(self, renderer: ChatRenderer) -> None:
-        self.r = renderer
+        self.renderer = renderer
         self.ids: list[int] = []
         self.prefix = 0  # window start
         self.read = 0  # ids already turned into released text
 
     def feed(self, new_ids: list[int]) -> str:
         self.ids.extend(new_ids)
-        before = self.r.decode(self.ids[self.prefix:self.read])
-        after = self.r.decode(self.ids[self.prefix:])
+        before = self.renderer.decode(self.ids[self.prefix:self.read])
+        after = self.renderer.decode(self.ids[self.prefix:])
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self.prefix, self.read = self.read, len(self.ids)
             return after[len(before):]
         return ""
 
     def flush(self) -> str:
-        before = self.r.decode(self.ids[self.prefix:self.read])
-        after = self.r.decode(self.ids[self.prefix:])
+        before = self.renderer.decode(self.ids[self.prefix:self.read])
+        after = self.renderer.decode(self.ids[self.prefix:])
         self.prefix = self.read = len(self.ids)
         return after[len(before):]
 
@@ -87,8 +87,8 @@ class Generation:
 
     def __init__(self, engine: EngineClient, renderer: ChatRenderer, params: GenerationParams) -> None:
         self.engine = engine
-        self.r = renderer
-        self.p = params
+        self.renderer = renderer
+        self.params = params
         self.parser = ToolCallParser(params.id_prefix)
         self.decoder = IncrementalDecoder(renderer)
         self.stops = StopFilter(params.stop)
@@ -113,7 +113,7 @@ class Generation:
             reason = "tool_calls"
         self.completion = Completion(
             text=self.parser.text, tool_calls=list(self.parser.calls), finish_reason=reason,  # type: ignore[arg-type]
-            completion_ids=self.ids, logprobs=self.logprobs, prompt_tokens=len(self.p.prompt_ids),
+            completion_ids=self.ids, logprobs=self.logprobs, prompt_tokens=len(self.params.prompt_ids),
             tool_parse_error=self.parser.parse_error, stop_sequence=self.stops.hit,
         )
         return events
@@ -121,8 +121,8 @@ class Generation:
     async def events(self) -> AsyncIterator[TextDelta | ToolCallEvent | None]:
         """Events of the completion; `None` once, when the engine's first tokens arrived (the caller
         can commit to a 200 streaming response then: the engine is up and generating)."""
-        stream = self.engine.stream_generate(self.p.prompt_ids, self.p.sampling, lora_path=self.p.lora_path,
-                                             rid=self.p.rid)
+        p = self.params
+        stream = self.engine.stream_generate(p.prompt_ids, p.sampling, lora_path=p.lora_path, rid=p.rid)
         started = False
         try:
             async for delta in stream:
@@ -139,8 +139,8 @@ class Generation:
             yield ev
 
     async def complete(self) -> Completion:
-        out = await self.engine.generate(self.p.prompt_ids, self.p.sampling, lora_path=self.p.lora_path,
-                                         rid=self.p.rid)
+        out = await self.engine.generate(self.params.prompt_ids, self.params.sampling, lora_path=self.params.lora_path,
+                                         rid=self.params.rid)
         self.finish = out.finish_reason
         self._push(out.output_ids, out.logprobs)
         self._close()

@@ -260,7 +260,7 @@ class PromptBuilder:
 
     def __init__(self, renderer: ChatRenderer, *, turns_per_rollout: int = 8, max_tokens: int = 32_000_000,
                  max_tries: int = 4) -> None:
-        self.r = renderer
+        self.renderer = renderer
         self.turns_per_rollout = turns_per_rollout
         self.max_tokens = max_tokens
         self.max_tries = max_tries
@@ -280,7 +280,7 @@ class PromptBuilder:
     def plan(self, rollout_id: str, messages: list[Message], tools: list[dict[str, Any]]) -> Prompt:
         """The prompt with its reused ids in `ids` and the text still to tokenise in `tail` (the
         caller may tokenise a long tail off the event loop with `encode_tail`)."""
-        full = self.r.render(messages, tools, generation=True)
+        full = self.renderer.render(messages, tools, generation=True)
         turns = self._turns.get(rollout_id)
         if turns:
             self._turns.move_to_end(rollout_id)
@@ -290,7 +290,7 @@ class PromptBuilder:
         return Prompt(ids=[], text=full, tail=full)
 
     def encode_tail(self, prompt: Prompt) -> Prompt:
-        prompt.ids, prompt.tail = prompt.ids + self.r.encode(prompt.tail), ""
+        prompt.ids, prompt.tail = prompt.ids + self.renderer.encode(prompt.tail), ""
         return prompt
 
     def _splice(self, turns: OrderedDict[str, Turn], messages: list[Message], tools: list[dict[str, Any]],
@@ -303,7 +303,7 @@ class PromptBuilder:
             if tries > self.max_tries:
                 return None
             try:
-                head = self.r.render(messages[:k + 1], tools, generation=False)
+                head = self.renderer.render(messages[:k + 1], tools, generation=False)
             except APIError:
                 continue
             turn = turns.get(_key(head))
@@ -311,11 +311,11 @@ class PromptBuilder:
                 continue
             # `head` ends with the end-of-turn token plus template text (ChatML: "<|im_end|>\n"); the
             # model sampled up to the end-of-turn token, the rest is prompt text.
-            cut = head.rfind(self.r.eot_text)
-            trailer = head[cut + len(self.r.eot_text):] if cut >= 0 else ""
+            cut = head.rfind(self.renderer.eot_text)
+            trailer = head[cut + len(self.renderer.eot_text):] if cut >= 0 else ""
             ids = list(turn.ids)
-            if not ids or ids[-1] != self.r.eot_id:  # cut by max_tokens or a stop string
-                ids.append(self.r.eot_id)
+            if not ids or ids[-1] != self.renderer.eot_id:  # cut by max_tokens or a stop string
+                ids.append(self.renderer.eot_id)
             return Prompt(ids=ids, text=full, reused_tokens=turn.reused_tokens, extends_call=turn.call_id,
                           tail=trailer + full[len(head):])
         return None
@@ -324,7 +324,7 @@ class PromptBuilder:
                prompt: Prompt, completion: Completion, call_id: int | None = None) -> None:
         """Remember a finished call so a later request replaying its answer reuses its exact ids."""
         try:
-            head = self.r.render(messages + [completion.message()], tools, generation=False)
+            head = self.renderer.render(messages + [completion.message()], tools, generation=False)
         except APIError:
             return
         turns = self._turns.setdefault(rollout_id, OrderedDict())

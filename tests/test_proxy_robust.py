@@ -13,7 +13,6 @@ from transformers import AutoTokenizer
 
 from engine.client import EngineClient
 from engine.scripted import ScriptedEngine
-from engine.serve import serve_in_thread
 from openforge.config import ProxyConfig
 from openforge.store import Call
 from proxy.app import create_app
@@ -70,21 +69,21 @@ def _error_shape(path: str, body: dict) -> bool:
 
 @pytest.fixture
 def asgi(tiny_model, store):
+    # Proxy and engine both in-process: the engine client's transport seam, no server at all.
     engine = ScriptedEngine(tiny_model, lambda ids: "ok")
-    with serve_in_thread(engine.app) as es:
-        loop = asyncio.new_event_loop()
-        client_engine = EngineClient(es.url, timeout=10)
-        app = create_app(ProxyConfig(max_context_tokens=4096, default_max_tokens=4), store_path=store.path,
-                         engine=client_engine, tokenizer=AutoTokenizer.from_pretrained(str(tiny_model)))
-        run = store.create_run(kind="proxy")
-        ro = store.create_rollout(run_id=run.id, task_id="t", status="running")
-        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy",
-                                 headers={"authorization": f"Bearer {ro.key}"})
-        yield loop, http, app, ro
-        loop.run_until_complete(http.aclose())
-        loop.run_until_complete(app.state.proxy.aclose())
-        loop.run_until_complete(client_engine.aclose())
-        loop.close()
+    loop = asyncio.new_event_loop()
+    client_engine = EngineClient("http://engine", transport=httpx.ASGITransport(app=engine.app))
+    app = create_app(ProxyConfig(max_context_tokens=4096, default_max_tokens=4), store_path=store.path,
+                     engine=client_engine, tokenizer=AutoTokenizer.from_pretrained(str(tiny_model)))
+    run = store.create_run(kind="proxy")
+    ro = store.create_rollout(run_id=run.id, task_id="t", status="running")
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy",
+                             headers={"authorization": f"Bearer {ro.key}"})
+    yield loop, http, app, ro
+    loop.run_until_complete(http.aclose())
+    loop.run_until_complete(app.state.proxy.aclose())
+    loop.run_until_complete(client_engine.aclose())
+    loop.close()
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
