@@ -157,6 +157,7 @@ class CallPipeline:
             "run_id": rollout["run_id"], "rollout_id": rollout["id"], "api": req.api, "model": model,
             "adapter": rollout.get("adapter"), "stream": req.stream, "request_json": raw_body,
             "prompt_ids": prompt.ids, "reused_tokens": prompt.reused_tokens, "prompt_tokens": len(prompt.ids),
+            "break_reason": prompt.break_reason,
             "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
             "started_at": utcnow(),
         }))

@@ -244,6 +244,7 @@ class Prompt:
     reused_tokens: int = 0  # earlier sampled tokens spliced in verbatim
     extends_call: int | None = None  # the call whose prompt + completion this prompt extends
     tail: str = ""  # text still to tokenise and append to `ids` (see PromptBuilder.plan)
+    break_reason: str | None = None  # why it extends none of the rollout's earlier calls (None: it does, or is the first)
 
 
 def _key(text: str) -> str:
@@ -285,8 +286,9 @@ class PromptBuilder:
         if turns:
             self._turns.move_to_end(rollout_id)
             spliced = self._splice(turns, messages, tools, full)
-            if spliced is not None:
+            if isinstance(spliced, Prompt):
                 return spliced
+            return Prompt(ids=[], text=full, tail=full, break_reason=spliced)
         return Prompt(ids=[], text=full, tail=full)
 
     def encode_tail(self, prompt: Prompt) -> Prompt:
@@ -294,20 +296,27 @@ class PromptBuilder:
         return prompt
 
     def _splice(self, turns: OrderedDict[str, Turn], messages: list[Message], tools: list[dict[str, Any]],
-                full: str) -> Prompt | None:
+                full: str) -> Prompt | str:
+        """The spliced prompt, or why there is none (recorded as the call's `break_reason`)."""
         tries = 0
+        reason = "no earlier answer is replayed (a new conversation: a sub-agent, or the history was dropped)"
         for k in range(len(messages) - 1, -1, -1):
             if messages[k].role != "assistant":
                 continue
             tries += 1
             if tries > self.max_tries:
-                return None
+                break
             try:
                 head = self.renderer.render(messages[:k + 1], tools, generation=False)
             except APIError:
                 continue
             turn = turns.get(_key(head))
-            if turn is None or not full.startswith(head):
+            if turn is None:
+                reason = ("the replayed history matches no recorded answer of this rollout (rewritten, compacted, "
+                          "or its tools changed)")
+                continue
+            if not full.startswith(head):
+                reason = "the chat template renders the replayed history differently once new turns follow it"
                 continue
             # `head` ends with the end-of-turn token plus template text (ChatML: "<|im_end|>\n"); the
             # model sampled up to the end-of-turn token, the rest is prompt text.
@@ -318,7 +327,7 @@ class PromptBuilder:
                 ids.append(self.renderer.eot_id)
             return Prompt(ids=ids, text=full, reused_tokens=turn.reused_tokens, extends_call=turn.call_id,
                           tail=trailer + full[len(head):])
-        return None
+        return reason
 
     def record(self, rollout_id: str, messages: list[Message], tools: list[dict[str, Any]],
                prompt: Prompt, completion: Completion, call_id: int | None = None) -> None:

@@ -175,3 +175,21 @@ def test_a_client_leaving_mid_stream_is_one_log_line(make_rig, caplog):
     left = [r for r in caplog.records if "left" in r.getMessage() and "stream" in r.getMessage()]
     assert len(left) == 1 and left[0].exc_info is None
     assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records if r.exc_info]
+
+
+def test_each_call_records_why_its_prompt_broke_the_prefix(make_rig):
+    from test_proxy_support import CHAT_TOOLS, TOOL_TURN
+
+    rig = make_rig([TOOL_TURN, "done", "again", "fresh"])
+    c = oai(rig)
+    msgs = [{"role": "user", "content": "list"}]
+    msg = c.chat.completions.create(model="m", messages=msgs, tools=CHAT_TOOLS).choices[0].message
+    msgs += [msg.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": msg.tool_calls[0].id,
+                                                 "content": "a.txt"}]
+    c.chat.completions.create(model="m", messages=msgs, tools=CHAT_TOOLS)  # extends the first call
+    edited = [msgs[0], {"role": "assistant", "content": "something it never said"}, {"role": "user", "content": "go"}]
+    c.chat.completions.create(model="m", messages=edited, tools=CHAT_TOOLS)  # a rewritten history
+    c.chat.completions.create(model="m", messages=[{"role": "user", "content": "new task"}])  # a sub-agent
+    reasons = [call.break_reason for call in rig.calls()]
+    assert reasons[:2] == [None, None]
+    assert "matches no recorded answer" in reasons[2] and "no earlier answer is replayed" in reasons[3]
