@@ -97,6 +97,7 @@ class CallPipeline:
         self.slots = Slots(config.max_concurrent_calls, queue_limit=5 * config.max_concurrent_calls,
                            wait_s=config.call_timeout_s)
         self._engine_context: int | None = None
+        self._engine_asked = False
         self._background: set[asyncio.Future] = set()
 
     async def run(self, adapter: ApiAdapter, rollout: dict[str, Any], req: CallRequest, raw_body: str) -> Response:
@@ -124,9 +125,10 @@ class CallPipeline:
     async def context_limit(self) -> int | None:
         """The longest prompt + completion served: the engine's context (asked once), or
         `proxy.max_context_tokens` where that is lower (or the engine reports none)."""
-        if self._engine_context is None:
+        if not self._engine_asked:
             try:
                 self._engine_context = await self.engine.context_length()
+                self._engine_asked = True  # an answer, even "none": not asked again on every call
             except EngineError:
                 pass  # asked again on the next call; the engine itself still refuses what is too long
         found = [n for n in (self._engine_context, self.config.max_context_tokens) if n is not None]

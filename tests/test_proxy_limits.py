@@ -193,3 +193,17 @@ def test_each_call_records_why_its_prompt_broke_the_prefix(make_rig):
     reasons = [call.break_reason for call in rig.calls()]
     assert reasons[:2] == [None, None]
     assert "matches no recorded answer" in reasons[2] and "no earlier answer is replayed" in reasons[3]
+
+
+def test_the_engine_is_asked_its_context_once_even_when_it_reports_none(make_rig, monkeypatch):
+    rig = make_rig(["a", "b", "c"])
+    pipeline = rig.proxy.app.state.proxy.pipeline
+    asked = []
+
+    async def reports_none() -> None:  # an older SGLang: no route gives a context length
+        asked.append(1)
+
+    monkeypatch.setattr(pipeline.engine, "context_length", reports_none)
+    for _ in range(3):
+        oai(rig).chat.completions.create(model="m", messages=MSGS)
+    assert asked == [1] and asyncio.run(pipeline.context_limit()) is None
