@@ -92,6 +92,9 @@ class LocalSandboxConfig(_SandboxCommon):
     memory_mb: int = Field(2048, ge=16)
     max_processes: int = Field(256, ge=1)
     max_file_mb: int = Field(512, ge=1, description="largest file a sandboxed process may write")
+    read_only_paths: list[str] = Field(
+        default_factory=list, description="host folders bound read-only into each sandbox besides the system, "
+                                          "this Python, node and the npm harness cache")
 
 
 class DockerSandboxConfig(_SandboxCommon):

@@ -78,12 +78,13 @@ class RolloutRunner:
 
     def __init__(self, store: Store, *, config: ForgeConfig, proxy_url: str, harness: Harness | None = None,
                  sandbox_factory: SandboxFactory | None = None,
-                 on_progress: Callable[[Rollout], Any] | None = None) -> None:
+                 on_progress: Callable[[Rollout], Any] | None = None, proxy_socket: str | None = None) -> None:
         from rollouts.harnesses import get_harness
 
         self.store = store
         self.config = config
         self.proxy_url = proxy_url
+        self.proxy_socket = proxy_socket  # the proxy's unix socket, bound into isolated sandboxes
         self.harness = harness or get_harness(config.harness)
         self.sandbox_factory = sandbox_factory or _default_factory()
         self.on_progress = on_progress
@@ -175,7 +176,8 @@ class RolloutRunner:
 
         try:
             sb = await start_with_retry(
-                lambda: self.sandbox_factory(self.config.sandbox, run_id=ro.run_id, rollout_id=ro.id),
+                lambda: self.sandbox_factory(self.config.sandbox, run_id=ro.run_id, rollout_id=ro.id,
+                                             **({"proxy_socket": self.proxy_socket} if self.proxy_socket else {})),
                 retries=self.config.sandbox.start_retries, timeout=self.config.runner.rollout_timeout_s,
                 on_attempt=record)
         except SandboxStartFailed as exc:
@@ -196,6 +198,10 @@ class RolloutRunner:
         except (HarnessError, SandboxError) as exc:
             raise _InfraFailure(f"harness {self.harness.name} could not be prepared: {exc}") from None
         result = await self._exec(sb, command, timeout=budget, env=env)
+        try:  # nothing the agent started may still run (and rewrite files) while it is graded
+            await sb.kill_all()
+        except SandboxError as exc:
+            raise _InfraFailure(f"could not end the agent's processes: {exc}") from None
         await self._db(self.store.update_rollout, ro.id, exit_code=result.exit_code,
                        stdout=_tail(result.stdout), stderr=_tail(result.stderr))
         assembly_error = await self._assemble(ro.id)
@@ -330,6 +336,9 @@ class RolloutRunner:
 
     def _proxy_url_for(self, sb: Sandbox) -> str:
         """The proxy URL as seen from inside the sandbox."""
+        inside = getattr(sb, "proxy_url", None)  # the sandbox's forwarder to the proxy's unix socket
+        if inside and sb.info.backend != "kubernetes":
+            return inside
         k8s = getattr(self.config.sandbox, "proxy_url", "")  # only the kubernetes backend's config has one
         if sb.info.backend == "kubernetes" and k8s:
             return k8s

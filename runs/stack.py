@@ -129,7 +129,7 @@ class Stack:
         from rollouts.runner import RolloutRunner
 
         self.runner = RolloutRunner(self.store, config=self.config, proxy_url=self.proxy.url,
-                                    on_progress=self._on_progress)
+                                    on_progress=self._on_progress, proxy_socket=str(self.proxy_socket))
         log.info("runner: %s harness in %s sandboxes, %d at a time", self.config.harness.name,
                  self.config.sandbox.type, self.config.runner.concurrency)
 

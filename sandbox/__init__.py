@@ -1,9 +1,11 @@
 """Sandboxes: where each rollout runs. One interface (`sandbox.base`), one module per backend
 (`local`, `docker`, `kubernetes`), and `make_sandbox(config)` to pick one by `sandbox.type`."""
 
-from sandbox.base import (ExecResult, Sandbox, SandboxBase, SandboxFileNotFound, SandboxInfo,
-                          TransientSandboxError, sandbox_labels)
-from sandbox.factory import make_sandbox
+from sandbox.base import (ExecResult, IsolationReport, IsolationUnavailable, Sandbox, SandboxBase,
+                          SandboxFileNotFound, SandboxInfo, SandboxStartFailed, TransientSandboxError,
+                          sandbox_labels, start_with_retry, stop_shielded)
+from sandbox.factory import isolation_check, make_sandbox
 
-__all__ = ["ExecResult", "Sandbox", "SandboxBase", "SandboxFileNotFound", "SandboxInfo",
-           "TransientSandboxError", "make_sandbox", "sandbox_labels"]
+__all__ = ["ExecResult", "IsolationReport", "IsolationUnavailable", "Sandbox", "SandboxBase", "SandboxFileNotFound",
+           "SandboxInfo", "SandboxStartFailed", "TransientSandboxError", "isolation_check", "make_sandbox",
+           "sandbox_labels", "start_with_retry", "stop_shielded"]

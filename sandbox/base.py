@@ -50,6 +50,18 @@ class SandboxFileNotFound(SandboxError):
     """`read_file` of a path that does not exist in the sandbox."""
 
 
+class IsolationUnavailable(SandboxError):
+    """The configured backend cannot isolate rollouts on this machine; the message says the fix."""
+
+
+@dataclass(frozen=True)
+class IsolationReport:
+    """What keeps a run's rollouts in: `name` is recorded as `run.isolation`."""
+
+    name: str  # bwrap-userns | docker | kubernetes | none
+    detail: str  # one line for `forge doctor` and logs
+
+
 class TransientSandboxError(SandboxError):
     """A start failure worth retrying (engine busy, quota momentarily full); others fail at once."""
 
@@ -91,6 +103,10 @@ class Sandbox(Protocol):
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None: ...
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes: ...
+
+    async def kill_all(self) -> None:
+        """Kill every process the sandbox holds (its pid namespace, cgroup or container), however it
+        hid (setsid, `env -i`, double fork); the sandbox stays usable for the verifier's exec."""
 
     async def stop(self) -> None:
         """Kill every process and remove the sandbox. Idempotent; never raises for an already-gone sandbox."""

@@ -36,6 +36,11 @@ _KILL_MARKED = ('for p in /proc/[0-9]*; do [ "${p#/proc/}" = "$$" ] && continue;
                 '2>/dev/null | grep -qx "$1" && kill -9 ${p#/proc/} 2>/dev/null; done; true')
 # Runs the command, then kills what it left in the background, in the same exec (no extra round trip),
 # so background processes end with their exec as on the local backend.
+# Kills every process but PID 1 (docker-init), the container's keeper ($1) and this shell, until none
+# is left: a process that forks while being killed is caught by the next pass.
+_KILL_ALL = ('for pass in 1 2 3 4 5; do n=0; for p in /proc/[0-9]*; do q=${p#/proc/}; '
+             '[ "$q" = 1 ] || [ "$q" = "$1" ] || [ "$q" = "$$" ] && continue; '
+             'kill -9 $q 2>/dev/null && n=1; done; [ $n = 0 ] && break; sleep 0.05; done; true')
 _RUN_THEN_REAP = '"$@"; rc=$?; set -- "OPENFORGE_EXEC=$OPENFORGE_EXEC"; ' + _KILL_MARKED + '; exit $rc'
 
 
@@ -57,7 +62,8 @@ def connect(base_url: str = "", timeout: float = 30) -> Any:
 
 
 class DockerSandbox(SandboxBase):
-    def __init__(self, config: DockerSandboxConfig, *, run_id: str, rollout_id: str) -> None:
+    def __init__(self, config: DockerSandboxConfig, *, run_id: str, rollout_id: str,
+                 proxy_socket: str | None = None) -> None:
         self.config = config
         self.cfg = config
         self.start_retries = config.start_retries
@@ -67,6 +73,9 @@ class DockerSandbox(SandboxBase):
         self.name = f"openforge-{rollout_id}"
         self._client: Any = None
         self._container: Any = None
+        self._keeper_pid = ""  # the `sleep` that keeps the container up: the one process kill_all spares
+        self.proxy_socket = str(proxy_socket) if proxy_socket else None
+        self.proxy_url: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -75,6 +84,20 @@ class DockerSandbox(SandboxBase):
         self._client = await asyncio.to_thread(connect, self.cfg.base_url)
         self._container = await asyncio.to_thread(self._create)
         self.info.sandbox_id = self._container.id[:12]
+        # Right after start the keeper is PID 1's only child; an orphan reparented to PID 1 later is not.
+        found = await self.exec("cat /proc/1/task/1/children", timeout=30)
+        self._keeper_pid = found.stdout.split()[0] if found.exit_code == 0 and found.stdout.split() else ""
+        if not self._keeper_pid:
+            raise SandboxError(f"container {self.name}: cannot find its keeper process ({found.stderr.strip()})")
+
+    async def kill_all(self) -> None:
+        """Kill every process in the container but docker-init and the keeper, by /proc scan as root
+        inside the container's pid namespace: setsid, `env -i` and double forks cannot hide from it."""
+        if self._container is None:
+            return
+        eid = await asyncio.to_thread(self._client.api.exec_create, self._container.id,
+                                      ["sh", "-c", _KILL_ALL, "sh", self._keeper_pid])
+        await asyncio.to_thread(self._client.api.exec_start, eid["Id"])
 
     def _create(self) -> Any:
         import docker.errors

@@ -30,14 +30,16 @@ import secrets
 import shutil
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 from openforge.config import LocalSandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
-from sandbox.base import ExecResult, SandboxBase, SandboxFileNotFound, SandboxInfo, sandbox_labels
-from sandbox.procs import Cgroup, Limits, cgroup_name, kill_tree, limit_argv, nproc_budget, preexec
+from sandbox.base import (ExecResult, IsolationUnavailable, SandboxBase, SandboxFileNotFound, SandboxInfo,
+                          sandbox_labels)
+from sandbox.procs import Cgroup, Limits, cgroup_name, kill_pids, kill_tree, limit_argv, nproc_budget, preexec
 
 SANDBOX_ENV = "OPENFORGE_SANDBOX"
 EXEC_ENV = "OPENFORGE_EXEC"
@@ -50,22 +52,74 @@ def sandboxes_root(home: Path | None = None) -> Path:
     return (home or forge_home()) / "sandboxes"
 
 
+# What a sandbox sees of the host, read-only: the system, never /root, /home, FORGE_HOME or the store.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+# Of /etc only what programs need to load and run; /etc/shadow, keys and service configs stay out.
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates", "localtime",
+             "nsswitch.conf", "hosts", "host.conf", "gai.conf", "mime.types", "os-release", "debian_version",
+             "protocols", "services", "timezone")
+ISOLATION_FIX = ("local sandboxes cannot be isolated here (bubblewrap is missing or cannot create namespaces): "
+                 "install it (apt-get install bubblewrap) or use sandbox.type = \"docker\"; to run rollouts "
+                 "unisolated anyway, set sandbox.isolation = \"none\"")
+PROXY_SOCKET = "/run/forge/proxy.sock"  # where the proxy's unix socket appears inside the sandbox
+PROXY_PORT = 8700  # the forwarder's port on the sandbox's own loopback (each exec has its own network)
+FORWARDER = Path(__file__).with_name("forwarder.py")
+ISOLATION_FLAGS = ("--unshare-user", "--cap-drop", "ALL", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+                   "--unshare-net", "--unshare-cgroup-try", "--new-session", "--die-with-parent")
+
+
 @functools.lru_cache(maxsize=1)
 def bwrap_usable() -> str | None:
-    """Path of a bwrap that can create namespaces here, else None (probed once per process)."""
+    """Path of a bwrap that can create every namespace we ask for here, else None (probed once)."""
     path = shutil.which("bwrap")
     if not path:
         return None
     try:
-        ok = subprocess.run([path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid",
-                             "true"], capture_output=True, timeout=10).returncode == 0
+        ok = subprocess.run([path, *ISOLATION_FLAGS, *_system_binds(), "--dev", "/dev", "--proc", "/proc", "true"],
+                            capture_output=True, timeout=10).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         ok = False
     return path if ok else None
 
 
+def _bind(path: str | Path, dest: str | Path | None = None) -> list[str]:
+    """--ro-bind for a real path, --symlink for a link (merged /usr: /bin -> usr/bin); [] if absent."""
+    path, dest = str(path), str(dest or path)
+    if os.path.islink(path):
+        return ["--symlink", os.readlink(path), dest]
+    return ["--ro-bind", path, dest] if os.path.exists(path) else []
+
+
+def _system_binds() -> list[str]:
+    out: list[str] = []
+    for d in SYSTEM_DIRS:
+        out += _bind(d)
+    for name in ETC_FILES:
+        out += _bind(f"/etc/{name}")
+    return out
+
+
+def runtime_paths(extra: list[str]) -> list[str]:
+    """Host folders a harness needs beyond the system: this interpreter's prefixes (the venv and the
+    Python it was made from, possibly under /root), node's install, the npm harness cache, and
+    `extra` (sandbox.read_only_paths). Parents are not bound, only these folders."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(
+        os.path.realpath(sys.executable)))}
+    node = shutil.which("node")
+    if node:
+        paths.add(os.path.dirname(os.path.dirname(os.path.realpath(node))))
+    cache = os.environ.get("FORGE_NPM_CACHE") or str(forge_home() / "npm")
+    paths.update([cache, *extra])
+    # A folder inside one already bound needs no bind of its own; the system dirs are bound already.
+    real = sorted({os.path.realpath(os.path.expanduser(p)) for p in paths if p and os.path.isdir(p)})
+    keep = [p for p in real if not any(p.startswith(s + "/") for s in SYSTEM_DIRS)
+            and not any(p.startswith(q + "/") for q in real if q != p)]
+    return keep
+
+
 class LocalSandbox(SandboxBase):
-    def __init__(self, config: LocalSandboxConfig, *, run_id: str, rollout_id: str, root: Path | None = None) -> None:
+    def __init__(self, config: LocalSandboxConfig, *, run_id: str, rollout_id: str, root: Path | None = None,
+                 proxy_socket: str | Path | None = None) -> None:
         self.config = config
         self.cfg = config
         self.start_retries = config.start_retries
@@ -76,12 +130,19 @@ class LocalSandbox(SandboxBase):
                                 home=str(self.dir / "home"), labels=self.labels)
         self.limits = Limits(self.cfg.cpu_time_s, self.cfg.memory_mb, self.cfg.max_processes, self.cfg.max_file_mb)
         self.bwrap: str | None = None
+        self.proxy_socket = str(proxy_socket) if proxy_socket else None
         self.cgroup: Cgroup | None = None
         self._started = self._created = False
 
     @property
     def isolation(self) -> str:
-        return "bwrap" if self.bwrap else "none"
+        return "bwrap-userns" if self.bwrap else "none"
+
+    @property
+    def proxy_url(self) -> str | None:
+        """The proxy as a harness inside reaches it; None = use the proxy's own URL (no isolation:
+        the sandbox shares the host's network)."""
+        return f"http://127.0.0.1:{PROXY_PORT}" if self.bwrap and self.proxy_socket else None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -89,15 +150,18 @@ class LocalSandbox(SandboxBase):
             return
         mode = self.cfg.isolation
         self.bwrap = bwrap_usable() if mode in ("auto", "bwrap") else None
-        if mode == "bwrap" and not self.bwrap:
-            raise SandboxError("sandbox.isolation = \"bwrap\" but bwrap is missing or cannot create "
-                               "namespaces here (apt-get install bubblewrap, or isolation = \"auto\")")
+        if mode != "none" and not self.bwrap:  # never silently unisolated
+            raise IsolationUnavailable(ISOLATION_FIX)
         self._created = True  # from here on stop() has something to clean, even if start() fails
         if self.dir.exists():  # a leftover of the same rollout id: never reuse its files
             await asyncio.to_thread(_rmtree, self.dir)
         try:
-            for sub in ("work", "home", "tmp"):
+            for sub in ("work", "home", "tmp", "etc"):
                 (self.dir / sub).mkdir(parents=True, exist_ok=True)
+            # Who the sandbox's user is, without the host's account list.
+            (self.dir / "etc" / "passwd").write_text(f"root:x:0:0:root:{self.dir / 'home'}:/bin/sh\n"
+                                                     "nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
+            (self.dir / "etc" / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
             meta = {"labels": self.labels, "owner_pid": os.getpid(), "created": time.time()}
             (self.dir / META_FILE).write_text(json.dumps(meta))
         except OSError as exc:
@@ -111,9 +175,20 @@ class LocalSandbox(SandboxBase):
         await asyncio.to_thread(self._stop_sync)
         self._started = self._created = False
 
+    async def kill_all(self) -> None:
+        """Kill every process this sandbox holds: each in its cgroup (a process that dropped the
+        environment marker with `env -i` is still in it) and each carrying the marker anywhere.
+        Under bubblewrap each exec's pid namespace has already ended with the exec."""
+        if self._started:
+            await asyncio.to_thread(self._kill_all_sync)
+
+    def _kill_all_sync(self) -> None:
+        if self.cgroup and self.cgroup.dirs:
+            kill_pids(self.cgroup.pids)
+        kill_tree(None, SANDBOX_ENV, self.id)
+
     def _stop_sync(self) -> None:
-        among = self.cgroup.pids() if self.cgroup and self.cgroup.dirs else None
-        kill_tree(None, SANDBOX_ENV, self.id, among)
+        self._kill_all_sync()
         if self.cgroup:
             self.cgroup.remove()
         _rmtree(self.dir)
@@ -128,9 +203,20 @@ class LocalSandbox(SandboxBase):
         if not isinstance(command, str):  # bwrap says "execvp failed" with exit 1; a shell says 127
             argv = ["/bin/sh", "-c", 'exec "$@"', "sh", *argv]
         d = str(self.dir)
-        return [self.bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
-                "--unshare-uts", "--unshare-cgroup-try", "--ro-bind", "/", "/", "--dev", "/dev",
-                "--proc", "/proc", "--bind", d, d, "--chdir", cwd, "--", *argv]
+        mounts = [*_system_binds(), "--ro-bind", str(self.dir / "etc" / "passwd"), "/etc/passwd",
+                  "--ro-bind", str(self.dir / "etc" / "group"), "/etc/group"]
+        for path in runtime_paths(self.cfg.read_only_paths):
+            mounts += ["--ro-bind", path, path]
+        # /tmp is the sandbox's own; its folder is bound after it, so a FORGE_HOME under /tmp still works.
+        # Only work/, home/ and tmp/ are writable; sandbox.json beside them stays out of reach.
+        mounts += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+        for sub in ("work", "home", "tmp"):
+            mounts += ["--bind", f"{d}/{sub}", f"{d}/{sub}"]
+        if self.proxy_socket:
+            mounts += ["--bind", self.proxy_socket, PROXY_SOCKET, "--ro-bind", str(FORWARDER), "/run/forge/forwarder.py"]
+            argv = [sys.executable, "-I", "/run/forge/forwarder.py", "--socket", PROXY_SOCKET,
+                    "--port", str(PROXY_PORT), "--", *argv]
+        return [self.bwrap, *ISOLATION_FLAGS, *mounts, "--chdir", cwd, "--", *argv]
 
     def _env(self, env: dict[str, str] | None, exec_id: str) -> dict[str, str]:
         base = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C.UTF-8",

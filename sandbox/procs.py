@@ -24,6 +24,7 @@ import shlex
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,6 +206,17 @@ def marked_pids(key: str, value: str, among: set[int] | None = None) -> set[int]
         except (psutil.Error, OSError):
             continue
     return found
+
+
+def kill_pids(list_pids: Callable[[], set[int]]) -> None:
+    """SIGKILL every pid `list_pids()` gives (a cgroup's members), rescanning until it gives none."""
+    for _ in range(50):
+        pids = list_pids() - {os.getpid()}
+        if not pids:
+            return
+        for pid in pids:
+            _kill(pid)
+        psutil.wait_procs(_procs(pids), timeout=0.05)
 
 
 def kill_tree(pgid: int | None, key: str, value: str, among: set[int] | None = None) -> None:

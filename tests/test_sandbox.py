@@ -133,8 +133,11 @@ async def test_paths_cannot_escape_the_workdir(config: SandboxConfig) -> None:
             assert not os.path.exists("/etc/owned")
         if getattr(sb, "bwrap", None):  # under bwrap the process itself cannot write outside its folder
             outside = f"/tmp/forge-escape-{os.getpid()}"
-            res = await sb.exec(f"touch {outside}; echo hi > $HOME/ok; echo hi > $TMPDIR/ok", timeout=10)
+            # /tmp is the sandbox's own (a tmpfs): a file made there never reaches the host's /tmp.
+            res = await sb.exec(f"touch {outside}; touch /usr/forge-owned; echo hi > $HOME/ok; "
+                                "echo hi > $TMPDIR/ok", timeout=10)
             assert "Read-only file system" in res.stderr and not os.path.exists(outside)
+            assert not os.path.exists("/usr/forge-owned")
             assert (await sb.exec("cat $HOME/ok $TMPDIR/ok", timeout=10)).stdout == "hi\nhi\n"
 
 

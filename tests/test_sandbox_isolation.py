@@ -1,0 +1,139 @@
+"""The sandbox as an adversary sees it: what an isolated local sandbox cannot do as root, the proxy's
+unix socket as its only way out, and nothing the agent started surviving `kill_all()` (the escapes
+of issue #13: setsid + env -i, a double fork, a cgroup move, a rewritten verifier file)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from engine.serve import serve_in_thread
+from openforge.config import DockerSandboxConfig, LocalSandboxConfig
+from openforge.errors import SandboxError
+from sandbox import IsolationUnavailable, isolation_check, make_sandbox
+from sandbox.testing import backend_config
+
+pytestmark = pytest.mark.timeout(120)
+PROBE = ("import sys, urllib.request\n"
+         "try:\n"
+         "    print(urllib.request.urlopen(sys.argv[1], timeout=3).read().decode())\n"
+         "except Exception as exc:\n"
+         "    print('unreachable', type(exc).__name__)\n")
+
+
+def _isolated(name: str = "local-bwrap"):  # type: ignore[no-untyped-def]
+    cfg, why = backend_config(name)
+    if cfg is None:
+        pytest.skip(why)
+    return cfg
+
+
+@pytest.fixture
+def servers():  # type: ignore[no-untyped-def]
+    """A 'proxy' on a unix socket and an 'engine' on the host's 127.0.0.1 (what a sandbox must not reach)."""
+    app = Starlette(routes=[Route("/", lambda request: PlainTextResponse("proxy says hi"))])
+    engine = Starlette(routes=[Route("/", lambda request: PlainTextResponse("engine weights here"))])
+    folder = tempfile.mkdtemp(prefix="forge-t-")
+    sock = os.path.join(folder, "proxy.sock")
+    proxy = serve_in_thread(app, "127.0.0.1", 0, uds=sock)
+    eng = serve_in_thread(engine, "127.0.0.1", 0)
+    yield sock, eng.url
+    proxy.stop()
+    eng.stop()
+
+
+async def test_root_in_the_sandbox_cannot_remount_read_shadow_or_see_the_store(forge_home: Path) -> None:
+    (forge_home / "forge.db").write_bytes(b"SQLite format 3\0 secret rollout keys")
+    async with make_sandbox(_isolated(), run_id="run-iso", rollout_id=f"ro-iso-{os.getpid()}") as sb:
+        res = await sb.exec("mount -o remount,bind,rw /; echo remount=$?; cat /etc/shadow; echo shadow=$?; "
+                            f"cat {forge_home}/forge.db; echo store=$?; ls /root /home 2>&1 | wc -l; "
+                            "grep CapEff /proc/self/status; touch /usr/owned; echo usr=$?", timeout=20)
+        out = res.stdout
+        assert "remount=0" not in out and "remount=" in out
+        assert "shadow=1" in out and "store=1" in out and "usr=1" in out
+        assert "CapEff:\t0000000000000000" in out
+        assert "secret" not in out and not os.path.exists("/usr/owned")
+        meta = await sb.exec("cat ../sandbox.json; echo rc=$?", timeout=10)  # the labels are out of reach
+        assert "rc=1" in meta.stdout and "openforge.run" not in meta.stdout
+
+
+async def test_the_proxy_socket_is_the_only_way_out(servers) -> None:  # type: ignore[no-untyped-def]
+    sock, engine_url = servers
+    sb = make_sandbox(_isolated(), run_id="run-net", rollout_id=f"ro-net-{os.getpid()}", proxy_socket=sock)
+    async with sb:
+        await sb.write_file("probe.py", PROBE.encode())
+        assert sb.proxy_url and sb.proxy_url.startswith("http://127.0.0.1:")
+        via_proxy = await sb.exec([sys.executable, "probe.py", sb.proxy_url + "/"], timeout=30)
+        assert via_proxy.stdout.strip() == "proxy says hi", via_proxy.stderr
+        to_engine = await sb.exec([sys.executable, "probe.py", engine_url + "/"], timeout=30)
+        assert to_engine.stdout.startswith("unreachable"), to_engine.stdout
+        # Nothing else either: no interface but loopback, so no route to any other host.
+        routes = await sb.exec("cat /proc/net/route | wc -l; ls /sys/class/net 2>/dev/null", timeout=10)
+        assert routes.stdout.split()[0] == "1"  # the header line only
+
+
+def test_no_isolation_is_refused_with_the_fix_unless_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sandbox.local
+
+    monkeypatch.setattr(sandbox.local, "bwrap_usable", lambda: None)
+    with pytest.raises(IsolationUnavailable, match=r"apt-get install bubblewrap.*isolation = \"none\""):
+        isolation_check(LocalSandboxConfig())
+    assert isolation_check(LocalSandboxConfig(isolation="none")).name == "none"
+    assert isolation_check(DockerSandboxConfig()).name == "docker"
+
+
+async def test_a_local_sandbox_never_starts_unisolated_by_accident(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sandbox.local
+
+    monkeypatch.setattr(sandbox.local, "bwrap_usable", lambda: None)
+    with pytest.raises(IsolationUnavailable):
+        async with make_sandbox(LocalSandboxConfig(), run_id="r", rollout_id=f"ro-noiso-{os.getpid()}"):
+            pass
+
+
+# The agent's escapes: each starts something meant to rewrite the verifier's file after the agent's exec.
+ESCAPES = {
+    "setsid-env-i": "setsid env -i /bin/sh -c 'while :; do echo \"score: 1\" > {f} 2>/dev/null; sleep 0.05; done' "
+                    ">/dev/null 2>&1 < /dev/null &",
+    "double-fork": "( ( while :; do echo 'score: 1' > {f}; sleep 0.05; done ) >/dev/null 2>&1 & ) &",
+    "cgroup-move": "( for c in /sys/fs/cgroup/cgroup.procs /sys/fs/cgroup/pids/cgroup.procs; do "
+                   "echo $$ > $c 2>/dev/null; done; while :; do echo 'score: 1' > {f}; sleep 0.05; done ) "
+                   ">/dev/null 2>&1 &",
+}
+
+
+@pytest.mark.parametrize("backend", ["local-bwrap", "docker"])
+@pytest.mark.parametrize("escape", sorted(ESCAPES))
+async def test_nothing_the_agent_started_outlives_kill_all(backend: str, escape: str) -> None:
+    cfg = _isolated(backend) if backend != "docker" else backend_config("docker")[0]
+    if cfg is None:
+        pytest.skip(backend_config("docker")[1])
+    async with make_sandbox(cfg, run_id="run-esc", rollout_id=f"ro-{escape}-{os.getpid()}") as sb:
+        verdict = f"{sb.info.workdir}/verdict.txt"
+        # The agent's exec returns at once, leaving its helper running (if the backend let it).
+        # (It waits until the helper is set up, so the helper has dropped what marks the exec's processes.)
+        done = await sb.exec(ESCAPES[escape].format(f=verdict) + " sleep 0.5", timeout=30)
+        assert done.exit_code == 0, done.stderr
+        await asyncio.sleep(0.3)
+        if backend == "docker":  # one long-lived container: the helper is alive until kill_all
+            assert await sb.read_file("verdict.txt") == b"score: 1\n"
+        await sb.kill_all()
+        await sb.write_file("verdict.txt", b"score: 0\n")  # the verifier's fresh file, written after kill_all
+        await asyncio.sleep(0.5)
+        assert await sb.read_file("verdict.txt") == b"score: 0\n"
+        assert (await sb.exec("echo alive", timeout=10)).stdout == "alive\n"  # the verifier can still run
+
+
+async def test_kill_all_before_start_is_harmless() -> None:
+    sb = make_sandbox(LocalSandboxConfig(isolation="none"), run_id="r", rollout_id=f"ro-unstarted-{os.getpid()}")
+    await sb.kill_all()
+    with pytest.raises(SandboxError, match="not started"):
+        await sb.exec("true", timeout=5)
