@@ -29,11 +29,13 @@ async def run_eval(store: Store, config: ForgeConfig, tasks: Sequence[TaskSpec],
                    samples: int, k_values: Sequence[int], name: str = "", adapter: str | None = None,
                    harness: Harness | None = None,
                    on_progress: Callable[[Rollout], Any] | None = None,
-                   on_runner: Callable[[RolloutRunner], Any] | None = None) -> tuple[Run, RunMetrics]:
+                   on_runner: Callable[[RolloutRunner], Any] | None = None,
+                   proxy_socket: str | None = None) -> tuple[Run, RunMetrics]:
     """Create the eval run, run every rollout, store the summary. `on_runner` gets the runner (for pause)."""
     run = store.create_run(kind="eval", name=name, config=config.model_dump(mode="json"), owner_pid=os.getpid())
     store.set_run_status(run.id, "running")
-    runner = RolloutRunner(store, config=config, proxy_url=proxy_url, harness=harness, on_progress=on_progress)
+    runner = RolloutRunner(store, config=config, proxy_url=proxy_url, harness=harness, on_progress=on_progress,
+                           proxy_socket=proxy_socket)
     if on_runner is not None:
         on_runner(runner)
     try:

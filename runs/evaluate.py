@@ -39,7 +39,8 @@ def evaluate(store: Store, config: ForgeConfig, tasks: Sequence[Any], *, home: P
         if on_start is not None:
             on_start(config, stack.proxy_url)
         job = run_eval(store, config, list(tasks), proxy_url=stack.proxy_url, samples=config.runner.samples_per_task,
-                       k_values=config.runner.pass_k, name=name, adapter=adapter, on_progress=on_progress)
+                       k_values=config.runner.pass_k, name=name, adapter=adapter, on_progress=on_progress,
+                       proxy_socket=stack.proxy_socket)
         try:
             run, metrics = asyncio.run(_cancel_on_sigterm(job))
         except asyncio.CancelledError:

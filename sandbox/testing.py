@@ -12,6 +12,7 @@ each backend"). Nothing here fakes a backend: a backend that cannot run here is 
 from __future__ import annotations
 
 import functools
+import os
 
 from openforge.config import DockerSandboxConfig, LocalSandboxConfig, SandboxConfig
 from openforge.errors import SandboxError
@@ -48,6 +49,13 @@ def docker_image(variant: str) -> tuple[str | None, str]:
         return None, f"cannot build the {variant} image: {exc}"
     finally:
         client.close()
+
+
+def proxy_socket_path() -> str:
+    """A fresh path for a proxy's unix socket, short enough for sun_path (108 bytes), unlike pytest's tmp_path."""
+    import tempfile
+
+    return os.path.join(tempfile.mkdtemp(prefix="forge-t-"), "proxy.sock")
 
 
 def backend_config(name: str, *, image: str = "busybox", **local: object) -> tuple[SandboxConfig | None, str]:

@@ -17,6 +17,7 @@ from rollouts.harnesses import get_harness
 from rollouts.harnesses.mini_agent import run_tool
 from rollouts.runner import RolloutRunner, RolloutSpec
 from rollouts.tasks import TaskSpec, load_tasks
+from sandbox.testing import proxy_socket_path
 
 WRITE_HELLO = ('<tool_call>\n{"name": "write_file", "arguments": {"path": "hello.txt", '
                '"content": "hello world\\n"}}\n</tool_call>')
@@ -24,36 +25,39 @@ WRITE_HELLO = ('<tool_call>\n{"name": "write_file", "arguments": {"path": "hello
 
 @pytest.fixture
 def serve(tiny_model: Path, store: Store) -> Iterator:
-    """serve(script) -> (proxy url, engine): a ScriptedEngine behind the real proxy, both on loopback."""
+    """serve(script) -> (proxy, engine): a ScriptedEngine behind the real proxy, on loopback and on a unix
+    socket (the sandbox's one way out)."""
     handles = []
 
     def start(script) -> tuple[str, ScriptedEngine]:  # noqa: ANN001
         engine = ScriptedEngine(tiny_model, script)
         eng = serve_in_thread(engine.app)
-        proxy = ProxyServer(ForgeConfig().proxy, store_path=store.path, engine_url=eng.url, model_path=tiny_model)
+        proxy = ProxyServer(ForgeConfig().proxy, store_path=store.path, engine_url=eng.url, model_path=tiny_model,
+                            uds=proxy_socket_path())
         handles.extend([eng, proxy])
         proxy.start()
-        return proxy.url, engine
+        return proxy, engine
 
     yield start
     for h in reversed(handles):
         h.stop()
 
 
-def _run(store: Store, url: str, task: TaskSpec, *, max_turns: int = 8):  # noqa: ANN202
+def _run(store: Store, proxy: ProxyServer, task: TaskSpec, *, max_turns: int = 8):  # noqa: ANN202
     import asyncio
 
     cfg = ForgeConfig()
     cfg.harness.max_turns = max_turns
     run = store.create_run(kind="eval")
-    [ro] = asyncio.run(RolloutRunner(store, config=cfg, proxy_url=url).run(run.id, [RolloutSpec(task)]))
+    runner = RolloutRunner(store, config=cfg, proxy_url=proxy.url, proxy_socket=proxy.uds)
+    [ro] = asyncio.run(runner.run(run.id, [RolloutSpec(task)]))
     return ro
 
 
 def test_mini_solves_a_task_through_the_proxy_in_a_sandbox(serve, store: Store) -> None:  # noqa: ANN001
-    url, engine = serve([WRITE_HELLO, "Done: hello world"])
+    proxy, engine = serve([WRITE_HELLO, "Done: hello world"])
     task = next(t for t in load_tasks("builtin") if t.id == "med-create-file")
-    ro = _run(store, url, task)
+    ro = _run(store, proxy, task)
     assert (ro.status, ro.reward, ro.exit_code, ro.harness) == ("scored", 1.0, 0, "mini"), (ro.error, ro.stderr)
     assert "write_file -> 'wrote 12 characters" in ro.stdout
     calls = store.list_calls(rollout_id=ro.id)
@@ -76,9 +80,9 @@ def test_mini_survives_a_random_policy(serve, store: Store) -> None:  # noqa: AN
         '<tool_call>\n{"name": "write_file", "arguments": {"path": "/proc/1/nope", "content": "x"}}\n</tool_call>',
         'the cat <tool_call>\n{"name": bash broken json\n</tool_call> yes yes',
     ]
-    url, _ = serve(garbage)
+    proxy, _ = serve(garbage)
     task = TaskSpec(id="junk", instruction="anything", verifier="cat .forge/answer.txt")
-    ro = _run(store, url, task)
+    ro = _run(store, proxy, task)
     assert (ro.status, ro.exit_code) == ("scored", 0), (ro.error, ro.stderr)
     assert "unknown tool 'launch_rockets'" in ro.stdout and "must be a string" in ro.stdout
     assert "the cat" in ro.verifier_output  # the unparsed text came back as the final answer
@@ -86,18 +90,18 @@ def test_mini_survives_a_random_policy(serve, store: Store) -> None:  # noqa: AN
 
 
 def test_mini_stops_at_max_turns_and_still_answers(serve, store: Store) -> None:  # noqa: ANN001
-    url, _ = serve(lambda ids: '<tool_call>\n{"name": "bash", "arguments": {"command": "echo hi"}}\n</tool_call>')
+    proxy, _ = serve(lambda ids: '<tool_call>\n{"name": "bash", "arguments": {"command": "echo hi"}}\n</tool_call>')
     task = TaskSpec(id="loop", instruction="loop", verifier="test -f .forge/answer.txt")
-    ro = _run(store, url, task, max_turns=3)
+    ro = _run(store, proxy, task, max_turns=3)
     assert (ro.status, ro.reward, ro.exit_code) == ("scored", 1.0, 0)
     assert "stopped after 3 turns" in ro.stdout and len(store.list_calls(rollout_id=ro.id)) == 3
 
 
 def test_engine_failure_is_infra_not_data(serve, store: Store) -> None:  # noqa: ANN001
-    url, engine = serve(["never used"])
+    proxy, engine = serve(["never used"])
     for _ in range(20):  # more than the SDK's retry and any proxy retries of the engine can use
         engine.fail_next("http_500")
-    ro = _run(store, url, TaskSpec(id="t", instruction="x", verifier="true"))
+    ro = _run(store, proxy, TaskSpec(id="t", instruction="x", verifier="true"))
     assert ro.exit_code == 3 and "API error" in ro.stderr
     assert ro.status == "failed" and ro.error.startswith("infra: the rollout's last model call failed")
 

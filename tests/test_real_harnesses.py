@@ -23,6 +23,7 @@ from rollouts.harness import HarnessContext
 from rollouts.harnesses import get_harness
 from rollouts.npm import find_package_bin, install_hint, node_platform
 from sandbox.factory import make_sandbox
+from sandbox.testing import proxy_socket_path
 from test_proxy_support import make_rig  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(120)
@@ -59,8 +60,9 @@ def tool_then_answer(tokenizer: Any, tool: str, arguments: dict[str, Any]) -> An
 async def run_harness(rig: Any, name: str, timeout: float = 90, **harness: Any) -> tuple[Any, bytes]:
     """Run harness `name` in a fresh local sandbox against the rig's proxy; (ExecResult, proof.txt)."""
     adapter = get_harness(HarnessConfig(name=name, npm_cache=str(NPM_CACHE), **harness))
-    async with make_sandbox(LocalSandboxConfig(), run_id=rig.rollout.run_id, rollout_id=rig.rollout.id) as sb:
-        ctx = HarnessContext(proxy_url=rig.url, api_key=rig.key, model="forge-policy",
+    async with make_sandbox(LocalSandboxConfig(), run_id=rig.rollout.run_id, rollout_id=rig.rollout.id,
+                            proxy_socket=rig.proxy.uds) as sb:
+        ctx = HarnessContext(proxy_url=sb.proxy_url or rig.url, api_key=rig.key, model="forge-policy",
                              instruction="Write forge-ok into proof.txt, then say you are done.",
                              workdir=sb.info.workdir, backend=sb.info.backend)
         await adapter.prepare(sb, ctx)
@@ -103,7 +105,7 @@ def check_extends(rig: Any, stats: dict[str, Any]) -> None:
 async def test_claude_code_runs_bash_through_the_proxy(make_rig):
     """Claude Code as deployed: 24 tools, the full system prompt (~48k tokens with the tiny tokenizer,
     hence the raised context limit), a mid-conversation system turn."""
-    rig = make_rig([], max_context_tokens=400_000)
+    rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
     rig.engine.script = tool_then_answer(rig.engine.tokenizer, "Bash", {"command": COMMAND, "description": "write"})
     result, proof = await run_harness(rig, "claude-code", max_turns=4)
     assert result.exit_code == 0, result.stderr[-2000:] + result.stdout[-2000:]
@@ -120,13 +122,13 @@ async def test_runner_scores_a_claude_code_rollout(make_rig):
     from rollouts.runner import RolloutRunner, RolloutSpec
     from rollouts.tasks import TaskSpec
 
-    rig = make_rig([], max_context_tokens=400_000)
+    rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
     rig.engine.script = tool_then_answer(rig.engine.tokenizer, "Bash", {"command": COMMAND, "description": "write"})
     config = ForgeConfig()
     config.harness = HarnessConfig(name="claude-code", npm_cache=str(NPM_CACHE), max_turns=4,
                                    extra_args=["--bare", "--tools", "Bash"])
     task = TaskSpec(id="proof", instruction="Write forge-ok into proof.txt.", verifier="grep -qx forge-ok proof.txt")
-    runner = RolloutRunner(rig.store, config=config, proxy_url=rig.url)
+    runner = RolloutRunner(rig.store, config=config, proxy_url=rig.url, proxy_socket=rig.proxy.uds)
     [ro] = await runner.run(rig.rollout.run_id, [RolloutSpec(task, 0)])
     assert (ro.status, ro.reward, ro.exit_code, ro.harness) == ("scored", 1.0, 0, "claude-code"), ro.error
     assert json.loads(ro.stdout)["result"] == ANSWER
@@ -144,7 +146,8 @@ async def run_refused(rig, name: str):  # noqa: ANN001, ANN201
     task = next(t for t in load_tasks("builtin") if t.id == "easy-status-ok")
     config = ForgeConfig()
     config.harness = HarnessConfig(name=name, npm_cache=str(NPM_CACHE), max_turns=2)
-    [ro] = await RolloutRunner(rig.store, config=config, proxy_url=rig.url).run(rig.rollout.run_id, [RolloutSpec(task)])
+    runner = RolloutRunner(rig.store, config=config, proxy_url=rig.url, proxy_socket=rig.proxy.uds)
+    [ro] = await runner.run(rig.rollout.run_id, [RolloutSpec(task)])
     assert not [c for c in rig.calls() if c.status == "ok"]  # nothing was sampled
     return ro
 
@@ -153,7 +156,7 @@ async def run_refused(rig, name: str):  # noqa: ANN001, ANN201
 async def test_a_claude_code_api_error_is_a_harness_failure_not_a_reward(make_rig):
     """Issue 12's case: the proxy refuses Claude Code's ~48k-token prompt with a 400; Claude Code prints
     `"is_error": true` JSON. The rollout fails with the reason, and no grader ever sees that text."""
-    rig = make_rig(lambda ids: "status ok", max_context_tokens=4096)
+    rig = make_rig(lambda ids: "status ok", uds=Path(proxy_socket_path()), max_context_tokens=4096)
     ro = await run_refused(rig, "claude-code")
     final = json.loads(ro.stdout)
     assert final["is_error"] is True and final.get("api_error_status") == 400, ro.stdout[-2000:]
@@ -165,7 +168,7 @@ async def test_a_claude_code_api_error_is_a_harness_failure_not_a_reward(make_ri
 
 @needs("codex")
 async def test_a_codex_api_error_is_a_harness_failure_not_a_reward(make_rig):
-    rig = make_rig(lambda ids: "status ok", max_context_tokens=4096)
+    rig = make_rig(lambda ids: "status ok", uds=Path(proxy_socket_path()), max_context_tokens=4096)
     ro = await run_refused(rig, "codex")
     assert (ro.status, ro.reward, ro.verifier_output) == ("failed", None, None), (ro.error, ro.stderr[-2000:])
     # Codex's own words for the proxy's context_length_exceeded (or the proxy's message, before it knew it)
@@ -175,7 +178,7 @@ async def test_a_codex_api_error_is_a_harness_failure_not_a_reward(make_rig):
 
 @needs("codex")
 async def test_codex_runs_exec_command_through_the_proxy(make_rig):
-    rig = make_rig([], max_context_tokens=400_000)
+    rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
     rig.engine.script = tool_then_answer(rig.engine.tokenizer, "exec_command", {"cmd": COMMAND})
     result, proof = await run_harness(rig, "codex")
     assert result.exit_code == 0, result.stderr[-3000:]
@@ -190,7 +193,7 @@ async def test_codex_runs_exec_command_through_the_proxy(make_rig):
                     "machine: opt in with FORGE_TEST_OPENCLAW=1 (after rollouts.npm.install_harness('openclaw', cache))")
 @needs("openclaw")
 async def test_openclaw_runs_exec_through_the_proxy(make_rig):
-    rig = make_rig([], max_context_tokens=400_000)
+    rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
     rig.engine.script = tool_then_answer(rig.engine.tokenizer, "exec", {"command": COMMAND})
     result, proof = await run_harness(rig, "openclaw", timeout=300)
     assert result.exit_code == 0, result.stderr[-3000:] + result.stdout[-2000:]

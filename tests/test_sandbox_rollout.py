@@ -16,7 +16,7 @@ from openforge.store import Store
 from proxy.server import ProxyServer
 from rollouts.runner import RolloutRunner, RolloutSpec
 from rollouts.tasks import load_tasks
-from sandbox.testing import backend_config, sandbox_backends
+from sandbox.testing import backend_config, proxy_socket_path, sandbox_backends
 
 pytestmark = pytest.mark.timeout(120)
 WRITE_HELLO = ('<tool_call>\n{"name": "write_file", "arguments": {"path": "hello.txt", '
@@ -24,25 +24,26 @@ WRITE_HELLO = ('<tool_call>\n{"name": "write_file", "arguments": {"path": "hello
 
 
 @pytest.fixture
-def proxy_url(tiny_model: Path, store: Store) -> Iterator[str]:
+def proxy(tiny_model: Path, store: Store) -> Iterator[ProxyServer]:
     engine = ScriptedEngine(tiny_model, [WRITE_HELLO, "Done: hello world"])
     eng = serve_in_thread(engine.app)
-    proxy = ProxyServer(ForgeConfig().proxy, store_path=store.path, engine_url=eng.url, model_path=tiny_model)
+    proxy = ProxyServer(ForgeConfig().proxy, store_path=store.path, engine_url=eng.url, model_path=tiny_model,
+                        uds=proxy_socket_path())
     proxy.start()
-    yield proxy.url
+    yield proxy
     proxy.stop()
     eng.stop()
 
 
 @pytest.mark.parametrize("backend", sandbox_backends())
-def test_same_rollout_on_every_backend(backend: str, proxy_url: str, store: Store) -> None:
+def test_same_rollout_on_every_backend(backend: str, proxy: ProxyServer, store: Store) -> None:
     sandbox, why = backend_config(backend, image="python")  # the mini agent needs python3 + openai
     if sandbox is None:
         pytest.skip(why)
     cfg = ForgeConfig(sandbox=sandbox)
     task = next(t for t in load_tasks("builtin") if t.id == "med-create-file")
     run = store.create_run(kind="eval")
-    [ro] = asyncio.run(RolloutRunner(store, config=cfg, proxy_url=proxy_url).run(run.id, [RolloutSpec(task)]))
+    [ro] = asyncio.run(RolloutRunner(store, config=cfg, proxy_url=proxy.url, proxy_socket=proxy.uds).run(run.id, [RolloutSpec(task)]))
     assert (ro.status, ro.reward, ro.exit_code) == ("scored", 1.0, 0), (ro.error, ro.stderr[-2000:])
     calls = store.list_calls(rollout_id=ro.id)
     assert [c.status for c in calls] == ["ok", "ok"]
