@@ -32,6 +32,18 @@ if ! .venv/bin/python -c 'import torch, sys; sys.exit(0 if torch.__version__.sta
   "${PIP[@]}" install "torch==2.13.0"
 fi
 
+# Local sandboxes refuse to run unisolated: bubblewrap is what isolates them.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "==> installing bubblewrap (isolates local sandboxes)"
+    apt-get install -y -q bubblewrap >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; } \
+      || echo "install.sh: could not install bubblewrap; local rollouts will refuse to run (use Docker, or install it)" >&2
+  else
+    echo "install.sh: bubblewrap is missing: install it (e.g. sudo apt-get install bubblewrap, or dnf install bubblewrap);" >&2
+    echo "            local rollouts refuse to run without it (or use sandbox.type = \"docker\")" >&2
+  fi
+fi
+
 echo "==> installing openforge${EXTRAS}"
 "${PIP[@]}" install -e ".${EXTRAS}"
 
@@ -43,6 +55,4 @@ Next:
   .venv/bin/forge doctor           # what this machine can run (Docker, GPU, harnesses)
   source .venv/bin/activate        # to type plain \`forge\`
 MSG
-if ! command -v bwrap >/dev/null 2>&1; then
-  echo "Optional: install bubblewrap (e.g. apt-get install bubblewrap) so local sandboxes are isolated."
-fi
+

@@ -19,6 +19,16 @@ def _live_runs(store) -> set[str]:  # type: ignore[no-untyped-def]
             if r.status not in RUN_FINAL and (r.owner_pid is None or psutil.pid_exists(r.owner_pid))}
 
 
+def _run_of(store, rollout_id: str) -> str | None:  # type: ignore[no-untyped-def]
+    """The run a rollout belongs to, as the store (which no sandbox can write) says; None if unknown."""
+    from openforge.errors import NotFoundError
+
+    try:
+        return store.get_rollout(rollout_id).run_id
+    except NotFoundError:
+        return None
+
+
 def gc(ctx: typer.Context,
        run: Annotated[Optional[str], typer.Option("--run", help="only this run's sandboxes (removed even if it looks live)")] = None,
        dry_run: Annotated[bool, typer.Option("--dry-run", help="list what would be removed, remove nothing")] = False,
@@ -32,7 +42,8 @@ def gc(ctx: typer.Context,
     run_id = store.get_run(run).id if run else None
     live = _live_runs(store)
     found, notes = collect_all(st.config().sandbox, home=st.home, run_id=run_id, is_live=live.__contains__,
-                               live_runs=bool(live), dry_run=dry_run, kubernetes=kubernetes)
+                               live_runs=bool(live), dry_run=dry_run, kubernetes=kubernetes,
+                               run_of=lambda rollout: _run_of(store, rollout))
     verb = "would remove" if dry_run else "removed"
     for item in found:
         typer.echo(f"{verb} {item.backend} {item.ident} (run {item.run_id or '?'})")

@@ -73,6 +73,18 @@ def _default_factory() -> SandboxFactory:
     return make_sandbox
 
 
+def _with_harness_install(config: ForgeConfig) -> Any:
+    """The sandbox config, with the npm harness install bound read-only into local sandboxes (an
+    isolated local sandbox sees only the host folders it is given)."""
+    sandbox = config.sandbox
+    if sandbox.type != "local" or not config.harness.npm_cache:
+        return sandbox
+    from rollouts.npm import npm_cache_dir
+
+    return sandbox.model_copy(update={"read_only_paths": [*sandbox.read_only_paths,
+                                                          str(npm_cache_dir(config.harness))]})
+
+
 class RolloutRunner:
     """Runs rollouts with bounded concurrency; `pause()` holds new ones back, `cancel()` stops all."""
 
@@ -85,6 +97,7 @@ class RolloutRunner:
         self.config = config
         self.proxy_url = proxy_url
         self.proxy_socket = proxy_socket  # the proxy's unix socket, bound into isolated sandboxes
+        self.sandbox_config = _with_harness_install(config)
         self.harness = harness or get_harness(config.harness)
         self.sandbox_factory = sandbox_factory or _default_factory()
         self.on_progress = on_progress
@@ -176,7 +189,7 @@ class RolloutRunner:
 
         try:
             sb = await start_with_retry(
-                lambda: self.sandbox_factory(self.config.sandbox, run_id=ro.run_id, rollout_id=ro.id,
+                lambda: self.sandbox_factory(self.sandbox_config, run_id=ro.run_id, rollout_id=ro.id,
                                              **({"proxy_socket": self.proxy_socket} if self.proxy_socket else {})),
                 retries=self.config.sandbox.start_retries, timeout=self.config.runner.rollout_timeout_s,
                 on_attempt=record)

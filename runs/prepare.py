@@ -87,21 +87,13 @@ def check_harness(config: ForgeConfig) -> None:
 
 
 def isolation_for(config: ForgeConfig) -> str:
-    """What keeps this run's rollouts in (recorded as `run.isolation`): bwrap, docker, kubernetes or none.
+    """What keeps this run's rollouts in (recorded as `run.isolation`): bwrap-userns, docker, kubernetes
+    or none. Local sandboxes without a working bubblewrap are refused (`IsolationUnavailable`, with the
+    fix) unless the user chose `sandbox.isolation = "none"`: the policy's code must never run on the
+    host by accident."""
+    from sandbox.factory import isolation_check
 
-    Local sandboxes without a working bubblewrap are refused unless the user chose
-    `sandbox.isolation = "none"`: the policy's code must never run on the host by accident."""
-    if config.sandbox.type != "local":
-        return config.sandbox.type
-    if config.sandbox.isolation == "none":
-        return "none"
-    from sandbox.local import bwrap_usable
-
-    if bwrap_usable():
-        return "bwrap"
-    raise SandboxError("local sandboxes cannot be isolated here (bubblewrap is missing or cannot create "
-                       "namespaces): install it (apt-get install bubblewrap) or use sandbox.type = \"docker\"; "
-                       "to run rollouts unisolated anyway, set sandbox.isolation = \"none\"")
+    return isolation_check(config.sandbox).name
 
 
 def load_run_tasks(config: ForgeConfig) -> list[Any]:

@@ -21,7 +21,7 @@ import psutil
 
 from openforge.config import DockerSandboxConfig, KubernetesSandboxConfig, SandboxConfig
 from openforge.errors import ForgeError, SandboxError
-from sandbox.base import LABEL_HOME, LABEL_MANAGED, LABEL_ROLLOUT, LABEL_RUN
+from sandbox.base import LABEL_HOME, LABEL_MANAGED, LABEL_RUN
 from sandbox.procs import kill_tree, orphan_cgroups, remove_cgroup_dir
 
 
@@ -46,20 +46,26 @@ def _owner_alive(meta: Path) -> bool:
 
 
 def collect_local(root: Path, *, run_id: str | None, is_live: Callable[[str], bool],
-                  dry_run: bool = False) -> list[Leftover]:
+                  dry_run: bool = False, run_of: Callable[[str], str | None] = lambda rollout: None,
+                  ) -> list[Leftover]:
+    """Local sandboxes are known by their folder's name (the rollout id, chosen by forge) and their run
+    by the store (`run_of`); `sandbox.json` (host-side, outside what a sandbox can see) only for a
+    rollout the store does not know. The processes killed are those of *this* folder's rollout id,
+    whatever a label says: a forged label can at worst get its own sandbox removed."""
     from sandbox.local import META_FILE, SANDBOX_ENV, _rmtree
 
     found: list[Leftover] = []
     for d in sorted(root.iterdir()) if root.is_dir() else []:
-        try:
-            labels = json.loads((d / META_FILE).read_text())["labels"]
-        except (OSError, ValueError, KeyError):
-            labels = {LABEL_RUN: "", LABEL_ROLLOUT: d.name}  # died before writing its metadata
-        run = labels.get(LABEL_RUN, "")
+        run = run_of(d.name)
+        if run is None:
+            try:
+                run = str(json.loads((d / META_FILE).read_text())["labels"].get(LABEL_RUN, ""))
+            except (OSError, ValueError, KeyError, AttributeError):
+                run = ""  # died before writing its metadata
         if not (_wanted(run, run_id, is_live) or (run_id is None and not _owner_alive(d / META_FILE))):
             continue
         if not dry_run:
-            kill_tree(None, SANDBOX_ENV, labels.get(LABEL_ROLLOUT, d.name))
+            kill_tree(None, SANDBOX_ENV, d.name)
             _rmtree(d)
         found.append(Leftover("local", str(d), run, not dry_run))
     for cg in orphan_cgroups():  # machine-wide, but only those whose owner process is dead
@@ -94,12 +100,13 @@ def collect_docker(config: SandboxConfig, *, home: Path, run_id: str | None, is_
 
 def collect_all(config: SandboxConfig, *, home: Path, run_id: str | None, is_live: Callable[[str], bool],
                 live_runs: bool, dry_run: bool = False, kubernetes: bool = False,
+                run_of: Callable[[str], str | None] = lambda rollout: None,
                 ) -> tuple[list[Leftover], list[str]]:
     """Sweep local and docker (and kubernetes when configured or asked for); returns what was found
     and one note per backend that could not be swept. `live_runs`: whether any run is live now."""
     from sandbox.local import sandboxes_root
 
-    found = collect_local(sandboxes_root(home), run_id=run_id, is_live=is_live, dry_run=dry_run)
+    found = collect_local(sandboxes_root(home), run_id=run_id, is_live=is_live, dry_run=dry_run, run_of=run_of)
     notes: list[str] = []
     try:
         found += collect_docker(config, home=home, run_id=run_id, is_live=is_live, dry_run=dry_run)

@@ -203,13 +203,14 @@ class LocalSandbox(SandboxBase):
         if not isinstance(command, str):  # bwrap says "execvp failed" with exit 1; a shell says 127
             argv = ["/bin/sh", "-c", 'exec "$@"', "sh", *argv]
         d = str(self.dir)
-        mounts = [*_system_binds(), "--ro-bind", str(self.dir / "etc" / "passwd"), "/etc/passwd",
+        # /tmp is the sandbox's own tmpfs, mounted first: what is bound after it (a FORGE_HOME or an npm
+        # cache under /tmp) lands on top of it instead of being hidden by it.
+        mounts = ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *_system_binds(),
+                  "--ro-bind", str(self.dir / "etc" / "passwd"), "/etc/passwd",
                   "--ro-bind", str(self.dir / "etc" / "group"), "/etc/group"]
         for path in runtime_paths(self.cfg.read_only_paths):
             mounts += ["--ro-bind", path, path]
-        # /tmp is the sandbox's own; its folder is bound after it, so a FORGE_HOME under /tmp still works.
         # Only work/, home/ and tmp/ are writable; sandbox.json beside them stays out of reach.
-        mounts += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
         for sub in ("work", "home", "tmp"):
             mounts += ["--bind", f"{d}/{sub}", f"{d}/{sub}"]
         if self.proxy_socket:
@@ -382,7 +383,8 @@ def describe_isolation() -> tuple[str, str]:
               else "rlimits only (no writable cgroup: process count is per-user, memory per-process)")
     cg.remove()
     if bwrap_usable():
-        return "ok", f"{shutil.which('bwrap')}: local sandboxes are isolated; {limits}"
+        return "ok", (f"{shutil.which('bwrap')}: local sandboxes are isolated (user namespace, no capabilities, "
+                      f"no network); {limits}")
     why = "bwrap not found (apt-get install bubblewrap)" if not shutil.which("bwrap") else \
-        "bwrap cannot create namespaces here"
-    return "warn", f"{why}: local sandboxes are plain subprocesses; {limits}"
+        "bwrap cannot create the namespaces it needs here"
+    return "missing", f"{why}: local rollouts are refused unless sandbox.isolation = \"none\"; {limits}"

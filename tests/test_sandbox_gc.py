@@ -197,3 +197,31 @@ async def test_async_with_retries_transient_start_failures_only() -> None:
         async with permanent:
             pass
     assert permanent.starts == 1
+
+
+async def test_a_forged_sandbox_json_cannot_make_gc_kill_another_sandbox(store: Store, forge_home: Path) -> None:
+    """The attacker's folder claims to be the victim's rollout (as an unisolated agent could write it):
+    gc removes the attacker's folder and kills its processes, never the victim's."""
+    live_run = store.create_run(name="live", owner_pid=os.getpid())
+    store.set_run_status(live_run.id, "running")
+    victim = LocalSandbox(LocalSandboxConfig(isolation="none"), run_id=live_run.id, rollout_id="ro-victim")
+    await victim.start()
+    victim_proc = subprocess.Popen(["sleep", "120"], env={**os.environ, "OPENFORGE_SANDBOX": "ro-victim"},
+                                   start_new_session=True)
+    attacker, attacker_stray = await _crashed_local("run-crashed", "ro-attacker")
+    meta = attacker.dir / "sandbox.json"
+    forged = json.loads(meta.read_text())
+    forged["labels"]["openforge.rollout"] = "ro-victim"
+    meta.write_text(json.dumps(forged))
+    try:
+        result = runner.invoke(app, ["gc"], catch_exceptions=False)
+        assert result.exit_code == 0 and f"removed local {attacker.dir}" in result.stdout
+        assert not attacker.dir.exists() and victim.dir.exists()
+        assert _alive(victim_proc.pid)
+        psutil.wait_procs([psutil.Process(attacker_stray)], timeout=5) if _alive(attacker_stray) else None
+        assert not _alive(attacker_stray)  # the attacker's own processes, found by its folder's name
+    finally:
+        victim_proc.kill()
+        victim_proc.wait()
+        await victim.stop()
+        await attacker.stop()

@@ -65,7 +65,7 @@ def test_the_run_records_its_isolation(store: Store, tiny_model: Path, request: 
 
     config = load_config(None, overrides={"engine": {"model": str(tiny_model)}})
     run_id, _ = prepare_run(store, config, home=store.path.parent)
-    assert store.get_run(run_id).isolation == "bwrap"  # bubblewrap is installed on this machine
+    assert store.get_run(run_id).isolation == "bwrap-userns"  # bubblewrap is installed on this machine
     unisolated = load_config(None, overrides={"engine": {"model": str(tiny_model)},
                                               "sandbox": {"isolation": "none"}})
     request.getfixturevalue("no_bubblewrap")
@@ -116,7 +116,7 @@ def test_an_eval_whose_every_rollout_failed_exits_non_zero(forge_home: Path, tin
     assert out.exit_code == 1, out.output
     assert "the most frequent reason (2 of 2): infra: task setup exited 3: no such fixture" in out.stderr
     run = Store(forge_home / "forge.db").get_run("latest")
-    assert run.kind == "eval" and run.status == "failed" and run.isolation == "bwrap"
+    assert run.kind == "eval" and run.status == "failed" and run.isolation == "bwrap-userns"
 
 
 @pytest.mark.slow
