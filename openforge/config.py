@@ -103,7 +103,8 @@ class DockerSandboxConfig(_SandboxCommon):
     type: Literal["docker"] = "docker"
     image: str = "openforge-sandbox:latest"
     base_url: str = Field("", description="Docker engine URL; empty = DOCKER_HOST or the default socket")
-    network: str = Field("host", description="'host' lets the harness reach a proxy on 127.0.0.1")
+    network: str = Field("none", description="'none': the proxy's unix socket, bound in, is the only way out; "
+                                             "'host' shares the host's network, every host port included")
     memory_mb: int = Field(2048, ge=16)
     cpus: float = Field(1.0, gt=0)
     pids_limit: int = Field(256, ge=1)

@@ -89,6 +89,8 @@ class DockerSandbox(SandboxBase):
         self._keeper_pid = found.stdout.split()[0] if found.exit_code == 0 and found.stdout.split() else ""
         if not self._keeper_pid:
             raise SandboxError(f"container {self.name}: cannot find its keeper process ({found.stderr.strip()})")
+        if self._forwarding:
+            await self._start_forwarder()
 
     async def kill_all(self) -> None:
         """Kill every process in the container but docker-init and the keeper, by /proc scan as root
@@ -112,7 +114,7 @@ class DockerSandbox(SandboxBase):
                 self.cfg.image, ["sleep", _FOREVER], name=self.name, detach=True, init=True,
                 labels=self.labels, working_dir=self.config.workdir, network_mode=self.cfg.network,
                 mem_limit=f"{self.cfg.memory_mb}m", memswap_limit=f"{self.cfg.memory_mb}m",
-                nano_cpus=int(self.cfg.cpus * 1e9), pids_limit=self.cfg.pids_limit)
+                nano_cpus=int(self.cfg.cpus * 1e9), pids_limit=self.cfg.pids_limit, volumes=self._volumes())
         except docker.errors.APIError as exc:
             if exc.status_code == 409:  # a leftover container of the same rollout (crashed run)
                 self._remove(self.name)
@@ -120,6 +122,32 @@ class DockerSandbox(SandboxBase):
             raise TransientSandboxError(f"docker could not start a container from {self.cfg.image}: "
                                         f"{exc.explanation or exc}") from None
         return container
+
+    def _volumes(self) -> dict[str, dict[str, str]]:
+        """The proxy socket's folder (it holds only the socket), bound in when the container has no network."""
+        if not self._forwarding:
+            return {}
+        return {os.path.dirname(self.proxy_socket or ""): {"bind": "/run/forge", "mode": "rw"}}
+
+    @property
+    def _forwarding(self) -> bool:
+        return bool(self.proxy_socket) and self.cfg.network == "none"
+
+    async def _start_forwarder(self) -> None:
+        """The forwarder (sandbox/forwarder.py) on the container's 127.0.0.1, run with the image's python3
+        in an exec of its own that carries no exec marker, so no exec's reaper ends it (kill_all does)."""
+        from sandbox.local import FORWARDER, PROXY_PORT
+
+        await asyncio.to_thread(self._put, "/opt/forge/forwarder.py", FORWARDER.read_bytes(), 0o444)
+        check = await self.exec("command -v python3", timeout=30)
+        if check.exit_code != 0:
+            raise SandboxError(f"image {self.cfg.image} has no python3 to forward the proxy's socket "
+                               "(use the python image: forge sandbox build-image)")
+        eid = await asyncio.to_thread(self._client.api.exec_create, self._container.id,
+                                      ["python3", "-I", "/opt/forge/forwarder.py", "--socket", "/run/forge/proxy.sock",
+                                       "--port", str(PROXY_PORT), "--"])
+        await asyncio.to_thread(self._client.api.exec_start, eid["Id"])  # returns once the port is bound
+        self.proxy_url = f"http://127.0.0.1:{PROXY_PORT}"
 
     async def stop(self) -> None:
         if self._client is None:

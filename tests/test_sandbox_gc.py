@@ -142,7 +142,7 @@ async def test_python_image_runs_the_openai_sdk_on_the_host_network() -> None:
 
     server = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    config = DockerSandboxConfig(image=tag)
+    config = DockerSandboxConfig(image=tag, network="host")  # not the default: "none" reaches nothing
     try:
         async with make_sandbox(config, run_id="r", rollout_id=f"ro-py-{os.getpid()}") as sb:
             code = ("import openai, urllib.request; "

@@ -137,3 +137,20 @@ async def test_kill_all_before_start_is_harmless() -> None:
     await sb.kill_all()
     with pytest.raises(SandboxError, match="not started"):
         await sb.exec("true", timeout=5)
+
+
+async def test_a_container_without_network_reaches_only_the_proxy(servers) -> None:  # type: ignore[no-untyped-def]
+    from sandbox.testing import docker_image
+
+    tag, why = docker_image("python")  # the forwarder runs on the image's python3
+    if tag is None:
+        pytest.skip(why)
+    sock, engine_url = servers
+    cfg = DockerSandboxConfig(image=tag, network="none")
+    async with make_sandbox(cfg, run_id="run-net", rollout_id=f"ro-dnet-{os.getpid()}", proxy_socket=sock) as sb:
+        await sb.write_file("probe.py", PROBE.encode())
+        assert sb.proxy_url and sb.proxy_url.startswith("http://127.0.0.1:")
+        via_proxy = await sb.exec(["python3", "probe.py", sb.proxy_url + "/"], timeout=30)
+        assert via_proxy.stdout.strip() == "proxy says hi", via_proxy.stderr
+        to_engine = await sb.exec(["python3", "probe.py", engine_url + "/"], timeout=30)
+        assert to_engine.stdout.startswith("unreachable"), to_engine.stdout
