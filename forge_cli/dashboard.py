@@ -29,6 +29,7 @@ from textual_plotext import PlotextPlot
 from forge_cli.snapshot import Snapshot, conversation, read_snapshot, run_log_path
 from openforge.errors import ForgeError
 from openforge.store import RUN_FINAL, Call, Rollout, Store
+from rollouts.analyze import behaviour_over_steps
 
 POLL_S = 1.0
 
@@ -122,6 +123,19 @@ def metrics_table(snap: Snapshot) -> Table:
     for row in rows:
         table.add_row(*row)
     table.add_row("rollouts", Text(counts, justify="right"), "calls", str(snap.n_calls))
+    return table
+
+
+def behaviour_table(rows: list[tuple[int, int, dict[str, float | None]]], *, last: int = 4) -> Table:
+    """The last few steps' behaviour (forge analyze's metrics; docs/analyze.md defines them)."""
+    table = Table(box=None, padding=(0, 1), show_edge=False)
+    for name, justify in (("step", "right"), ("n", "right"), ("verified", "right"), ("tools", "right"),
+                          ("recovered", "right"), ("gave up", "right")):
+        table.add_column(name, justify=justify, style="dim" if name in ("step", "n") else None)
+    for step, n, m in rows[-last:]:
+        pct = lambda v: "-" if v is None else f"{v * 100:.0f}%"  # noqa: E731
+        table.add_row(str(step + 1), str(n), pct(m["self_verified"]), _fmt(m["tool_calls"], ".1f"),
+                      pct(m["error_recovery"]), pct(m["gave_up"]))
     return table
 
 
@@ -254,6 +268,7 @@ class Dashboard(App[None]):
         self._log_offset = 0
         self._exit_scheduled = False
         self._last_error: str | None = None
+        self._behaviour_key: tuple[int, str] | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(id="header")
@@ -264,6 +279,7 @@ class Dashboard(App[None]):
             with Vertical(id="side"):
                 yield RewardChart(id="chart")
                 yield Static(id="metrics")
+                yield Static(id="behaviour")
         with Horizontal(id="bottom"):
             yield DataTable(id="calls", cursor_type="row", zebra_stripes=True)
             yield RichLog(id="log", max_lines=2000, wrap=True, markup=False, min_width=20)
@@ -278,6 +294,7 @@ class Dashboard(App[None]):
         calls.add_columns("call", "rollout", "api", "state", "prompt", "compl", "ms", "finish")
         calls.border_title = "latest calls (enter opens)"
         self.query_one("#metrics", Static).border_title = "last step"
+        self.query_one("#behaviour", Static).border_title = "behaviour by step (forge analyze)"
         self.query_one("#log", RichLog).border_title = "log"
         self.refresh_state()
         self.set_interval(POLL_S, self.refresh_state)
@@ -315,7 +332,21 @@ class Dashboard(App[None]):
                          str(c.completion_tokens), _fmt(c.latency_ms, ".0f"), c.finish_reason or "-"])
             for c in snap.calls
         ])
+        self._show_behaviour(snap)
         self._tail_log()
+
+    def _show_behaviour(self, snap: Snapshot) -> None:
+        # Reads every call of the run: only when a step (or the run) ended, not on every poll.
+        key = (len(snap.steps), snap.run.status)
+        if key == self._behaviour_key:
+            return
+        self._behaviour_key = key
+        try:
+            rows = behaviour_over_steps(self.store, self.run_id)
+        except ForgeError:
+            return
+        self.query_one("#behaviour", Static).update(behaviour_table(rows) if rows else Text("no scored rollouts yet",
+                                                                                           style="dim"))
 
     def _tail_log(self) -> None:
         path = self.log_path or run_log_path(self.store.path, self.run_id)

@@ -180,3 +180,16 @@ def analyze(store: Store, run_ids: Sequence[str], *, by: GroupBy = "step", k_val
             changes.append(Change(base=base_key, other=key,
                                   metrics={m: bootstrap_change(_values(base_rows, m), _values(rs, m)) for m in METRICS}))
     return Report(runs=list(run_ids), by=by, groups=groups, changes=changes, rollouts=rows)
+
+
+OVER_STEPS = ("self_verified", "tool_calls", "error_recovery", "gave_up")
+
+
+def behaviour_over_steps(store: Store, run_id: str, *, metrics: Sequence[str] = OVER_STEPS
+                         ) -> list[tuple[int, int, dict[str, float | None]]]:
+    """(step, rollouts, metric -> mean) for each step of a run: the dashboard's behaviour panel."""
+    by_step: dict[int, list[Behaviour]] = {}
+    for b in rollout_behaviours(store, [run_id]):
+        by_step.setdefault(b.step, []).append(b)
+    return [(step, len(rows), {m: (fmean(v) if (v := _values(rows, m)) else None) for m in metrics})
+            for step, rows in sorted(by_step.items())]

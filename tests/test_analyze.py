@@ -274,3 +274,25 @@ def test_analyze_a_real_mini_rollout(served: str, store: Store) -> None:
     m = {k: v.mean for k, v in group.metrics.items()}
     assert (m["turns"], m["tool_calls"], m["self_verified"], m["prefix_breaks"]) == (3, 2, 1.0, 0)
     assert m["tool_coverage"] == pytest.approx(2 / 3) and m["reward"] == ro.reward
+
+
+def test_behaviour_over_steps_feeds_the_dashboard(store: Store, training_run: str) -> None:
+    from rollouts.analyze import behaviour_over_steps
+
+    rows = behaviour_over_steps(store, training_run)
+    assert [(step, n) for step, n, _ in rows] == [(0, 4), (1, 4)]
+    assert rows[0][2]["self_verified"] == 0.0 and rows[1][2]["self_verified"] == 1.0
+    assert rows[1][2]["tool_calls"] == 2.0 and rows[1][2]["error_recovery"] is None
+
+
+async def test_the_dashboard_shows_behaviour_by_step(store: Store, training_run: str) -> None:
+    from forge_cli.dashboard import Dashboard
+    from test_dashboard import plain
+
+    app = Dashboard(store, training_run)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause()
+        shown = plain(app.query_one("#behaviour").content)
+    lines = [ln.split() for ln in shown.splitlines() if ln.strip()]
+    assert lines[0][:3] == ["step", "n", "verified"], shown
+    assert lines[1][:4] == ["1", "4", "0%", "1.0"] and lines[2][:4] == ["2", "4", "100%", "2.0"], shown
