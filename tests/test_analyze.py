@@ -15,6 +15,7 @@ from openforge.store import Call, Store
 from rollouts.analyze import analyze, bootstrap_change, bootstrap_mean
 from rollouts.behaviour import behaviour_of, checkpoints_reached, is_check, is_edit
 from rollouts.transcript import ToolStep, tool_failed, transcript_of
+from sandbox.testing import proxy_socket_path
 
 CHAT_TOOLS = [{"type": "function", "function": {"name": n, "parameters": {}}} for n in ("bash", "read_file", "write_file")]
 
@@ -251,14 +252,15 @@ def served(tiny_model: Path, store: Store) -> Iterator:
 
     engine = ScriptedEngine(tiny_model, [WRITE, READ, "Done: hello world"])
     eng = serve_in_thread(engine.app)
-    proxy = ProxyServer(ForgeConfig().proxy, store_path=store.path, engine_url=eng.url, model_path=tiny_model)
+    proxy = ProxyServer(ForgeConfig().proxy, store_path=store.path, engine_url=eng.url, model_path=tiny_model,
+                        uds=proxy_socket_path())
     proxy.start()
-    yield proxy.url
+    yield proxy
     proxy.stop()
     eng.stop()
 
 
-def test_analyze_a_real_mini_rollout(served: str, store: Store) -> None:
+def test_analyze_a_real_mini_rollout(served, store: Store) -> None:  # noqa: ANN001
     import asyncio
 
     from openforge.config import ForgeConfig
@@ -268,7 +270,8 @@ def test_analyze_a_real_mini_rollout(served: str, store: Store) -> None:
     task = next(t for t in load_tasks("builtin") if t.id == "med-create-file")
     run = store.create_run(kind="eval")
     store.add_tasks(run.id, [task.to_record()])
-    [ro] = asyncio.run(RolloutRunner(store, config=ForgeConfig(), proxy_url=served).run(run.id, [RolloutSpec(task)]))
+    [ro] = asyncio.run(RolloutRunner(store, config=ForgeConfig(), proxy_url=served.url, proxy_socket=served.uds)
+                      .run(run.id, [RolloutSpec(task)]))
     assert ro.status == "scored", (ro.error, ro.stderr)
     [group] = analyze(store, [run.id], by="task").groups
     m = {k: v.mean for k, v in group.metrics.items()}
