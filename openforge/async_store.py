@@ -1,38 +1,57 @@
-"""The async write path into the store (aiosqlite through SQLAlchemy's asyncio engine).
+"""The async path into the store (aiosqlite through SQLAlchemy's asyncio engine): the proxy's one handle.
 
 The proxy records calls from many concurrent requests; it must not block its event loop on SQLite.
-`AsyncStore` gives it a few coroutines over the same tables as `openforge.store`; batching lives in
-`proxy.recorder`, which owns the one writer task that calls these.
+`AsyncStore` gives it the few operations it needs over the same tables as `openforge.store`;
+batching lives in `proxy.recorder`, which owns the one writer task that calls `write_calls`.
+Credential lookups are one indexed row read inline on a read-only connection (microseconds in WAL
+mode, never blocked by the writer): cheaper than a hop to aiosqlite's thread on every request.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import bindparam, event, func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.exc import DatabaseError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from openforge.store import Call, Rollout, Store, _on_connect, _sqlite_error, hash_key
+from openforge import db
+from openforge.store import LIVE_ROLLOUT, RUN_FINAL, Call, Recovered, Store, hash_key
 
 _CALL = Call.__table__  # type: ignore[attr-defined]
-_ROLLOUT = Rollout.__table__  # type: ignore[attr-defined]
+
+_LIVE_BY_KEY = (
+    "SELECT rollout.id, rollout.run_id, rollout.status, rollout.adapter FROM rollout "
+    "JOIN run ON run.id = rollout.run_id WHERE rollout.key_hash = ? "
+    f"AND rollout.status IN ({', '.join(repr(s) for s in LIVE_ROLLOUT)}) "
+    f"AND run.status NOT IN ({', '.join(repr(s) for s in RUN_FINAL)})"
+)
 
 
 class AsyncStore:
-    """Async handle on a store file. The schema is created/migrated by the sync `Store` first."""
+    """Async handle on a store file. The schema is created/migrated synchronously first."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        Store(self.path).close()  # create or migrate the schema once, synchronously
-        self.engine: AsyncEngine = create_async_engine(
-            f"sqlite+aiosqlite:///{self.path}", connect_args={"timeout": 10}
-        )
-        event.listen(self.engine.sync_engine, "connect", _on_connect)
+        Store(self.path).close()  # create or migrate the schema once (and refuse a 0-byte file)
+        self.engine = db.async_engine(self.path)
+        self._reader = db.point_reader(self.path)
+
+    def recover(self) -> Recovered:
+        """At a proxy's start (sync, before serving): what dead processes left behind becomes
+        interrupted, and the keys of a crashed run's rollouts stop working (`Store.recover`)."""
+        import psutil
+
+        store = Store(self.path)
+        try:
+            return store.recover(alive=psutil.pid_exists)
+        finally:
+            store.close()
 
     async def close(self) -> None:
+        self._reader.close()
         await self.engine.dispose()
 
     async def insert_calls(self, rows: Sequence[dict[str, Any]]) -> list[int]:
@@ -48,7 +67,8 @@ class AsyncStore:
         """One transaction: insert `inserts`, then apply `updates`; returns the inserted ids in order.
 
         With `number=True` each inserted row gets `seq` = the next number within its rollout, counted
-        inside the same transaction (so concurrent batches never hand out a number twice).
+        inside the same write transaction (so neither concurrent batches nor two processes on one
+        file ever hand out a number twice; the unique index on (rollout_id, seq) backs it).
 
         Statements are few and multi-row (an aiosqlite statement is a hop to its thread): one read for
         the numbering, one INSERT ... RETURNING per column set, one executemany UPDATE per column set.
@@ -59,17 +79,10 @@ class AsyncStore:
         ids = [0] * len(rows)
         try:
             async with self.engine.begin() as conn:
-                # IMMEDIATE: the numbering read happens under the write lock, so two proxies (two
-                # processes) on one store never read the same last seq; the unique index backs it.
+                # IMMEDIATE: the numbering read happens under the write lock.
                 await conn.exec_driver_sql("BEGIN IMMEDIATE")
                 if number and rows:
-                    rollouts = sorted({r["rollout_id"] for r in rows})
-                    last = dict((await conn.execute(
-                        select(_CALL.c.rollout_id, func.max(_CALL.c.seq))
-                        .where(_CALL.c.rollout_id.in_(rollouts)).group_by(_CALL.c.rollout_id))).all())
-                    for row in rows:
-                        nxt = -1 if last.get(row["rollout_id"]) is None else last[row["rollout_id"]]
-                        row["seq"] = last[row["rollout_id"]] = nxt + 1
+                    await _number(conn, rows)
                 stmt = _CALL.insert().returning(_CALL.c.id, sort_by_parameter_order=True)
                 for indexes in _by_columns(rows).values():
                     result = await conn.execute(stmt, [rows[i] for i in indexes])
@@ -81,24 +94,21 @@ class AsyncStore:
                     stmt_u = (update(_CALL).where(_CALL.c.id == bindparam("_call_id"))
                               .values({c: bindparam(c) for c in cols}))
                     await conn.execute(stmt_u, [values[i] for i in indexes])
-        except DatabaseError as exc:
-            raise _sqlite_error(exc, self.path) from None
+        except (DatabaseError, OSError) as exc:
+            raise db.store_error(exc, self.path) from None
         return ids
 
     async def rollout_by_key(self, key: str) -> dict[str, Any] | None:
-        """The rollout a plain credential belongs to (id, run_id, status, adapter), or None."""
+        """The live rollout a plain credential belongs to (id, run_id, status, adapter), or None:
+        unknown keys, ended rollouts and rollouts of ended runs alike."""
         try:
-            async with self.engine.connect() as conn:
-                row = (await conn.execute(
-                    select(_ROLLOUT.c.id, _ROLLOUT.c.run_id, _ROLLOUT.c.status, _ROLLOUT.c.adapter)
-                    .where(_ROLLOUT.c.key_hash == hash_key(key))
-                )).first()
-        except DatabaseError as exc:
-            raise _sqlite_error(exc, self.path) from None
-        return dict(row._mapping) if row else None
+            row = self._reader.execute(_LIVE_BY_KEY, (hash_key(key),)).fetchone()
+        except sqlite3.Error as exc:
+            raise db.store_error(exc, self.path) from None
+        return None if row is None else {"id": row[0], "run_id": row[1], "status": row[2], "adapter": row[3]}
 
-    async def calls_of_rollout(self, rollout_id: str) -> list[dict[str, Any]]:
-        """A rollout's finished calls in order (used to reuse sampled token ids)."""
+    async def calls_of_rollout(self, rollout_id: str) -> list[Call]:
+        """A rollout's finished calls in order (used to reuse sampled token ids after a restart)."""
         try:
             async with self.engine.connect() as conn:
                 rows = (await conn.execute(
@@ -106,8 +116,18 @@ class AsyncStore:
                     .order_by(_CALL.c.seq)
                 )).all()
         except DatabaseError as exc:
-            raise _sqlite_error(exc, self.path) from None
-        return [dict(r._mapping) for r in rows]
+            raise db.store_error(exc, self.path) from None
+        return [Call(**r._mapping) for r in rows]
+
+
+async def _number(conn: Any, rows: list[dict[str, Any]]) -> None:
+    rollouts = sorted({r["rollout_id"] for r in rows})
+    last = dict((await conn.execute(
+        select(_CALL.c.rollout_id, func.max(_CALL.c.seq))
+        .where(_CALL.c.rollout_id.in_(rollouts)).group_by(_CALL.c.rollout_id))).all())
+    for row in rows:
+        nxt = -1 if last.get(row["rollout_id"]) is None else last[row["rollout_id"]]
+        row["seq"] = last[row["rollout_id"]] = nxt + 1
 
 
 def _by_columns(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, ...], list[int]]:

@@ -15,30 +15,29 @@ methods of `Store` in this module (sync, SQLModel sessions) or through
 `AsyncStore` (async, aiosqlite: the proxy's batched recorder). The file is in WAL mode so the
 dashboard can read while the proxy and trainer write.
 
-Migrations: a small numbered list (`MIGRATIONS`), applied in order and remembered in the
-`schema_migrations` table, in the spirit of simonw/llm. A fresh database is created from the
-models and stamped with the newest version (what Alembic calls `create_all` + `stamp head`); an
-older database runs only the migrations it lacks. We chose this over Alembic because the schema is
-small, every change is an `ALTER TABLE ... ADD COLUMN` or a new table, and users must be able to open
-any old store without an Alembic environment next to it.
+Opening (engines, connection settings, errors as one line) is `openforge.db`; the schema versions are
+`openforge.migrations`. The patches `RunPatch` / `RolloutPatch` name every column an update may set.
 """
 
 from __future__ import annotations
 
-import hashlib
-import secrets
+import os
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
-from sqlalchemy import event, text
-from sqlalchemy.engine import Engine
+from sqlalchemy import text
 from sqlalchemy.exc import DatabaseError, IntegrityError
-from sqlmodel import Session, SQLModel, create_engine, select
+from sqlmodel import Session, select
+from typing_extensions import Unpack
 
+from openforge import db
 from openforge.errors import NotFoundError, StoreError
+from openforge.migrations import MIGRATIONS, SCHEMA_VERSION, migrate  # noqa: F401 - re-exported
 from openforge.tables import (  # noqa: F401 - re-exported: callers import the tables from here
     CALL_STATES,
     FAILURE_KINDS,
@@ -52,98 +51,65 @@ from openforge.tables import (  # noqa: F401 - re-exported: callers import the t
     Task,
     TrainStep,
     Trajectory,
+    hash_key,
     new_id,
+    new_rollout_key,
     utcnow,
 )
 
-SCHEMA_VERSION = 3
+LIVE_ROLLOUT = ("pending", "running")  # the states in which a rollout's key works
 
 
-def new_rollout_key() -> str:
-    """A fresh rollout credential (192 random bits). Only its `hash_key` is ever stored."""
-    return f"forge-{secrets.token_urlsafe(24)}"
+class RunPatch(TypedDict, total=False):
+    """The columns `Store.update_run` may set."""
+
+    name: str
+    status: str
+    owner_pid: int | None
+    current_adapter: str | None
+    isolation: str | None
+    error: str | None
+    config: dict[str, Any] | None  # -> config_json
+    summary: dict[str, Any] | None  # -> summary_json
+    started_at: datetime | None
+    ended_at: datetime | None
 
 
-def hash_key(key: str) -> str:
-    """What the store keeps of a credential: sha256 hex. Keys are random, so no salt or slow hash
-    is needed: a hash cannot be turned back into a key that works."""
-    return hashlib.sha256(key.encode()).hexdigest()
+class RolloutPatch(TypedDict, total=False):
+    """The columns `Store.update_rollout` may set."""
+
+    status: str
+    reward: float | None
+    adapter: str | None
+    sandbox_id: str | None
+    attempts: int
+    exit_code: int | None
+    stdout: str | None
+    stderr: str | None
+    verifier_output: str | None
+    error: str | None
+    failure_kind: str | None
+    n_calls: int
+    n_tokens: int
+    n_segments: int
+    n_extends: int
+    started_at: datetime | None
+    ended_at: datetime | None
 
 
-def _v3_hashed_keys_and_sampling(conn: Any) -> None:
-    """Schema 3: hash the rollout keys and drop the plain ones; sampling params and failure kinds;
-    unique (rollout_id, seq)."""
-    sql = conn.exec_driver_sql
-    # The plain keys must not survive in freed pages of the file either.
-    sql("PRAGMA secure_delete=ON")
-    sql("ALTER TABLE rollout ADD COLUMN key_hash VARCHAR")
-    keys = sql("SELECT id, api_key FROM rollout").all()
-    if keys:
-        sql("UPDATE rollout SET key_hash=? WHERE id=?", [(hash_key(key), rid) for rid, key in keys])
-    sql("DROP INDEX IF EXISTS ix_rollout_api_key")  # DROP COLUMN refuses an indexed column
-    sql("ALTER TABLE rollout DROP COLUMN api_key")
-    sql("CREATE UNIQUE INDEX ix_rollout_key_hash ON rollout (key_hash)")
-    sql("ALTER TABLE rollout ADD COLUMN failure_kind VARCHAR")
-    for column, kind in (("temperature", "FLOAT"), ("top_p", "FLOAT"), ("top_k", "INTEGER"),
-                         ("break_reason", "VARCHAR")):
-        sql(f"ALTER TABLE call ADD COLUMN {column} {kind}")
-    sql("ALTER TABLE run ADD COLUMN isolation VARCHAR")
-    # Two proxies on one schema-2 store could number a call twice: renumber those rollouts in
-    # (seq, id) order so the unique index can be built; other rollouts keep their numbers.
-    sql("""UPDATE call SET seq = (SELECT count(*) FROM call AS c WHERE c.rollout_id = call.rollout_id
-                                  AND (c.seq < call.seq OR (c.seq = call.seq AND c.id < call.id)))
-           WHERE rollout_id IN (SELECT rollout_id FROM call GROUP BY rollout_id, seq HAVING count(*) > 1)""")
-    sql("DROP INDEX IF EXISTS ix_call_rollout_seq")
-    sql("CREATE UNIQUE INDEX ix_call_rollout_seq ON call (rollout_id, seq)")
-    sql("PRAGMA secure_delete=OFF")
+def _checked(patch: dict[str, Any], kind: type) -> dict[str, Any]:
+    unknown = set(patch) - set(kind.__annotations__)
+    if unknown:
+        raise TypeError(f"{kind.__name__} has no field(s) {', '.join(sorted(unknown))}")
+    return patch
 
 
-# Numbered migrations: (version, name, function(connection)). A fresh database is created from the
-# models above and stamped with every version here; an older one runs the versions it lacks.
-# Add a migration for every schema change, e.g.:
-#     (4, "rollout.cost", lambda c: c.exec_driver_sql("ALTER TABLE rollout ADD COLUMN cost FLOAT")),
-Migration = tuple[int, str, Callable[[Any], None]]
-MIGRATIONS: list[Migration] = [
-    (1, "initial schema", lambda conn: None),
-    # The dashboard counts a run's rollouts by state every second: without this index that is a scan.
-    (2, "index rollout(run_id, status)",
-     lambda conn: conn.exec_driver_sql(
-         "CREATE INDEX IF NOT EXISTS ix_rollout_run_status ON rollout (run_id, status)")),
-    (3, "rollout.key_hash, failure_kind; call sampling params, break_reason; run.isolation; "
-        "unique call(rollout_id, seq)", _v3_hashed_keys_and_sampling),
-]
+@dataclass(frozen=True)
+class Recovered:
+    """What `Store.recover` found left behind by processes that are gone."""
 
-
-# ---------------------------------------------------------------------------------------------
-# Opening the store
-
-
-def _sqlite_error(exc: Exception, path: Path) -> StoreError:
-    msg = str(getattr(exc, "orig", exc))
-    if "locked" in msg or "busy" in msg:
-        return StoreError(f"the run store {path} is locked by another process; retry, or stop that process")
-    if "disk is full" in msg or "database or disk is full" in msg:
-        return StoreError(f"no space left for the run store {path}; free disk space and retry")
-    if "malformed" in msg or "not a database" in msg:
-        return StoreError(f"the run store {path} is damaged ({msg}); move it aside to start a new one")
-    if "readonly" in msg or "unable to open" in msg:
-        return StoreError(f"cannot write the run store {path} ({msg}); check its permissions")
-    return StoreError(f"run store {path}: {msg}")
-
-
-def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; WAL keeps it consistent
-    cur.execute("PRAGMA busy_timeout=10000")
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.close()
-
-
-def make_engine(path: Path) -> Engine:
-    eng = create_engine(f"sqlite:///{path}", connect_args={"check_same_thread": False, "timeout": 10})
-    event.listen(eng, "connect", _on_connect)
-    return eng
+    runs: list[str]  # runs marked interrupted (their owner died)
+    calls: int  # in-flight calls marked interrupted
 
 
 class Store:
@@ -155,9 +121,10 @@ class Store:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create the data dir {self.path.parent}: {exc}") from None
-        self.engine = make_engine(self.path)
-        with self.guard():
-            self._migrate()
+        db.check_file(self.path)
+        self.engine = db.sync_engine(self.path)
+        with self.guard(), self.engine.begin() as conn:
+            migrate(conn, self.path)
 
     # Every public function runs inside `guard()`, which turns SQLite's errors into one clear line.
     @contextmanager
@@ -166,45 +133,13 @@ class Store:
             yield
         except IntegrityError as exc:
             raise StoreError(f"run store {self.path}: {exc.orig}") from None
-        except (DatabaseError, sqlite3.DatabaseError) as exc:
-            raise _sqlite_error(exc, self.path) from None
+        except (DatabaseError, sqlite3.DatabaseError, OSError) as exc:
+            raise db.store_error(exc, self.path) from None
 
     @contextmanager
     def session(self) -> Iterator[Session]:
         with self.guard(), Session(self.engine, expire_on_commit=False) as s:
             yield s
-
-    def _migrate(self) -> None:
-        with self.engine.begin() as conn:
-            # One write transaction around the check and the migrations: two processes opening an
-            # old (or new) store at once migrate it once, and a failed migration leaves no half.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-            has_table = conn.exec_driver_sql(
-                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_migrations'"
-            ).first()
-            if not has_table:
-                fresh = not conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE type='table'").first()
-                if not fresh:
-                    raise StoreError(f"{self.path} is an SQLite file but not an OpenForge store")
-                SQLModel.metadata.create_all(conn)
-                for version, name, _ in MIGRATIONS:
-                    conn.execute(
-                        SchemaMigration.__table__.insert().values(version=version, name=name, applied_at=utcnow())
-                    )
-                return
-            applied = {row[0] for row in conn.exec_driver_sql("SELECT version FROM schema_migrations")}
-            newest = max(applied, default=0)
-            if newest > MIGRATIONS[-1][0]:
-                raise StoreError(
-                    f"{self.path} has schema version {newest}, newer than this forge knows "
-                    f"({MIGRATIONS[-1][0]}); upgrade forge"
-                )
-            for version, name, apply in MIGRATIONS:
-                if version not in applied:
-                    apply(conn)
-                    conn.execute(
-                        SchemaMigration.__table__.insert().values(version=version, name=name, applied_at=utcnow())
-                    )
 
     def schema_version(self) -> int:
         with self.guard(), self.engine.connect() as conn:
@@ -249,21 +184,20 @@ class Store:
         with self.session() as s:
             return list(s.exec(select(Run).order_by(Run.created_at.desc()).limit(limit)).all())  # type: ignore[attr-defined]
 
-    def update_run(self, run_id: str, **fields: Any) -> Run:
+    def update_run(self, run_id: str, **patch: Unpack[RunPatch]) -> Run:
+        fields = _checked(dict(patch), RunPatch)
         with self.session() as s:
             run = s.get(Run, run_id)
             if run is None:
                 raise NotFoundError(f"no run {run_id!r}")
             for key, value in fields.items():
-                if key in ("config", "summary"):
-                    key = f"{key}_json"
-                setattr(run, key, value)
+                setattr(run, f"{key}_json" if key in ("config", "summary") else key, value)
             s.add(run)
             s.commit()
             return run
 
     def set_run_status(self, run_id: str, status: str, *, error: str | None = None) -> Run:
-        fields: dict[str, Any] = {"status": status}
+        fields: RunPatch = {"status": status}
         now = utcnow()
         if status == "running":
             fields["started_at"] = now
@@ -305,6 +239,25 @@ class Store:
             ).rowcount
             s.commit()
         return n_roll, n_call
+
+    def recover(self, *, alive: Callable[[int], bool], this_pid: int | None = None) -> Recovered:
+        """What a starting proxy cleans up: runs whose owner died become interrupted (with their
+        rollouts, whose keys then stop working, and calls); calls left in flight of a run with no
+        owner, or owned by this very process (a proxy starting now has served nothing yet), too."""
+        this_pid = os.getpid() if this_pid is None else this_pid
+        with self.session() as s:
+            conn = s.connection()
+            rows = conn.execute(text(
+                "SELECT DISTINCT call.run_id, run.owner_pid FROM call LEFT JOIN run ON run.id = call.run_id "
+                "WHERE call.status = 'in_flight'")).all()
+            stale = [run_id for run_id, pid in rows if pid is None or pid == this_pid or not alive(pid)]
+            n = 0
+            for run_id in stale:
+                n += conn.execute(text(
+                    "UPDATE call SET status='interrupted', ended_at=:now, error='the proxy stopped mid-call' "
+                    "WHERE run_id=:r AND status='in_flight'"), {"r": run_id, "now": utcnow()}).rowcount
+            s.commit()
+        return Recovered(runs=self.mark_interrupted(alive=alive), calls=n)
 
     # ------------------------------------------------------------------------------------------
     # Tasks
@@ -350,11 +303,20 @@ class Store:
         return rollout
 
     def rollout_by_key(self, key: str) -> Rollout | None:
-        """The rollout a plain credential belongs to (looked up by its hash), or None."""
+        """The live rollout a plain credential belongs to (looked up by its hash), or None: a key
+        works only while its rollout is pending/running and its run has not ended."""
         with self.session() as s:
-            return s.exec(select(Rollout).where(Rollout.key_hash == hash_key(key))).first()
+            return s.exec(select(Rollout).join(Run, Run.id == Rollout.run_id).where(  # type: ignore[arg-type]
+                Rollout.key_hash == hash_key(key), Rollout.status.in_(LIVE_ROLLOUT),  # type: ignore[attr-defined]
+                Run.status.not_in(RUN_FINAL))).first()  # type: ignore[attr-defined]
 
-    def update_rollout(self, rollout_id: str, **fields: Any) -> Rollout:
+    def key_in_use(self, key: str) -> bool:
+        """Whether any rollout, live or ended, was given this credential (keys are unique)."""
+        with self.session() as s:
+            return s.exec(select(Rollout.id).where(Rollout.key_hash == hash_key(key))).first() is not None
+
+    def update_rollout(self, rollout_id: str, **patch: Unpack[RolloutPatch]) -> Rollout:
+        fields = _checked(dict(patch), RolloutPatch)
         with self.session() as s:
             rollout = s.get(Rollout, rollout_id)
             if rollout is None:
@@ -468,3 +430,11 @@ def open_store(home: Path) -> Store:
 
     return Store(db_path(home))
 
+
+def __getattr__(name: str) -> Any:
+    # `from openforge.store import AsyncStore`: the async path, imported only by those who use it.
+    if name == "AsyncStore":
+        from openforge.async_store import AsyncStore
+
+        return AsyncStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

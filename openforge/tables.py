@@ -7,6 +7,7 @@ decodes them. `openforge.store` holds the write paths and migrations; import the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from datetime import UTC, datetime
@@ -41,6 +42,17 @@ def new_id(prefix: str) -> str:
     40 random bits: a day's ids in one store never collide in practice (24 bits did, at a few
     thousand rollouts: the birthday bound)."""
     return f"{prefix}-{utcnow():%Y%m%d}-{secrets.token_hex(5)}"
+
+
+def new_rollout_key() -> str:
+    """A fresh rollout credential (192 random bits). Only its `hash_key` is ever stored."""
+    return f"forge-{secrets.token_urlsafe(24)}"
+
+
+def hash_key(key: str) -> str:
+    """What the store keeps of a credential: sha256 hex. Keys are random, so no salt or slow hash
+    is needed: a hash cannot be turned back into a key that works."""
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def encode_json(value: Any) -> str:

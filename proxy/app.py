@@ -35,16 +35,15 @@ from starlette.routing import Mount, Route
 from engine.client import EngineClient
 from openforge.config import ProxyConfig
 from openforge.errors import StoreError
-from openforge.store import Store
+from openforge.store import AsyncStore
 from proxy import anthropic, openai_chat, openai_responses
 from proxy.adapters import ApiAdapter, adapter_for_path
 from proxy.calls import APIError, bad_request
 from proxy.pipeline import CallPipeline
-from proxy.recorder import Recorder, RolloutLookup, interrupt_stale_calls
+from proxy.recorder import Recorder
 from proxy.tokens import ChatRenderer
 
 log = logging.getLogger("forge.proxy")
-LIVE_ROLLOUT = ("pending", "running")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # \uD800-\uDFFF in JSON text: maybe a lone surrogate
 _PARSE_OFF_LOOP = 1 << 20  # bytes; parsing a bigger body in a thread keeps the loop answering
 
@@ -100,13 +99,13 @@ class Proxy:
                  served_model: str) -> None:
         self.config = config
         self.served_model = served_model
-        self.interrupted_on_start = interrupt_stale_calls(Path(store_path))
-        if self.interrupted_on_start:
-            log.warning("marked %d call(s) left in flight by a stopped proxy as interrupted",
-                        self.interrupted_on_start)
-        self.store = Store(store_path)
+        self.store = AsyncStore(store_path)  # the proxy's one handle on the store
+        recovered = self.store.recover()
+        self.interrupted_on_start = recovered.calls
+        if recovered.calls or recovered.runs:
+            log.warning("marked %d call(s) left in flight by a stopped proxy, and %d run(s) whose process "
+                        "died, as interrupted", recovered.calls, len(recovered.runs))
         self.recorder = Recorder(self.store)
-        self.lookup = RolloutLookup(Path(store_path))
         self.renderer = ChatRenderer(tokenizer)
         self.pipeline = CallPipeline(config, recorder=self.recorder, engine=engine, renderer=self.renderer,
                                      served_model=served_model)
@@ -118,8 +117,7 @@ class Proxy:
     async def aclose(self) -> None:
         await self.pipeline.aclose()
         await self.recorder.stop()
-        self.lookup.close()
-        self.store.close()
+        await self.store.close()
 
     # -- request plumbing -------------------------------------------------------------------
 
@@ -148,11 +146,10 @@ class Proxy:
         if not key:
             raise APIError("authentication", "missing API key: send the rollout's key as "
                            "'Authorization: Bearer KEY' or 'x-api-key: KEY'")
-        rollout = self.lookup.by_key(key)
+        rollout = await self.store.rollout_by_key(key)
         if rollout is None:
-            raise APIError("authentication", "invalid API key: no rollout has this key")
-        if rollout["status"] not in LIVE_ROLLOUT:
-            raise APIError("authentication", f"rollout {rollout['id']} is {rollout['status']}; its key no longer works")
+            raise APIError("authentication", "invalid API key: no live rollout has this key "
+                           "(unknown, or its rollout or run has ended)")
         return rollout
 
     # -- the endpoints ----------------------------------------------------------------------

@@ -9,25 +9,18 @@ sends a response's last byte only after `end`, so nothing a harness saw is lost.
 The writes go through `openforge.async_store.AsyncStore` (aiosqlite): the event loop never blocks
 on SQLite. Each aiosqlite statement is a hop to its thread, and on a loaded machine every hop waits
 for the scheduler, so a batch is written with as few statements as possible (`write_calls`: one
-numbering read, one multi-row INSERT ... RETURNING, one executemany UPDATE). Credential lookups are a
-single indexed read in WAL mode (microseconds, never blocked by the writer), so they run inline.
+numbering read, one multi-row INSERT ... RETURNING, one executemany UPDATE).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import sqlite3
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from sqlalchemy import text
-
-from openforge.async_store import AsyncStore
 from openforge.errors import StoreError
-from openforge.store import Call, Store, _sqlite_error, hash_key, utcnow
+from openforge.store import AsyncStore, Call
 
 @dataclass
 class _Op:
@@ -37,9 +30,8 @@ class _Op:
 
 
 class Recorder:
-    def __init__(self, store: Store, *, max_batch: int = 512) -> None:
-        self.store = store
-        self.astore = AsyncStore(store.path)
+    def __init__(self, astore: AsyncStore, *, max_batch: int = 512) -> None:
+        self.astore = astore  # its owner closes it
         self.max_batch = max_batch
         self._queue: asyncio.Queue[_Op | None] = asyncio.Queue()
         self._task: asyncio.Task | None = None
@@ -56,7 +48,6 @@ class Recorder:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        await self.astore.close()
 
     async def begin(self, row: dict[str, Any]) -> int:
         """Insert an in-flight call row (its `seq` is assigned here, in commit order); returns its id."""
@@ -112,52 +103,4 @@ class Recorder:
 
     async def calls_of_rollout(self, rollout_id: str) -> list[Call]:
         """A rollout's finished calls in order (committed ones: `end` returns only after its commit)."""
-        rows = await self.astore.calls_of_rollout(rollout_id)
-        return sorted((Call(**row) for row in rows), key=lambda c: (c.seq, c.id or 0))
-
-
-class RolloutLookup:
-    """Credential -> rollout, read inline: one indexed row in WAL mode takes microseconds."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.conn = sqlite3.connect(path, check_same_thread=False, timeout=5, isolation_level=None)
-        self.conn.execute("PRAGMA query_only = ON")
-
-    def by_key(self, key: str) -> dict[str, Any] | None:
-        try:
-            row = self.conn.execute("SELECT id, run_id, status, adapter FROM rollout WHERE key_hash = ?",
-                                    (hash_key(key),)).fetchone()
-        except sqlite3.Error as exc:
-            raise _sqlite_error(exc, self.path) from None
-        return None if row is None else {"id": row[0], "run_id": row[1], "status": row[2], "adapter": row[3]}
-
-    def close(self) -> None:
-        self.conn.close()
-
-
-def interrupt_stale_calls(store_path: Path) -> int:
-    """Calls left `in_flight` by a proxy that is gone become `interrupted`; returns how many.
-
-    A call is stale when the process owning its run is dead (or unknown), or is this very process:
-    a proxy starting now has served nothing yet, so in-flight rows of its own run predate it."""
-    import psutil
-
-    store = Store(store_path)
-    try:
-        with store.session() as s:
-            conn = s.connection()
-            rows = conn.execute(text(
-                "SELECT DISTINCT call.run_id, run.owner_pid FROM call LEFT JOIN run ON run.id = call.run_id "
-                "WHERE call.status = 'in_flight'")).all()
-            stale = [run_id for run_id, pid in rows
-                     if pid is None or pid == os.getpid() or not psutil.pid_exists(pid)]
-            n = 0
-            for run_id in stale:
-                n += conn.execute(text(
-                    "UPDATE call SET status='interrupted', ended_at=:now, error='the proxy stopped mid-call' "
-                    "WHERE run_id=:r AND status='in_flight'"), {"r": run_id, "now": utcnow()}).rowcount
-            s.commit()
-        return n
-    finally:
-        store.close()
+        return await self.astore.calls_of_rollout(rollout_id)

@@ -38,7 +38,7 @@ class ProxySession:
         return self.stack.proxy.interrupted_on_start
 
     def start(self) -> ProxySession:
-        if self.api_key and self.store.rollout_by_key(self.api_key) is not None:
+        if self.api_key and self.store.key_in_use(self.api_key):
             raise StoreError("that --api-key already belongs to a rollout in this store; choose another")
         self.run = self.store.create_run(kind="proxy", name=self.config.name or "proxy", owner_pid=os.getpid(),
                                          config={**self.config.model_dump(mode="json"),

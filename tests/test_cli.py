@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from forge_cli.main import app
 from openforge.errors import StoreError
-from openforge.store import Store, TrainStep, _sqlite_error
+from openforge.db import store_error
+from openforge.store import Store, TrainStep
 
 runner = CliRunner()
 
@@ -159,7 +160,7 @@ def test_doctor_reports_each_item() -> None:
 def test_sqlite_errors_become_clear_lines(message: str, needle: str) -> None:
     import sqlite3
 
-    err = _sqlite_error(sqlite3.OperationalError(message), Path("/x/forge.db"))
+    err = store_error(sqlite3.OperationalError(message), Path("/x/forge.db"))
     assert isinstance(err, StoreError) and needle in str(err)
 
 

@@ -97,7 +97,7 @@ def test_wrong_ended_and_missing_keys_get_401_in_openai_shape(make_rig):
         client(rig, key="forge-not-a-key").chat.completions.create(model="m", messages=msgs)
     assert bad.value.status_code == 401 and bad.value.body["code"] == "invalid_api_key"
     ended = rig.new_rollout(status="scored")
-    with pytest.raises(openai.AuthenticationError, match="scored"):
+    with pytest.raises(openai.AuthenticationError, match="no live rollout"):
         client(rig, key=ended.key).chat.completions.create(model="m", messages=msgs)
     resp = httpx.post(rig.url + "/v1/chat/completions", json={"model": "m", "messages": msgs})
     assert resp.status_code == 401 and resp.json()["error"]["type"] == "invalid_request_error"

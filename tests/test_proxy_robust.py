@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import httpx
@@ -116,7 +117,8 @@ def test_restart_interrupts_stale_calls_and_keeps_reusing_tokens(make_rig, store
     first = httpx.post(rig.url + "/v1/chat/completions", headers={"authorization": f"Bearer {rig.key}"},
                        json={"model": "m", "messages": msgs, "tools": CHAT_TOOLS}, timeout=20).json()
     rig.proxy.stop()
-    store.update_run(rig.rollout.run_id, owner_pid=2**22 + 12345)  # a process that is gone
+    # The run's owner (this process) restarts its proxy: what the old one left in flight is stale.
+    store.update_run(rig.rollout.run_id, owner_pid=os.getpid())
     store.add_call(Call(run_id=rig.rollout.run_id, rollout_id=rig.rollout.id, seq=1, status="in_flight"))
     again = ProxyServer(ProxyConfig(), store_path=store.path, engine_url=rig.engine_server.url,
                         model_path=tiny_model).start()
@@ -132,6 +134,24 @@ def test_restart_interrupts_stale_calls_and_keeps_reusing_tokens(make_rig, store
     assert [c.status for c in calls] == ["ok", "interrupted", "ok"] and calls[2].seq == 2
     assert calls[2].prompt_ids[:len(calls[0].prompt_ids) + calls[0].completion_tokens] == \
         calls[0].prompt_ids + calls[0].completion_ids  # reuse survived the restart
+
+
+def test_a_crashed_runs_keys_stop_working_when_a_proxy_starts(make_rig, store, tiny_model):
+    rig = make_rig(["ok"])
+    rig.proxy.stop()
+    store.update_run(rig.rollout.run_id, owner_pid=2**22 + 12345)  # its driving process is gone
+    store.add_call(Call(run_id=rig.rollout.run_id, rollout_id=rig.rollout.id, seq=0, status="in_flight"))
+    again = ProxyServer(ProxyConfig(), store_path=store.path, engine_url=rig.engine_server.url,
+                        model_path=tiny_model).start()
+    try:
+        resp = httpx.post(again.url + "/v1/chat/completions", headers={"authorization": f"Bearer {rig.key}"},
+                          json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, timeout=20)
+    finally:
+        again.stop()
+    assert resp.status_code == 401 and "no live rollout" in resp.json()["error"]["message"]
+    assert store.get_run(rig.rollout.run_id).status == "interrupted"
+    assert store.get_rollout(rig.rollout.id).status == "interrupted"
+    assert [c.status for c in rig.calls()] == ["interrupted"]
 
 
 async def _burst(url: str, key: str, n: int, stream: bool) -> list[int]:

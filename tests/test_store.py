@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from openforge import migrations
 from openforge import store as store_mod
 from openforge.async_store import AsyncStore
 from openforge.errors import NotFoundError, StoreError
@@ -47,7 +48,7 @@ def test_every_table_round_trips(store: Store) -> None:
     ro = again.get_rollout(rollout.id)
     assert (ro.status, ro.reward, ro.step, ro.adapter) == ("scored", 0.5, 3, "step-2")
     assert ro.started_at is not None and ro.ended_at is not None and ro.ended_at >= ro.started_at
-    assert again.rollout_by_key(rollout.key).id == rollout.id
+    assert ro.key_hash == store_mod.hash_key(rollout.key)
     (c,) = again.list_calls(rollout_id=rollout.id)
     assert c.prompt_ids == [1, 2, 3] and c.logprobs == [-0.1, -0.2]
     (tr,) = again.list_trajectories(rollout_ids=[rollout.id])
@@ -87,7 +88,7 @@ def test_pending_migrations_run_once(tmp_path: Path, monkeypatch: pytest.MonkeyP
         conn.exec_driver_sql("ALTER TABLE rollout ADD COLUMN cost FLOAT")
 
     nxt = store_mod.MIGRATIONS[-1][0] + 1
-    monkeypatch.setattr(store_mod, "MIGRATIONS", [*store_mod.MIGRATIONS, (nxt, "rollout.cost", add_column)])
+    monkeypatch.setattr(migrations, "MIGRATIONS", [*store_mod.MIGRATIONS, (nxt, "rollout.cost", add_column)])
     Store(path).close()
     Store(path).close()
     assert applied == [2]
@@ -169,7 +170,7 @@ async def test_async_store_updates_and_key_lookup(store: Store) -> None:
     assert found == {"id": rollout.id, "run_id": run.id, "status": "pending", "adapter": "a1"}
     assert await astore.rollout_by_key("forge-wrong") is None
     calls = await astore.calls_of_rollout(rollout.id)
-    assert [c["completion_ids"] for c in calls] == [[7]]
+    assert [c.completion_ids for c in calls] == [[7]]
     await astore.close()
 
 
@@ -255,9 +256,10 @@ def test_a_schema_2_store_upgrades_with_its_keys_hashed(tmp_path: Path) -> None:
     assert "api_key" not in cols["rollout"] and {"key_hash", "failure_kind"} <= set(cols["rollout"])
     assert {"temperature", "top_p", "top_k", "break_reason"} <= set(cols["call"])
     assert "isolation" in cols["run"]
-    old = s.rollout_by_key("forge-old-key-1")  # the keys harnesses hold keep working
-    assert old is not None and (old.status, old.reward, old.key_hash) == ("scored", 1.0, store_mod.hash_key("forge-old-key-1"))
-    assert s.rollout_by_key("forge-old-key-2").status == "running"
+    assert s.rollout_by_key("forge-old-key-2").status == "running"  # the key a live harness holds works
+    assert s.rollout_by_key("forge-old-key-1") is None  # a scored rollout's key does not
+    scored = [r for r in s.list_rollouts("run-20261201-aaaaaaaaaa") if r.status == "scored"]
+    assert [(r.reward, r.key_hash) for r in scored] == [(1.0, store_mod.hash_key("forge-old-key-1"))]
     # The duplicated seq of the old store is renumbered in id order; the rest keep their numbers.
     running = s.rollout_by_key("forge-old-key-2").id
     assert [(c.seq, c.prompt_ids) for c in s.list_calls(rollout_id=running)] == \
@@ -283,6 +285,7 @@ def test_only_the_hash_of_a_rollout_key_is_stored(store: Store) -> None:
     assert store.get_rollout(rollout.id).key is None  # read back, a rollout carries no plain key
     assert store.rollout_by_key("forge-chosen-by-user").id == mine.id
     assert store.rollout_by_key(rollout.key_hash) is None  # the hash itself is not a credential
+    assert store.key_in_use("forge-chosen-by-user") and not store.key_in_use("forge-unused")
     assert store_mod.new_rollout_key() != store_mod.new_rollout_key()
     store.close()
     assert rollout.key.encode() not in store.path.read_bytes()
@@ -357,3 +360,54 @@ def test_json_columns_hold_lists_and_dicts_that_sqlite_can_query(store: Store) -
     con.commit()
     assert store.get_call(call.id).response_json[1] == 1
     con.close()
+
+
+def test_a_key_works_only_for_a_live_rollout_of_a_live_run(store: Store) -> None:
+    run = store.create_run(owner_pid=os.getpid())
+    live = store.create_rollout(run_id=run.id, task_id="t", status="running")
+    done = store.create_rollout(run_id=run.id, task_id="t")
+    store.update_rollout(done.id, status="scored", reward=1.0)
+    assert store.rollout_by_key(live.key).id == live.id and store.rollout_by_key(done.key) is None
+    store.set_run_status(run.id, "stopped")
+    assert store.rollout_by_key(live.key) is None  # the run ended: its rollouts' keys die with it
+
+
+async def test_recover_interrupts_a_dead_owners_run_and_its_keys(store: Store) -> None:
+    dead, mine, alive = (store.create_run(owner_pid=pid) for pid in (999_999_999, os.getpid(), 4242))
+    rollouts = {r.id: store.create_rollout(run_id=r.id, task_id="t", status="running") for r in (dead, mine, alive)}
+    for i, run in enumerate((dead, mine, alive)):
+        store.add_call(Call(run_id=run.id, rollout_id=rollouts[run.id].id, seq=i, status="in_flight"))
+    astore = AsyncStore(store.path)
+    assert await astore.rollout_by_key(rollouts[dead.id].key) is not None  # until someone notices
+    got = store.recover(alive=lambda pid: pid != 999_999_999)
+    assert got.runs == [dead.id] and got.calls == 2  # the dead run's call, and this process's own
+    assert store.get_run(dead.id).status == "interrupted" and store.get_run(alive.id).status == "created"
+    assert await astore.rollout_by_key(rollouts[dead.id].key) is None
+    assert await astore.rollout_by_key(rollouts[mine.id].key) is not None
+    status = {c.run_id: c.status for c in store.list_calls()}
+    assert status == {dead.id: "interrupted", mine.id: "interrupted", alive.id: "in_flight"}
+    await astore.close()
+
+
+def test_an_empty_store_file_is_reported_not_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "forge.db"
+    path.touch()
+    with pytest.raises(StoreError, match=r"is empty \(0 bytes\): move it aside"):
+        Store(path)
+    with pytest.raises(StoreError, match="is empty"):
+        AsyncStore(path)
+    assert path.stat().st_size == 0  # left as it was
+
+
+def test_updates_are_typed_patches(store: Store) -> None:
+    run = store.create_run()
+    ro = store.create_rollout(run_id=run.id, task_id="t")
+    with pytest.raises(TypeError, match="RolloutPatch has no field.*rewrd"):
+        store.update_rollout(ro.id, rewrd=1.0)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="RunPatch has no field.*key_hash"):
+        store.update_run(run.id, key_hash="x")  # type: ignore[call-arg]
+    store.update_run(run.id, summary={"pass": 1}, isolation="bwrap")
+    store.update_rollout(ro.id, status="failed", failure_kind="infra", error="sandbox died")
+    got_run, got_ro = store.get_run(run.id), store.get_rollout(ro.id)
+    assert (got_run.summary_json, got_run.isolation) == ({"pass": 1}, "bwrap")
+    assert (got_ro.failure_kind, got_ro.ended_at is not None) == ("infra", True)

@@ -1,0 +1,96 @@
+"""The store's schema versions: a small numbered list, applied in order and remembered in the
+`schema_migrations` table, in the spirit of simonw/llm.
+
+A fresh database is created from the models (`openforge.tables`) and stamped with the newest version
+(what Alembic calls `create_all` + `stamp head`); an older database runs only the migrations it lacks.
+We chose this over Alembic because the schema is small, every change is an `ALTER TABLE` or a new
+table, and users must be able to open any old store without an Alembic environment next to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import Connection
+from sqlmodel import SQLModel
+
+from openforge.errors import StoreError
+from openforge.tables import SchemaMigration, hash_key, utcnow
+
+SCHEMA_VERSION = 3
+
+
+def _v3_hashed_keys_and_sampling(conn: Any) -> None:
+    """Schema 3: hash the rollout keys and drop the plain ones; sampling params and failure kinds;
+    unique (rollout_id, seq)."""
+    sql = conn.exec_driver_sql
+    # The plain keys must not survive in freed pages of the file either.
+    sql("PRAGMA secure_delete=ON")
+    sql("ALTER TABLE rollout ADD COLUMN key_hash VARCHAR")
+    keys = sql("SELECT id, api_key FROM rollout").all()
+    if keys:
+        sql("UPDATE rollout SET key_hash=? WHERE id=?", [(hash_key(key), rid) for rid, key in keys])
+    sql("DROP INDEX IF EXISTS ix_rollout_api_key")  # DROP COLUMN refuses an indexed column
+    sql("ALTER TABLE rollout DROP COLUMN api_key")
+    sql("CREATE UNIQUE INDEX ix_rollout_key_hash ON rollout (key_hash)")
+    sql("ALTER TABLE rollout ADD COLUMN failure_kind VARCHAR")
+    for column, kind in (("temperature", "FLOAT"), ("top_p", "FLOAT"), ("top_k", "INTEGER"),
+                         ("break_reason", "VARCHAR")):
+        sql(f"ALTER TABLE call ADD COLUMN {column} {kind}")
+    sql("ALTER TABLE run ADD COLUMN isolation VARCHAR")
+    # Two proxies on one schema-2 store could number a call twice: renumber those rollouts in
+    # (seq, id) order so the unique index can be built; other rollouts keep their numbers.
+    sql("""UPDATE call SET seq = (SELECT count(*) FROM call AS c WHERE c.rollout_id = call.rollout_id
+                                  AND (c.seq < call.seq OR (c.seq = call.seq AND c.id < call.id)))
+           WHERE rollout_id IN (SELECT rollout_id FROM call GROUP BY rollout_id, seq HAVING count(*) > 1)""")
+    sql("DROP INDEX IF EXISTS ix_call_rollout_seq")
+    sql("CREATE UNIQUE INDEX ix_call_rollout_seq ON call (rollout_id, seq)")
+    sql("PRAGMA secure_delete=OFF")
+
+
+# Numbered migrations: (version, name, function(connection)). A fresh database is created from the
+# models above and stamped with every version here; an older one runs the versions it lacks.
+# Add a migration for every schema change, e.g.:
+#     (4, "rollout.cost", lambda c: c.exec_driver_sql("ALTER TABLE rollout ADD COLUMN cost FLOAT")),
+Migration = tuple[int, str, Callable[[Any], None]]
+MIGRATIONS: list[Migration] = [
+    (1, "initial schema", lambda conn: None),
+    # The dashboard counts a run's rollouts by state every second: without this index that is a scan.
+    (2, "index rollout(run_id, status)",
+     lambda conn: conn.exec_driver_sql(
+         "CREATE INDEX IF NOT EXISTS ix_rollout_run_status ON rollout (run_id, status)")),
+    (3, "rollout.key_hash, failure_kind; call sampling params, break_reason; run.isolation; "
+        "unique call(rollout_id, seq)", _v3_hashed_keys_and_sampling),
+]
+
+
+def migrate(conn: Connection, path: Path) -> None:
+    """Create or upgrade the schema on `conn` (inside the caller's transaction)."""
+    # One write transaction around the check and the migrations: two processes opening an old (or
+    # new) store at once migrate it once, and a failed migration leaves no half.
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    has_table = conn.exec_driver_sql(
+        "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_migrations'").first()
+    if not has_table:
+        if conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE type='table'").first():
+            raise StoreError(f"{path} is an SQLite file but not an OpenForge store")
+        SQLModel.metadata.create_all(conn)
+        for version, name, _ in MIGRATIONS:
+            _stamp(conn, version, name)
+        return
+    applied = {row[0] for row in conn.exec_driver_sql("SELECT version FROM schema_migrations")}
+    newest = max(applied, default=0)
+    if newest > MIGRATIONS[-1][0]:
+        raise StoreError(f"{path} has schema version {newest}, newer than this forge knows "
+                         f"({MIGRATIONS[-1][0]}); upgrade forge")
+    for version, name, apply in MIGRATIONS:
+        if version not in applied:
+            apply(conn)
+            _stamp(conn, version, name)
+
+
+def _stamp(conn: Connection, version: int, name: str) -> None:
+    conn.execute(SchemaMigration.__table__.insert().values(  # type: ignore[attr-defined]
+        version=version, name=name, applied_at=utcnow()))
