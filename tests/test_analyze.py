@@ -4,8 +4,6 @@ grouping and comparison, the CLI, and a run the suite makes itself (scripted eng
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +13,7 @@ from openforge.store import Call, Store
 from rollouts.analyze import analyze, bootstrap_change, bootstrap_mean
 from rollouts.behaviour import behaviour_of, checkpoints_reached, is_check, is_edit
 from rollouts.transcript import ToolStep, tool_failed, transcript_of
-from sandbox.testing import proxy_socket_path
+from test_mini import serve  # noqa: F401 - the scripted engine behind the real proxy, as a fixture
 
 CHAT_TOOLS = [{"type": "function", "function": {"name": n, "parameters": {}}} for n in ("bash", "read_file", "write_file")]
 
@@ -237,30 +235,14 @@ def test_cli_prints_a_table_and_json(store: Store, training_run: str) -> None:
     assert missing.exit_code == 1 and "no run" in missing.output
 
 
-# -- on a run the suite makes itself: the scripted engine behind the real proxy, mini in a real sandbox --
+# -- on a run the suite makes itself: the scripted engine behind the real proxy (test_mini's `serve`), mini
+# in a real sandbox --
 
 WRITE = '<tool_call>\n{"name": "write_file", "arguments": {"path": "hello.txt", "content": "hello world\\n"}}\n</tool_call>'
 READ = '<tool_call>\n{"name": "read_file", "arguments": {"path": "hello.txt"}}\n</tool_call>'
 
 
-@pytest.fixture
-def served(tiny_model: Path, store: Store) -> Iterator:
-    from engine.scripted import ScriptedEngine
-    from engine.serve import serve_in_thread
-    from openforge.config import ForgeConfig
-    from proxy.server import ProxyServer
-
-    engine = ScriptedEngine(tiny_model, [WRITE, READ, "Done: hello world"])
-    eng = serve_in_thread(engine.app)
-    proxy = ProxyServer(ForgeConfig().proxy, store_path=store.path, engine_url=eng.url, model_path=tiny_model,
-                        uds=proxy_socket_path())
-    proxy.start()
-    yield proxy
-    proxy.stop()
-    eng.stop()
-
-
-def test_analyze_a_real_mini_rollout(served, store: Store) -> None:  # noqa: ANN001
+def test_analyze_a_real_mini_rollout(serve, store: Store) -> None:  # noqa: ANN001
     import asyncio
 
     from openforge.config import ForgeConfig
@@ -270,6 +252,7 @@ def test_analyze_a_real_mini_rollout(served, store: Store) -> None:  # noqa: ANN
     task = next(t for t in load_tasks("builtin") if t.id == "med-create-file")
     run = store.create_run(kind="eval")
     store.add_tasks(run.id, [task.to_record()])
+    served, _ = serve([WRITE, READ, "Done: hello world"])
     [ro] = asyncio.run(RolloutRunner(store, config=ForgeConfig(), proxy_url=served.url, proxy_socket=served.uds)
                       .run(run.id, [RolloutSpec(task)]))
     assert ro.status == "scored", (ro.error, ro.stderr)
