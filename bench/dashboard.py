@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from forge_cli.snapshot import read_snapshot
+from openforge.readmodel import read_snapshot
 from openforge.store import Store, TrainStep, utcnow
 
 

@@ -26,8 +26,9 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, RichLog, Static
 from textual_plotext import PlotextPlot
 
-from forge_cli.snapshot import Snapshot, conversation, read_snapshot, run_log_path
+from forge_cli.snapshot import conversation
 from openforge.errors import ForgeError
+from openforge.readmodel import Snapshot, read_snapshot, run_log_path
 from openforge.store import RUN_FINAL, Call, Rollout, Store
 from rollouts.analyze import behaviour_over_steps
 

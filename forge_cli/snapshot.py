@@ -1,77 +1,11 @@
-"""What the dashboard shows, read from the store in one go, and a recorded call rendered as turns.
-
-Kept apart from the Textual code so that it can be tested (and reused by `forge show`-like tools)
-without an app: `read_snapshot` is a handful of small queries, each bounded by a limit, so polling it
-every second stays cheap however long the run is.
-"""
+"""A recorded call rendered as conversation turns, for the dashboard's call view (any of the three APIs)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, literal_column
-from sqlalchemy.orm import load_only
-from sqlmodel import select
-
-from openforge.store import Call, Rollout, Run, Store, TrainStep, utcnow
-
-
-@dataclass
-class Snapshot:
-    run: Run
-    config: dict[str, Any]
-    steps: list[TrainStep]
-    rollouts: list[Rollout]  # in flight first, then the most recently created
-    calls: list[Call]  # newest first
-    counts: dict[str, int] = field(default_factory=dict)  # rollouts of the whole run by status
-    n_calls: int = 0
-    now: datetime = field(default_factory=utcnow)
-
-
-# Only the columns on screen: a rollout's stdout/stderr (up to 64 KB each) and a call's request and
-# response (the whole conversation) stay in the file; a call is read in full when it is opened.
-_ROLLOUT_COLS = (Rollout.id, Rollout.run_id, Rollout.task_id, Rollout.step, Rollout.status, Rollout.reward,
-                 Rollout.n_calls, Rollout.n_tokens, Rollout.created_at, Rollout.started_at, Rollout.ended_at)
-# Newest by rowid, not created_at: SQLite reads a column stored after a large one (stdout) by walking
-# its overflow pages, so sorting 2,000 rollouts by created_at costs ~80 ms where rowid (insertion
-# order, which is creation order) costs ~0.05 ms.
-_ROWID = literal_column("rollout.rowid")
-_CALL_COLS = (Call.id, Call.run_id, Call.rollout_id, Call.api, Call.status, Call.prompt_tokens,
-              Call.completion_tokens, Call.latency_ms, Call.finish_reason)
-
-
-def read_snapshot(store: Store, run_id: str, *, max_rollouts: int = 40, max_calls: int = 30) -> Snapshot:
-    run = store.get_run(run_id)
-    with store.session() as s:
-        counts = dict(s.exec(
-            select(Rollout.status, func.count()).where(Rollout.run_id == run.id).group_by(Rollout.status)
-        ).all())
-        n_calls = s.exec(select(func.count()).select_from(Call).where(Call.run_id == run.id)).one()
-        rollouts = select(Rollout).options(load_only(*_ROLLOUT_COLS)).where(Rollout.run_id == run.id)
-        live = list(s.exec(
-            rollouts.where(Rollout.status.in_(("pending", "running")))  # type: ignore[attr-defined]
-            .order_by(_ROWID).limit(max_rollouts)
-        ).all())
-        recent = list(s.exec(rollouts.order_by(_ROWID.desc()).limit(max_rollouts)).all())
-        calls = list(s.exec(
-            select(Call).options(load_only(*_CALL_COLS)).where(Call.run_id == run.id)
-            .order_by(Call.id.desc()).limit(max_calls)  # type: ignore[union-attr]
-        ).all())
-    seen = {r.id for r in live}
-    return Snapshot(
-        run=run, config=run.config_json or {}, steps=store.list_train_steps(run.id),
-        rollouts=(live + [r for r in recent if r.id not in seen])[:max_rollouts], calls=calls,
-        counts=counts, n_calls=int(n_calls),
-    )
-
-
-def run_log_path(store_path: str | Path, run_id: str) -> Path:
-    """The run's log file: `forge up` writes it, the dashboard tails it (`<home>/runs/<id>/forge.log`)."""
-    return Path(store_path).parent / "runs" / run_id / "forge.log"
+from openforge.store import Call
 
 
 # ---------------------------------------------------------------------------------------------
