@@ -122,6 +122,10 @@ def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
         for reason, n in failures:
             table.add_row(str(n), reason)
         console.print(table)
+    from forge_cli.segments import segment_table
+
+    if (prefix := segment_table(store, run)) is not None:
+        console.print(prefix)
     steps = store.list_train_steps(run.id)
     if steps:
         table = Table(title="train steps")

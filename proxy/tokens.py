@@ -19,6 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.breaks import explain_break
 from proxy.calls import APIError, Completion, Message, TextDelta, ToolCall, ToolCallEvent, bad_request, new_call_id
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
@@ -267,6 +268,8 @@ class PromptBuilder:
         self.max_tries = max_tries
         self.stored_tokens = 0
         self._turns: OrderedDict[str, OrderedDict[str, Turn]] = OrderedDict()
+        # Each rollout's last recorded calls (messages + answer, tools): what a break is explained against.
+        self._last: dict[str, list[tuple[list[Message], list[dict[str, Any]]]]] = {}
 
     def knows(self, rollout_id: str) -> bool:
         return rollout_id in self._turns
@@ -288,7 +291,8 @@ class PromptBuilder:
             spliced = self._splice(turns, messages, tools, full)
             if isinstance(spliced, Prompt):
                 return spliced
-            return Prompt(ids=[], text=full, tail=full, break_reason=spliced)
+            why = explain_break(self._last.get(rollout_id, []), messages, tools)
+            return Prompt(ids=[], text=full, tail=full, break_reason=why or spliced)
         return Prompt(ids=[], text=full, tail=full)
 
     def encode_tail(self, prompt: Prompt) -> Prompt:
@@ -338,6 +342,9 @@ class PromptBuilder:
             return
         turns = self._turns.setdefault(rollout_id, OrderedDict())
         self._turns.move_to_end(rollout_id)
+        recent = self._last.setdefault(rollout_id, [])
+        recent.append((messages + [completion.message()], tools))
+        del recent[:-4]  # the main conversation and a few side requests
         key = _key(head)
         if key in turns:
             self.stored_tokens -= len(turns.pop(key).ids)
@@ -348,5 +355,6 @@ class PromptBuilder:
         while len(turns) > self.turns_per_rollout:
             self.stored_tokens -= len(turns.popitem(last=False)[1].ids)
         while self.stored_tokens > self.max_tokens and len(self._turns) > 1:
-            _, dropped = self._turns.popitem(last=False)
+            gone, dropped = self._turns.popitem(last=False)
+            self._last.pop(gone, None)
             self.stored_tokens -= sum(len(t.ids) for t in dropped.values())

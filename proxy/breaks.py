@@ -1,0 +1,93 @@
+"""Why a call's prompt broke the rollout's prefix: the new request's messages against the previous call's.
+
+A harness that replays its history verbatim lets the proxy splice the sampled ids in (proxy/tokens.py)
+and the trajectory stays one segment. When it does not, the call starts a new segment; this module
+says *what* the harness did, by comparing the request's messages with the previous call's messages
+plus the answer it got, so `forge show` and `forge analyze` can count the reasons:
+
+    classify_break(previous, prev_tools, messages, tools)   # a BREAK_* label + why, or None
+
+The labels are fixed strings (counted as they are); the first difference found decides.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from proxy.calls import Message
+
+SYSTEM_CHANGED = "system prompt changed: the request's system prompt differs from the previous call's"
+TOOLS_CHANGED = "tools changed: the request declares other tools than the previous call"
+THINKING_DROPPED = "thinking dropped: an earlier answer is replayed without its reasoning"
+TOOL_RESULT_TRUNCATED = "tool result truncated: a tool result is replayed shorter than it was sent"
+TOOL_RESULT_CHANGED = "tool result changed: a tool result is replayed with other content"
+COMPACTED = "compaction: the history is replayed shorter (earlier turns summarised or dropped)"
+NEW_CONVERSATION = "new conversation: the first user turn differs (a sub-agent, or a side request)"
+REWRITTEN = "history rewritten: an earlier turn is replayed with other content"
+
+_THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+
+
+def _strip_thinking(text: str) -> str:
+    return _THINK.sub("", text).strip()
+
+
+def _same(a: Message, b: Message) -> bool:
+    return a.template_dict() == b.template_dict()
+
+
+def _differ_at(old: Message, new: Message) -> str:
+    """The label for the first pair of messages that differ at one position of the history."""
+    if old.role == new.role == "assistant" and old.content != new.content \
+            and _strip_thinking(old.content) == _strip_thinking(new.content) and _THINK.search(old.content):
+        return THINKING_DROPPED
+    if old.role == new.role == "tool" and old.tool_call_id == new.tool_call_id:
+        if len(new.content) < len(old.content):
+            return TOOL_RESULT_TRUNCATED
+        return TOOL_RESULT_CHANGED
+    return REWRITTEN
+
+
+def classify_break(previous: list[Message] | None, prev_tools: list[dict[str, Any]] | None,
+                   messages: list[Message], tools: list[dict[str, Any]]) -> str | None:
+    """Why `messages` does not extend `previous` (the last call's messages + its answer); None when
+    it does, message for message (then the break is the chat template's, not the harness's)."""
+    if previous is None:
+        return None
+    old = [m for m in previous if m.role != "system"]
+    new = [m for m in messages if m.role != "system"]
+    if old and new and not _same(old[0], new[0]):
+        return NEW_CONVERSATION
+    if [m.content for m in previous if m.role == "system"] != [m.content for m in messages if m.role == "system"]:
+        return SYSTEM_CHANGED
+    if prev_tools is not None and prev_tools != tools:
+        return TOOLS_CHANGED
+    for a, b in zip(old, new):
+        if _same(a, b):
+            continue
+        if a.role == b.role:
+            return _differ_at(a, b)
+        return COMPACTED if len(new) < len(old) else REWRITTEN
+    if len(new) < len(old):
+        return COMPACTED
+    return None
+
+
+def _shared(previous: list[Message], messages: list[Message]) -> int:
+    n = 0
+    for a, b in zip(previous, messages):
+        if not _same(a, b):
+            break
+        n += 1
+    return n
+
+
+def explain_break(recent: list[tuple[list[Message], list[dict[str, Any]]]], messages: list[Message],
+                  tools: list[dict[str, Any]]) -> str | None:
+    """`classify_break` against the recent call whose history this request shares the most of: a
+    harness interleaves side requests (titles, sub-agents) with its main conversation."""
+    if not recent:
+        return None
+    previous, prev_tools = max(reversed(recent), key=lambda c: _shared(c[0], messages))
+    return classify_break(previous, prev_tools, messages, tools)

@@ -1,0 +1,68 @@
+"""proxy/breaks.py: each way a harness breaks its prefix gets its own reason."""
+
+from __future__ import annotations
+
+from proxy import breaks
+from proxy.breaks import explain_break
+from proxy.calls import Message, ToolCall
+
+SYS = Message("system", "you are an agent")
+USER = Message("user", "count the files")
+CALL = Message("assistant", "<think>ls first</think>\nlisting", [ToolCall("t1", "bash", '{"command": "ls"}')])
+RESULT = Message("tool", "a.txt\nb.txt\nc.txt", tool_call_id="t1", name="bash")
+DONE = Message("assistant", "3")
+TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {}}}]
+PREVIOUS = [SYS, USER, CALL, RESULT, DONE]
+
+
+def why(messages: list[Message], tools: list = TOOLS) -> str | None:
+    return explain_break([(PREVIOUS, TOOLS)], messages, tools)
+
+
+def test_each_kind_of_break_is_named() -> None:
+    stripped = Message("assistant", "listing", CALL.tool_calls)
+    assert why([SYS, USER, stripped, RESULT, DONE, Message("user", "more")]) == breaks.THINKING_DROPPED
+    cut = Message("tool", "a.txt", tool_call_id="t1", name="bash")
+    assert why([SYS, USER, CALL, cut, DONE]) == breaks.TOOL_RESULT_TRUNCATED
+    other = Message("tool", "x.txt\ny.txt\nz.txt", tool_call_id="t1", name="bash")
+    assert why([SYS, USER, CALL, other]) == breaks.TOOL_RESULT_CHANGED
+    assert why([SYS, USER, Message("user", "summary: listed 3 files")]) == breaks.COMPACTED
+    assert why([SYS, USER, Message("assistant", "something else"), Message("user", "go"), DONE,
+                Message("user", "x")]) == breaks.REWRITTEN
+    assert why([Message("system", "new rules"), USER, CALL]) == breaks.SYSTEM_CHANGED
+    assert why([SYS, USER, CALL], tools=[]) == breaks.TOOLS_CHANGED
+    assert why([SYS, Message("user", "write a title for this chat")]) == breaks.NEW_CONVERSATION
+
+
+def test_an_extension_message_for_message_is_no_harness_break() -> None:
+    assert why(PREVIOUS + [Message("user", "thanks")]) is None
+    assert explain_break([], [SYS, USER], TOOLS) is None
+
+
+def test_the_closest_recent_call_explains_it() -> None:
+    side = ([SYS, Message("user", "write a title"), Message("assistant", "Files")], TOOLS)
+    # The main conversation's next call, after a side request: explained against the main one.
+    cut = Message("tool", "a.txt", tool_call_id="t1", name="bash")
+    assert explain_break([(PREVIOUS, TOOLS), side], [SYS, USER, CALL, cut], TOOLS) == breaks.TOOL_RESULT_TRUNCATED
+
+
+def test_forge_show_counts_calls_segments_and_break_reasons_per_harness(tmp_path) -> None:
+    from rich.console import Console
+
+    from forge_cli.segments import segment_table
+    from openforge.store import Store
+    from openforge.tables import Call
+
+    store = Store(tmp_path / "forge.db")
+    run = store.create_run(config={"harness": {"name": "claude-code"}})
+    for i, reasons in enumerate([[None, None, breaks.THINKING_DROPPED], [None, breaks.COMPACTED]]):
+        ro = store.create_rollout(run_id=run.id, task_id="t", sample_index=i, harness="claude-code")
+        for seq, reason in enumerate(reasons):
+            store.add_call(Call(run_id=run.id, rollout_id=ro.id, seq=seq, status="ok", prompt_tokens=100,
+                                reused_tokens=10 * seq, break_reason=reason))
+    console = Console(width=200, record=True)
+    console.print(segment_table(store, store.get_run(run.id)))
+    [row] = [line for line in console.export_text().splitlines() if "claude-code" in line]
+    cells = [c.strip() for c in row.split("│") if c.strip()]
+    # 5 calls over 2 rollouts; 2 opening segments + 2 breaks = 4 segments over 2 rollouts.
+    assert cells == ["claude-code", "2", "2.50", "500", "40", "2.00", "thinking dropped x1, compaction x1"]
