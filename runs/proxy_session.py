@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from openforge import reserve
 from openforge.config import ForgeConfig
 from openforge.errors import StoreError
 from openforge.store import Rollout, Run, Store
@@ -47,6 +48,7 @@ class ProxySession:
         self.rollout = self.store.create_rollout(run_id=self.run.id, task_id="proxy", harness="external",
                                                  key=self.api_key, status="running")
         self.api_key = self.rollout.key
+        reserve.hold(self.store.path)  # room to record the session's end should the disk fill up
         try:
             self.stack.start()
         except BaseException as exc:
@@ -61,7 +63,18 @@ class ProxySession:
 
         self.stack.stop()
         assert self.run is not None and self.rollout is not None
-        stats = assemble_rollout(self.store, self.rollout.id)
-        self.store.update_rollout(self.rollout.id, status="cancelled")  # ended by its user, never scored
-        self.store.set_run_status(self.run.id, "stopped")
+        try:
+            stats = assemble_rollout(self.store, self.rollout.id)
+        except StoreError as exc:  # a full disk: the run still ends `stopped`, saying why (the reserve's room)
+            if not reserve.is_disk_full(exc):
+                raise
+            reserve.write_despite_full_disk(self.store.path, lambda: self._end(error=str(exc)))
+            raise StoreError(f"{exc} (the run is marked stopped; its trajectory was not assembled)") from None
+        reserve.write_despite_full_disk(self.store.path, self._end)
+        reserve.release(self.store.path)
         return stats
+
+    def _end(self, error: str | None = None) -> None:
+        assert self.run is not None and self.rollout is not None
+        self.store.update_rollout(self.rollout.id, status="cancelled", error=error)  # ended by its user, never scored
+        self.store.set_run_status(self.run.id, "stopped", error=error)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from openforge import reserve
 from openforge.config import ForgeConfig
 from openforge.errors import EngineError, ForgeError
 from openforge.paths import runs_dir
@@ -68,6 +69,7 @@ def run_training(store: Store, run_id: str, config: ForgeConfig, controller: Run
         if (failure := stack.engine_failure) is not None:  # the supervisor gave up restarting it
             raise EngineError(failure)
 
+    reserve.hold(store.path)  # room to record how the run ended, should the disk fill up
     try:
         stack.start()
         controller.check()
@@ -85,7 +87,7 @@ def run_training(store: Store, run_id: str, config: ForgeConfig, controller: Run
         _classify(exc, outcome, stopping=controller.stopping)
     finally:
         stack.stop()
-        _record_outcome(store, run_id, outcome)
+        _record_end(store, run_id, outcome)
     return outcome
 
 
@@ -98,6 +100,21 @@ def _classify(exc: BaseException, outcome: Outcome, *, stopping: bool) -> None:
     else:
         outcome.status, outcome.error = "failed", f"{type(exc).__name__}: {exc}"
         log.exception("the run failed")
+
+
+def _record_end(store: Store, run_id: str, outcome: Outcome) -> None:
+    """The outcome into the store, on a full disk too (the store's reserve), never raising: a run whose
+    end cannot be written says so in its outcome, and the next start marks it interrupted."""
+    try:
+        reserve.write_despite_full_disk(store.path, lambda: _record_outcome(store, run_id, outcome))
+    except ForgeError as exc:
+        log.error("could not record the run's end: %s", exc)
+        outcome.error = f"{outcome.error}; " if outcome.error else ""
+        outcome.error += f"could not record the run's end: {exc}"
+        if outcome.status == "finished":
+            outcome.status = "failed"
+    else:
+        reserve.release(store.path)
 
 
 def _record_outcome(store: Store, run_id: str, outcome: Outcome) -> None:

@@ -367,3 +367,115 @@ def test_a_sigkilled_supervisor_leaves_no_engine_behind(tiny_model: Path, forge_
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# A full disk: SIGTERM still ends a run cleanly, and says why.
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A tiny tmpfs (8 MiB) to put FORGE_HOME on; `fill()` takes every byte left. Needs root and mount."""
+    mnt = tmp_path / "tiny-fs"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("a full disk needs a tiny filesystem of its own: mounting a tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (a full disk needs one): {done.stderr.strip()}")
+
+    def fill() -> None:
+        with open(mnt / "filler", "wb", buffering=0) as fh:
+            for chunk in (65536, 4096, 512, 1):  # down to the last byte
+                try:
+                    while True:
+                        fh.write(b"\0" * chunk)
+                except OSError as exc:
+                    assert exc.errno == 28, exc  # ENOSPC
+
+    try:
+        yield mnt, fill
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _integrity(db: Path) -> str:
+    import sqlite3
+
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_sigterm_on_a_full_disk_stops_forge_proxy_cleanly(tiny_model: Path, full_disk) -> None:  # type: ignore[no-untyped-def]
+    """`forge proxy` with FORGE_HOME on a filesystem that fills up mid-session: a call it cannot record
+    is a clear 500, SIGTERM ends it with one error line and exit code 1 (no traceback), the store is
+    intact and the run is `stopped`, its error naming the full disk (the store's reserve paid for that)."""
+    mnt, fill = full_disk
+    home = mnt / "home"
+    engine = ScriptedEngine(tiny_model, ["hello"] * 8)
+    forge = [sys.executable, "-c", "from forge_cli.main import main; main()"]
+    with serve_in_thread(engine.app) as es:
+        proc = subprocess.Popen([*forge, "proxy", "--model", str(tiny_model), "--engine", es.url, "--api-key", "sk-disk"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "FORGE_HOME": str(home)})
+        try:
+            lines: list[str] = []
+            deadline = time.monotonic() + 90
+            while not (lines and lines[-1].startswith("api key")) and time.monotonic() < deadline:
+                line = proc.stdout.readline()  # type: ignore[union-attr]
+                if not line:
+                    break
+                lines.append(line.rstrip("\n"))
+            assert lines and lines[-1] == "api key sk-disk", (lines, proc.poll())
+            run_id, url = lines[0].split()[1], lines[1].split()[1]
+            with httpx.Client(timeout=30) as client:
+                assert client.post(**_chat(url, "sk-disk", "hi")).status_code == 200
+                fill()
+                refused = client.post(**_chat(url, "sk-disk", "hi again"))
+                assert refused.status_code == 500 and "no space left" in refused.text, refused.text
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert proc.returncode == 1, (proc.returncode, out, err)
+    assert "forge: error: no space left for the run store" in err and "marked stopped" in err, err
+    (mnt / "filler").unlink()
+    assert _integrity(home / "forge.db") == "ok"
+    store = Store(home / "forge.db")
+    try:
+        run = store.get_run(run_id)
+        assert run.status == "stopped" and "no space left" in (run.error or ""), (run.status, run.error)
+        (rollout,) = store.list_rollouts(run_id)
+        assert rollout.status == "cancelled"
+        assert [c.status for c in store.list_calls(run_id=run_id)] == ["ok"]  # the refused call left no row
+    finally:
+        store.close()
+
+
+def test_a_run_ending_on_a_full_disk_still_records_its_end(full_disk) -> None:  # type: ignore[no-untyped-def]
+    """The lifecycle's last write (runs/train.py) on a full disk: the reserve is spent on it, it never
+    raises, and the run is `failed` with the disk's reason."""
+    from openforge import reserve
+    from runs.train import Outcome, _record_end
+
+    mnt, fill = full_disk
+    store = Store(mnt / "forge.db")
+    try:
+        run = store.create_run(kind="train", name="disk", owner_pid=os.getpid(), config={})
+        store.set_run_status(run.id, "running")
+        assert reserve.hold(store.path)
+        fill()
+        with pytest.raises(Exception, match="no space left"):  # the disk really is full for the store
+            for i in range(50):
+                store.create_rollout(run_id=run.id, task_id=f"t{i}", key=f"sk-{i}" * 20, status="running")
+        outcome = Outcome(status="failed", error="no space left for the run store")
+        _record_end(store, run.id, outcome)
+        assert outcome.status == "failed"
+        assert store.get_run(run.id).status == "failed" and "no space left" in (store.get_run(run.id).error or "")
+        assert not reserve.reserve_path(store.path).exists()  # spent
+    finally:
+        store.close()
+    assert _integrity(mnt / "forge.db") == "ok"
