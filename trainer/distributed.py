@@ -114,3 +114,187 @@ def distributed_step(model: Any, optimizer: torch.optim.Optimizer, micro_batches
     return {"loss": float(sums[0]), "clip_frac": float(sums[1]) / n, "kl": float(sums[2]) / n,
             "tis_frac": float(sums[3]) / n, "mismatch_mean": float(sums[4]) / n, "mismatch_max": float(peak[0]),
             "grad_norm": m["grad_norm"], "n_tokens": int(sums[5])}
+
+
+# ---------------------------------------------------------------------------------------------
+# `forge train` under torchrun: rank 0 runs the whole run (store, engine, proxy, rollouts, the loop
+# of trainer/loop.py) and drives the other ranks through `Group`; every other rank runs `follow()`.
+# Each op rank 0 announces (a broadcast) is then run by all ranks together, in the same order, so
+# the FSDP collectives inside it line up. Followers never touch the store or the checkpoint files:
+# weights and optimizer state reach them by broadcast, so ranks on other machines need no shared disk.
+
+
+def launched() -> bool:
+    """True in a process torchrun started with more than one rank."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def _full_options(**kw: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+def _trainable_names(model: Any) -> list[str]:
+    # The order of build_optimizer's params (model.parameters() filtered), which is what the ints of
+    # a one-process optimizer state_dict number; fully_shard keeps the names.
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+def optimizer_by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """A one-process `optimizer.state_dict()` (params numbered) keyed by parameter name instead."""
+    return {"state": {names[i]: v for i, v in state["state"].items()},
+            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+
+
+def optimizer_by_index(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The inverse of `optimizer_by_name`: the checkpoint format of the one-process trainer."""
+    index = {n: i for i, n in enumerate(names)}
+    return {"state": {index[n]: v for n, v in state["state"].items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]}
+
+
+@dataclass
+class Gathered:
+    """Rank 0's full copy of the sharded weights and optimizer, shaped like what save_checkpoint saves
+    in one process (PEFT's `save_pretrained`, a numbered `optimizer.state_dict()`): a checkpoint of a
+    torchrun run resumes in one process and the other way round."""
+
+    model: Any
+    weights: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+
+    def save_pretrained(self, path: Any) -> None:
+        self.model.save_pretrained(path, state_dict=self.weights)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer
+
+
+@dataclass
+class _Setup:
+    """What rank 0 announces once: enough for a follower to build the same sharded policy."""
+
+    config: dict[str, Any]
+    model_path: str
+    step_cfg: StepConfig
+    pad_id: int
+    scheduler: dict[str, Any] | None  # a resumed run's LR schedule position
+    resumed: bool
+
+
+def _shard_and_sync(model: Any, config: Any, d: Dist, resumed: bool,
+                    optimizer_state: dict[str, Any] | None) -> tuple[Any, Any, Any]:
+    """Shard `model`, give every rank rank 0's trainable weights (its fresh or resumed adapter) and,
+    when resuming, rank 0's optimizer state. Collective."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    from trainer.model import build_optimizer
+
+    names = _trainable_names(model)
+    weights = {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad} if d.is_main else {}
+    model = shard(model)
+    set_model_state_dict(model, weights, options=_full_options(broadcast_from_rank0=True, strict=False))
+    optimizer, scheduler = build_optimizer(model, config)
+    if resumed:
+        full = optimizer_by_name(optimizer_state, names) if d.is_main and optimizer_state else {}
+        set_optimizer_state_dict(model, optimizer, full, options=_full_options(broadcast_from_rank0=True))
+    return model, optimizer, scheduler
+
+
+class Group:
+    """Rank 0's handle on the other ranks of a torchrun job (trainer/loop.py holds one)."""
+
+    def __init__(self, d: Dist) -> None:
+        self.d = d
+        self.closed = False
+
+    def _announce(self, op: str, payload: Any = None) -> None:
+        broadcast((op, payload), self.d)
+
+    def setup(self, model: Any, config: Any, model_path: str, step_cfg: StepConfig, pad_id: int,
+              resumed: dict[str, Any] | None) -> tuple[Any, Any, Any]:
+        """Shard rank 0's `model` (fresh, or loaded from the resumed adapter) across all ranks;
+        `resumed` is the checkpoint's trainer state. Returns (model, optimizer, scheduler)."""
+        sched = resumed.get("scheduler") if resumed else None
+        self._announce("setup", _Setup(config.model_dump(), str(model_path), step_cfg, pad_id, sched, resumed is not None))
+        model, optimizer, scheduler = _shard_and_sync(model, config, self.d, resumed is not None,
+                                                      resumed["optimizer"] if resumed else None)
+        if sched is not None:
+            scheduler.load_state_dict(sched)
+        return model, optimizer, scheduler
+
+    def step(self, model: Any, optimizer: Any, scheduler: Any, samples: list[Any], step_cfg: StepConfig,
+             config: Any, pad_id: int) -> dict[str, float]:
+        self._announce("step", samples)
+        return _step(model, optimizer, scheduler, samples, step_cfg, config, pad_id, self.d)
+
+    def gather(self, model: Any, optimizer: Any) -> Gathered:
+        self._announce("gather")
+        return _gather(model, optimizer, self.d)
+
+    def close(self) -> None:
+        """Let the followers exit (rank 0 is done, or failed outside a collective)."""
+        if not self.closed:
+            self.closed = True
+            self._announce("stop")
+            dist.destroy_process_group()
+
+
+def _step(model: Any, optimizer: Any, scheduler: Any, samples: list[Any], step_cfg: StepConfig, config: Any,
+          pad_id: int, d: Dist) -> dict[str, float]:
+    from trainer.data import micro_batches
+
+    # Shared-prefix units cannot run under FSDP (see the module docstring): plain micro-batches.
+    mbs = micro_batches(samples, token_budget=config.micro_batch_tokens, pad_id=pad_id, loss_agg=config.loss_agg,
+                        device=d.device)
+    if not mbs:  # the same on every rank: each packed the same samples
+        return {"n_tokens": 0}
+    return distributed_step(model, optimizer, mbs, step_cfg, d, scheduler)
+
+
+def _gather(model: Any, optimizer: Any, d: Dist) -> Gathered:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    full = get_model_state_dict(model, options=_full_options(cpu_offload=True))
+    osd = get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=True))
+    names = _trainable_names(model)
+    weights = {k: v for k, v in full.items() if k in set(names)}
+    return Gathered(model, weights, optimizer_by_index(osd, names) if d.is_main else {})
+
+
+def follow() -> None:
+    """A rank other than 0: build the same sharded policy, then run what rank 0 announces until it
+    says stop. Ctrl-C is left to rank 0 (it stops the run and then says stop here)."""
+    import signal
+
+    from openforge.config import TrainerConfig
+    from trainer.model import build_policy
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    d = init()
+    model = optimizer = scheduler = None
+    setup: _Setup | None = None
+    try:
+        while True:
+            op, payload = broadcast(None, d)
+            if op == "setup":
+                setup = payload
+                config = TrainerConfig(**setup.config)
+                torch.manual_seed(config.seed)
+                model = build_policy(setup.model_path, config, device=d.device)
+                model, optimizer, scheduler = _shard_and_sync(model, config, d, setup.resumed, None)
+                if setup.scheduler is not None:
+                    scheduler.load_state_dict(setup.scheduler)
+            elif op == "step":
+                assert setup is not None
+                _step(model, optimizer, scheduler, payload, setup.step_cfg, config, setup.pad_id, d)
+            elif op == "gather":
+                _gather(model, optimizer, d)
+            elif op == "stop":
+                return
+            else:
+                raise RuntimeError(f"rank {d.rank}: unknown op {op!r} from rank 0")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -35,6 +35,7 @@ from openforge.config import TrainerConfig
 from openforge.errors import TrainerError
 from openforge.paths import forge_home
 from openforge.store import Checkpoint, Store, TrainStep
+from trainer import distributed
 from trainer.checkpoint import adapter_name, latest_checkpoint, save_checkpoint, set_rng_state
 from trainer.data import build_batch, call_sampling, micro_batches
 from trainer.grpo import StepConfig, grpo_step
@@ -81,20 +82,52 @@ class _Policy:
     device: torch.device
     step_cfg: StepConfig
     pad_id: int
+    group: Any = None  # under torchrun: the other ranks (trainer/distributed.py), driven from here
+
+    def update(self, samples: Sequence[Any], config: TrainerConfig) -> dict[str, Any]:
+        """One GRPO update on this step's samples: here, or sharded over every rank."""
+        if not samples:
+            return {"n_tokens": 0}
+        if self.group is not None:
+            return self.group.step(self.model, self.optimizer, self.scheduler, list(samples), self.step_cfg, config,
+                                   self.pad_id)
+        mbs = micro_batches(samples, token_budget=config.micro_batch_tokens, pad_id=self.pad_id,
+                            loss_agg=config.loss_agg, device=self.device, share_prefix_min=config.share_prefix_min_tokens)
+        return grpo_step(self.model, self.optimizer, mbs, self.step_cfg, self.scheduler) if mbs else {"n_tokens": 0}
+
+    def saveable(self) -> tuple[Any, Any]:
+        """What save_checkpoint writes: the model and optimizer, or rank 0's gathered copy of them."""
+        if self.group is not None:
+            full = self.group.gather(self.model, self.optimizer)
+            return full, full
+        return self.model, self.optimizer
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()  # the other ranks exit
 
 
-def _build(config: TrainerConfig, model_path: str | Path, resume_from: Path | None) -> _Policy:
+def _build(config: TrainerConfig, model_path: str | Path, found: Any) -> _Policy:
     if config.kl_coef > 0 and config.full_finetune:
         raise TrainerError("kl_coef > 0 needs LoRA: the reference is the base model with the adapter disabled")
-    device = pick_device(config.device)
+    d = distributed.init() if distributed.launched() else None
+    if d is not None and config.full_finetune:
+        raise TrainerError("trainer.nproc > 1 trains a LoRA adapter; full fine-tuning runs in one process")
+    device = d.device if d is not None else pick_device(config.device)
     random.seed(config.seed)
     torch.manual_seed(config.seed)  # the LoRA init
-    model = build_policy(model_path, config, device=device, resume_from=resume_from)
-    optimizer, scheduler = build_optimizer(model, config)
+    model = build_policy(model_path, config, device=device, resume_from=found.adapter_path if found else None)
     step_cfg = StepConfig(clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high, tis_cap=config.tis_cap,
                           kl_coef=config.kl_coef, loss_agg=config.loss_agg, max_grad_norm=config.max_grad_norm,
                           epochs=config.epochs_per_step, autocast_dtype=autocast_dtype(device))
-    return _Policy(model, optimizer, scheduler, device, step_cfg, pad_token_id(model))
+    pad_id = pad_token_id(model)
+    if d is None:
+        optimizer, scheduler = build_optimizer(model, config)
+        return _Policy(model, optimizer, scheduler, device, step_cfg, pad_id)
+    group = distributed.Group(d)  # rank 0: the followers build the same policy from what it announces
+    model, optimizer, scheduler = group.setup(model, config, str(model_path), step_cfg, pad_id,
+                                              found.state if found else None)
+    return _Policy(model, optimizer, scheduler, device, step_cfg, pad_id, group)
 
 
 def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str | Path, tasks: Sequence[Any],
@@ -108,11 +141,15 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
     found = latest_checkpoint(home, run_id)
     if found is not None and not resume:
         raise TrainerError(f"run {run_id} already has checkpoints (step {found.step}); resume it with --resume")
-    pi = _build(config, model_path, found.adapter_path if found else None)
     stream = TaskStream(tasks, config.seed)
+    pi = _build(config, model_path, found)
     start, position, adapter = 0, 0, None
     if found is not None:
-        start, position, adapter = _restore(store, run_id, found, pi, stream, engine, config)
+        try:
+            start, position, adapter = _restore(store, run_id, found, pi, stream, engine, config)
+        except BaseException:
+            pi.close()
+            raise
     store.update_run(run_id, owner_pid=os.getpid())
     store.set_run_status(run_id, "running")
     result = TrainResult(run_id=run_id, adapter=adapter)
@@ -133,16 +170,14 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
             ids = [r.id for r in rollouts]
             batch = build_batch(rollouts, store.list_trajectories(rollout_ids=ids), sampling=call_sampling(store, ids),
                                 std_normalize=config.std_normalize)
-            mbs = micro_batches(batch.samples, token_budget=config.micro_batch_tokens, pad_id=pi.pad_id,
-                                loss_agg=config.loss_agg, device=pi.device,
-                                share_prefix_min=config.share_prefix_min_tokens)
-            metrics = grpo_step(pi.model, pi.optimizer, mbs, pi.step_cfg, pi.scheduler) if mbs else {"n_tokens": 0}
+            metrics = pi.update(batch.samples, config)
             t2 = time.perf_counter()
             position += len(step_tasks)
             metrics.update(_reward_metrics(batch, step_tasks), step=step, n_rollouts=len(rollouts),
                            t_rollout_s=t1 - t0, t_train_s=t2 - t1, tokens_per_s=metrics["n_tokens"] / max(t2 - t1, 1e-9))
             # 3. save (the step is done once its checkpoint exists), 4. hot-load, 5. record
-            path = save_checkpoint(home, run_id, step, model=pi.model, optimizer=pi.optimizer, scheduler=pi.scheduler,
+            model, optimizer = pi.saveable()
+            path = save_checkpoint(home, run_id, step, model=model, optimizer=optimizer, scheduler=pi.scheduler,
                                    state={"position": position, "metrics": metrics, "fingerprint": stream.fingerprint})
             adapter = result.adapter = _publish(store, run_id, step, path, engine, config)
             metrics["t_sync_s"] = time.perf_counter() - t2
@@ -158,6 +193,7 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
     finally:
         if pool is not None:  # an unfinished prefetch is abandoned; its rollouts end up interrupted
             pool.shutdown(wait=pending is None, cancel_futures=True)
+        pi.close()
     store.set_run_status(run_id, "finished")
     return result
 
@@ -167,9 +203,10 @@ def _restore(store: Store, run_id: str, found: Any, pi: _Policy, stream: TaskStr
     state = found.state
     if state.get("fingerprint") != stream.fingerprint:
         raise TrainerError(f"run {run_id} was trained on a different task set; resume it with the same tasks")
-    pi.optimizer.load_state_dict(state["optimizer"])
-    if state.get("scheduler") is not None:
-        pi.scheduler.load_state_dict(state["scheduler"])
+    if pi.group is None:  # under torchrun, Group.setup has loaded them on every rank
+        pi.optimizer.load_state_dict(state["optimizer"])
+        if state.get("scheduler") is not None:
+            pi.scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     store.interrupt_unfinished(run_id)  # rollouts of the interrupted step are sampled again
     # The engine may have restarted since: load the newest adapter again before the next rollouts.
