@@ -1,50 +1,60 @@
-"""The proxy's overhead: latency it adds per call, throughput, and streaming time to first chunk.
+"""The proxy's overhead: latency it adds per call, its CPU per call, throughput, and streaming time to
+first chunk, against a pass-through hop and (optionally) an earlier revision and the LiteLLM proxy.
 
-Three paths to the same instant fake engine (SGLang's /generate answering a fixed 12-token
-completion at once), all over loopback uvicorn, measured in one run:
+Every system sits in front of an instant fake engine of its own API (SGLang's /generate for forge,
+OpenAI's /v1/chat/completions for LiteLLM), each server in its own process, all on loopback:
 
     direct        client -> engine /generate                       (the floor)
     passthrough   client -> bare ASGI proxy -> engine /generate   (what any HTTP hop costs)
     forge         client -> forge proxy /v1/chat/completions -> engine
-                  (auth, chat template + tokenising, tool-call parsing, two committed SQLite writes)
+                  (auth, chat template + tokenising, tool-call parsing, the call recorded: both rows)
+    forge@REV     the same, from the git revision REV (`FORGE_BENCH_BASELINE=REV`; asyncio + h11 as then)
+    litellm       client -> `litellm` proxy (its own venv, `FORGE_BENCH_LITELLM=path/to/litellm`) -> engine
+    forge-wN      forge with N worker processes behind one port (req/s at c=32 only)
 
-Each server runs in its own process (as in production: the engine, the proxy and the harness are
-separate processes), so the client's timing loop never competes with a server for the GIL.
-Figures are medians over repeats; ratios are against `direct` and `passthrough` of the same run.
+Rounds are interleaved (each round measures every system once, in turn), so a machine whose load
+drifts hurts all of them alike; figures are medians over rounds. Per system and round:
+
+    c=1    p50/p99 latency of sequential calls on one kept-alive connection
+    c=32   req/s with 32 concurrent clients, and the server's CPU seconds per call (psutil: user +
+           system of the server process and its children, over the phase)
+    ttfc   time to the first SSE data line of a streamed call, sequential
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import multiprocessing as mp
+import os
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
-
 from bench.timing import percentile
-from engine.serve import serve_in_thread
-from openforge.config import ProxyConfig
-from openforge.store import Store
-from proxy.server import ProxyServer
 
 ANSWER = "The answer is 42, as the file says."
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command", "parameters": {
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
 MESSAGES = [{"role": "system", "content": "You are a careful coding agent. " * 8},
             {"role": "user", "content": "Count the lines of data.txt and report the number."}]
+REPO = Path(__file__).resolve().parent.parent
 
 
-def instant_engine(output_ids: list[int]) -> Starlette:
-    """SGLang's /generate answering `output_ids` immediately (cumulative chunks when streaming)."""
+# -- the servers (each runs as `python -m bench.proxy serve KIND JSON-ARGS` in its own process) ---------
+
+def instant_engine(output_ids: list[int], answer: str = ANSWER) -> Any:
+    """SGLang's /generate answering `output_ids` at once (cumulative chunks when streaming), and an
+    OpenAI /v1/chat/completions answering `answer` (the backend LiteLLM's proxy is put in front of)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
 
     def chunk(n: int, prompt_len: int, done: bool) -> dict[str, Any]:
         meta = {"id": "x", "prompt_tokens": prompt_len, "completion_tokens": n,
@@ -64,14 +74,40 @@ def instant_engine(output_ids: list[int]) -> Starlette:
             yield "data: [DONE]\n\n"
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    async def chat(request: Request) -> Response:
+        body = json.loads(await request.body())
+        base = {"id": "chatcmpl-x", "created": 0, "model": body.get("model", "m")}
+        usage = {"prompt_tokens": 100, "completion_tokens": len(output_ids), "total_tokens": 100 + len(output_ids)}
+        if not body.get("stream"):
+            return JSONResponse({**base, "object": "chat.completion", "usage": usage, "choices": [
+                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": answer}}]})
+
+        async def events():
+            words = answer.split(" ")
+            for i, word in enumerate(words):
+                delta = {"role": "assistant", "content": word} if i == 0 else {"content": " " + word}
+                yield "data: " + json.dumps({**base, "object": "chat.completion.chunk", "choices": [
+                    {"index": 0, "delta": delta, "finish_reason": None}]}) + "\n\n"
+            yield "data: " + json.dumps({**base, "object": "chat.completion.chunk", "usage": usage, "choices": [
+                {"index": 0, "delta": {}, "finish_reason": "stop"}]}) + "\n\n"
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(events(), media_type="text/event-stream")
+
     async def health(request: Request) -> Response:
         return Response(status_code=200)
 
-    return Starlette(routes=[Route("/generate", generate, methods=["POST"]), Route("/health", health)])
+    return Starlette(routes=[Route("/generate", generate, methods=["POST"]),
+                             Route("/v1/chat/completions", chat, methods=["POST"]), Route("/health", health)])
 
 
-def passthrough_proxy(upstream: str) -> Starlette:
+def passthrough_proxy(upstream: str) -> Any:
     """A bare ASGI reverse proxy: bytes in, bytes out, nothing parsed or recorded."""
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response, StreamingResponse
+    from starlette.routing import Route
+
     client = httpx.AsyncClient(base_url=upstream, timeout=30)
 
     async def forward(request: Request) -> Response:
@@ -91,144 +127,325 @@ def passthrough_proxy(upstream: str) -> Starlette:
     return Starlette(routes=[Route("/generate", forward, methods=["POST"])])
 
 
-def _serve_child(kind: str, arg: Any, urls: Any, stop: Any) -> None:
-    if kind == "engine":
-        handle: Any = serve_in_thread(instant_engine(arg))
-    elif kind == "passthrough":
-        handle = serve_in_thread(passthrough_proxy(arg))
-    else:
-        store_path, engine_url, model_dir = arg
-        handle = ProxyServer(ProxyConfig(), store_path=store_path, engine_url=engine_url, model_path=model_dir).start()
-    urls.put(handle.url)
-    stop.wait()
+# Runs a forge proxy with only the API every revision has (ProxyServer(config, store_path=...,
+# engine_url=..., model_path=...)), so the same code serves this tree and an older one.
+_FORGE_CHILD = """
+import json, sys
+args = json.loads(sys.argv[1])
+if args.pop("no_uvloop", False):
+    sys.modules["uvloop"] = None  # as the revision ran before uvloop was a dependency
+from openforge.config import ProxyConfig
+from proxy.server import ProxyServer
+cfg = ProxyConfig(**args.pop("config"))
+server = ProxyServer(cfg, **args).start()
+print(server.url, flush=True)
+sys.stdin.read()
+server.stop()
+"""
+
+
+def _serve(kind: str, args: dict[str, Any]) -> None:
+    from engine.serve import serve_in_thread
+
+    app = instant_engine(args["output_ids"]) if kind == "engine" else passthrough_proxy(args["upstream"])
+    handle = serve_in_thread(app)
+    print(handle.url, flush=True)
+    sys.stdin.read()  # until the bench closes our stdin
     handle.stop()
 
 
 class _Server:
-    """A server of `kind` in a child process (spawned: no threads are forked)."""
+    """A server in a child process: it prints its URL, and stops when its stdin closes."""
 
-    def __init__(self, kind: str, arg: Any) -> None:
-        ctx = mp.get_context("spawn")
-        self.stop_event = ctx.Event()
-        urls = ctx.Queue()
-        self.proc = ctx.Process(target=_serve_child, args=(kind, arg, urls, self.stop_event), daemon=True)
-        self.proc.start()
-        self.url = urls.get(timeout=120)
+    def __init__(self, argv: list[str], *, cwd: Path = REPO, env: dict[str, str] | None = None,
+                 url: str | None = None, ready_timeout: float = 180) -> None:
+        self.proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        if url is None:
+            line = self.proc.stdout.readline().strip()  # type: ignore[union-attr]
+            if not line.startswith("http"):
+                self.close()
+                raise RuntimeError(f"{argv[:3]} did not start (printed {line!r})")
+            url = line
+        self.url = url
+        if url is not None:
+            self._wait_ready(ready_timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server for {self.url} exited with {self.proc.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/health", timeout=2).status_code < 500:
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f"server at {self.url} not ready after {timeout:g}s")
+
+    def cpu_s(self) -> float:
+        import psutil
+
+        try:
+            root = psutil.Process(self.proc.pid)
+            total = 0.0
+            for p in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    t = p.cpu_times()
+                    total += t.user + t.system
+            return total
+        except psutil.Error:
+            return float("nan")
 
     def close(self) -> None:
-        self.stop_event.set()
-        self.proc.join(15)
-        if self.proc.is_alive():
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
             self.proc.terminate()
-            self.proc.join(5)
+            self.proc.wait(10)
 
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _forge(tree: Path, store: Path, engine_url: str, model_dir: Path, *, workers: int = 1,
+           baseline: bool = False) -> _Server:
+    config: dict[str, Any] = {"max_concurrent_calls": 256}
+    if workers > 1:
+        config.update(workers=workers, port=_free_port())
+    args = {"store_path": str(store), "engine_url": engine_url, "model_path": str(model_dir), "config": config,
+            "no_uvloop": baseline}
+    return _Server([sys.executable, "-c", _FORGE_CHILD, json.dumps(args)], cwd=tree,
+                   env={"PYTHONPATH": str(tree)})
+
+
+def _litellm(exe: str, backend: str, tmp: Path) -> _Server:
+    cfg = tmp / "litellm.yaml"
+    cfg.write_text("model_list:\n  - model_name: m\n    litellm_params:\n      model: openai/m\n"
+                   f"      api_base: {backend}/v1\n      api_key: none\n"
+                   "litellm_settings:\n  drop_params: true\n  telemetry: false\n")
+    port = _free_port()
+    return _Server([exe, "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
+                   url=f"http://127.0.0.1:{port}", env={"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False"})
+
+
+# -- the load ----------------------------------------------------------------------------------
 
 async def _latencies(url: str, path: str, body: dict, n: int, headers: dict) -> list[float]:
+    import aiohttp
+
     out = []
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
-        for _ in range(3):  # warm the connection and caches
-            (await http.post(path, json=body)).raise_for_status()
-        for _ in range(n):
+    async with aiohttp.ClientSession(base_url=url, headers=headers) as http:
+        for i in range(n + 3):  # the first 3 warm the connection and caches
             t = time.perf_counter()
-            (await http.post(path, json=body)).raise_for_status()
-            out.append((time.perf_counter() - t) * 1000)
+            async with http.post(path, json=body) as resp:
+                resp.raise_for_status()
+                await resp.read()
+            if i >= 3:
+                out.append((time.perf_counter() - t) * 1000)
     return out
 
 
-async def _throughput(url: str, path: str, body: dict, n: int, concurrency: int, headers: dict) -> float:
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60,
-                                 limits=httpx.Limits(max_connections=concurrency)) as http:
+async def _throughput(url: str, path: str, body: dict, n: int, concurrency: int, headers: dict,
+                      server: _Server) -> tuple[float, float, float]:
+    """(req/s, server CPU ms per call, p50 ms) of `n` calls from `concurrency` clients."""
+    import aiohttp
+
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(base_url=url, headers=headers, connector=conn) as http:
+        async def call() -> float:
+            t = time.perf_counter()
+            async with http.post(path, json=body) as resp:
+                resp.raise_for_status()
+                await resp.read()
+            return (time.perf_counter() - t) * 1000
+
+        await asyncio.gather(*(call() for _ in range(concurrency)))  # open the connections
         remaining = [n]
+        lat: list[float] = []
 
         async def worker() -> None:
             while remaining[0] > 0:
                 remaining[0] -= 1
-                (await http.post(path, json=body)).raise_for_status()
+                lat.append(await call())
+        cpu0 = server.cpu_s()
         t = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return n / (time.perf_counter() - t)
+        elapsed = time.perf_counter() - t
+        cpu = server.cpu_s() - cpu0
+    return n / elapsed, cpu * 1000 / n, statistics.median(lat)
 
 
 async def _first_chunk(url: str, path: str, body: dict, n: int, headers: dict) -> list[float]:
+    import aiohttp
+
     out = []
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as http:
+    async with aiohttp.ClientSession(base_url=url, headers=headers) as http:
         for i in range(n + 3):
             t = time.perf_counter()
-            async with http.stream("POST", path, json=body) as resp:
-                first = None
-                async for line in resp.aiter_lines():
-                    if first is None and line.startswith("data:"):
+            first = None
+            async with http.post(path, json=body) as resp:
+                resp.raise_for_status()
+                async for line in resp.content:
+                    if first is None and line.startswith(b"data:"):
                         first = (time.perf_counter() - t) * 1000
             if i >= 3:
                 out.append(first or 0.0)
     return out
 
 
+def _baseline_tree(rev: str, tmp: Path) -> Path:
+    """The files of revision `rev` in a folder (git archive: the working tree is not touched)."""
+    tree = tmp / f"rev-{rev}"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
 def run(quick: bool = False) -> dict:
     from engine.tiny import build_tokenizer
+    from openforge.store import Store
 
-    n, n_tp, conc, repeats = (60, 120, 16, 1) if quick else (300, 600, 32, 3)
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = Path(tmp) / "tok"
+    n, n_tp, conc, rounds = (60, 200, 32, 1) if quick else (300, 1000, 32, 3)
+    baseline_rev = os.environ.get("FORGE_BENCH_BASELINE")
+    litellm_exe = os.environ.get("FORGE_BENCH_LITELLM") or shutil.which("litellm")
+    worker_counts = [int(w) for w in os.environ.get("FORGE_BENCH_WORKERS", "2").split(",") if w.strip()]
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        model_dir = tmp / "tok"
         tok = build_tokenizer()
         tok.save_pretrained(model_dir)
         output_ids = tok.encode(ANSWER, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
         prompt_ids = tok.encode(tok.apply_chat_template(MESSAGES, tools=TOOLS, tokenize=False,
                                                         add_generation_prompt=True), add_special_tokens=False)
-        store = Store(Path(tmp) / "forge.db")
-        rollout = store.create_rollout(run_id=store.create_run(kind="bench").id, task_id="t", status="running")
+        store = Store(tmp / "forge.db")
+        run_id = store.create_run(kind="bench").id
+        keys = {}
         gen = {"input_ids": prompt_ids, "sampling_params": {"max_new_tokens": 64}, "return_logprob": True}
         chat = {"model": "m", "messages": MESSAGES, "tools": TOOLS}
-        auth = {"authorization": f"Bearer {rollout.key}"}
-        engine = _Server("engine", output_ids)
-        passthrough = _Server("passthrough", engine.url)
-        proxy = _Server("forge", (store.path, engine.url, model_dir))
-        paths = {"direct": (engine.url, "/generate", gen, {}), "passthrough": (passthrough.url, "/generate", gen, {}),
-                 "forge": (proxy.url, "/v1/chat/completions", chat, auth)}
-        runs: dict[str, dict[str, list[float]]] = {k: {"p50": [], "p99": [], "rps": [], "ttfc": []} for k in paths}
+
+        def auth(name: str) -> dict[str, str]:  # a rollout (and its key) per system: seqs stay per proxy
+            if name not in keys:
+                keys[name] = store.create_rollout(run_id=run_id, task_id=name, status="running").key
+            return {"authorization": f"Bearer {keys[name]}"}
+
+        me = [sys.executable, "-m", "bench.proxy", "serve"]
+        servers: dict[str, _Server] = {}
         try:
-            for _ in range(repeats):
-                for name, (url, path, body, hdr) in paths.items():
-                    lat = asyncio.run(_latencies(url, path, body, n, hdr))
-                    runs[name]["p50"].append(percentile(lat, 0.5))
-                    runs[name]["p99"].append(percentile(lat, 0.99))
-                    runs[name]["rps"].append(asyncio.run(_throughput(url, path, body, n_tp, conc, hdr)))
-                    ttfc = asyncio.run(_first_chunk(url, path, {**body, "stream": True}, max(n // 3, 10), hdr))
-                    runs[name]["ttfc"].append(statistics.median(ttfc))
+            engine = servers["engine"] = _Server([*me, "engine", json.dumps({"output_ids": output_ids})])
+            servers["passthrough"] = _Server([*me, "passthrough", json.dumps({"upstream": engine.url})])
+            servers["forge"] = _forge(REPO, store.path, engine.url, model_dir)
+            if baseline_rev:
+                servers[f"forge@{baseline_rev}"] = _forge(_baseline_tree(baseline_rev, tmp), store.path, engine.url,
+                                                          model_dir, baseline=True)
+            if litellm_exe:
+                try:
+                    servers["litellm"] = _litellm(litellm_exe, engine.url, tmp)
+                except RuntimeError as exc:
+                    print(f"litellm: not measured ({exc})")
+            for w in worker_counts:
+                if w > 1:
+                    servers[f"forge-w{w}"] = _forge(REPO, store.path, engine.url, model_dir, workers=w)
+            paths: dict[str, tuple[_Server, str, dict, dict]] = {}
+            for name, server in servers.items():
+                if name in ("engine", "passthrough"):
+                    paths["direct" if name == "engine" else name] = (server, "/generate", gen, {})
+                elif name == "litellm":
+                    paths[name] = (server, "/v1/chat/completions", chat, {"authorization": "Bearer none"})
+                else:
+                    paths[name] = (server, "/v1/chat/completions", chat, auth(name))
+            made = dict.fromkeys(paths, 0)
+            runs = {k: {"p50": [], "p99": [], "rps": [], "cpu_ms": [], "p50_c32": [], "ttfc": []} for k in paths}
+            for _ in range(rounds):
+                for name, (server, path, body, hdr) in paths.items():
+                    m = runs[name]
+                    if not name.startswith("forge-w"):  # many workers: throughput is their point
+                        lat = asyncio.run(_latencies(server.url, path, body, n, hdr))
+                        m["p50"].append(percentile(lat, 0.5))
+                        m["p99"].append(percentile(lat, 0.99))
+                        ttfc = asyncio.run(_first_chunk(server.url, path, {**body, "stream": True},
+                                                        max(n // 3, 10), hdr))
+                        m["ttfc"].append(statistics.median(ttfc))
+                        made[name] += n + 3 + max(n // 3, 10) + 3
+                    rps, cpu_ms, p50_c = asyncio.run(_throughput(server.url, path, body, n_tp, conc, hdr, server))
+                    m["rps"].append(rps)
+                    m["cpu_ms"].append(cpu_ms)
+                    m["p50_c32"].append(p50_c)
+                    made[name] += conc + n_tp
+            recorded = _check_recorded(store, keys, made)
         finally:
-            for server in (proxy, passthrough, engine):
+            for server in reversed(list(servers.values())):
                 server.close()
             store.close()
-    med = {k: {m: statistics.median(v) for m, v in d.items()} for k, d in runs.items()}
-    f, d, p = med["forge"], med["direct"], med["passthrough"]
-    result = {
-        "prompt_tokens": len(prompt_ids), "completion_tokens": len(output_ids), "concurrency": conc,
-        "latency_ms": med,
-        "forge_added_p50_ms": f["p50"] - d["p50"], "forge_added_p99_ms": f["p99"] - d["p99"],
-        "passthrough_added_p50_ms": p["p50"] - d["p50"],
-        "forge_vs_passthrough_added_p50_ms": f["p50"] - p["p50"],
-        "ttfc_added_ms": f["ttfc"] - d["ttfc"],
-        "ratio_p50_vs_direct": f["p50"] / d["p50"], "ratio_p50_vs_passthrough": f["p50"] / p["p50"],
-        "ratio_rps_vs_direct": f["rps"] / d["rps"], "ratio_rps_vs_passthrough": f["rps"] / p["rps"],
-        "ratio_ttfc_vs_direct": f["ttfc"] / d["ttfc"],
-    }
+    med = {k: {m: round(statistics.median(v), 3) for m, v in d.items() if v} for k, d in runs.items()}
+    d = med["direct"]
+    result: dict[str, Any] = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(output_ids),
+                              "concurrency": conc, "rounds": rounds, "calls_c1": n, "calls_c32": n_tp,
+                              "systems": med, "recorded_calls_checked": recorded}
+    for name, m in med.items():
+        if name == "direct":
+            continue
+        added = {"added_p50_ms": m.get("p50", float("nan")) - d["p50"], "added_ttfc_ms": m.get("ttfc", float("nan")) - d["ttfc"],
+                 "rps_vs_direct": m["rps"] / d["rps"]}
+        result[f"{name}_vs_direct"] = {k: round(v, 3) for k, v in added.items()}
+    f = med["forge"]
+    if baseline_rev:
+        b = med[f"forge@{baseline_rev}"]
+        result["forge_vs_baseline"] = {
+            "added_p50_ratio": round((f["p50"] - d["p50"]) / (b["p50"] - d["p50"]), 3),
+            "cpu_per_call_ratio": round(f["cpu_ms"] / b["cpu_ms"], 3),
+            "rps_ratio": round(f["rps"] / b["rps"], 3),
+            "added_ttfc_ratio": round((f["ttfc"] - d["ttfc"]) / (b["ttfc"] - d["ttfc"]), 3)}
+    if "litellm" in med:
+        lit = med["litellm"]
+        result["forge_vs_litellm"] = {"added_p50_ratio": round((f["p50"] - d["p50"]) / (lit["p50"] - d["p50"]), 3),
+                                      "cpu_per_call_ratio": round(f["cpu_ms"] / lit["cpu_ms"], 3),
+                                      "rps_ratio": round(f["rps"] / lit["rps"], 3)}
+    for w in worker_counts:
+        if f"forge-w{w}" in med:
+            result[f"forge_w{w}_rps_vs_w1"] = round(med[f"forge-w{w}"]["rps"] / f["rps"], 3)
     _report(result, med)
     return result
 
 
+def _check_recorded(store: Any, keys: dict[str, str], made: dict[str, int]) -> int:
+    """Every forge call the bench made is a finished row, numbered 0..n-1 in its rollout."""
+    total = 0
+    for name, key in keys.items():
+        rollout = store.rollout_by_key(key)
+        calls = sorted(store.list_calls(rollout_id=rollout.id, limit=1_000_000), key=lambda c: c.seq)
+        seqs = [c.seq for c in calls]
+        if len(calls) != made[name] or seqs != list(range(len(seqs))) or any(c.status != "ok" for c in calls):
+            bad = sorted({c.status for c in calls})
+            raise RuntimeError(f"{name}: recorded calls are not exact: {len(calls)} rows for {made[name]} calls, "
+                               f"statuses {bad}")
+        total += len(calls)
+    return total
+
+
 def _report(result: dict, med: dict) -> None:
     print(f"proxy bench: prompt {result['prompt_tokens']} tokens, completion {result['completion_tokens']}, "
-          "instant engine, loopback, each server in its own process")
-    print(f"{'path':<12} {'p50 ms':>8} {'p99 ms':>8} {'req/s @' + str(result['concurrency']):>10} {'ttfc ms':>8}")
+          f"instant engine, loopback, each server in its own process, {result['rounds']} interleaved round(s)")
+    print(f"{'system':<16} {'p50 ms':>8} {'p99 ms':>8} {'ttfc ms':>8} {'req/s@32':>9} {'p50@32':>8} {'cpu ms/call':>11}")
     for name, m in med.items():
-        print(f"{name:<12} {m['p50']:8.2f} {m['p99']:8.2f} {m['rps']:10.0f} {m['ttfc']:8.2f}")
-    print(f"forge adds {result['forge_added_p50_ms']:.2f} ms p50 / {result['forge_added_p99_ms']:.2f} ms p99 over "
-          f"direct ({result['forge_vs_passthrough_added_p50_ms']:.2f} ms over a bare pass-through hop); "
-          f"p50 ratio x{result['ratio_p50_vs_direct']:.2f} vs direct, x{result['ratio_p50_vs_passthrough']:.2f} vs "
-          f"pass-through; throughput x{result['ratio_rps_vs_direct']:.2f} vs direct, "
-          f"x{result['ratio_rps_vs_passthrough']:.2f} vs pass-through; first chunk +{result['ttfc_added_ms']:.2f} ms "
-          f"(x{result['ratio_ttfc_vs_direct']:.2f})")
+        print(f"{name:<16} {m.get('p50', float('nan')):8.2f} {m.get('p99', float('nan')):8.2f} "
+              f"{m.get('ttfc', float('nan')):8.2f} {m['rps']:9.0f} {m['p50_c32']:8.2f} {m['cpu_ms']:11.2f}")
+    for key, value in result.items():
+        if key.endswith(("_vs_direct", "_vs_baseline", "_vs_litellm", "_vs_w1")) or key == "recorded_calls_checked":
+            print(f"{key}: {value}")
 
 
 if __name__ == "__main__":
-    run(quick=True)
+    if len(sys.argv) == 4 and sys.argv[1] == "serve":
+        _serve(sys.argv[2], json.loads(sys.argv[3]))
+    else:
+        print(json.dumps(run(quick="--quick" in sys.argv), indent=1))

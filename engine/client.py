@@ -25,6 +25,10 @@ backoff), and once, a kept-alive connection the engine closed as the request wen
 `KEEPALIVE_EXPIRY_S`).
 
 With `api_key`, every request carries `Authorization: Bearer <key>` (SGLang's `--api-key`).
+
+The network path is aiohttp (its connection pool hands out a kept-alive connection in O(1); httpx's
+pool checked every idle connection with a syscall on each request, a tenth of the proxy's CPU per
+call); `transport=` (an httpx transport, e.g. `httpx.ASGITransport`) serves an engine in-process.
 """
 
 from __future__ import annotations
@@ -36,21 +40,189 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx
+import orjson
 
 from openforge.errors import EngineError, EngineRejected, EngineTimeout, EngineUnavailable
-
-_NOT_CONNECTED = (httpx.ConnectError, httpx.ConnectTimeout)
-# The request went out on a kept-alive connection that the server closed at the same moment: no
-# response at all. The server never read it (uvicorn closes idle connections without reading).
-_DROPPED_BEFORE_ANSWER = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 # Both uvicorn (the embedded engine, SGLang's server) and httpx drop idle keep-alive connections
 # after 5 s. With equal timers a request sent on a connection idle for ~5 s races the server's close
 # and fails with no response (about 1 call in 1,000-2,500 under load). Expiring our side well before
-# the server's leaves the race a window of scheduler delay only, and the one retry on
-# `_DROPPED_BEFORE_ANSWER` covers that.
+# the server's leaves the race a window of scheduler delay only, and the one retry on a dropped
+# request covers that.
 KEEPALIVE_EXPIRY_S = 2.0
+
+
+class _NotConnected(Exception):
+    """No connection could be made: the request never left."""
+
+
+class _Dropped(Exception):
+    """The request went out on a kept-alive connection that the server closed at the same moment: no
+    response at all. The server never read it (uvicorn closes idle connections without reading)."""
+
+
+class _TimedOut(Exception):
+    pass
+
+
+class _Broken(Exception):
+    """Any other transport failure."""
+
+
+class _Reply:
+    """An answered request: its status, then its body (whole, or line by line for a stream)."""
+
+    status: int
+
+    async def read(self) -> bytes:
+        raise NotImplementedError
+
+    def lines(self) -> AsyncIterator[bytes]:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+
+class _AiohttpReply(_Reply):
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self.status = resp.status
+
+    async def read(self) -> bytes:
+        try:
+            return await self._resp.read()
+        except TimeoutError as exc:
+            raise _TimedOut() from exc
+        except aiohttp.ClientError as exc:
+            raise _Broken(f"{type(exc).__name__}: {exc}") from exc
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        # Split here rather than with aiohttp's readline, which refuses lines over 128 KiB (a
+        # cumulative chunk's logprobs grow past that on long completions).
+        buf = b""
+        try:
+            async for part in self._resp.content.iter_any():
+                buf += part
+                if b"\n" in buf:
+                    *done, buf = buf.split(b"\n")
+                    for line in done:
+                        yield line.rstrip(b"\r")
+        except TimeoutError as exc:
+            raise _TimedOut() from exc
+        except aiohttp.ClientError as exc:
+            raise _Broken(f"{type(exc).__name__}: {exc}") from exc
+        if buf:
+            yield buf
+
+    async def close(self) -> None:
+        if self._resp.content.at_eof():
+            self._resp.release()  # the connection goes back to the pool
+        else:
+            self._resp.close()  # a body left unread (a stream abandoned): the connection is dropped
+
+
+class _HttpxReply(_Reply):
+    def __init__(self, resp: httpx.Response) -> None:
+        self._resp = resp
+        self.status = resp.status_code
+
+    async def read(self) -> bytes:
+        try:
+            return await self._resp.aread()
+        except httpx.TimeoutException as exc:
+            raise _TimedOut() from exc
+        except httpx.HTTPError as exc:
+            raise _Broken(f"{type(exc).__name__}: {exc}") from exc
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        try:
+            async for line in self._resp.aiter_lines():
+                yield line.encode()
+        except httpx.TimeoutException as exc:
+            raise _TimedOut() from exc
+        except httpx.HTTPError as exc:
+            raise _Broken(f"{type(exc).__name__}: {exc}") from exc
+
+    async def close(self) -> None:
+        await self._resp.aclose()
+
+
+class _AiohttpSender:
+    """Requests over aiohttp's pool (made on first use: aiohttp binds it to the running loop)."""
+
+    def __init__(self, base_url: str, timeout: float, headers: dict[str, str],
+                 keepalive_expiry: float) -> None:
+        self.base_url = base_url
+        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(10.0, timeout), sock_read=timeout)
+        self.headers = headers
+        self.keepalive_expiry = keepalive_expiry
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _open_session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._loop is not loop or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=512, keepalive_timeout=self.keepalive_expiry,
+                                             ttl_dns_cache=300)
+            self._session = aiohttp.ClientSession(self.base_url, connector=connector, timeout=self.timeout,
+                                                  headers=self.headers, auto_decompress=False,
+                                                  skip_auto_headers=("User-Agent",))
+            self._loop = loop
+        return self._session
+
+    async def send(self, method: str, path: str, body: bytes | None, timeout: float | None) -> _Reply:
+        session = self._open_session()
+        kw: dict[str, Any] = {}
+        if body is not None:
+            kw.update(data=body, headers={"content-type": "application/json"})
+        if timeout is not None:
+            kw["timeout"] = aiohttp.ClientTimeout(total=timeout)
+        try:
+            return _AiohttpReply(await session.request(method, path, **kw))
+        except aiohttp.ClientConnectorError as exc:
+            raise _NotConnected(type(exc).__name__) from exc
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            raise _Dropped(f"{type(exc).__name__}: {exc}") from exc
+        except TimeoutError as exc:
+            raise _TimedOut() from exc
+        except aiohttp.ClientError as exc:
+            raise _Broken(f"{type(exc).__name__}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            if self._loop is asyncio.get_running_loop():
+                await self._session.close()
+        self._session = None
+
+
+class _HttpxSender:
+    """Requests through an httpx transport (an engine served in-process, in tests)."""
+
+    def __init__(self, base_url: str, timeout: float, headers: dict[str, str],
+                 transport: httpx.AsyncBaseTransport) -> None:
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
+                                       headers=headers, transport=transport)
+
+    async def send(self, method: str, path: str, body: bytes | None, timeout: float | None) -> _Reply:
+        headers = {"content-type": "application/json"} if body is not None else None
+        try:
+            req = self._http.build_request(method, path, content=body, headers=headers,
+                                           timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
+            return _HttpxReply(await self._http.send(req, stream=True))
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise _NotConnected(type(exc).__name__) from exc
+        except httpx.TimeoutException as exc:
+            raise _TimedOut() from exc
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            raise _Dropped(f"{type(exc).__name__}: {exc}") from exc
+        except httpx.HTTPError as exc:
+            raise _Broken(f"{type(exc).__name__}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
 
 
 @dataclass
@@ -163,13 +335,10 @@ class EngineClient:
         self.base_url = base_url.rstrip("/")
         self.retries = retries
         self.timeout = timeout
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64, keepalive_expiry=keepalive_expiry),
-            headers={"authorization": f"Bearer {api_key}"} if api_key else None,
-            transport=transport,
-        )
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._sender: _AiohttpSender | _HttpxSender = (
+            _HttpxSender(self.base_url, timeout, headers, transport) if transport is not None
+            else _AiohttpSender(self.base_url, timeout, headers, keepalive_expiry))
 
     async def __aenter__(self) -> EngineClient:
         return self
@@ -178,27 +347,29 @@ class EngineClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._sender.aclose()
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    async def _send(self, method: str, path: str, *, json_body: Any = None, stream: bool = False) -> httpx.Response:
-        """Send with the retries above; the caller closes a streamed response."""
-        resp = await self._open(method, path, json_body)
-        if not stream:
-            try:
-                await resp.aread()
-            except httpx.TimeoutException:
-                raise EngineTimeout(f"engine at {self.base_url} did not answer {path} within {self.timeout:g}s") \
-                    from None
-            except httpx.HTTPError as exc:
-                raise EngineUnavailable(f"engine at {self.base_url} broke off {path}: {type(exc).__name__}: {exc}") \
-                    from None
-            finally:
-                await resp.aclose()
-        return resp
+    def _timed_out(self, path: str) -> EngineTimeout:
+        return EngineTimeout(f"engine at {self.base_url} did not answer {path} within {self.timeout:g}s")
 
-    async def _open(self, method: str, path: str, json_body: Any) -> httpx.Response:
+    async def _send(self, method: str, path: str, *, json_body: Any = None, stream: bool = False) -> tuple[_Reply, bytes]:
+        """Send with the retries above: the reply and, unless `stream`, its whole body (the caller
+        closes a streamed reply)."""
+        reply = await self._open(method, path, None if json_body is None else orjson.dumps(json_body))
+        if stream:
+            return reply, b""
+        try:
+            return reply, await reply.read()
+        except _TimedOut:
+            raise self._timed_out(path) from None
+        except _Broken as exc:
+            raise EngineUnavailable(f"engine at {self.base_url} broke off {path}: {exc}") from None
+        finally:
+            await reply.close()
+
+    async def _open(self, method: str, path: str, body: bytes | None, timeout: float | None = None) -> _Reply:
         """The response's head (its body still to read). Retries stop here: once the engine has
         answered, it has the request, and sending it again could run it twice."""
         delay = 0.2
@@ -206,43 +377,45 @@ class EngineClient:
         attempt = 0
         while True:
             try:
-                req = self._http.build_request(method, path, json=json_body)
-                return await self._http.send(req, stream=True)
-            except _NOT_CONNECTED as exc:
+                return await self._sender.send(method, path, body, timeout)
+            except _NotConnected as exc:
                 if attempt == self.retries:
                     raise EngineUnavailable(
-                        f"engine at {self.base_url} is down (cannot connect after {attempt + 1} tries: "
-                        f"{type(exc).__name__})"
+                        f"engine at {self.base_url} is down (cannot connect after {attempt + 1} tries: {exc})"
                     ) from None
                 attempt += 1
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-            except httpx.TimeoutException:
-                raise EngineTimeout(f"engine at {self.base_url} did not answer {path} within {self.timeout:g}s") from None
-            except _DROPPED_BEFORE_ANSWER as exc:
+            except _TimedOut:
+                raise self._timed_out(path) from None
+            except _Dropped as exc:
                 if redone:
-                    raise EngineUnavailable(f"engine at {self.base_url} dropped {path}: {type(exc).__name__}: {exc}") \
-                        from None
+                    raise EngineUnavailable(f"engine at {self.base_url} dropped {path}: {exc}") from None
                 redone = True  # at once, on a fresh connection: the pool discards the dead one
-            except httpx.HTTPError as exc:
-                raise EngineUnavailable(f"engine at {self.base_url} failed {path}: {type(exc).__name__}: {exc}") \
-                    from None
+            except _Broken as exc:
+                raise EngineUnavailable(f"engine at {self.base_url} failed {path}: {exc}") from None
 
-    def _check(self, resp: httpx.Response, path: str) -> None:
-        if resp.status_code >= 400:
+    def _check(self, status: int, body: bytes, path: str) -> None:
+        if status >= 400:
             try:
-                detail = _error_message(resp.json())
+                detail = _error_message(json.loads(body))
             except (json.JSONDecodeError, UnicodeDecodeError):
-                detail = resp.text.strip()[:300]
-            message = f"engine at {self.base_url}: {path} -> HTTP {resp.status_code}: {detail}"
-            if resp.status_code < 500:
-                raise EngineRejected(message, status=resp.status_code)
+                detail = body.decode("utf-8", "replace").strip()[:300]
+            message = f"engine at {self.base_url}: {path} -> HTTP {status}: {detail}"
+            if status < 500:
+                raise EngineRejected(message, status=status)
             raise EngineUnavailable(message)
 
-    async def _call(self, method: str, path: str, json_body: Any = None) -> httpx.Response:
-        resp = await self._send(method, path, json_body=json_body)
-        self._check(resp, path)
-        return resp
+    async def _call(self, method: str, path: str, json_body: Any = None) -> bytes:
+        reply, body = await self._send(method, path, json_body=json_body)
+        self._check(reply.status, body, path)
+        return body
+
+    def _json(self, body: bytes, path: str) -> Any:
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise EngineUnavailable(f"engine at {self.base_url}: {path} answered non-JSON: {body[:200]!r}") from None
 
     @staticmethod
     def _generate_body(input_ids: list[int], sampling_params: dict[str, Any], lora_path: str | None,
@@ -265,34 +438,28 @@ class EngineClient:
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *,
                        lora_path: str | None = None, rid: str | None = None) -> GenerateOutput:
         """One completion of `input_ids`; `lora_path` names a loaded adapter (None = base model)."""
-        resp = await self._call("POST", "/generate", self._generate_body(input_ids, sampling_params, lora_path, rid, False))
-        try:
-            body = resp.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise EngineUnavailable(f"engine at {self.base_url}: /generate answered non-JSON: {resp.text[:200]!r}") \
-                from None
-        return parse_generate_response(body)
+        body = await self._call("POST", "/generate", self._generate_body(input_ids, sampling_params, lora_path, rid, False))
+        return parse_generate_response(self._json(body, "/generate"))
 
     async def stream_generate(self, input_ids: list[int], sampling_params: dict[str, Any], *,
                               lora_path: str | None = None, rid: str | None = None) -> AsyncIterator[GenerateDelta]:
         """Yield incremental `GenerateDelta`s; the last one carries `finish_reason`.
 
         A stream that ends without a finish reason (the engine died) raises EngineUnavailable."""
-        resp = await self._send("POST", "/generate", json_body=self._generate_body(input_ids, sampling_params, lora_path, rid, True),
-                                stream=True)
+        reply, _ = await self._send("POST", "/generate", stream=True,
+                                    json_body=self._generate_body(input_ids, sampling_params, lora_path, rid, True))
         try:
-            if resp.status_code >= 400:
-                await resp.aread()
-                self._check(resp, "/generate")
+            if reply.status >= 400:
+                self._check(reply.status, await reply.read(), "/generate")
             tracker = _DeltaTracker()
             finished = False
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
+            async for line in reply.lines():
+                if not line.startswith(b"data:"):
                     continue
                 payload = line[5:].strip()
-                if payload == "[DONE]":
+                if payload == b"[DONE]":
                     break
-                chunk = json.loads(payload)
+                chunk = orjson.loads(payload)
                 if "error" in chunk:  # SGLang streams its validation errors (ValueError) this way
                     raise EngineRejected(f"engine at {self.base_url}: /generate stream failed: {_error_message(chunk)}")
                 delta = tracker.delta(chunk)
@@ -302,24 +469,23 @@ class EngineClient:
             if not finished:
                 raise EngineUnavailable(f"engine at {self.base_url}: /generate stream ended before the completion "
                                         "finished")
-        except json.JSONDecodeError as exc:
+        except orjson.JSONDecodeError as exc:
             raise EngineUnavailable(f"engine at {self.base_url}: bad stream chunk: {exc}") from None
-        except httpx.TimeoutException:
+        except _TimedOut:
             raise EngineTimeout(f"engine at {self.base_url}: /generate stream stalled for {self.timeout:g}s") from None
-        except httpx.HTTPError as exc:
-            raise EngineUnavailable(f"engine at {self.base_url}: /generate stream broke: {type(exc).__name__}: {exc}") \
-                from None
+        except _Broken as exc:
+            raise EngineUnavailable(f"engine at {self.base_url}: /generate stream broke: {exc}") from None
         finally:
-            await resp.aclose()
+            await reply.close()
 
     # -- control ----------------------------------------------------------------------------
 
     async def _admin(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        resp = await self._call("POST", path, body)
+        raw = await self._call("POST", path, body)
         try:
-            out = resp.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return {"success": True, "message": resp.text}
+            out = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return {"success": True, "message": raw.decode("utf-8", "replace")}
         if isinstance(out, dict) and out.get("success") is False:
             raise EngineRejected(f"engine at {self.base_url}: {path} failed: {_error_message(out)}")
         return out
@@ -339,7 +505,7 @@ class EngineClient:
         await self._call("POST", "/flush_cache")
 
     async def model_info(self) -> dict[str, Any]:
-        return (await self._call("GET", "/model_info")).json()
+        return self._json(await self._call("GET", "/model_info"), "/model_info")
 
     async def context_length(self) -> int | None:
         """The longest sequence (prompt + completion) the engine serves, as it reports it; None when
@@ -349,8 +515,8 @@ class EngineClient:
         min(the model's context, the KV cache) - 1); older versions only /get_model_info."""
         for path in ("/model_info", "/get_server_info", "/get_model_info"):
             try:
-                info = (await self._call("GET", path)).json()
-            except (EngineRejected, json.JSONDecodeError, UnicodeDecodeError):  # no such route here
+                info = orjson.loads(await self._call("GET", path))
+            except (EngineRejected, orjson.JSONDecodeError):  # no such route here
                 continue
             if not isinstance(info, dict):
                 continue
@@ -364,10 +530,16 @@ class EngineClient:
     async def health(self) -> bool:
         """True when the engine answers /health with 200 (no retries: this is a probe)."""
         try:
-            resp = await self._http.get("/health", timeout=5.0)
-        except httpx.HTTPError:
+            reply = await self._sender.send("GET", "/health", None, 5.0)
+        except (_NotConnected, _Dropped, _TimedOut, _Broken):
             return False
-        return resp.status_code == 200
+        try:
+            await reply.read()
+        except (_TimedOut, _Broken):
+            return False
+        finally:
+            await reply.close()
+        return reply.status == 200
 
     async def wait_healthy(self, timeout: float) -> None:
         """Poll /health until it answers 200, or raise EngineError after `timeout` seconds."""
