@@ -70,6 +70,15 @@ class ProxyConfig(_Section):
     temperature_override: float | None = Field(
         None, description="force this sampling temperature on every call (RL wants on-policy sampling)"
     )
+    tool_parser: Literal["auto", "hermes", "qwen25", "qwen", "qwen3_coder", "none"] = Field(
+        "auto", description="how tool calls are read from the model's text (SGLang's detector names); auto = from "
+        "the chat template: qwen3_coder for <function=...> templates, qwen25 for <tool_call> ones, else hermes")
+    reasoning_parser: Literal["auto", "qwen3", "deepseek_r1", "deepseek-r1", "none"] = Field(
+        "auto", description="how thinking is split off the answer; auto = qwen3 for templates that know <think>, "
+        "else none")
+    tool_parser_strict: bool = Field(
+        False, description="parse as SGLang does: no call to a tool the request did not offer, qwen25's newlines "
+        "required, arguments written as a JSON string not decoded, no calls parsed when no tools are offered")
 
 
 class _SandboxCommon(_Section):

@@ -17,16 +17,16 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from proxy import anthropic, openai_chat, openai_responses
-from proxy.calls import APIError, CallRequest, Completion, TextDelta, ToolCallEvent
+from proxy.calls import APIError, CallRequest, Completion, StreamEvent
 
 
 class ResponseStream(Protocol):
     """One streamed answer's events, as SSE lines: `start` before the first token, `event` per
-    text delta or tool call, then `finish` (or `error` if the call fails midway)."""
+    thinking or text delta and per tool call's start, argument delta and end, then `finish` (or `error` if the call fails midway)."""
 
     def start(self) -> list[str]: ...
 
-    def event(self, ev: TextDelta | ToolCallEvent) -> list[str]: ...
+    def event(self, ev: StreamEvent) -> list[str]: ...
 
     def finish(self, comp: Completion, token_logprobs: list[dict[str, Any]] | None = None) -> list[str]: ...
 

@@ -8,17 +8,19 @@ members, `ErrorResponse`). Content blocks map onto chat-template messages like t
     user: text blocks                     -> a user message
     user: tool_result blocks              -> one tool message each (before the user's text)
     assistant: text + tool_use blocks     -> an assistant message with tool calls
-    thinking / redacted_thinking          -> dropped (the template has no place for them)
+    assistant: thinking blocks            -> its reasoning (the template decides whether it renders it)
+    redacted_thinking                     -> dropped (there is no text to render)
     image / document                      -> a clear error: the served model reads text only
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 from typing import Any
 
-from proxy.calls import (API_ANTHROPIC, APIError, CallRequest, Completion, Message, TextDelta, ToolCall,
-                         ToolCallEvent, as_float, as_int, as_stop, bad_request, parse_arguments, sse)
+from proxy.calls import (API_ANTHROPIC, APIError, CallRequest, Completion, Message, ReasoningDelta, StreamEvent,
+                         TextDelta, ToolCall, ToolCallDelta, ToolCallStart, as_float, as_int, as_stop, bad_request,
+                         parse_arguments, sse)
 
 API = API_ANTHROPIC
 RESPONSE_ID_PREFIX = "msg"
@@ -93,11 +95,13 @@ def _user(blocks: list[dict[str, Any]], where: str) -> list[Message]:
 
 def _assistant(blocks: list[dict[str, Any]], where: str) -> Message:
     msg = Message("assistant")
-    texts = []
+    texts, thinking = [], []
     for i, b in enumerate(blocks):
         kind = b["type"]
         if kind == "text":
             texts.append(str(b.get("text", "")))
+        elif kind == "thinking":
+            thinking.append(str(b.get("thinking", "")))
         elif kind == "tool_use":
             if not isinstance(b.get("name"), str):
                 raise bad_request(f"{where}[{i}].name is required", where)
@@ -106,6 +110,7 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> Message:
         elif kind not in _SKIPPED:
             raise bad_request(f"{where}[{i}]: unsupported content block type {kind!r} in an assistant turn", where)
     msg.content = "".join(texts)
+    msg.reasoning = "".join(thinking)
     return msg
 
 
@@ -172,8 +177,16 @@ def parse_request(body: dict[str, Any], *, count_only: bool = False) -> CallRequ
     )
 
 
+def signature(thinking: str) -> str:
+    """A thinking block's `signature`: required by the API's shape; Anthropic's is a cryptographic
+    seal, this one only a digest (the policy's thinking is not secret from the harness)."""
+    return "forge-" + hashlib.sha256(thinking.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 def _content(comp: Completion) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
+    if comp.reasoning:
+        blocks.append({"type": "thinking", "thinking": comp.reasoning, "signature": signature(comp.reasoning)})
     if comp.text or not comp.tool_calls:
         blocks.append({"type": "text", "text": comp.text})
     blocks += [{"type": "tool_use", "id": tc.id, "name": tc.name, "input": tc.arguments} for tc in comp.tool_calls]
@@ -206,6 +219,8 @@ class Stream:
         self.model = model
         self.index = -1
         self.text_open = False
+        self.thinking: str | None = None  # the open thinking block's text so far
+        self.answered = False  # a text or tool_use block was opened
 
     @staticmethod
     def _ev(data: dict[str, Any]) -> str:
@@ -217,35 +232,51 @@ class Stream:
         return [self._ev({"type": "message_start", "message": message}), self._ev({"type": "ping"})]
 
     def _close_text(self) -> list[str]:
-        if not self.text_open:
-            return []
-        self.text_open = False
-        return [self._ev({"type": "content_block_stop", "index": self.index})]
+        out = []
+        if self.thinking is not None:  # the signature comes last, as the API sends it
+            out.append(self._ev({"type": "content_block_delta", "index": self.index,
+                                 "delta": {"type": "signature_delta", "signature": signature(self.thinking)}}))
+            self.thinking = None
+            out.append(self._ev({"type": "content_block_stop", "index": self.index}))
+        if self.text_open:
+            self.text_open = False
+            out.append(self._ev({"type": "content_block_stop", "index": self.index}))
+        return out
 
-    def event(self, ev: TextDelta | ToolCallEvent) -> list[str]:
+    def _open(self, block: dict[str, Any]) -> list[str]:
+        out = self._close_text()
+        self.index += 1
+        return out + [self._ev({"type": "content_block_start", "index": self.index, "content_block": block})]
+
+    def event(self, ev: StreamEvent) -> list[str]:
         out: list[str] = []
+        if isinstance(ev, ReasoningDelta):
+            if self.thinking is None:
+                out += self._open({"type": "thinking", "thinking": "", "signature": ""})
+                self.thinking = ""
+            self.thinking += ev.text
+            out.append(self._ev({"type": "content_block_delta", "index": self.index,
+                                 "delta": {"type": "thinking_delta", "thinking": ev.text}}))
+            return out
         if isinstance(ev, TextDelta):
             if not self.text_open:
-                self.index += 1
-                self.text_open = True
-                out.append(self._ev({"type": "content_block_start", "index": self.index,
-                                     "content_block": {"type": "text", "text": ""}}))
+                out += self._open({"type": "text", "text": ""})
+                self.text_open = self.answered = True
             out.append(self._ev({"type": "content_block_delta", "index": self.index,
                                  "delta": {"type": "text_delta", "text": ev.text}}))
             return out
-        out += self._close_text()
-        self.index += 1
-        tc = ev.call
-        out.append(self._ev({"type": "content_block_start", "index": self.index,
-                             "content_block": {"type": "tool_use", "id": tc.id, "name": tc.name, "input": {}}}))
-        out.append(self._ev({"type": "content_block_delta", "index": self.index,
-                             "delta": {"type": "input_json_delta", "partial_json": json.dumps(tc.arguments)}}))
-        out.append(self._ev({"type": "content_block_stop", "index": self.index}))
-        return out
+        if isinstance(ev, ToolCallStart):
+            self.answered = True
+            return self._open({"type": "tool_use", "id": ev.id, "name": ev.name, "input": {}})
+        if isinstance(ev, ToolCallDelta):
+            return [self._ev({"type": "content_block_delta", "index": self.index,
+                              "delta": {"type": "input_json_delta", "partial_json": ev.arguments}})]
+        # The call is complete (or malformed: closed with what was streamed; its text follows).
+        return [self._ev({"type": "content_block_stop", "index": self.index})]
 
     def finish(self, comp: Completion, token_logprobs: list[dict[str, Any]] | None = None) -> list[str]:
         out = []
-        if self.index < 0:  # an empty completion still has one (empty) text block, like the API
+        if not self.answered:  # an answer without text or calls still has one (empty) text block, like the API
             out += self.event(TextDelta(""))
         out += self._close_text()
         out.append(self._ev({"type": "message_delta",

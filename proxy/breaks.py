@@ -42,6 +42,10 @@ def _differ_at(old: Message, new: Message) -> str:
     if old.role == new.role == "assistant" and old.content != new.content \
             and _strip_thinking(old.content) == _strip_thinking(new.content) and _THINK.search(old.content):
         return THINKING_DROPPED
+    if old.role == new.role == "assistant" and old.reasoning and not new.reasoning \
+            and old.content == new.content and _same(Message("assistant", old.content, old.tool_calls),
+                                                     Message("assistant", new.content, new.tool_calls)):
+        return THINKING_DROPPED  # the reasoning parser split it off; the harness did not send it back
     if old.role == new.role == "tool" and old.tool_call_id == new.tool_call_id:
         if len(new.content) < len(old.content):
             return TOOL_RESULT_TRUNCATED

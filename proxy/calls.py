@@ -2,7 +2,8 @@
 
     API request JSON --(openai_chat / openai_responses / anthropic .parse_request)--> CallRequest
     CallRequest --(tokens.PromptBuilder)--> prompt ids --(engine)--> completion ids
-    completion ids --(tokens.ToolCallParser)--> Completion --(API .render_response / stream)--> JSON/SSE
+    completion ids --(parsing.OutputParser: reasoning, then tool calls)--> Completion
+                   --(API .render_response / stream)--> JSON/SSE
 
 Messages use the OpenAI chat roles (system, user, assistant, tool) because chat templates are
 written against them; tools are OpenAI-style `{"type": "function", "function": {...}}` dicts because
@@ -70,10 +71,14 @@ class Message:
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_call_id: str | None = None
     name: str | None = None  # the tool's name on a tool message
+    reasoning: str = ""  # an assistant's thinking, apart from its content (Qwen3's <think>...</think>)
 
     def template_dict(self) -> dict[str, Any]:
-        """The message as `apply_chat_template` expects it (content is always a string)."""
+        """The message as `apply_chat_template` expects it (content is always a string). Thinking goes
+        in `reasoning_content`, the key reasoning templates (Qwen3's) read; others ignore it."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.reasoning:
+            out["reasoning_content"] = self.reasoning
         if self.tool_calls:
             out["tool_calls"] = [
                 {"id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}
@@ -92,7 +97,7 @@ class CallRequest:
     model: str
     messages: list[Message]
     tools: list[dict[str, Any]] = field(default_factory=list)
-    tool_choice: Any = "auto"  # "auto" | "none" | "required" | {"name": ...}; only "none" changes the prompt
+    tool_choice: Any = "auto"  # "auto" | "none" | "required" | {"name": ...}; see proxy/parsing.py
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -123,6 +128,7 @@ class Completion:
     prompt_tokens: int
     tool_parse_error: bool = False
     stop_sequence: str | None = None  # the caller's stop string that ended it, if one did
+    reasoning: str = ""  # the thinking the reasoning parser split off the text
 
     @property
     def completion_tokens(self) -> int:
@@ -130,7 +136,7 @@ class Completion:
 
     def message(self) -> Message:
         """The assistant message a harness will replay for this completion."""
-        return Message(role="assistant", content=self.text, tool_calls=list(self.tool_calls))
+        return Message(role="assistant", content=self.text, tool_calls=list(self.tool_calls), reasoning=self.reasoning)
 
 
 @dataclass
@@ -141,11 +147,40 @@ class TextDelta:
 
 
 @dataclass
+class ReasoningDelta:
+    """Streaming: thinking to show now (before the answer's text)."""
+
+    text: str
+
+
+@dataclass
+class ToolCallStart:
+    """Streaming: a tool call begins, its name read; argument deltas and its `ToolCallEvent` follow."""
+
+    index: int  # the call's position in the stream (a call that turns out malformed keeps its index)
+    id: str
+    name: str
+
+
+@dataclass
+class ToolCallDelta:
+    """Streaming: more of a started call's arguments JSON, as the model writes it."""
+
+    index: int
+    arguments: str
+
+
+@dataclass
 class ToolCallEvent:
-    """Streaming: one complete tool call (calls are emitted whole, once their closing tag arrives)."""
+    """Streaming: a started call is complete. `malformed`: its body then failed to parse, so the
+    completion holds it as text (a TextDelta with the raw text follows); the stream closes it as is."""
 
     index: int
     call: ToolCall
+    malformed: bool = False
+
+
+StreamEvent = TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | ToolCallEvent
 
 
 def sse(data: Any, event: str | None = None) -> str:

@@ -1,6 +1,7 @@
 """One completion from the engine, as a stream of API-neutral events and a final `Completion`.
 
-    engine deltas (token ids) -> incremental detokeniser -> stop-string filter -> ToolCallParser -> events
+    engine deltas (token ids) -> incremental detokeniser -> stop-string filter
+        -> OutputParser (thinking, then tool calls: proxy/parsing.py) -> events
 
 Streaming and non-streaming share every stage after the engine, so both return the same text, the
 same tool calls and the same token ids for the same completion.
@@ -13,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.client import EngineClient
-from proxy.calls import Completion, TextDelta, ToolCallEvent
-from proxy.tokens import ChatRenderer, ToolCallParser
+from proxy.calls import Completion, StreamEvent
+from proxy.parsing import OutputParser, ParserSetup
+from proxy.tokens import ChatRenderer
 
 
 class IncrementalDecoder:
@@ -80,6 +82,7 @@ class GenerationParams:
     lora_path: str | None
     rid: str | None = None
     id_prefix: str = "call"
+    parser: OutputParser | None = None  # the request's parsers (default: lenient Hermes, no thinking)
 
 
 class Generation:
@@ -89,7 +92,7 @@ class Generation:
         self.engine = engine
         self.renderer = renderer
         self.params = params
-        self.parser = ToolCallParser(params.id_prefix)
+        self.parser = params.parser or OutputParser(ParserSetup(), id_prefix=params.id_prefix)
         self.decoder = IncrementalDecoder(renderer)
         self.stops = StopFilter(params.stop)
         self.ids: list[int] = []
@@ -97,12 +100,12 @@ class Generation:
         self.finish: str | None = None
         self.completion: Completion | None = None
 
-    def _push(self, ids: list[int], lps: list[float]) -> list[TextDelta | ToolCallEvent]:
+    def _push(self, ids: list[int], lps: list[float]) -> list[StreamEvent]:
         self.ids += ids
         self.logprobs += lps
         return self.parser.feed(self.stops.feed(self.decoder.feed(ids)))
 
-    def _close(self) -> list[TextDelta | ToolCallEvent]:
+    def _close(self) -> list[StreamEvent]:
         events = self.parser.feed(self.stops.feed(self.decoder.flush()))
         events += self.parser.feed(self.stops.flush())
         events += self.parser.finish()
@@ -114,11 +117,11 @@ class Generation:
         self.completion = Completion(
             text=self.parser.text, tool_calls=list(self.parser.calls), finish_reason=reason,  # type: ignore[arg-type]
             completion_ids=self.ids, logprobs=self.logprobs, prompt_tokens=len(self.params.prompt_ids),
-            tool_parse_error=self.parser.parse_error, stop_sequence=self.stops.hit,
+            tool_parse_error=self.parser.parse_error, stop_sequence=self.stops.hit, reasoning=self.parser.reasoning,
         )
         return events
 
-    async def events(self) -> AsyncIterator[TextDelta | ToolCallEvent | None]:
+    async def events(self) -> AsyncIterator[StreamEvent | None]:
         """Events of the completion; `None` once, when the engine's first tokens arrived (the caller
         can commit to a 200 streaming response then: the engine is up and generating)."""
         p = self.params

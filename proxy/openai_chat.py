@@ -9,8 +9,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from proxy.calls import (API_CHAT, APIError, CallRequest, Completion, Message, TextDelta, ToolCall, ToolCallEvent,
-                         as_float, as_int, as_stop, bad_request, new_call_id, parse_arguments, sse)
+from proxy.calls import (API_CHAT, APIError, CallRequest, Completion, Message, ReasoningDelta, StreamEvent, TextDelta,
+                         ToolCall, ToolCallDelta, ToolCallStart, as_float, as_int, as_stop, bad_request, new_call_id,
+                         parse_arguments, sse)
 
 API = API_CHAT
 RESPONSE_ID_PREFIX = "chatcmpl"
@@ -64,6 +65,10 @@ def _message(raw: Any, i: int) -> Message:
     if role is None:
         raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}", f"{where}.role")
     msg = Message(role=role, content=text_of(raw.get("content"), f"{where}.content"))  # type: ignore[arg-type]
+    # The thinking a client sends back (SGLang's and vLLM's `reasoning_content`; some send `reasoning`).
+    thinking = raw.get("reasoning_content", raw.get("reasoning")) if role == "assistant" else None
+    if isinstance(thinking, str):
+        msg.reasoning = thinking
     if role == "assistant" and raw.get("tool_calls"):
         calls = raw["tool_calls"]
         if not isinstance(calls, list):
@@ -150,6 +155,8 @@ def response_json(req: CallRequest, comp: Completion, *, call_id: str, model: st
                   token_logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": comp.text if comp.text or not comp.tool_calls else None,
                                "refusal": None}
+    if comp.reasoning:
+        message["reasoning_content"] = comp.reasoning  # SGLang's and vLLM's field for the thinking
     if comp.tool_calls:
         message["tool_calls"] = [_tool_call_json(tc) for tc in comp.tool_calls]
     choice = {"index": 0, "message": message, "finish_reason": comp.finish_reason,
@@ -177,10 +184,17 @@ class Stream:
     def start(self) -> list[str]:
         return [self._chunk({"role": "assistant", "content": ""})]
 
-    def event(self, ev: TextDelta | ToolCallEvent) -> list[str]:
+    def event(self, ev: StreamEvent) -> list[str]:
         if isinstance(ev, TextDelta):
             return [self._chunk({"content": ev.text})]
-        return [self._chunk({"tool_calls": [_tool_call_json(ev.call, ev.index)]})]
+        if isinstance(ev, ReasoningDelta):
+            return [self._chunk({"reasoning_content": ev.text})]
+        if isinstance(ev, ToolCallStart):  # OpenAI's shape: id, type and name first, then argument pieces
+            return [self._chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function",
+                                                 "function": {"name": ev.name, "arguments": ""}}]})]
+        if isinstance(ev, ToolCallDelta):
+            return [self._chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.arguments}}]})]
+        return []  # the end of a call has no chunk of its own
 
     def finish(self, comp: Completion, token_logprobs: list[dict[str, Any]] | None = None) -> list[str]:
         lp = {"content": token_logprobs, "refusal": None} if self.req.logprobs else None

@@ -7,7 +7,12 @@ Shapes follow the official `openai` SDK types (`Response`, `ResponseOutputMessag
     message (system/developer/user/assistant, text parts) -> a message of that role
     function_call                       -> a tool call on the preceding assistant turn (or a new one)
     function_call_output                -> a tool message
-    reasoning                           -> dropped (the template has no place for it)
+    reasoning                           -> the thinking of the assistant turn it precedes (its
+                                           reasoning_text content, else its encrypted_content, else its
+                                           summary: the proxy writes the thinking in the first two)
+
+Thinking the reasoning parser split off is answered as a `reasoning` output item before the message
+(streamed as `response.reasoning_text.delta` events, which Codex shows as raw reasoning).
 
 The proxy keeps no conversation state: `previous_response_id` is refused; send the full `input`
 (Codex does, with `store: false`).
@@ -19,8 +24,9 @@ import time
 from typing import Any
 
 from proxy import openai_chat
-from proxy.calls import (API_RESPONSES, APIError, CallRequest, Completion, Message, TextDelta, ToolCall,
-                         ToolCallEvent, as_float, as_int, bad_request, new_call_id, parse_arguments, sse)
+from proxy.calls import (API_RESPONSES, APIError, CallRequest, Completion, Message, ReasoningDelta, StreamEvent,
+                         TextDelta, ToolCall, ToolCallDelta, ToolCallEvent, ToolCallStart, as_float, as_int,
+                         bad_request, new_call_id, parse_arguments, sse)
 
 API = API_RESPONSES
 RESPONSE_ID_PREFIX = "resp"
@@ -45,7 +51,11 @@ def _input_items(items: Any) -> list[Message]:
             role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
             if role is None:
                 raise bad_request(f"{where}.role must be one of {', '.join(_ROLES)}", f"{where}.role")
-            out.append(Message(role, openai_chat.text_of(item.get("content"), f"{where}.content")))  # type: ignore[arg-type]
+            text = openai_chat.text_of(item.get("content"), f"{where}.content")
+            if role == "assistant" and _thinking_only(out):  # the answer after its reasoning item
+                out[-1].content = text
+            else:
+                out.append(Message(role, text))  # type: ignore[arg-type]
         elif kind == "function_call":
             if not isinstance(item.get("name"), str):
                 raise bad_request(f"{where}.name is required", where)
@@ -59,9 +69,33 @@ def _input_items(items: Any) -> list[Message]:
             output = item.get("output")
             text = output if isinstance(output, str) else openai_chat.text_of(output, f"{where}.output")
             out.append(Message("tool", text, tool_call_id=str(item.get("call_id", ""))))
-        elif kind != "reasoning":
+        elif kind == "reasoning":
+            thinking = _reasoning_text(item)
+            if thinking:
+                out.append(Message("assistant", reasoning=thinking))
+        else:
             raise bad_request(f"{where}: unsupported input item type {kind!r}", where)
     return out
+
+
+def _thinking_only(out: list[Message]) -> bool:
+    return bool(out) and out[-1].role == "assistant" and bool(out[-1].reasoning) and not out[-1].content \
+        and not out[-1].tool_calls
+
+
+def _reasoning_text(item: dict[str, Any]) -> str:
+    """A replayed reasoning item's thinking: its reasoning_text parts, else its encrypted_content
+    (where this proxy puts the thinking too, for clients that replay only that), else its summary."""
+    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key)
+        if isinstance(parts, list):
+            text = "".join(p["text"] for p in parts if isinstance(p, dict) and p.get("type") == kind
+                           and isinstance(p.get("text"), str))
+            if text:
+                return text
+        if key == "content" and isinstance(item.get("encrypted_content"), str):
+            return item["encrypted_content"]
+    return ""
 
 
 def _function(tool: dict[str, Any], where: str) -> dict[str, Any]:
@@ -132,6 +166,12 @@ def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
             "content": [_text_part(text)] if status == "completed" else []}
 
 
+def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    done = status == "completed"
+    return {"id": item_id, "type": "reasoning", "summary": [], "status": status, "encrypted_content": text if done else None,
+            "content": [{"type": "reasoning_text", "text": text}] if done else []}
+
+
 def _call_item(item_id: str, tc: ToolCall, status: str, namespaces: dict[str, str]) -> dict[str, Any]:
     item = {"id": item_id, "type": "function_call", "call_id": tc.id, "name": tc.name,
             "arguments": tc.arguments_json if status == "completed" else "", "status": status}
@@ -158,7 +198,7 @@ def _response(req: CallRequest, call_id: str, model: str, created: float, output
 
 def response_json(req: CallRequest, comp: Completion, *, call_id: str, model: str,
                   token_logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    output = []
+    output = [_reasoning_item(new_call_id("rs"), comp.reasoning, "completed")] if comp.reasoning else []
     if comp.text or not comp.tool_calls:
         output.append(_message_item(new_call_id("msg"), comp.text, "completed"))
     output += [_call_item(new_call_id("fc"), tc, "completed", req.namespaces) for tc in comp.tool_calls]
@@ -167,7 +207,9 @@ def response_json(req: CallRequest, comp: Completion, *, call_id: str, model: st
 
 class Stream:
     """response.created / in_progress, then per output item: output_item.added, its content or
-    argument deltas and their .done events, output_item.done; then response.completed (or incomplete)."""
+    argument deltas and their .done events, output_item.done; then response.completed (or incomplete).
+    Items: the reasoning (if any), the message text, then one function_call per tool call, its
+    arguments streamed as the model writes them."""
 
     def __init__(self, req: CallRequest, *, call_id: str, model: str, **_: Any) -> None:
         self.req, self.call_id, self.model = req, call_id, model
@@ -176,6 +218,10 @@ class Stream:
         self.output: list[dict[str, Any]] = []
         self.text_item: str | None = None
         self.text = ""
+        self.think_item: str | None = None
+        self.thinking = ""
+        self.calls: dict[int, tuple[str, int, ToolCallStart]] = {}  # stream index -> item id, output index, start
+        self.args: dict[int, str] = {}
 
     def _ev(self, data: dict[str, Any]) -> str:
         data["sequence_number"] = self.seq
@@ -208,31 +254,64 @@ class Stream:
                           "content_index": 0, "part": _text_part(self.text)}),
                 self._ev({"type": "response.output_item.done", "output_index": idx, "item": item})]
 
-    def event(self, ev: TextDelta | ToolCallEvent) -> list[str]:
+    def _close_thinking(self) -> list[str]:
+        if self.think_item is None:
+            return []
+        idx, item_id = len(self.output), self.think_item
+        item = _reasoning_item(item_id, self.thinking, "completed")
+        self.output.append(item)
+        self.think_item = None
+        return [self._ev({"type": "response.reasoning_text.done", "item_id": item_id, "output_index": idx,
+                          "content_index": 0, "text": self.thinking}),
+                self._ev({"type": "response.output_item.done", "output_index": idx, "item": item})]
+
+    def event(self, ev: StreamEvent) -> list[str]:
+        if isinstance(ev, ReasoningDelta):
+            out = []
+            if self.think_item is None:
+                self.think_item, self.thinking = new_call_id("rs"), ""
+                out.append(self._ev({"type": "response.output_item.added", "output_index": len(self.output),
+                                     "item": _reasoning_item(self.think_item, "", "in_progress")}))
+            self.thinking += ev.text
+            out.append(self._ev({"type": "response.reasoning_text.delta", "item_id": self.think_item,
+                                 "output_index": len(self.output), "content_index": 0, "delta": ev.text}))
+            return out
+        out = self._close_thinking()
         if isinstance(ev, TextDelta):
-            out = self._open_text() if self.text_item is None else []
+            out += self._open_text() if self.text_item is None else []
             self.text += ev.text
             out.append(self._ev({"type": "response.output_text.delta", "item_id": self.text_item,
                                  "output_index": len(self.output), "content_index": 0, "delta": ev.text,
                                  "logprobs": []}))
             return out
-        out = self._close_text()
-        idx, item_id, tc = len(self.output), new_call_id("fc"), ev.call
+        out += self._close_text()
+        if isinstance(ev, ToolCallStart):
+            item_id, idx = new_call_id("fc"), len(self.output)
+            self.calls[ev.index], self.args[ev.index] = (item_id, idx, ev), ""
+            self.output.append({})  # its place, filled when the call is done
+            pending = ToolCall(ev.name, {}, ev.id)
+            return out + [self._ev({"type": "response.output_item.added", "output_index": idx,
+                                    "item": _call_item(item_id, pending, "in_progress", self.req.namespaces)})]
+        if isinstance(ev, ToolCallDelta):
+            item_id, idx, _ = self.calls[ev.index]
+            self.args[ev.index] += ev.arguments
+            return out + [self._ev({"type": "response.function_call_arguments.delta", "item_id": item_id,
+                                    "output_index": idx, "delta": ev.arguments})]
+        assert isinstance(ev, ToolCallEvent)
+        item_id, idx, start = self.calls[ev.index]
+        tc = ev.call if not ev.malformed else ToolCall(start.name, {}, start.id, raw_arguments=self.args[ev.index])
         done = _call_item(item_id, tc, "completed", self.req.namespaces)
-        self.output.append(done)
+        self.output[idx] = done
         return out + [
-            self._ev({"type": "response.output_item.added", "output_index": idx,
-                      "item": _call_item(item_id, tc, "in_progress", self.req.namespaces)}),
-            self._ev({"type": "response.function_call_arguments.delta", "item_id": item_id, "output_index": idx,
-                      "delta": tc.arguments_json}),
             self._ev({"type": "response.function_call_arguments.done", "item_id": item_id, "output_index": idx,
                       "name": tc.name, "arguments": tc.arguments_json}),
             self._ev({"type": "response.output_item.done", "output_index": idx, "item": done}),
         ]
 
     def finish(self, comp: Completion, token_logprobs: list[dict[str, Any]] | None = None) -> list[str]:
-        out = []
-        if not self.output and self.text_item is None:
+        out = self._close_thinking()
+        if not any(item.get("type") in ("message", "function_call") for item in self.output) \
+                and self.text_item is None:
             out += self._open_text()
         out += self._close_text()
         resp = _response(self.req, self.call_id, self.model, self.created, self.output, comp)

@@ -28,6 +28,7 @@ from openforge.store import utcnow
 from proxy.adapters import ApiAdapter
 from proxy.calls import APIError, CallRequest, Completion, TextDelta, ToolCallEvent, new_call_id
 from proxy.generation import Generation, GenerationParams, token_logprobs
+from proxy.parsing import ParserSetup
 from proxy.prompts import RolloutPrompts, too_long
 from proxy.recorder import Recorder
 from proxy.slots import Slot, Slots
@@ -93,7 +94,9 @@ class CallPipeline:
         self.engine = engine
         self.renderer = renderer
         self.served_model = served_model
-        self.prompts = RolloutPrompts(renderer, recorder)
+        self.parsers = ParserSetup.resolve(config.tool_parser, config.reasoning_parser, renderer.template_text,
+                                           strict=config.tool_parser_strict)
+        self.prompts = RolloutPrompts(renderer, recorder, parsers=self.parsers)
         self.slots = Slots(config.max_concurrent_calls, queue_limit=5 * config.max_concurrent_calls,
                            wait_s=config.call_timeout_s)
         self._engine_context: int | None = None
@@ -169,7 +172,9 @@ class CallPipeline:
         if req.stop:
             engine_params["stop"] = req.stop
         params = GenerationParams(prompt.ids, engine_params, req.stop, rollout.get("adapter"),
-                                  rid=new_call_id(rollout["id"]), id_prefix=adapter.TOOL_ID_PREFIX)
+                                  rid=new_call_id(rollout["id"]), id_prefix=adapter.TOOL_ID_PREFIX,
+                                  parser=self.parsers.for_request(req, prompt_text=prompt.text,
+                                                                  id_prefix=adapter.TOOL_ID_PREFIX))
         return LiveCall(adapter, rollout, req, prompt, row, new_call_id(adapter.RESPONSE_ID_PREFIX), model,
                         time.perf_counter(), Generation(self.engine, self.renderer, params))
 

@@ -15,8 +15,10 @@ from typing import Any
 
 from proxy.adapters import ADAPTERS
 from proxy.calls import APIError, CallRequest, Completion
+from proxy.parsing import ParserSetup
+from proxy.reasoning import opens_thinking
 from proxy.recorder import Recorder
-from proxy.tokens import ChatRenderer, Prompt, PromptBuilder, parse_completion
+from proxy.tokens import ChatRenderer, Prompt, PromptBuilder
 
 LONG_TEXT = 16_384  # characters; below this, a thread hop costs more than the work
 
@@ -30,9 +32,10 @@ def too_long(tokens: int, limit: int, *, at_least: bool = False) -> APIError:
 
 
 class RolloutPrompts:
-    def __init__(self, renderer: ChatRenderer, recorder: Recorder) -> None:
+    def __init__(self, renderer: ChatRenderer, recorder: Recorder, *, parsers: ParserSetup | None = None) -> None:
         self.renderer = renderer
         self.recorder = recorder
+        self.parsers = parsers or ParserSetup()
         self.builder = PromptBuilder(renderer)
         self._warm_locks: dict[str, asyncio.Lock] = {}
 
@@ -77,17 +80,24 @@ class RolloutPrompts:
                     old = None
                 if old is None:
                     continue
-                comp = self._replayed_completion(row.completion_ids or [], old.stop, row.tool_calls_json or [])
+                comp = self._replayed_completion(old, row.prompt_ids or [], row.completion_ids or [],
+                                                 row.tool_calls_json or [])
                 prompt = Prompt(row.prompt_ids or [], "", row.reused_tokens)
                 self.builder.record(rollout_id, old.messages, old.prompt_tools, prompt, comp, row.id)
             self.builder.mark_known(rollout_id)
         self._warm_locks.pop(rollout_id, None)
 
-    def _replayed_completion(self, ids: list[int], stops: list[str], tool_calls: list[dict[str, Any]]) -> Completion:
-        """A recorded completion as the client saw it: text cut at its stop string, the same call ids."""
+    def _replayed_completion(self, req: CallRequest, prompt_ids: list[int], ids: list[int],
+                             tool_calls: list[dict[str, Any]]) -> Completion:
+        """A recorded completion as the client saw it: text cut at its stop string, the same parsers
+        (thinking and calls) as when it was served, the same call ids."""
         text = self.renderer.decode(ids)
-        hits = [text.find(s) for s in stops if s in text]
-        parsed = parse_completion(text[:min(hits)] if hits else text)
+        hits = [text.find(s) for s in req.stop if s in text]
+        # Whether the generation prompt opened a thinking block: its last tokens tell.
+        opened = opens_thinking(self.renderer.decode(prompt_ids[-8:]))
+        parsed = self.parsers.for_request(req, prompt_text="<think>" if opened else "")
+        parsed.feed(text[:min(hits)] if hits else text)
+        parsed.finish()
         for call, recorded in zip(parsed.calls, tool_calls):
             call.id = recorded.get("id", call.id)
-        return Completion(parsed.text, parsed.calls, "stop", ids, [], 0)
+        return Completion(parsed.text, parsed.calls, "stop", ids, [], 0, reasoning=parsed.reasoning)

@@ -1,4 +1,4 @@
-"""Tokens: chat-template rendering, Hermes tool-call parsing, and reuse of sampled token ids.
+"""Tokens: chat-template rendering and reuse of sampled token ids (tool calls: proxy/toolcalls.py).
 
 Why reuse: a harness replays the model's earlier turns as text/JSON (`{"command": "ls"}` where the
 model wrote `{"command":"ls"}`, content stripped, ids renamed). Re-rendering and re-tokenising that
@@ -12,17 +12,16 @@ extends the earlier prompt + completion token for token, which is what trajector
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.breaks import explain_break
-from proxy.calls import APIError, Completion, Message, TextDelta, ToolCall, ToolCallEvent, bad_request, new_call_id
+from proxy.calls import APIError, Completion, Message, bad_request
+from proxy.toolcalls import CLOSE_TAG, OPEN_TAG, ToolCallParser, parse_tool_calls
 
-OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
+__all__ = ["CLOSE_TAG", "OPEN_TAG", "ChatRenderer", "Prompt", "PromptBuilder", "ToolCallParser", "parse_completion"]
 _PROBE = "\u2063forge-probe\u2063"  # text no template alters, to find what follows an assistant turn
 
 
@@ -33,6 +32,10 @@ class ChatRenderer:
         if not getattr(tokenizer, "chat_template", None):
             raise bad_request("the served model's tokenizer has no chat template")
         self.tokenizer = tokenizer
+        template = tokenizer.chat_template
+        # The template's text, for `auto` parsers (a tokenizer may hold several named templates).
+        self.template_text: str = template if isinstance(template, str) else "\n".join(map(str, template.values())) \
+            if isinstance(template, dict) else str(template)
         probe = self.render([Message("user", "x"), Message("assistant", _PROBE)], [], generation=False)
         after = probe[probe.rindex(_PROBE) + len(_PROBE):]
         after_ids = self.encode(after)
@@ -93,136 +96,9 @@ def _longest_token_bytes(tokenizer: Any) -> int:
     return max(longest, added, 1) * shrink
 
 
-class ToolCallParser:
-    """Incremental Hermes/Qwen parser: text outside `<tool_call>...</tool_call>` is content, JSON inside
-    is a call. A call that is not `{"name": str, "arguments": object}` is returned as text and
-    flagged. Feeding the text in any chunking gives the same result (streaming == non-streaming)."""
-
-    def __init__(self, id_prefix: str = "call") -> None:
-        self.id_prefix = id_prefix
-        self.buf = ""
-        self.in_call = False
-        self.pending_ws = ""  # trailing whitespace held back: dropped if a tool call follows
-        self.ws_before = ""
-        self.after_call = False
-        self.calls: list[ToolCall] = []
-        self.text_parts: list[str] = []
-        self.parse_error = False
-
-    def feed(self, chunk: str) -> list[TextDelta | ToolCallEvent]:
-        self.buf += chunk
-        events: list[TextDelta | ToolCallEvent] = []
-        while True:
-            if not self.in_call:
-                i = self.buf.find(OPEN_TAG)
-                if i < 0:
-                    hold = _partial_suffix(self.buf, OPEN_TAG)
-                    self._text(self.buf[:len(self.buf) - hold], events)
-                    self.buf = self.buf[len(self.buf) - hold:]
-                    return events
-                self._text(self.buf[:i], events)
-                # Whitespace before a call is layout, not content (kept if the call is malformed).
-                self.ws_before, self.pending_ws = self.pending_ws, ""
-                self.buf, self.in_call = self.buf[i + len(OPEN_TAG):], True
-            else:
-                j = self.buf.find(CLOSE_TAG)
-                if j < 0:
-                    return events
-                body, self.buf, self.in_call = self.buf[:j], self.buf[j + len(CLOSE_TAG):], False
-                call = self._parse_call(body)
-                if call is None:
-                    self.parse_error = True
-                    self.pending_ws = self.ws_before
-                    self._text(OPEN_TAG + body + CLOSE_TAG, events)
-                else:
-                    self.calls.append(call)
-                    self.after_call = True
-                    events.append(ToolCallEvent(len(self.calls) - 1, call))
-
-    def finish(self) -> list[TextDelta | ToolCallEvent]:
-        events: list[TextDelta | ToolCallEvent] = []
-        if self.in_call:  # unclosed (cut by max_tokens, or malformed): the caller sees the raw text
-            self.parse_error = True
-            self.in_call = False
-            self.pending_ws = self.ws_before
-            self._text(OPEN_TAG + self.buf, events, final=True)
-        else:
-            self._text(self.buf, events, final=True)
-        self.buf = ""
-        if self.pending_ws and not self.after_call:
-            self._emit(self.pending_ws, events)
-        self.pending_ws = ""
-        return events
-
-    @property
-    def text(self) -> str:
-        return "".join(self.text_parts)
-
-    def _text(self, text: str, events: list[TextDelta | ToolCallEvent], final: bool = False) -> None:
-        if not text:
-            return
-        if self.after_call:
-            text = text.lstrip()
-            if not text:
-                return
-            self.after_call = False
-        body = text.rstrip()
-        if not body:
-            self.pending_ws += text
-            return
-        self._emit(self.pending_ws + body, events)
-        self.pending_ws = text[len(body):]
-
-    def _emit(self, text: str, events: list[TextDelta | ToolCallEvent]) -> None:
-        self.text_parts.append(text)
-        events.append(TextDelta(text))
-
-    def _parse_call(self, body: str) -> ToolCall | None:
-        try:
-            obj = json.loads(body)
-        except (json.JSONDecodeError, RecursionError):
-            return None
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-            return None
-        args = obj.get("arguments", obj.get("parameters", {}))
-        raw = None
-        if isinstance(args, str):  # some models write the arguments as a JSON string
-            raw = args
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                return None
-        if not isinstance(args, dict):
-            return None
-        return ToolCall(name=obj["name"], arguments=args, id=new_call_id(self.id_prefix),
-                        raw_arguments=raw if raw is not None else _raw_arguments(body))
-
-
-def _raw_arguments(body: str) -> str | None:
-    """The model's own text of the `arguments` object (so clients see exactly what it wrote)."""
-    decoder = json.JSONDecoder()
-    for m in re.finditer(r'"(?:arguments|parameters)"\s*:\s*', body):
-        try:
-            _, end = decoder.raw_decode(body, m.end())
-        except json.JSONDecodeError:
-            continue
-        return body[m.end():end]
-    return None
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `tag` (held back while streaming)."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
-
-
 def parse_completion(text: str, id_prefix: str = "call") -> ToolCallParser:
-    parser = ToolCallParser(id_prefix)
-    parser.feed(text)
-    parser.finish()
-    return parser
+    """The lenient Hermes parse of a whole completion (proxy/toolcalls.py has the parsers)."""
+    return parse_tool_calls(text, "hermes", None, id_prefix)
 
 
 # ---------------------------------------------------------------------------------------------
