@@ -1,8 +1,10 @@
-"""`forge analyze RUN [RUN ...] [--by harness|step|task] [--json]`: what the agent does, not only its score."""
+"""`forge analyze RUN [RUN ...] [--by harness|step|task] [--json] [--html OUT]`: what the agent does, not only
+its score."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -10,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from forge_cli.context import state
+from openforge.errors import ConfigError
 from rollouts.analyze import METRICS, Estimate, GroupBy, Report, analyze
 
 console = Console()
@@ -57,6 +60,8 @@ def analyze_cmd(
     last: Annotated[int, typer.Option("--last", help="--by step: how many last steps form the 'after' group")] = 1,
     k: Annotated[Optional[list[int]], typer.Option("-k", help="k of pass@k and pass^k (repeatable)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON (with every rollout's row)")] = False,
+    html_out: Annotated[Optional[Path], typer.Option("--html", help="also write the table and per-step curves to "
+                                                      "this HTML file (static, no script)")] = None,
 ) -> None:
     """Behaviour metrics per rollout (turns, tool coverage, self-verification, error recovery, ...),
     compared across harnesses or between the first and last steps of training. See docs/analyze.md."""
@@ -64,6 +69,15 @@ def analyze_cmd(
     run_ids = [store.get_run(r).id for r in runs]
     by_: GroupBy = by  # type: ignore[assignment] - analyze() validates it
     report = analyze(store, run_ids, by=by_, k_values=k or [1, 3], first_steps=first, last_steps=last)
+    if html_out is not None:
+        from rollouts.analyze_html import report_html, step_curves
+
+        try:
+            html_out.write_text(report_html(report, step_curves(report.rollouts)))
+        except OSError as exc:
+            raise ConfigError(f"cannot write {html_out}: {exc.strerror or exc}") from None
+        if not as_json:
+            typer.echo(f"wrote {html_out}")
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=1))
         return

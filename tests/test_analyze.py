@@ -282,3 +282,30 @@ async def test_the_dashboard_shows_behaviour_by_step(store: Store, training_run:
     lines = [ln.split() for ln in shown.splitlines() if ln.strip()]
     assert lines[0][:3] == ["step", "n", "verified"], shown
     assert lines[1][:4] == ["1", "4", "0%", "1.0"] and lines[2][:4] == ["2", "4", "100%", "2.0"], shown
+
+
+def test_html_report_holds_the_table_and_a_curve_per_metric(store: Store, training_run: str, tmp_path) -> None:  # noqa: ANN001
+    import xml.etree.ElementTree as ET
+
+    from forge_cli.main import app
+    from rollouts.analyze_html import step_curves
+
+    curves = {c.metric: c.points for c in step_curves(analyze(store, [training_run]).rollouts)}
+    assert [(s, e.mean, e.n) for s, e in curves["self_verified"]] == [(0, 0.0, 4), (1, 1.0, 4)]
+    assert [(s, e.mean) for s, e in curves["tool_calls"]] == [(0, 1.0), (1, 2.0)]
+    assert curves["error_recovery"] == []  # no failed step anywhere: nothing to draw
+
+    out = tmp_path / "report.html"
+    res = CliRunner().invoke(app, ["analyze", training_run, "--html", str(out)])
+    assert res.exit_code == 0 and f"wrote {out}" in res.output and "self_verified" in res.output, res.output
+    page = out.read_text()
+    assert page.startswith("<!doctype html>") and "<script" not in page
+    assert "<th>step 0<br><small>n=4</small></th>" in page
+    assert '<td>self_verified</td><td>0.0% <span class="ci">[0.0%, 0.0%]</span></td><td>100.0% <span' in page
+    svgs = [ET.fromstring("<svg " + chunk[:chunk.index("</svg>") + 6]) for chunk in page.split("<svg ")[1:]]
+    titles = [svg.find("text").text for svg in svgs]  # well-formed SVG, titled by metric
+    # a curve for each metric defined at both steps; none for error_recovery/plan_completion/gave_up...
+    assert titles == ["turns", "tool_calls", "tool_coverage", "self_verified", "gave_up", "prefix_breaks",
+                      "tokens_per_turn", "reward"]
+    bad = CliRunner().invoke(app, ["analyze", training_run, "--html", str(tmp_path / "no" / "dir" / "r.html")])
+    assert bad.exit_code == 1 and "cannot write" in bad.output and "Traceback" not in bad.output
