@@ -34,11 +34,18 @@ def train(
     overlap: Annotated[Optional[bool], typer.Option("--overlap/--no-overlap",
                                                     help="sample step N+1 while step N trains (one step off-policy)")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="a human name for the run")] = None,
+    nproc: Annotated[Optional[int], typer.Option("--nproc", min=1, help="trainer processes under torchrun, "
+                                                 "sharded with FSDP2; one GPU each on GPUs (trainer.nproc)")] = None,
 ) -> None:
     """Train the policy with GRPO on the configured tasks: engine, proxy, sandboxed rollouts, trainer.
 
     Headless (a line per step); `forge up` runs the same with the dashboard. Stop with Ctrl-C or
     `forge stop RUN`, continue with `forge train --resume RUN`: no step is lost or repeated."""
+    from trainer import launch
+
+    if launch.is_follower():  # a torchrun rank other than 0: rank 0 owns the run and drives this one
+        launch.follow()
+        return
     from forge_cli import up_views
     from forge_cli.overrides import cli_overrides
     from openforge.config import load_config
@@ -46,6 +53,14 @@ def train(
     from runs.prepare import mark_dead_runs, preflight, prepare_run
 
     st = state(ctx)
+    procs = nproc or _stored_nproc(st, resume) or load_config(st.config_path, sets=st.sets).trainer.nproc
+    if procs > 1 and not launch.under_torchrun():
+        argv = _argv(st, resume=resume, steps=steps, lr=lr, tasks_per_step=tasks_per_step, group_size=group_size,
+                     full_finetune=full_finetune, overlap=overlap, name=name, nproc=procs)
+        code = launch.relaunch(procs, argv)
+        if code:
+            raise typer.Exit(code)
+        return
     trainer: dict[str, Any] = {k: v for k, v in (("lr", lr), ("tasks_per_step", tasks_per_step),
                                                  ("full_finetune", full_finetune), ("overlap", overlap)) if v is not None}
     if resume is not None and (trainer or group_size is not None or name is not None):
@@ -55,6 +70,8 @@ def train(
         overrides.setdefault("trainer", {}).update(trainer)
     if group_size is not None:
         overrides.setdefault("runner", {})["samples_per_task"] = group_size
+    if nproc is not None:
+        overrides.setdefault("trainer", {})["nproc"] = nproc
     config = load_config(st.config_path, overrides=overrides)
     store = st.store()
     console = Console()
@@ -70,6 +87,31 @@ def train(
     console.print(up_views.summary(store, run_id, st.home))
     if outcome.status == "failed":
         raise ForgeError(f"run {run_id} failed: {outcome.error}")
+
+
+def _stored_nproc(st: Any, resume: Optional[str]) -> int | None:
+    """A resumed run's trainer.nproc, from its stored config."""
+    if resume is None:
+        return None
+    stored = st.store().get_run(resume).config_json or {}
+    return int(stored.get("trainer", {}).get("nproc", 1))
+
+
+def _argv(st: Any, **opts: Any) -> list[str]:
+    """This `forge train` invocation again, for each torchrun rank."""
+    out = [*(["--home", str(st.home)]), *(["--config", st.config_path] if st.config_path else [])]
+    for s in st.sets:
+        out += ["--set", s]
+    out.append("train")
+    flags = {"full_finetune": ("--full-finetune", "--lora"), "overlap": ("--overlap", "--no-overlap")}
+    for key, value in opts.items():
+        if value is None:
+            continue
+        if key in flags:
+            out.append(flags[key][0] if value else flags[key][1])
+        else:
+            out += [f"--{key.replace('_', '-')}", str(value)]
+    return out
 
 
 def export(
