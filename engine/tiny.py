@@ -69,6 +69,17 @@ CHAT_TEMPLATE = """{%- if tools %}
 {%- endif %}
 """
 
+def _template_file(name: str) -> str:
+    return (Path(__file__).parent / "templates" / name).read_text(encoding="utf-8")
+
+
+# `--template`: the chat template the tiny model carries. "tiny" is the default above; the others are
+# the real templates of those model families (engine/templates/NOTICE.md: their source and licence).
+TEMPLATES = {"tiny": lambda: CHAT_TEMPLATE, "qwen2.5": lambda: _template_file("qwen2.5.jinja"),
+             "qwen3": lambda: _template_file("qwen3.jinja"), "qwen3-coder": lambda: _template_file("qwen3-coder.jinja")}
+# Qwen3's vocabulary has the thinking tags as added tokens (one token each, sampled like any other).
+THINK_TOKENS = ["<think>", "</think>"]
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Qwen2.5 has these as added (non-special) tokens, so they survive decoding with skip_special_tokens.
 ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
@@ -95,7 +106,7 @@ def _corpus() -> list[str]:
     return lines * 3
 
 
-def build_tokenizer(vocab_size: int = 1024):  # -> PreTrainedTokenizerFast
+def build_tokenizer(vocab_size: int = 1024, template: str = "tiny"):  # -> PreTrainedTokenizerFast
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -118,7 +129,9 @@ def build_tokenizer(vocab_size: int = 1024):  # -> PreTrainedTokenizerFast
         additional_special_tokens=[],
     )
     fast.add_tokens(ADDED_TOKENS)
-    fast.chat_template = CHAT_TEMPLATE
+    if template != "tiny":  # the default build stays byte-identical (its weights' shapes depend on the vocabulary)
+        fast.add_tokens(THINK_TOKENS)
+    fast.chat_template = TEMPLATES[template]()
     return fast
 
 
@@ -139,12 +152,13 @@ DEFAULT_CONTEXT = 131072
 
 
 def build_tiny_model(path: str | Path, *, seed: int = 0, hidden_size: int = 64, layers: int = 2,
-                     vocab_size: int = 1024, norm_gain: float = 1.0, context_length: int = DEFAULT_CONTEXT) -> Path:
+                     vocab_size: int = 1024, norm_gain: float = 1.0, context_length: int = DEFAULT_CONTEXT,
+                     template: str = "tiny") -> Path:
     """Write a tiny Qwen2 model + tokenizer + chat template to `path` and return it.
 
     `norm_gain` is the final RMSNorm's weight: 1.0 is the plain random init, LEARNABLE_NORM_GAIN the
     peaked one `forge up` trains. `context_length` is `max_position_embeddings`, what the engine
-    reports and enforces."""
+    reports and enforces. `template`: one of TEMPLATES (the chat template the tokenizer carries)."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
     from transformers.utils import logging as hf_logging
@@ -153,7 +167,7 @@ def build_tiny_model(path: str | Path, *, seed: int = 0, hidden_size: int = 64, 
 
     out = Path(path).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(vocab_size)
+    tokenizer = build_tokenizer(vocab_size, template)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,

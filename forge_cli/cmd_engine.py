@@ -45,9 +45,12 @@ def model_tiny(
     norm_gain: Annotated[Optional[float], typer.Option(
         "--norm-gain", help="final RMSNorm weight; default: the learnable gain `forge up --demo` uses "
                             "(1.0 = plain random init, nearly uniform outputs that GRPO can hardly move)")] = None,
+    template: Annotated[str, typer.Option(
+        "--template", help="chat template: tiny (Qwen2.5's with a neutral system prompt), or a real one shipped "
+                           "in engine/templates: qwen2.5, qwen3 (thinking), qwen3-coder (XML tool calls)")] = "tiny",
 ) -> None:
     """Build, offline, a tiny Qwen2 causal LM with a locally trained BPE tokenizer and a tool-calling chat template."""
-    from engine.tiny import LEARNABLE_NORM_GAIN, build_tiny_model
+    from engine.tiny import LEARNABLE_NORM_GAIN, TEMPLATES, build_tiny_model
 
     target = path.expanduser()
     if target.exists() and not target.is_dir():
@@ -58,10 +61,12 @@ def model_tiny(
         raise ForgeError(f"--norm-gain must be positive, got {norm_gain}")
     if context < 64:
         raise ForgeError(f"--context must be at least 64 tokens, got {context}")
+    if template not in TEMPLATES:
+        raise ForgeError(f"--template must be one of {', '.join(TEMPLATES)}, got {template!r}")
     out = build_tiny_model(target, seed=seed, norm_gain=LEARNABLE_NORM_GAIN if norm_gain is None else norm_gain,
-                           context_length=context)
+                           context_length=context, template=template)
     n_files = sum(1 for _ in out.iterdir())
-    typer.echo(f"built the tiny model in {out} ({n_files} files, context {context:,} tokens)")
+    typer.echo(f"built the tiny model in {out} ({n_files} files, context {context:,} tokens, {template} template)")
 
 
 def register(app: typer.Typer) -> None:
