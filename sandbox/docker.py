@@ -9,7 +9,11 @@ Timeouts are enforced from the host: at the deadline a second exec kills every p
 container whose environment carries this exec's marker (`OPENFORGE_EXEC=<id>`), which catches the
 children it started too; `stop()` removes the container with force (SIGKILL to all of it).
 
-The network mode is `host` by default so a harness reaches a proxy on the host's 127.0.0.1.
+Everything in the container runs as the image's `forge` user (uid/gid 1000, as the Kubernetes pods),
+with every capability dropped, `no-new-privileges` and a read-only root: the working directory, $HOME
+and /tmp are anonymous volumes (seeded from the image, which gives the user those folders; removed
+with the container). The network is `none` by default: the proxy's unix socket is bound in and a
+forwarder serves it on the container's 127.0.0.1 (`proxy_url`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import posixpath
 import secrets
+import stat
 import tarfile
 import time
 from typing import Any
@@ -27,6 +33,7 @@ from openforge.errors import SandboxError
 from openforge.paths import forge_home
 from sandbox.base import (LABEL_HOME, container_path, ExecResult, SandboxBase, SandboxFileNotFound, SandboxInfo,
                           TransientSandboxError, sandbox_labels)
+from sandbox.images import SANDBOX_HOME, SANDBOX_UID
 
 BUILD_HINT = "forge sandbox build-image"
 _FOREVER = "2147483647"  # `sleep infinity` is GNU-only; a big number works in busybox too
@@ -68,8 +75,10 @@ class DockerSandbox(SandboxBase):
         self.cfg = config
         self.start_retries = config.start_retries
         self.labels = {**sandbox_labels(run_id, rollout_id), LABEL_HOME: str(forge_home())}
-        self.info = SandboxInfo(backend="docker", sandbox_id="", workdir=config.workdir, home="/root",
+        self.info = SandboxInfo(backend="docker", sandbox_id="", workdir=config.workdir, home=SANDBOX_HOME,
                                 labels=self.labels)
+        # The only folders the container's user can write (the root is read-only), each a volume.
+        self.writable = tuple(dict.fromkeys((config.workdir.rstrip("/") or "/", SANDBOX_HOME, "/tmp")))
         self.name = f"openforge-{rollout_id}"
         self._client: Any = None
         self._container: Any = None
@@ -85,16 +94,23 @@ class DockerSandbox(SandboxBase):
         self._container = await asyncio.to_thread(self._create)
         self.info.sandbox_id = self._container.id[:12]
         # Right after start the keeper is PID 1's only child; an orphan reparented to PID 1 later is not.
-        found = await self.exec("cat /proc/1/task/1/children", timeout=30)
+        found = await self.exec(["sh", "-c", 'cat /proc/1/task/1/children && for d; do [ -w "$d" ] || echo "$d"; done',
+                                 "sh", *self.writable], timeout=30)
         self._keeper_pid = found.stdout.split()[0] if found.exit_code == 0 and found.stdout.split() else ""
         if not self._keeper_pid:
             raise SandboxError(f"container {self.name}: cannot find its keeper process ({found.stderr.strip()})")
+        if found.stdout.split()[1:]:
+            raise SandboxError(f"image {self.cfg.image}: {', '.join(found.stdout.split()[1:])} not writable by uid "
+                               f"{SANDBOX_UID}, the sandbox's user; build the image with `{BUILD_HINT}` "
+                               f"(or give uid {SANDBOX_UID} those folders in yours)")
         if self._forwarding:
             await self._start_forwarder()
 
     async def kill_all(self) -> None:
-        """Kill every process in the container but docker-init and the keeper, by /proc scan as root
-        inside the container's pid namespace: setsid, `env -i` and double forks cannot hide from it."""
+        """Kill every process in the container but docker-init and the keeper, by /proc scan inside the
+        container's pid namespace: setsid, `env -i` and double forks cannot hide from it. It runs as the
+        same user as everything else there, which no process in it can leave (no capabilities, no
+        new privileges), so every one of them can be killed."""
         if self._container is None:
             return
         eid = await asyncio.to_thread(self._client.api.exec_create, self._container.id,
@@ -109,10 +125,18 @@ class DockerSandbox(SandboxBase):
         except docker.errors.ImageNotFound:
             raise SandboxError(f"image {self.cfg.image} not found; build it with `{BUILD_HINT}` "
                                "(or set sandbox.image)") from None
+        from docker.types import Mount
+
+        if self._forwarding:
+            _open_socket_to(self.proxy_socket or "")
         try:
             container = self._client.containers.run(
                 self.cfg.image, ["sleep", _FOREVER], name=self.name, detach=True, init=True,
                 labels=self.labels, working_dir=self.config.workdir, network_mode=self.cfg.network,
+                user=f"{SANDBOX_UID}:{SANDBOX_UID}", cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                read_only=True, environment={"HOME": SANDBOX_HOME, "TMPDIR": "/tmp"},
+                # Anonymous volumes: seeded from the image (ownership included), removed with the container.
+                mounts=[Mount(path, None, type="volume") for path in self.writable],
                 mem_limit=f"{self.cfg.memory_mb}m", memswap_limit=f"{self.cfg.memory_mb}m",
                 nano_cpus=int(self.cfg.cpus * 1e9), pids_limit=self.cfg.pids_limit, volumes=self._volumes())
         except docker.errors.APIError as exc:
@@ -135,16 +159,17 @@ class DockerSandbox(SandboxBase):
 
     async def _start_forwarder(self) -> None:
         """The forwarder (sandbox/forwarder.py) on the container's 127.0.0.1, run with the image's python3
-        in an exec of its own that carries no exec marker, so no exec's reaper ends it (kill_all does)."""
+        in an exec of its own that carries no exec marker, so no exec's reaper ends it (kill_all does).
+        Its source goes in as `-c`: nothing to write on the read-only root, nothing the agent can edit."""
         from sandbox.local import FORWARDER, PROXY_PORT
 
-        await asyncio.to_thread(self._put, "/opt/forge/forwarder.py", FORWARDER.read_bytes(), 0o444)
         check = await self.exec("command -v python3", timeout=30)
         if check.exit_code != 0:
             raise SandboxError(f"image {self.cfg.image} has no python3 to forward the proxy's socket "
                                "(use the python image: forge sandbox build-image)")
         eid = await asyncio.to_thread(self._client.api.exec_create, self._container.id,
-                                      ["python3", "-I", "/opt/forge/forwarder.py", "--socket", "/run/forge/proxy.sock",
+                                      ["python3", "-I", "-c", FORWARDER.read_text(), "--socket",
+                                       f"/run/forge/{os.path.basename(self.proxy_socket or '')}",
                                        "--port", str(PROXY_PORT), "--"])
         await asyncio.to_thread(self._client.api.exec_start, eid["Id"])  # returns once the port is bound
         self.proxy_url = f"http://127.0.0.1:{PROXY_PORT}"
@@ -233,13 +258,28 @@ class DockerSandbox(SandboxBase):
         await asyncio.to_thread(self._put, self._resolve(path), data, mode)
 
     def _put(self, full: str, data: bytes, mode: int) -> None:
+        """Write one file as the sandbox's user, by a tar extracted in the writable folder that holds it
+        (the root is read-only). Its missing parents come as members of their own, owned by the user:
+        left to the engine they would be root's, and the agent could not write in them."""
+        base = next((d for d in self.writable if full == d or full.startswith(d.rstrip("/") + "/")), None)
+        rel = posixpath.relpath(full, base) if base else ""
+        if base is None or rel == ".":
+            raise SandboxError(f"cannot write {full}: the container's root is read-only; the sandbox's user "
+                               f"writes only in {', '.join(self.writable)}")
+        now = int(time.time())
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
-            member = tarfile.TarInfo(full.lstrip("/"))
-            member.size, member.mode, member.mtime = len(data), mode, int(time.time())
+            parts = rel.split("/")
+            for i in range(1, len(parts)):
+                folder = tarfile.TarInfo("/".join(parts[:i]))
+                folder.type, folder.mode, folder.mtime = tarfile.DIRTYPE, 0o755, now
+                folder.uid = folder.gid = SANDBOX_UID
+                tar.addfile(folder)
+            member = tarfile.TarInfo(rel)
+            member.size, member.mode, member.mtime = len(data), mode, now
+            member.uid = member.gid = SANDBOX_UID
             tar.addfile(member, io.BytesIO(data))
-        # Extracting at "/" with the full path as the member name creates missing parent folders.
-        if not self._client.api.put_archive(self._container.id, "/", buf.getvalue()):
+        if not self._client.api.put_archive(self._container.id, base, buf.getvalue()):
             raise SandboxError(f"could not write {full} into container {self.info.sandbox_id}")
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
@@ -262,6 +302,20 @@ class DockerSandbox(SandboxBase):
                 handle = tar.extractfile(member)
                 return handle.read(max_bytes if max_bytes is not None else -1) if handle else b""
         raise SandboxFileNotFound(f"{full}: no such file in the sandbox")
+
+
+def _open_socket_to(path: str) -> None:
+    """Let the container's user (another uid) reach the proxy's socket through its bound folder:
+    the folder searchable, the socket connectable. It holds nothing else, and every request still
+    needs a rollout's key, exactly as on the proxy's TCP port, which any local user can reach."""
+    folder = os.path.dirname(path)
+    try:
+        os.chmod(folder, stat.S_IMODE(os.stat(folder).st_mode) | 0o011)
+        if os.path.exists(path):
+            os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) | 0o006)
+    except OSError as exc:
+        raise SandboxError(f"cannot open the proxy socket {path} to the container's user (uid {SANDBOX_UID}): "
+                           f"{exc.strerror}") from None
 
 
 class _CappedReader:

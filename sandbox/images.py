@@ -1,16 +1,24 @@
 """Sandbox images, built locally: no registry is needed (or reachable) to get a working image.
 
-Two variants, each tagged by a hash of its recipe so a changed recipe gives a new tag and an
+Three variants, each tagged by a hash of its recipe so a changed recipe gives a new tag and an
 unchanged one is never rebuilt (`ensure_image` returns at once when the tag exists):
 
     python   Debian bookworm minbase (debootstrap) + python3 + the `openai` SDK, so the Python `mini`
              harness runs unchanged inside a container. ~1-3 minutes the first time, needs root.
     busybox  the host's static busybox and its applet links: a shell-only image in ~1 s, for tests.
+    harness  the python image + npm harnesses (Claude Code, Codex, OpenClaw) copied from a local npm
+             install (`NpmLayer`: the packages and what they depend on, their executables and a node on
+             the PATH). The recipe holds every copied package's exact version: `ensure_harness_image`.
+
+Every image has the sandbox's user, `forge` (uid/gid 1000, as the Kubernetes pods): it owns
+`/workspace` and `/home/forge` and nothing else, so a container run as it with a read-only root can
+write only there (and `/tmp`).
 
 The rootfs tarball is kept in a cache folder as well, so a fresh Docker data dir (CI) re-imports it in
 seconds instead of bootstrapping again.
 
     forge sandbox build-image --variant python      # also tags openforge-sandbox:latest
+    forge sandbox build-image --harness claude-code,codex
 """
 
 from __future__ import annotations
@@ -22,14 +30,21 @@ import platform
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from openforge.errors import SandboxError
 
 REPOSITORY = "openforge-sandbox"
-RECIPE_VERSION = 1  # bump when the build steps below change in a way the recipe dict does not show
+RECIPE_VERSION = 2  # bump when the build steps below change in a way the recipe dict does not show
+SANDBOX_UID = 1000  # the `forge` user every image has and containers run as (sandbox.docker, k8s pods)
+SANDBOX_HOME = "/home/forge"
+WORKDIR = "workspace"
+NPM_PREFIX = "opt/forge/npm"  # where the harness variant puts its npm packages
 SUITE = "bookworm"
 APT_PACKAGES = ("python3", "ca-certificates")
 PIP_PACKAGES = ("openai>=2,<4",)
@@ -43,12 +58,15 @@ def recipe(variant: str) -> dict[str, Any]:
                 "pip": PIP_PACKAGES, "arch": platform.machine()}
     if variant == "busybox":
         return {"v": RECIPE_VERSION, "variant": variant, "arch": platform.machine()}
-    raise SandboxError(f"unknown image variant {variant!r}; choose python or busybox")
+    raise SandboxError(f"unknown image variant {variant!r}; choose python or busybox (or --harness NAMES)")
+
+
+def _digest(spec: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def image_tag(variant: str) -> str:
-    digest = hashlib.sha256(json.dumps(recipe(variant), sort_keys=True).encode()).hexdigest()[:12]
-    return f"{REPOSITORY}:{variant}-{digest}"
+    return f"{REPOSITORY}:{variant}-{_digest(recipe(variant))}"
 
 
 def cache_dir() -> Path:
@@ -81,11 +99,22 @@ def _busybox_rootfs(root: Path) -> None:
     for applet in listing.stdout.split():
         if applet != "busybox":
             (root / "bin" / applet).symlink_to("busybox")
-    for d in ("tmp", "etc", "workspace", "root"):
+    for d in ("tmp", "etc", WORKDIR, "root"):
         (root / d).mkdir(exist_ok=True)
     (root / "tmp").chmod(0o1777)
     (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
     (root / "etc" / "group").write_text("root:x:0:\n")
+    _add_user(root)
+
+
+def _add_user(root: Path) -> None:
+    """The sandbox's user in /etc/passwd and /etc/group (a program asking getpwuid() gets an answer) and
+    its home; `_pack` gives it `WORKDIR` and the home."""
+    with open(root / "etc" / "passwd", "a") as f:
+        f.write(f"forge:x:{SANDBOX_UID}:{SANDBOX_UID}:forge:{SANDBOX_HOME}:/bin/sh\n")
+    with open(root / "etc" / "group", "a") as f:
+        f.write(f"forge:x:{SANDBOX_UID}:\n")
+    (root / SANDBOX_HOME.lstrip("/")).mkdir(parents=True, exist_ok=True)
 
 
 def _python_rootfs(root: Path, timeout: float) -> None:
@@ -111,7 +140,25 @@ def _python_rootfs(root: Path, timeout: float) -> None:
          "pip install into the image", timeout)
     for rel in _PRUNE:
         shutil.rmtree(root / rel, ignore_errors=True)
-    (root / "workspace").mkdir(exist_ok=True)
+    (root / WORKDIR).mkdir(exist_ok=True)
+    _add_user(root)
+
+
+def _owner(info: tarfile.TarInfo, *, keep_owner: bool) -> tarfile.TarInfo:
+    """Numeric ownership as the image wants it: the user's folders are the user's, the rest root's
+    (busybox: whoever built it) or as debootstrap left it (python: a few system groups)."""
+    if info.name in (WORKDIR, SANDBOX_HOME.lstrip("/")):
+        info.uid = info.gid = SANDBOX_UID
+    elif not keep_owner:
+        info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def _pack(root: Path, out: Path, *, keep_owner: bool) -> None:
+    with tarfile.open(out, "w", format=tarfile.GNU_FORMAT) as tar:
+        for child in sorted(root.iterdir()):
+            tar.add(child, arcname=child.name, filter=lambda info: _owner(info, keep_owner=keep_owner))
 
 
 def build_rootfs_tar(variant: str, out: Path, *, timeout: float = 600) -> Path:
@@ -123,7 +170,7 @@ def build_rootfs_tar(variant: str, out: Path, *, timeout: float = 600) -> Path:
         else:
             _python_rootfs(root, timeout)
         partial = out.with_suffix(".partial")
-        _run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."], "tar of the rootfs", timeout)
+        _pack(root, partial, keep_owner=variant != "busybox")
         partial.replace(out)  # atomic: a crash mid-build never leaves a half tarball under the real name
     return out
 
@@ -138,24 +185,198 @@ def _has_image(client: Any, tag: str) -> bool:
         return False
 
 
-def ensure_image(variant: str = "python", *, base_url: str = "", timeout: float = 600,
-                 tag_latest: bool = False) -> str:
-    """The variant's image tag, building and importing it first if the engine lacks it."""
+def _tarball(tag: str) -> Path:
+    return cache_dir() / f"{tag.replace(':', '_')}.tar"
+
+
+def _ensure(tag: str, build: Callable[[Path], Any], *, base_url: str, timeout: float, tag_latest: bool,
+            check: list[str] | None = None) -> str:
+    """`tag` on the engine: imported from its cached tarball, built first by `build(tarball)` if there is
+    none. `check`: a command a fresh container of the new image must pass (as the sandbox's user, no
+    network) before the image counts as built; if it fails, image and tarball are removed."""
     from sandbox.docker import connect
 
-    tag = image_tag(variant)
-    client = connect(base_url)
+    client = connect(base_url, timeout=max(timeout, 60))  # an import of ~1 GB outlasts the default 30 s
     try:
         if not _has_image(client, tag):
-            tarball = cache_dir() / f"{tag.replace(':', '_')}.tar"
+            tarball = _tarball(tag)
             if not tarball.exists():
-                build_rootfs_tar(variant, tarball, timeout=timeout)
+                build(tarball)
             repo, _, name = tag.partition(":")
             client.api.import_image_from_file(str(tarball), repository=repo, tag=name)
             if not _has_image(client, tag):
                 raise SandboxError(f"docker import of {tarball} did not produce {tag}")
+            if check:
+                _check_image(client, tag, check, tarball)
         if tag_latest:
             client.images.get(tag).tag(REPOSITORY, "latest")
     finally:
         client.close()
     return tag
+
+
+def _check_image(client: Any, tag: str, command: list[str], tarball: Path) -> None:
+    import docker.errors
+
+    try:
+        client.containers.run(tag, command, remove=True, user=f"{SANDBOX_UID}:{SANDBOX_UID}", network_mode="none",
+                              stdout=True, stderr=True)
+    except docker.errors.ContainerError as exc:
+        client.images.remove(tag, force=True)
+        tarball.unlink(missing_ok=True)
+        err = exc.stderr.decode(errors="replace").strip().splitlines()[-1:] if exc.stderr else []
+        raise SandboxError(f"the new image {tag} fails its check `{' '.join(command)}` "
+                           f"(exit {exc.exit_status}: {' '.join(err) or 'no output'}); removed it") from None
+
+
+def ensure_image(variant: str = "python", *, base_url: str = "", timeout: float = 600,
+                 tag_latest: bool = False) -> str:
+    """The variant's image tag, building and importing it first if the engine lacks it."""
+    return _ensure(image_tag(variant), lambda out: build_rootfs_tar(variant, out, timeout=timeout),
+                   base_url=base_url, timeout=timeout, tag_latest=tag_latest)
+
+
+# -- the harness variant: npm packages from a local install, on top of the python image --------------
+
+@dataclass(frozen=True)
+class NpmLayer:
+    """What the harness variant adds to the python image (rollouts.npm.image_layer builds one).
+
+    `prefix` is a local npm install (`<prefix>/node_modules/...`); `packages` the top-level packages
+    to copy, with everything they depend on as Node resolves it; `bins` the executables put on the
+    PATH (`/usr/local/bin/<name>` -> a path relative to `prefix`); `node` a Node binary for
+    `/usr/local/bin/node` (inside `prefix`: linked, else copied; None: no node)."""
+
+    names: tuple[str, ...]  # the harnesses, for the tag
+    prefix: Path
+    packages: tuple[str, ...]
+    bins: dict[str, str] = field(default_factory=dict)
+    node: Path | None = None
+
+
+def _find_package(prefix: Path, start: Path, name: str) -> Path | None:
+    """The folder `require(name)` from `start` finds: node_modules/<name> in `start`, then its parents."""
+    here = start
+    while True:
+        candidate = here / "node_modules" / name
+        if (candidate / "package.json").is_file():
+            return candidate
+        if here == prefix or prefix not in here.parents:
+            return None
+        here = here.parent
+
+
+def npm_closure(prefix: Path, packages: Iterable[str]) -> dict[str, str]:
+    """{folder relative to prefix: version} of `packages` and all they depend on (optional ones that npm
+    did not install, for other platforms, are skipped)."""
+    found: dict[str, str] = {}
+    todo = [(prefix, name) for name in packages]
+    while todo:
+        start, name = todo.pop()
+        folder = _find_package(prefix, start, name)
+        if folder is None:
+            if start == prefix:
+                raise SandboxError(f"{name} is not installed in {prefix}")
+            continue
+        rel = folder.relative_to(prefix).as_posix()
+        if rel in found:
+            continue
+        meta = json.loads((folder / "package.json").read_text())
+        found[rel] = str(meta.get("version", "?"))
+        todo += [(folder, dep) for dep in {**meta.get("dependencies", {}), **meta.get("optionalDependencies", {})}]
+    return found
+
+
+def _node_version(node: Path) -> str:
+    try:
+        out = subprocess.run([str(node), "--version"], capture_output=True, text=True, timeout=60)
+    except OSError as exc:
+        raise SandboxError(f"cannot run {node}: {exc}") from None
+    return out.stdout.strip() or f"exit {out.returncode}"
+
+
+def harness_recipe(layer: NpmLayer) -> dict[str, Any]:
+    """The harness image's recipe: the python image's, every copied package's exact version, the
+    executables, the node version. A new package version in the install gives a new tag."""
+    return {"v": RECIPE_VERSION, "variant": "harness", "base": recipe("python"),
+            "packages": npm_closure(layer.prefix, layer.packages), "bins": dict(sorted(layer.bins.items())),
+            "node": _node_version(layer.node) if layer.node else None, "uid": SANDBOX_UID}
+
+
+def harness_tag(layer: NpmLayer) -> str:
+    return f"{REPOSITORY}:{'-'.join(layer.names)}-{_digest(harness_recipe(layer))}"
+
+
+def _readable(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """Root-owned, readable (and where executable, runnable) by the sandbox's user."""
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mode |= 0o044
+    if info.isdir() or info.mode & 0o100:
+        info.mode |= 0o011
+    return info
+
+
+def _dir(name: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode = tarfile.DIRTYPE, 0o755
+    return info
+
+
+def build_harness_tar(layer: NpmLayer, base: Path, out: Path) -> Path:
+    """The python rootfs tarball `base`, plus the layer: its packages under /opt/forge/npm and links in
+    /usr/local/bin. One pass over `base` (no unpacking: no root needed, ownership kept exactly)."""
+    closure = npm_closure(layer.prefix, layer.packages)
+    partial = out.with_suffix(".partial")
+    with tarfile.open(base) as src, tarfile.open(partial, "w", format=tarfile.GNU_FORMAT) as tar:
+        names: set[str] = set()
+        for member in src:
+            names.add(member.name.rstrip("/"))
+            tar.addfile(member, src.extractfile(member) if member.isreg() else None)
+
+        def add_dirs(path: str) -> None:  # the parents of `path` the tar does not have yet
+            parts = path.split("/")
+            for i in range(1, len(parts)):
+                parent = "/".join(parts[:i])
+                if parent not in names:
+                    names.add(parent)
+                    tar.addfile(_dir(parent))
+
+        for rel in sorted(closure):
+            arc = f"{NPM_PREFIX}/{rel}"
+            add_dirs(arc)
+            # A package's own node_modules holds other packages: those in the closure come as their own.
+            tar.add(layer.prefix / rel, arcname=arc, filter=lambda info, top=arc: None
+                    if "/node_modules/" in info.name[len(top):] else _readable(info))
+            names.add(arc)
+        links = {f"usr/local/bin/{name}": f"/{NPM_PREFIX}/{rel}" for name, rel in layer.bins.items()}
+        if layer.node is not None:
+            inside = layer.prefix in layer.node.parents
+            if inside:
+                links["usr/local/bin/node"] = f"/{NPM_PREFIX}/{layer.node.relative_to(layer.prefix).as_posix()}"
+            else:
+                add_dirs("usr/local/bin/node")
+                tar.add(layer.node, arcname="usr/local/bin/node", filter=_readable)
+        for link, target in links.items():
+            add_dirs(link)
+            info = tarfile.TarInfo(link)
+            info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
+            tar.addfile(info)
+    partial.replace(out)
+    return out
+
+
+def ensure_harness_image(layer: NpmLayer, *, base_url: str = "", timeout: float = 900,
+                         tag_latest: bool = False) -> str:
+    """The harness image's tag, building it on the python image's tarball (built first if needed)."""
+    base_tag = image_tag("python")
+
+    def build(out: Path) -> None:
+        base = _tarball(base_tag)
+        if not base.exists():
+            build_rootfs_tar("python", base, timeout=timeout)
+        build_harness_tar(layer, base, out)
+
+    check = " && ".join(f"{name} --version" for name in ["node"] * (layer.node is not None) + sorted(layer.bins))
+    return _ensure(harness_tag(layer), build, base_url=base_url, timeout=timeout, tag_latest=tag_latest,
+                   check=["sh", "-c", check] if check else None)
