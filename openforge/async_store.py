@@ -1,18 +1,26 @@
-"""The async path into the store (aiosqlite through SQLAlchemy's asyncio engine): the proxy's one handle.
+"""The async path into the store: the proxy's one handle, with one writer thread of its own.
 
 The proxy records calls from many concurrent requests; it must not block its event loop on SQLite.
 `AsyncStore` gives it the few operations it needs over the same tables as `openforge.store`;
 batching lives in `proxy.recorder`, which owns the one writer task that calls `write_calls`.
+
+A batch is written by one function on the store's writer thread (SQLAlchemy Core on a sync
+connection: the same column types as `Store`), so it costs one hop from the event loop to that
+thread and back. Through aiosqlite each statement was a hop (BEGIN, the numbering read, the insert,
+the update: four or more), and on a loaded machine every hop waits for the scheduler: at one call at
+a time those waits were most of the latency the proxy added.
 Credential lookups are one indexed row read inline on a read-only connection (microseconds in WAL
 mode, never blocked by the writer): cheaper than a hop to aiosqlite's thread on every request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.exc import DatabaseError
@@ -21,6 +29,7 @@ from openforge import db
 from openforge.store import LIVE_ROLLOUT, RUN_FINAL, Call, Recovered, Store, hash_key
 
 _CALL = Call.__table__  # type: ignore[attr-defined]
+T = TypeVar("T")
 
 _LIVE_BY_KEY = (
     "SELECT rollout.id, rollout.run_id, rollout.status, rollout.adapter FROM rollout "
@@ -36,8 +45,12 @@ class AsyncStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         Store(self.path).close()  # create or migrate the schema once (and refuse a 0-byte file)
-        self.engine = db.async_engine(self.path)
+        self.engine = db.sync_engine(self.path)  # used on the writer thread only
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forge-store")
         self._reader = db.point_reader(self.path)
+
+    async def _on_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
     def recover(self) -> Recovered:
         """At a proxy's start (sync, before serving): what dead processes left behind becomes
@@ -52,7 +65,8 @@ class AsyncStore:
 
     async def close(self) -> None:
         self._reader.close()
-        await self.engine.dispose()
+        await self._on_thread(self.engine.dispose)
+        self._thread.shutdown(wait=True)
 
     async def insert_calls(self, rows: Sequence[dict[str, Any]]) -> list[int]:
         """Insert call rows (dicts of `Call` columns) in one transaction; returns their ids in order."""
@@ -75,17 +89,21 @@ class AsyncStore:
         """
         if not inserts and not updates:
             return []
+        return await self._on_thread(self._write_calls, inserts, updates, number)
+
+    def _write_calls(self, inserts: Sequence[dict[str, Any]], updates: Sequence[tuple[int, dict[str, Any]]],
+                     number: bool) -> list[int]:
         rows = [dict(r) for r in inserts]
         ids = [0] * len(rows)
         try:
-            async with self.engine.begin() as conn:
+            with self.engine.begin() as conn:
                 # IMMEDIATE: the numbering read happens under the write lock.
-                await conn.exec_driver_sql("BEGIN IMMEDIATE")
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
                 if number and rows:
-                    await _number(conn, rows)
+                    _number(conn, rows)
                 stmt = _CALL.insert().returning(_CALL.c.id, sort_by_parameter_order=True)
                 for indexes in _by_columns(rows).values():
-                    result = await conn.execute(stmt, [rows[i] for i in indexes])
+                    result = conn.execute(stmt, [rows[i] for i in indexes])
                     for i, r in zip(indexes, result.all(), strict=True):
                         ids[i] = int(r[0])
                 values = [dict(v, _call_id=call_id) for call_id, v in updates]
@@ -93,8 +111,8 @@ class AsyncStore:
                     cols = [c for c in values[indexes[0]] if c != "_call_id"]
                     stmt_u = (update(_CALL).where(_CALL.c.id == bindparam("_call_id"))
                               .values({c: bindparam(c) for c in cols}))
-                    await conn.execute(stmt_u, [values[i] for i in indexes])
-        except (DatabaseError, OSError) as exc:
+                    conn.execute(stmt_u, [values[i] for i in indexes])
+        except (DatabaseError, sqlite3.Error, OSError) as exc:
             raise db.store_error(exc, self.path) from None
         return ids
 
@@ -109,20 +127,23 @@ class AsyncStore:
 
     async def calls_of_rollout(self, rollout_id: str) -> list[Call]:
         """A rollout's finished calls in order (used to reuse sampled token ids after a restart)."""
+        return await self._on_thread(self._calls_of_rollout, rollout_id)
+
+    def _calls_of_rollout(self, rollout_id: str) -> list[Call]:
         try:
-            async with self.engine.connect() as conn:
-                rows = (await conn.execute(
+            with self.engine.connect() as conn:
+                rows = conn.execute(
                     select(_CALL).where(_CALL.c.rollout_id == rollout_id, _CALL.c.status == "ok")
                     .order_by(_CALL.c.seq)
-                )).all()
-        except DatabaseError as exc:
+                ).all()
+        except (DatabaseError, sqlite3.Error) as exc:
             raise db.store_error(exc, self.path) from None
         return [Call(**r._mapping) for r in rows]
 
 
-async def _number(conn: Any, rows: list[dict[str, Any]]) -> None:
+def _number(conn: Any, rows: list[dict[str, Any]]) -> None:
     rollouts = sorted({r["rollout_id"] for r in rows})
-    last = dict((await conn.execute(
+    last = dict((conn.execute(
         select(_CALL.c.rollout_id, func.max(_CALL.c.seq))
         .where(_CALL.c.rollout_id.in_(rollouts)).group_by(_CALL.c.rollout_id))).all())
     for row in rows:
