@@ -376,6 +376,10 @@ def ensure_harness_image(layer: NpmLayer, *, base_url: str = "", timeout: float 
         if not base.exists():
             build_rootfs_tar("python", base, timeout=timeout)
         build_harness_tar(layer, base, out)
+        # ~1 GB each: keep only the newest tarball of these harnesses (older versions' images stay imported).
+        for old in out.parent.glob(f"{REPOSITORY}_{'-'.join(layer.names)}-*.tar"):
+            if old != out:
+                old.unlink(missing_ok=True)
 
     check = " && ".join(f"{name} --version" for name in ["node"] * (layer.node is not None) + sorted(layer.bins))
     return _ensure(harness_tag(layer), build, base_url=base_url, timeout=timeout, tag_latest=tag_latest,
