@@ -188,3 +188,20 @@ def test_the_cache_layer_is_what_the_local_backend_runs():
     assert {name: NPM_CACHE / rel for name, rel in layer.bins.items()} == {
         "claude": find_package_bin(NPM_CACHE, "claude-code"), "codex": find_package_bin(NPM_CACHE, "codex")}
     assert set(layer.packages) == {"@anthropic-ai/claude-code", "@openai/codex"}
+
+
+def test_a_kubernetes_pod_runs_the_same_image_as_its_user():
+    """The pod spec takes the harness image as it is: the pod's uid and $HOME are the image's user."""
+    from openforge.config import KubernetesSandboxConfig
+    from sandbox.images import SANDBOX_HOME
+    from sandbox.k8s_manifests import build_pod_manifest, check_pod_manifest
+
+    image = "registry.example.com/openforge-sandbox:claude-code-codex-0123456789ab"
+    config = KubernetesSandboxConfig(image=image)
+    pod = build_pod_manifest(config, name="forge-ro-1-abcdef", run_id="run-1", rollout_id="ro-1")
+    check_pod_manifest(pod)
+    [container] = pod["spec"]["containers"]
+    assert container["image"] == image
+    assert pod["spec"]["securityContext"]["runAsUser"] == SANDBOX_UID == config.run_as_user
+    assert {"name": "HOME", "value": SANDBOX_HOME} in container["env"]
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {config.workdir, SANDBOX_HOME, "/tmp"}

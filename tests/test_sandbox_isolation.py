@@ -154,3 +154,30 @@ async def test_a_container_without_network_reaches_only_the_proxy(servers) -> No
         assert via_proxy.stdout.strip() == "proxy says hi", via_proxy.stderr
         to_engine = await sb.exec(["python3", "probe.py", engine_url + "/"], timeout=30)
         assert to_engine.stdout.startswith("unreachable"), to_engine.stdout
+
+
+async def test_a_container_runs_as_the_sandbox_user_with_no_privileges() -> None:
+    """Issue 13's leftover: uid 1000 (as the Kubernetes pods), every capability dropped, no new
+    privileges (setuid binaries give nothing), a read-only root; the workdir, $HOME and /tmp writable."""
+    cfg, why = backend_config("docker")
+    if cfg is None:
+        pytest.skip(why)
+    async with make_sandbox(cfg, run_id="run-user", rollout_id=f"ro-user-{os.getpid()}") as sb:
+        got = await sb.exec('id -u; id -g; echo "$HOME"; grep -E "^(CapPrm|CapEff|CapBnd|NoNewPrivs)" /proc/self/status',
+                            timeout=30)
+        assert got.stdout.splitlines() == ["1000", "1000", "/home/forge", "CapPrm:\t0000000000000000",
+                                           "CapEff:\t0000000000000000", "CapBnd:\t0000000000000000",
+                                           "NoNewPrivs:\t1"], got
+        for path in ("/x", "/etc/passwd", "/bin/sh", "/root/x"):
+            wrote = await sb.exec(f"echo pwned >> {path}", timeout=30)
+            assert wrote.exit_code != 0 and ("Read-only" in wrote.stderr or "denied" in wrote.stderr), (path, wrote)
+        mounted = await sb.exec("mount -o remount,rw / 2>&1; touch /x 2>&1", timeout=30)
+        assert "Read-only file system" in mounted.stdout, mounted
+        writes = await sb.exec('for d in "$PWD" "$HOME" /tmp; do echo ok > "$d/f" && cat "$d/f"; done', timeout=30)
+        assert (writes.exit_code, writes.stdout) == (0, "ok\nok\nok\n"), writes
+        await sb.write_file("deep/er/f.txt", b"from the host")  # parents the host creates are the user's too
+        appended = await sb.exec("echo more >> deep/er/f.txt && touch deep/er/g && stat -c %u deep deep/er/f.txt",
+                                 timeout=30)
+        assert (appended.exit_code, appended.stdout) == (0, "1000\n1000\n"), appended
+        with pytest.raises(SandboxError, match="read-only"):
+            await sb.write_file("/etc/forge", b"no")
