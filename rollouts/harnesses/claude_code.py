@@ -26,7 +26,7 @@ QUIET_ENV = {
     "DISABLE_AUTOUPDATER": "1",
     "DISABLE_ERROR_REPORTING": "1",
     # --dangerously-skip-permissions refuses to run as root unless told it is inside a sandbox;
-    # containers run as root, and the rollout's sandbox is exactly that.
+    # a bubblewrap sandbox runs as uid 0 of its user namespace, and the rollout's sandbox is exactly that.
     "IS_SANDBOX": "1",
 }
 
