@@ -96,6 +96,33 @@ def test_demo_headless_trains_and_hot_loads(forge_home: Path) -> None:
     log = (forge_home / "runs" / run.id / "forge.log").read_text()
     assert "step 0 done" in log and "stopped the engine" in log
     assert run.config_json["harness"]["name"] == "mini"
+    check_demo_analysis(store, run.id, forge_home)
+
+
+def check_demo_analysis(store: Store, run_id: str, home: Path) -> None:
+    """`forge analyze --by step --html` on the demo run: first vs last step, every figure from the store."""
+    import json
+
+    out = cli("analyze", "latest", "--by", "step", "--json", "--html", str(home / "analyze.html"))
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.stdout)
+    assert [(g["key"], g["n_rollouts"]) for g in report["groups"]] == [("step 0", 2), ("step 1", 2)]
+    calls = [c for c in store.list_calls(run_id=run_id) if c.status == "ok"]
+    rewards: dict[int, list[float]] = {0: [], 1: []}
+    for row, ro in zip(sorted(report["rollouts"], key=lambda r: r["rollout_id"]),
+                       sorted(store.list_rollouts(run_id), key=lambda r: r.id)):
+        mine = [c for c in calls if c.rollout_id == ro.id]
+        assert (row["rollout_id"], row["step"], row["reward"], row["harness"]) == (ro.id, ro.step, ro.reward, "mini")
+        assert row["turns"] == len(mine) and row["tool_calls"] == sum(len(c.tool_calls_json or []) for c in mine)
+        assert row["tokens_per_turn"] == sum(c.completion_tokens for c in mine) / len(mine)
+        rewards[ro.step].append(ro.reward)
+    first, last = report["groups"]
+    assert first["metrics"]["reward"]["mean"] == sum(rewards[0]) / 2
+    assert last["pass_at"]["1"] == sum(r >= 1.0 for r in rewards[1]) / 2  # one task a step
+    [change] = report["changes"]
+    assert change["metrics"]["reward"]["mean"] == pytest.approx(sum(rewards[1]) / 2 - sum(rewards[0]) / 2)
+    page = (home / "analyze.html").read_text()
+    assert "<th>step 0<br><small>n=2</small></th>" in page and 'aria-label="reward by step"' in page
 
 
 @pytest.mark.slow
