@@ -24,13 +24,14 @@ def proxy(
     port: Annotated[Optional[int], typer.Option("--port", "-p", help="proxy port (0 = a free one)")] = None,
     host: Annotated[Optional[str], typer.Option("--host", help="address to listen on (default 127.0.0.1)")] = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", help="the one key to accept (default: a generated one)")] = None,
+    workers: Annotated[Optional[int], typer.Option("--workers", min=1, help="proxy processes behind the one port (default: proxy.workers, 1)")] = None,
 ) -> None:
     """Serve a model behind the recording proxy until Ctrl-C; every call is recorded into a new run."""
     from engine.model import resolve_model_path
     from runs.proxy_session import ProxySession
 
     st = state(ctx)
-    proxy_flags = {k: v for k, v in {"port": port, "host": host}.items() if v is not None}
+    proxy_flags = {k: v for k, v in {"port": port, "host": host, "workers": workers}.items() if v is not None}
     engine_flags = {**engine_overrides(engine), **({"model": model} if model else {})}
     config = st.config({"engine": engine_flags, "proxy": proxy_flags})
     model_path = resolve_model_path(config.engine.model)

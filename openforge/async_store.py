@@ -125,6 +125,15 @@ class AsyncStore:
             raise db.store_error(exc, self.path) from None
         return None if row is None else {"id": row[0], "run_id": row[1], "status": row[2], "adapter": row[3]}
 
+    async def newest_call_id(self, rollout_id: str) -> int | None:
+        """The id of a rollout's newest finished call: one indexed read inline, like `rollout_by_key`."""
+        try:
+            row = self._reader.execute("SELECT max(id) FROM call WHERE rollout_id = ? AND status = 'ok'",
+                                       (rollout_id,)).fetchone()
+        except sqlite3.Error as exc:
+            raise db.store_error(exc, self.path) from None
+        return None if row is None or row[0] is None else int(row[0])
+
     async def calls_of_rollout(self, rollout_id: str) -> list[Call]:
         """A rollout's finished calls in order (used to reuse sampled token ids after a restart)."""
         return await self._on_thread(self._calls_of_rollout, rollout_id)

@@ -59,7 +59,9 @@ class ProxyConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(0, description="0 = pick a free port")
     served_model_name: str = Field("forge-policy", description="the model id the APIs report")
-    max_concurrent_calls: int = Field(64, ge=1)
+    max_concurrent_calls: int = Field(64, ge=1, description="calls at the engine at once, per worker")
+    workers: int = Field(1, ge=1, le=256, description="proxy processes serving the one port and unix socket "
+                         "(about one per spare core: see docs/performance.md)")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     call_timeout_s: float = Field(300.0, gt=0)
     read_timeout_s: float = Field(30.0, gt=0, description="a request's headers and body must arrive within this")

@@ -96,19 +96,23 @@ class Proxy:
     """The app's state: store, recorder, rollout lookup, and the call pipeline built on them."""
 
     def __init__(self, config: ProxyConfig, *, store_path: str | Path, engine: EngineClient, tokenizer: Any,
-                 served_model: str) -> None:
+                 served_model: str, recover: bool = True, shared_store: bool = False) -> None:
         self.config = config
         self.served_model = served_model
         self.store = AsyncStore(store_path)  # the proxy's one handle on the store
-        recovered = self.store.recover()
-        self.interrupted_on_start = recovered.calls
-        if recovered.calls or recovered.runs:
-            log.warning("marked %d call(s) left in flight by a stopped proxy, and %d run(s) whose process "
-                        "died, as interrupted", recovered.calls, len(recovered.runs))
+        self.interrupted_on_start = 0
+        if recover:  # not in a worker of many: its parent recovered once, before any served a call
+            recovered = self.store.recover()
+            self.interrupted_on_start = recovered.calls
+            if recovered.calls or recovered.runs:
+                log.warning("marked %d call(s) left in flight by a stopped proxy, and %d run(s) whose process "
+                            "died, as interrupted", recovered.calls, len(recovered.runs))
         self.recorder = Recorder(self.store)
         self.renderer = ChatRenderer(tokenizer)
         self.pipeline = CallPipeline(config, recorder=self.recorder, engine=engine, renderer=self.renderer,
                                      served_model=served_model)
+        # Other worker processes serve this store's rollouts too: check a rollout's turns are current.
+        self.pipeline.prompts.shared_store = shared_store
 
     async def ensure_started(self) -> None:
         # Lazily, inside the serving loop: httpx.ASGITransport runs no lifespan events.
@@ -194,11 +198,14 @@ class Proxy:
 
 
 def create_app(config: ProxyConfig, *, store_path: str | Path, engine: EngineClient, tokenizer: Any,
-               served_model: str | None = None, close_engine: bool = False) -> Starlette:
+               served_model: str | None = None, close_engine: bool = False, recover: bool = True,
+               shared_store: bool = False) -> Starlette:
     """The proxy app. `app.state.proxy` is the `Proxy` (tests read its recorder and pipeline).
-    With `close_engine`, shutting the app down also closes the engine client (its owner is the app)."""
+    With `close_engine`, shutting the app down also closes the engine client (its owner is the app).
+    A worker of many (proxy/workers.py) passes `recover=False, shared_store=True`."""
     proxy = Proxy(config, store_path=store_path, engine=engine, tokenizer=tokenizer,
-                  served_model=served_model or config.served_model_name)
+                  served_model=served_model or config.served_model_name, recover=recover,
+                  shared_store=shared_store)
 
     async def chat(request: Request) -> Response:
         return await proxy.handle_call(request, openai_chat)

@@ -38,6 +38,10 @@ class RolloutPrompts:
         self.parsers = parsers or ParserSetup()
         self.builder = PromptBuilder(renderer)
         self._warm_locks: dict[str, asyncio.Lock] = {}
+        # With many proxy workers (proxy/workers.py) a rollout's calls may be served by several
+        # processes: its turns here are used only while they include its newest finished call.
+        self.shared_store = False
+        self._newest: dict[str, int] = {}  # the newest call id remembered per rollout
 
     async def build(self, rollout_id: str, req: CallRequest, *, limit: int | None, body_chars: int) -> Prompt:
         """The prompt for `req` in `rollout_id`; raises the context error if it leaves no room for one
@@ -62,15 +66,18 @@ class RolloutPrompts:
     def remember(self, rollout_id: str, req: CallRequest, prompt: Prompt, comp: Completion, call_id: int) -> None:
         """A finished call, so the next request replaying its answer reuses its exact ids."""
         self.builder.record(rollout_id, req.messages, req.prompt_tools, prompt, comp, call_id)
+        self._newest[rollout_id] = max(call_id, self._newest.get(rollout_id, 0))
 
     async def _warm(self, rollout_id: str) -> None:
         """After a proxy restart, relearn a rollout's last turns from the store so reuse continues."""
-        if self.builder.knows(rollout_id):
+        if self.builder.knows(rollout_id) and not await self._stale(rollout_id):
             return
         lock = self._warm_locks.setdefault(rollout_id, asyncio.Lock())
         async with lock:
             if self.builder.knows(rollout_id):
-                return
+                if not await self._stale(rollout_id):
+                    return
+                self.builder.forget(rollout_id)  # another worker served it since: reload from the store
             rows = (await self.recorder.calls_of_rollout(rollout_id))[-self.builder.turns_per_rollout:]
             for row in rows:
                 adapter = ADAPTERS.get(row.api)
@@ -84,8 +91,17 @@ class RolloutPrompts:
                                                  row.tool_calls_json or [])
                 prompt = Prompt(row.prompt_ids or [], "", row.reused_tokens)
                 self.builder.record(rollout_id, old.messages, old.prompt_tools, prompt, comp, row.id)
+            if rows:
+                self._newest[rollout_id] = max(r.id for r in rows)
             self.builder.mark_known(rollout_id)
         self._warm_locks.pop(rollout_id, None)
+
+    async def _stale(self, rollout_id: str) -> bool:
+        """True when the store has a finished call of this rollout newer than any remembered here."""
+        if not self.shared_store:
+            return False
+        newest = await self.recorder.newest_call_id(rollout_id)
+        return newest is not None and newest > self._newest.get(rollout_id, 0)
 
     def _replayed_completion(self, req: CallRequest, prompt_ids: list[int], ids: list[int],
                              tool_calls: list[dict[str, Any]]) -> Completion:

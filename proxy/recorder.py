@@ -6,10 +6,10 @@ share one commit (no lock contention between requests); alone, a write is commit
 `begin` returns after the in-flight row is committed, `end` after the finished row is: the proxy
 sends a response's last byte only after `end`, so nothing a harness saw is lost.
 
-The writes go through `openforge.async_store.AsyncStore` (aiosqlite): the event loop never blocks
-on SQLite. Each aiosqlite statement is a hop to its thread, and on a loaded machine every hop waits
-for the scheduler, so a batch is written with as few statements as possible (`write_calls`: one
-numbering read, one multi-row INSERT ... RETURNING, one executemany UPDATE).
+The writes go through `openforge.async_store.AsyncStore`, which writes a whole batch on its own
+thread: the event loop never blocks on SQLite, and a batch costs one hop to that thread and back (on
+a loaded machine every hop waits for the scheduler). Within it the batch is few statements
+(`write_calls`: one numbering read, one multi-row INSERT ... RETURNING, one executemany UPDATE).
 """
 
 from __future__ import annotations
@@ -100,6 +100,10 @@ class Recorder:
             op.done.set_result(call_id)
         for op in updates:
             op.done.set_result(None)
+
+    async def newest_call_id(self, rollout_id: str) -> int | None:
+        """The id of the rollout's newest finished call in the store (any process's), or None."""
+        return await self.astore.newest_call_id(rollout_id)
 
     async def calls_of_rollout(self, rollout_id: str) -> list[Call]:
         """A rollout's finished calls in order (committed ones: `end` returns only after its commit)."""

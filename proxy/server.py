@@ -7,15 +7,19 @@
     server.stop()
 
 One app serves both listeners: TCP on `config.host` (127.0.0.1) and, with `uds`, a unix socket, which
-is how a sandbox without a network reaches it.
+is how a sandbox without a network reaches it. With `config.workers` > 1 the listeners are served by
+that many processes (proxy/workers.py); `app` is then None (each worker has its own).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 from pathlib import Path
 
 from engine.client import EngineClient
-from engine.serve import ServerHandle, serve_in_thread
+from engine.serve import ServerHandle, _unix_socket, serve_in_thread
 from openforge.config import ProxyConfig
 from openforge.errors import ConfigError, ForgeError
 from proxy.connections import deadline_protocol
@@ -46,20 +50,26 @@ class ProxyServer:
         self.uds = str(uds) if uds is not None else None
         self.served_model = served_model or config.served_model_name
         self._handle: ServerHandle | None = None
+        self._workers = None  # ProxyWorkers, with config.workers > 1
+        self._url: str | None = None
         self.app = None  # the Starlette app once started (tests read app.state.proxy)
         self.interrupted_on_start = 0
 
     @property
     def url(self) -> str:
-        if self._handle is None:
-            raise ForgeError("the proxy is not running (call start() first)")
-        return self._handle.url
+        if self._handle is not None:
+            return self._handle.url
+        if self._url is not None:
+            return self._url
+        raise ForgeError("the proxy is not running (call start() first)")
 
     def start(self) -> ProxyServer:
         from proxy.app import create_app
 
-        if self._handle is not None:
+        if self._handle is not None or self._workers is not None:
             return self
+        if self.config.workers > 1:
+            return self._start_workers()
         engine = EngineClient(self.engine_url, timeout=self.config.call_timeout_s, api_key=self.engine_key)
         app = create_app(self.config, store_path=self.store_path, engine=engine,
                          tokenizer=load_tokenizer(self.model_path), served_model=self.served_model,
@@ -70,13 +80,64 @@ class ProxyServer:
                                        http=deadline_protocol(self.config.read_timeout_s))
         return self
 
+    def _start_workers(self) -> ProxyServer:
+        import psutil
+
+        from openforge.store import Store
+        from proxy.workers import ProxyWorkers
+
+        store = Store(self.store_path)  # recovery once, here: a worker must not take its peers' calls for leftovers
+        try:
+            self.interrupted_on_start = store.recover(alive=psutil.pid_exists).calls
+        finally:
+            store.close()
+        host, sockets = self.config.host, [_tcp_socket(self.config.host, self.config.port)]
+        try:
+            if self.uds is not None:
+                sockets.append(_unix_socket(self.uds))
+            args = {"store_path": str(self.store_path), "engine_url": self.engine_url, "engine_key": self.engine_key,
+                    "model_path": str(self.model_path), "served_model": self.served_model}
+            self._workers = ProxyWorkers(self.config, sockets=sockets, app_args=args).start()
+        except BaseException:
+            self._close_sockets(sockets)
+            raise
+        self._sockets = sockets
+        shown = f"[{host}]" if ":" in host else host
+        self._url = f"http://{shown}:{sockets[0].getsockname()[1]}"
+        return self
+
+    def _close_sockets(self, sockets: list[socket.socket]) -> None:
+        for s in sockets:
+            s.close()
+        if self.uds is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.uds)
+
     def stop(self) -> None:
         if self._handle is not None:
             self._handle.stop()
             self._handle = None
+        if self._workers is not None:
+            self._workers.stop()
+            self._workers = None
+            self._close_sockets(self._sockets)
+            self._url = None
 
     def __enter__(self) -> ProxyServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _tcp_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket the workers share (proto=IPPROTO_TCP: see engine.serve on TCP_NODELAY)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ForgeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(2048)
+    return sock

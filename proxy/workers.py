@@ -1,0 +1,160 @@
+"""Many proxy processes behind one port: `proxy.workers = N` (`forge proxy --workers N`).
+
+    workers = ProxyWorkers(config, sockets=[tcp, uds], app_args={...}).start()   # returns once all serve
+    ...
+    workers.stop()                                                               # graceful: rows flushed
+
+The parent binds the listening sockets (TCP and the unix socket sandboxes use) once; N spawned
+processes each run the whole proxy (uvicorn + uvloop, its own engine client, recorder and prompt
+state) and accept on those same sockets, so the kernel spreads connections over them. One process is
+one core's worth of Python; at the proxy's CPU per call, N processes serve about N times the calls.
+
+Why no router in front, and no rollout pinned to a worker: a front process that reads each request to
+pick its worker would cost what a pass-through hop costs (a few ms of CPU per call, more than the
+proxy itself now), and pinning by port would change how every harness is given its base URL.
+Instead a rollout may land on any worker, and everything that must be exact lives in the store:
+
+- `seq` is numbered inside the write transaction (BEGIN IMMEDIATE), so calls of one rollout from
+  several processes are numbered once each, in commit order (as they are within one process).
+- A worker reuses a rollout's sampled token ids only while it has seen the rollout's latest call: it
+  compares the newest finished call in the store with the newest it remembers (one indexed read), and
+  reloads the rollout's last turns from the store when another worker has served it since.
+
+A harness keeps its connection alive between calls, so its calls stay on one worker until it opens a
+new connection; a move costs one reload. Start-up recovery (in-flight calls of dead proxies marked
+interrupted) runs once, in the parent, before the workers start: a worker must never take the calls
+another worker is serving for leftovers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from openforge.config import ProxyConfig
+from openforge.errors import ForgeError
+
+log = logging.getLogger("forge.proxy")
+
+
+def _worker_main(spec: dict[str, Any]) -> None:
+    """One worker process (`python -m proxy.workers SPEC`): the proxy app on uvicorn in the main thread,
+    so SIGTERM shuts it down gracefully; it writes one line on its `ready_fd` once it serves (or why not)."""
+    import uvicorn
+
+    from engine.client import EngineClient
+    from proxy.app import create_app
+    from proxy.connections import deadline_protocol
+    from proxy.server import load_tokenizer
+
+    ready = os.fdopen(spec["ready_fd"], "w", buffering=1)
+    try:
+        config = ProxyConfig.model_validate(spec["config"])
+        sockets = [socket.socket(fileno=fd) for fd in spec["fds"]]
+        engine = EngineClient(spec["engine_url"], timeout=config.call_timeout_s, api_key=spec["engine_key"])
+        app = create_app(config, store_path=spec["store_path"], engine=engine,
+                         tokenizer=load_tokenizer(spec["model_path"]), served_model=spec["served_model"],
+                         close_engine=True, recover=False, shared_store=True)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, loop="uvloop",
+                                               http=deadline_protocol(config.read_timeout_s),
+                                               timeout_graceful_shutdown=2))
+
+        def announce() -> None:
+            while not server.started and not server.should_exit:
+                time.sleep(0.01)
+            with contextlib.suppress(OSError):
+                ready.write("ok\n" if server.started else "exited before serving\n")
+                ready.close()
+        threading.Thread(target=announce, daemon=True).start()
+    except Exception as exc:  # noqa: BLE001 - told to the parent, which refuses to start
+        ready.write(f"{type(exc).__name__}: {exc}\n".replace("\n", " ").strip() + "\n")
+        ready.close()
+        raise SystemExit(1) from None
+    server.run(sockets=sockets)
+
+
+class ProxyWorkers:
+    """`config.workers` processes serving the proxy on `sockets` (already bound and listening)."""
+
+    def __init__(self, config: ProxyConfig, *, sockets: list[socket.socket], app_args: dict[str, Any],
+                 startup_timeout: float = 180.0) -> None:
+        self.config = config
+        self.sockets = sockets
+        self.app_args = app_args
+        self.startup_timeout = startup_timeout
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self) -> ProxyWorkers:
+        pipes = []
+        try:
+            for _ in range(self.config.workers):
+                r, w = os.pipe()
+                pipes.append(r)
+                try:
+                    self.procs.append(self._spawn(w))
+                finally:
+                    os.close(w)
+            deadline = time.monotonic() + self.startup_timeout
+            for i, r in enumerate(pipes):
+                with os.fdopen(r, "r") as ready:
+                    pipes[i] = -1
+                    left = deadline - time.monotonic()
+                    if not select.select([ready], [], [], max(0.0, left))[0]:
+                        raise ForgeError(f"proxy worker {i} did not start within {self.startup_timeout:g}s")
+                    line = ready.readline().strip()
+                if line != "ok":
+                    code = self.procs[i].poll()
+                    raise ForgeError(f"proxy worker {i} failed to start: "
+                                     f"{line or f'it exited (code {code})'}")
+        except BaseException:
+            for r in pipes:
+                if r >= 0:
+                    os.close(r)
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, ready_fd: int) -> subprocess.Popen:
+        fds = [s.fileno() for s in self.sockets]
+        spec = {**self.app_args, "config": self.config.model_dump(mode="json"), "fds": fds, "ready_fd": ready_fd}
+        return subprocess.Popen([sys.executable, "-m", "proxy.workers", json.dumps(spec)], pass_fds=[*fds, ready_fd],
+                                stdin=subprocess.DEVNULL,
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                    p for p in (_PROJECT_ROOT, os.environ.get("PYTHONPATH")) if p)})
+
+    def alive(self) -> int:
+        return sum(p.poll() is None for p in self.procs)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM to each worker (uvicorn finishes its requests, the recorder commits what is
+        queued), then SIGKILL for any still running after `timeout`."""
+        for p in self.procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("proxy worker %s did not stop within %gs: killed", p.pid, timeout)
+                p.kill()
+                p.wait(5)
+        self.procs = []
+
+
+_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+if __name__ == "__main__":
+    _worker_main(json.loads(sys.argv[1]))

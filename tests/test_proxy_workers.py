@@ -1,0 +1,90 @@
+"""Many proxy workers on one store: a rollout's calls may reach any worker, and its recording stays
+exact (each prompt extends the previous call's sampled ids) and ordered (seq 0..n-1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from engine.client import EngineClient
+from engine.scripted import ScriptedEngine
+from openforge.config import ProxyConfig
+from openforge.store import Store
+from proxy.app import create_app
+from proxy.server import load_tokenizer
+from test_proxy_support import CHAT_TOOLS, TOOL_TURN, make_rig  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _next_turn(msgs: list[dict[str, Any]], answer: dict[str, Any], turn: int) -> list[dict[str, Any]]:
+    message = {k: v for k, v in answer["choices"][0]["message"].items() if v is not None}
+    call_id = message["tool_calls"][0]["id"]
+    return [*msgs, message, {"role": "tool", "tool_call_id": call_id, "content": f"file{turn}.txt"}]
+
+
+def _extends_exactly(calls: list[Any]) -> list[bool]:
+    """For each call after the first: does its prompt start with the previous prompt + sampled ids?"""
+    return [b.prompt_ids[:len(a.prompt_ids) + len(a.completion_ids)] == a.prompt_ids + a.completion_ids
+            for a, b in zip(calls, calls[1:])]
+
+
+@pytest.mark.parametrize("shared_store", [True, False])
+async def test_a_rollout_alternating_between_two_workers_keeps_exact_tokens(tiny_model: Path, store: Store,
+                                                                            shared_store: bool):
+    """Two proxy apps on one store, turns served alternately. A worker that has not seen the latest
+    turn reloads the rollout's turns from the store; without that check (shared_store=False) it
+    splices an older turn and re-tokenises the newer answer, which drifts (the template re-spaces
+    the tool call's JSON): the control case shows the test can tell."""
+    engine = ScriptedEngine(tiny_model, [TOOL_TURN] * 4)
+    tokenizer = load_tokenizer(tiny_model)
+    apps = [create_app(ProxyConfig(), store_path=store.path, tokenizer=tokenizer, recover=False,
+                       shared_store=shared_store,
+                       engine=EngineClient("http://engine", transport=httpx.ASGITransport(app=engine.app)))
+            for _ in range(2)]
+    rollout = store.create_rollout(run_id=store.create_run(kind="proxy").id, task_id="t", status="running")
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "list the files"}]
+    try:
+        for turn in range(4):
+            app = apps[turn % 2]
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy",
+                                         headers={"authorization": f"Bearer {rollout.key}"}, timeout=60) as http:
+                resp = await http.post("/v1/chat/completions", json={"model": "m", "messages": msgs,
+                                                                      "tools": CHAT_TOOLS})
+            assert resp.status_code == 200, resp.text
+            msgs = _next_turn(msgs, resp.json(), turn)
+    finally:
+        for app in apps:
+            await app.state.proxy.aclose()
+    calls = store.list_calls(rollout_id=rollout.id)
+    assert [c.seq for c in calls] == [0, 1, 2, 3] and {c.status for c in calls} == {"ok"}
+    if shared_store:
+        assert _extends_exactly(calls) == [True, True, True]
+    else:
+        assert _extends_exactly(calls)[1:] == [False, False]  # turns 2, 3: the other worker's answer re-tokenised
+
+
+@pytest.mark.slow
+def test_two_worker_processes_serve_one_port_and_socket(make_rig, tmp_path: Path):
+    """`proxy.workers = 2`: both listeners served, a rollout's turns over fresh connections (so
+    spread over both processes) recorded exactly and in order, and stop() ends the workers."""
+    sock = tmp_path / "proxy.sock"
+    rig = make_rig([TOOL_TURN] * 6, workers=2, uds=sock)
+    assert rig.proxy.app is None and rig.proxy._workers.alive() == 2
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "list the files"}]
+    for turn in range(6):
+        transport = httpx.HTTPTransport(uds=str(sock)) if turn % 2 else None
+        with httpx.Client(base_url=rig.url, transport=transport, timeout=60,
+                          headers={"authorization": f"Bearer {rig.key}"}) as http:
+            resp = http.post("/v1/chat/completions", json={"model": "m", "messages": msgs, "tools": CHAT_TOOLS})
+        assert resp.status_code == 200, resp.text
+        msgs = _next_turn(msgs, resp.json(), turn)
+    calls = rig.calls()
+    assert [c.seq for c in calls] == list(range(6)) and {c.status for c in calls} == {"ok"}
+    assert _extends_exactly(calls) == [True] * 5
+    procs = list(rig.proxy._workers.procs)
+    rig.proxy.stop()
+    assert all(p.poll() is not None for p in procs) and not sock.exists()
