@@ -124,12 +124,22 @@ async def test_nothing_the_agent_started_outlives_kill_all(backend: str, escape:
         assert done.exit_code == 0, done.stderr
         await asyncio.sleep(0.3)
         if backend == "docker":  # one long-lived container: the helper is alive until kill_all
-            assert await sb.read_file("verdict.txt") == b"score: 1\n"
+            # (polled: a read between the loop's truncate and its write sees an empty file)
+            assert await _reads(sb, "verdict.txt", b"score: 1\n"), "the escape's loop is not running"
         await sb.kill_all()
         await sb.write_file("verdict.txt", b"score: 0\n")  # the verifier's fresh file, written after kill_all
         await asyncio.sleep(0.5)
         assert await sb.read_file("verdict.txt") == b"score: 0\n"
         assert (await sb.exec("echo alive", timeout=10)).stdout == "alive\n"  # the verifier can still run
+
+
+async def _reads(sb, path: str, want: bytes, within_s: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + within_s
+    while asyncio.get_running_loop().time() < deadline:
+        if await sb.read_file(path) == want:
+            return True
+        await asyncio.sleep(0.05)
+    return False
 
 
 async def test_kill_all_before_start_is_harmless() -> None:
