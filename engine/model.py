@@ -82,6 +82,8 @@ def load_model(model: str, *, dtype: str = "auto", device: str = "auto") -> Load
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    from engine.attention import use_split_attention
+
     hf_logging.disable_progress_bar()  # the weight-loading bar would fill the engine's log
     path = resolve_model_path(model)
     dev = resolve_device(device)
@@ -93,5 +95,6 @@ def load_model(model: str, *, dtype: str = "auto", device: str = "auto") -> Load
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise EngineError(f"cannot load a causal LM from {path}: {first}") from None
     hf.to(dev).eval()
+    use_split_attention(hf)  # prompt chunks on a KV cache without a materialised mask (engine/attention.py)
     ctx = int(getattr(hf.config, "max_position_embeddings", 0) or 32768)
     return LoadedModel(hf, tokenizer, path, dev, torch_dtype, _eos_ids(path, hf, tokenizer), ctx)

@@ -5,11 +5,17 @@
         admit waiting sequences: a prompt whose prefix is in the prefix cache is prefilled alone
             from that KV (only its new tokens computed); the others, one left-padded prefill per
             adapter; every prefilled prompt's KV goes into the cache; they join the adapter's batch
+        one chunk of the oldest long prompt (chunked prefill, as SGLang's --chunked-prefill-size)
         one decode step for every adapter's batch (one forward pass each)
         retire finished or aborted rows (a finished row's prompt + answer KV goes into the cache)
 
 Requests join and leave the running batches between decode steps; the KV cache of each batch is a
-`BatchKV`. Results go back to the asyncio side by `emit`, a callback that must be thread-safe.
+`BatchKV`. A prompt with more than PREFILL_CHUNK tokens not in the prefix cache (a real harness
+sends ~20-50k) is computed PREFILL_CHUNK tokens per loop turn, oldest first, each chunk's KV put in
+the prefix cache as it is made. So the loop never stalls for a whole long prefill: running batches
+keep decoding, an adapter load waits one chunk, not one prompt, an abort (the client left) takes
+effect at the next chunk, and N requests that share a long prefix (a GRPO group's first calls)
+compute it once: the next one in line finds it cached, chunk by chunk. Results go back to the asyncio side by `emit`, a callback that must be thread-safe.
 Model work runs in this thread, not on the event loop, so the HTTP server stays responsive.
 """
 
@@ -39,6 +45,7 @@ PREFILL_TOKEN_BUDGET = 16384  # padded prompt tokens in one prefill forward pass
 # Shorter cached prefixes are not worth a forward pass of their own: batched with the other new
 # prompts, the few shared tokens cost less than a separate prefill.
 MIN_CACHED_PREFIX = 64
+PREFILL_CHUNK = 4096  # prompt tokens one loop turn computes for a long prompt
 
 
 @dataclass
@@ -58,6 +65,7 @@ class Sequence:
     next_token: int = -1  # sampled, not yet fed to the model
     position: int = 0  # tokens in this sequence's KV cache
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    kv: Any = None  # a long prompt's DynamicCache while it is prefilled chunk by chunk
 
 
 @dataclass
@@ -81,6 +89,7 @@ class Scheduler:
         self.closing_adapters: set[str] = set()  # being unloaded: new requests are refused
         self._inbox: queue.Queue[Sequence | _Command | None] = queue.Queue()
         self._waiting: list[Sequence] = []
+        self._prefilling: list[Sequence] = []  # long prompts being prefilled a chunk at a time, oldest first
         self._batches: dict[str | None, tuple[list[Sequence], BatchKV]] = {}
         self._commands: list[_Command] = []
         self._stop = threading.Event()
@@ -108,13 +117,14 @@ class Scheduler:
         `exclusive`: stop admitting sequences and run `fn` once the running ones have finished (a
         weight update must not change the model under a half-generated completion)."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._inbox.put(_Command(fn, (lambda: ready() and self._running() == 0) if exclusive else ready, fut, exclusive))
+        self._inbox.put(_Command(fn, (lambda: ready() and self._running() + len(self._prefilling) == 0)
+                                 if exclusive else ready, fut, exclusive))
         return fut
 
     def uses_adapter(self, name: str) -> bool:
         """True while a waiting or running sequence uses `name` (scheduler thread only)."""
         rows = self._batches.get(name, ([], None))[0]
-        return bool(rows) or any(s.adapter == name for s in self._waiting)
+        return bool(rows) or any(s.adapter == name for s in self._waiting + self._prefilling)
 
     def stats(self) -> dict[str, Any]:
         """Counters for /server_info's internal_states (read from any thread: plain ints)."""
@@ -142,7 +152,7 @@ class Scheduler:
             self.prefix_cache.clear()
 
     def idle(self) -> bool:
-        return not self._waiting and not any(rows for rows, _ in self._batches.values())
+        return not self._waiting and not self._prefilling and not any(rows for rows, _ in self._batches.values())
 
     def close(self, timeout: float = 10.0) -> None:
         self._stop.set()
@@ -158,6 +168,7 @@ class Scheduler:
                     self._drain_inbox(block=self.idle() and not self._commands)
                     self._run_commands()
                     self._admit()
+                    self._prefill_chunk()
                     for adapter in list(self._batches):
                         try:
                             self._decode(adapter)
@@ -204,7 +215,7 @@ class Scheduler:
         if any(c.exclusive for c in self._commands):
             return
         admitted: list[Sequence] = []
-        while self._waiting and self._running() + len(admitted) < self.max_batch_size:
+        while self._waiting and self._running() + len(self._prefilling) + len(admitted) < self.max_batch_size:
             seq = self._waiting.pop(0)
             if seq.aborted:
                 self._finish(seq, finish_json("abort", message="aborted before it started"))
@@ -225,6 +236,9 @@ class Scheduler:
                     self._prefill_or_abort(group)
                     group = []
                 if self._prefill_from_cache(seq):
+                    continue
+                if len(seq.input_ids) > PREFILL_CHUNK:
+                    self._prefilling.append(seq)
                     continue
                 longest = max([len(seq.input_ids)] + [len(s.input_ids) for s in group])
                 if group and longest * (len(group) + 1) > PREFILL_TOKEN_BUDGET:
@@ -250,8 +264,8 @@ class Scheduler:
             return False
         # At least the last prompt token is computed: its logits give the first output token.
         n, kv = self.prefix_cache.match(self._cache_key(seq.adapter), seq.input_ids[:-1])
-        if n < MIN_CACHED_PREFIX:
-            return False
+        if n < MIN_CACHED_PREFIX or len(seq.input_ids) - n > PREFILL_CHUNK:
+            return False  # a long rest is prefilled a chunk at a time (it re-matches the cache first)
         try:
             self._prefill_cached(seq, n, kv)
         except Exception as exc:  # noqa: BLE001 - one bad request must not stop the engine
@@ -278,6 +292,56 @@ class Scheduler:
         batch.join(cache, [0])
         rows.append(seq)
         self._take(out.logits[:, -1, :], [seq])
+
+    def _prefill_chunk(self) -> None:
+        """Compute the next PREFILL_CHUNK prompt tokens of the oldest long prompt (see the module doc)."""
+        if not self._prefilling:
+            return
+        seq = self._prefilling[0]
+        if seq.aborted:
+            self._prefilling.pop(0)
+            self._finish(seq, finish_json("abort", message="the client went away"))
+            return
+        try:
+            done = self._extend_prefill(seq)
+        except Exception as exc:  # noqa: BLE001 - one bad request (e.g. out of memory) must not stop the engine
+            log.exception("prefill of %s failed", seq.rid)
+            self._prefilling.pop(0)
+            self._finish(seq, finish_json("abort", message=f"prefill failed: {type(exc).__name__}: {exc}"))
+            return
+        if done:
+            self._prefilling.pop(0)
+
+    def _extend_prefill(self, seq: Sequence) -> bool:
+        """One chunk of `seq`'s prompt on top of its KV so far (first taking whatever more of it the
+        prefix cache now holds); True once the whole prompt is in and `seq` has joined its batch."""
+        from transformers import DynamicCache
+
+        ids, dev = seq.input_ids, self.m.device
+        if seq.kv is None:
+            seq.kv = DynamicCache(config=self.m.model.config)
+        if self.prefix_cache is not None:  # the one ahead in line may have cached more of this prompt
+            n, kv = self.prefix_cache.match(self._cache_key(seq.adapter), ids[:-1])
+            if n > seq.position:
+                for i, (k, v) in enumerate(kv):
+                    seq.kv.update(k[..., seq.position:n, :], v[..., seq.position:n, :], i)
+                seq.cached_tokens += n - seq.position
+                self.cached_tokens += n - seq.position
+                seq.position = n
+        stop = min(seq.position + PREFILL_CHUNK, len(ids))
+        out = self._forward(seq.adapter, seq.kv, input_ids=torch.tensor([ids[seq.position:stop]], device=dev),
+                            position_ids=torch.arange(seq.position, stop, device=dev).unsqueeze(0), logits_to_keep=1)
+        self.prefill_tokens += stop - seq.position
+        seq.position = stop
+        self._remember(seq.adapter, ids[:stop], seq.kv, 0, 0)
+        if stop < len(ids):
+            return False
+        cache, seq.kv = seq.kv, None
+        rows, batch = self._batches.setdefault(seq.adapter, ([], BatchKV()))
+        batch.join(cache, [0])
+        rows.append(seq)
+        self._take(out.logits[:, -1, :], [seq])
+        return True
 
     def _prefill_or_abort(self, seqs: list[Sequence]) -> None:
         if not seqs:  # every one was served from the prefix cache
@@ -376,7 +440,7 @@ class Scheduler:
         seq.emit(seq)
 
     def _fail_all(self, message: str) -> None:
-        seqs = list(self._waiting) + [s for rows, _ in self._batches.values() for s in rows]
+        seqs = list(self._waiting) + self._prefilling + [s for rows, _ in self._batches.values() for s in rows]
         while True:
             try:
                 item = self._inbox.get_nowait()

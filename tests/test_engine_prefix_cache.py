@@ -165,3 +165,72 @@ def test_a_group_of_identical_prompts_computes_the_prompt_once(engines):
     outs = [r.json() for r in asyncio.run(group())]
     assert sorted(o["meta_info"]["cached_tokens"] for o in outs) == [0] + [len(ids) - 1] * 7
     assert cached.scheduler.prefill_tokens - before == len(ids) + 7  # the prompt once, 1 new token each
+
+
+# -- chunked prefill: a long prompt is computed PREFILL_CHUNK tokens per loop turn ------------------
+
+def test_a_chunked_prefill_gives_the_same_logprobs_and_a_group_computes_it_once(engines, monkeypatch):
+    """Prompts longer than a chunk: exact against the one-pass engine, and eight concurrent ones
+    relay the shared prefix through the cache (computed once), as a GRPO group's first calls do."""
+    import asyncio
+
+    import engine.scheduler as scheduler
+
+    (cached, url), (_, plain) = engines
+    httpx.post(url + "/flush_cache")
+    monkeypatch.setattr(scheduler, "PREFILL_CHUNK", 128)
+    ids = torch.randint(10, 900, (1500,), generator=torch.Generator().manual_seed(11)).tolist()
+    monkeypatch.setattr(scheduler, "PREFILL_CHUNK", 10**6)  # the plain engine: one pass
+    reference = _generate(plain, ids)
+    monkeypatch.setattr(scheduler, "PREFILL_CHUNK", 128)
+    before = cached.scheduler.prefill_tokens
+    _same(_generate(url, ids), reference)
+    assert cached.scheduler.prefill_tokens - before == len(ids)
+    httpx.post(url + "/flush_cache")
+    before = cached.scheduler.prefill_tokens
+
+    async def group():
+        async with httpx.AsyncClient(timeout=120) as http:
+            bodies = [{"input_ids": ids + [20 + i], "sampling_params": {"max_new_tokens": 2, "temperature": 1.0}}
+                      for i in range(8)]
+            return await asyncio.gather(*[http.post(url + "/generate", json=b) for b in bodies])
+
+    outs = [r.json() for r in asyncio.run(group())]
+    assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)
+    # The first computes all 1,501 tokens, chunk by chunk; each other one finds the 1,500 shared
+    # ones cached by then and computes its own last token.
+    assert cached.scheduler.prefill_tokens - before == len(ids) + 8
+    assert sorted(o["meta_info"]["cached_tokens"] for o in outs) == [0] + [len(ids)] * 7
+
+
+def test_an_abort_and_a_command_take_effect_between_chunks(engines, monkeypatch):
+    """A client that leaves mid-prefill frees the engine at the next chunk, and an adapter load
+    (any command) runs between two chunks instead of after the whole prompt."""
+    import asyncio
+
+    import engine.scheduler as scheduler
+
+    (cached, _), _ = engines
+    monkeypatch.setattr(scheduler, "PREFILL_CHUNK", 128)
+    ids = torch.randint(10, 900, (2000,), generator=torch.Generator().manual_seed(12)).tolist()
+
+    async def scenario():
+        cached.scheduler.flush_prefix_cache()
+        before = cached.scheduler.prefill_tokens
+        gen = await cached.start({"input_ids": ids, "sampling_params": {"max_new_tokens": 4}})
+        seen: list[int] = []
+        # Runs on the scheduler thread as soon as one chunk is in (the prompt is not done yet), and
+        # leaves as a client would: the abort flag the HTTP side sets when the connection closes.
+        await asyncio.wrap_future(cached.scheduler.call(lambda: (seen.append(gen.seq.position), gen.abort()),
+                                                        ready=lambda: gen.seq.position > 0))
+        finish = None
+        async with asyncio.timeout(60):
+            async for _, finish in gen.updates():
+                pass
+        return seen, finish, cached.scheduler.prefill_tokens - before
+
+    seen, finish, computed = asyncio.run(scenario())
+    assert 0 < seen[0] < len(ids)
+    assert finish["type"] == "abort"
+    assert computed < len(ids)  # the rest of the prompt was never computed
+    assert cached.scheduler.idle()
