@@ -125,6 +125,10 @@ class EngineProcess:
                 raise EngineError('engine.kind = "sglang" needs engine.model (a checkpoint folder or hub id)')
             return sglang_command(c, model_path=self.model_path, port=self.port,
                                   lora_target_modules=self.lora_target_modules, api_key=self.api_key)
+        if c.kind == "router":  # engine/router.py: workers + sglang-router; the key goes in the environment
+            cfg = c.model_copy(update={"model": self.model_path, "port": self.port})
+            return [sys.executable, "-m", "engine.router", "--config-json", cfg.model_dump_json(exclude={"api_key"}),
+                    "--log-dir", str(self.log_path.parent / f"router-{self.port}"), "--parent-pid", str(os.getpid())]
         return [sys.executable, "-m", "engine", "--model", self.model_path, "--host", c.host, "--port", str(self.port),
                 "--dtype", c.dtype, "--device", c.device, "--max-batch-size", str(c.max_batch_size), "--seed", str(c.seed),
                 "--prefix-cache-mb", str(c.prefix_cache_mb),
@@ -195,7 +199,7 @@ class EngineProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.pop(API_KEY_ENV, None)
-        if self.config.kind == "embedded":  # `python -m engine` must import this checkout
+        if self.config.kind in ("embedded", "router"):  # `python -m engine` must import this checkout
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
             if self.api_key:
                 env[API_KEY_ENV] = self.api_key

@@ -31,7 +31,7 @@ class _Section(BaseModel):
 class EngineConfig(_Section):
     """The inference engine: the embedded CPU engine, a supervised SGLang server, or a URL."""
 
-    kind: Literal["embedded", "sglang", "url"] = "embedded"
+    kind: Literal["embedded", "sglang", "url", "router"] = "embedded"
     model: str = Field("", description="local HF checkpoint directory; empty = the tiny model in FORGE_HOME")
     host: str = "127.0.0.1"
     port: int = Field(0, description="0 = pick a free port")
@@ -51,6 +51,13 @@ class EngineConfig(_Section):
     tp_size: int = Field(1, ge=1)
     max_lora_rank: int = Field(64, ge=1)
     sglang_args: list[str] = Field(default_factory=list, description="extra launch_server arguments")
+    # kind = "router": sglang-router (PyPI, `pip install -e .[router]`) in front of several workers
+    router_workers: int = Field(2, ge=1, description="router: embedded engine workers to start")
+    router_worker_urls: list[str] = Field(default_factory=list, description="router: SGLang workers already "
+                                          "running (URLs), instead of starting embedded ones")
+    router_policy: Literal["manual", "cache_aware", "round_robin", "power_of_two", "random"] = Field(
+        "manual", description="router: sglang-router's policy; manual = one rollout's calls on one worker "
+        "(keyed by rollout), new rollouts to the worker with the fewest")
 
 
 class ProxyConfig(_Section):

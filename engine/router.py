@@ -1,0 +1,303 @@
+"""engine.kind = "router": N engine workers behind SGLang's own router (PyPI `sglang-router`, the Rust
+binary; `pip install -e .[router]`), served as one engine URL.
+
+    python -m engine.router --model M --port P --workers 2      # what EngineProcess launches
+
+This process starts the workers (embedded engines, each supervised and restarted like the single
+engine; or `engine.router_worker_urls`: SGLang servers already running), then the real router in
+front of them (`python -m sglang_router.launch_router --worker-urls ...` on a private port), then a
+thin front on P:
+
+    POST /generate             -> the router, with `X-SMG-Routing-Key: <rollout id>` (from the `rid`
+                                  the proxy sends, "<rollout id>_<hex>"): the router's `manual`
+                                  policy keeps every turn of a rollout on the worker that holds its
+                                  prefix in its radix cache; a new rollout goes to the worker with
+                                  the fewest rollouts (`--assignment-mode min_group`)
+    POST /load_lora_adapter,   -> every worker (the router forwards none of them: 404), and again
+    /unload_lora_adapter,         to a worker that restarts, so every worker serves every adapter
+    /update_weights_from_disk
+    /flush_cache               -> the router (it flushes every worker itself)
+    /health, /model_info, ...  -> the router's health; the first live worker's facts
+    GET /router_workers        -> the workers' URLs and pids (tests, `forge engine`)
+
+Why not the router's `cache_aware` policy: sglang-router 0.3.2 sent every /generate of a sequential
+probe (input_ids or text, 6 different prompts) to the same worker: no spread at all. It stays
+selectable (`engine.router_policy`) for SGLang workers under real load. See docs/cluster.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from engine.sglang_api import API_KEY_ENV, ApiKeyMiddleware
+from openforge.config import EngineConfig
+from openforge.errors import EngineError, ForgeError
+
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"  # sglang-router's manual policy routes by this header
+_RID = re.compile(rb'"rid"\s*:\s*"([^"]+)"')
+_FAN_OUT = ("/load_lora_adapter", "/unload_lora_adapter", "/update_weights_from_disk")
+_INFO = ("/model_info", "/get_model_info", "/server_info", "/get_server_info", "/v1/models")
+
+
+def routing_key(body: bytes) -> str | None:
+    """The rollout a /generate body belongs to: the proxy's rid is "<rollout id>_<hex>".
+
+    >>> routing_key(b'{"input_ids": [1, 2], "rid": "r-42_9f3a0c"}')
+    'r-42'
+    >>> routing_key(b'{"input_ids": [1, 2]}') is None
+    True
+    """
+    m = _RID.search(body)
+    return m.group(1).decode().rsplit("_", 1)[0] if m else None
+
+
+def router_command(port: int, worker_urls: list[str], *, policy: str, api_key: str, log_level: str = "warn") -> list[str]:
+    """The real router's argv: loopback only, health checks every second so a dead worker leaves
+    the rotation at once, retries on another worker."""
+    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+           "--worker-urls", *worker_urls, "--policy", policy, "--health-check-interval-secs", "1",
+           "--health-failure-threshold", "1", "--health-success-threshold", "1", "--log-level", log_level]
+    if policy == "manual":
+        cmd += ["--assignment-mode", "min_group"]
+    if api_key:  # the router sends it to the workers (they check it); the front checks clients
+        cmd += ["--api-key", api_key]
+    return cmd
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: the router gets SIGTERM when this process dies, even by SIGKILL (Linux prctl)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Fleet:
+    """The workers and the router: start, stop, and the adapters every worker must serve."""
+
+    def __init__(self, config: EngineConfig, *, api_key: str, log_dir: Path) -> None:
+        self.config, self.api_key, self.log_dir = config, api_key, log_dir
+        self.workers: list[Any] = []  # engine.supervisor.EngineProcess, when this process starts them
+        self.worker_urls: list[str] = list(config.router_worker_urls)
+        self.router: subprocess.Popen | None = None
+        self.router_url = ""
+        self.adapters: dict[str, str] = {}  # name -> path, loaded on every worker
+
+    def start(self) -> None:
+        from engine.supervisor import EngineProcess
+
+        if not self.worker_urls:
+            for i in range(self.config.router_workers):
+                cfg = self.config.model_copy(update={"kind": "embedded", "port": 0})
+                worker = EngineProcess(cfg, log_path=self.log_dir / f"worker-{i}.log", api_key=self.api_key)
+                worker.on_restart.append(lambda w=worker: self._reload(w.url))
+                self.workers.append(worker)
+            for worker in self.workers:  # one at a time: each loads the model
+                worker.start()
+            self.worker_urls = [w.url for w in self.workers]
+        port = _free_port()
+        self.router_url = f"http://127.0.0.1:{port}"
+        cmd = router_command(port, self.worker_urls, policy=self.config.router_policy, api_key=self.api_key)
+        log = open(self.log_dir / "router.log", "ab")  # noqa: SIM115 - the child holds it
+        try:
+            self.router = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                           start_new_session=True, preexec_fn=_die_with_parent)
+        except OSError as exc:
+            raise EngineError(f"cannot start sglang-router: {exc}") from None
+        finally:
+            log.close()
+        self._wait_router()
+
+    def _wait_router(self) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        with httpx.Client(timeout=2.0) as http:
+            while True:
+                assert self.router is not None
+                if self.router.poll() is not None:
+                    tail = (self.log_dir / "router.log").read_text(errors="replace").strip().splitlines()[-5:]
+                    raise EngineError("sglang-router exited with code "
+                                      f"{self.router.returncode}: {' | '.join(tail) or 'no output'}"
+                                      + (" (pip install -e .[router])" if "No module named" in str(tail) else ""))
+                with contextlib.suppress(httpx.HTTPError):
+                    got = http.get(f"{self.router_url}/workers", headers=self._auth()).json()
+                    healthy = [w for w in got.get("workers", []) if w.get("is_healthy")]
+                    if len(healthy) == len(self.worker_urls):
+                        return
+                if time.monotonic() > deadline:
+                    raise EngineError(f"sglang-router did not register {len(self.worker_urls)} healthy workers "
+                                      f"within {self.config.startup_timeout_s:g}s; see {self.log_dir / 'router.log'}")
+                time.sleep(0.3)
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def _reload(self, url: str) -> None:
+        """A restarted worker has no adapters: give it every one the others serve."""
+        with httpx.Client(timeout=self.config.request_timeout_s, headers=self._auth()) as http:
+            for name, path in self.adapters.items():
+                http.post(f"{url}/load_lora_adapter", json={"lora_name": name, "lora_path": path})
+
+    def stop(self) -> None:
+        if self.router is not None and self.router.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.router.pid, 15)
+            try:
+                self.router.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.router.pid, 9)
+        for worker in self.workers:
+            worker.stop()
+
+
+def create_front(fleet: Fleet) -> Any:
+    """The ASGI app on the engine port (see the module docstring)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    http = httpx.AsyncClient(timeout=httpx.Timeout(fleet.config.request_timeout_s, connect=5.0),
+                             headers=fleet._auth(), limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+
+    def answer(r: httpx.Response) -> Response:
+        return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
+
+    async def generate(request: Request) -> Response:
+        body = await request.body()
+        headers = {"content-type": "application/json"}
+        if (key := routing_key(body)) is not None:
+            headers[ROUTING_KEY_HEADER] = key
+        req = http.build_request("POST", f"{fleet.router_url}/generate", content=body, headers=headers)
+        try:
+            upstream = await http.send(req, stream=True)
+        except httpx.HTTPError as exc:
+            return JSONResponse({"error": {"message": f"router unreachable: {exc}"}}, status_code=503)
+        if "text/event-stream" not in upstream.headers.get("content-type", ""):
+            content = await upstream.aread()
+            await upstream.aclose()
+            return Response(content, status_code=upstream.status_code, media_type=upstream.headers.get("content-type"))
+
+        async def relay():
+            try:
+                async for chunk in upstream.aiter_raw():
+                    yield chunk
+            finally:
+                await upstream.aclose()
+
+        return StreamingResponse(relay(), status_code=upstream.status_code, media_type="text/event-stream")
+
+    async def fan_out(request: Request) -> Response:
+        body = await request.body()
+        answers = await asyncio.gather(*(http.post(f"{url}{request.url.path}", content=body,
+                                                   headers={"content-type": "application/json"})
+                                         for url in fleet.worker_urls), return_exceptions=True)
+        for url, r in zip(fleet.worker_urls, answers):
+            if isinstance(r, BaseException):
+                return JSONResponse({"success": False, "error_message": f"worker {url}: {r}"}, status_code=503)
+            if r.status_code != 200 or (r.headers.get("content-type", "").startswith("application/json")
+                                        and r.json().get("success") is False):
+                return answer(r)
+        if request.url.path == "/load_lora_adapter":
+            got = await request.json()
+            fleet.adapters[got["lora_name"]] = got["lora_path"]
+        elif request.url.path == "/unload_lora_adapter":
+            fleet.adapters.pop((await request.json()).get("lora_name"), None)
+        return answer(answers[0])  # type: ignore[arg-type]
+
+    async def info(request: Request) -> Response:
+        for url in fleet.worker_urls:
+            with contextlib.suppress(httpx.HTTPError):
+                return answer(await http.get(f"{url}{request.url.path}"))
+        return JSONResponse({"error": {"message": "no worker answers"}}, status_code=503)
+
+    async def health(request: Request) -> Response:
+        with contextlib.suppress(httpx.HTTPError):
+            r = await http.get(f"{fleet.router_url}/health")
+            return Response(status_code=200 if r.status_code == 200 else 503)
+        return Response(status_code=503)
+
+    async def flush(request: Request) -> Response:
+        return answer(await http.post(f"{fleet.router_url}/flush_cache"))
+
+    async def workers(request: Request) -> Response:
+        return JSONResponse({"router": fleet.router_url, "policy": fleet.config.router_policy,
+                             "workers": [{"url": u, "pid": w.pid if w else None} for u, w in
+                                         zip(fleet.worker_urls, fleet.workers or [None] * len(fleet.worker_urls))]})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any):
+        yield
+        await http.aclose()
+
+    app = Starlette(routes=[
+        Route("/generate", generate, methods=["POST", "PUT"]),
+        *(Route(p, fan_out, methods=["POST"]) for p in _FAN_OUT),
+        *(Route(p, info, methods=["GET"]) for p in _INFO),
+        Route("/health", health, methods=["GET"]),
+        Route("/health_generate", health, methods=["GET"]),
+        Route("/flush_cache", flush, methods=["GET", "POST"]),
+        Route("/router_workers", workers, methods=["GET"]),
+    ], lifespan=lifespan)
+    if fleet.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=fleet.api_key)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine.router", description=__doc__.splitlines()[0])
+    p.add_argument("--config-json", required=True, help="the EngineConfig (kind = router) as JSON")
+    p.add_argument("--log-dir", required=True)
+    p.add_argument("--parent-pid", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.parent_pid:
+        from engine.__main__ import _exit_with_parent
+
+        _exit_with_parent(args.parent_pid)
+    import signal
+
+    import uvicorn
+
+    config = EngineConfig.model_validate_json(args.config_json)
+    api_key = os.environ.pop(API_KEY_ENV, "")
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    fleet = Fleet(config, api_key=api_key, log_dir=log_dir)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        fleet.start()
+        print(f"engine: router ({config.router_policy}) at http://{config.host}:{config.port} over "
+              f"{', '.join(fleet.worker_urls)}", flush=True)
+        server = uvicorn.Server(uvicorn.Config(create_front(fleet), host=config.host, port=config.port,
+                                               log_level="warning", access_log=False))
+        server.run()
+    except ForgeError as exc:
+        print(f"engine: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        fleet.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

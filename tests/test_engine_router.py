@@ -1,0 +1,128 @@
+"""engine.kind = "router": the real sglang-router (PyPI, Rust) in front of two embedded engines, started
+by the engine supervisor as one engine URL. Calls spread over both workers, a rollout's calls stay on
+one, an adapter hot-load reaches both, and a SIGKILLed worker leaves every rollout served."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("sglang_router", reason="the [router] extra (sglang-router) is not installed")
+
+from engine.client import EngineClient  # noqa: E402
+from engine.router import routing_key  # noqa: E402
+from engine.supervisor import EngineProcess  # noqa: E402
+from openforge.config import EngineConfig  # noqa: E402
+
+KEY = "router-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def _prefill(url: str) -> int:
+    """Prompt tokens this worker has seen (computed or from its prefix cache)."""
+    s = httpx.get(f"{url}/get_server_info", headers=AUTH, timeout=30).json()["internal_states"][0]
+    return s["prefill_tokens_computed"] + s["cached_tokens"]
+
+
+def _wait(predicate, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+@pytest.fixture
+def fleet(tiny_model: Path, tmp_path: Path):
+    cfg = EngineConfig(kind="router", model=str(tiny_model), router_workers=2, prefix_cache_mb=64,
+                       startup_timeout_s=240)
+    engine = EngineProcess(cfg, log_path=tmp_path / "engine.log", api_key=KEY)
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+async def _rollout_turns(client: EngineClient, rollout: str, turns: int, urls: list[str]) -> list[int]:
+    """Run `turns` growing calls of one rollout (rid as the proxy makes it); the worker of each."""
+    rng = random.Random(rollout)
+    ids = [rng.randrange(3, 200) for _ in range(30)]
+    where = []
+    for turn in range(turns):
+        before = [_prefill(u) for u in urls]
+        out = await client.generate(ids, {"max_new_tokens": 2}, rid=f"{rollout}_{turn:024x}")
+        grew = [a - b for a, b in zip((_prefill(u) for u in urls), before)]
+        assert sorted(grew)[0] == 0 and max(grew) == len(ids)  # exactly one worker saw this prompt
+        where.append(grew.index(max(grew)))
+        ids = ids + out.output_ids + [rng.randrange(3, 200) for _ in range(5)]  # the next turn extends it
+    return where
+
+
+@pytest.mark.slow
+def test_router_spreads_rollouts_keeps_each_on_one_worker_and_survives_a_dead_worker(fleet: EngineProcess,
+                                                                                     tiny_model: Path) -> None:
+    info = httpx.get(f"{fleet.url}/router_workers", headers=AUTH).json()
+    urls = [w["url"] for w in info["workers"]]
+    assert len(urls) == 2 and info["policy"] == "manual"
+    assert httpx.get(f"{fleet.url}/model_info").status_code == 401  # the engine key, as a single engine
+
+    async def scenario() -> None:
+        client = EngineClient(fleet.url, timeout=120, api_key=KEY)
+        try:
+            placed = {f"r{i}": await _rollout_turns(client, f"r{i}", 3, urls) for i in range(6)}
+            assert all(len(set(w)) == 1 for w in placed.values()), placed  # a rollout's turns on one worker
+            assert {w[0] for w in placed.values()} == {0, 1}, placed  # rollouts spread over both
+
+            adapter = tiny_model.parent / "router-adapter"
+            if not adapter.exists():
+                from openforge.config import TrainerConfig
+                from trainer.model import build_policy
+                import torch
+
+                build_policy(tiny_model, TrainerConfig(lora_r=4, lora_alpha=8), device=torch.device("cpu")) \
+                    .save_pretrained(adapter)
+            await client.load_lora_adapter("a1", str(adapter))
+            for u in urls:
+                assert "a1" in httpx.get(f"{u}/get_model_info", headers=AUTH).json()["loaded_adapters"]
+
+            # SIGKILL the worker that holds r0: every rollout is still served, r0 moved to the other
+            dead = placed["r0"][0]
+            os.kill(info["workers"][dead]["pid"], signal.SIGKILL)
+            for i in range(6):
+                out = await client.generate([5, 6, 7, 8], {"max_new_tokens": 2}, lora_path="a1", rid=f"r{i}_{'f' * 24}")
+                assert len(out.output_ids) == 2
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
+
+    # the supervisor brings the dead worker back on its port, and it is given the adapter again
+    def all_serve_the_adapter() -> bool:
+        try:
+            return all("a1" in httpx.get(f"{u}/get_model_info", headers=AUTH, timeout=5).json()["loaded_adapters"]
+                       for u in urls)
+        except httpx.HTTPError:
+            return False
+
+    _wait(all_serve_the_adapter, "the restarted worker to serve the adapter again")
+
+
+def test_routing_key_is_the_rollout_of_the_proxy_rid() -> None:
+    assert routing_key(b'{"input_ids":[1],"rid":"abc-1_00ff"}') == "abc-1"
+    assert routing_key(b'{"rid": "only"}') == "only"
+    assert routing_key(b'{"input_ids":[1]}') is None
+
+
+def test_router_docstring_examples_hold() -> None:
+    import doctest
+
+    import engine.router
+
+    assert doctest.testmod(engine.router).failed == 0
