@@ -95,10 +95,17 @@ class JsonFormat:
         except json.JSONDecodeError:
             return None
 
-    def streamed(self, body: str, start: int, name: str, scan: ObjectScanner) -> str:
-        """The arguments text written so far: up to the end of the object once it is closed."""
-        end = scan.scan(body, start)
-        return body[start:end] if end is not None else body[start:]
+    def new_state(self, start: int) -> JsonState:
+        return JsonState(start)
+
+    def advance(self, body: str, limit: int, name: str, state: JsonState) -> str:
+        """The arguments text written since the last call (up to the object's end once it is closed)."""
+        end = state.scanner.scan(body, state.emitted, limit)
+        stop = end if end is not None else limit
+        if stop <= state.emitted:
+            return ""
+        delta, state.emitted = body[state.emitted:stop], stop
+        return delta
 
     def parse(self, body: str, rules: CallRules) -> Parsed | None:
         if self.newlines and not (body.startswith("\n") and body.endswith("\n")):
@@ -122,7 +129,7 @@ class JsonFormat:
             return None
         if raw is None:
             m = re.search(rf'"{key}"\s*:\s*', body)
-            end = ObjectScanner().scan(body, m.end()) if m and body[m.end():m.end() + 1] == "{" else None
+            end = ObjectScanner().scan(body, m.end(), len(body)) if m and body[m.end():m.end() + 1] == "{" else None
             raw = body[m.end():end] if m and end is not None else json.dumps(args, ensure_ascii=False)
         return Parsed(obj["name"], args, raw)
 
@@ -142,41 +149,70 @@ class XmlFormat:
         m = _FUNC.match(body)
         return (m.group(1), m.end()) if m else None
 
-    def _params(self, body: str, start: int, name: str) -> tuple[list[tuple[str, Any]], int, bool]:
-        """The parameters closed so far, where parsing stopped, and whether `</function>` ended it."""
-        out: list[tuple[str, Any]] = []
-        pos = start
-        while True:
-            rest = body[pos:]
-            gap = len(rest) - len(rest.lstrip())
-            if rest[gap:].startswith("</function>"):
-                return out, pos + gap + len("</function>"), True
-            m = _PARAM.match(rest, gap)
-            if m is None:
-                return out, pos, False
-            value_at = m.end()
-            ends = [(i, tag) for tag in _PARAM_ENDS if (i := rest.find(tag, value_at)) >= 0]
-            if not ends:
-                return out, pos, False
+    def new_state(self, start: int) -> XmlState:
+        return XmlState(start)
+
+    def _scan(self, body: str, limit: int, name: str, st: XmlState) -> None:
+        """Read the parameters closed since the last call (resuming where it stopped)."""
+        schema = self.rules.tools.get(name, {})
+        while not st.closed:
+            j = st.pos
+            while j < limit and body[j].isspace():
+                j += 1
+            if body.startswith("</function>", j, limit):
+                st.pos, st.closed = j + len("</function>"), True
+                return
+            if st.open is None:
+                m = _PARAM.match(body, j, limit)
+                if m is None:
+                    return
+                st.open = (m.group(1), m.end())
+            param, value_at = st.open
+            ends = [(i, tag) for tag in _PARAM_ENDS if (i := body.find(tag, max(value_at, st.search_from), limit)) >= 0]
+            if not ends:  # the value is still being written: search only the new text next time
+                st.search_from = max(value_at, limit - len("</parameter>"))
+                return
             i, tag = min(ends)
-            value = rest[value_at:i]
+            value = body[value_at:i]
             value = value[1:] if value.startswith("\n") else value
             value = value[:-1] if value.endswith("\n") else value
-            out.append((m.group(1), _convert(value, m.group(1), self.rules.tools.get(name, {}))))
-            pos += i + (len(tag) if tag == "</parameter>" else 0)
+            st.params.append((param, _convert(value, param, schema)))
+            st.pos, st.search_from, st.open = i + (len(tag) if tag == "</parameter>" else 0), 0, None
 
-    def streamed(self, body: str, start: int, name: str, scan: ObjectScanner) -> str:
-        params, _, closed = self._params(body, start, name)
-        return _args_json(params, closed)
+    def advance(self, body: str, limit: int, name: str, state: XmlState) -> str:
+        before = (len(state.params), state.closed)
+        self._scan(body, limit, name, state)
+        if (len(state.params), state.closed) == before:
+            return ""
+        text = _args_json(state.params, state.closed)
+        delta, state.emitted = text[state.emitted:], len(text)
+        return delta
 
     def parse(self, body: str, rules: CallRules) -> Parsed | None:
         head = self.header(body)
         if head is None:
             return None
-        params, end, closed = self._params(body, head[1], head[0])
-        if body[end:].strip():  # anything but whitespace after the parameters: not this format
+        st = XmlState(head[1])
+        self._scan(body, len(body), head[0], st)
+        if body[st.pos:].strip():  # anything but whitespace after the parameters: not this format
             return None
-        return Parsed(head[0], dict(params), _args_json(params, True))
+        return Parsed(head[0], dict(st.params), _args_json(st.params, True))
+
+
+@dataclass
+class JsonState:
+    emitted: int  # the body's index up to which the arguments were streamed
+    scanner: ObjectScanner = field(default_factory=lambda: ObjectScanner())
+
+
+@dataclass
+class XmlState:
+    pos: int  # where the next parameter (or </function>) starts
+    params: list[tuple[str, Any]] = field(default_factory=list)
+    closed: bool = False
+    search_from: int = 0  # where to look for the open value's end
+    open: tuple[str, int] | None = None  # the parameter being written: its name, where its value starts
+    emitted: int = 0  # characters of the arguments JSON streamed
 
 
 def _args_json(params: list[tuple[str, Any]], closed: bool) -> str:
@@ -250,13 +286,13 @@ class ObjectScanner:
         self.depth, self.in_str, self.escaped = 0, False, False
         self.end: int | None = None
 
-    def scan(self, text: str, start: int) -> int | None:
-        """The index just past the object, or None while it is open."""
+    def scan(self, text: str, start: int, limit: int) -> int | None:
+        """The index just past the object, or None while it is open (within `text[:limit]`)."""
         if self.end is not None:
             return self.end
         i = start if self.pos is None else self.pos
         depth, in_str, escaped = self.depth, self.in_str, self.escaped
-        n = len(text)
+        n = limit
         while i < n:
             c = text[i]
             i += 1
@@ -304,9 +340,11 @@ class ToolCallParser:
         self.text_parts: list[str] = []
         self.parse_error = False
         self.started = 0  # calls announced in the stream
-        self.live: tuple[int, str, str, int] | None = None  # the open call: stream index, id, name, args start
-        self.sent = ""  # its arguments streamed so far
-        self.scan = ObjectScanner()
+        self.live: tuple[int, str, str] | None = None  # the open call: stream index, id, name
+        self.state: JsonState | XmlState | None = None  # its format's progress through the body
+        self.sent: list[str] = []  # its arguments streamed so far
+        self.close_from = 0  # where to look for </tool_call> next (text before it was searched)
+        self.headless = False  # the open call will not be announced before it closes
 
     def feed(self, chunk: str) -> list[Event]:
         if self.kind == "none":
@@ -324,13 +362,14 @@ class ToolCallParser:
                 self._text(self.buf[:i], events)
                 # Whitespace before a call is layout, not content (kept if the call is malformed).
                 self.ws_before, self.pending_ws = self.pending_ws, ""
-                self.buf, self.in_call = self.buf[i + len(OPEN_TAG):], True
+                self.buf, self.in_call, self.headless = self.buf[i + len(OPEN_TAG):], True, False
             else:
-                j = self.buf.find(CLOSE_TAG)
+                j = self.buf.find(CLOSE_TAG, self.close_from)
                 if j < 0:
-                    self._stream(self.buf[:len(self.buf) - _partial_suffix(self.buf, CLOSE_TAG)], events)
+                    self.close_from = max(0, len(self.buf) - len(CLOSE_TAG) + 1)
+                    self._stream(self.buf, len(self.buf) - _partial_suffix(self.buf, CLOSE_TAG), events)
                     return events
-                body, self.buf, self.in_call = self.buf[:j], self.buf[j + len(CLOSE_TAG):], False
+                body, self.buf, self.in_call, self.close_from = self.buf[:j], self.buf[j + len(CLOSE_TAG):], False, 0
                 self._close(body, CLOSE_TAG, events)
 
     def finish(self) -> list[Event]:
@@ -356,34 +395,39 @@ class ToolCallParser:
             return [TextDelta(chunk)]
         return []
 
-    def _stream(self, body: str, events: list[Event]) -> None:
-        """Announce the open call once its name is read, then stream its arguments."""
+    def _stream(self, body: str, limit: int, events: list[Event]) -> None:
+        """Announce the open call once its name is read, then stream its arguments (`body[:limit]`
+        is what may be read: the rest could be the start of the closing tag)."""
         if self.live is None:
-            head = self.format.header(body)
-            if head is None or not self.rules.allows(head[0]):
+            if self.headless:
                 return
-            self.live = (self.started, new_call_id(self.id_prefix), head[0], head[1])
+            head = self.format.header(body[:limit] if len(body) - limit else body)
+            if head is None or not self.rules.allows(head[0]) or head[1] > limit:
+                # No name to announce: decided once the name is read (or the body is far past any
+                # header); the call is then parsed whole when it closes.
+                self.headless = head is not None and head[1] <= limit or limit > 1024
+                return
+            self.live = (self.started, new_call_id(self.id_prefix), head[0])
+            self.state, self.sent = self.format.new_state(head[1]), []
             self.started += 1
-            self.sent, self.scan = "", ObjectScanner()
-            events.append(ToolCallStart(self.live[0], self.live[1], self.live[2]))
-        index, _, name, start = self.live
-        now = self.format.streamed(body, start, name, self.scan)
-        if len(now) > len(self.sent) and now.startswith(self.sent):
-            events.append(ToolCallDelta(index, now[len(self.sent):]))
-            self.sent = now
+            events.append(ToolCallStart(*self.live))
+        delta = self.format.advance(body, limit, self.live[2], self.state)  # type: ignore[arg-type]
+        if delta:
+            self.sent.append(delta)
+            events.append(ToolCallDelta(self.live[0], delta))
 
     def _close(self, body: str, close_tag: str, events: list[Event]) -> None:
-        self._stream(body, events)
+        self._stream(body, len(body), events)
         parsed = self.format.parse(body, self.rules)
-        live, self.live = self.live, None
+        live, self.live, self.state = self.live, None, None
+        sent, self.sent = "".join(self.sent), []
         if parsed is not None and self.rules.allows(parsed.name) and (live is None or live[2] == parsed.name):
             index, call_id = (live[0], live[1]) if live else (self.started, new_call_id(self.id_prefix))
             if live is None:
                 self.started += 1
                 events.append(ToolCallStart(index, call_id, parsed.name))
-                self.sent = ""
-            if parsed.raw.startswith(self.sent) and len(parsed.raw) > len(self.sent):
-                events.append(ToolCallDelta(index, parsed.raw[len(self.sent):]))
+            if parsed.raw.startswith(sent) and len(parsed.raw) > len(sent):
+                events.append(ToolCallDelta(index, parsed.raw[len(sent):]))
             call = ToolCall(name=parsed.name, arguments=parsed.arguments, id=call_id, raw_arguments=parsed.raw)
             self.calls.append(call)
             self.after_call = True
@@ -391,8 +435,7 @@ class ToolCallParser:
             return
         self.parse_error = True
         if live is not None:
-            events.append(ToolCallEvent(live[0], ToolCall(live[2], {}, live[1], raw_arguments=self.sent),
-                                        malformed=True))
+            events.append(ToolCallEvent(live[0], ToolCall(live[2], {}, live[1], raw_arguments=sent), malformed=True))
         self.pending_ws = self.ws_before
         self._text(OPEN_TAG + body + close_tag, events, final=not close_tag)
 
@@ -417,10 +460,13 @@ class ToolCallParser:
 
 
 def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `tag` (held back while streaming)."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
+    """Length of the longest suffix of `text` that is a proper prefix of `tag` (held back while streaming).
+    Such a suffix starts with the tag's first character: only those few places are tried."""
+    i = text.find(tag[0], max(0, len(text) - len(tag) + 1))
+    while i >= 0:
+        if tag.startswith(text[i:]):
+            return len(text) - i
+        i = text.find(tag[0], i + 1)
     return 0
 
 
