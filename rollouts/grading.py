@@ -11,19 +11,28 @@ container where it is root) can change the verdict. Each check is all-or-nothing
 
 An answer is normalised before comparing: surrounding whitespace, one pair of wrapping quotes,
 backticks or `**`, and one trailing `.` are dropped. Nothing else: "The answer is 5" is not 5.
+
+Exact means exact for look-alikes too: a number is ASCII digits compared as a decimal ("４" and "٤"
+are not 4, and "4.0000000000000001" is not 4 though it is as a float); every word of the answer
+counts, in any script ("hello мир world" is not "hello world"); only letters whose lower case stays
+in their own script are lower-cased (the Kelvin sign "K" is not "k"); and an answer holding control
+or invisible format characters (NUL, zero-width space, bidi overrides) is wrong.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import unicodedata
+from decimal import Decimal, InvalidOperation
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
 # An exact answer is short; a longer one is wrong without being scanned (1 MB of digits must not pass).
 MAX_ANSWER_CHARS = 2_000
-_NUMBER_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
-_WORD_RE = re.compile(r"[a-z0-9_]+")
+_NUMBER_RE = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")  # ASCII digits: \d takes "４" and "٤" too
+_WORD_RE = re.compile(r"\w+")  # a word in any script: one the expected words lack makes the answer wrong
+_ALLOWED_CONTROLS = "\t\n\r"
 _WRAPPERS = ("**", "`", '"', "'")
 
 
@@ -43,7 +52,7 @@ class ExpectedAnswer(BaseModel):
             raise ValueError("expect_answer needs exactly one of number, words, text")
         if self.number is not None and not math.isfinite(self.number):
             raise ValueError("expect_answer.number must be finite")
-        if self.words is not None and not _WORD_RE.findall(self.words.lower()):
+        if self.words is not None and not _words(self.words):
             raise ValueError("expect_answer.words has no words")
         return self
 
@@ -65,16 +74,32 @@ def normalise_answer(answer: str) -> str:
     return text
 
 
+def _words(text: str) -> list[str]:
+    """The words of `text`, lower-cased letter by letter only where the lower case stays in the
+    letter's own script (the Kelvin sign's lower case is an ASCII "k": it stays a Kelvin sign)."""
+    lowered = "".join(ch.lower() if ch.isascii() or not ch.lower().isascii() else ch for ch in text)
+    return _WORD_RE.findall(lowered)
+
+
+def _has_hidden_characters(text: str) -> bool:
+    return any(unicodedata.category(ch) in ("Cc", "Cf") and ch not in _ALLOWED_CONTROLS for ch in text)
+
+
 def answer_matches(expect: ExpectedAnswer, answer: str) -> bool:
     """Whether the harness's final answer is the expected one, exactly (after normalising)."""
     text = answer.strip()
-    if len(text) > MAX_ANSWER_CHARS:
+    if len(text) > MAX_ANSWER_CHARS or _has_hidden_characters(text):
         return False
     text = normalise_answer(text)
     if expect.number is not None:
-        return bool(_NUMBER_RE.fullmatch(text)) and float(text) == expect.number
+        if not _NUMBER_RE.fullmatch(text):
+            return False
+        try:  # as decimals: a float would round 4.0000000000000001 to 4
+            return Decimal(text) == Decimal(repr(expect.number))
+        except InvalidOperation:
+            return False
     if expect.words is not None:
-        return _WORD_RE.findall(text.lower()) == _WORD_RE.findall(expect.words.lower())
+        return _words(text) == _words(expect.words)
     return text == expect.text
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,13 +37,21 @@ from rollouts.grading import answer_matches, clip, file_matches
 from rollouts.harness import Harness, HarnessContext, HarnessOutcome
 from rollouts.tasks import ANSWER_FILE, TaskSpec, parse_score
 from rollouts.trajectory import assemble_rollout
-from sandbox.base import (ExecResult, Sandbox, SandboxFileNotFound, SandboxStartFailed, start_with_retry,
-                          stop_shielded)
+from sandbox.base import (ExecResult, Sandbox, SandboxFileNotFound, SandboxPathRefused, SandboxStartFailed,
+                          start_with_retry, stop_shielded)
 
 log = logging.getLogger(__name__)
 
 STORED_OUTPUT_CHARS = 64_000  # harness/verifier output kept per rollout (the tail: where errors are)
 KILL_GRACE_S = 10.0  # past the limit, a sandbox that has not returned from exec is stopped by force
+# The verifier's own HOME and TMPDIR, made afresh in the grader's folder: nothing the agent left in its
+# HOME (a usercustomize.py in the user site, a ~/.gitconfig running commands) runs in the verifier.
+VERIFIER_HOME = ".forge/verifier-home"
+
+
+def verifier_env(workdir: str) -> dict[str, str]:
+    home = f"{workdir.rstrip('/')}/{VERIFIER_HOME}"
+    return {"HOME": home, "TMPDIR": home, "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 SandboxFactory = Callable[..., Sandbox]  # (SandboxConfig, *, run_id, rollout_id) -> Sandbox
 
 
@@ -277,10 +286,6 @@ class RolloutRunner:
     async def _grade(self, sb: Sandbox, task: TaskSpec, answer: str) -> tuple[float, str, str | None]:
         """(reward, what the graders said, a note when a verifier's output was unusable). The answer
         and the expected files are checked here, outside the sandbox; then the shell verifier."""
-        try:
-            await sb.write_file(ANSWER_FILE, answer.encode("utf-8"))
-        except SandboxError as exc:
-            raise _InfraFailure(f"writing the answer file failed: {exc}") from None
         lines, passed = [], True
         if task.expect_answer is not None:
             ok = answer_matches(task.expect_answer, answer)
@@ -293,6 +298,13 @@ class RolloutRunner:
             passed &= ok
             lines.append(f"{path}: {'ok' if ok else 'missing' if got is None else 'wrong'}"
                          + ("" if ok or got is None else f": got {clip(got.decode('utf-8', 'replace'))}"))
+        try:
+            await self._grader_folders(sb, task)
+            await sb.write_file(ANSWER_FILE, answer.encode("utf-8"))
+        except SandboxPathRefused as exc:  # the agent planted a link or FIFO where the grader writes
+            return 0.0, _tail("\n".join([*lines, f"the grader's files cannot be written: {exc}"])), None
+        except SandboxError as exc:
+            raise _InfraFailure(f"writing the answer file failed: {exc}") from None
         reward, note = (1.0 if passed else 0.0), None
         if task.verifier is not None:
             v_reward, v_output, note = await self._verify(sb, task)
@@ -300,11 +312,25 @@ class RolloutRunner:
             reward = v_reward if passed else 0.0
         return reward, _tail("\n".join(lines)), note
 
+    async def _grader_folders(self, sb: Sandbox, task: TaskSpec) -> None:
+        """Remove what the agent left where the grader writes: `.forge/` (the answer file's folder) and
+        each hidden top-level folder of the verifier's files (`.verify/`: a planted `json.py` there
+        would be on a Python verifier's import path), then make the verifier's fresh HOME. `rm -rf`
+        removes links, it does not follow them."""
+        folders = sorted({".forge", *(p.split("/", 1)[0] for p in task.verifier_files if p.startswith(".")
+                                      and "/" in p)})
+        done = await self._exec(sb, f"rm -rf -- {' '.join(shlex.quote(f) for f in folders)} && "
+                                    f"mkdir -p {shlex.quote(VERIFIER_HOME)}",
+                                timeout=self.config.runner.verifier_timeout_s)
+        if done.exit_code != 0:
+            raise _InfraFailure(f"clearing the grader's folders failed (exit {done.exit_code}): "
+                                f"{_tail(done.stderr, 300)}")
+
     async def _read_expected(self, sb: Sandbox, path: str, limit: int) -> bytes | None:
         """A file the task expects, read up to `limit` bytes (a longer one is wrong anyway)."""
         try:
             return await sb.read_file(path, max_bytes=limit)
-        except SandboxFileNotFound:
+        except (SandboxFileNotFound, SandboxPathRefused):  # a link out, a FIFO, a folder: not the file
             return None
         except SandboxError as exc:
             if "directory" in str(exc).lower() or "not a regular" in str(exc).lower():
@@ -317,14 +343,21 @@ class RolloutRunner:
         try:
             for path, content in task.verifier_files.items():
                 await sb.write_file(path, content.encode("utf-8"))
+        except SandboxPathRefused as exc:  # a folder of the verifier's made a link out by the agent
+            return 0.0, f"verifier: its files cannot be written: {exc}", None
         except SandboxError as exc:
             raise _InfraFailure(f"writing the verifier files failed: {exc}") from None
         limit = self.config.runner.verifier_timeout_s
-        done = await self._exec(sb, task.verifier, timeout=limit)
+        cap = self.config.sandbox.max_output_bytes
+        done = await self._exec(sb, task.verifier, timeout=limit, env=verifier_env(sb.info.workdir))
         output = _tail(f"verifier: exit code {done.exit_code}\n{done.stdout}"
                        + (f"\n[stderr]\n{done.stderr}" if done.stderr else ""))
         if done.timed_out:
             return 0.0, output, f"verifier ran past {limit:g}s"
+        if done.truncated and len(done.stdout.encode("utf-8")) >= cap - 3:
+            # Only the head was kept: the last line is not the verifier's last line, and without a
+            # score line an exit 0 would read as 1.0 (the agent's output can push the score line off).
+            return 0.0, output, f"verifier printed more than {cap} bytes: its score line was cut off"
         reward, note = parse_score(done.exit_code, done.stdout)
         return reward, output, note
 

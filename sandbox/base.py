@@ -50,6 +50,12 @@ class SandboxFileNotFound(SandboxError):
     """`read_file` of a path that does not exist in the sandbox."""
 
 
+class SandboxPathRefused(SandboxError):
+    """A path the sandbox's contents made unusable for the host: it leads out of the sandbox (a planted
+    link), or is not a regular file (a FIFO, a socket, a device). The agent's doing, never an infra
+    failure: the runner grades such a file as wrong."""
+
+
 class IsolationUnavailable(SandboxError):
     """The configured backend cannot isolate rollouts on this machine; the message says the fix."""
 

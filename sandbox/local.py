@@ -23,6 +23,7 @@ nothing of the caller's environment (API keys!) leaks in unless passed as `env`.
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import json
 import os
@@ -38,7 +39,7 @@ from openforge.config import LocalSandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
 from sandbox.base import (ExecResult, IsolationUnavailable, SandboxBase, SandboxFileNotFound, SandboxInfo,
-                          sandbox_labels)
+                          SandboxPathRefused, sandbox_labels)
 from sandbox.procs import Cgroup, Limits, cgroup_name, kill_pids, kill_tree, limit_argv, nproc_budget, preexec
 
 SANDBOX_ENV = "OPENFORGE_SANDBOX"
@@ -97,6 +98,41 @@ def _system_binds() -> list[str]:
     for name in ETC_FILES:
         out += _bind(f"/etc/{name}")
     return out
+
+
+def hidden_paths() -> list[str]:
+    """What no sandbox may see even when a bound folder holds it: FORGE_HOME (the store, every
+    sandbox's files) and the built-in task set (expected answers, verifiers: a wheel install puts it
+    in the venv, which every sandbox sees)."""
+    builtin = Path(__file__).resolve().parent.parent / "rollouts" / "builtin_tasks"
+    return sorted({os.path.realpath(p) for p in (forge_home(), builtin) if os.path.isdir(p)})
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def runtime_mounts(extra: list[str]) -> list[str]:
+    """bwrap arguments binding `runtime_paths(extra)` read-only, with each of `hidden_paths()` that
+    one of them (or a system dir) would show covered by an empty tmpfs; a runtime path inside a hidden
+    one (the npm cache under FORGE_HOME) is bound again on top of that."""
+    paths = runtime_paths(extra)
+    roots = [*SYSTEM_DIRS, *paths]
+    hide = [h for h in hidden_paths() if any(_under(h, r) for r in roots)]
+    first = [p for p in paths if not any(_under(p, h) for h in hide)]
+    out: list[str] = []
+    for p in first:
+        out += ["--ro-bind", p, p]
+    for h in hide:
+        out += ["--tmpfs", h]  # made read-only by _argv once the sandbox's own folders are bound inside
+    for p in paths:
+        if p not in first:
+            out += ["--ro-bind", p, p]
+    return out
+
+
+def _hidden_in(mounts: list[str]) -> list[str]:
+    return [mounts[i + 1] for i, arg in enumerate(mounts) if arg == "--tmpfs" and mounts[i + 1] != "/tmp"]
 
 
 def runtime_paths(extra: list[str]) -> list[str]:
@@ -208,11 +244,11 @@ class LocalSandbox(SandboxBase):
         mounts = ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *_system_binds(),
                   "--ro-bind", str(self.dir / "etc" / "passwd"), "/etc/passwd",
                   "--ro-bind", str(self.dir / "etc" / "group"), "/etc/group"]
-        for path in runtime_paths(self.cfg.read_only_paths):
-            mounts += ["--ro-bind", path, path]
+        mounts += runtime_mounts(self.cfg.read_only_paths)
         # Only work/, home/ and tmp/ are writable; sandbox.json beside them stays out of reach.
         for sub in ("work", "home", "tmp"):
             mounts += ["--bind", f"{d}/{sub}", f"{d}/{sub}"]
+        mounts += [arg for h in _hidden_in(mounts) for arg in ("--remount-ro", h)]
         if self.proxy_socket:
             mounts += ["--bind", self.proxy_socket, PROXY_SOCKET, "--ro-bind", str(FORWARDER), "/run/forge/forwarder.py"]
             argv = [sys.executable, "-I", "/run/forge/forwarder.py", "--socket", PROXY_SOCKET,
@@ -309,29 +345,63 @@ class LocalSandbox(SandboxBase):
         root = os.path.realpath(self.info.workdir if not os.path.isabs(path) else self.dir)
         full = os.path.realpath(os.path.join(self.info.workdir, path))
         if full != root and not full.startswith(root + os.sep):
-            raise SandboxError(f"path {path!r} leaves the sandbox ({root})")
+            raise SandboxPathRefused(f"path {path!r} leaves the sandbox ({root})")
         return Path(full)
 
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
         full = self._resolve(path)
+        await asyncio.to_thread(self._write_sync, path, full, data, mode)
+
+    def _write_sync(self, path: str, full: Path, data: bytes, mode: int) -> None:
         try:
             full.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-            with os.fdopen(fd, "wb") as fh:
+            # O_NONBLOCK: a FIFO the agent left here would block a plain open for a reader forever.
+            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
+        except OSError as exc:
+            if exc.errno in (errno.ENXIO, errno.ELOOP, errno.EISDIR):
+                raise SandboxPathRefused(f"cannot write {path} in sandbox {self.id}: not a regular file") from None
+            raise SandboxError(f"cannot write {path} in sandbox {self.id}: {exc.strerror}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise SandboxPathRefused(f"cannot write {path} in sandbox {self.id}: not a regular file")
+            os.set_blocking(fd, True)
+            os.ftruncate(fd, 0)
+            with os.fdopen(fd, "wb", closefd=False) as fh:
                 fh.write(data)
-            os.chmod(full, mode)
+            os.fchmod(fd, mode)
         except OSError as exc:
             raise SandboxError(f"cannot write {path} in sandbox {self.id}: {exc.strerror}") from None
+        finally:
+            os.close(fd)
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         full = self._resolve(path)
+        return await asyncio.to_thread(self._read_sync, path, full, max_bytes)
+
+    def _read_sync(self, path: str, full: Path, max_bytes: int | None) -> bytes:
+        """Regular files only: a FIFO would block the open (and, on the event loop, the proxy with it),
+        a socket fails it, a device could be endless."""
         try:
-            with open(full, "rb") as fh:
-                return fh.read(-1 if max_bytes is None else max_bytes)
+            fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
         except FileNotFoundError:
             raise SandboxFileNotFound(f"{path}: no such file in the sandbox") from None
         except OSError as exc:
+            if exc.errno in (errno.ENXIO, errno.ELOOP):
+                raise SandboxPathRefused(f"cannot read {path} in sandbox {self.id}: not a regular file") from None
             raise SandboxError(f"cannot read {path} in sandbox {self.id}: {exc.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise SandboxPathRefused(f"cannot read {path} in sandbox {self.id}: is a directory")
+            if not stat.S_ISREG(st.st_mode):
+                raise SandboxPathRefused(f"cannot read {path} in sandbox {self.id}: not a regular file")
+            os.set_blocking(fd, True)
+            with os.fdopen(fd, "rb", closefd=False) as fh:
+                return fh.read(-1 if max_bytes is None else max_bytes)
+        except OSError as exc:
+            raise SandboxError(f"cannot read {path} in sandbox {self.id}: {exc.strerror}") from None
+        finally:
+            os.close(fd)
 
 
 class _Capped:
@@ -366,7 +436,8 @@ def _rmtree(path: Path) -> None:
     def onexc(func, p, _exc):  # type: ignore[no-untyped-def]
         try:
             os.chmod(os.path.dirname(p), stat.S_IRWXU)
-            os.chmod(p, stat.S_IRWXU)
+            if not os.path.islink(p):  # chmod follows links: one the agent planted points at a host file
+                os.chmod(p, stat.S_IRWXU)
             func(p)
         except OSError:
             pass
