@@ -45,6 +45,7 @@ from engine.sglang_api import API_KEY_ENV, ApiKeyMiddleware
 from openforge.config import EngineConfig
 from openforge.errors import EngineError, ForgeError
 
+WORKER_KEY_ENV = "FORGE_WORKER_API_KEY"
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"  # sglang-router's manual policy routes by this header
 _RID = re.compile(rb'"rid"\s*:\s*"([^"]+)"')
 _FAN_OUT = ("/load_lora_adapter", "/unload_lora_adapter", "/update_weights_from_disk")
@@ -61,6 +62,11 @@ def routing_key(body: bytes) -> str | None:
     """
     m = _RID.search(body)
     return m.group(1).decode().rsplit("_", 1)[0] if m else None
+
+
+def healthy_workers(listing: dict[str, Any]) -> list[str]:
+    """The healthy worker URLs in the router's `GET /workers` answer."""
+    return sorted(w["url"] for w in listing.get("workers", []) if w.get("is_healthy"))
 
 
 def router_command(port: int, worker_urls: list[str], *, policy: str, api_key: str, log_level: str = "warn") -> list[str]:
@@ -95,20 +101,32 @@ class Fleet:
     """The workers and the router: start, stop, and the adapters every worker must serve."""
 
     def __init__(self, config: EngineConfig, *, api_key: str, log_dir: Path) -> None:
-        self.config, self.api_key, self.log_dir = config, api_key, log_dir
+        self.config, self.log_dir = config, log_dir
+        # The front's key (the run's, held by the proxy and trainer) and the workers' (SGLang's
+        # --api-key; on a cluster a Secret in FORGE_WORKER_API_KEY): the same unless told otherwise.
+        self.api_key = api_key
+        self.worker_key = os.environ.get(WORKER_KEY_ENV) or api_key
         self.workers: list[Any] = []  # engine.supervisor.EngineProcess, when this process starts them
         self.worker_urls: list[str] = list(config.router_worker_urls)
         self.router: subprocess.Popen | None = None
-        self.router_url = ""
+        self.router_url = config.router_url.rstrip("/")
         self.adapters: dict[str, str] = {}  # name -> path, loaded on every worker
+
+    @property
+    def external(self) -> bool:
+        """A router someone else runs (a cluster's, finding its workers by service discovery)."""
+        return bool(self.config.router_url)
 
     def start(self) -> None:
         from engine.supervisor import EngineProcess
 
+        if self.external:
+            self._wait_router()
+            return
         if not self.worker_urls:
             for i in range(self.config.router_workers):
                 cfg = self.config.model_copy(update={"kind": "embedded", "port": 0})
-                worker = EngineProcess(cfg, log_path=self.log_dir / f"worker-{i}.log", api_key=self.api_key)
+                worker = EngineProcess(cfg, log_path=self.log_dir / f"worker-{i}.log", api_key=self.worker_key)
                 worker.on_restart.append(lambda w=worker: self._reload(w.url))
                 self.workers.append(worker)
             for worker in self.workers:  # one at a time: each loads the model
@@ -116,7 +134,7 @@ class Fleet:
             self.worker_urls = [w.url for w in self.workers]
         port = _free_port()
         self.router_url = f"http://127.0.0.1:{port}"
-        cmd = router_command(port, self.worker_urls, policy=self.config.router_policy, api_key=self.api_key)
+        cmd = router_command(port, self.worker_urls, policy=self.config.router_policy, api_key=self.worker_key)
         log = open(self.log_dir / "router.log", "ab")  # noqa: SIM115 - the child holds it
         try:
             self.router = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -131,16 +149,15 @@ class Fleet:
         deadline = time.monotonic() + self.config.startup_timeout_s
         with httpx.Client(timeout=2.0) as http:
             while True:
-                assert self.router is not None
-                if self.router.poll() is not None:
+                if self.router is not None and self.router.poll() is not None:
                     tail = (self.log_dir / "router.log").read_text(errors="replace").strip().splitlines()[-5:]
                     raise EngineError("sglang-router exited with code "
                                       f"{self.router.returncode}: {' | '.join(tail) or 'no output'}"
                                       + (" (pip install -e .[router])" if "No module named" in str(tail) else ""))
-                with contextlib.suppress(httpx.HTTPError):
-                    got = http.get(f"{self.router_url}/workers", headers=self._auth()).json()
-                    healthy = [w for w in got.get("workers", []) if w.get("is_healthy")]
-                    if len(healthy) == len(self.worker_urls):
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    healthy = healthy_workers(http.get(f"{self.router_url}/workers", headers=self._auth()).json())
+                    if healthy and (self.external or len(healthy) == len(self.worker_urls)):
+                        self.worker_urls = self.worker_urls if not self.external else healthy
                         return
                 if time.monotonic() > deadline:
                     raise EngineError(f"sglang-router did not register {len(self.worker_urls)} healthy workers "
@@ -148,10 +165,10 @@ class Fleet:
                 time.sleep(0.3)
 
     def _auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return {"Authorization": f"Bearer {self.worker_key}"} if self.worker_key else {}
 
     def _reload(self, url: str) -> None:
-        """A restarted worker has no adapters: give it every one the others serve."""
+        """A restarted (or newly discovered) worker has no adapters: give it every one the others serve."""
         with httpx.Client(timeout=self.config.request_timeout_s, headers=self._auth()) as http:
             for name, path in self.adapters.items():
                 http.post(f"{url}/load_lora_adapter", json={"lora_name": name, "lora_path": path})
@@ -186,11 +203,20 @@ def create_front(fleet: Fleet) -> Any:
         headers = {"content-type": "application/json"}
         if (key := routing_key(body)) is not None:
             headers[ROUTING_KEY_HEADER] = key
-        req = http.build_request("POST", f"{fleet.router_url}/generate", content=body, headers=headers)
-        try:
-            upstream = await http.send(req, stream=True)
-        except httpx.HTTPError as exc:
-            return JSONResponse({"error": {"message": f"router unreachable: {exc}"}}, status_code=503)
+        # A worker that just died: the router answers 5xx ("error sending request") for the rollouts
+        # pinned to it until its health check (every second) takes it out and the rollout is given
+        # another worker. Nothing was generated, so the call is sent again, for up to ~15 s.
+        deadline = time.monotonic() + 15.0
+        while True:
+            req = http.build_request("POST", f"{fleet.router_url}/generate", content=body, headers=headers)
+            try:
+                upstream = await http.send(req, stream=True)
+            except httpx.HTTPError as exc:
+                return JSONResponse({"error": {"message": f"router unreachable: {exc}"}}, status_code=503)
+            if upstream.status_code < 500 or time.monotonic() > deadline:
+                break
+            await upstream.aclose()
+            await asyncio.sleep(0.5)
         if "text/event-stream" not in upstream.headers.get("content-type", ""):
             content = await upstream.aread()
             await upstream.aclose()
@@ -205,7 +231,19 @@ def create_front(fleet: Fleet) -> Any:
 
         return StreamingResponse(relay(), status_code=upstream.status_code, media_type="text/event-stream")
 
+    async def refresh() -> None:
+        """An external router's workers come and go (service discovery): ask it, and give a new
+        worker every adapter before it serves a rollout that asks for one."""
+        if not fleet.external:
+            return
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            now = healthy_workers((await http.get(f"{fleet.router_url}/workers")).json())
+            for url in set(now) - set(fleet.worker_urls):
+                await asyncio.to_thread(fleet._reload, url)
+            fleet.worker_urls = now
+
     async def fan_out(request: Request) -> Response:
+        await refresh()
         body = await request.body()
         answers = await asyncio.gather(*(http.post(f"{url}{request.url.path}", content=body,
                                                    headers={"content-type": "application/json"})
@@ -243,9 +281,16 @@ def create_front(fleet: Fleet) -> Any:
                              "workers": [{"url": u, "pid": w.pid if w else None} for u, w in
                                          zip(fleet.worker_urls, fleet.workers or [None] * len(fleet.worker_urls))]})
 
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(5.0)
+            await refresh()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Any):
+        watcher = asyncio.create_task(watch())
         yield
+        watcher.cancel()
         await http.aclose()
 
     app = Starlette(routes=[

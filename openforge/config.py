@@ -55,6 +55,9 @@ class EngineConfig(_Section):
     router_workers: int = Field(2, ge=1, description="router: embedded engine workers to start")
     router_worker_urls: list[str] = Field(default_factory=list, description="router: SGLang workers already "
                                           "running (URLs), instead of starting embedded ones")
+    router_url: str = Field("", description="router: a sglang-router already running (a cluster's, with service "
+                            "discovery): forge starts no workers and no router, and fans adapter loads out to the "
+                            "workers it lists")
     router_policy: Literal["manual", "cache_aware", "round_robin", "power_of_two", "random"] = Field(
         "manual", description="router: sglang-router's policy; manual = one rollout's calls on one worker "
         "(keyed by rollout), new rollouts to the worker with the fewest")

@@ -113,6 +113,30 @@ def test_router_spreads_rollouts_keeps_each_on_one_worker_and_survives_a_dead_wo
 
     _wait(all_serve_the_adapter, "the restarted worker to serve the adapter again")
 
+    # A cluster's router (engine.router_url): forge starts nothing but the front, with its own key,
+    # finds the workers through the router and fans adapter loads out to them
+    cfg = EngineConfig(kind="router", model=str(tiny_model), router_url=info["router"], startup_timeout_s=120)
+    os.environ["FORGE_WORKER_API_KEY"] = KEY
+    try:
+        front = EngineProcess(cfg, log_path=tiny_model.parent / "front.log", api_key="run-key")
+        front.start()
+    finally:
+        del os.environ["FORGE_WORKER_API_KEY"]
+    try:
+        run_auth = {"Authorization": "Bearer run-key"}
+        assert sorted(w["url"] for w in httpx.get(f"{front.url}/router_workers", headers=run_auth).json()["workers"]) \
+            == sorted(urls)
+        r = httpx.post(f"{front.url}/load_lora_adapter", headers=run_auth, timeout=60,
+                       json={"lora_name": "a2", "lora_path": str(tiny_model.parent / "router-adapter")})
+        assert r.status_code == 200, r.text
+        assert all("a2" in httpx.get(f"{u}/get_model_info", headers=AUTH).json()["loaded_adapters"] for u in urls)
+        r = httpx.post(f"{front.url}/generate", headers=run_auth, timeout=60,
+                       json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2}, "lora_path": "a2",
+                             "rid": "r9_00"})
+        assert r.status_code == 200 and len(r.json()["output_ids"]) == 2
+    finally:
+        front.stop()
+
 
 def test_routing_key_is_the_rollout_of_the_proxy_rid() -> None:
     assert routing_key(b'{"input_ids":[1],"rid":"abc-1_00ff"}') == "abc-1"
