@@ -231,7 +231,9 @@ def _litellm(exe: str, backend: str, tmp: Path) -> _Server:
     cfg = tmp / "litellm.yaml"
     cfg.write_text("model_list:\n  - model_name: m\n    litellm_params:\n      model: openai/m\n"
                    f"      api_base: {backend}/v1\n      api_key: none\n"
-                   "litellm_settings:\n  drop_params: true\n  telemetry: false\n")
+                   "litellm_settings:\n  drop_params: true\n  telemetry: false\n"
+                   # No master key (no auth, no key database): the lightest LiteLLM proxy there is.
+                   "general_settings:\n  dangerously_permit_weak_or_unset_master_key: true\n")
     port = _free_port()
     return _Server([exe, "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
                    url=f"http://127.0.0.1:{port}", env={"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False"})
@@ -254,31 +256,32 @@ async def _latencies(url: str, path: str, body: dict, n: int, headers: dict) -> 
     return out
 
 
-async def _throughput(url: str, path: str, body: dict, n: int, concurrency: int, headers: dict,
+async def _throughput(url: str, path: str, body: dict, n: int, headers: list[dict],
                       server: _Server) -> tuple[float, float, float]:
-    """(req/s, server CPU ms per call, p50 ms) of `n` calls from `concurrency` clients."""
+    """(req/s, server CPU ms per call, p50 ms) of `n` calls from one client per entry of `headers`
+    (for forge, each its own rollout: concurrent rollouts, each one harness making one call at a time)."""
     import aiohttp
 
-    conn = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(base_url=url, headers=headers, connector=conn) as http:
-        async def call() -> float:
+    conn = aiohttp.TCPConnector(limit=len(headers))
+    async with aiohttp.ClientSession(base_url=url, connector=conn) as http:
+        async def call(hdr: dict) -> float:
             t = time.perf_counter()
-            async with http.post(path, json=body) as resp:
+            async with http.post(path, json=body, headers=hdr) as resp:
                 resp.raise_for_status()
                 await resp.read()
             return (time.perf_counter() - t) * 1000
 
-        await asyncio.gather(*(call() for _ in range(concurrency)))  # open the connections
+        await asyncio.gather(*(call(h) for h in headers))  # open the connections
         remaining = [n]
         lat: list[float] = []
 
-        async def worker() -> None:
+        async def worker(hdr: dict) -> None:
             while remaining[0] > 0:
                 remaining[0] -= 1
-                lat.append(await call())
+                lat.append(await call(hdr))
         cpu0 = server.cpu_s()
         t = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker(h) for h in headers))
         elapsed = time.perf_counter() - t
         cpu = server.cpu_s() - cpu0
     return n / elapsed, cpu * 1000 / n, statistics.median(lat)
@@ -329,14 +332,15 @@ def run(quick: bool = False) -> dict:
                                                         add_generation_prompt=True), add_special_tokens=False)
         store = Store(tmp / "forge.db")
         run_id = store.create_run(kind="bench").id
-        keys = {}
+        keys: dict[str, list[str]] = {}
         gen = {"input_ids": prompt_ids, "sampling_params": {"max_new_tokens": 64}, "return_logprob": True}
         chat = {"model": "m", "messages": MESSAGES, "tools": TOOLS}
 
-        def auth(name: str) -> dict[str, str]:  # a rollout (and its key) per system: seqs stay per proxy
+        def auth(name: str) -> list[dict[str, str]]:  # `conc` rollouts (and keys) per system
             if name not in keys:
-                keys[name] = store.create_rollout(run_id=run_id, task_id=name, status="running").key
-            return {"authorization": f"Bearer {keys[name]}"}
+                keys[name] = [store.create_rollout(run_id=run_id, task_id=name, status="running").key
+                              for _ in range(conc)]
+            return [{"authorization": f"Bearer {key}"} for key in keys[name]]
 
         me = [sys.executable, "-m", "bench.proxy", "serve"]
         servers: dict[str, _Server] = {}
@@ -355,12 +359,12 @@ def run(quick: bool = False) -> dict:
             for w in worker_counts:
                 if w > 1:
                     servers[f"forge-w{w}"] = _forge(REPO, store.path, engine.url, model_dir, workers=w)
-            paths: dict[str, tuple[_Server, str, dict, dict]] = {}
+            paths: dict[str, tuple[_Server, str, dict, list[dict]]] = {}
             for name, server in servers.items():
                 if name in ("engine", "passthrough"):
-                    paths["direct" if name == "engine" else name] = (server, "/generate", gen, {})
+                    paths["direct" if name == "engine" else name] = (server, "/generate", gen, [{}] * conc)
                 elif name == "litellm":
-                    paths[name] = (server, "/v1/chat/completions", chat, {"authorization": "Bearer none"})
+                    paths[name] = (server, "/v1/chat/completions", chat, [{}] * conc)
                 else:
                     paths[name] = (server, "/v1/chat/completions", chat, auth(name))
             made = dict.fromkeys(paths, 0)
@@ -369,14 +373,14 @@ def run(quick: bool = False) -> dict:
                 for name, (server, path, body, hdr) in paths.items():
                     m = runs[name]
                     if not name.startswith("forge-w"):  # many workers: throughput is their point
-                        lat = asyncio.run(_latencies(server.url, path, body, n, hdr))
+                        lat = asyncio.run(_latencies(server.url, path, body, n, hdr[0]))
                         m["p50"].append(percentile(lat, 0.5))
                         m["p99"].append(percentile(lat, 0.99))
                         ttfc = asyncio.run(_first_chunk(server.url, path, {**body, "stream": True},
-                                                        max(n // 3, 10), hdr))
+                                                        max(n // 3, 10), hdr[0]))
                         m["ttfc"].append(statistics.median(ttfc))
                         made[name] += n + 3 + max(n // 3, 10) + 3
-                    rps, cpu_ms, p50_c = asyncio.run(_throughput(server.url, path, body, n_tp, conc, hdr, server))
+                    rps, cpu_ms, p50_c = asyncio.run(_throughput(server.url, path, body, n_tp, hdr, server))
                     m["rps"].append(rps)
                     m["cpu_ms"].append(cpu_ms)
                     m["p50_c32"].append(p50_c)
@@ -417,18 +421,19 @@ def run(quick: bool = False) -> dict:
     return result
 
 
-def _check_recorded(store: Any, keys: dict[str, str], made: dict[str, int]) -> int:
+def _check_recorded(store: Any, keys: dict[str, list[str]], made: dict[str, int]) -> int:
     """Every forge call the bench made is a finished row, numbered 0..n-1 in its rollout."""
     total = 0
-    for name, key in keys.items():
-        rollout = store.rollout_by_key(key)
-        calls = sorted(store.list_calls(rollout_id=rollout.id, limit=1_000_000), key=lambda c: c.seq)
-        seqs = [c.seq for c in calls]
-        if len(calls) != made[name] or seqs != list(range(len(seqs))) or any(c.status != "ok" for c in calls):
-            bad = sorted({c.status for c in calls})
-            raise RuntimeError(f"{name}: recorded calls are not exact: {len(calls)} rows for {made[name]} calls, "
-                               f"statuses {bad}")
-        total += len(calls)
+    for name, system_keys in keys.items():
+        rows = 0
+        for key in system_keys:
+            calls = sorted(store.list_calls(rollout_id=store.rollout_by_key(key).id), key=lambda c: c.seq)
+            if [c.seq for c in calls] != list(range(len(calls))) or any(c.status != "ok" for c in calls):
+                raise RuntimeError(f"{name}: recorded calls are not exact: statuses {sorted({c.status for c in calls})}")
+            rows += len(calls)
+        if rows != made[name]:
+            raise RuntimeError(f"{name}: {rows} calls recorded for {made[name]} made")
+        total += rows
     return total
 
 

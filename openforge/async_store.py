@@ -23,13 +23,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import bindparam, func, select, update
-from sqlalchemy.exc import DatabaseError
+from sqlalchemy.exc import DatabaseError, OperationalError
 
 from openforge import db
 from openforge.store import LIVE_ROLLOUT, RUN_FINAL, Call, Recovered, Store, hash_key
 
 _CALL = Call.__table__  # type: ignore[attr-defined]
 T = TypeVar("T")
+
+
+class _Busy(Exception):
+    """The inline write found the write lock taken (by another process)."""
 
 _LIVE_BY_KEY = (
     "SELECT rollout.id, rollout.run_id, rollout.status, rollout.adapter FROM rollout "
@@ -47,6 +51,7 @@ class AsyncStore:
         Store(self.path).close()  # create or migrate the schema once (and refuse a 0-byte file)
         self.engine = db.sync_engine(self.path)  # used on the writer thread only
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forge-store")
+        self._inline: Any = None  # the event loop's connection for small batches (see write_calls)
         self._reader = db.point_reader(self.path)
 
     async def _on_thread(self, fn: Callable[..., T], *args: Any) -> T:
@@ -65,6 +70,9 @@ class AsyncStore:
 
     async def close(self) -> None:
         self._reader.close()
+        if self._inline is not None:
+            self._inline.close()
+            self._inline = None
         await self._on_thread(self.engine.dispose)
         self._thread.shutdown(wait=True)
 
@@ -77,28 +85,52 @@ class AsyncStore:
         await self.write_calls([], updates)
 
     async def write_calls(self, inserts: Sequence[dict[str, Any]], updates: Sequence[tuple[int, dict[str, Any]]],
-                          *, number: bool = False) -> list[int]:
+                          *, number: bool = False, inline: bool = False) -> list[int]:
         """One transaction: insert `inserts`, then apply `updates`; returns the inserted ids in order.
 
         With `number=True` each inserted row gets `seq` = the next number within its rollout, counted
         inside the same write transaction (so neither concurrent batches nor two processes on one
         file ever hand out a number twice; the unique index on (rollout_id, seq) backs it).
 
-        Statements are few and multi-row (an aiosqlite statement is a hop to its thread): one read for
-        the numbering, one INSERT ... RETURNING per column set, one executemany UPDATE per column set.
+        Statements are few and multi-row: one read for the numbering, one INSERT ... RETURNING per
+        column set, one executemany UPDATE per column set.
+
+        With `inline=True` (a small batch) the transaction runs right here on the event loop, a few
+        hundred microseconds, unless another process holds the write lock: then it goes to the
+        writer thread, which waits for the lock. On a loaded machine a thread hop can cost more than
+        the write itself (each wake-up waits for the scheduler).
         """
         if not inserts and not updates:
             return []
-        return await self._on_thread(self._write_calls, inserts, updates, number)
+        if inline:
+            try:
+                return self._write_calls(inserts, updates, number, self._inline_conn())
+            except _Busy:
+                pass  # another process holds the write lock: wait for it on the thread, not here
+        return await self._on_thread(self._write_calls, inserts, updates, number, None)
+
+    def _inline_conn(self) -> Any:
+        """The event loop's own connection, which never waits for a lock (busy_timeout 0)."""
+        if self._inline is None:
+            self._inline = self.engine.connect()
+            self._inline.exec_driver_sql("PRAGMA busy_timeout=0")
+            self._inline.commit()
+        return self._inline
 
     def _write_calls(self, inserts: Sequence[dict[str, Any]], updates: Sequence[tuple[int, dict[str, Any]]],
-                     number: bool) -> list[int]:
+                     number: bool, inline: Any) -> list[int]:
         rows = [dict(r) for r in inserts]
         ids = [0] * len(rows)
         try:
-            with self.engine.begin() as conn:
+            with (inline.begin() if inline is not None else self.engine.begin()) as conn:
+                conn = inline if inline is not None else conn
                 # IMMEDIATE: the numbering read happens under the write lock.
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
+                try:
+                    conn.exec_driver_sql("BEGIN IMMEDIATE")
+                except OperationalError as exc:
+                    if inline is not None and "locked" in str(exc.orig):
+                        raise _Busy() from None
+                    raise
                 if number and rows:
                     _number(conn, rows)
                 stmt = _CALL.insert().returning(_CALL.c.id, sort_by_parameter_order=True)
@@ -134,20 +166,23 @@ class AsyncStore:
             raise db.store_error(exc, self.path) from None
         return None if row is None or row[0] is None else int(row[0])
 
-    async def calls_of_rollout(self, rollout_id: str) -> list[Call]:
-        """A rollout's finished calls in order (used to reuse sampled token ids after a restart)."""
-        return await self._on_thread(self._calls_of_rollout, rollout_id)
+    async def calls_of_rollout(self, rollout_id: str, *, after_id: int = 0, last: int | None = None) -> list[Call]:
+        """A rollout's finished calls in order (used to reuse sampled token ids after a restart, or
+        after another proxy worker served the rollout): only those with id > `after_id`, only the
+        `last` ones."""
+        return await self._on_thread(self._calls_of_rollout, rollout_id, after_id, last)
 
-    def _calls_of_rollout(self, rollout_id: str) -> list[Call]:
+    def _calls_of_rollout(self, rollout_id: str, after_id: int, last: int | None) -> list[Call]:
+        query = (select(_CALL).where(_CALL.c.rollout_id == rollout_id, _CALL.c.status == "ok", _CALL.c.id > after_id)
+                 .order_by(_CALL.c.seq.desc()))
+        if last is not None:
+            query = query.limit(last)
         try:
             with self.engine.connect() as conn:
-                rows = conn.execute(
-                    select(_CALL).where(_CALL.c.rollout_id == rollout_id, _CALL.c.status == "ok")
-                    .order_by(_CALL.c.seq)
-                ).all()
+                rows = conn.execute(query).all()
         except (DatabaseError, sqlite3.Error) as exc:
             raise db.store_error(exc, self.path) from None
-        return [Call(**r._mapping) for r in rows]
+        return [Call(**r._mapping) for r in reversed(rows)]
 
 
 def _number(conn: Any, rows: list[dict[str, Any]]) -> None:

@@ -74,11 +74,12 @@ class RolloutPrompts:
             return
         lock = self._warm_locks.setdefault(rollout_id, asyncio.Lock())
         async with lock:
-            if self.builder.knows(rollout_id):
-                if not await self._stale(rollout_id):
-                    return
-                self.builder.forget(rollout_id)  # another worker served it since: reload from the store
-            rows = (await self.recorder.calls_of_rollout(rollout_id))[-self.builder.turns_per_rollout:]
+            known = self.builder.knows(rollout_id)
+            if known and not await self._stale(rollout_id):
+                return
+            # Known but stale: another worker served it since; only the calls newer than ours are read.
+            rows = await self.recorder.calls_of_rollout(rollout_id, after_id=self._newest.get(rollout_id, 0) if known
+                                                        else 0, last=self.builder.turns_per_rollout)
             for row in rows:
                 adapter = ADAPTERS.get(row.api)
                 try:

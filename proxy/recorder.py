@@ -22,6 +22,9 @@ from typing import Any
 from openforge.errors import StoreError
 from openforge.store import AsyncStore, Call
 
+INLINE_BATCH = 2  # a batch this small (one call alone: its begin, or its end) commits on the loop itself
+
+
 @dataclass
 class _Op:
     kind: str  # "insert" | "update"
@@ -87,7 +90,7 @@ class Recorder:
         try:
             ids = await self.astore.write_calls(
                 [op.payload for op in inserts], [op.payload for op in updates],
-                number=True)
+                number=True, inline=len(ops) <= INLINE_BATCH)
         except Exception as exc:  # noqa: BLE001 - every waiter must hear about a failed commit
             err = exc if isinstance(exc, StoreError) else StoreError(f"recording calls failed: {exc}")
             for op in ops:
@@ -105,6 +108,6 @@ class Recorder:
         """The id of the rollout's newest finished call in the store (any process's), or None."""
         return await self.astore.newest_call_id(rollout_id)
 
-    async def calls_of_rollout(self, rollout_id: str) -> list[Call]:
+    async def calls_of_rollout(self, rollout_id: str, *, after_id: int = 0, last: int | None = None) -> list[Call]:
         """A rollout's finished calls in order (committed ones: `end` returns only after its commit)."""
-        return await self.astore.calls_of_rollout(rollout_id)
+        return await self.astore.calls_of_rollout(rollout_id, after_id=after_id, last=last)

@@ -150,11 +150,6 @@ class PromptBuilder:
     def knows(self, rollout_id: str) -> bool:
         return rollout_id in self._turns
 
-    def forget(self, rollout_id: str) -> None:
-        """Drop a rollout's turns (another proxy worker served it since: they are reloaded from the store)."""
-        self.stored_tokens -= sum(len(t.ids) for t in self._turns.pop(rollout_id, {}).values())
-        self._last.pop(rollout_id, None)
-
     def mark_known(self, rollout_id: str) -> None:
         """A rollout whose recorded turns (possibly none) are loaded: don't look them up again."""
         self._turns.setdefault(rollout_id, OrderedDict())
