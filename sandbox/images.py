@@ -194,6 +194,8 @@ def _ensure(tag: str, build: Callable[[Path], Any], *, base_url: str, timeout: f
     """`tag` on the engine: imported from its cached tarball, built first by `build(tarball)` if there is
     none. `check`: a command a fresh container of the new image must pass (as the sandbox's user, no
     network) before the image counts as built; if it fails, image and tarball are removed."""
+    import docker.errors
+
     from sandbox.docker import connect
 
     client = connect(base_url, timeout=max(timeout, 60))  # an import of ~1 GB outlasts the default 30 s
@@ -203,7 +205,11 @@ def _ensure(tag: str, build: Callable[[Path], Any], *, base_url: str, timeout: f
             if not tarball.exists():
                 build(tarball)
             repo, _, name = tag.partition(":")
-            client.api.import_image_from_file(str(tarball), repository=repo, tag=name)
+            try:
+                client.api.import_image_from_file(str(tarball), repository=repo, tag=name)
+            except docker.errors.APIError as exc:
+                tarball.unlink(missing_ok=True)  # the next try builds it again instead of failing the same way
+                raise SandboxError(f"docker import of {tarball} failed: {exc.explanation or exc}") from None
             if not _has_image(client, tag):
                 raise SandboxError(f"docker import of {tarball} did not produce {tag}")
             if check:
@@ -342,13 +348,18 @@ def build_harness_tar(layer: NpmLayer, base: Path, out: Path) -> Path:
                     names.add(parent)
                     tar.addfile(_dir(parent))
 
+        def package_member(info: tarfile.TarInfo, top: str) -> tarfile.TarInfo | None:
+            # A package's own node_modules holds other packages: those in the closure come as their own.
+            rest = info.name[len(top):]
+            if rest == "/node_modules" or rest.startswith("/node_modules/"):
+                return None
+            names.add(info.name)
+            return _readable(info)
+
         for rel in sorted(closure):
             arc = f"{NPM_PREFIX}/{rel}"
             add_dirs(arc)
-            # A package's own node_modules holds other packages: those in the closure come as their own.
-            tar.add(layer.prefix / rel, arcname=arc, filter=lambda info, top=arc: None
-                    if "/node_modules/" in info.name[len(top):] else _readable(info))
-            names.add(arc)
+            tar.add(layer.prefix / rel, arcname=arc, filter=lambda info, top=arc: package_member(info, top))
         links = {f"usr/local/bin/{name}": f"/{NPM_PREFIX}/{rel}" for name, rel in layer.bins.items()}
         if layer.node is not None:
             inside = layer.prefix in layer.node.parents

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,8 @@ def test_the_harness_tarball_is_the_base_plus_the_packages(install: Path, tmp_pa
     with tarfile.open(base) as tar:
         before = {m.name: (m.uid, m.mode, m.type) for m in tar}
     with tarfile.open(out) as tar:
+        listed = tar.getnames()
+        assert len(listed) == len(set(listed))  # docker import refuses a tar that names a path twice
         members = {m.name: m for m in tar}
         after = {m.name: (m.uid, m.mode, m.type) for m in members.values()}
         assert {k: after[k] for k in before} == before  # the base as it was, the user's folders included
@@ -122,15 +125,17 @@ def harness_config(name: str) -> DockerSandboxConfig:
     return DockerSandboxConfig(image=tag)
 
 
-async def run_in_container(rig: Any, name: str, **harness: Any):  # noqa: ANN201
+async def run_in_container(rig: Any, name: str, image: str = "", timeout_s: float = 120,
+                           **harness: Any):  # noqa: ANN201
     """One rollout of harness `name` through the RolloutRunner in a container of the harness image; the
     task is checked exactly (proof.txt must be `forge-ok\\n`)."""
     from rollouts.runner import RolloutRunner, RolloutSpec
     from rollouts.tasks import TaskSpec
 
-    config = ForgeConfig(sandbox=harness_config(name))
+    config = ForgeConfig(sandbox=DockerSandboxConfig(image=image) if image else harness_config(name))
     config.harness = HarnessConfig(name=name, max_turns=4, **harness)
     task = TaskSpec(id="proof", instruction="Write forge-ok into proof.txt, then say you are done.",
+                    time_limit_s=timeout_s,
                     expect_files={"proof.txt": "forge-ok\n"},
                     verifier=f'[ "$(id -u)" = {SANDBOX_UID} ] && ! touch /forge-root-write 2>/dev/null')
     runner = RolloutRunner(rig.store, config=config, proxy_url=rig.url, proxy_socket=rig.proxy.uds)
@@ -157,6 +162,22 @@ async def test_codex_rollout_in_a_container(make_rig):
     assert (ro.status, ro.reward, ro.exit_code, ro.harness) == ("scored", 1.0, 0, "codex"), \
         (ro.error, ro.stderr[-3000:])
     check_extends(rig, check_recording(rig, "openai_responses"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(os.environ.get("FORGE_TEST_OPENCLAW") != "1", reason="OpenClaw takes 20-90 s to start here: "
+                    "opt in with FORGE_TEST_OPENCLAW=1 (its image: forge sandbox build-image --harness openclaw)")
+async def test_openclaw_rollout_in_a_container(make_rig):
+    tag, why = harness_image(("openclaw",))
+    if tag is None:
+        pytest.skip(why)
+    rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
+    rig.engine.script = tool_then_answer(rig.engine.tokenizer, "exec", {"command": COMMAND})
+    ro, rig = await run_in_container(rig, "openclaw", image=tag, timeout_s=300)
+    assert (ro.status, ro.reward, ro.exit_code, ro.harness) == ("scored", 1.0, 0, "openclaw"), \
+        (ro.error, ro.stderr[-3000:], ro.stdout[-2000:])
+    assert check_recording(rig, "openai_chat")["n_segments"] == 2  # OpenClaw rewrites its history
 
 
 async def test_the_harness_container_runs_as_the_sandbox_user():
