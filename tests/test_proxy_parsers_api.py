@@ -178,10 +178,10 @@ def test_thinking_sent_back_keeps_one_segment_and_dropped_is_recorded(template_m
     """Claude Code keeps thinking blocks inside a tool loop; a harness that strips them breaks the
     prefix (Qwen3's template renders the thinking of the current turn) and the call says why."""
     call_turn, answer = SCRIPTS["qwen3"]
-    proxy, engine, rollout = serve(template_models["qwen3"], [call_turn, answer, answer])
+    proxy, engine, rollout = serve(template_models["qwen3"], [call_turn, answer, answer, answer])
     msgs = first_turn("anthropic")
     _, replay = messages(proxy.url, rollout.key, msgs, False)
-    messages(proxy.url, rollout.key, msgs + replay, False)
+    _, final = messages(proxy.url, rollout.key, msgs + replay, False)
     assert store.list_calls(rollout_id=rollout.id)[1].break_reason is None
     stats = assemble_rollout(store, rollout.id)
     assert stats["n_segments"] == 1
@@ -196,6 +196,14 @@ def test_thinking_sent_back_keeps_one_segment_and_dropped_is_recorded(template_m
     messages(proxy.url, rollout.key, msgs + stripped, False)
     third = store.list_calls(rollout_id=rollout.id)[2]
     assert third.break_reason == THINKING_DROPPED and third.reused_tokens == 0
+    assert assemble_rollout(store, rollout.id)["n_segments"] == 2
+
+    # A new user turn: Qwen3's template drops the thinking of turns before the latest user message, so
+    # the history no longer renders as it was sampled; the break is the template's, and says so.
+    messages(proxy.url, rollout.key, msgs + replay + final + [{"role": "user", "content": "and now?"}], False)
+    fourth = store.list_calls(rollout_id=rollout.id)[3]
+    assert fourth.reused_tokens == 0 and "chat template renders the replayed history differently" in \
+        fourth.break_reason
 
 
 def test_a_template_without_thinking_still_trains_on_the_sampled_thinking(tiny_model, serve, store):
