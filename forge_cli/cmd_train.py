@@ -10,7 +10,7 @@ from rich.console import Console
 from forge_cli.context import state
 from openforge.errors import ConfigError, ForgeError
 
-EXPORT_FORMATS = ("verl", "jsonl")
+EXPORT_FORMATS = ("verl", "jsonl", "verl-sft", "verl-rl")
 
 
 def register(app: typer.Typer) -> None:
@@ -118,7 +118,11 @@ def export(
     ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(help="run id, unique prefix, or 'latest'")],
     out: Annotated[str, typer.Option("--out", "-o", help="the file to write (.parquet for verl, .jsonl for jsonl)")],
-    fmt: Annotated[str, typer.Option("--format", "-f", help="verl (parquet, veRL's columns) or jsonl")] = "jsonl",
+    fmt: Annotated[str, typer.Option("--format", "-f", help="verl (parquet, veRL's columns), jsonl, verl-sft "
+                                     "(messages+tools for veRL's MultiTurnSFTDataset) or verl-rl (one prompt a task "
+                                     "for RLHFDataset, graded by trainer/verl_reward.py)")] = "jsonl",
+    min_reward: Annotated[Optional[float], typer.Option("--min-reward", help="verl-sft: keep rollouts with at least "
+                                                        "this reward (default: those that passed their task)")] = None,
 ) -> None:
     """Write a run's recorded trajectories (token ids, masks, engine logprobs, rewards) for other RL codebases."""
     from trainer.export import export_jsonl, export_verl
@@ -127,6 +131,14 @@ def export(
         raise ConfigError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, not {fmt!r}")
     store = state(ctx).store()
     run = store.get_run(run_id)
+    if fmt in ("verl-sft", "verl-rl"):
+        from trainer.verl_data import rl_rows, sft_rows, write_rows
+
+        rows = sft_rows(store, run.id, min_reward=min_reward) if fmt == "verl-sft" else rl_rows(store, run.id)
+        n = write_rows(rows, out)
+        what = "conversation(s) of passing rollouts" if fmt == "verl-sft" else "task prompt(s)"
+        typer.echo(f"wrote {n} {what} of {run.id} to {out} ({fmt})")
+        return
     n = (export_verl if fmt == "verl" else export_jsonl)(store, run.id, out)
     if n == 0:
         typer.echo(f"warning: run {run.id} has no scored trajectories; wrote an empty {fmt} file", err=True)

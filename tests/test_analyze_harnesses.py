@@ -78,7 +78,8 @@ async def run_under(rig: Any, run_id: str, harness: str) -> Any:
     config.harness = HarnessConfig(name=harness, npm_cache=str(NPM_CACHE), max_turns=8, extra_args=extra_args)
     runner = RolloutRunner(rig.store, config=config, proxy_url=rig.url, proxy_socket=rig.proxy.uds)
     [ro] = await runner.run(run_id, [RolloutSpec(TASK, 0)])
-    assert (ro.status, ro.reward, ro.harness) == ("scored", 1.0, harness), (ro.error, ro.verifier_output, rig.served_texts(ro.id), ro.stdout[-2000:])
+    assert (ro.status, ro.reward, ro.harness) == ("scored", 1.0, harness), \
+        (ro.error, ro.verifier_output, rig.served_texts(ro.id), ro.stdout[-2000:])
     return ro
 
 
