@@ -83,6 +83,7 @@ class DockerSandbox(SandboxBase):
         self._client: Any = None
         self._container: Any = None
         self._keeper_pid = ""  # the `sleep` that keeps the container up: the one process kill_all spares
+        self.volume_names: list[str] = []  # its anonymous volumes (workdir, HOME, /tmp), removed with it
         self.proxy_socket = str(proxy_socket) if proxy_socket else None
         self.proxy_url: str | None = None
 
@@ -93,6 +94,7 @@ class DockerSandbox(SandboxBase):
         self._client = await asyncio.to_thread(connect, self.cfg.base_url)
         self._container = await asyncio.to_thread(self._create)
         self.info.sandbox_id = self._container.id[:12]
+        self.volume_names = [m["Name"] for m in self._container.attrs.get("Mounts", []) if m.get("Type") == "volume"]
         # Right after start the keeper is PID 1's only child; an orphan reparented to PID 1 later is not.
         found = await self.exec(["sh", "-c", 'cat /proc/1/task/1/children && for d; do [ -w "$d" ] || echo "$d"; done',
                                  "sh", *self.writable], timeout=30)

@@ -155,6 +155,18 @@ async def test_stop_removes_everything_and_is_idempotent(config: SandboxConfig) 
         assert all(not d.exists() for d in (sb.cgroup.dirs if sb.cgroup else []))
     else:
         assert docker_containers(rollout) == []
+        assert docker_volumes_left(sb) == []  # the workdir, HOME and /tmp volumes went with it
+
+
+def docker_volumes_left(sb) -> list:  # type: ignore[no-untyped-def]
+    import docker
+
+    client = docker.DockerClient(base_url=os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock")
+    try:
+        names = {v.name for v in client.volumes.list()}
+        return [v for v in sb.volume_names if v in names]
+    finally:
+        client.close()
 
 
 async def test_cancellation_inside_the_context_still_cleans_up(config: SandboxConfig) -> None:

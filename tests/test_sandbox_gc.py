@@ -101,6 +101,7 @@ async def test_gc_removes_leftover_containers_by_label(store: Store) -> None:
 
         client = docker.DockerClient(base_url=os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock")
         assert client.containers.list(all=True, filters={"name": name}) == []
+        assert sb.volume_names and not {v.name for v in client.volumes.list()} & set(sb.volume_names)
         client.close()
     finally:
         await sb.stop()
