@@ -226,3 +226,23 @@ def test_a_kubernetes_pod_runs_the_same_image_as_its_user():
     assert pod["spec"]["securityContext"]["runAsUser"] == SANDBOX_UID == config.run_as_user
     assert {"name": "HOME", "value": SANDBOX_HOME} in container["env"]
     assert {m["mountPath"] for m in container["volumeMounts"]} == {config.workdir, SANDBOX_HOME, "/tmp"}
+
+
+def test_forge_sandbox_build_image_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The command: the built image's tag (no rebuild when the engine has it), one-line errors otherwise."""
+    from typer.testing import CliRunner
+
+    from forge_cli.main import app
+
+    out = CliRunner().invoke(app, ["sandbox", "build-image", "--harness", "mini"])
+    assert out.exit_code == 1 and "'mini' is not an npm harness" in out.output and "Traceback" not in out.output
+    tag, why = harness_image(("claude-code", "codex"))
+    if tag is not None:
+        monkeypatch.setenv("FORGE_NPM_CACHE", str(NPM_CACHE))
+        out = CliRunner().invoke(app, ["sandbox", "build-image", "--harness", "claude-code,codex", "--no-latest"])
+        assert out.exit_code == 0 and out.output.splitlines() == [
+            tag, f"use it with: --set sandbox.type=docker --set sandbox.image={tag}"], out.output
+    monkeypatch.setenv("FORGE_NPM_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no npm to install it with
+    out = CliRunner().invoke(app, ["sandbox", "build-image", "--harness", "codex"])
+    assert out.exit_code == 1 and "npm is not installed" in out.output and "Traceback" not in out.output
