@@ -5,8 +5,11 @@ RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap git 
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/openforge
-# torch first, pinned to the CPU wheel; GPU clusters run SGLang in its own image (docs/gpu.md).
-RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+# torch first, pinned; the CPU wheel by default. The cluster's trainer image (deploy/k8s/cluster, NCCL)
+# takes a CUDA one: --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 (docs/cluster.md).
+# SGLang itself runs in its own image (docs/gpu.md).
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+RUN pip install --no-cache-dir torch==2.13.0 --index-url ${TORCH_INDEX}
 COPY pyproject.toml README.md ./
 COPY openforge ./openforge
 COPY forge_cli ./forge_cli
@@ -15,8 +18,10 @@ COPY proxy ./proxy
 COPY sandbox ./sandbox
 COPY rollouts ./rollouts
 COPY trainer ./trainer
+COPY runs ./runs
 COPY bench ./bench
-RUN pip install --no-cache-dir ".[k8s]"
+# [router]: sglang-router, the cluster's router Deployment runs it from this image
+RUN pip install --no-cache-dir ".[k8s,router]"
 
 # A non-root user (uid 1000, as `sandbox.kubernetes.run_as_user`): the namespace enforces Pod Security
 # `restricted`, rollout pods run as it with a read-only root, and so does the controller.
