@@ -198,3 +198,20 @@ def test_auto_reads_the_chat_template():
     assert resolve_reasoning_parser("deepseek-r1", "") == "deepseek_r1"
     with pytest.raises(UnknownParser, match="tool_parser"):
         ParserSetup.resolve("llama3", "auto", "", strict=False)
+
+
+def test_forge_model_tiny_template_builds_each_real_template(tmp_path):
+    from transformers import AutoTokenizer
+    from typer.testing import CliRunner
+
+    from forge_cli.main import app
+
+    runner = CliRunner()
+    for name in ("qwen2.5", "qwen3", "qwen3-coder"):
+        result = runner.invoke(app, ["model", "tiny", str(tmp_path / name), "--template", name])
+        assert result.exit_code == 0 and f"{name} template" in result.output, result.output
+        tok = AutoTokenizer.from_pretrained(str(tmp_path / name))
+        assert tok.chat_template == (TEMPLATES / f"{name}.jinja").read_text()
+        assert len(tok.encode("<think></think>", add_special_tokens=False)) == 2  # one added token each
+    bad = runner.invoke(app, ["model", "tiny", str(tmp_path / "x"), "--template", "llama3"])
+    assert bad.exit_code == 1 and "--template must be one of tiny, qwen2.5, qwen3, qwen3-coder" in bad.output
