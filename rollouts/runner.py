@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -313,18 +314,21 @@ class RolloutRunner:
         return reward, _tail("\n".join(lines)), note
 
     async def _grader_folders(self, sb: Sandbox, task: TaskSpec) -> None:
-        """Remove what the agent left where the grader writes: `.forge/` (the answer file's folder) and
-        each hidden top-level folder of the verifier's files (`.verify/`: a planted `json.py` there
-        would be on a Python verifier's import path), then make the verifier's fresh HOME. `rm -rf`
-        removes links, it does not follow them."""
+        """Move aside what the agent left where the grader writes: `.forge/` (the answer file's folder)
+        and each hidden top-level folder of the verifier's files (`.verify/`: a planted `json.py` there
+        would be on a Python verifier's import path), then make the verifier's fresh HOME. A rename, not
+        `rm -rf`: it takes no time however many files the agent made there, and it moves a link itself,
+        never what it points at. Raises SandboxPathRefused when that failed (the agent's doing)."""
         folders = sorted({".forge", *(p.split("/", 1)[0] for p in task.verifier_files if p.startswith(".")
                                       and "/" in p)})
-        done = await self._exec(sb, f"rm -rf -- {' '.join(shlex.quote(f) for f in folders)} && "
-                                    f"mkdir -p {shlex.quote(VERIFIER_HOME)}",
+        aside = f".forge-left-{secrets.token_hex(4)}"
+        script = " && ".join(f"{{ ! [ -e {q} ] && ! [ -L {q} ] || mv -- {q} {aside}-{i}; }}"
+                             for i, q in enumerate(map(shlex.quote, folders)))
+        done = await self._exec(sb, f"{script} && mkdir -p {shlex.quote(VERIFIER_HOME)}",
                                 timeout=self.config.runner.verifier_timeout_s)
         if done.exit_code != 0:
-            raise _InfraFailure(f"clearing the grader's folders failed (exit {done.exit_code}): "
-                                f"{_tail(done.stderr, 300)}")
+            raise SandboxPathRefused(f"clearing {', '.join(folders)} failed (exit {done.exit_code}): "
+                                     f"{_tail(done.stderr, 300)}")
 
     async def _read_expected(self, sb: Sandbox, path: str, limit: int) -> bytes | None:
         """A file the task expects, read up to `limit` bytes (a longer one is wrong anyway)."""

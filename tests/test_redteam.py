@@ -89,10 +89,6 @@ async def test_a_fifo_as_the_answer_file_is_no_answer(store: Store) -> None:
     assert ro.status == "scored" and ro.reward == 0.0, (ro.status, ro.error)
 
 
-def _other_rollout_dir() -> str:
-    return "../../ro-victim/work/out.txt"
-
-
 @pytest.mark.parametrize("target", ["/etc/hostname", "host-file"])
 async def test_a_link_out_of_the_sandbox_is_wrong_not_an_infra_failure(store: Store, forge_home: Path,
                                                                       target: str) -> None:
@@ -252,3 +248,26 @@ def test_removing_a_sandbox_never_chmods_through_a_planted_link(tmp_path: Path,
     _rmtree(sandbox)
     assert refused and not sandbox.exists()
     assert oct(victim.stat().st_mode & 0o777) == oct(0o600)
+
+
+async def test_a_verifier_can_keep_its_memory_from_the_agents_code_it_runs() -> None:
+    """The agent's program, run by a verifier, is the same user: it can open the verifier's
+    /proc/PID/mem (where the expected values are) unless the verifier made itself non-dumpable, as
+    the built-in verifiers that run the agent's code do (rollouts/builtin_tasks/generate.py KEEP_OUT)."""
+    peek = "import os; open(f'/proc/{os.getppid()}/mem', 'rb'); print('read')"
+    parent = ("import ctypes, subprocess, sys\n"
+              "if sys.argv[1] == 'guarded':\n    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\n"
+              f"print(subprocess.run([sys.executable, '-c', {peek!r}], capture_output=True, text=True).stdout or 'denied')\n")
+    async with make_sandbox(_bwrap_config(), run_id="run-rt", rollout_id=f"ro-rt-mem-{os.getpid()}") as sb:
+        await sb.write_file("parent.py", parent.encode())
+        open_ = await sb.exec(["python3", "-I", "parent.py", "open"], timeout=30)
+        guarded = await sb.exec(["python3", "-I", "parent.py", "guarded"], timeout=30)
+    assert open_.stdout.strip() == "read", open_.stderr  # the attack works on a verifier that does nothing
+    assert guarded.stdout.strip() == "denied", guarded.stderr
+
+
+async def test_hardlinks_cannot_bring_a_host_file_into_the_sandbox() -> None:
+    async with make_sandbox(_bwrap_config(), run_id="run-rt", rollout_id=f"ro-rt-ln-{os.getpid()}") as sb:
+        done = await sb.exec("ln /etc/hostname h1; echo rc=$?; ln /usr/bin/env h2; echo rc=$?; ls", timeout=20)
+    assert done.stdout.count("rc=1") == 2 and "h1" not in done.stdout and "h2" not in done.stdout, done.stdout
+

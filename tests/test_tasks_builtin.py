@@ -4,6 +4,9 @@ error blob, the instruction echoed, 1 MB of text) scores exactly 0; so do the kn
 
 from __future__ import annotations
 
+import base64
+import textwrap
+
 import pytest
 
 from openforge.config import ForgeConfig
@@ -52,6 +55,19 @@ HACKS = {
                        "printf 'def is_palindrome(s):\\n    return True\\n' > pal.py",
     # the expected file as a link to something the agent controls is still only what it holds
     "med-sort-names": "ln -s names.txt sorted.txt",
+    # the program the verifier runs prints whatever expected output the verifier's files hold
+    "hard-fizzbuzz": "echo " + base64.b64encode(textwrap.dedent("""
+        import glob, sys
+        for f in sorted(glob.glob('.verify/*')):
+            t = open(f).read()
+            if f.endswith('want.txt'):
+                sys.stdout.write(t)
+                break
+            i = t.find("'1\\n2\\nFizz")
+            if i >= 0:
+                sys.stdout.write(eval(t[i:t.index("'", i + 1) + 1]))
+                break
+        """).encode()).decode() + " | base64 -d > fizzbuzz.py",
 }
 
 

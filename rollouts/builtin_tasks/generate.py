@@ -42,6 +42,22 @@ def py(code: str) -> str:
     return textwrap.dedent(code).lstrip()
 
 
+# The agent's code, run by a verifier, has the verifier's powers: it could read the expected values
+# out of the verifier's file (or rewrite an expected-output file) or out of its memory
+# (/proc/<ppid>/mem: same user). So a verifier that runs it first makes itself non-dumpable and
+# deletes its own file; what it expects lives only in its (now unreadable) memory.
+KEEP_OUT = py("""
+    import ctypes
+    import os
+
+    try:  # PR_SET_DUMPABLE = 4: no /proc/<this pid>/mem or environ for processes of the same user
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    os.remove(__file__)
+    """)
+
+
 # Runs expressions against the agent's module in one child interpreter: whatever the agent's code
 # prints, or however it exits, only the reprs of the results on the child's stdout are compared.
 # One child for all cases, with a generous limit: a verifier must not fail a right answer because a
@@ -49,6 +65,7 @@ def py(code: str) -> str:
 CALL_HELPER = py("""
     import subprocess
     import sys
+    """) + "\n" + KEEP_OUT + py("""
 
 
     def call_all(module, exprs):
@@ -240,8 +257,17 @@ HARD = [
          tags=["shell"]),
     dict(id="hard-fizzbuzz", instruction="Write fizzbuzz.py that prints the numbers 1 to 15, one per line, but Fizz "
                                          "for multiples of 3, Buzz for multiples of 5 and FizzBuzz for both.",
-         verifier_files={".verify/want.txt": FIZZ},
-         verifier="python3 fizzbuzz.py </dev/null > .verify/got.txt 2>/dev/null && cmp -s .verify/got.txt .verify/want.txt",
+         verifier_files={".verify/check.py": KEEP_OUT + py(f"""
+             import subprocess
+             import sys
+             try:
+                 done = subprocess.run([sys.executable, "fizzbuzz.py"], capture_output=True, text=True, timeout=40,
+                                       stdin=subprocess.DEVNULL)
+             except subprocess.TimeoutExpired:
+                 sys.exit(1)
+             sys.exit(0 if done.returncode == 0 and done.stdout == {FIZZ!r} else 1)
+             """)},
+         verifier="python3 -I .verify/check.py",
          solution="printf '%s\\n' 'for i in range(1, 16):' "
                   "'    print(\"FizzBuzz\" if i % 15 == 0 else \"Fizz\" if i % 3 == 0 else \"Buzz\" if i % 5 == 0 else i)' "
                   "> fizzbuzz.py", tags=["python"]),
