@@ -1,23 +1,26 @@
-"""The local backend: a folder and a process tree on this machine, isolated with bubblewrap if it works.
+"""The local backend: a folder and a process tree on this machine, isolated with bubblewrap.
 
 Layout of one sandbox, `$FORGE_HOME/sandboxes/<rollout id>/`:
 
-    sandbox.json   labels + owner pid (outside the workdir, so the harness cannot rewrite it); `forge gc`
-                   reads it to find what a crashed run left
+    sandbox.json   labels + owner pid (outside what the sandbox sees, so the harness cannot rewrite it)
     work/          the working directory (`info.workdir`)
     home/  tmp/    HOME and TMPDIR of every process
+    etc/           the sandbox's own passwd and group
 
-Under bubblewrap each exec gets `--ro-bind / /` (the venv's python, node and the system libraries stay
-usable, nothing outside the sandbox folder is writable), its own /dev and /proc, and its own pid, ipc
-and uts namespaces. The network namespace is *not* unshared: the harness must reach the proxy on the
-host's 127.0.0.1. /tmp stays the host's (read-only): harness installs and task files often live there,
-so processes get TMPDIR inside the sandbox instead. With `--unshare-pid` and `--die-with-parent`,
-killing bwrap kills everything the command started. On every backend, background processes end
-with the exec that started them (plain mode and docker kill them when the command exits).
+Under bubblewrap (docs/security.md) each exec is an unprivileged user namespace with every capability
+dropped, its own pid, ipc, uts, net and cgroup namespaces, a private /tmp, and read-only binds of only
+the system dirs, a few /etc files, this Python, node and the npm cache (`runtime_mounts`); FORGE_HOME
+and the built-in task set stay covered even when a bound folder holds them. Only work/, home/ and
+tmp/ are writable. No network: the proxy's unix socket is bound in and `forwarder.py` serves it on the
+sandbox's own 127.0.0.1 (`proxy_url`). When the command exits, its pid namespace ends and everything
+it started with it; `kill_all()` also kills the sandbox's cgroup and marked processes.
 
-Without bubblewrap the command is a plain subprocess in its own session (cwd and env confined by
-convention only). Either way it runs with the limits of `sandbox.procs` and a minimal environment:
-nothing of the caller's environment (API keys!) leaks in unless passed as `env`.
+Files the host reads or writes in the sandbox (`read_file`, `write_file`) must be regular files inside
+it: a link out of it or a FIFO/socket raises `SandboxPathRefused`, and the I/O runs off the event loop.
+
+With `isolation = "none"` (an explicit choice) the command is a plain subprocess in its own session
+(cwd and env confined by convention only). Either way it runs with the limits of `sandbox.procs` and a
+minimal environment: nothing of the caller's environment (API keys!) leaks in unless passed as `env`.
 """
 
 from __future__ import annotations
@@ -305,8 +308,10 @@ class LocalSandbox(SandboxBase):
     def _stdin_file(self, exec_id: str, data: bytes | None):  # type: ignore[no-untyped-def]
         if data is None:
             return None
-        path = self.dir / "tmp" / f".stdin-{exec_id}"
-        path.write_bytes(data)
+        path = self.dir / "tmp" / f".stdin-{exec_id}"  # in the sandbox's tmp/: never follow what is there
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         return open(path, "rb")
 
     async def _collect(self, proc: asyncio.subprocess.Process, exec_id: str, cap: int, timeout: float,
