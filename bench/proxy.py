@@ -16,8 +16,10 @@ Rounds are interleaved (each round measures every system once, in turn), so a ma
 drifts hurts all of them alike; figures are medians over rounds. Per system and round:
 
     c=1    p50/p99 latency of sequential calls on one kept-alive connection
-    c=32   req/s with 32 concurrent clients, and the server's CPU seconds per call (psutil: user +
-           system of the server process and its children, over the phase)
+    c=1    also the server's CPU per call (psutil: user + system of the server process and its
+           children, over the phase)
+    c=32   req/s with 32 concurrent clients (for forge: 32 rollouts, one call at a time each), and
+           the server's CPU per call
     ttfc   time to the first SSE data line of a streamed call, sequential
 """
 
@@ -368,12 +370,15 @@ def run(quick: bool = False) -> dict:
                 else:
                     paths[name] = (server, "/v1/chat/completions", chat, auth(name))
             made = dict.fromkeys(paths, 0)
-            runs = {k: {"p50": [], "p99": [], "rps": [], "cpu_ms": [], "p50_c32": [], "ttfc": []} for k in paths}
+            runs = {k: {"p50": [], "p99": [], "rps": [], "cpu_ms": [], "cpu_ms_c1": [], "p50_c32": [],
+                         "ttfc": []} for k in paths}
             for _ in range(rounds):
                 for name, (server, path, body, hdr) in paths.items():
                     m = runs[name]
                     if not name.startswith("forge-w"):  # many workers: throughput is their point
+                        cpu0 = server.cpu_s()
                         lat = asyncio.run(_latencies(server.url, path, body, n, hdr[0]))
+                        m["cpu_ms_c1"].append((server.cpu_s() - cpu0) * 1000 / (n + 3))
                         m["p50"].append(percentile(lat, 0.5))
                         m["p99"].append(percentile(lat, 0.99))
                         ttfc = asyncio.run(_first_chunk(server.url, path, {**body, "stream": True},
@@ -407,6 +412,7 @@ def run(quick: bool = False) -> dict:
         result["forge_vs_baseline"] = {
             "added_p50_ratio": round((f["p50"] - d["p50"]) / (b["p50"] - d["p50"]), 3),
             "cpu_per_call_ratio": round(f["cpu_ms"] / b["cpu_ms"], 3),
+            "cpu_per_call_c1_ratio": round(f["cpu_ms_c1"] / b["cpu_ms_c1"], 3),
             "rps_ratio": round(f["rps"] / b["rps"], 3),
             "added_ttfc_ratio": round((f["ttfc"] - d["ttfc"]) / (b["ttfc"] - d["ttfc"]), 3)}
     if "litellm" in med:
@@ -440,10 +446,12 @@ def _check_recorded(store: Any, keys: dict[str, list[str]], made: dict[str, int]
 def _report(result: dict, med: dict) -> None:
     print(f"proxy bench: prompt {result['prompt_tokens']} tokens, completion {result['completion_tokens']}, "
           f"instant engine, loopback, each server in its own process, {result['rounds']} interleaved round(s)")
-    print(f"{'system':<16} {'p50 ms':>8} {'p99 ms':>8} {'ttfc ms':>8} {'req/s@32':>9} {'p50@32':>8} {'cpu ms/call':>11}")
+    print(f"{'system':<16} {'p50 ms':>8} {'p99 ms':>8} {'ttfc ms':>8} {'cpu/call':>9} {'req/s@32':>9} {'p50@32':>8} "
+          f"{'cpu/call@32':>11}")
+    nan = float("nan")
     for name, m in med.items():
-        print(f"{name:<16} {m.get('p50', float('nan')):8.2f} {m.get('p99', float('nan')):8.2f} "
-              f"{m.get('ttfc', float('nan')):8.2f} {m['rps']:9.0f} {m['p50_c32']:8.2f} {m['cpu_ms']:11.2f}")
+        print(f"{name:<16} {m.get('p50', nan):8.2f} {m.get('p99', nan):8.2f} {m.get('ttfc', nan):8.2f} "
+              f"{m.get('cpu_ms_c1', nan):9.2f} {m['rps']:9.0f} {m['p50_c32']:8.2f} {m['cpu_ms']:11.2f}")
     for key, value in result.items():
         if key.endswith(("_vs_direct", "_vs_baseline", "_vs_litellm", "_vs_w1")) or key == "recorded_calls_checked":
             print(f"{key}: {value}")

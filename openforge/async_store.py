@@ -22,10 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import bindparam, func, select, update
-from sqlalchemy.exc import DatabaseError, OperationalError
+from sqlalchemy import select
+from sqlalchemy.exc import DatabaseError
 
 from openforge import db
+from openforge.errors import StoreError
 from openforge.store import LIVE_ROLLOUT, RUN_FINAL, Call, Recovered, Store, hash_key
 
 _CALL = Call.__table__  # type: ignore[attr-defined]
@@ -51,7 +52,10 @@ class AsyncStore:
         Store(self.path).close()  # create or migrate the schema once (and refuse a 0-byte file)
         self.engine = db.sync_engine(self.path)  # used on the writer thread only
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forge-store")
-        self._inline: Any = None  # the event loop's connection for small batches (see write_calls)
+        # Plain sqlite3 connections (with `db`'s settings) held out of the pool: the event loop's, for
+        # small batches (see write_calls), and the writer thread's.
+        self._inline: Any = None
+        self._writer: Any = None
         self._reader = db.point_reader(self.path)
 
     async def _on_thread(self, fn: Callable[..., T], *args: Any) -> T:
@@ -73,6 +77,9 @@ class AsyncStore:
         if self._inline is not None:
             self._inline.close()
             self._inline = None
+        if self._writer is not None:
+            await self._on_thread(self._writer.close)
+            self._writer = None
         await self._on_thread(self.engine.dispose)
         self._thread.shutdown(wait=True)
 
@@ -109,42 +116,43 @@ class AsyncStore:
                 pass  # another process holds the write lock: wait for it on the thread, not here
         return await self._on_thread(self._write_calls, inserts, updates, number, None)
 
-    def _inline_conn(self) -> Any:
+    def _inline_conn(self) -> sqlite3.Connection:
         """The event loop's own connection, which never waits for a lock (busy_timeout 0)."""
         if self._inline is None:
-            self._inline = self.engine.connect()
-            self._inline.exec_driver_sql("PRAGMA busy_timeout=0")
-            self._inline.commit()
-        return self._inline
+            self._inline = self.engine.raw_connection()  # held (checked out of the pool) until close
+            self._inline.driver_connection.execute("PRAGMA busy_timeout=0")
+        return self._inline.driver_connection
+
+    def _thread_conn(self) -> sqlite3.Connection:
+        if self._writer is None:
+            self._writer = self.engine.raw_connection()
+        return self._writer.driver_connection
 
     def _write_calls(self, inserts: Sequence[dict[str, Any]], updates: Sequence[tuple[int, dict[str, Any]]],
-                     number: bool, inline: Any) -> list[int]:
-        rows = [dict(r) for r in inserts]
-        ids = [0] * len(rows)
+                     number: bool, inline: sqlite3.Connection | None) -> list[int]:
+        # Plain sqlite3 with each value bound exactly as SQLAlchemy binds it (the columns' own bind
+        # processors, the model's defaults): SQLAlchemy's per-statement machinery cost more than the
+        # write itself, on the event loop or the thread alike.
+        rows = [_CALL_BINDER.with_defaults(r) for r in inserts]
+        conn = inline if inline is not None else self._thread_conn()
         try:
-            with (inline.begin() if inline is not None else self.engine.begin()) as conn:
-                conn = inline if inline is not None else conn
-                # IMMEDIATE: the numbering read happens under the write lock.
-                try:
-                    conn.exec_driver_sql("BEGIN IMMEDIATE")
-                except OperationalError as exc:
-                    if inline is not None and "locked" in str(exc.orig):
-                        raise _Busy() from None
-                    raise
+            try:
+                conn.execute("BEGIN IMMEDIATE")  # the numbering read happens under the write lock
+            except sqlite3.OperationalError as exc:
+                if inline is not None and "locked" in str(exc):
+                    raise _Busy() from None
+                raise
+            try:
                 if number and rows:
                     _number(conn, rows)
-                stmt = _CALL.insert().returning(_CALL.c.id, sort_by_parameter_order=True)
-                for indexes in _by_columns(rows).values():
-                    result = conn.execute(stmt, [rows[i] for i in indexes])
-                    for i, r in zip(indexes, result.all(), strict=True):
-                        ids[i] = int(r[0])
-                values = [dict(v, _call_id=call_id) for call_id, v in updates]
-                for indexes in _by_columns(values).values():
-                    cols = [c for c in values[indexes[0]] if c != "_call_id"]
-                    stmt_u = (update(_CALL).where(_CALL.c.id == bindparam("_call_id"))
-                              .values({c: bindparam(c) for c in cols}))
-                    conn.execute(stmt_u, [values[i] for i in indexes])
-        except (DatabaseError, sqlite3.Error, OSError) as exc:
+                ids = [int(conn.execute(*_CALL_BINDER.insert(row)).fetchone()[0]) for row in rows]
+                for call_id, values in updates:
+                    conn.execute(*_CALL_BINDER.update(call_id, values))
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+        except (sqlite3.Error, OSError, DatabaseError) as exc:
             raise db.store_error(exc, self.path) from None
         return ids
 
@@ -185,19 +193,59 @@ class AsyncStore:
         return [Call(**r._mapping) for r in reversed(rows)]
 
 
-def _number(conn: Any, rows: list[dict[str, Any]]) -> None:
+def _number(conn: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
     rollouts = sorted({r["rollout_id"] for r in rows})
-    last = dict((conn.execute(
-        select(_CALL.c.rollout_id, func.max(_CALL.c.seq))
-        .where(_CALL.c.rollout_id.in_(rollouts)).group_by(_CALL.c.rollout_id))).all())
+    last = dict(conn.execute(f"SELECT rollout_id, max(seq) FROM call WHERE rollout_id IN "
+                             f"({', '.join('?' * len(rollouts))}) GROUP BY rollout_id", rollouts).fetchall())
     for row in rows:
         nxt = -1 if last.get(row["rollout_id"]) is None else last[row["rollout_id"]]
         row["seq"] = last[row["rollout_id"]] = nxt + 1
 
 
-def _by_columns(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, ...], list[int]]:
-    """Row indexes grouped by column set: a multi-row statement needs one."""
-    groups: dict[tuple[str, ...], list[int]] = {}
-    for index, row in enumerate(rows):
-        groups.setdefault(tuple(sorted(row)), []).append(index)
-    return groups
+class _Binder:
+    """A table's rows as plain sqlite3 statements, each value converted by its column's own bind
+    processor (JSON text, the datetime format, booleans) and missing columns given the model's
+    defaults: the bytes in the file are the ones SQLAlchemy would have written."""
+
+    def __init__(self, table: Any) -> None:
+        from sqlalchemy.dialects import sqlite
+
+        dialect = sqlite.dialect()
+        self.table = table.name
+        self.procs = {c.name: c.type.dialect_impl(dialect).bind_processor(dialect) for c in table.columns}
+        self.defaults = {c.name: c.default for c in table.columns if c.default is not None}
+        self._sql: dict[tuple[str, ...], str] = {}
+
+    def with_defaults(self, row: dict[str, Any]) -> dict[str, Any]:
+        out = dict(row)
+        for name, default in self.defaults.items():
+            if name not in out:
+                out[name] = default.arg if default.is_scalar else default.arg(None)
+        return out
+
+    def _values(self, row: dict[str, Any]) -> list[Any]:
+        out = []
+        for name, value in row.items():
+            if name not in self.procs:
+                raise StoreError(f"the {self.table} table has no column {name!r}")
+            proc = self.procs[name]
+            out.append(proc(value) if proc is not None and value is not None else value)
+        return out
+
+    def insert(self, row: dict[str, Any]) -> tuple[str, list[Any]]:
+        cols = tuple(row)
+        sql = self._sql.get(cols)
+        if sql is None:
+            sql = self._sql[cols] = (f"INSERT INTO {self.table} ({', '.join(cols)}) VALUES "
+                                     f"({', '.join('?' * len(cols))}) RETURNING id")
+        return sql, self._values(row)
+
+    def update(self, row_id: int, values: dict[str, Any]) -> tuple[str, list[Any]]:
+        cols = ("update",) + tuple(values)
+        sql = self._sql.get(cols)
+        if sql is None:
+            sql = self._sql[cols] = f"UPDATE {self.table} SET {', '.join(f'{c} = ?' for c in cols[1:])} WHERE id = ?"
+        return sql, [*self._values(values), row_id]
+
+
+_CALL_BINDER = _Binder(_CALL)
