@@ -12,7 +12,7 @@ Tables (all plain, JSON in TEXT columns where a value is a list or an object):
 
 The tables themselves are defined in `openforge.tables` (and re-exported here). Writes go through the
 methods of `Store` in this module (sync, SQLModel sessions) or through
-`AsyncStore` (async, aiosqlite: the proxy's batched recorder). The file is in WAL mode so the
+`AsyncStore` (async, its own writer thread: the proxy's batched recorder). The file is in WAL mode so the
 dashboard can read while the proxy and trainer write.
 
 Opening (engines, connection settings, errors as one line) is `openforge.db`; the schema versions are
