@@ -129,6 +129,7 @@ class Completion:
     tool_parse_error: bool = False
     stop_sequence: str | None = None  # the caller's stop string that ended it, if one did
     reasoning: str = ""  # the thinking the reasoning parser split off the text
+    reasoning_tokens: int = 0  # completion tokens up to and including `</think>` (0 where it is not one token)
 
     @property
     def completion_tokens(self) -> int:

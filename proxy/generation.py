@@ -111,6 +111,12 @@ class Generation:
         events += self.parser.finish()
         if len(self.logprobs) != len(self.ids):  # an engine that omits logprobs must not misalign them
             self.logprobs = (self.logprobs + [float("nan")] * len(self.ids))[:len(self.ids)]
+        thinking = 0
+        if self.parser.reasoning and self.renderer.think_close_id is not None:
+            close = self.renderer.think_close_id
+            # An unclosed block is all thinking, unless a call or text followed it (then it is not counted).
+            thinking = self.ids.index(close) + 1 if close in self.ids else \
+                0 if self.parser.text or self.parser.calls else len(self.ids)
         reason = "length" if self.finish == "length" else "stop"
         if self.parser.calls and reason == "stop":
             reason = "tool_calls"
@@ -118,6 +124,7 @@ class Generation:
             text=self.parser.text, tool_calls=list(self.parser.calls), finish_reason=reason,  # type: ignore[arg-type]
             completion_ids=self.ids, logprobs=self.logprobs, prompt_tokens=len(self.params.prompt_ids),
             tool_parse_error=self.parser.parse_error, stop_sequence=self.stops.hit, reasoning=self.parser.reasoning,
+            reasoning_tokens=thinking,
         )
         return events
 

@@ -147,8 +147,11 @@ def _tool_call_json(tc: ToolCall, index: int | None = None) -> dict[str, Any]:
 
 
 def _usage(comp: Completion) -> dict[str, Any]:
-    return {"prompt_tokens": comp.prompt_tokens, "completion_tokens": comp.completion_tokens,
-            "total_tokens": comp.prompt_tokens + comp.completion_tokens}
+    usage: dict[str, Any] = {"prompt_tokens": comp.prompt_tokens, "completion_tokens": comp.completion_tokens,
+                             "total_tokens": comp.prompt_tokens + comp.completion_tokens}
+    if comp.reasoning_tokens:
+        usage["completion_tokens_details"] = {"reasoning_tokens": comp.reasoning_tokens}
+    return usage
 
 
 def response_json(req: CallRequest, comp: Completion, *, call_id: str, model: str,

@@ -185,7 +185,7 @@ def _response(req: CallRequest, call_id: str, model: str, created: float, output
     status = "in_progress" if comp is None else ("incomplete" if comp.finish_reason == "length" else "completed")
     usage = None if comp is None else {
         "input_tokens": comp.prompt_tokens, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-        "output_tokens": comp.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens": comp.completion_tokens, "output_tokens_details": {"reasoning_tokens": comp.reasoning_tokens},
         "total_tokens": comp.prompt_tokens + comp.completion_tokens}
     return {"id": call_id, "object": "response", "created_at": created, "status": status, "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,

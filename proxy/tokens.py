@@ -48,6 +48,8 @@ class ChatRenderer:
             stops.add(int(tokenizer.eos_token_id))
         self.stop_token_ids = sorted(stops)
         self.max_token_bytes = _longest_token_bytes(tokenizer)
+        think_close = self.encode("</think>")  # one added token in Qwen3's vocabulary: thinking can be counted
+        self.think_close_id: int | None = think_close[0] if len(think_close) == 1 else None
 
     def min_tokens(self, text: str) -> int:
         """A lower bound on the tokens of `text`, from its length alone: no token covers more than

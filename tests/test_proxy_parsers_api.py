@@ -162,6 +162,14 @@ def test_each_template_through_each_api(template_models, serve, store, template,
     streamed, replay = speak(proxy.url, rollout.key, msgs, True)
     assert plain == streamed == (REASONS[template], "Let me look.", [("bash", {"command": "ls"})])
 
+    if template == "qwen3":  # the thinking's tokens are counted where the API has a field for them
+        used = store.list_calls(rollout_id=rollout.id)[0]
+        thinking_ids = used.completion_ids[:used.completion_ids.index(engine.tokenizer.convert_tokens_to_ids(
+            "</think>")) + 1]
+        details = used.response_json.get("usage", {})
+        got = (details.get("completion_tokens_details") or details.get("output_tokens_details") or {}).get(
+            "reasoning_tokens")
+        assert got == (len(thinking_ids) if api != "anthropic" else None)
     final, _ = speak(proxy.url, rollout.key, msgs + replay, False)
     assert final[1] == "There is one file." and final[0] == ("One file." if template == "qwen3" else "")
     calls = store.list_calls(rollout_id=rollout.id)
