@@ -22,7 +22,8 @@ from proxy.calls import CallRequest, ReasoningDelta, StreamEvent, ToolCall
 from proxy.reasoning import REASONING_PARSERS, ReasoningParser, opens_thinking, resolve_reasoning_parser
 from proxy.reasoning import ALIASES as REASONING_ALIASES
 from proxy.toolcalls import ALIASES as TOOL_ALIASES
-from proxy.toolcalls import TOOL_PARSERS, CallRules, ToolCallParser, resolve_tool_parser
+from proxy.toolcalls import TOOL_PARSERS, ToolCallParser, resolve_tool_parser
+from proxy.toolformats import CallRules
 
 
 class UnknownParser(ValueError):
