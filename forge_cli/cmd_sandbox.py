@@ -60,7 +60,8 @@ def build_image(ctx: typer.Context,
                 latest: Annotated[bool, typer.Option(help="also tag it openforge-sandbox:latest (the default image)")] = True,
                 ) -> None:
     """Build the Docker sandbox image locally (debootstrap or busybox, then docker import); cached by recipe hash."""
-    from sandbox.images import ensure_harness_image, ensure_image
+    from sandbox.harness_image import ensure_harness_image
+    from sandbox.images import ensure_image
 
     config = state(ctx).config()
     base_url = getattr(config.sandbox, "base_url", "")

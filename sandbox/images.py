@@ -7,8 +7,7 @@ unchanged one is never rebuilt (`ensure_image` returns at once when the tag exis
              harness runs unchanged inside a container. ~1-3 minutes the first time, needs root.
     busybox  the host's static busybox and its applet links: a shell-only image in ~1 s, for tests.
     harness  the python image + npm harnesses (Claude Code, Codex, OpenClaw) copied from a local npm
-             install (`NpmLayer`: the packages and what they depend on, their executables and a node on
-             the PATH). The recipe holds every copied package's exact version: `ensure_harness_image`.
+             install: sandbox/harness_image.py.
 
 Every image has the sandbox's user, `forge` (uid/gid 1000, as the Kubernetes pods): it owns
 `/workspace` and `/home/forge` and nothing else, so a container run as it with a read-only root can
@@ -32,8 +31,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +42,6 @@ RECIPE_VERSION = 2  # bump when the build steps below change in a way the recipe
 SANDBOX_UID = 1000  # the `forge` user every image has and containers run as (sandbox.docker, k8s pods)
 SANDBOX_HOME = "/home/forge"
 WORKDIR = "workspace"
-NPM_PREFIX = "opt/forge/npm"  # where the harness variant puts its npm packages
 SUITE = "bookworm"
 APT_PACKAGES = ("python3", "ca-certificates")
 PIP_PACKAGES = ("openai>=2,<4",)
@@ -61,12 +58,12 @@ def recipe(variant: str) -> dict[str, Any]:
     raise SandboxError(f"unknown image variant {variant!r}; choose python or busybox (or --harness NAMES)")
 
 
-def _digest(spec: dict[str, Any]) -> str:
+def recipe_digest(spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def image_tag(variant: str) -> str:
-    return f"{REPOSITORY}:{variant}-{_digest(recipe(variant))}"
+    return f"{REPOSITORY}:{variant}-{recipe_digest(recipe(variant))}"
 
 
 def cache_dir() -> Path:
@@ -175,7 +172,7 @@ def build_rootfs_tar(variant: str, out: Path, *, timeout: float = 600) -> Path:
     return out
 
 
-def _has_image(client: Any, tag: str) -> bool:
+def has_image(client: Any, tag: str) -> bool:
     import docker.errors
 
     try:
@@ -185,11 +182,11 @@ def _has_image(client: Any, tag: str) -> bool:
         return False
 
 
-def _tarball(tag: str) -> Path:
+def tarball_path(tag: str) -> Path:
     return cache_dir() / f"{tag.replace(':', '_')}.tar"
 
 
-def _ensure(tag: str, build: Callable[[Path], Any], *, base_url: str, timeout: float, tag_latest: bool,
+def import_or_build(tag: str, build: Callable[[Path], Any], *, base_url: str, timeout: float, tag_latest: bool,
             check: list[str] | None = None) -> str:
     """`tag` on the engine: imported from its cached tarball, built first by `build(tarball)` if there is
     none. `check`: a command a fresh container of the new image must pass (as the sandbox's user, no
@@ -200,8 +197,8 @@ def _ensure(tag: str, build: Callable[[Path], Any], *, base_url: str, timeout: f
 
     client = connect(base_url, timeout=max(timeout, 60))  # an import of ~1 GB outlasts the default 30 s
     try:
-        if not _has_image(client, tag):
-            tarball = _tarball(tag)
+        if not has_image(client, tag):
+            tarball = tarball_path(tag)
             if not tarball.exists():
                 build(tarball)
             repo, _, name = tag.partition(":")
@@ -210,7 +207,7 @@ def _ensure(tag: str, build: Callable[[Path], Any], *, base_url: str, timeout: f
             except docker.errors.APIError as exc:
                 tarball.unlink(missing_ok=True)  # the next try builds it again instead of failing the same way
                 raise SandboxError(f"docker import of {tarball} failed: {exc.explanation or exc}") from None
-            if not _has_image(client, tag):
+            if not has_image(client, tag):
                 raise SandboxError(f"docker import of {tarball} did not produce {tag}")
             if check:
                 _check_image(client, tag, check, tarball)
@@ -238,160 +235,5 @@ def _check_image(client: Any, tag: str, command: list[str], tarball: Path) -> No
 def ensure_image(variant: str = "python", *, base_url: str = "", timeout: float = 600,
                  tag_latest: bool = False) -> str:
     """The variant's image tag, building and importing it first if the engine lacks it."""
-    return _ensure(image_tag(variant), lambda out: build_rootfs_tar(variant, out, timeout=timeout),
+    return import_or_build(image_tag(variant), lambda out: build_rootfs_tar(variant, out, timeout=timeout),
                    base_url=base_url, timeout=timeout, tag_latest=tag_latest)
-
-
-# -- the harness variant: npm packages from a local install, on top of the python image --------------
-
-@dataclass(frozen=True)
-class NpmLayer:
-    """What the harness variant adds to the python image (rollouts.npm.image_layer builds one).
-
-    `prefix` is a local npm install (`<prefix>/node_modules/...`); `packages` the top-level packages
-    to copy, with everything they depend on as Node resolves it; `bins` the executables put on the
-    PATH (`/usr/local/bin/<name>` -> a path relative to `prefix`); `node` a Node binary for
-    `/usr/local/bin/node` (inside `prefix`: linked, else copied; None: no node)."""
-
-    names: tuple[str, ...]  # the harnesses, for the tag
-    prefix: Path
-    packages: tuple[str, ...]
-    bins: dict[str, str] = field(default_factory=dict)
-    node: Path | None = None
-
-
-def _find_package(prefix: Path, start: Path, name: str) -> Path | None:
-    """The folder `require(name)` from `start` finds: node_modules/<name> in `start`, then its parents."""
-    here = start
-    while True:
-        candidate = here / "node_modules" / name
-        if (candidate / "package.json").is_file():
-            return candidate
-        if here == prefix or prefix not in here.parents:
-            return None
-        here = here.parent
-
-
-def npm_closure(prefix: Path, packages: Iterable[str]) -> dict[str, str]:
-    """{folder relative to prefix: version} of `packages` and all they depend on (optional ones that npm
-    did not install, for other platforms, are skipped)."""
-    found: dict[str, str] = {}
-    todo = [(prefix, name) for name in packages]
-    while todo:
-        start, name = todo.pop()
-        folder = _find_package(prefix, start, name)
-        if folder is None:
-            if start == prefix:
-                raise SandboxError(f"{name} is not installed in {prefix}")
-            continue
-        rel = folder.relative_to(prefix).as_posix()
-        if rel in found:
-            continue
-        meta = json.loads((folder / "package.json").read_text())
-        found[rel] = str(meta.get("version", "?"))
-        todo += [(folder, dep) for dep in {**meta.get("dependencies", {}), **meta.get("optionalDependencies", {})}]
-    return found
-
-
-def _node_version(node: Path) -> str:
-    try:
-        out = subprocess.run([str(node), "--version"], capture_output=True, text=True, timeout=60)
-    except OSError as exc:
-        raise SandboxError(f"cannot run {node}: {exc}") from None
-    return out.stdout.strip() or f"exit {out.returncode}"
-
-
-def harness_recipe(layer: NpmLayer) -> dict[str, Any]:
-    """The harness image's recipe: the python image's, every copied package's exact version, the
-    executables, the node version. A new package version in the install gives a new tag."""
-    return {"v": RECIPE_VERSION, "variant": "harness", "base": recipe("python"),
-            "packages": npm_closure(layer.prefix, layer.packages), "bins": dict(sorted(layer.bins.items())),
-            "node": _node_version(layer.node) if layer.node else None, "uid": SANDBOX_UID}
-
-
-def harness_tag(layer: NpmLayer) -> str:
-    return f"{REPOSITORY}:{'-'.join(layer.names)}-{_digest(harness_recipe(layer))}"
-
-
-def _readable(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    """Root-owned, readable (and where executable, runnable) by the sandbox's user."""
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    info.mode |= 0o044
-    if info.isdir() or info.mode & 0o100:
-        info.mode |= 0o011
-    return info
-
-
-def _dir(name: str) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.mode = tarfile.DIRTYPE, 0o755
-    return info
-
-
-def build_harness_tar(layer: NpmLayer, base: Path, out: Path) -> Path:
-    """The python rootfs tarball `base`, plus the layer: its packages under /opt/forge/npm and links in
-    /usr/local/bin. One pass over `base` (no unpacking: no root needed, ownership kept exactly)."""
-    closure = npm_closure(layer.prefix, layer.packages)
-    partial = out.with_suffix(".partial")
-    with tarfile.open(base) as src, tarfile.open(partial, "w", format=tarfile.GNU_FORMAT) as tar:
-        names: set[str] = set()
-        for member in src:
-            names.add(member.name.rstrip("/"))
-            tar.addfile(member, src.extractfile(member) if member.isreg() else None)
-
-        def add_dirs(path: str) -> None:  # the parents of `path` the tar does not have yet
-            parts = path.split("/")
-            for i in range(1, len(parts)):
-                parent = "/".join(parts[:i])
-                if parent not in names:
-                    names.add(parent)
-                    tar.addfile(_dir(parent))
-
-        def package_member(info: tarfile.TarInfo, top: str) -> tarfile.TarInfo | None:
-            # A package's own node_modules holds other packages: those in the closure come as their own.
-            rest = info.name[len(top):]
-            if rest == "/node_modules" or rest.startswith("/node_modules/"):
-                return None
-            names.add(info.name)
-            return _readable(info)
-
-        for rel in sorted(closure):
-            arc = f"{NPM_PREFIX}/{rel}"
-            add_dirs(arc)
-            tar.add(layer.prefix / rel, arcname=arc, filter=lambda info, top=arc: package_member(info, top))
-        links = {f"usr/local/bin/{name}": f"/{NPM_PREFIX}/{rel}" for name, rel in layer.bins.items()}
-        if layer.node is not None:
-            inside = layer.prefix in layer.node.parents
-            if inside:
-                links["usr/local/bin/node"] = f"/{NPM_PREFIX}/{layer.node.relative_to(layer.prefix).as_posix()}"
-            else:
-                add_dirs("usr/local/bin/node")
-                tar.add(layer.node, arcname="usr/local/bin/node", filter=_readable)
-        for link, target in links.items():
-            add_dirs(link)
-            info = tarfile.TarInfo(link)
-            info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
-            tar.addfile(info)
-    partial.replace(out)
-    return out
-
-
-def ensure_harness_image(layer: NpmLayer, *, base_url: str = "", timeout: float = 900,
-                         tag_latest: bool = False) -> str:
-    """The harness image's tag, building it on the python image's tarball (built first if needed)."""
-    base_tag = image_tag("python")
-
-    def build(out: Path) -> None:
-        base = _tarball(base_tag)
-        if not base.exists():
-            build_rootfs_tar("python", base, timeout=timeout)
-        build_harness_tar(layer, base, out)
-        # ~1 GB each: keep only the newest tarball of these harnesses (older versions' images stay imported).
-        for old in out.parent.glob(f"{REPOSITORY}_{'-'.join(layer.names)}-*.tar"):
-            if old != out:
-                old.unlink(missing_ok=True)
-
-    check = " && ".join(f"{name} --version" for name in ["node"] * (layer.node is not None) + sorted(layer.bins))
-    return _ensure(harness_tag(layer), build, base_url=base_url, timeout=timeout, tag_latest=tag_latest,
-                   check=["sh", "-c", check] if check else None)

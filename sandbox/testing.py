@@ -65,7 +65,8 @@ def harness_image(names: tuple[str, ...]) -> tuple[str | None, str]:
     from openforge.errors import HarnessError
     from rollouts.npm import image_layer
     from sandbox.docker import connect
-    from sandbox.images import _has_image, ensure_harness_image, harness_tag
+    from sandbox.harness_image import ensure_harness_image, harness_tag
+    from sandbox.images import has_image
 
     try:
         layer = image_layer(list(names), Path(npm_cache_for_tests()))
@@ -77,7 +78,7 @@ def harness_image(names: tuple[str, ...]) -> tuple[str | None, str]:
         return None, f"{exc} (CI starts dockerd in .ci/run and exports DOCKER_HOST)"
     try:
         tag = harness_tag(layer)
-        if not _has_image(client, tag) and not os.environ.get("OPENFORGE_BUILD_HARNESS_IMAGE"):
+        if not has_image(client, tag) and not os.environ.get("OPENFORGE_BUILD_HARNESS_IMAGE"):
             return None, (f"{tag} is not built (forge sandbox build-image --harness {','.join(names)}, "
                           "or OPENFORGE_BUILD_HARNESS_IMAGE=1)")
         return ensure_harness_image(layer, timeout=900), ""

@@ -20,8 +20,8 @@ import pytest
 from openforge.config import DockerSandboxConfig, ForgeConfig, HarnessConfig
 from openforge.errors import HarnessError, SandboxError
 from rollouts.npm import image_layer
-from sandbox.images import (NPM_PREFIX, SANDBOX_UID, NpmLayer, build_harness_tar, build_rootfs_tar, harness_tag,
-                            npm_closure)
+from sandbox.harness_image import NPM_PREFIX, NpmLayer, build_harness_tar, harness_tag, npm_closure
+from sandbox.images import SANDBOX_UID, build_rootfs_tar
 from sandbox.testing import harness_image, proxy_socket_path
 from test_proxy_support import make_rig  # noqa: F401 - fixture
 from test_real_harnesses import ANSWER, COMMAND, NPM_CACHE, check_extends, check_recording, tool_then_answer
