@@ -7,6 +7,12 @@ Layout of one sandbox, `$FORGE_HOME/sandboxes/<rollout id>/`:
     home/  tmp/    HOME and TMPDIR of every process
     etc/           the sandbox's own passwd and group
 
+Under bubblewrap a process sees work/, home/ and tmp/ at /sandbox/work, /sandbox/home and
+/sandbox/tmp, the same paths in every rollout (`info.workdir` and `info.home` are those): a harness
+writes its paths into the prompt (Claude Code names its HOME and working directory in the system
+prompt), so per-rollout paths would make every rollout's prompt differ a few hundred tokens in, and
+neither the engine's prefix cache nor the trainer's shared-prefix step could share the rest.
+
 Under bubblewrap (docs/security.md) each exec is an unprivileged user namespace with every capability
 dropped, its own pid, ipc, uts, net and cgroup namespaces, a private /tmp, and read-only binds of only
 the system dirs, a few /etc files, this Python, node and the npm cache (`runtime_mounts`); FORGE_HOME
@@ -50,6 +56,9 @@ EXEC_ENV = "OPENFORGE_EXEC"
 META_FILE = "sandbox.json"
 _CHUNK = 64 * 1024
 _GRACE_S = 1.0  # after the tree is killed, how long to wait for the pipes to reach EOF
+
+
+INNER_ROOT = "/sandbox"  # where work/, home/ and tmp/ appear under bubblewrap, in every rollout
 
 
 def sandboxes_root(home: Path | None = None) -> Path:
@@ -192,13 +201,14 @@ class LocalSandbox(SandboxBase):
         if mode != "none" and not self.bwrap:  # never silently unisolated
             raise IsolationUnavailable(ISOLATION_FIX)
         self._created = True  # from here on stop() has something to clean, even if start() fails
+        self.info.workdir, self.info.home = self._inner("work"), self._inner("home")
         if self.dir.exists():  # a leftover of the same rollout id: never reuse its files
             await asyncio.to_thread(_rmtree, self.dir)
         try:
             for sub in ("work", "home", "tmp", "etc"):
                 (self.dir / sub).mkdir(parents=True, exist_ok=True)
             # Who the sandbox's user is, without the host's account list.
-            (self.dir / "etc" / "passwd").write_text(f"root:x:0:0:root:{self.dir / 'home'}:/bin/sh\n"
+            (self.dir / "etc" / "passwd").write_text(f"root:x:0:0:root:{self._inner('home')}:/bin/sh\n"
                                                      "nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
             (self.dir / "etc" / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
             meta = {"labels": self.labels, "owner_pid": os.getpid(), "created": time.time()}
@@ -250,7 +260,7 @@ class LocalSandbox(SandboxBase):
         mounts += runtime_mounts(self.cfg.read_only_paths)
         # Only work/, home/ and tmp/ are writable; sandbox.json beside them stays out of reach.
         for sub in ("work", "home", "tmp"):
-            mounts += ["--bind", f"{d}/{sub}", f"{d}/{sub}"]
+            mounts += ["--bind", f"{d}/{sub}", self._inner(sub)]
         mounts += [arg for h in _hidden_in(mounts) for arg in ("--remount-ro", h)]
         if self.proxy_socket:
             mounts += ["--bind", self.proxy_socket, PROXY_SOCKET, "--ro-bind", str(FORWARDER), "/run/forge/forwarder.py"]
@@ -260,7 +270,7 @@ class LocalSandbox(SandboxBase):
 
     def _env(self, env: dict[str, str] | None, exec_id: str) -> dict[str, str]:
         base = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C.UTF-8",
-                "HOME": str(self.dir / "home"), "TMPDIR": str(self.dir / "tmp"), "TERM": "dumb"}
+                "HOME": self._inner("home"), "TMPDIR": self._inner("tmp"), "TERM": "dumb"}
         # The markers go last so a caller's env cannot remove them (they are how stop() finds strays).
         return {**base, **(env or {}), SANDBOX_ENV: self.id, EXEC_ENV: exec_id}
 
@@ -269,7 +279,7 @@ class LocalSandbox(SandboxBase):
                    ) -> ExecResult:
         if not self._started:
             raise SandboxError("the sandbox is not started (use `async with` or call start())")
-        workdir = str(self._resolve(cwd)) if cwd else self.info.workdir
+        workdir = str(self._resolve(cwd)) if cwd else str(self.dir / "work")
         exec_id = secrets.token_hex(8)
         cap = max_output or self.config.max_output_bytes
         cg = self.cgroup
@@ -287,7 +297,7 @@ class LocalSandbox(SandboxBase):
         stdin_file = self._stdin_file(exec_id, stdin)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *(prefix or []), *self._argv(command, workdir), cwd=workdir, env=self._env(env, exec_id),
+                *(prefix or []), *self._argv(command, self._inside(workdir)), cwd=workdir, env=self._env(env, exec_id),
                 stdin=stdin_file if stdin_file is not None else asyncio.subprocess.DEVNULL,
                 stdout=out_w, stderr=err_w, start_new_session=True, preexec_fn=child)
         except (FileNotFoundError, PermissionError) as exc:  # what a shell reports as 127 / 126
@@ -343,12 +353,30 @@ class LocalSandbox(SandboxBase):
         kill_tree(pgid, EXEC_ENV, exec_id, among)
 
     # -- files -------------------------------------------------------------------------------------
+    def _inner(self, sub: str) -> str:
+        """Where the sandbox's `sub` folder (work, home, tmp) is seen from inside it."""
+        return f"{INNER_ROOT}/{sub}" if self.bwrap else str(self.dir / sub)
+
+    def _inside(self, host_path: str) -> str:
+        """A host path under the sandbox folder as the sandbox sees it."""
+        rel = os.path.relpath(os.path.realpath(host_path), os.path.realpath(self.dir))
+        sub, _, rest = rel.partition(os.sep)
+        return os.path.join(self._inner(sub), rest) if rest else self._inner(sub)
+
+    def _host(self, path: str) -> str:
+        """An absolute path as the sandbox sees it (/sandbox/work/x) on the host; others unchanged."""
+        if self.bwrap and (path == INNER_ROOT or path.startswith(INNER_ROOT + "/")):
+            return str(self.dir) + path[len(INNER_ROOT):]
+        return path
+
     def _resolve(self, path: str) -> Path:
-        """The real path for `path`: relative ones must stay in the workdir, absolute ones in the
-        sandbox folder. realpath() follows symlinks, so a link the harness plants cannot carry a
-        write outside."""
-        root = os.path.realpath(self.info.workdir if not os.path.isabs(path) else self.dir)
-        full = os.path.realpath(os.path.join(self.info.workdir, path))
+        """The real path for `path`: relative ones must stay in the workdir, absolute ones (as the
+        sandbox sees them, or on the host) in the sandbox folder. realpath() follows symlinks, so a
+        link the harness plants cannot carry a write outside."""
+        path = self._host(path)
+        work = str(self.dir / "work")
+        root = os.path.realpath(work if not os.path.isabs(path) else self.dir)
+        full = os.path.realpath(os.path.join(work, path))
         if full != root and not full.startswith(root + os.sep):
             raise SandboxPathRefused(f"path {path!r} leaves the sandbox ({root})")
         return Path(full)

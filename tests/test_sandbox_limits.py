@@ -77,7 +77,7 @@ async def test_disk_filler_is_stopped_by_the_file_size_limit(backend: str) -> No
     async with _sandbox(_config(backend, max_file_mb=2), f"disk-{backend}") as sb:
         res = await sb.exec("head -c 50000000 /dev/zero > big.bin", timeout=20)
         assert res.exit_code != 0
-        size = os.path.getsize(os.path.join(sb.info.workdir, "big.bin"))
+        size = os.path.getsize(sb.dir / "work" / "big.bin")
         assert size <= 2 << 20
 
 
@@ -121,4 +121,4 @@ async def test_limits_hold_on_the_preexec_path_when_prlimit_is_missing(monkeypat
     async with _sandbox(_config("local-plain", max_file_mb=1), "noprlimit") as sb:
         res = await sb.exec("ulimit -f; head -c 5000000 /dev/zero > big.bin", timeout=20)
         assert res.exit_code != 0 and res.stdout.strip() == str((1 << 20) // 512)  # dash counts 512-byte blocks
-        assert os.path.getsize(os.path.join(sb.info.workdir, "big.bin")) <= 1 << 20
+        assert os.path.getsize(sb.dir / "work" / "big.bin") <= 1 << 20

@@ -25,6 +25,10 @@ QUIET_ENV = {
     "DISABLE_TELEMETRY": "1",
     "DISABLE_AUTOUPDATER": "1",
     "DISABLE_ERROR_REPORTING": "1",
+    # Off: its system prompt would open with `x-anthropic-billing-header: cc_version=<version>.<hash
+    # of the first user message>`, so rollouts of different tasks share no prompt prefix (the engine's
+    # prefix cache and the trainer's shared-prefix step could not reuse their ~48k-token tools part).
+    "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
     # --dangerously-skip-permissions refuses to run as root unless told it is inside a sandbox;
     # a bubblewrap sandbox runs as uid 0 of its user namespace, and the rollout's sandbox is exactly that.
     "IS_SANDBOX": "1",
