@@ -55,8 +55,9 @@ def torchrun_args(nproc: int, argv: Sequence[str], *, port: int | None = None) -
 def relaunch(nproc: int, argv: Sequence[str]) -> int:
     """Run `forge ARGV` on `nproc` ranks and wait. Returns rank 0's exit status when it ended the run
     itself (it has printed why); raises TrainerError naming the rank that died otherwise (torchrun's
-    own report is a traceback). Ctrl-C reaches every rank from the terminal:
-    rank 0 stops the run, the other ranks wait for it, and so does this process."""
+    own report is a traceback). Ctrl-C: torchrun passes SIGINT to every rank and waits (30 s, then
+    SIGKILL); rank 0 stops the run and tells the other ranks (they ignore SIGINT) to exit."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, get_args_parser
@@ -67,6 +68,8 @@ def relaunch(nproc: int, argv: Sequence[str]) -> int:
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the ranks got it too; rank 0 decides
     try:
         elastic_launch(config=config, entrypoint=cmd)(*cmd_args)
+    except SignalException as exc:  # Ctrl-C or `kill`: torchrun passed it on to every rank and waited
+        return 128 + int(exc.sigval)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         if rank == 0 and failure.exitcode > 0:
