@@ -213,6 +213,26 @@ def test_verl_datasets_load_the_files_and_its_loader_runs_the_reward(store: Stor
                 assert m["content"].strip() not in trained or any(m["content"].strip() in a for a in said)
         assert trained.count("<|im_end|>") == sum(m["role"] == "assistant" for m in row["messages"])
 
+    # ForgeSFTDataset, loaded the way veRL's SFT trainer loads `data.custom_cls`: the messages and tools exactly
+    # as the proxy rendered them, so veRL's tokens are the recorded ones: the last call's prompt and completion
+    from verl.utils.import_utils import load_extern_object
+
+    exact = load_extern_object(str(REPO / "trainer" / "verl_sft.py"), "ForgeSFTDataset")(
+        str(path), tok, {"max_length": 4096, "truncation": "error"})
+    calls = {c.id: c for c in store.list_calls(run_id=recorded_run)}
+    trajs = {(t.rollout_id, t.segment): t for t in store.list_trajectories(run_id=recorded_run)}
+    for i, row in enumerate(rows):
+        if row["harness"] != "mini":
+            continue  # the hand-made rollout has no recorded tokens
+        item = exact[i]
+        n = int(item["attention_mask"].sum())
+        ids, loss = item["input_ids"][:n].tolist(), item["loss_mask"][:n].tolist()
+        last = calls[trajs[(row["rollout_id"], row["segment"])].call_ids[-1]]
+        assert ids[:len(last.prompt_ids) + len(last.completion_ids)] == last.prompt_ids + last.completion_ids
+        seg_calls = [calls[c] for c in trajs[(row["rollout_id"], row["segment"])].call_ids]
+        trained = tok.decode([t for t, m in zip(ids, loss) if m])
+        assert trained == "".join(tok.decode(c.completion_ids) + "\n" for c in seg_calls)  # every sampled turn
+
     # verl-rl in veRL's RLHFDataset, graded by trainer/verl_reward.py loaded through veRL's own loader
     from omegaconf import OmegaConf
     from verl.trainer.ppo.reward import get_custom_reward_fn

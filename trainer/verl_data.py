@@ -14,6 +14,12 @@ The messages are the proxy's own parse of each API (OpenAI Chat, Responses, Anth
 chat-template messages: Claude Code and Codex calls come out in the same shape as mini's. Every row has
 the same columns and types (parquet: one struct schema; absent fields are null), tool-call arguments are
 JSON strings (OpenAI's wire format, the one veRL's own multi-turn SFT data uses).
+
+Parquet cannot hold arbitrary JSON faithfully: one struct schema for all tools pads each tool's schema
+with the others' fields as nulls, and string arguments render quoted under `tojson` templates (Qwen2.5).
+So verl-sft rows also carry `messages_json` and `tools_json`, exactly what the proxy gave the chat
+template, and trainer/verl_sft.py's ForgeSFTDataset (veRL's MultiTurnSFTDataset, reading those two
+columns; `data.custom_cls`) trains on exactly the recorded conversation.
 """
 
 from __future__ import annotations
@@ -77,8 +83,14 @@ def regular_message(m: dict[str, Any]) -> dict[str, Any]:
 
 
 def _answer_message(call: Call) -> dict[str, Any]:
-    return regular_message({"role": "assistant", "content": _answer_text(call),
-                            "tool_calls": call.tool_calls_json or []})
+    """The model's answer on this call as Message.template_dict writes an assistant turn (arguments objects)."""
+    out: dict[str, Any] = {"role": "assistant", "content": _answer_text(call)}
+    if call.tool_calls_json:
+        out["tool_calls"] = [
+            {"id": str(tc.get("id") or ""), "type": "function",
+             "function": {"name": str(tc.get("name") or ""), "arguments": tc.get("arguments") or {}}}
+            for tc in call.tool_calls_json]
+    return out
 
 
 def sft_rows(store: Store, run_id: str, *, min_reward: float | None = None) -> list[dict[str, Any]]:
@@ -100,12 +112,25 @@ def sft_rows(store: Store, run_id: str, *, min_reward: float | None = None) -> l
             continue
         last = max(seg, key=lambda c: c.seq)
         messages, tools = _request_messages(last)
+        messages.append(_answer_message(last))
         rows.append({
-            "messages": [regular_message(m) for m in messages] + [_answer_message(last)], "tools": tools,
+            "messages": [regular_message(m) for m in messages], "tools": parquet_safe(tools),
+            # exactly what the proxy gave the chat template (arguments as objects), for ForgeSFTDataset
+            "messages_json": json.dumps(messages), "tools_json": json.dumps(tools),
             "run_id": run.id, "rollout_id": r.id, "task_id": r.task_id, "step": r.step, "segment": traj.segment,
             "harness": r.harness, "reward": float(r.reward),  # type: ignore[arg-type]
         })
     return rows
+
+
+def parquet_safe(value: Any) -> Any:
+    """`value` without empty objects (`"additionalProperties": {}` and the like: parquet has no struct
+    without fields; JSON Schema reads a missing one the same)."""
+    if isinstance(value, dict):
+        return {k: parquet_safe(v) for k, v in value.items() if not (isinstance(v, dict) and not v)}
+    if isinstance(value, list):
+        return [parquet_safe(v) for v in value]
+    return value
 
 
 def ground_truth(task: dict[str, Any]) -> str:
@@ -148,10 +173,9 @@ def write_rows(rows: list[dict[str, Any]], out: str | Path) -> int:
             import pyarrow.parquet as pq
 
             try:
-                table = pa.Table.from_pylist(rows)
-            except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+                pq.write_table(pa.Table.from_pylist(rows), str(path))
+            except pa.lib.ArrowException as exc:
                 raise TrainerError(f"these rows do not fit one parquet schema ({exc}); write .jsonl instead") from None
-            pq.write_table(table, str(path))
         else:
             with path.open("w", encoding="utf-8") as f:
                 for row in rows:
