@@ -95,7 +95,7 @@ def chat(url: str, key: str, msgs: list, stream: bool) -> tuple[tuple, list]:
     if thinking:
         replay["reasoning_content"] = thinking
     results = [{"role": "tool", "tool_call_id": i, "content": "a.txt"} for i, _, _ in calls]
-    return (thinking, text, [(n, json.loads(a)) for _, n, a in calls]), [replay, *results]
+    return (thinking, text, [(n, _args(a)) for _, n, a in calls]), [replay, *results]
 
 
 def responses(url: str, key: str, msgs: list, stream: bool) -> tuple[tuple, list]:
@@ -120,7 +120,7 @@ def responses(url: str, key: str, msgs: list, stream: bool) -> tuple[tuple, list
     calls = [i for i in output if i.type == "function_call"]
     replay = [i.model_dump(exclude_none=True) for i in output]
     replay += [{"type": "function_call_output", "call_id": i.call_id, "output": "a.txt"} for i in calls]
-    return (thinking, text, [(i.name, json.loads(i.arguments)) for i in calls]), replay
+    return (thinking, text, [(i.name, _args(i.arguments)) for i in calls]), replay
 
 
 def messages(url: str, key: str, msgs: list, stream: bool) -> tuple[tuple, list]:
@@ -145,6 +145,14 @@ def messages(url: str, key: str, msgs: list, stream: bool) -> tuple[tuple, list]
 
 
 APIS = {"chat": chat, "responses": responses, "anthropic": messages}
+
+
+def _args(text: str) -> Any:
+    """Arguments as the client gets them: JSON, or the raw text of a call that broke mid-stream."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 def first_turn(api: str) -> list:
@@ -256,3 +264,28 @@ def test_strict_parser_refuses_a_tool_never_offered(tiny_model, serve, store):
     chunks = list(c.chat.completions.create(model="m", messages=first_turn("chat"), tools=CHAT_TOOLS, stream=True))
     assert not any(ch.choices and ch.choices[0].delta.tool_calls for ch in chunks)
     assert [c.tool_parse_error for c in store.list_calls(rollout_id=rollout.id)] == [True, True]
+
+
+@pytest.mark.parametrize("template", list(SCRIPTS))
+def test_strict_parsers_read_each_family_the_same(template_models, serve, store, template):
+    """The families' own outputs are canonical: the SGLang-strict parsers read them as the lenient ones do."""
+    call_turn, _ = SCRIPTS[template]
+    proxy, _, rollout = serve(template_models[template], [call_turn, call_turn], tool_parser_strict=True)
+    msgs = first_turn("chat")
+    assert chat(proxy.url, rollout.key, msgs, True)[0] == chat(proxy.url, rollout.key, msgs, False)[0] == \
+        (REASONS[template], "Let me look.", [("bash", {"command": "ls"})])
+
+
+@pytest.mark.parametrize("api", list(APIS))
+def test_a_call_that_breaks_after_its_name_streamed_ends_the_stream_cleanly(tiny_model, serve, store, api):
+    """Its name and first arguments were already sent: the stream closes the call as it stands, the
+    raw text follows; the recorded completion holds it as text, flagged."""
+    broken = 'Trying.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la /tmp'
+    proxy, engine, rollout = serve(tiny_model, [broken])
+    (_, text, calls), _ = APIS[api](proxy.url, rollout.key, first_turn(api), True)
+    assert [name for name, _ in calls] == ["bash"]  # announced before it broke, closed as it stood
+    assert broken.split("<tool_call>")[1] in text
+    (call,) = store.list_calls(rollout_id=rollout.id)
+    assert call.status == "ok" and call.tool_parse_error and call.tool_calls_json is None
+    assert engine.tokenizer.decode(call.completion_ids, skip_special_tokens=True) == broken
+
