@@ -30,13 +30,15 @@ def up(
     steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="train steps (overrides trainer.steps)")] = None,
     resume: Annotated[Optional[str], typer.Option("--resume", metavar="RUN", help="continue an interrupted or stopped run")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="a human name for the run")] = None,
+    harness: Annotated[Optional[str], typer.Option("--harness", help="the harness rollouts run in (harness.name); "
+                                                   "with --demo, claude-code and codex get settings sized for a laptop")] = None,
     stay: Annotated[bool, typer.Option("--stay", help="keep the dashboard open when the run ends (--demo closes it)")] = False,
 ) -> None:
     """Bring up the engine, the proxy, sandboxed rollouts and the GRPO trainer for one run, and show it live."""
     st = state(ctx)
     console = Console()
     home = st.home
-    overrides = cli_overrides(demo=demo, sets=st.sets, steps=steps, name=name)
+    overrides = cli_overrides(demo=demo, sets=st.sets, steps=steps, name=name, harness=harness)
     config = load_config(st.config_path, overrides=overrides)
     store = st.store()
     for run_id in mark_dead_runs(store):

@@ -24,6 +24,24 @@ DEMO_OVERRIDES: dict[str, Any] = {
 }
 
 
+# `forge up --demo --harness claude-code|codex`: the same tasks and warmed-up tiny model, through the
+# real harness in local sandboxes (docs/dashboard.md, "With a real harness"). Claude Code's first
+# prompt is ~48.5k tokens with the tiny tokenizer, Codex's ~24k: the model's whole context is
+# allowed, one call may generate 2 tokens (a digit and the end of the turn; Claude Code asks for
+# 32,000), and task time limits are scaled for a CPU engine (one cold 48k prefill per step, after each
+# adapter load: ~15-30 s on 2 cores). The prompt is shared by every rollout of a step, so the engine's
+# prefix cache computes it once and the trainer runs it once per group.
+DEMO_HARNESSES: dict[str, dict[str, Any]] = {
+    name: {
+        "harness": {"name": name, "max_turns": 2},
+        "runner": {"samples_per_task": 4, "concurrency": 8, "time_limit_scale": 5.0, "rollout_timeout_s": 600.0},
+        "proxy": {"max_context_tokens": 131072, "max_tokens_cap": 2, "call_timeout_s": 600.0},
+        "trainer": {"steps": 6},
+    }
+    for name in ("claude-code", "codex")
+}
+
+
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in top.items():
@@ -31,9 +49,15 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def cli_overrides(*, demo: bool, sets: list[str], steps: int | None, name: str | None) -> dict[str, Any]:
-    """Flags as config overrides: the demo's settings, then `--set` items, then --steps/--name on top."""
+def cli_overrides(*, demo: bool, sets: list[str], steps: int | None, name: str | None,
+                  harness: str | None = None) -> dict[str, Any]:
+    """Flags as config overrides: the demo's settings (for `harness`, if given), then `--set` items,
+    then --harness/--steps/--name on top."""
     data: dict[str, Any] = dict(DEMO_OVERRIDES) if demo else {}
+    if demo and harness in DEMO_HARNESSES:
+        data = _merge(data, DEMO_HARNESSES[harness])
+    if harness is not None:
+        data = _merge(data, {"harness": {"name": harness}})
     for item in sets:
         data = _merge(data, parse_override(item))
     if steps is not None:

@@ -76,6 +76,8 @@ class ProxyConfig(_Section):
     call_timeout_s: float = Field(300.0, gt=0)
     read_timeout_s: float = Field(30.0, gt=0, description="a request's headers and body must arrive within this")
     default_max_tokens: int = Field(512, ge=1)
+    max_tokens_cap: int | None = Field(None, ge=1, description="the most tokens one call may generate, whatever "
+                                       "it asks (Claude Code always asks for 32,000); unset = no cap")
     max_context_tokens: int | None = Field(
         None, ge=16, description="the longest prompt + completion served; unset = the engine's context length "
         "(set, it can only lower it)")
@@ -219,6 +221,8 @@ class RunnerConfig(_Section):
 
     concurrency: int = Field(4, ge=1)
     rollout_timeout_s: float = Field(300.0, gt=0, description="cap on a rollout; a task's own limit may be lower")
+    time_limit_scale: float = Field(1.0, gt=0, description="multiplies every task's time limit (a CPU engine "
+                                    "serving a real harness's 48k-token prompts is many times slower than a GPU)")
     verifier_timeout_s: float = Field(60.0, gt=0)
     samples_per_task: int = Field(4, ge=1, description="k for eval, the group size G for GRPO")
     pass_k: list[int] = Field(default_factory=lambda: [1, 3])

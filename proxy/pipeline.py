@@ -150,6 +150,8 @@ class CallPipeline:
         limit = await self.context_limit()
         prompt = await self.prompts.build(rollout["id"], req, limit=limit, body_chars=len(raw_body))
         max_new = req.max_tokens or self.config.default_max_tokens
+        if self.config.max_tokens_cap is not None:
+            max_new = min(max_new, self.config.max_tokens_cap)
         if limit is not None:  # SGLang refuses prompt + max_new_tokens >= its context: cut to the room left
             max_new = min(max_new, limit - len(prompt.ids) - 1)
             if max_new < 1:

@@ -210,7 +210,7 @@ class RolloutRunner:
         return sb
 
     async def _drive(self, sb: Sandbox, ro: Rollout, task: TaskSpec) -> None:
-        budget = min(task.time_limit_s, self.config.runner.rollout_timeout_s)
+        budget = min(task.time_limit_s * self.config.runner.time_limit_scale, self.config.runner.rollout_timeout_s)
         ctx = HarnessContext(proxy_url=self._proxy_url_for(sb), api_key=ro.key,
                              model=self.config.proxy.served_model_name, instruction=task.instruction,
                              workdir=sb.info.workdir, backend=sb.info.backend, task_id=task.id)
