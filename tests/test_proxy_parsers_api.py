@@ -9,6 +9,7 @@ the recorded prompt + completion token for token, or records why it could not.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -289,3 +290,25 @@ def test_a_call_that_breaks_after_its_name_streamed_ends_the_stream_cleanly(tiny
     assert call.status == "ok" and call.tool_parse_error and call.tool_calls_json is None
     assert engine.tokenizer.decode(call.completion_ids, skip_special_tokens=True) == broken
 
+
+
+def test_a_template_that_opens_thinking_itself(template_models, serve, store, tmp_path):
+    """Qwen3-2507 Thinking's template ends the generation prompt with `<think>\\n`: the answer starts
+    inside the thinking and only closes it. The proxy reads that off the prompt."""
+    from transformers import AutoTokenizer
+
+    model = tmp_path / "qwen3-thinking"
+    tok = AutoTokenizer.from_pretrained(str(template_models["qwen3"]))
+    opening = "{{- '<|im_start|>assistant\\n' }}\n    {%- if enable_thinking"
+    assert tok.chat_template.count(opening) == 1
+    tok.chat_template = tok.chat_template.replace(opening, opening.replace("assistant\\n", "assistant\\n<think>\\n"))
+    shutil.copytree(template_models["qwen3"], model)
+    tok.save_pretrained(str(model))
+    proxy, engine, rollout = serve(model, ["Plan: list.\n</think>\n\nLet me look.\n" + CALL_JSON, "Done."])
+    (thinking, text, calls), replay = messages(proxy.url, rollout.key, first_turn("anthropic"), True)
+    assert (thinking, text, calls) == ("Plan: list.", "Let me look.", [("bash", {"command": "ls"})])
+    messages(proxy.url, rollout.key, first_turn("anthropic") + replay, False)
+    first, second = store.list_calls(rollout_id=rollout.id)
+    assert engine.tokenizer.decode(first.prompt_ids).endswith("<|im_start|>assistant\n<think>\n")
+    assert second.prompt_ids[:len(first.prompt_ids) + len(first.completion_ids)] == \
+        first.prompt_ids + first.completion_ids and second.break_reason is None
