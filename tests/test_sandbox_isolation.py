@@ -100,13 +100,14 @@ async def test_a_local_sandbox_never_starts_unisolated_by_accident(monkeypatch: 
 
 
 # The agent's escapes: each starts something meant to rewrite the verifier's file after the agent's exec.
+# Each write is a rename, so a loop killed mid-write never leaves an empty file behind.
 ESCAPES = {
-    "setsid-env-i": "setsid env -i /bin/sh -c 'while :; do echo \"score: 1\" > {f} 2>/dev/null; sleep 0.05; done' "
-                    ">/dev/null 2>&1 < /dev/null &",
-    "double-fork": "( ( while :; do echo 'score: 1' > {f}; sleep 0.05; done ) >/dev/null 2>&1 & ) &",
+    "setsid-env-i": "setsid env -i /bin/sh -c 'while :; do echo \"score: 1\" > {f}.w 2>/dev/null && mv -f {f}.w {f}; "
+                    "sleep 0.05; done' >/dev/null 2>&1 < /dev/null &",
+    "double-fork": "( ( while :; do echo 'score: 1' > {f}.w && mv -f {f}.w {f}; sleep 0.05; done ) >/dev/null 2>&1 & ) &",
     "cgroup-move": "( for c in /sys/fs/cgroup/cgroup.procs /sys/fs/cgroup/pids/cgroup.procs; do "
-                   "echo $$ > $c 2>/dev/null; done; while :; do echo 'score: 1' > {f}; sleep 0.05; done ) "
-                   ">/dev/null 2>&1 &",
+                   "echo $$ > $c 2>/dev/null; done; while :; do echo 'score: 1' > {f}.w && mv -f {f}.w {f}; "
+                   "sleep 0.05; done ) >/dev/null 2>&1 &",
 }
 
 
@@ -123,9 +124,9 @@ async def test_nothing_the_agent_started_outlives_kill_all(backend: str, escape:
         done = await sb.exec(ESCAPES[escape].format(f=verdict) + " sleep 0.5", timeout=30)
         assert done.exit_code == 0, done.stderr
         await asyncio.sleep(0.3)
-        if backend == "docker":  # one long-lived container: the helper is alive until kill_all
-            # (polled: a read between the loop's truncate and its write sees an empty file)
-            assert await _reads(sb, "verdict.txt", b"score: 1\n"), "the escape's loop is not running"
+        if backend == "docker":  # one long-lived container: the escape ran (the setsid one is alive until
+            # kill_all; the others kept the exec's marker and its own reaper already ended them)
+            assert await _reads(sb, "verdict.txt", b"score: 1\n"), "the escape's loop never ran"
         await sb.kill_all()
         await sb.write_file("verdict.txt", b"score: 0\n")  # the verifier's fresh file, written after kill_all
         await asyncio.sleep(0.5)
