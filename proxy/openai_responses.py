@@ -8,8 +8,8 @@ Shapes follow the official `openai` SDK types (`Response`, `ResponseOutputMessag
     function_call                       -> a tool call on the preceding assistant turn (or a new one)
     function_call_output                -> a tool message
     reasoning                           -> the thinking of the assistant turn it precedes (its
-                                           reasoning_text content, else its encrypted_content, else its
-                                           summary: the proxy writes the thinking in the first two)
+                                           reasoning_text content, else the proxy's own marked
+                                           encrypted_content, else its summary)
 
 Thinking the reasoning parser split off is answered as a `reasoning` output item before the message
 (streamed as `response.reasoning_text.delta` events, which Codex shows as raw reasoning).
@@ -33,6 +33,7 @@ RESPONSE_ID_PREFIX = "resp"
 TOOL_ID_PREFIX = "call"
 error_json = openai_chat.error_json
 error_status = openai_chat.error_status
+SEALED = "forge-thinking:"  # our `encrypted_content`: the thinking in clear, marked as the proxy's own
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -93,8 +94,9 @@ def _reasoning_text(item: dict[str, Any]) -> str:
                            and isinstance(p.get("text"), str))
             if text:
                 return text
-        if key == "content" and isinstance(item.get("encrypted_content"), str):
-            return item["encrypted_content"]
+        sealed = item.get("encrypted_content")
+        if key == "content" and isinstance(sealed, str) and sealed.startswith(SEALED):  # ours, not another API's
+            return sealed[len(SEALED):]
     return ""
 
 
@@ -168,7 +170,8 @@ def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
 
 def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     done = status == "completed"
-    return {"id": item_id, "type": "reasoning", "summary": [], "status": status, "encrypted_content": text if done else None,
+    return {"id": item_id, "type": "reasoning", "summary": [], "status": status,
+            "encrypted_content": SEALED + text if done else None,
             "content": [{"type": "reasoning_text", "text": text}] if done else []}
 
 

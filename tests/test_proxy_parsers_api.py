@@ -312,3 +312,19 @@ def test_a_template_that_opens_thinking_itself(template_models, serve, store, tm
     assert engine.tokenizer.decode(first.prompt_ids).endswith("<|im_start|>assistant\n<think>\n")
     assert second.prompt_ids[:len(first.prompt_ids) + len(first.completion_ids)] == \
         first.prompt_ids + first.completion_ids and second.break_reason is None
+
+
+def test_responses_reads_thinking_back_from_encrypted_content_it_wrote(template_models, serve, store):
+    """Codex asks for `reasoning.encrypted_content` and may replay only that: the proxy's own (marked)
+    is read back; another API's opaque blob is not mistaken for thinking."""
+    call_turn, answer = SCRIPTS["qwen3"]
+    proxy, _, rollout = serve(template_models["qwen3"], [call_turn, answer, answer])
+    msgs = first_turn("responses")
+    _, replay = responses(proxy.url, rollout.key, msgs, False)
+    only_sealed = [{k: v for k, v in i.items() if k != "content"} if i["type"] == "reasoning" else i for i in replay]
+    responses(proxy.url, rollout.key, msgs + only_sealed, False)
+    foreign = [{**i, "encrypted_content": "gAAAAB-opaque"} if i["type"] == "reasoning" else i for i in only_sealed]
+    responses(proxy.url, rollout.key, msgs + foreign, False)
+    _, second, third = store.list_calls(rollout_id=rollout.id)
+    assert second.break_reason is None and second.reused_tokens > 0
+    assert third.break_reason == THINKING_DROPPED
