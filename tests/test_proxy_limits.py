@@ -208,3 +208,17 @@ def test_the_engine_is_asked_its_context_once_even_when_it_reports_none(make_rig
     for _ in range(3):
         oai(rig).chat.completions.create(model="m", messages=MSGS)
     assert asked == [1] and asyncio.run(pipeline.context_limit()) is None
+
+
+def test_max_tokens_cap_bounds_what_any_call_may_generate(make_rig):
+    """`proxy.max_tokens_cap`: Claude Code asks for 32,000 tokens on every call; the engine is asked
+    for at most the cap, and a request below it keeps its own."""
+    rig = make_rig(["ok"] * 3, max_tokens_cap=2)
+    claude = anthropic.Anthropic(base_url=rig.url, api_key=rig.key, max_retries=0)
+    with claude.messages.stream(model="m", max_tokens=32_000, messages=MSGS) as stream:
+        stream.get_final_message()
+    assert rig.engine.requests[-1]["sampling_params"]["max_new_tokens"] == 2
+    oai(rig).chat.completions.create(model="m", messages=MSGS, max_tokens=1)
+    assert rig.engine.requests[-1]["sampling_params"]["max_new_tokens"] == 1
+    oai(rig).chat.completions.create(model="m", messages=MSGS)  # none asked: the default, capped
+    assert rig.engine.requests[-1]["sampling_params"]["max_new_tokens"] == 2
