@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -138,6 +139,10 @@ def export(
         n = write_rows(rows, out)
         what = "conversation(s) of passing rollouts" if fmt == "verl-sft" else "task prompt(s)"
         typer.echo(f"wrote {n} {what} of {run.id} to {out} ({fmt})")
+        here = Path(__file__).resolve().parent.parent / "trainer"
+        typer.echo(f"veRL: data.custom_cls.path={here / 'verl_sft.py'} data.custom_cls.name=ForgeSFTDataset"
+                   if fmt == "verl-sft" else f"veRL: reward.custom_reward_function.path={here / 'verl_reward.py'} "
+                   "reward.custom_reward_function.name=compute_score")
         return
     n = (export_verl if fmt == "verl" else export_jsonl)(store, run.id, out)
     if n == 0:

@@ -140,6 +140,8 @@ def test_rows_are_the_recorded_chats_and_files_are_regular(store: Store, recorde
     for fmt, n, what in (("verl-sft", 4, "conversation(s) of passing rollouts"), ("verl-rl", 3, "task prompt(s)")):
         res = runner.invoke(app, ["export", recorded_run, "--format", fmt, "--out", str(tmp_path / f"{fmt}.parquet")])
         assert res.exit_code == 0 and f"wrote {n} {what}" in res.output, res.output
+        shown = res.output.split("path=")[1].split()[0]  # how to point veRL at this repo's class / function
+        assert Path(shown).is_file() and shown.endswith("verl_sft.py" if fmt == "verl-sft" else "verl_reward.py")
         table = pq.read_table(tmp_path / f"{fmt}.parquet")
         assert table.num_rows == n
         # regular: every column a typed arrow column (no opaque object column), the same for every row

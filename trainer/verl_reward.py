@@ -10,7 +10,8 @@ response is graded the way the rollout runner grades a final answer, with the sa
 
 - a task graded only by its expected answer (no shell verifier, no expected files): `answer_matches`
   on the host, exactly as the runner does (rollouts/grading.py): 1.0 or 0.0;
-- any other task: a fresh sandbox (the configured backend, default local) set up as for a rollout, the
+- any other task: a fresh sandbox set up as for a rollout (the sandbox of the forge config named by
+  `reward_kwargs.forge_config`, else ./forge.toml, else the defaults: local), the
   response given as the agent's final answer by an agent that does nothing else, then the task's own
   expected-file checks and shell verifier (rollouts/runner.py). A response is text, so a task whose
   verdict needs files the agent writes scores 0 here: train those through the harness instead.
@@ -43,8 +44,8 @@ def _task(extra_info: dict[str, Any] | None, ground_truth: str | None) -> Any:
     return task
 
 
-async def _grade_in_sandbox(task: Any, answer: str) -> float:
-    from openforge.config import ForgeConfig
+async def _grade_in_sandbox(task: Any, answer: str, config_path: str | None) -> float:
+    from openforge.config import load_config
     from openforge.store import Store
     from rollouts.runner import RolloutRunner, RolloutSpec
     from rollouts.selfcheck import _StandInHarness
@@ -54,7 +55,7 @@ async def _grade_in_sandbox(task: Any, answer: str) -> float:
         try:
             run = store.create_run(kind="check", name="verl reward")
             store.set_run_status(run.id, "running")
-            runner = RolloutRunner(store, config=ForgeConfig(), proxy_url="http://127.0.0.1:9",
+            runner = RolloutRunner(store, config=load_config(config_path), proxy_url="http://127.0.0.1:9",
                                    harness=_StandInHarness({}, {task.id: answer}))
             [ro] = await runner.run(run.id, [RolloutSpec(task)])
             store.set_run_status(run.id, "finished")
@@ -66,8 +67,9 @@ async def _grade_in_sandbox(task: Any, answer: str) -> float:
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str | None = None,
-                  extra_info: dict[str, Any] | None = None, **_: Any) -> float:
-    """The task's exact grade of `solution_str` as the final answer."""
+                  extra_info: dict[str, Any] | None = None, forge_config: str | None = None, **_: Any) -> float:
+    """The task's exact grade of `solution_str` as the final answer. `forge_config`: a forge.toml whose
+    sandbox settings grade the tasks that need one (veRL: `reward_kwargs.forge_config`)."""
     from rollouts.grading import answer_matches
 
     if data_source != DATA_SOURCE:
@@ -77,4 +79,4 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str | None 
         return 1.0 if answer_matches(task.expect_answer, solution_str) else 0.0
     # veRL may call this from inside an event loop: the sandbox's loop runs in its own thread.
     with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, _grade_in_sandbox(task, solution_str)).result()
+        return pool.submit(asyncio.run, _grade_in_sandbox(task, solution_str, forge_config)).result()
