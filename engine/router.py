@@ -244,6 +244,9 @@ def create_front(fleet: Fleet) -> Any:
 
     async def fan_out(request: Request) -> Response:
         await refresh()
+        if not fleet.worker_urls:
+            return JSONResponse({"success": False, "error_message": "the router lists no healthy worker"},
+                                status_code=503)
         body = await request.body()
         answers = await asyncio.gather(*(http.post(f"{url}{request.url.path}", content=body,
                                                    headers={"content-type": "application/json"})
