@@ -117,7 +117,11 @@ class Generation:
             # An unclosed block is all thinking, unless a call or text followed it (then it is not counted).
             thinking = self.ids.index(close) + 1 if close in self.ids else \
                 0 if self.parser.text or self.parser.calls else len(self.ids)
-        reason = "length" if self.finish == "length" else "stop"
+        # SGLang checks max_new_tokens before stop tokens: an answer whose last allowed token ends the
+        # turn comes back "length". The model did end its turn: a harness must not hear "cut off"
+        # (Claude Code errors out on max_tokens). The record keeps the engine's tokens as they were.
+        ended = bool(self.ids) and self.ids[-1] in set(self.params.sampling.get("stop_token_ids") or ())
+        reason = "length" if self.finish == "length" and not ended else "stop"
         if self.parser.calls and reason == "stop":
             reason = "tool_calls"
         self.completion = Completion(

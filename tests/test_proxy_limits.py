@@ -222,3 +222,16 @@ def test_max_tokens_cap_bounds_what_any_call_may_generate(make_rig):
     assert rig.engine.requests[-1]["sampling_params"]["max_new_tokens"] == 1
     oai(rig).chat.completions.create(model="m", messages=MSGS)  # none asked: the default, capped
     assert rig.engine.requests[-1]["sampling_params"]["max_new_tokens"] == 2
+
+
+def test_an_answer_ending_its_turn_on_the_last_allowed_token_is_a_stop(make_rig):
+    """SGLang (and the engines here) report "length" when the last allowed token is the end of turn;
+    the model did end its turn, so the APIs say so (Claude Code fails a rollout on max_tokens)."""
+    rig = make_rig(["4", "4", "four"], max_tokens_cap=2)  # "4" is one token + <|im_end|>
+    claude = anthropic.Anthropic(base_url=rig.url, api_key=rig.key, max_retries=0)
+    with claude.messages.stream(model="m", max_tokens=32_000, messages=MSGS) as stream:
+        msg = stream.get_final_message()
+    assert msg.stop_reason == "end_turn" and msg.content[0].text == "4"
+    assert oai(rig).chat.completions.create(model="m", messages=MSGS).choices[0].finish_reason == "stop"
+    cut = oai(rig).chat.completions.create(model="m", messages=MSGS)  # "four": 2 tokens of text, no end
+    assert cut.choices[0].finish_reason == "length"
