@@ -328,3 +328,29 @@ def test_responses_reads_thinking_back_from_encrypted_content_it_wrote(template_
     _, second, third = store.list_calls(rollout_id=rollout.id)
     assert second.break_reason is None and second.reused_tokens > 0
     assert third.break_reason == THINKING_DROPPED
+
+
+@pytest.mark.parametrize("template", ["qwen3", "qwen3-coder"])
+def test_after_a_proxy_restart_the_recorded_turns_are_parsed_again_the_same(template_models, store, template):
+    """A restarted proxy relearns a rollout's turns from the store: it re-parses the recorded completion
+    with the same parsers (thinking, XML calls), so the replay still splices."""
+    call_turn, answer = SCRIPTS[template]
+    engine = ScriptedEngine(template_models[template], [call_turn, answer])
+    run = store.create_run(kind="proxy")
+    rollout = store.create_rollout(run_id=run.id, task_id="t", status="running")
+    with serve_in_thread(engine.app) as es:
+        def proxy() -> ProxyServer:
+            return ProxyServer(ProxyConfig(), store_path=store.path, engine_url=es.url,
+                               model_path=template_models[template]).start()
+        first = proxy()
+        try:
+            _, replay = messages(first.url, rollout.key, first_turn("anthropic"), True)
+        finally:
+            first.stop()
+        second = proxy()
+        try:
+            messages(second.url, rollout.key, first_turn("anthropic") + replay, False)
+        finally:
+            second.stop()
+    one, two = store.list_calls(rollout_id=rollout.id)
+    assert two.break_reason is None and two.reused_tokens == len(one.completion_ids)
