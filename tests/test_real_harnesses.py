@@ -60,7 +60,7 @@ def tool_then_answer(tokenizer: Any, tool: str, arguments: dict[str, Any]) -> An
 async def run_harness(rig: Any, name: str, timeout: float = 90, **harness: Any) -> tuple[Any, bytes]:
     """Run harness `name` in a fresh local sandbox against the rig's proxy; (ExecResult, proof.txt)."""
     adapter = get_harness(HarnessConfig(name=name, npm_cache=str(NPM_CACHE), **harness))
-    async with make_sandbox(LocalSandboxConfig(), run_id=rig.rollout.run_id, rollout_id=rig.rollout.id,
+    async with make_sandbox(LocalSandboxConfig(read_only_paths=[str(NPM_CACHE)]), run_id=rig.rollout.run_id, rollout_id=rig.rollout.id,
                             proxy_socket=rig.proxy.uds) as sb:
         ctx = HarnessContext(proxy_url=sb.proxy_url or rig.url, api_key=rig.key, model="forge-policy",
                              instruction="Write forge-ok into proof.txt, then say you are done.",
