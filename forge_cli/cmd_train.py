@@ -54,6 +54,11 @@ def train(
     from runs.prepare import mark_dead_runs, preflight, prepare_run
 
     st = state(ctx)
+    # Refused before anything is looked up: a bad flag is the error to report, not the run.
+    trainer: dict[str, Any] = {k: v for k, v in (("lr", lr), ("tasks_per_step", tasks_per_step),
+                                                 ("full_finetune", full_finetune), ("overlap", overlap)) if v is not None}
+    if resume is not None and (trainer or group_size is not None or name is not None):
+        raise ConfigError("--resume continues a run with its stored config; only --steps may change")
     procs = nproc or _stored_nproc(st, resume) or load_config(st.config_path, sets=st.sets).trainer.nproc
     if procs > 1 and not launch.under_torchrun():
         argv = _argv(st, resume=resume, steps=steps, lr=lr, tasks_per_step=tasks_per_step, group_size=group_size,
@@ -62,10 +67,6 @@ def train(
         if code:
             raise typer.Exit(code)
         return
-    trainer: dict[str, Any] = {k: v for k, v in (("lr", lr), ("tasks_per_step", tasks_per_step),
-                                                 ("full_finetune", full_finetune), ("overlap", overlap)) if v is not None}
-    if resume is not None and (trainer or group_size is not None or name is not None):
-        raise ConfigError("--resume continues a run with its stored config; only --steps may change")
     overrides = cli_overrides(demo=False, sets=st.sets, steps=steps, name=name)
     if trainer:
         overrides.setdefault("trainer", {}).update(trainer)
