@@ -104,8 +104,7 @@ def test_a_detached_prefix_would_be_caught(tiny_model: Path, monkeypatch: pytest
     shared = micro_batches(samples, share_prefix_min=16, pad_id=0, loss_agg="token-mean", token_budget=24)
     g_plain, _ = _grads(tiny_model, plain, StepConfig(max_grad_norm=1e9))
     real = prefix_mod.shared_prefix
-    monkeypatch.setattr(grpo, "shared_prefix", lambda model, mb, grad, autocast_dtype=None:
-                        real(model, mb, grad=False, autocast_dtype=autocast_dtype))
+    monkeypatch.setattr(grpo, "shared_prefix", lambda model, mb, grad, **kw: real(model, mb, grad=False, **kw))
     g_cut, _ = _grads(tiny_model, shared, StepConfig(max_grad_norm=1e9))
     assert not _close(g_cut, g_plain)
 
@@ -114,3 +113,37 @@ def test_rows_that_share_too_little_are_not_grouped() -> None:
     samples = _group_samples()
     units = prefix_mod.shared_prefixes(samples, 1000)
     assert units == [(0, list(units[0][1]))] and sorted(units[0][1]) == list(range(len(samples)))
+
+
+def _two_level_samples(seed: int = 1) -> list[Sample]:
+    """A harness's shape: every task's prompt opens with the same long system part, then each task's
+    own part; each group's rows differ only in their answers."""
+    rng = random.Random(seed)
+    tok = lambda n: [rng.randrange(3, 900) for _ in range(n)]  # noqa: E731
+    system = tok(80)  # long enough that one unit of all nine rows saves most: 8 x 80 > 3 x 2 x 100
+    out: list[Sample] = []
+    for task in ("a", "b", "c"):
+        prompt = system + tok(20)
+        for k in range(3):
+            answer = tok(rng.randrange(1, 4))
+            ids, mask = prompt + answer, [0] * len(prompt) + [1] * len(answer)
+            out.append(Sample(f"{task}{k}", task, 0, ids, mask, [-2.0 if m else 0.0 for m in mask],
+                              rng.choice([-1.0, 0.5, 1.0]), 0.0, None))
+    return out
+
+
+def test_a_prefix_inside_a_shared_prefix_runs_once_with_exact_gradients(tiny_model: Path) -> None:
+    samples = _two_level_samples()
+    step = StepConfig(max_grad_norm=1e9)
+    kw = dict(pad_id=0, loss_agg=step.loss_agg, token_budget=128)
+    plain = micro_batches(samples, share_prefix_min=0, **kw)
+    nested = micro_batches(samples, share_prefix_min=16, **kw)
+    assert {int(mb["prefix_ids"].numel()) for mb in nested} == {80}  # the system part, for all nine rows
+    assert sorted({(int(mb["prefix2_id"]), int(mb["prefix2_ids"].numel())) for mb in nested}) == \
+        [(1, 19), (2, 19), (3, 19)]  # each task's own part, once per group (up to its last prompt token)
+    assert max(int(mb["input_ids"].shape[1]) for mb in nested) <= 4  # rows hold that token + their answers
+    g_plain, m_plain = _grads(tiny_model, plain, step)
+    g_nested, m_nested = _grads(tiny_model, nested, step)
+    assert _close(g_nested, g_plain), float((g_nested - g_plain).abs().max() / g_plain.abs().max())
+    assert m_nested["loss"] == pytest.approx(m_plain["loss"], rel=1e-5)
+    assert m_nested["mismatch_mean"] == pytest.approx(m_plain["mismatch_mean"], rel=1e-5)

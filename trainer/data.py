@@ -180,6 +180,8 @@ def micro_batches(samples: Sequence[Sample], *, token_budget: int, pad_id: int, 
     group's prompt; a harness's system prompt across groups) are packed together: their micro-batches
     hold only the suffixes after the prefix, plus `prefix_ids` [P] and `prefix_id` (the same for
     every micro-batch of that prefix, which are consecutive); trainer/prefix.py runs the prefix once.
+    Rows of a unit that share more than its prefix also get `prefix2_ids` / `prefix2_id` (run once
+    on top of the unit's prefix) and hold only what follows both.
     """
     if not samples:
         return []
@@ -193,23 +195,43 @@ def micro_batches(samples: Sequence[Sample], *, token_budget: int, pad_id: int, 
 
     units = shared_prefixes(samples, share_prefix_min) if share_prefix_min > 0 else [(0, list(range(len(samples))))]
     out: list[dict[str, torch.Tensor]] = []
+    inner_units = 0
     for unit, (P, members) in enumerate(units):
-        # Longest first, so each micro-batch holds rows of similar length (little padding). A suffix row
-        # counts its full length: it attends over the prefix's P keys, which are copied per row.
-        order = sorted(members, key=lambda i: -len(samples[i].token_ids))
-        groups: list[list[int]] = []
-        for i in order:
-            if groups and (len(groups[-1]) + 1) * len(samples[groups[-1][0]].token_ids) <= token_budget:
-                groups[-1].append(i)
-            else:
-                groups.append([i])
         prefix = torch.tensor(samples[members[0]].token_ids[:P]).to(device) if P else None
-        for g in groups:
-            mb = _collate([samples[i] for i in g], full_weights[g, P:], pad_id, device, offset=P)
-            if prefix is not None:
-                mb["prefix_ids"], mb["prefix_id"] = prefix, torch.tensor(unit)
-            out.append(mb)
+        # Inside a unit, rows that go on sharing past its prefix (a group's own prompt) share that too.
+        inner = shared_prefixes([_Tail(samples[i], P) for i in members], share_prefix_min) \
+            if P and len(members) > 2 else [(0, list(range(len(members))))]
+        for P2, ks in inner:
+            rows = [members[k] for k in ks]
+            prefix2 = torch.tensor(samples[rows[0]].token_ids[P:P + P2]).to(device) if P2 else None
+            inner_units += 1
+            for g in _pack(samples, rows, token_budget):
+                mb = _collate([samples[i] for i in g], full_weights[g, P + P2:], pad_id, device, offset=P + P2)
+                if prefix is not None:
+                    mb["prefix_ids"], mb["prefix_id"] = prefix, torch.tensor(unit)
+                if prefix2 is not None:
+                    mb["prefix2_ids"], mb["prefix2_id"] = prefix2, torch.tensor(inner_units)
+                out.append(mb)
     return out
+
+
+class _Tail:
+    """A row seen from token `offset` on (what `shared_prefixes` reads of it)."""
+
+    def __init__(self, sample: Sample, offset: int) -> None:
+        self.token_ids, self.loss_mask = sample.token_ids[offset:], sample.loss_mask[offset:]
+
+
+def _pack(samples: Sequence[Sample], rows: list[int], token_budget: int) -> list[list[int]]:
+    """Rows -> micro-batches, longest first, so each holds rows of similar length (little padding).
+    A suffix row counts its full length: it attends over the prefix's keys, which are copied per row."""
+    groups: list[list[int]] = []
+    for i in sorted(rows, key=lambda i: -len(samples[i].token_ids)):
+        if groups and (len(groups[-1]) + 1) * len(samples[groups[-1][0]].token_ids) <= token_budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def _collate(rows: list[Sample], weights: torch.Tensor, pad_id: int, device: torch.device | str, *,

@@ -22,6 +22,7 @@ against the trainer's own pre-update logprobs and the engine/trainer gap is a se
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -199,10 +200,23 @@ def _forward(model: Any, mb: dict[str, torch.Tensor], cfg: StepConfig, past: Pas
 def _logprobs(model: Any, micro_batches: list[dict[str, torch.Tensor]], cfg: StepConfig) -> list[torch.Tensor]:
     """Every micro-batch's logprobs without a graph (pi_old before several epochs; the reference)."""
     out: list[torch.Tensor] = []
-    for unit in units_of(micro_batches):
-        with shared_prefix(model, micro_batches[unit[0]], grad=False, autocast_dtype=cfg.autocast_dtype) as past:
-            out += [_forward(model, micro_batches[i], cfg, past) for i in unit]
+    for i, past in _with_prefixes(model, micro_batches, cfg, grad=False):
+        out.append(_forward(model, micro_batches[i], cfg, past))
     return out
+
+
+def _with_prefixes(model: Any, micro_batches: list[dict[str, torch.Tensor]], cfg: StepConfig, *, grad: bool
+                   ) -> Iterator[tuple[int, PastFactory | None]]:
+    """Each micro-batch's index with its prefixes' K/V: a shared prefix (and a second-level one inside
+    it) runs once for its consecutive micro-batches, its backward once after them (trainer/prefix.py)."""
+    for unit in units_of(micro_batches):
+        with shared_prefix(model, micro_batches[unit[0]], grad=grad, autocast_dtype=cfg.autocast_dtype) as past:
+            for sub in units_of([micro_batches[i] for i in unit], key="prefix2"):
+                first = micro_batches[unit[sub[0]]]
+                with shared_prefix(model, first, grad=grad, autocast_dtype=cfg.autocast_dtype, parent=past,
+                                   key="prefix2") as inner:
+                    for j in sub:
+                        yield unit[j], inner
 
 
 def _reference_logprobs(model: Any, micro_batches: list[dict[str, torch.Tensor]], cfg: StepConfig
@@ -236,10 +250,8 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, micro_batches: list[
     grad_norm = 0.0
     for epoch in range(cfg.epochs):
         optimizer.zero_grad(set_to_none=True)
-        for unit in units_of(micro_batches):  # a shared prefix runs once per unit (trainer/prefix.py)
-            with shared_prefix(model, micro_batches[unit[0]], grad=True, autocast_dtype=cfg.autocast_dtype) as past:
-                for i in unit:
-                    _accumulate(model, micro_batches[i], cfg, past, proximal[i], refs[i], sums if epoch == 0 else None)
+        for i, past in _with_prefixes(model, micro_batches, cfg, grad=True):
+            _accumulate(model, micro_batches[i], cfg, past, proximal[i], refs[i], sums if epoch == 0 else None)
         params = [p for p in model.parameters() if p.requires_grad]
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
         if not math.isfinite(grad_norm):

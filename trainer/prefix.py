@@ -17,6 +17,11 @@ compares the two gradients; bench/prefix.py measures time and memory).
 
 Cost: the prefix's activations are kept until the last suffix micro-batch of its unit has run (one
 copy instead of one per row), and each micro-batch attends over P + S keys, as the full rows would.
+
+Two levels: a harness's system prompt and tools are shared by every group of a step, and each
+group's prompt goes on past them (Claude Code: 44.4k tokens common to all tasks, then ~3.9k of the
+task and an agent list per task). Inside a unit, rows sharing a further `prefix2` run it once on top
+of the unit's prefix, by the same chain rule, so each row's own part is only its answer.
 """
 
 from __future__ import annotations
@@ -80,13 +85,13 @@ def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
     return int(diff[0]) if len(diff) else n
 
 
-def units_of(micro_batches: Sequence[dict[str, torch.Tensor]]) -> list[list[int]]:
-    """Indices of micro-batches grouped into units: consecutive ones with the same `prefix_id`, or one
-    micro-batch without a prefix."""
+def units_of(micro_batches: Sequence[dict[str, torch.Tensor]], key: str = "prefix") -> list[list[int]]:
+    """Indices of micro-batches grouped into units: consecutive ones with the same `prefix_id` (or
+    `prefix2_id` with key="prefix2"), or one micro-batch without one."""
     units: list[list[int]] = []
     last = None
     for i, mb in enumerate(micro_batches):
-        pid = int(mb["prefix_id"]) if "prefix_id" in mb else None
+        pid = int(mb[f"{key}_id"]) if f"{key}_id" in mb else None
         if pid is not None and pid == last:
             units[-1].append(i)
         else:
@@ -96,17 +101,27 @@ def units_of(micro_batches: Sequence[dict[str, torch.Tensor]]) -> list[list[int]
 
 
 @contextmanager
-def shared_prefix(model: Any, mb: dict[str, torch.Tensor], *, grad: bool,
-                  autocast_dtype: torch.dtype | None = None) -> Iterator[PastFactory | None]:
+def shared_prefix(model: Any, mb: dict[str, torch.Tensor], *, grad: bool, autocast_dtype: torch.dtype | None = None,
+                  parent: PastFactory | None = None, key: str = "prefix") -> Iterator[PastFactory | None]:
     """Run `mb`'s prefix (if it has one) and yield a factory of caches holding its K/V; on a clean
-    exit with `grad`, send the gradient the suffixes accumulated on those K/V through the prefix."""
-    if "prefix_ids" not in mb:
-        yield None
+    exit with `grad`, send the gradient the suffixes accumulated on those K/V through the prefix.
+
+    Nested (key="prefix2", `parent` = the enclosing prefix's factory): the second-level prefix runs on
+    top of the first's K/V leaves, so its backward also sends their share of the gradient into those
+    leaves before the first level's own backward runs (the inner context exits first)."""
+    if parent is None and key != "prefix":
+        yield parent
         return
-    ids = mb["prefix_ids"][None]
+    if f"{key}_ids" not in mb:
+        yield parent
+        return
+    ids = mb[f"{key}_ids"][None]
+    cache = parent(1) if parent is not None else None
+    mask = torch.ones(1, ids.shape[1] + (cache.get_seq_length() if cache is not None else 0),
+                      dtype=torch.long, device=ids.device)
     with torch.set_grad_enabled(grad), autocast(ids.device.type, autocast_dtype):
         # logits_to_keep=1: the prefix's logits are never used (0 would mean all of them in HF)
-        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1)
+        out = model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1)
     kv = [t for layer in out.cache.layers for t in (layer.keys, layer.values)]
     leaves = [t.detach().requires_grad_(grad) for t in kv]
 
