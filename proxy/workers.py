@@ -94,6 +94,9 @@ class ProxyWorkers:
         self.app_args = app_args
         self.startup_timeout = startup_timeout
         self.procs: list[subprocess.Popen] = []
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def start(self) -> ProxyWorkers:
         pipes = []
@@ -123,7 +126,45 @@ class ProxyWorkers:
                     os.close(r)
             self.stop()
             raise
+        self._watcher = threading.Thread(target=self._watch, name="forge-proxy-workers", daemon=True)
+        self._watcher.start()
         return self
+
+    def _watch(self) -> None:
+        """A worker that dies (a crash, the OOM killer, kill -9) is replaced; the others serve meanwhile.
+        What it had answered is recorded (a response goes out only after its row is committed); calls
+        it was serving stay `in_flight` until the next start's recovery marks them interrupted."""
+        while not self._stopping.wait(0.5):
+            for i, proc in enumerate(list(self.procs)):
+                if proc.poll() is None or self._stopping.is_set():
+                    continue
+                log.warning("proxy worker %d (pid %d) exited with code %s: starting another", i, proc.pid,
+                            proc.returncode)
+                try:
+                    self.procs[i] = self._start_one()
+                    self.restarts += 1
+                except ForgeError as exc:
+                    log.error("proxy worker %d could not be replaced: %s", i, exc)
+
+    def _start_one(self) -> subprocess.Popen:
+        r, w = os.pipe()
+        try:
+            proc = self._spawn(w)
+        finally:
+            os.close(w)
+        with os.fdopen(r, "r") as ready:
+            deadline = time.monotonic() + self.startup_timeout
+            while not select.select([ready], [], [], 0.5)[0]:
+                if self._stopping.is_set() or time.monotonic() > deadline:
+                    proc.kill()
+                    proc.wait(5)
+                    raise ForgeError("stopped, or did not start in time")
+            line = ready.readline().strip()
+        if line != "ok":
+            proc.kill()
+            proc.wait(5)
+            raise ForgeError(line or f"it exited (code {proc.poll()})")
+        return proc
 
     def _spawn(self, ready_fd: int) -> subprocess.Popen:
         fds = [s.fileno() for s in self.sockets]
@@ -139,6 +180,10 @@ class ProxyWorkers:
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM to each worker (uvicorn finishes its requests, the recorder commits what is
         queued), then SIGKILL for any still running after `timeout`."""
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout)
+            self._watcher = None
         for p in self.procs:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):

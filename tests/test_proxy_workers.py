@@ -88,3 +88,35 @@ def test_two_worker_processes_serve_one_port_and_socket(make_rig, tmp_path: Path
     procs = list(rig.proxy._workers.procs)
     rig.proxy.stop()
     assert all(p.poll() is not None for p in procs) and not sock.exists()
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_replaced_and_every_answered_call_is_recorded(make_rig):
+    """kill -9 of one worker: the other keeps serving, every call that was answered is a row (a
+    response leaves only after its commit), and a new worker takes the dead one's place."""
+    import os
+    import signal
+    import time
+
+    rig = make_rig(lambda ids: "ok", workers=2)
+    workers = rig.proxy._workers
+    victim = workers.procs[0]
+    answered = 0
+    for i in range(12):
+        if i == 4:
+            os.kill(victim.pid, signal.SIGKILL)
+        try:
+            with httpx.Client(base_url=rig.url, timeout=60, headers={"authorization": f"Bearer {rig.key}"}) as http:
+                resp = http.post("/v1/chat/completions", json={"model": "m", "messages": [
+                    {"role": "user", "content": f"call {i}"}]})
+        except httpx.TransportError:  # a connection the dying worker had accepted
+            continue
+        assert resp.status_code == 200, resp.text
+        answered += 1
+    assert answered >= 10
+    deadline = time.monotonic() + 150
+    while (workers.restarts < 1 or workers.alive() < 2) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert workers.restarts == 1 and workers.alive() == 2 and victim.pid not in [p.pid for p in workers.procs]
+    ok = [c for c in rig.calls() if c.status == "ok"]
+    assert len(ok) == answered and [c.seq for c in rig.calls()] == list(range(len(rig.calls())))
