@@ -34,9 +34,10 @@ DEMO_OVERRIDES: dict[str, Any] = {
 DEMO_HARNESSES: dict[str, dict[str, Any]] = {
     name: {
         "harness": {"name": name, "max_turns": 2},
-        "runner": {"samples_per_task": 4, "concurrency": 8, "time_limit_scale": 5.0, "rollout_timeout_s": 600.0},
+        "engine": {"max_batch_size": 16},
+        "runner": {"samples_per_task": 8, "concurrency": 16, "time_limit_scale": 5.0, "rollout_timeout_s": 600.0},
         "proxy": {"max_context_tokens": 131072, "max_tokens_cap": 2, "call_timeout_s": 600.0},
-        "trainer": {"steps": 6},
+        "trainer": {"steps": 8},
     }
     for name in ("claude-code", "codex")
 }
