@@ -214,16 +214,11 @@ def serve_engine(config: EngineConfig, *, announce=print) -> None:
 
     The socket is bound first, so `port=0` works and the announced URL is the real one; connections
     made while the model loads wait in the listen backlog and are answered once it is serving."""
-    import socket
-
     import uvicorn
 
-    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((config.host, config.port))
-    except OSError as exc:
-        raise EngineError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
+    from engine.serve import listen_tcp
+
+    sock = listen_tcp(config.host, config.port)
     port = sock.getsockname()[1]
     host = f"[{config.host}]" if ":" in config.host else config.host
     engine = EmbeddedEngine(config)

@@ -68,6 +68,22 @@ def _unix_socket(path: str) -> socket.socket:
     return sock
 
 
+def listen_tcp(host: str, port: int, *, error: type[Exception] = EngineError) -> socket.socket:
+    """A bound, listening TCP socket (port 0 = a free one), or `error` naming why not.
+
+    proto=IPPROTO_TCP, not the default 0: asyncio only sets TCP_NODELAY on accepted sockets whose
+    proto says TCP; without it Nagle + delayed ACK add ~40 ms to every small response."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise error(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(2048)
+    return sock
+
+
 def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
                     startup_timeout: float = 30.0, uds: str | None = None, **options: Any) -> ServerHandle:
     """Start `app` on uvicorn in a daemon thread and return once it accepts connections.
@@ -75,16 +91,7 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, *, log_lev
     The socket is bound here, before the thread starts, so `port=0` yields the real port at once and
     two servers can never race for the same one. With `uds`, the same app also serves on a unix socket
     at that path (removed again on stop). `options` go to `uvicorn.Config` (e.g. `http=`)."""
-    # proto=IPPROTO_TCP, not the default 0: asyncio only sets TCP_NODELAY on accepted sockets whose
-    # proto says TCP; without it Nagle + delayed ACK add ~40 ms to every small response.
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise EngineError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    sock.listen(2048)
+    sock = listen_tcp(host, port)
     real_port = sock.getsockname()[1]
     sockets = [sock]
     if uds is not None:

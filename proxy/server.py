@@ -19,7 +19,7 @@ import socket
 from pathlib import Path
 
 from engine.client import EngineClient
-from engine.serve import ServerHandle, _unix_socket, serve_in_thread
+from engine.serve import ServerHandle, _unix_socket, listen_tcp, serve_in_thread
 from openforge.config import ProxyConfig
 from openforge.errors import ConfigError, ForgeError
 from proxy.connections import deadline_protocol
@@ -91,7 +91,7 @@ class ProxyServer:
             self.interrupted_on_start = store.recover(alive=psutil.pid_exists).calls
         finally:
             store.close()
-        host, sockets = self.config.host, [_tcp_socket(self.config.host, self.config.port)]
+        host, sockets = self.config.host, [listen_tcp(self.config.host, self.config.port, error=ForgeError)]
         try:
             if self.uds is not None:
                 sockets.append(_unix_socket(self.uds))
@@ -128,16 +128,3 @@ class ProxyServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _tcp_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket the workers share (proto=IPPROTO_TCP: see engine.serve on TCP_NODELAY)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ForgeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    sock.listen(2048)
-    return sock
