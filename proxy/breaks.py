@@ -23,6 +23,7 @@ THINKING_DROPPED = "thinking dropped: an earlier answer is replayed without its 
 TOOL_RESULT_TRUNCATED = "tool result truncated: a tool result is replayed shorter than it was sent"
 TOOL_RESULT_CHANGED = "tool result changed: a tool result is replayed with other content"
 COMPACTED = "compaction: the history is replayed shorter (earlier turns summarised or dropped)"
+RETRIED = "retried: the last user turn is resent with more text and without the answer (Claude Code after an empty answer)"
 NEW_CONVERSATION = "new conversation: the first user turn differs (a sub-agent, or a side request)"
 REWRITTEN = "history rewritten: an earlier turn is replayed with other content"
 
@@ -61,6 +62,8 @@ def classify_break(previous: list[Message] | None, prev_tools: list[dict[str, An
         return None
     old = [m for m in previous if m.role != "system"]
     new = [m for m in messages if m.role != "system"]
+    if _retried(old, new):
+        return RETRIED
     if old and new and not _same(old[0], new[0]):
         return NEW_CONVERSATION
     if [m.content for m in previous if m.role == "system"] != [m.content for m in messages if m.role == "system"]:
@@ -76,6 +79,15 @@ def classify_break(previous: list[Message] | None, prev_tools: list[dict[str, An
     if len(new) < len(old):
         return COMPACTED
     return None
+
+
+def _retried(old: list[Message], new: list[Message]) -> bool:
+    """`new` is `old` up to its last user turn, that turn resent with text appended, and no answer."""
+    k = len(new) - 1
+    if k < 0 or k >= len(old) or new[k].role != "user" or old[k].role != "user":
+        return False
+    grown = new[k].content != old[k].content and new[k].content.startswith(old[k].content)
+    return grown and all(_same(a, b) for a, b in zip(old[:k], new[:k]))
 
 
 def _shared(previous: list[Message], messages: list[Message]) -> int:

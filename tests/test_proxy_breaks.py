@@ -32,6 +32,11 @@ def test_each_kind_of_break_is_named() -> None:
     assert why([Message("system", "new rules"), USER, CALL]) == breaks.SYSTEM_CHANGED
     assert why([SYS, USER, CALL], tools=[]) == breaks.TOOLS_CHANGED
     assert why([SYS, Message("user", "write a title for this chat")]) == breaks.NEW_CONVERSATION
+    # Claude Code after an empty answer: the one user turn again, a nudge appended, the answer gone.
+    empty = [SYS, USER, Message("assistant", "")]
+    nudged = Message("user", USER.content + "\n[Your previous response had no visible output. Please continue.]")
+    assert explain_break([(empty, TOOLS)], [SYS, nudged], TOOLS) == breaks.RETRIED
+    assert explain_break([(empty, TOOLS)], [SYS, Message("user", "count the dirs")], TOOLS) == breaks.NEW_CONVERSATION
 
 
 def test_an_extension_message_for_message_is_no_harness_break() -> None:
