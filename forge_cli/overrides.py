@@ -40,7 +40,7 @@ DEMO_HARNESSES: dict[str, dict[str, Any]] = {
         "engine": {"max_batch_size": 16},
         "tasks": {"include": ["easy-sum"]},
         "runner": {"samples_per_task": 16, "concurrency": 16, "time_limit_scale": 5.0, "rollout_timeout_s": 600.0},
-        "proxy": {"max_context_tokens": 131072, "max_tokens_cap": 2, "call_timeout_s": 600.0},
+        "proxy": {"max_context_tokens": 131072, "max_tokens_cap": 2, "default_max_tokens": 2, "call_timeout_s": 600.0},
         "trainer": {"steps": 8, "tasks_per_step": 1, "lr": 3e-3},
     }
     for name in ("claude-code", "codex")
