@@ -3,7 +3,7 @@ this machine takes, measured the way bench/proxy.py and bench/recording.py do.
 
     proxy    forge's proxy (chat API: auth, template + tokenising, tool parsing, both recorded rows) in
              front of an instant fake engine, one process; C concurrent rollouts (each its own key,
-             one call at a time) for C in 32, 256, 1024: req/s, server CPU ms per call, p50 latency;
+             one call at a time) for C in 32 to 2048: req/s, server CPU ms per call, p50 latency;
              against the same clients straight to the fake engine (the floor), in the same run.
     store    calls/s recorded through AsyncStore.insert_calls (batches of 64, 8 producers) with a
              Claude Code-sized call (a 30,000-token prompt, 500 sampled tokens with logprobs), and the
@@ -26,7 +26,7 @@ from pathlib import Path
 from bench.proxy import ANSWER, MESSAGES, TOOLS, _forge, _Server, _throughput
 from bench.recording import _measure, _rows
 
-CONCURRENCY = (32, 256, 512, 1024)
+CONCURRENCY = (32, 256, 512, 1024, 2048)
 
 
 def _proxy(quick: bool) -> dict:
@@ -54,8 +54,10 @@ def _proxy(quick: bool) -> dict:
                 keys = [{"authorization": f"Bearer {store.create_rollout(run_id=run_id, task_id='t', status='running').key}"}
                         for _ in range(c)]
                 n = max(3 * c, 600 if quick else 1500)
+                refused = [0]  # 429s past the proxy's queue (5 x max_concurrent_calls), retried as harnesses do
                 try:
-                    rps, cpu_ms, p50 = asyncio.run(_throughput(forge.url, "/v1/chat/completions", chat, n, keys, forge))
+                    rps, cpu_ms, p50 = asyncio.run(_throughput(forge.url, "/v1/chat/completions", chat, n, keys, forge,
+                                                               refused))
                 except Exception as exc:  # noqa: BLE001 - what broke at this concurrency is the result
                     out[f"c{c}"] = {"error": f"{type(exc).__name__}: {exc}", "calls": n}
                     print(f"  proxy c={c:5d}: {type(exc).__name__}: {exc}", flush=True)
@@ -63,9 +65,10 @@ def _proxy(quick: bool) -> dict:
                 d_rps, d_cpu, d_p50 = asyncio.run(_throughput(engine.url, "/generate", gen, n, [{}] * c, engine))
                 out[f"c{c}"] = {"forge_rps": round(rps, 1), "forge_cpu_ms_per_call": round(cpu_ms, 2),
                                 "forge_p50_ms": round(p50, 1), "direct_rps": round(d_rps, 1),
-                                "direct_p50_ms": round(d_p50, 1), "calls": n}
+                                "direct_p50_ms": round(d_p50, 1), "calls": n, "refused_429": refused[0]}
                 print(f"  proxy c={c:5d}: {rps:7.1f} req/s, {cpu_ms:6.2f} ms CPU/call, p50 {p50:7.1f} ms "
-                      f"(engine alone: {d_rps:7.1f} req/s, p50 {d_p50:6.1f} ms)", flush=True)
+                      f"(engine alone: {d_rps:7.1f} req/s, p50 {d_p50:6.1f} ms), {refused[0]} refused with 429 and retried",
+                      flush=True)
         finally:
             forge.close()
             engine.close()

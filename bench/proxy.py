@@ -259,19 +259,28 @@ async def _latencies(url: str, path: str, body: dict, n: int, headers: dict) -> 
 
 
 async def _throughput(url: str, path: str, body: dict, n: int, headers: list[dict],
-                      server: _Server) -> tuple[float, float, float]:
+                      server: _Server, refused: list[int] | None = None) -> tuple[float, float, float]:
     """(req/s, server CPU ms per call, p50 ms) of `n` calls from one client per entry of `headers`
-    (for forge, each its own rollout: concurrent rollouts, each one harness making one call at a time)."""
+    (for forge, each its own rollout: concurrent rollouts, each one harness making one call at a time).
+
+    With `refused` (a one-item counter), a 429 is retried after its Retry-After, as harnesses do (Claude
+    Code, Codex and the OpenAI/Anthropic SDKs all retry 429): the latency then includes the wait."""
     import aiohttp
 
     conn = aiohttp.TCPConnector(limit=len(headers))
     async with aiohttp.ClientSession(base_url=url, connector=conn) as http:
         async def call(hdr: dict) -> float:
             t = time.perf_counter()
-            async with http.post(path, json=body, headers=hdr) as resp:
-                resp.raise_for_status()
-                await resp.read()
-            return (time.perf_counter() - t) * 1000
+            while True:
+                async with http.post(path, json=body, headers=hdr) as resp:
+                    if resp.status == 429 and refused is not None:
+                        refused[0] += 1
+                        await resp.read()
+                        await asyncio.sleep(float(resp.headers.get("retry-after", "1")))
+                        continue
+                    resp.raise_for_status()
+                    await resp.read()
+                return (time.perf_counter() - t) * 1000
 
         await asyncio.gather(*(call(h) for h in headers))  # open the connections
         remaining = [n]
