@@ -216,7 +216,7 @@ def serve_engine(config: EngineConfig, *, announce=print) -> None:
     made while the model loads wait in the listen backlog and are answered once it is serving."""
     import uvicorn
 
-    from engine.serve import listen_tcp
+    from engine.serve import listen_tcp, quiet_shutdown_cancellations
 
     sock = listen_tcp(config.host, config.port)
     port = sock.getsockname()[1]
@@ -227,6 +227,7 @@ def serve_engine(config: EngineConfig, *, announce=print) -> None:
     announce(f"engine: serving {engine.m.path} at http://{host}:{port} "
              f"({engine.m.device}, {str(engine.m.dtype).removeprefix('torch.')}; {guard})")
     server = uvicorn.Server(uvicorn.Config(engine.app, log_level="warning", access_log=False, timeout_graceful_shutdown=5))
+    quiet_shutdown_cancellations()
     try:
         server.run(sockets=[sock])
     finally:

@@ -18,9 +18,32 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import asyncio
+import logging
+
 import uvicorn
 
 from openforge.errors import EngineError
+
+
+class _ShutdownCancellations(logging.Filter):
+    """uvicorn logs a request still running when its graceful-shutdown timeout ends as "Exception in
+    ASGI application" with the CancelledError's traceback. That is a stop, not a bug: say it in one line
+    (a proxy call's row stays in flight until recovery marks it `interrupted`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, asyncio.CancelledError):
+            record.msg, record.args, record.exc_info, record.exc_text = (
+                "a request in progress was cancelled as the server stopped", None, None, None)
+        return True
+
+
+def quiet_shutdown_cancellations() -> None:
+    """Install the filter above on uvicorn's error logger (idempotent)."""
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _ShutdownCancellations) for f in logger.filters):
+        logger.addFilter(_ShutdownCancellations())
 
 
 @dataclass
@@ -102,6 +125,7 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, *, log_lev
             raise
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=2, **options)
     server = uvicorn.Server(config)
+    quiet_shutdown_cancellations()
     errors: list[BaseException] = []
 
     def run() -> None:

@@ -54,6 +54,7 @@ def _worker_main(spec: dict[str, Any]) -> None:
     import uvicorn
 
     from engine.client import EngineClient
+    from engine.serve import quiet_shutdown_cancellations
     from proxy.app import create_app
     from proxy.connections import deadline_protocol
     from proxy.server import load_tokenizer
@@ -69,6 +70,7 @@ def _worker_main(spec: dict[str, Any]) -> None:
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, loop="uvloop",
                                                http=deadline_protocol(config.read_timeout_s),
                                                timeout_graceful_shutdown=2))
+        quiet_shutdown_cancellations()
 
         def announce() -> None:
             while not server.started and not server.should_exit:

@@ -3,6 +3,8 @@ shapes, streaming, typed faults, the engine key, the keep-alive race."""
 
 from __future__ import annotations
 
+import contextlib
+
 import asyncio
 import socket
 
@@ -275,3 +277,40 @@ async def test_context_length_reads_what_the_engine_reports(tiny_model):
     assert await ask(engine_with("/get_model_info", {"model_path": "m"})) is None  # an older SGLang: none
     scripted = ScriptedEngine(tiny_model, [])
     assert await ask(scripted.app) == scripted.context_length
+
+
+def test_server_stopping_under_a_running_request_logs_one_line_not_a_traceback() -> None:
+    """uvicorn cancels a request still running when its graceful shutdown ends; that is logged as one
+    line, not as "Exception in ASGI application" with a CancelledError traceback."""
+    import asyncio
+    import logging
+    import threading
+
+    entered = threading.Event()
+
+    async def forever(request):  # noqa: ANN001, ANN202
+        entered.set()
+        await asyncio.sleep(3600)
+
+    server = serve_in_thread(Starlette(routes=[Route("/slow", forever)]))
+    caller = threading.Thread(target=_get_quietly, args=(server.url + "/slow",), daemon=True)
+    caller.start()
+    assert entered.wait(30)
+    records: list[logging.LogRecord] = []
+    catch = logging.Handler()
+    catch.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("uvicorn.error")  # uvicorn's loggers do not propagate: listen on it
+    logger.addHandler(catch)
+    try:
+        server.stop()
+    finally:
+        logger.removeHandler(catch)
+    messages = [r.getMessage() for r in records]
+    assert "a request in progress was cancelled as the server stopped" in messages
+    assert not any(r.exc_info for r in records)
+    assert not any("Exception in ASGI application" in m for m in messages)
+
+
+def _get_quietly(url: str) -> None:
+    with contextlib.suppress(httpx.HTTPError):
+        httpx.get(url, timeout=60)
