@@ -419,7 +419,7 @@ class EngineClient:
 
     @staticmethod
     def _generate_body(input_ids: list[int], sampling_params: dict[str, Any], lora_path: str | None,
-                       rid: str | None, stream: bool) -> dict[str, Any]:
+                       rid: str | None, stream: bool, image_data: list[str] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
             "input_ids": list(input_ids),
             "sampling_params": dict(sampling_params),
@@ -431,23 +431,32 @@ class EngineClient:
             body["lora_path"] = lora_path
         if rid is not None:
             body["rid"] = rid
+        if image_data:  # SGLang's field: one data URL per image, in the order of their placeholder runs
+            body["image_data"] = list(image_data)
         return body
 
     # -- generation -------------------------------------------------------------------------
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *,
-                       lora_path: str | None = None, rid: str | None = None) -> GenerateOutput:
-        """One completion of `input_ids`; `lora_path` names a loaded adapter (None = base model)."""
-        body = await self._call("POST", "/generate", self._generate_body(input_ids, sampling_params, lora_path, rid, False))
+                       lora_path: str | None = None, rid: str | None = None,
+                       image_data: list[str] | None = None) -> GenerateOutput:
+        """One completion of `input_ids`; `lora_path` names a loaded adapter (None = base model).
+
+        `image_data`: `data:image/...;base64,...` URLs, one per image placeholder run already
+        expanded in `input_ids` (SGLang's /generate field; the engine recomputes pixel values)."""
+        body = await self._call("POST", "/generate", self._generate_body(input_ids, sampling_params, lora_path, rid,
+                                                                         False, image_data))
         return parse_generate_response(self._json(body, "/generate"))
 
     async def stream_generate(self, input_ids: list[int], sampling_params: dict[str, Any], *,
-                              lora_path: str | None = None, rid: str | None = None) -> AsyncIterator[GenerateDelta]:
+                              lora_path: str | None = None, rid: str | None = None,
+                              image_data: list[str] | None = None) -> AsyncIterator[GenerateDelta]:
         """Yield incremental `GenerateDelta`s; the last one carries `finish_reason`.
 
         A stream that ends without a finish reason (the engine died) raises EngineUnavailable."""
         reply, _ = await self._send("POST", "/generate", stream=True,
-                                    json_body=self._generate_body(input_ids, sampling_params, lora_path, rid, True))
+                                    json_body=self._generate_body(input_ids, sampling_params, lora_path, rid, True,
+                                                                  image_data))
         try:
             if reply.status >= 400:
                 self._check(reply.status, await reply.read(), "/generate")
