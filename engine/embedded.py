@@ -21,6 +21,7 @@ import torch
 from starlette.applications import Starlette
 
 from engine.model import LoadedModel, load_model
+from engine.multimodal import check_text_only, image_data_list, prepare_images
 from engine.protocol import BadRequest, CompletionState, parse_input_ids, parse_sampling_params
 from engine.scheduler import Scheduler, Sequence
 from engine.sglang_api import create_sglang_app
@@ -108,6 +109,11 @@ class EmbeddedEngine:
     async def start(self, body: dict[str, Any]) -> _EmbeddedGeneration:
         events: asyncio.Queue = asyncio.Queue()
         seq = self._sequence(body, asyncio.get_running_loop(), events)
+        images = image_data_list(body)
+        if images:  # decoding and the image processor run off the event loop
+            seq.mm = await asyncio.to_thread(prepare_images, self.m, seq.input_ids, images)
+        else:
+            check_text_only(self.m.vision, seq.input_ids)
         if not self.scheduler.alive:
             raise BadRequest("the engine's scheduler is not running", 503)
         self.scheduler.submit(seq)
@@ -135,7 +141,7 @@ class EmbeddedEngine:
         return {
             "model_path": str(self.m.path), "tokenizer_path": str(self.m.path), "is_generation": True,
             "preferred_sampling_params": None, "weight_version": self.weight_version,
-            "has_image_understanding": False, "has_audio_understanding": False,
+            "has_image_understanding": self.m.vision is not None, "has_audio_understanding": False,
             "model_type": getattr(hf, "model_type", None), "architectures": getattr(hf, "architectures", None),
             # Not in SGLang's /model_info (its /server_info has it): kept here so one call tells all.
             "context_length": self.m.context_length,

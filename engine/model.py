@@ -1,4 +1,5 @@
-"""Loading a local HF causal-LM checkpoint (the tiny model or a real Qwen/Llama folder) for serving."""
+"""Loading a local HF checkpoint for serving: a causal LM (the tiny model, a real Qwen/Llama folder) or a
+vision-language model (Qwen2-VL: the model, its tokenizer and its image processor)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ class LoadedModel:
     dtype: Any  # torch.dtype
     eos_ids: set[int]
     context_length: int
+    image_processor: Any = None  # a VLM's HF image processor (pixel values from image bytes)
+    vision: Any = None  # engine.multimodal.VisionSpec of a VLM, None for a text model
 
 
 def resolve_model_path(model: str) -> Path:
@@ -77,24 +80,48 @@ def _eos_ids(path: Path, model: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
+def _is_vision_language(path: Path) -> bool:
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return isinstance(config, dict) and "vision_config" in config
+
+
 def load_model(model: str, *, dtype: str = "auto", device: str = "auto") -> LoadedModel:
-    """Load `AutoModelForCausalLM` + `AutoTokenizer` from a local folder, or raise one clear EngineError."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Load a causal LM (`AutoModelForCausalLM`) or a VLM (`AutoModelForImageTextToText` + its image
+    processor) and its tokenizer from a local folder, or raise one clear EngineError."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from engine.attention import use_split_attention
+    from engine.multimodal import VisionSpec
 
     hf_logging.disable_progress_bar()  # the weight-loading bar would fill the engine's log
     path = resolve_model_path(model)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
+    vlm = _is_vision_language(path)
+    image_processor = None
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
-    except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
+        if vlm:
+            from transformers import AutoImageProcessor
+
+            hf = AutoModelForImageTextToText.from_pretrained(str(path), dtype=torch_dtype)
+            image_processor = AutoImageProcessor.from_pretrained(str(path))
+        else:
+            hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
+    except (OSError, ValueError, KeyError, ImportError, json.JSONDecodeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise EngineError(f"cannot load a causal LM from {path}: {first}") from None
+        kind = "vision-language model" if vlm else "causal LM"
+        raise EngineError(f"cannot load a {kind} from {path}: {first}") from None
     hf.to(dev).eval()
     use_split_attention(hf)  # prompt chunks on a KV cache without a materialised mask (engine/attention.py)
-    ctx = int(getattr(hf.config, "max_position_embeddings", 0) or 32768)
-    return LoadedModel(hf, tokenizer, path, dev, torch_dtype, _eos_ids(path, hf, tokenizer), ctx)
+    text_config = hf.config.get_text_config()
+    ctx = int(getattr(text_config, "max_position_embeddings", 0) or 32768)
+    vision = VisionSpec.from_config(hf.config) if vlm else None
+    if vlm and vision is None:
+        raise EngineError(f"{path} has a vision_config but no image_token_id: not a Qwen2-VL-style model")
+    return LoadedModel(hf, tokenizer, path, dev, torch_dtype, _eos_ids(path, hf, tokenizer), ctx,
+                       image_processor, vision)

@@ -16,6 +16,14 @@ the prefix cache as it is made. So the loop never stalls for a whole long prefil
 keep decoding, an adapter load waits one chunk, not one prompt, an abort (the client left) takes
 effect at the next chunk, and N requests that share a long prefix (a GRPO group's first calls)
 compute it once: the next one in line finds it cached, chunk by chunk. Results go back to the asyncio side by `emit`, a callback that must be thread-safe.
+
+A vision-language model (Qwen2-VL): a sequence with images carries `mm` (engine/multimodal.py). Its
+prefix-cache key has each image's placeholder tokens replaced by the image's hash (KV of one image
+is never served for another behind the same placeholders); every forward pass gets the M-RoPE
+positions of its tokens and the pixel values of exactly the images whose runs it computes. An
+image's run is never split: a chunk of a long prompt ends after a run it would cut, and a cached
+prefix that ends inside a run is cut back to the run's start. Decode positions are per row
+(`position + rope_delta`: each sequence has its own delta, so a batch mixes them freely).
 Model work runs in this thread, not on the event loop, so the HTTP server stays responsive.
 """
 
@@ -66,6 +74,16 @@ class Sequence:
     position: int = 0  # tokens in this sequence's KV cache
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     kv: Any = None  # a long prompt's DynamicCache while it is prefilled chunk by chunk
+    mm: Any = None  # engine.multimodal.ImagePrompt: the prompt's images (None: text only)
+
+    @property
+    def key_ids(self) -> list[int]:
+        """The prompt as the prefix cache keys it: images as their hashes, not their placeholders."""
+        return self.mm.key_ids if self.mm is not None else self.input_ids
+
+    @property
+    def rope_delta(self) -> int:
+        return self.mm.rope_delta if self.mm is not None else 0
 
 
 @dataclass
@@ -81,6 +99,7 @@ class Scheduler:
 
     def __init__(self, loaded: LoadedModel, *, max_batch_size: int = 16, prefix_cache_bytes: int = 0) -> None:
         self.m = loaded
+        self.mrope = getattr(loaded, "vision", None) is not None  # positions are [3, B, T] (Qwen2-VL)
         self.max_batch_size = max_batch_size
         self.adapters = AdapterSet(loaded.model)
         # transformers renamed `past_key_values` to `cache` (5.2x); pass whichever this model takes.
@@ -229,9 +248,9 @@ class Scheduler:
         for adapter in dict.fromkeys(s.adapter for s in admitted):
             group: list[Sequence] = []
             for seq in (s for s in admitted if s.adapter == adapter):
-                head = seq.input_ids[:MIN_CACHED_PREFIX]
+                head = seq.key_ids[:MIN_CACHED_PREFIX]
                 if group and self.prefix_cache is not None and len(head) == MIN_CACHED_PREFIX \
-                        and any(s.input_ids[:MIN_CACHED_PREFIX] == head for s in group):
+                        and any(s.key_ids[:MIN_CACHED_PREFIX] == head for s in group):
                     # It would recompute a prefix this group is about to cache: prefill the group first.
                     self._prefill_or_abort(group)
                     group = []
@@ -250,6 +269,29 @@ class Scheduler:
     def _cache_key(self, adapter: str | None) -> Any:
         return None if adapter is None else (adapter, self.adapters.paths.get(adapter))
 
+    def _positions(self, seq: Sequence, start: int, stop: int) -> torch.Tensor:
+        """Position ids of `seq`'s tokens [start, stop): [1, n], or [3, 1, n] for an M-RoPE model."""
+        dev = self.m.device
+        if seq.mm is not None:
+            return seq.mm.positions[:, start:stop].to(dev).unsqueeze(1)
+        pos = torch.arange(start, stop, device=dev).unsqueeze(0)
+        return pos.expand(3, 1, -1) if self.mrope else pos
+
+    def _vision(self, seq: Sequence, start: int, stop: int) -> dict[str, Any]:
+        """pixel_values / image_grid_thw of the images inside [start, stop) of `seq`'s prompt."""
+        if seq.mm is None:
+            return {}
+        return {k: v.to(self.m.device) for k, v in seq.mm.vision_inputs(start, stop).items()}
+
+    def _cached_prefix(self, seq: Sequence, ids: list[int]) -> tuple[int, Any]:
+        """The prefix cache's longest match of `ids` (key ids), cut back so no image run is split."""
+        n, kv = self.prefix_cache.match(self._cache_key(seq.adapter), ids)
+        if seq.mm is not None and n:
+            cut = seq.mm.safe_prefix(n)
+            if cut < n:
+                n, kv = cut, [(k[..., :cut, :], v[..., :cut, :]) for k, v in kv] if cut else None
+        return n, kv
+
     def _remember(self, adapter: str | None, ids: list[int], cache: Any, row: int, pad: int) -> None:
         """Put row `row` of `cache` (its first `pad` columns padding) into the prefix cache as `ids`."""
         if self.prefix_cache is None:
@@ -263,7 +305,7 @@ class Scheduler:
         if self.prefix_cache is None:
             return False
         # At least the last prompt token is computed: its logits give the first output token.
-        n, kv = self.prefix_cache.match(self._cache_key(seq.adapter), seq.input_ids[:-1])
+        n, kv = self._cached_prefix(seq, seq.key_ids[:-1])
         if n < MIN_CACHED_PREFIX or len(seq.input_ids) - n > PREFILL_CHUNK:
             return False  # a long rest is prefilled a chunk at a time (it re-matches the cache first)
         try:
@@ -283,11 +325,12 @@ class Scheduler:
             cache.update(k, v, i)  # copies: the cached tensors are never written to
         ids = seq.input_ids
         out = self._forward(seq.adapter, cache, input_ids=torch.tensor([ids[n:]], device=dev),
-                            position_ids=torch.arange(n, len(ids), device=dev).unsqueeze(0), logits_to_keep=1)
+                            position_ids=self._positions(seq, n, len(ids)), logits_to_keep=1,
+                            **self._vision(seq, n, len(ids)))
         self.prefill_tokens += len(ids) - n
         self.cached_tokens += n
         seq.position, seq.cached_tokens = len(ids), n
-        self._remember(seq.adapter, ids, cache, 0, 0)
+        self._remember(seq.adapter, seq.key_ids, cache, 0, 0)
         rows, batch = self._batches.setdefault(seq.adapter, ([], BatchKV()))
         batch.join(cache, [0])
         rows.append(seq)
@@ -321,7 +364,7 @@ class Scheduler:
         if seq.kv is None:
             seq.kv = DynamicCache(config=self.m.model.config)
         if self.prefix_cache is not None:  # the one ahead in line may have cached more of this prompt
-            n, kv = self.prefix_cache.match(self._cache_key(seq.adapter), ids[:-1])
+            n, kv = self._cached_prefix(seq, seq.key_ids[:-1])
             if n > seq.position:
                 for i, (k, v) in enumerate(kv):
                     seq.kv.update(k[..., seq.position:n, :], v[..., seq.position:n, :], i)
@@ -329,11 +372,14 @@ class Scheduler:
                 self.cached_tokens += n - seq.position
                 seq.position = n
         stop = min(seq.position + PREFILL_CHUNK, len(ids))
+        if seq.mm is not None:
+            stop = seq.mm.chunk_end(stop)
         out = self._forward(seq.adapter, seq.kv, input_ids=torch.tensor([ids[seq.position:stop]], device=dev),
-                            position_ids=torch.arange(seq.position, stop, device=dev).unsqueeze(0), logits_to_keep=1)
+                            position_ids=self._positions(seq, seq.position, stop), logits_to_keep=1,
+                            **self._vision(seq, seq.position, stop))
         self.prefill_tokens += stop - seq.position
         seq.position = stop
-        self._remember(seq.adapter, ids[:stop], seq.kv, 0, 0)
+        self._remember(seq.adapter, seq.key_ids[:stop], seq.kv, 0, 0)
         if stop < len(ids):
             return False
         cache, seq.kv = seq.kv, None
@@ -375,12 +421,23 @@ class Scheduler:
                                                    device=dev)
             extra["position_ids"] = torch.tensor([[0] * p + list(range(len(s.input_ids))) for p, s in zip(pads, seqs)],
                                                  device=dev)
+        if self.mrope:  # each row's own M-RoPE positions (pads at 0, hidden by the mask)
+            pos = torch.zeros(3, len(seqs), width, dtype=torch.long, device=dev)
+            for row, (seq, pad) in enumerate(zip(seqs, pads)):
+                pos[:, row, pad:] = self._positions(seq, 0, len(seq.input_ids))[:, 0, :]
+            extra["position_ids"] = pos
+            # The images of every row, in row order: the model fills placeholder tokens row-major.
+            vision = [self._vision(s, 0, len(s.input_ids)) for s in seqs]
+            vision = [v for v in vision if v]
+            if vision:
+                extra["pixel_values"] = torch.cat([v["pixel_values"] for v in vision])
+                extra["image_grid_thw"] = torch.cat([v["image_grid_thw"] for v in vision])
         cache = DynamicCache(config=self.m.model.config)
         out = self._forward(seqs[0].adapter, cache, input_ids=ids, logits_to_keep=1, **extra)
         self.prefill_tokens += sum(len(s.input_ids) for s in seqs)
         for row, (seq, pad) in enumerate(zip(seqs, pads)):
             seq.position = len(seq.input_ids)
-            self._remember(seq.adapter, seq.input_ids, cache, row, pad)
+            self._remember(seq.adapter, seq.key_ids, cache, row, pad)
         rows, kv = self._batches.setdefault(seqs[0].adapter, ([], BatchKV()))
         kv.join(cache, pads)
         rows.extend(seqs)
@@ -408,7 +465,8 @@ class Scheduler:
             kv.cache,
             input_ids=torch.tensor([[s.next_token] for s in rows], device=dev),
             attention_mask=kv.decode_mask(dev),
-            position_ids=torch.tensor([[s.position] for s in rows], device=dev),
+            # After the prompt every M-RoPE axis is position + the row's rope delta (0 for text).
+            position_ids=torch.tensor([[s.position + s.rope_delta] for s in rows], device=dev),
         )
         for s in rows:
             s.position += 1
@@ -425,7 +483,7 @@ class Scheduler:
                 self._finish(s, finish_json("abort", message="the client went away"))
             elif s.state.finish is not None and s.state.finish["type"] != "abort":
                 # Prompt + answer: the next turn of this conversation starts with exactly these ids.
-                self._remember(adapter, (s.input_ids + s.state.output_ids)[:s.position], kv.cache, i, kv.pads[i])
+                self._remember(adapter, (s.key_ids + s.state.output_ids)[:s.position], kv.cache, i, kv.pads[i])
         kv.keep(keep)
         rows[:] = [rows[i] for i in keep]
 

@@ -1,0 +1,223 @@
+"""Images in a /generate request (SGLang's `image_data`) for a Qwen2-VL model in the embedded engine.
+
+The request's `input_ids` already hold each image's placeholder run expanded as the model's HF
+processor expands it (`<|vision_start|>` + N x `<|image_pad|>` + `<|vision_end|>`, N =
+t*h*w / merge^2 of the image's patch grid); `image_data` has one `data:image/...;base64,...` URL per
+run, in order. `prepare_images` decodes them, recomputes the pixel values with the model's image
+processor, checks every run against its image (a 400 otherwise: the engine never guesses which
+image a run means) and computes what the scheduler needs:
+
+    mm = prepare_images(loaded, input_ids, image_data)
+    mm.key_ids        input_ids with each image's placeholder tokens replaced by the image's pad value
+                      (a hash of its pixels), the prefix cache's key: two images behind the same
+                      placeholder tokens never share KV (SGLang's `pad_value`, negative here so it can
+                      never equal a real token id)
+    mm.positions      [3, L] M-RoPE positions of the prompt (HF's get_rope_index), mm.rope_delta the
+                      offset of every later token (position = index + delta on all three axes)
+    mm.vision_inputs(start, stop)   pixel_values / image_grid_thw of the images whose runs lie in
+                      [start, stop): a forward pass over part of the prompt gets exactly its images
+
+Remote URLs and file paths are refused: the engine must not fetch the network or read files for a
+caller (SGLang would load both).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.protocol import BadRequest
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """The token ids and merge size of a Qwen2-VL-style model (None for a text model)."""
+
+    image_token_id: int
+    video_token_id: int | None
+    vision_start_id: int
+    vision_end_id: int
+    merge_size: int
+
+    @classmethod
+    def from_config(cls, config: Any) -> VisionSpec | None:
+        vision = getattr(config, "vision_config", None)
+        if vision is None or getattr(config, "image_token_id", None) is None:
+            return None
+        return cls(int(config.image_token_id), getattr(config, "video_token_id", None),
+                   int(config.vision_start_token_id), int(config.vision_end_token_id),
+                   int(getattr(vision, "spatial_merge_size", 2)))
+
+
+@dataclass
+class ImagePrompt:
+    """The images of one prompt, aligned with its placeholder runs."""
+
+    pixel_values: list[torch.Tensor]  # per image: [patches, channels * t * patch^2]
+    grid_thw: torch.Tensor  # [images, 3]
+    runs: list[tuple[int, int]]  # each image's placeholder run: [start, stop) in input_ids
+    key_ids: list[int]
+    positions: torch.Tensor  # [3, len(input_ids)]
+    rope_delta: int
+
+    def safe_prefix(self, n: int) -> int:
+        """`n` cached tokens, cut back to the start of an image run it ends inside (an image's KV is
+        reused whole or recomputed whole: its vision features come from one encoder pass)."""
+        for start, stop in self.runs:
+            if start < n < stop:
+                return start
+        return n
+
+    def chunk_end(self, stop: int) -> int:
+        """A chunk's end moved past any image run it would cut (a run is computed in one chunk)."""
+        for start, end in self.runs:
+            if start < stop < end:
+                return end
+        return stop
+
+    def images_in(self, start: int, stop: int) -> list[int]:
+        inside = []
+        for i, (a, b) in enumerate(self.runs):
+            if start <= a and b <= stop:
+                inside.append(i)
+            elif a < stop and b > start:  # the scheduler's chunking and cache matching never do this
+                raise ValueError(f"image {i}'s placeholder run [{a}, {b}) is cut by the span [{start}, {stop})")
+        return inside
+
+    def vision_inputs(self, start: int, stop: int) -> dict[str, torch.Tensor]:
+        idx = self.images_in(start, stop)
+        if not idx:
+            return {}
+        return {"pixel_values": torch.cat([self.pixel_values[i] for i in idx]), "image_grid_thw": self.grid_thw[idx]}
+
+
+def image_data_list(body: dict[str, Any]) -> list[str]:
+    """SGLang's `image_data` of one request: a list of strings (a lone string is one image)."""
+    raw = body.get("image_data")
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or any(isinstance(x, list) for x in raw):
+        raise BadRequest("image_data must be a list of data URLs, one per image (batched requests are not supported)")
+    for i, item in enumerate(raw):
+        if not isinstance(item, str):
+            raise BadRequest(f"image_data[{i}] must be a data URL string (data:image/<format>;base64,...)")
+    return raw
+
+
+def decode_data_url(url: str, index: int) -> bytes:
+    """The bytes of one `data:image/<fmt>;base64,...` URL; anything else is refused."""
+    head = url[:16].lower()
+    if head.startswith(("http://", "https://")):
+        raise BadRequest(f"image_data[{index}] is a remote URL: this engine does not fetch images; "
+                         "send the image's bytes as a data URL (data:image/<format>;base64,...)")
+    if not head.startswith("data:"):
+        raise BadRequest(f"image_data[{index}] must be a data URL (data:image/<format>;base64,...); "
+                         "file paths and other sources are not read by this engine")
+    meta, sep, payload = url.partition(",")
+    if not sep or not meta.lower().startswith("data:image/") or not meta.lower().endswith(";base64"):
+        raise BadRequest(f"image_data[{index}] must be a base64 image data URL (data:image/<format>;base64,...)")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest(f"image_data[{index}] is not valid base64") from None
+
+
+def load_image(data: bytes, index: int) -> Any:
+    """A PIL RGB image from encoded bytes (a 400 for anything PIL cannot read)."""
+    from PIL import Image
+
+    try:
+        img = Image.open(io.BytesIO(data))
+        img.load()
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise BadRequest(f"image_data[{index}] is not a readable image: {exc}") from None
+    return img.convert("RGB") if img.mode != "RGB" else img
+
+
+def placeholder_runs(ids: list[int], token_id: int) -> list[tuple[int, int]]:
+    """Maximal runs of `token_id` in `ids`, as [start, stop)."""
+    runs, start = [], None
+    for i, t in enumerate(ids):
+        if t == token_id and start is None:
+            start = i
+        elif t != token_id and start is not None:
+            runs.append((start, i))
+            start = None
+    if start is not None:
+        runs.append((start, len(ids)))
+    return runs
+
+
+def check_text_only(spec: VisionSpec | None, ids: list[int]) -> None:
+    """A request with no images must not hold image placeholders (they would be read as text)."""
+    if spec is None:
+        return
+    n = len(placeholder_runs(ids, spec.image_token_id))
+    if n:
+        raise BadRequest(f"input_ids has {n} image placeholder run(s) but the request has no image_data")
+    if spec.video_token_id is not None and spec.video_token_id in ids:
+        raise BadRequest("input_ids holds video placeholder tokens: this engine does not take videos")
+
+
+def pad_value(pixels: torch.Tensor, grid: torch.Tensor) -> int:
+    """The prefix cache's stand-in for an image's placeholder tokens: a hash of its pixels and grid,
+    negative (never a token id). SGLang keys its radix cache the same way (`pad_value` = hash)."""
+    h = hashlib.sha256(grid.to(torch.int64).numpy().tobytes())
+    h.update(pixels.detach().to(torch.float32).contiguous().numpy().tobytes())
+    return -1 - (int.from_bytes(h.digest()[:8], "big") >> 1)
+
+
+def pixel_values(processor: Any, images: list[Any]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Per-image pixel values and the [n, 3] grid from the model's image processor."""
+    out = processor(images=images, return_tensors="pt")
+    grid = out["image_grid_thw"].to(torch.long)
+    sizes = grid.prod(-1).tolist()
+    return list(torch.split(out["pixel_values"], sizes)), grid
+
+
+def mrope_positions(model: Any, ids: list[int], grid: torch.Tensor, spec: VisionSpec) -> tuple[torch.Tensor, int]:
+    """[3, L] M-RoPE positions and the rope delta, by the model's own `get_rope_index`."""
+    t = torch.tensor([ids])
+    types = (t == spec.image_token_id).to(torch.int32)
+    inner = getattr(model, "model", model)
+    pos, delta = inner.get_rope_index(t, mm_token_type_ids=types, image_grid_thw=grid)
+    return pos[:, 0, :].cpu(), int(delta.reshape(-1)[0])
+
+
+def prepare_images(loaded: Any, ids: list[int], image_data: list[str]) -> ImagePrompt:
+    """Decode, process and check a request's images against its placeholder runs (see the module doc)."""
+    spec: VisionSpec | None = loaded.vision
+    if spec is None:
+        raise BadRequest("this model does not take images (image_data was sent to a text-only model)")
+    if spec.video_token_id is not None and spec.video_token_id in ids:
+        raise BadRequest("input_ids holds video placeholder tokens: this engine does not take videos")
+    runs = placeholder_runs(ids, spec.image_token_id)
+    if len(runs) != len(image_data):
+        raise BadRequest(f"input_ids has {len(runs)} image placeholder run(s) but image_data has "
+                         f"{len(image_data)} image(s); each image needs its run, in order")
+    for i, (start, stop) in enumerate(runs):
+        if start == 0 or ids[start - 1] != spec.vision_start_id or stop >= len(ids) or ids[stop] != spec.vision_end_id:
+            raise BadRequest(f"image {i}'s placeholder run (tokens {start}..{stop - 1}) is not enclosed in "
+                             "<|vision_start|> ... <|vision_end|>")
+    images = [load_image(decode_data_url(url, i), i) for i, url in enumerate(image_data)]
+    try:
+        pixels, grid = pixel_values(loaded.image_processor, images)
+    except (ValueError, OSError) as exc:
+        raise BadRequest(f"the model's image processor refused an image: {exc}") from None
+    key = list(ids)
+    for i, ((start, stop), g) in enumerate(zip(runs, grid.tolist())):
+        n = g[0] * g[1] * g[2] // spec.merge_size ** 2
+        if stop - start != n:
+            raise BadRequest(f"image {i}'s placeholder run has {stop - start} tokens but the image is {n} tokens "
+                             f"(grid {g[0]}x{g[1]}x{g[2]} / {spec.merge_size}^2) for this model's processor")
+        key[start:stop] = [pad_value(pixels[i], grid[i])] * n
+    positions, delta = mrope_positions(loaded.model, ids, grid, spec)
+    return ImagePrompt(pixels, grid, runs, key, positions, delta)
