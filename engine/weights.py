@@ -21,13 +21,14 @@ def copy_weights_from_disk(m: LoadedModel, path: str) -> None:
     """Copy every weight of the checkpoint at `path` into the served model, in place.
 
     In place, so loaded LoRA adapters stay attached to the new base weights. Shapes must match."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file():
         raise EngineError(f"{folder} is not a Hugging Face checkpoint folder (no config.json)")
     try:
-        new = AutoModelForCausalLM.from_pretrained(str(folder), dtype=m.dtype)
+        auto = AutoModelForImageTextToText if m.vision is not None else AutoModelForCausalLM  # a VLM: same class
+        new = auto.from_pretrained(str(folder), dtype=m.dtype)
     except (OSError, ValueError, KeyError) as exc:
         raise EngineError(f"cannot load weights from {folder}: {str(exc).splitlines()[0]}") from None
     source = dict(new.named_parameters())
