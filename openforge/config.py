@@ -204,7 +204,7 @@ def sandbox_config(type: str = "local", **fields: Any) -> LocalSandboxConfig | D
 class HarnessConfig(_Section):
     """The agent program that runs in each sandbox."""
 
-    name: Literal["mini", "claude-code", "codex", "openclaw", "zeroclaw"] = "mini"
+    name: Literal["mini", "claude-code", "codex", "openclaw", "zeroclaw", "mini-gui", "browser-use"] = "mini"
     max_turns: int = Field(8, ge=1, description="mini harness: tool-calling turns before it gives up")
     max_tokens: int = Field(256, ge=1, description="mini harness: max tokens per model call")
     npm_cache: str = Field("", description="folder with node_modules of npm harnesses; empty = FORGE_HOME/npm")

@@ -19,6 +19,8 @@ HARNESSES: dict[str, tuple[str, str]] = {
     "codex": ("rollouts.harnesses.codex", "CodexHarness"),
     "openclaw": ("rollouts.harnesses.openclaw", "OpenClawHarness"),
     "zeroclaw": ("rollouts.harnesses.zeroclaw", "ZeroClawHarness"),
+    "mini-gui": ("rollouts.harnesses.mini_gui", "MiniGuiHarness"),
+    "browser-use": ("rollouts.harnesses.browser_use", "BrowserUseHarness"),
 }
 
 
@@ -57,6 +59,10 @@ def harness_available(config: ForgeConfig) -> str | None:
         if importlib.util.find_spec("openai") is None:
             return f"the mini harness needs the `openai` package in {sys.executable}: pip install openai"
         return None
+    if name == "mini-gui":
+        if importlib.util.find_spec("PIL") is None:
+            return f"the mini-gui harness needs Pillow in {sys.executable}: pip install pillow"
+        return None if shutil.which("xdotool") else "the mini-gui harness needs xdotool: apt-get install xdotool"
     if name == "zeroclaw":
         return None if shutil.which("zeroclaw") else (
             "zeroclaw is not on the PATH: it is a Rust binary, not on npm (`cargo install zeroclaw`); see docs/harnesses.md")

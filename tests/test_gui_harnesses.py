@@ -1,0 +1,244 @@
+"""The GUI harnesses: mini-gui (screenshot -> one action -> xdotool) in a real X display with a real
+browser against a scripted vision model (tests/gui_fixtures.py), its action parser, its coordinate
+mapping and its outcome rules; the adapters' outcomes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from openforge.config import HarnessConfig
+from rollouts.harness import HarnessContext
+from rollouts.harnesses import get_harness
+from rollouts.harnesses.mini_gui import mini_gui_outcome
+from rollouts.harnesses.mini_gui_agent import Action, BadAction, Screen, parse_reply, parse_text_action
+from sandbox.base import ExecResult
+from gui_fixtures import (BUTTON, ScriptedModel, Site, chromium, missing_gui_tools, red_centre,
+                                run_mini_gui, screenshot_of, text_reply, tool_call, wait_for, xvfb)
+
+needs_display = pytest.mark.skipif(bool(missing_gui_tools()),
+                                   reason=f"needs {', '.join(missing_gui_tools())} (apt-get install xvfb xdotool chromium)")
+
+
+# -- the action format -----------------------------------------------------------------------------
+
+def test_parse_tool_calls_json_and_text() -> None:
+    assert parse_reply(tool_call("click", {"x": 3, "y": 4}), None) == Action("click", (3, 4))
+    assert parse_reply(tool_call("done", {"answer": "red"}), None) == Action("done", ("red",))
+    two = tool_call("key", {"combo": "ctrl+a"})
+    two["tool_calls"].append(tool_call("done", {"answer": "x"})["tool_calls"][0])
+    assert parse_reply(two, None) == Action("key", ("ctrl+a",))  # one action a turn: the first
+    assert parse_reply(text_reply('I will click. {"action": "click", "x": 10, "y": 20}'), None) == Action("click", (10, 20))
+    assert parse_reply(text_reply('{"name": "type", "arguments": "{\\"text\\": \\"hi\\"}"}'), None) == Action("type", ("hi",))
+    assert parse_reply(text_reply("click(5, 6)"), None) == Action("click", (5, 6))
+    assert parse_reply(text_reply('done("blue")'), None) == Action("done", ("blue",))
+    assert parse_reply(text_reply("done(blue)"), None) == Action("done", ("blue",))
+    assert parse_reply(text_reply("done()"), None) == Action("done", ("",))
+    assert parse_reply(text_reply("scroll(-3)"), None) == Action("scroll", (-3,))
+    assert parse_reply(text_reply("click(4)"), (3, 3)) == Action("click", (4,))
+    assert parse_reply(tool_call("click", {"cell": 2}), (2, 2)) == Action("click", (2,))
+    assert parse_reply({"role": "assistant", "content": [{"type": "text", "text": "key(Return)"}]}, None) == \
+        Action("key", ("Return",))
+
+
+@pytest.mark.parametrize("message", [
+    text_reply(""), text_reply("I think the answer is red"), text_reply("click(1)"), text_reply("click(1.5, 2)"),
+    text_reply('{"action": "fly"}'), text_reply("key(rm -rf /)"), text_reply("key(--help)"),
+    tool_call("click", {"x": "3", "y": 4}), tool_call("click", {"x": True, "y": 4}), tool_call("type", {}),
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+                                                          "function": {"name": "click", "arguments": "{x"}}]},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+                                                          "function": {"name": "click", "arguments": "[1, 2]"}}]},
+])
+def test_garbage_is_a_bad_action(message: dict[str, Any]) -> None:
+    with pytest.raises(BadAction):
+        parse_reply(message, None)
+
+
+def test_coordinates_map_back_exactly() -> None:
+    screen = Screen(":0", 400, None, size=(800, 600), shown=(400, 300))
+    assert screen.to_screen(0, 0) == (1, 1)  # the centre of the model's pixel 0 is screen pixel 1
+    assert screen.to_screen(399, 299) == (799, 599)
+    assert screen.to_screen(200, 150) == (401, 301)
+    with pytest.raises(BadAction):
+        screen.to_screen(400, 0)
+    with pytest.raises(BadAction):
+        screen.to_screen(-1, 5)
+    same = Screen(":0", 1024, None, size=(800, 600), shown=(800, 600))
+    assert [same.to_screen(x, y) for x, y in ((0, 0), (799, 599), (123, 456))] == [(0, 0), (799, 599), (123, 456)]
+    odd = Screen(":0", 333, None, size=(1366, 768), shown=(333, 187))
+    for x in range(333):  # every model pixel lands inside the screen block it covers
+        sx, _ = odd.to_screen(x, 0)
+        assert x * 1366 / 333 <= sx < (x + 1) * 1366 / 333
+    grid = Screen(":0", 400, (3, 4), size=(800, 600), shown=(400, 300))
+    assert len(grid.cells()) == 12 and grid.cells()[0] == (0, 0, 100, 100) and grid.cells()[11] == (300, 200, 400, 300)
+    assert grid.cell_point(5) == (299, 299)  # cell 5: row 1, column 1 -> centre (149, 149) of the screenshot
+    with pytest.raises(BadAction):
+        grid.cell_point(12)
+
+
+# -- the outcome rules -------------------------------------------------------------------------------
+
+def _record(status: str, **kw: Any) -> str:
+    return json.dumps({"status": status, "answer": kw.get("answer"), "steps": kw.get("steps", 2), "error": kw.get("error")})
+
+
+def test_outcome_rules() -> None:
+    ok = ExecResult(0, "", "")
+    assert mini_gui_outcome(ok, _record("done", answer="red")).answer == "red"
+    limit = mini_gui_outcome(ok, _record("step_limit", steps=8))
+    assert limit.answer == "" and limit.failure is None and limit.turns == 8  # the policy's doing: graded
+    api = mini_gui_outcome(ExecResult(3, "", "mini-gui: api_error: API error 400: bad"),
+                           _record("api_error", error="API error 400: bad"))
+    assert api.answer is None and "API error 400" in api.failure
+    assert mini_gui_outcome(ExecResult(4, "", ""), _record("env_error", error="no DISPLAY")).failure.startswith("mini-gui env_error")
+    assert mini_gui_outcome(ExecResult(137, "", "Killed"), None).failure.startswith("mini-gui exited 137 without its result")
+    assert mini_gui_outcome(ok, "not json").failure is not None
+    # A record that says done but an exit code that does not: never an answer.
+    assert mini_gui_outcome(ExecResult(1, "", ""), _record("done", answer="red")).failure is not None
+    assert mini_gui_outcome(ok, _record("done", answer=None)).failure is not None
+
+
+def test_adapter_command_and_env() -> None:
+    harness = get_harness(HarnessConfig(name="mini-gui", max_turns=5, max_tokens=32, extra_args=["--grid", "3x3"]))
+    ctx = HarnessContext(proxy_url="http://127.0.0.1:8700", api_key="sk-r", model="m", instruction="x", workdir="/w",
+                         backend="docker")
+    assert harness.command(ctx) == ["python3", ".forge/mini_gui_agent.py", "--instruction-file", ".forge/instruction.txt",
+                                    "--max-steps", "5", "--max-tokens", "32", "--grid", "3x3"]
+    env = harness.env(ctx)
+    assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:8700/v1" and env["OPENAI_API_KEY"] == "sk-r" and "DISPLAY" not in env
+
+
+# -- in a real display -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def display() -> Any:
+    if missing_gui_tools():
+        pytest.skip(f"needs {', '.join(missing_gui_tools())}")
+    with xvfb(800, 600) as d:
+        yield d
+
+
+def _button_policy(body: dict[str, Any]) -> dict[str, Any]:
+    """A vision policy in code: click the red button where the screenshot shows it, then say done."""
+    centre = red_centre(screenshot_of(body))
+    if centre is None:
+        return tool_call("done", {"answer": "clicked"})
+    return tool_call("click", {"x": centre[0], "y": centre[1]})
+
+
+@needs_display
+def test_mini_gui_clicks_a_real_page(display: str, tmp_path: Path) -> None:
+    site = Site()
+    model = ScriptedModel(_button_policy)
+    try:
+        with chromium(display, site.url):
+            from PIL import ImageGrab
+            wait_for(lambda: red_centre(ImageGrab.grab(xdisplay=display).resize((200, 150))), 90, "the page on screen")
+            proc, record = run_mini_gui(tmp_path, display, model.base_url, "Press the red button.",
+                                        "--max-steps", "4", "--max-side", "400")
+    finally:
+        model.close()
+        site.close()
+    assert proc.returncode == 0, proc.stderr
+    assert record == {"status": "done", "answer": "clicked", "steps": 2, "error": None}
+    assert (tmp_path / ".forge" / "answer.txt").read_text() == "clicked"
+    assert site.clicks == 1  # the site's own state changed: the button was really pressed
+    first, second = (screenshot_of(b) for b in model.requests)
+    assert first.size == second.size == (400, 300)  # 800x600 downscaled to a longer side of 400
+    bx, by = red_centre(first)
+    assert abs(bx - (BUTTON[0] + BUTTON[2]) // 4) <= 2 and abs(by - (BUTTON[1] + BUTTON[3]) // 4) <= 2
+    assert red_centre(second) is None  # the model saw the page after the click
+    body = model.requests[0]
+    assert model.auth[0] == "Bearer sk-rollout-test" and body["model"] == "forge-policy"
+    assert [t["function"]["name"] for t in body["tools"]] == ["click", "type", "key", "scroll", "done"]
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    assert "Press the red button." in body["messages"][1]["content"][0]["text"]
+    assert "1. click(" in model.requests[1]["messages"][1]["content"][0]["text"]  # the history
+
+
+@needs_display
+def test_mini_gui_types_and_keys_in_a_real_display(display: str, tmp_path: Path) -> None:
+    """type/key/scroll run through xdotool (against the bare root window: they must not fail), and an
+    invalid action costs a step and is reported back to the policy."""
+    script = iter([tool_call("type", {"text": "hello"}), text_reply("key(ctrl+a)"), text_reply("scroll(2)"),
+                   text_reply("I do not know"), text_reply('{"action": "done", "answer": "ok"}')])
+    model = ScriptedModel(lambda body: next(script))
+    try:
+        proc, record = run_mini_gui(tmp_path, display, model.base_url, "Do things.", "--no-tools", "--settle", "0.2")
+    finally:
+        model.close()
+    assert proc.returncode == 0, proc.stderr
+    assert record["status"] == "done" and record["answer"] == "ok" and record["steps"] == 5
+    assert all("tools" not in b for b in model.requests)
+    last = model.requests[-1]["messages"][1]["content"][0]["text"]
+    assert "1. type(\"hello\") -> typed 5 character(s)" in last and "4. invalid: the reply holds no action" in last
+
+
+@needs_display
+def test_mini_gui_api_error_is_a_harness_failure(display: str, tmp_path: Path) -> None:
+    model = ScriptedModel(lambda body: (400, "prompt is too long"))
+    try:
+        proc, record = run_mini_gui(tmp_path, display, model.base_url, "x")
+    finally:
+        model.close()
+    assert proc.returncode == 3 and record["status"] == "api_error"
+    outcome = mini_gui_outcome(_result(proc), json.dumps(record))
+    assert outcome.answer is None and outcome.failure == "mini-gui api_error: API error 400: prompt is too long"
+    assert not (tmp_path / ".forge" / "answer.txt").exists()
+
+
+@needs_display
+def test_mini_gui_retries_a_429_then_goes_on(display: str, tmp_path: Path) -> None:
+    replies = iter([(429, "at the concurrent-call limit"), tool_call("done", {"answer": "a"})])
+    model = ScriptedModel(lambda body: next(replies))
+    try:
+        proc, record = run_mini_gui(tmp_path, display, model.base_url, "x")
+    finally:
+        model.close()
+    assert proc.returncode == 0 and record["answer"] == "a" and len(model.requests) == 2
+
+
+@needs_display
+def test_mini_gui_step_limit_is_graded_empty(display: str, tmp_path: Path) -> None:
+    model = ScriptedModel(lambda body: text_reply("hmm"))
+    try:
+        proc, record = run_mini_gui(tmp_path, display, model.base_url, "x", "--max-steps", "3")
+    finally:
+        model.close()
+    assert proc.returncode == 0 and record == {"status": "step_limit", "answer": None, "steps": 3, "error": None}
+    assert len(model.requests) == 3
+    outcome = mini_gui_outcome(_result(proc), json.dumps(record))
+    assert outcome.answer == "" and outcome.failure is None
+
+
+def test_mini_gui_without_a_display_is_a_harness_failure(tmp_path: Path) -> None:
+    model = ScriptedModel(lambda body: tool_call("done", {"answer": "a"}))
+    try:
+        proc, record = run_mini_gui(tmp_path, "", model.base_url, "x")
+    finally:
+        model.close()
+    assert proc.returncode == 4 and record["status"] == "env_error" and "no DISPLAY" in record["error"]
+    assert not model.requests
+    assert mini_gui_outcome(_result(proc), json.dumps(record)).failure is not None
+
+
+def _result(proc: Any) -> ExecResult:
+    return ExecResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_adapter_outcome_reads_the_sandbox_file(tmp_path: Path) -> None:
+    from openforge.config import LocalSandboxConfig
+    from sandbox.local import LocalSandbox
+
+    async def go() -> Any:
+        harness = get_harness(HarnessConfig(name="mini-gui"))
+        async with LocalSandbox(LocalSandboxConfig(isolation="none"), run_id="r", rollout_id="ro") as sb:
+            await sb.write_file(".forge/mini_gui_result.json", _record("done", answer="42").encode())
+            return await harness.outcome(ExecResult(0, "", ""), sb)
+
+    assert asyncio.run(go()).answer == "42"
