@@ -79,14 +79,17 @@ class EmbeddedEngine:
 
     # -- generation -------------------------------------------------------------------------
 
+    def _check_length(self, input_ids: list[int]) -> None:
+        ctx = self.m.context_length
+        if len(input_ids) >= ctx:  # SGLang's TokenizerManager refuses it with this very sentence
+            raise BadRequest(f"The input ({len(input_ids)} tokens) is longer than the model's context length ({ctx} tokens).")
+
     def _sequence(self, body: dict[str, Any], loop: asyncio.AbstractEventLoop, events: asyncio.Queue) -> Sequence:
         if "input_ids" not in body and isinstance(body.get("text"), str):  # SGLang also takes text
             body = {**body, "input_ids": list(self.m.tokenizer.encode(body["text"]))}
         input_ids = parse_input_ids(body, len(self.m.tokenizer))
         params = parse_sampling_params(body.get("sampling_params"))
-        ctx = self.m.context_length
-        if len(input_ids) >= ctx:  # SGLang's TokenizerManager refuses it with this very sentence
-            raise BadRequest(f"The input ({len(input_ids)} tokens) is longer than the model's context length ({ctx} tokens).")
+        self._check_length(input_ids)
         adapter = body.get("lora_path")
         if adapter is not None and (adapter not in self.scheduler.adapters.paths
                                     or adapter in self.scheduler.closing_adapters):
@@ -112,6 +115,8 @@ class EmbeddedEngine:
         images = image_data_list(body)
         if images:  # decoding and the image processor run off the event loop
             seq.mm = await asyncio.to_thread(prepare_images, self.m, seq.input_ids, images)
+            seq.input_ids = seq.mm.input_ids  # runs of one placeholder came expanded
+            self._check_length(seq.input_ids)
         else:
             check_text_only(self.m.vision, seq.input_ids)
         if not self.scheduler.alive:

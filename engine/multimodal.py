@@ -1,9 +1,10 @@
 """Images in a /generate request (SGLang's `image_data`) for a Qwen2-VL model in the embedded engine.
 
-The request's `input_ids` already hold each image's placeholder run expanded as the model's HF
-processor expands it (`<|vision_start|>` + N x `<|image_pad|>` + `<|vision_end|>`, N =
-t*h*w / merge^2 of the image's patch grid); `image_data` has one `data:image/...;base64,...` URL per
-run, in order. `prepare_images` decodes them, recomputes the pixel values with the model's image
+The request's `input_ids` hold each image's placeholder run expanded as the model's HF processor
+expands it (`<|vision_start|>` + N x `<|image_pad|>` + `<|vision_end|>`, N = t*h*w / merge^2 of the
+image's patch grid); `image_data` has one `data:image/...;base64,...` URL per run, in order. A run of
+one `<|image_pad|>` is expanded here to the image's N (as SGLang's `_expand_input_ids` does for
+pre-tokenized prompts), so both forms SGLang takes are taken; `mm.input_ids` is the expanded prompt. `prepare_images` decodes them, recomputes the pixel values with the model's image
 processor, checks every run against its image (a 400 otherwise: the engine never guesses which
 image a run means) and computes what the scheduler needs:
 
@@ -59,6 +60,7 @@ class VisionSpec:
 class ImagePrompt:
     """The images of one prompt, aligned with its placeholder runs."""
 
+    input_ids: list[int]  # the prompt, every placeholder run expanded
     pixel_values: list[torch.Tensor]  # per image: [patches, channels * t * patch^2]
     grid_thw: torch.Tensor  # [images, 3]
     runs: list[tuple[int, int]]  # each image's placeholder run: [start, stop) in input_ids
@@ -212,12 +214,20 @@ def prepare_images(loaded: Any, ids: list[int], image_data: list[str]) -> ImageP
         pixels, grid = pixel_values(loaded.image_processor, images)
     except (ValueError, OSError) as exc:
         raise BadRequest(f"the model's image processor refused an image: {exc}") from None
-    key = list(ids)
+    expanded, key, spans = [], [], []
+    done = 0
     for i, ((start, stop), g) in enumerate(zip(runs, grid.tolist())):
         n = g[0] * g[1] * g[2] // spec.merge_size ** 2
-        if stop - start != n:
+        if stop - start != n and stop - start != 1:  # one pad: the unexpanded form, expanded below
             raise BadRequest(f"image {i}'s placeholder run has {stop - start} tokens but the image is {n} tokens "
                              f"(grid {g[0]}x{g[1]}x{g[2]} / {spec.merge_size}^2) for this model's processor")
-        key[start:stop] = [pad_value(pixels[i], grid[i])] * n
-    positions, delta = mrope_positions(loaded.model, ids, grid, spec)
-    return ImagePrompt(pixels, grid, runs, key, positions, delta)
+        expanded += ids[done:start]
+        key += ids[done:start]
+        spans.append((len(expanded), len(expanded) + n))
+        expanded += [spec.image_token_id] * n
+        key += [pad_value(pixels[i], grid[i])] * n
+        done = stop
+    expanded += ids[done:]
+    key += ids[done:]
+    positions, delta = mrope_positions(loaded.model, expanded, grid, spec)
+    return ImagePrompt(expanded, pixels, grid, spans, key, positions, delta)
