@@ -19,7 +19,7 @@ from sqlmodel import SQLModel
 from openforge.errors import StoreError
 from openforge.tables import SchemaMigration, hash_key, utcnow
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def _v3_hashed_keys_and_sampling(conn: Any) -> None:
@@ -50,6 +50,14 @@ def _v3_hashed_keys_and_sampling(conn: Any) -> None:
     sql("PRAGMA secure_delete=OFF")
 
 
+def _v4_images(conn: Any) -> None:
+    """Schema 4: the sha256 ids of the images a call or a trajectory segment carried (a JSON column:
+    TEXT in SQLite, json in PostgreSQL, as `openforge.tables.JSON` creates it)."""
+    kind = "JSON" if conn.dialect.name == "postgresql" else "TEXT"
+    for table in ("call", "trajectory"):
+        conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN images {kind}")
+
+
 # Numbered migrations: (version, name, function(connection)). A fresh database is created from the
 # models above and stamped with every version here; an older one runs the versions it lacks.
 # Add a migration for every schema change, e.g.:
@@ -63,6 +71,8 @@ MIGRATIONS: list[Migration] = [
          "CREATE INDEX IF NOT EXISTS ix_rollout_run_status ON rollout (run_id, status)")),
     (3, "rollout.key_hash, failure_kind; call sampling params, break_reason; run.isolation; "
         "unique call(rollout_id, seq)", _v3_hashed_keys_and_sampling),
+    # The images a call or a segment carried (sha256 ids of runs/<run>/images/ files, see openforge/images.py).
+    (4, "call.images, trajectory.images", _v4_images),
 ]
 
 

@@ -190,6 +190,7 @@ class Call(SQLModel, table=True):
     top_p: float | None = None
     top_k: int | None = None
     break_reason: str | None = None  # why this call's prompt did not extend the previous call's tokens
+    images: list[str] | None = _json_col()  # JSON list[str]: sha256 ids of its images, in prompt order
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -208,6 +209,7 @@ class Trajectory(SQLModel, table=True):
     loss_mask: list[int] | None = _json_col()  # JSON list[int], 1 on sampled tokens
     logprobs: list[float] | None = _json_col()  # JSON list[float], the sampling logprob (0.0 where mask is 0)
     call_ids: list[int] | None = _json_col()  # JSON list[int]: the calls merged into this segment
+    images: list[str] | None = _json_col()  # JSON list[str]: sha256 ids of the images in token_ids, in order
     n_tokens: int = 0
     created_at: datetime = Field(default_factory=utcnow)
 

@@ -250,7 +250,7 @@ def test_a_schema_2_store_upgrades_with_its_keys_hashed(tmp_path: Path) -> None:
     path = tmp_path / "forge.db"
     _old_store(path)
     s = Store(path)
-    assert s.schema_version() == 3 and s.integrity_check() == "ok"
+    assert s.schema_version() == store_mod.SCHEMA_VERSION and s.integrity_check() == "ok"
     con = sqlite3.connect(path)
     cols = {t: [r[1] for r in con.execute(f"PRAGMA table_info({t})")] for t in ("rollout", "call", "run")}
     assert "api_key" not in cols["rollout"] and {"key_hash", "failure_kind"} <= set(cols["rollout"])
@@ -273,7 +273,32 @@ def test_a_schema_2_store_upgrades_with_its_keys_hashed(tmp_path: Path) -> None:
     # No plain key is left anywhere in the file (secure_delete zeroed the freed pages).
     data = path.read_bytes() + (path.with_name("forge.db-wal").read_bytes() if path.with_name("forge.db-wal").exists() else b"")
     assert b"forge-old-key" not in data
-    assert Store(path).schema_version() == 3  # opening again runs nothing
+    assert Store(path).schema_version() == store_mod.SCHEMA_VERSION  # opening again runs nothing
+
+
+def test_a_schema_3_store_gets_image_columns(tmp_path: Path) -> None:
+    """Schema 4 adds call.images and trajectory.images; the rows already there keep NULL."""
+    path = tmp_path / "forge.db"
+    _old_store(path)
+    with pytest.MonkeyPatch.context() as mp:  # the store as schema 3 left it
+        mp.setattr(migrations, "MIGRATIONS", [m for m in store_mod.MIGRATIONS if m[0] <= 3])
+        Store(path).close()
+    con = sqlite3.connect(path)
+    assert "images" not in [r[1] for r in con.execute("PRAGMA table_info(call)")]
+    con.close()
+    s = Store(path)
+    assert s.schema_version() == 4 and s.integrity_check() == "ok"
+    con = sqlite3.connect(path)
+    for table in ("call", "trajectory"):
+        assert "images" in [r[1] for r in con.execute(f"PRAGMA table_info({table})")]
+    assert {c.images for c in s.list_calls(run_id="run-20261201-aaaaaaaaaa")} == {None}
+    run = s.create_run()
+    rollout = s.create_rollout(run_id=run.id, task_id="t")
+    s.replace_trajectories(rollout.id, [store_mod.Trajectory(
+        run_id=run.id, rollout_id=rollout.id, segment=0, token_ids=[1, 2], loss_mask=[0, 1], logprobs=[0.0, -0.5],
+        call_ids=[], images=["ab" * 32])])
+    assert [t.images for t in s.list_trajectories(rollout_ids=[rollout.id])] == [["ab" * 32]]
+    s.close()
 
 
 def test_only_the_hash_of_a_rollout_key_is_stored(store: Store) -> None:
