@@ -14,14 +14,39 @@ SGLang's `server_args.py` and its LoRA serving docs:
     --enable-lora --max-lora-rank R --lora-target-modules all|q_proj ...
         (adapters are loaded later through POST /load_lora_adapter, so SGLang cannot infer the rank
         or the target modules from --lora-paths: both must be given up front)
+    --enable-multimodal
+        (a vision-language checkpoint folder, e.g. Qwen2-VL: SGLang turns it on by itself for the
+        models it knows; said explicitly so a VLM never runs text-only)
     ... engine.sglang_args (passed last, verbatim: e.g. --mem-fraction-static 0.8)
+
+Images (GUI agents): forge sends SGLang's `/generate` `input_ids` with every image's placeholder run
+already expanded (as the HF processor expands it) plus `image_data` (data URLs). SGLang keeps such
+ids verbatim only with `SGLANG_MM_AVOID_RETOKENIZE=1` (its default on main, absent in 0.5.12 and
+older: there it decodes the ids and re-runs the processor, which re-expands the runs and fails, or
+re-tokenizes and drifts): `sglang_env()` sets it for the child.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
+from pathlib import Path
 
 from openforge.config import EngineConfig
+
+
+def is_vision_language_checkpoint(model_path: str) -> bool:
+    """A local checkpoint folder whose config has a vision tower (a hub id: False, SGLang decides)."""
+    try:
+        config = json.loads((Path(model_path).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "vision_config" in config
+
+
+def sglang_env() -> dict[str, str]:
+    """Environment for the SGLang child: pre-tokenized multimodal prompts kept verbatim (module doc)."""
+    return {"SGLANG_MM_AVOID_RETOKENIZE": "1"}
 
 
 def sglang_command(config: EngineConfig, *, model_path: str, port: int,
@@ -42,6 +67,8 @@ def sglang_command(config: EngineConfig, *, model_path: str, port: int,
         cmd += ["--dtype", config.dtype]
     if api_key:
         cmd += ["--api-key", api_key]
+    if is_vision_language_checkpoint(model_path):
+        cmd += ["--enable-multimodal"]
     return cmd + list(config.sglang_args)
 
 

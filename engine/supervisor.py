@@ -36,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.sglang import sglang_command
+from engine.sglang import sglang_command, sglang_env
 from engine.sglang_api import API_KEY_ENV
 from openforge.config import EngineConfig
 from openforge.errors import EngineError
@@ -199,6 +199,8 @@ class EngineProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.pop(API_KEY_ENV, None)
+        if self.config.kind == "sglang":
+            env.update(sglang_env())
         if self.config.kind in ("embedded", "router"):  # `python -m engine` must import this checkout
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
             if self.api_key:
