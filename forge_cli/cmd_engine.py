@@ -1,4 +1,5 @@
-"""Commands of the engine part: `forge engine` (the embedded engine alone) and `forge model tiny PATH`."""
+"""Commands of the engine part: `forge engine` (the embedded engine alone), `forge model tiny PATH` and
+`forge model tiny-vl PATH`."""
 
 from __future__ import annotations
 
@@ -67,6 +68,32 @@ def model_tiny(
                            context_length=context, template=template)
     n_files = sum(1 for _ in out.iterdir())
     typer.echo(f"built the tiny model in {out} ({n_files} files, context {context:,} tokens, {template} template)")
+
+
+@model_app.command("tiny-vl")
+def model_tiny_vl(
+    path: Annotated[Path, typer.Argument(help="folder to write the model to (created)")],
+    seed: Annotated[int, typer.Option(help="weights seed: same seed, same files")] = 0,
+    force: Annotated[bool, typer.Option("--force", help="overwrite a folder that already holds files")] = False,
+    norm_gain: Annotated[Optional[float], typer.Option(
+        "--norm-gain", help="the language model's final RMSNorm weight; default: the learnable gain "
+                            "(1.0 = plain random init, nearly uniform outputs that GRPO can hardly move)")] = None,
+) -> None:
+    """Build, offline, a tiny Qwen2-VL (vision tower + M-RoPE language model) with its processor and chat template."""
+    from engine.tiny import LEARNABLE_NORM_GAIN
+    from engine.tiny_vl import MAX_PIXELS, build_tiny_vl_model
+
+    target = path.expanduser()
+    if target.exists() and not target.is_dir():
+        raise ForgeError(f"{target} exists and is not a folder")
+    if target.is_dir() and any(target.iterdir()) and not force:
+        raise ForgeError(f"{target} is not empty (use --force to overwrite)")
+    if norm_gain is not None and norm_gain <= 0:
+        raise ForgeError(f"--norm-gain must be positive, got {norm_gain}")
+    out = build_tiny_vl_model(target, seed=seed, norm_gain=LEARNABLE_NORM_GAIN if norm_gain is None else norm_gain)
+    n_files = sum(1 for _ in out.iterdir())
+    typer.echo(f"built the tiny vision-language model (Qwen2-VL) in {out} ({n_files} files, "
+               f"images at most {MAX_PIXELS // (28 * 28)} tokens each)")
 
 
 def register(app: typer.Typer) -> None:
