@@ -95,7 +95,7 @@ class AppState:
 
     def store(self) -> Store:
         if self._store is None:
-            self._store = open_store(self.home)
+            self._store = open_store(self.home, url=self.config().store.url)
         return self._store
 
 

@@ -19,15 +19,17 @@ import asyncio
 import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import DateTime, select
 from sqlalchemy.exc import DatabaseError
 
 from openforge import db
 from openforge.errors import StoreError
 from openforge.store import LIVE_ROLLOUT, RUN_FINAL, Call, Recovered, Store, hash_key
+from openforge.tables import JSON, decode_json, encode_json
 
 _CALL = Call.__table__  # type: ignore[attr-defined]
 T = TypeVar("T")
@@ -48,7 +50,13 @@ class AsyncStore:
     """Async handle on a store file. The schema is created/migrated synchronously first."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+        self.path: Any = db.location(path)
+        if db.is_url(self.path):  # PostgreSQL: everything through asyncpg (`_PgStore`)
+            db.need_driver("asyncpg")
+            Store(self.path).close()  # create or migrate the schema once
+            self._pg: _PgStore | None = _PgStore(self.path)
+            return
+        self._pg = None
         Store(self.path).close()  # create or migrate the schema once (and refuse a 0-byte file)
         self.engine = db.sync_engine(self.path)  # used on the writer thread only
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forge-store")
@@ -73,6 +81,9 @@ class AsyncStore:
             store.close()
 
     async def close(self) -> None:
+        if self._pg is not None:
+            await self._pg.close()
+            return
         self._reader.close()
         if self._inline is not None:
             self._inline.close()
@@ -109,6 +120,8 @@ class AsyncStore:
         """
         if not inserts and not updates:
             return []
+        if self._pg is not None:
+            return await self._pg.write_calls(inserts, updates, number)
         if inline:
             try:
                 return self._write_calls(inserts, updates, number, self._inline_conn())
@@ -159,6 +172,8 @@ class AsyncStore:
     async def rollout_by_key(self, key: str) -> dict[str, Any] | None:
         """The live rollout a plain credential belongs to (id, run_id, status, adapter), or None:
         unknown keys, ended rollouts and rollouts of ended runs alike."""
+        if self._pg is not None:
+            return await self._pg.rollout_by_key(key)
         try:
             row = self._reader.execute(_LIVE_BY_KEY, (hash_key(key),)).fetchone()
         except sqlite3.Error as exc:
@@ -167,6 +182,8 @@ class AsyncStore:
 
     async def newest_call_id(self, rollout_id: str) -> int | None:
         """The id of a rollout's newest finished call: one indexed read inline, like `rollout_by_key`."""
+        if self._pg is not None:
+            return await self._pg.newest_call_id(rollout_id)
         try:
             row = self._reader.execute("SELECT max(id) FROM call WHERE rollout_id = ? AND status = 'ok'",
                                        (rollout_id,)).fetchone()
@@ -178,6 +195,8 @@ class AsyncStore:
         """A rollout's finished calls in order (used to reuse sampled token ids after a restart, or
         after another proxy worker served the rollout): only those with id > `after_id`, only the
         `last` ones."""
+        if self._pg is not None:
+            return await self._pg.calls_of_rollout(rollout_id, after_id, last)
         return await self._on_thread(self._calls_of_rollout, rollout_id, after_id, last)
 
     def _calls_of_rollout(self, rollout_id: str, after_id: int, last: int | None) -> list[Call]:
@@ -249,3 +268,147 @@ class _Binder:
 
 
 _CALL_BINDER = _Binder(_CALL)
+
+
+class _PgStore:
+    """`AsyncStore` on PostgreSQL: asyncpg on the proxy's event loop (no thread), a small pool.
+
+    Numbering across processes: each batch takes a transaction-scoped advisory lock per rollout it
+    numbers (in sorted order, so two batches never deadlock), then reads max(seq) and inserts under
+    it; another worker numbering the same rollout waits for the commit. The unique index on
+    (rollout_id, seq) backs it, as on SQLite.
+    """
+
+    MAX_ROWS = 256  # rows per INSERT statement (35 columns: well under PostgreSQL's 32,767 parameters)
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._pool: Any = None
+        self._opening: asyncio.Lock | None = None
+        self._json = {c.name for c in _CALL.columns if isinstance(c.type, JSON)}
+        self._times = {c.name for c in _CALL.columns if isinstance(c.type, DateTime)}
+        self._defaults = _CALL_BINDER.defaults
+
+    def _error(self, exc: BaseException) -> StoreError:
+        return db.store_error(exc, self.url)
+
+    async def pool(self) -> Any:
+        if self._pool is None:
+            import asyncpg
+
+            self._opening = self._opening or asyncio.Lock()
+            async with self._opening:
+                if self._pool is None:
+                    dsn = "postgresql://" + db.pg_url(self.url, "asyncpg").partition("://")[2]
+                    try:
+                        self._pool = await asyncpg.create_pool(
+                            dsn, min_size=1, max_size=4, timeout=db.PG_CONNECT_TIMEOUT_S,
+                            server_settings={"timezone": "UTC"})
+                    except (OSError, asyncio.TimeoutError, asyncpg.PostgresError) as exc:
+                        raise self._error(exc) from None
+        return self._pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    def _bind(self, name: str, value: Any) -> Any:
+        if value is None:
+            return None
+        if name in self._json:
+            return encode_json(value)
+        if name in self._times and value.tzinfo is None:  # timestamptz: a naive time is UTC, as on SQLite
+            return value.replace(tzinfo=UTC)
+        return value
+
+    def _row(self, row: dict[str, Any]) -> dict[str, Any]:
+        out = dict(row)
+        for name, default in self._defaults.items():
+            if name not in out:
+                out[name] = default.arg if default.is_scalar else default.arg(None)
+        unknown = set(out) - set(_CALL.columns.keys())
+        if unknown:
+            raise StoreError(f"the call table has no column(s) {', '.join(sorted(unknown))}")
+        return out
+
+    async def write_calls(self, inserts: Sequence[dict[str, Any]], updates: Sequence[tuple[int, dict[str, Any]]],
+                          number: bool) -> list[int]:
+        import asyncpg
+
+        rows = [self._row(r) for r in inserts]
+        pool = await self.pool()
+        try:
+            async with pool.acquire() as conn, conn.transaction():
+                if number and rows:
+                    rollouts = sorted({r["rollout_id"] for r in rows})
+                    await conn.execute(
+                        "SELECT pg_advisory_xact_lock(hashtextextended(r, 0)) "
+                        "FROM (SELECT r FROM unnest($1::text[]) AS r ORDER BY r) AS s", rollouts)
+                    last = {r[0]: r[1] for r in await conn.fetch(
+                        "SELECT rollout_id, max(seq) FROM call WHERE rollout_id = ANY($1::text[]) "
+                        "GROUP BY rollout_id", rollouts)}
+                    for row in rows:
+                        prev = last.get(row["rollout_id"])
+                        row["seq"] = last[row["rollout_id"]] = 0 if prev is None else prev + 1
+                ids = await self._insert(conn, rows)
+                groups: dict[tuple[str, ...], list[list[Any]]] = {}
+                for call_id, values in updates:
+                    cols = tuple(values)
+                    groups.setdefault(cols, []).append([*(self._bind(c, values[c]) for c in cols), call_id])
+                for cols, args in groups.items():
+                    sets = ", ".join(f"{c} = ${i}" for i, c in enumerate(cols, 1))
+                    await conn.executemany(f"UPDATE call SET {sets} WHERE id = ${len(cols) + 1}", args)
+        except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise self._error(exc) from None
+        return ids
+
+    async def _insert(self, conn: Any, rows: list[dict[str, Any]]) -> list[int]:
+        """Multi-row INSERT ... RETURNING per column set; ids matched back by (rollout_id, seq), which
+        the unique index makes a key (PostgreSQL does not promise RETURNING's order)."""
+        ids: dict[tuple[str, int], int] = {}
+        by_cols: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for row in rows:
+            by_cols.setdefault(tuple(row), []).append(row)
+        for cols, group in by_cols.items():
+            for start in range(0, len(group), self.MAX_ROWS):
+                chunk = group[start:start + self.MAX_ROWS]
+                n = len(cols)
+                values = ", ".join("(" + ", ".join(f"${i * n + j + 1}" for j in range(n)) + ")"
+                                   for i in range(len(chunk)))
+                args = [self._bind(c, row[c]) for row in chunk for c in cols]
+                for rec in await conn.fetch(f"INSERT INTO call ({', '.join(cols)}) VALUES {values} "
+                                            "RETURNING id, rollout_id, seq", *args):
+                    ids[(rec[1], rec[2])] = rec[0]
+        return [ids[(row["rollout_id"], row["seq"])] for row in rows]
+
+    async def _fetch(self, method: str, sql: str, *args: Any) -> Any:
+        import asyncpg
+
+        pool = await self.pool()
+        try:
+            return await getattr(pool, method)(sql, *args)
+        except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise self._error(exc) from None
+
+    async def rollout_by_key(self, key: str) -> dict[str, Any] | None:
+        row = await self._fetch("fetchrow", _LIVE_BY_KEY.replace("?", "$1"), hash_key(key))
+        return None if row is None else {"id": row[0], "run_id": row[1], "status": row[2], "adapter": row[3]}
+
+    async def newest_call_id(self, rollout_id: str) -> int | None:
+        value = await self._fetch("fetchval", "SELECT max(id) FROM call WHERE rollout_id = $1 AND status = 'ok'",
+                                  rollout_id)
+        return None if value is None else int(value)
+
+    async def calls_of_rollout(self, rollout_id: str, after_id: int, last: int | None) -> list[Call]:
+        sql = "SELECT * FROM call WHERE rollout_id = $1 AND status = 'ok' AND id > $2 ORDER BY seq DESC"
+        rows = await self._fetch("fetch", sql + (f" LIMIT {int(last)}" if last is not None else ""),
+                                 rollout_id, after_id)
+        out = []
+        for rec in reversed(rows):
+            row = dict(rec)
+            for name in self._json:
+                if isinstance(row.get(name), str):
+                    row[name] = decode_json(row[name])
+            out.append(Call(**row))
+        return out

@@ -263,6 +263,21 @@ class TrainerConfig(_Section):
                        "torchrun with FSDP2 (gloo on CPU, NCCL on GPUs, one GPU per rank); rank 0 owns the run")
 
 
+class StoreConfig(_Section):
+    """Where runs are recorded: the SQLite file `FORGE_HOME/forge.db` (the default), or a PostgreSQL
+    database shared by many proxy workers and machines (docs/cluster.md; the `[postgres]` extra)."""
+
+    url: str = Field("", description="empty = the SQLite file in FORGE_HOME; or postgresql+asyncpg://user@host/db "
+                     "(the password from PGPASSWORD or ~/.pgpass, or in the URL); $FORGE_STORE_URL also sets it")
+
+    @model_validator(mode="after")
+    def _postgres_only(self) -> StoreConfig:
+        if self.url and self.url.partition("://")[0].split("+", 1)[0] not in ("postgresql", "postgres"):
+            raise ValueError("store.url: only PostgreSQL URLs (postgresql+asyncpg://user@host/db); "
+                             "leave it empty for the SQLite file")
+        return self
+
+
 class ForgeConfig(_Section):
     """Everything a run needs. `forge config show` prints the effective one."""
 
@@ -274,6 +289,7 @@ class ForgeConfig(_Section):
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 from sqlmodel import SQLModel
 
+from openforge.db import redact
 from openforge.errors import StoreError
 from openforge.tables import SchemaMigration, hash_key, utcnow
 
@@ -60,6 +61,8 @@ def _v4_images(conn: Any) -> None:
 
 # Numbered migrations: (version, name, function(connection)). A fresh database is created from the
 # models above and stamped with every version here; an older one runs the versions it lacks.
+# They run on SQLite and PostgreSQL alike (`conn.dialect.name` tells them apart where SQL differs;
+# `ALTER TABLE t ADD COLUMN c TEXT` is the same on both). A PostgreSQL store starts at version 3.
 # Add a migration for every schema change, e.g.:
 #     (4, "rollout.cost", lambda c: c.exec_driver_sql("ALTER TABLE rollout ADD COLUMN cost FLOAT")),
 Migration = tuple[int, str, Callable[[Any], None]]
@@ -76,16 +79,31 @@ MIGRATIONS: list[Migration] = [
 ]
 
 
-def migrate(conn: Connection, path: Path) -> None:
-    """Create or upgrade the schema on `conn` (inside the caller's transaction)."""
+# Any constant: the key of the transaction-scoped advisory lock that serialises migrations on PostgreSQL.
+_PG_MIGRATION_LOCK = 0x0F0E6E
+
+
+def migrate(conn: Connection, path: str | Path) -> None:
+    """Create or upgrade the schema on `conn` (inside the caller's transaction), SQLite or PostgreSQL."""
     # One write transaction around the check and the migrations: two processes opening an old (or
-    # new) store at once migrate it once, and a failed migration leaves no half.
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
-    has_table = conn.exec_driver_sql(
-        "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_migrations'").first()
+    # new) store at once migrate it once, and a failed migration leaves no half. PostgreSQL's DDL is
+    # transactional too; an advisory lock stands in for SQLite's BEGIN IMMEDIATE.
+    postgres = conn.dialect.name == "postgresql"
+    if postgres:
+        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK})")
+        has_table = conn.exec_driver_sql("SELECT to_regclass('schema_migrations')").scalar() is not None
+        any_table = conn.exec_driver_sql(
+            "SELECT 1 FROM information_schema.tables WHERE table_schema = current_schema()").first()
+        kind = "a PostgreSQL database"
+    else:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        has_table = conn.exec_driver_sql(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_migrations'").first() is not None
+        any_table = conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE type='table'").first()
+        kind = "an SQLite file"
     if not has_table:
-        if conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE type='table'").first():
-            raise StoreError(f"{path} is an SQLite file but not an OpenForge store")
+        if any_table:
+            raise StoreError(f"{redact(path)} is {kind} but not an OpenForge store")
         SQLModel.metadata.create_all(conn)
         for version, name, _ in MIGRATIONS:
             _stamp(conn, version, name)
@@ -93,7 +111,7 @@ def migrate(conn: Connection, path: Path) -> None:
     applied = {row[0] for row in conn.exec_driver_sql("SELECT version FROM schema_migrations")}
     newest = max(applied, default=0)
     if newest > MIGRATIONS[-1][0]:
-        raise StoreError(f"{path} has schema version {newest}, newer than this forge knows "
+        raise StoreError(f"{redact(path)} has schema version {newest}, newer than this forge knows "
                          f"({MIGRATIONS[-1][0]}); upgrade forge")
     for version, name, apply in MIGRATIONS:
         if version not in applied:

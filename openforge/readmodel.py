@@ -16,6 +16,7 @@ from sqlalchemy import func, literal_column
 from sqlalchemy.orm import load_only
 from sqlmodel import select
 
+from openforge.db import is_url
 from openforge.store import Call, Rollout, Run, Store, TrainStep, utcnow
 
 
@@ -45,6 +46,7 @@ _CALL_COLS = (Call.id, Call.run_id, Call.rollout_id, Call.api, Call.status, Call
 
 def read_snapshot(store: Store, run_id: str, *, max_rollouts: int = 40, max_calls: int = 30) -> Snapshot:
     run = store.get_run(run_id)
+    newest = Rollout.created_at if store.postgres else _ROWID  # PostgreSQL has no rowid (nor the overflow walk)
     with store.session() as s:
         counts = dict(s.exec(
             select(Rollout.status, func.count()).where(Rollout.run_id == run.id).group_by(Rollout.status)
@@ -53,9 +55,9 @@ def read_snapshot(store: Store, run_id: str, *, max_rollouts: int = 40, max_call
         rollouts = select(Rollout).options(load_only(*_ROLLOUT_COLS)).where(Rollout.run_id == run.id)
         live = list(s.exec(
             rollouts.where(Rollout.status.in_(("pending", "running")))  # type: ignore[attr-defined]
-            .order_by(_ROWID).limit(max_rollouts)
+            .order_by(newest).limit(max_rollouts)
         ).all())
-        recent = list(s.exec(rollouts.order_by(_ROWID.desc()).limit(max_rollouts)).all())
+        recent = list(s.exec(rollouts.order_by(newest.desc()).limit(max_rollouts)).all())  # type: ignore[attr-defined]
         calls = list(s.exec(
             select(Call).options(load_only(*_CALL_COLS)).where(Call.run_id == run.id)
             .order_by(Call.id.desc()).limit(max_calls)  # type: ignore[union-attr]
@@ -69,5 +71,10 @@ def read_snapshot(store: Store, run_id: str, *, max_rollouts: int = 40, max_call
 
 
 def run_log_path(store_path: str | Path, run_id: str) -> Path:
-    """The run's log file: `forge up` writes it, the dashboard tails it (`<home>/runs/<id>/forge.log`)."""
+    """The run's log file: `forge up` writes it, the dashboard tails it (`<home>/runs/<id>/forge.log`).
+    A PostgreSQL store has no folder of its own: the log is under FORGE_HOME then."""
+    if is_url(store_path):
+        from openforge.paths import forge_home
+
+        return forge_home() / "runs" / run_id / "forge.log"
     return Path(store_path).parent / "runs" / run_id / "forge.log"

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from openforge.db import is_url
 from openforge.errors import StoreError
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,10 @@ def reserve_path(db_path: str | Path) -> Path:
 
 
 def hold(db_path: str | Path, size: int = RESERVE_BYTES) -> bool:
-    """Make the reserve (allocated blocks, not a sparse file) unless it exists; False if there is no room."""
+    """Make the reserve (allocated blocks, not a sparse file) unless it exists; False if there is no room
+    (or the store is a PostgreSQL database: the server's disk is not ours to reserve)."""
+    if is_url(db_path):
+        return False
     path = reserve_path(db_path)
     try:
         if path.stat().st_size >= size:
@@ -71,6 +75,8 @@ def hold(db_path: str | Path, size: int = RESERVE_BYTES) -> bool:
 
 def release(db_path: str | Path) -> bool:
     """Give the reserve's space back; True if there was one."""
+    if is_url(db_path):
+        return False
     return _unlink(reserve_path(db_path))
 
 

@@ -1,4 +1,5 @@
-"""The run store: OpenForge's memory, one SQLite file a person can query with `sqlite3`.
+"""The run store: OpenForge's memory, one SQLite file a person can query with `sqlite3` (or, when one
+file is not enough, a PostgreSQL database: `store.url`, docs/cluster.md).
 
 Tables (all plain, JSON in TEXT columns where a value is a list or an object):
 
@@ -113,15 +114,21 @@ class Recovered:
 
 
 class Store:
-    """A handle on one store file. Cheap to create; open one per process."""
+    """A handle on one store: an SQLite file (a path) or a PostgreSQL database (a URL, see
+    `openforge.db`). Cheap to create; open one per process."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot create the data dir {self.path.parent}: {exc}") from None
-        db.check_file(self.path)
+        # `path`: the location as given, to reopen the store elsewhere (a proxy worker, the dashboard):
+        # a Path for an SQLite file, the URL string for PostgreSQL. `where` is for messages.
+        self.path: Any = db.location(path)
+        self.postgres = db.is_url(self.path)
+        self.where = db.redact(self.path)
+        if not self.postgres:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create the data dir {self.path.parent}: {exc}") from None
+            db.check_file(self.path)
         self.engine = db.sync_engine(self.path)
         with self.guard(), self.engine.begin() as conn:
             migrate(conn, self.path)
@@ -132,7 +139,7 @@ class Store:
         try:
             yield
         except IntegrityError as exc:
-            raise StoreError(f"run store {self.path}: {exc.orig}") from None
+            raise StoreError(f"run store {self.where}: {' '.join(str(exc.orig).split())}") from None
         except (DatabaseError, sqlite3.DatabaseError, OSError) as exc:
             raise db.store_error(exc, self.path) from None
 
@@ -146,8 +153,33 @@ class Store:
             return int(conn.exec_driver_sql("SELECT max(version) FROM schema_migrations").scalar() or 0)
 
     def integrity_check(self) -> str:
+        """"ok", or what is wrong. SQLite: `PRAGMA integrity_check` (pages, indexes, constraints).
+        PostgreSQL (which has no such pragma; its pages carry their own checks): every index of the
+        store valid and ready (a crashed `CREATE INDEX CONCURRENTLY` leaves one that is not), the
+        B-tree indexes checked against their tables with `amcheck` where the extension is installed,
+        and no call numbered twice within a rollout."""
         with self.guard(), self.engine.connect() as conn:
-            return str(conn.exec_driver_sql("PRAGMA integrity_check").scalar())
+            if not self.postgres:
+                return str(conn.exec_driver_sql("PRAGMA integrity_check").scalar())
+            problems = [f"index {name} is not valid" for (name,) in conn.exec_driver_sql(
+                "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = current_schema() "
+                "AND NOT (i.indisvalid AND i.indisready)")]
+            if conn.exec_driver_sql("SELECT 1 FROM pg_extension WHERE extname = 'amcheck'").first():
+                for (name,) in conn.exec_driver_sql(
+                        "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                        "JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_am a ON a.oid = c.relam "
+                        "WHERE n.nspname = current_schema() AND a.amname = 'btree'"):
+                    try:
+                        conn.exec_driver_sql(f"SELECT bt_index_check('{name}'::regclass, true)")
+                    except DatabaseError as exc:
+                        problems.append(f"index {name}: {' '.join(str(exc.orig).split())[:200]}")
+                        conn.rollback()
+            dup = conn.exec_driver_sql("SELECT count(*) FROM (SELECT 1 FROM call GROUP BY rollout_id, seq "
+                                       "HAVING count(*) > 1) AS d").scalar()
+            if dup:
+                problems.append(f"{dup} call numbers given twice within a rollout")
+            return "; ".join(problems) or "ok"
 
     def close(self) -> None:
         self.engine.dispose()
@@ -425,10 +457,15 @@ class Store:
             ).first()
 
 
-def open_store(home: Path) -> Store:
+STORE_URL_ENV = "FORGE_STORE_URL"
+
+
+def open_store(home: Path, url: str = "") -> Store:
+    """The store of `home`: the PostgreSQL database `url` (or `$FORGE_STORE_URL`) names, else the
+    SQLite file `home/forge.db`."""
     from openforge.paths import db_path
 
-    return Store(db_path(home))
+    return Store(url or os.environ.get(STORE_URL_ENV) or db_path(home))
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,8 @@
 """The store's tables: SQLModel classes, one per table, in the schema a person can query with `sqlite3`.
 
 Lists and objects (token ids, logprobs, request bodies, configs) live in `JSON` columns: TEXT holding
-JSON that `sqlite3`'s json functions read, and Python lists/dicts on the model. No caller encodes or
+JSON that `sqlite3`'s json functions read (PostgreSQL: its `json` type, the text kept as written and
+read with `->`/`->>`), and Python lists/dicts on the model. No caller encodes or
 decodes them. `openforge.store` holds the write paths and migrations; import the tables from either.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 import orjson
 from pydantic import PrivateAttr
 from sqlalchemy import Column, Index, Text
-from sqlalchemy.types import TypeDecorator
+from sqlalchemy.types import TypeDecorator, UserDefinedType
 from sqlmodel import Field, SQLModel
 
 from openforge.errors import StoreError
@@ -78,17 +79,33 @@ def decode_json(text: str) -> Any:
         raise StoreError(f"a JSON column of the store holds text that is not JSON: {text[:80]!r}") from None
 
 
+class _PGJSON(UserDefinedType):  # type: ignore[type-arg]
+    """PostgreSQL's `json` (not `jsonb`: it keeps the text exactly as written, a request body as sent),
+    bound as the text `encode_json` made."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **_kw: Any) -> str:
+        return "JSON"
+
+
 class JSON(TypeDecorator):
-    """TEXT in the file, a list or dict in Python."""
+    """TEXT in the file (PostgreSQL: json), a list or dict in Python."""
 
     impl = Text
     cache_ok = True
 
+    def load_dialect_impl(self, dialect: Any) -> Any:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(_PGJSON())
+        return dialect.type_descriptor(Text())
+
     def process_bind_param(self, value: Any, dialect: Any) -> str | None:
         return None if value is None else encode_json(value)
 
-    def process_result_value(self, value: str | None, dialect: Any) -> Any:
-        return None if value is None else decode_json(value)
+    def process_result_value(self, value: Any, dialect: Any) -> Any:
+        # psycopg hands a json column over decoded already (with orjson: see openforge.db)
+        return None if value is None else decode_json(value) if isinstance(value, str) else value
 
 
 def _json_col() -> Any:

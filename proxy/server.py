@@ -21,6 +21,7 @@ from pathlib import Path
 from engine.client import EngineClient
 from engine.serve import ServerHandle, _unix_socket, listen_tcp, serve_in_thread
 from openforge.config import ProxyConfig
+from openforge.db import location
 from openforge.errors import ConfigError, ForgeError
 from proxy.connections import deadline_protocol
 
@@ -43,7 +44,7 @@ class ProxyServer:
                  served_model: str | None = None, uds: str | Path | None = None,
                  engine_key: str | None = None) -> None:
         self.config = config
-        self.store_path = Path(store_path)
+        self.store_path = location(store_path)  # an SQLite file, or a PostgreSQL URL
         self.engine_url = engine_url
         self.engine_key = engine_key
         self.model_path = Path(model_path)
