@@ -10,12 +10,12 @@ from rich.console import Console
 
 from forge_cli.context import new_typer, state
 
-harness_app = new_typer(help="Agent harnesses: install the npm ones (claude-code, codex, openclaw).")
+harness_app = new_typer(help="Agent harnesses: install the npm ones (claude-code, codex, openclaw) and browser-use (pip).")
 
 
 @harness_app.command("install")
 def install(ctx: typer.Context,
-            name: Annotated[str, typer.Argument(help="claude-code, codex or openclaw")],
+            name: Annotated[str, typer.Argument(help="claude-code, codex, openclaw or browser-use")],
             cache: Annotated[Optional[Path], typer.Option("--cache", help="the npm cache folder (default: "
                              "harness.npm_cache, else $FORGE_NPM_CACHE, else $FORGE_HOME/npm)")] = None,
             ) -> None:
@@ -25,6 +25,15 @@ def install(ctx: typer.Context,
     harness = state(ctx).config().harness
     folder = cache.expanduser().resolve() if cache else npm_cache_dir(harness)
     console = Console(stderr=True)
+    if name == "browser-use":  # a pinned pip install into its own venv in the same folder
+        from rollouts.harnesses.browseruse import BROWSER_USE_VERSION, install_browser_use
+        with console.status(f"pip install browser-use=={BROWSER_USE_VERSION} into {folder}") as status:
+            exe = install_browser_use(folder, on_line=lambda line: status.update(
+                f"pip install browser-use=={BROWSER_USE_VERSION} into {folder}  {line[-60:]}"))
+        typer.echo(f"{name} ready: {exe}")
+        if cache and not harness.npm_cache:
+            typer.echo(f"use it with: --set harness.npm_cache={folder}  (or export FORGE_NPM_CACHE={folder})")
+        return
     fetched = 0
     with console.status(f"npm install {name} into {folder}") as status:
         def progress(line: str) -> None:

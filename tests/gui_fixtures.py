@@ -239,3 +239,39 @@ def run_mini_gui(workdir: Path, display: str, base_url: str, instruction: str, *
                           cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
     result = workdir / ".forge" / "mini_gui_result.json"
     return proc, (json.loads(result.read_text()) if result.exists() else {})
+
+
+# -- browser-use ------------------------------------------------------------------------------------
+
+def browser_use_reply(actions: list[dict[str, Any]]) -> dict[str, Any]:
+    """An assistant message as browser-use asks for it (response_format: its AgentOutput JSON schema)."""
+    return text_reply(json.dumps({"thinking": "", "evaluation_previous_goal": "", "memory": "", "next_goal": "",
+                                  "action": actions}))
+
+
+def browser_use_button_policy(body: dict[str, Any]) -> dict[str, Any]:
+    """Click the element browser-use lists as `[N]<button id=go` while the page has it, then done."""
+    import re
+    text = "".join(p.get("text", "") for m in body["messages"] if m["role"] == "user"
+                   for p in (m["content"] if isinstance(m["content"], list) else [{"text": m["content"]}]))
+    found = re.search(r"\[(\d+)\]<button id=go", text)
+    if found:
+        return browser_use_reply([{"click": {"index": int(found.group(1))}}])
+    return browser_use_reply([{"done": {"text": "clicked", "success": True, "files_to_display": []}}])
+
+
+def run_browser_use(python: str, workdir: Path, base_url: str, instruction: str, *args: str,
+                    timeout: float = 240) -> tuple[subprocess.CompletedProcess, dict[str, Any]]:
+    """Run browser_use_agent.py with the harness venv's python, as the adapter does."""
+    from rollouts.harnesses.browseruse import QUIET_ENV, find_chromium
+    agent = Path(__file__).resolve().parents[1] / "rollouts" / "harnesses" / "browser_use_agent.py"
+    (workdir / ".forge").mkdir(parents=True, exist_ok=True)
+    (workdir / ".forge" / "instruction.txt").write_text(instruction)
+    (workdir / "home").mkdir(exist_ok=True)
+    env = {**QUIET_ENV, "PATH": os.environ["PATH"], "HOME": str(workdir / "home"), "OPENAI_BASE_URL": base_url,
+           "OPENAI_API_KEY": "sk-rollout-test", "FORGE_MODEL": "forge-policy", "FORGE_CHROMIUM": find_chromium() or "",
+           "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([python, str(agent), "--instruction-file", ".forge/instruction.txt", *args],
+                          cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+    result = workdir / ".forge" / "browser_use_result.json"
+    return proc, (json.loads(result.read_text()) if result.exists() else {})

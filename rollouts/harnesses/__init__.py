@@ -20,7 +20,7 @@ HARNESSES: dict[str, tuple[str, str]] = {
     "openclaw": ("rollouts.harnesses.openclaw", "OpenClawHarness"),
     "zeroclaw": ("rollouts.harnesses.zeroclaw", "ZeroClawHarness"),
     "mini-gui": ("rollouts.harnesses.mini_gui", "MiniGuiHarness"),
-    "browser-use": ("rollouts.harnesses.browser_use", "BrowserUseHarness"),
+    "browser-use": ("rollouts.harnesses.browseruse", "BrowserUseHarness"),
 }
 
 
@@ -63,6 +63,11 @@ def harness_available(config: ForgeConfig) -> str | None:
         if importlib.util.find_spec("PIL") is None:
             return f"the mini-gui harness needs Pillow in {sys.executable}: pip install pillow"
         return None if shutil.which("xdotool") else "the mini-gui harness needs xdotool: apt-get install xdotool"
+    if name == "browser-use":
+        from rollouts.harnesses.browseruse import find_chromium, venv_python
+        if venv_python(npm_cache_dir(config.harness)) is None:
+            return f"browser-use is not installed in {npm_cache_dir(config.harness)}: run `forge harness install browser-use`"
+        return None if find_chromium() else "browser-use needs a Chromium on this machine: apt-get install chromium"
     if name == "zeroclaw":
         return None if shutil.which("zeroclaw") else (
             "zeroclaw is not on the PATH: it is a Rust binary, not on npm (`cargo install zeroclaw`); see docs/harnesses.md")

@@ -1,0 +1,170 @@
+"""browser-use (PyPI `browser-use`, pinned) as a harness: it starts the sandbox's Chromium, drives it
+over CDP and asks the proxy's Chat Completions API (with the rollout's key) for its next actions,
+with a screenshot each step. docs/harnesses.md describes what it sends. (This module is not named
+browser_use.py: beside browser_use_agent.py that would shadow the package when the agent runs from here.)
+
+Installed into its own venv inside the harness cache (beside the npm harnesses, so local sandboxes
+see it read-only exactly as they see those):
+
+    forge harness install browser-use      # <cache>/browser-use-venv, pip install browser-use==VERSION
+
+Local sandboxes run that venv's python and the host's chromium; container sandboxes run `python3` and
+`chromium` of their image, which must have browser-use installed. The outcome is browser-use's own
+structured history (browser_use_agent.py writes is_done / is_successful / final_result / errors):
+done is the answer (its `text`); an API error without done, a crash or a missing result is a harness
+failure (never graded); the step limit reached without done is the policy's doing, graded with an
+empty answer (a state-graded task is graded by the state it left).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from openforge.config import HarnessConfig
+from openforge.errors import HarnessError
+from rollouts.harness import HarnessContext, HarnessOutcome, last_line, read_text
+from rollouts.npm import npm_cache_dir
+from sandbox.base import ExecResult, Sandbox
+
+BROWSER_USE_VERSION = "0.13.14"
+AGENT_SOURCE = Path(__file__).with_name("browser_use_agent.py")
+AGENT_PATH = ".forge/browser_use_agent.py"
+INSTRUCTION_PATH = ".forge/instruction.txt"
+RESULT_PATH = ".forge/browser_use_result.json"  # browser_use_agent.RESULT_FILE
+VENV_NAME = "browser-use-venv"
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+INSTALL_TIMEOUT_S = 900.0
+
+# browser-use phones home unless told not to (PostHog telemetry, cloud sync, a version check, the
+# default extensions' downloads): all off, so the proxy is the only address it talks to.
+QUIET_ENV = {
+    "ANONYMIZED_TELEMETRY": "false",
+    "BROWSER_USE_CLOUD_SYNC": "false",
+    "BROWSER_USE_VERSION_CHECK": "false",
+    "BROWSER_USE_DISABLE_EXTENSIONS": "1",
+    "BROWSER_USE_CALCULATE_COST": "false",
+    "BROWSER_USE_LOGGING_LEVEL": "info",
+}
+
+
+def venv_dir(cache: Path) -> Path:
+    return cache / VENV_NAME
+
+
+def venv_python(cache: Path) -> Path | None:
+    """The venv's python when browser-use is installed in it, else None."""
+    python = venv_dir(cache) / "bin" / "python"
+    marker = venv_dir(cache) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / \
+        "site-packages" / "browser_use"
+    return python if python.exists() and marker.is_dir() else None
+
+
+def find_chromium() -> str | None:
+    for name in CHROMIUM_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def install_browser_use(cache: Path, *, timeout: float = INSTALL_TIMEOUT_S,
+                        on_line: Callable[[str], None] | None = None) -> Path:
+    """A venv with browser-use==BROWSER_USE_VERSION in the harness cache (a no-op if present); its python."""
+    found = venv_python(cache)
+    if found is not None:
+        return found
+    venv = venv_dir(cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    base = getattr(sys, "_base_executable", sys.executable)  # the interpreter this venv was made from
+    steps = [[base, "-m", "venv", "--clear", str(venv)],
+             [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+              f"browser-use=={BROWSER_USE_VERSION}"]]
+    for argv in steps:
+        try:
+            with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  stdin=subprocess.DEVNULL) as proc:
+                assert proc.stdout is not None
+                tail: list[str] = []
+                for line in proc.stdout:
+                    tail = [*tail[-20:], line.rstrip()]
+                    if on_line:
+                        on_line(line.rstrip())
+                code = proc.wait(timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise HarnessError(f"installing browser-use failed: {' '.join(argv[:3])}: {exc}") from None
+        if code != 0:
+            shown = [ln for ln in tail if ln and not ln.startswith("WARNING: Location")][-3:]
+            raise HarnessError(f"installing browser-use failed ({' '.join(argv[1:3])}): {' | '.join(shown) or code}")
+    found = venv_python(cache)
+    if found is None:
+        raise HarnessError(f"pip installed browser-use but {venv} has no browser_use package")
+    return found
+
+
+def browser_use_outcome(result: ExecResult, record_text: str | None) -> HarnessOutcome:
+    """browser-use's verdict, from the history record its runner wrote."""
+    try:
+        record = json.loads(record_text) if record_text else None
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        why = last_line(result.stderr) or last_line(result.stdout) or "no output"
+        return HarnessOutcome.failed(f"browser-use exited {result.exit_code} without its result: {why}")
+    if result.exit_code != 0 or "error" in record:
+        return HarnessOutcome.failed(f"browser-use failed: {record.get('error') or f'exit code {result.exit_code}'}")
+    steps = record.get("steps") if isinstance(record.get("steps"), int) else None
+    if record.get("is_done") is True:
+        answer = record.get("final_result")
+        return HarnessOutcome(answer=answer if isinstance(answer, str) else "", turns=steps)
+    api_errors = record.get("api_errors") or []
+    if api_errors:  # it stopped because the API failed it, not because of what the policy did
+        return HarnessOutcome.failed(f"browser-use: {api_errors[-1]}", turns=steps)
+    return HarnessOutcome(answer="", turns=steps)  # the step limit (or its failure limit) without done
+
+
+class BrowserUseHarness:
+    name = "browser-use"
+
+    def __init__(self, config: HarnessConfig) -> None:
+        self.config = config
+        self.cache = npm_cache_dir(config)
+
+    async def prepare(self, sandbox: Sandbox, ctx: HarnessContext) -> None:
+        if ctx.backend == "local":
+            if venv_python(self.cache) is None:
+                raise HarnessError(f"browser-use is not installed in {self.cache}: run `forge harness install browser-use`")
+            if find_chromium() is None:
+                raise HarnessError("browser-use needs a Chromium on this machine: apt-get install chromium")
+        else:
+            found = await sandbox.exec(["python3", "-c", "import browser_use"], timeout=60)
+            if found.exit_code != 0:
+                raise HarnessError(f"browser-use is not installed in the {ctx.backend} sandbox image "
+                                   f"(pip install browser-use=={BROWSER_USE_VERSION} in the image)")
+        await sandbox.write_file(AGENT_PATH, AGENT_SOURCE.read_bytes())
+        await sandbox.write_file(INSTRUCTION_PATH, ctx.instruction.encode("utf-8"))
+
+    def command(self, ctx: HarnessContext) -> list[str]:
+        python = str(venv_python(self.cache) or venv_dir(self.cache) / "bin" / "python") \
+            if ctx.backend == "local" else "python3"
+        return [python, AGENT_PATH, "--instruction-file", INSTRUCTION_PATH,
+                "--max-steps", str(self.config.max_turns), *self.config.extra_args]
+
+    def env(self, ctx: HarnessContext) -> dict[str, str]:
+        chromium = (find_chromium() or "chromium") if ctx.backend == "local" else "chromium"
+        return {
+            **QUIET_ENV,
+            "OPENAI_BASE_URL": ctx.proxy_url.rstrip("/") + "/v1",
+            "OPENAI_API_KEY": ctx.api_key,
+            "FORGE_MODEL": ctx.model,
+            "FORGE_CHROMIUM": chromium,
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+
+    async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
+        return browser_use_outcome(result, await read_text(sandbox, RESULT_PATH))

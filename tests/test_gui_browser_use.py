@@ -1,0 +1,100 @@
+"""browser-use (the real PyPI package, pinned, in its harness venv) driving a real Chromium against a
+scripted model that answers with valid browser-use actions; its outcome rules; and a rollout of it in a
+real local sandbox through the real proxy.
+
+The venv is the one `forge harness install browser-use` makes, in $FORGE_NPM_CACHE or
+~/.cache/openforge-npm (where .ci/run installs it); these tests skip, saying so, without it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollouts.harnesses.browseruse import browser_use_outcome, find_chromium, venv_python
+from sandbox.base import ExecResult
+from gui_fixtures import (ScriptedModel, Site, browser_use_button_policy, browser_use_reply, run_browser_use,
+                          screenshot_of)
+
+CACHE = Path(os.environ.get("FORGE_NPM_CACHE") or Path.home() / ".cache" / "openforge-npm").expanduser()
+PYTHON = venv_python(CACHE)
+needs_browser_use = pytest.mark.skipif(
+    PYTHON is None or find_chromium() is None,
+    reason=f"browser-use is not installed in {CACHE} (forge harness install browser-use --cache {CACHE})"
+    if PYTHON is None else "no chromium (apt-get install chromium)")
+
+
+def _rec(**kw: Any) -> str:
+    base = {"is_done": False, "is_successful": None, "final_result": None, "errors": [], "steps": 3, "api_errors": []}
+    return json.dumps({**base, **kw})
+
+
+def test_outcome_rules() -> None:
+    ok = ExecResult(0, "", "")
+    done = browser_use_outcome(ok, _rec(is_done=True, is_successful=True, final_result="42"))
+    assert (done.answer, done.failure, done.turns) == ("42", None, 3)
+    # The agent's own "success: false" is its opinion: the answer is graded all the same.
+    assert browser_use_outcome(ok, _rec(is_done=True, is_successful=False, final_result="no")).answer == "no"
+    assert browser_use_outcome(ok, _rec(is_done=True, final_result=None)).answer == ""
+    limit = browser_use_outcome(ok, _rec(errors=["Invalid JSON"]))  # the policy's garbage until the limit
+    assert limit.answer == "" and limit.failure is None
+    api = browser_use_outcome(ok, _rec(api_errors=["API error 400: prompt is too long"]))
+    assert api.answer is None and api.failure == "browser-use: API error 400: prompt is too long"
+    assert browser_use_outcome(ExecResult(5, "", "boom"), json.dumps({"error": "BrowserStartError: x"})).failure \
+        == "browser-use failed: BrowserStartError: x"
+    assert browser_use_outcome(ExecResult(137, "", "Killed"), None).failure.startswith("browser-use exited 137")
+    assert browser_use_outcome(ExecResult(1, "", ""), _rec(is_done=True, final_result="42")).failure is not None
+
+
+@pytest.mark.slow
+@needs_browser_use
+def test_browser_use_clicks_a_real_page(tmp_path: Path) -> None:
+    site = Site()
+    model = ScriptedModel(browser_use_button_policy)
+    try:
+        proc, record = run_browser_use(str(PYTHON), tmp_path, model.base_url,
+                                       f"Open {site.url} and press the red button.", "--max-steps", "4")
+    finally:
+        model.close()
+        site.close()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert record["is_done"] is True and record["final_result"] == "clicked" and record["api_errors"] == []
+    assert site.clicks == 1  # the site's own state: browser-use really pressed the button
+    assert len(model.requests) == 2  # click, then done: no judge call, nothing else
+    first = model.requests[0]
+    assert model.auth[0] == "Bearer sk-rollout-test" and first["model"] == "forge-policy"
+    assert first["response_format"]["type"] == "json_schema" and "tools" not in first
+    assert screenshot_of(first).format == "PNG"  # one screenshot a call, as a data URL
+    assert browser_use_outcome(ExecResult(proc.returncode, proc.stdout, proc.stderr), json.dumps(record)).answer == "clicked"
+
+
+@pytest.mark.slow
+@needs_browser_use
+def test_browser_use_api_error_is_a_harness_failure(tmp_path: Path) -> None:
+    model = ScriptedModel(lambda body: (400, "prompt is too long"))
+    try:
+        proc, record = run_browser_use(str(PYTHON), tmp_path, model.base_url, "Open http://127.0.0.1:9/ and look.",
+                                       "--max-steps", "3")
+    finally:
+        model.close()
+    outcome = browser_use_outcome(ExecResult(proc.returncode, proc.stdout, proc.stderr), json.dumps(record))
+    assert outcome.answer is None and "API error 400" in outcome.failure, (record, proc.stderr[-2000:])
+
+
+@pytest.mark.slow
+@needs_browser_use
+def test_browser_use_garbage_is_graded_not_failed(tmp_path: Path) -> None:
+    """A policy that never writes a valid action: browser-use reports it back as a step error, then
+    stops; that is the policy's data (an empty answer), not a harness failure."""
+    replies = iter([{"role": "assistant", "content": "not json"}] * 3 + [browser_use_reply([])] * 10)
+    model = ScriptedModel(lambda body: next(replies))
+    try:
+        proc, record = run_browser_use(str(PYTHON), tmp_path, model.base_url, "Do nothing.", "--max-steps", "3")
+    finally:
+        model.close()
+    outcome = browser_use_outcome(ExecResult(proc.returncode, proc.stdout, proc.stderr), json.dumps(record))
+    assert record["is_done"] is False and record["errors"], (record, proc.stderr[-2000:])
+    assert outcome.answer == "" and outcome.failure is None
