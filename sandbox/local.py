@@ -49,6 +49,7 @@ from openforge.errors import SandboxError
 from openforge.paths import forge_home
 from sandbox.base import (ExecResult, IsolationUnavailable, SandboxBase, SandboxFileNotFound, SandboxInfo,
                           SandboxPathRefused, sandbox_labels)
+from sandbox.gui import SITE_PORT, SITE_URL, GuiSpec
 from sandbox.procs import Cgroup, Limits, cgroup_name, kill_pids, kill_tree, limit_argv, nproc_budget, preexec
 
 SANDBOX_ENV = "OPENFORGE_SANDBOX"
@@ -77,6 +78,11 @@ ISOLATION_FIX = ("local sandboxes cannot be isolated here (bubblewrap is missing
 PROXY_SOCKET = "/run/forge/proxy.sock"  # where the proxy's unix socket appears inside the sandbox
 PROXY_PORT = 8700  # the forwarder's port on the sandbox's own loopback (each exec has its own network)
 FORWARDER = Path(__file__).with_name("forwarder.py")
+FORWARDER_INSIDE = "/run/forge/forwarder.py"
+GUI_MODULE = Path(__file__).with_name("gui.py")
+GUI_INSIDE = "/run/forge/gui.py"
+SITE_SOCKET = "/run/forge/site.sock"  # where a GUI task's site socket appears inside the sandbox
+GUI_ETC = ("/etc/fonts", "/etc/chromium", "/etc/chromium.d")
 ISOLATION_FLAGS = ("--unshare-user", "--cap-drop", "ALL", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                    "--unshare-net", "--unshare-cgroup-try", "--new-session", "--die-with-parent")
 
@@ -181,6 +187,18 @@ class LocalSandbox(SandboxBase):
         self.proxy_socket = str(proxy_socket) if proxy_socket else None
         self.cgroup: Cgroup | None = None
         self._started = self._created = False
+        # While set, each exec runs inside a display (and browser) of its own: `attach_gui`.
+        self.gui: GuiSpec | None = None
+
+    def attach_gui(self, spec: GuiSpec | None) -> None:
+        """Run the following execs with an X display (Xvfb), chromium on `spec.url` and the site's
+        socket forwarded to 127.0.0.1:SITE_PORT; None detaches. Each exec gets its own display, in
+        its own network and pid namespaces: it ends with the exec. Needs bubblewrap: unisolated, the
+        display and the site's port would be the host's."""
+        if spec is not None and not self.bwrap:
+            raise SandboxError("a GUI sandbox needs bubblewrap isolation (its display and site port must be "
+                               "private to the sandbox): install bubblewrap, or use sandbox.type = \"docker\"")
+        self.gui = spec
 
     @property
     def isolation(self) -> str:
@@ -262,15 +280,30 @@ class LocalSandbox(SandboxBase):
         for sub in ("work", "home", "tmp"):
             mounts += ["--bind", f"{d}/{sub}", self._inner(sub)]
         mounts += [arg for h in _hidden_in(mounts) for arg in ("--remount-ro", h)]
+        if self.gui is not None:  # the display, the browser and the site's door (sandbox/gui.py)
+            argv = [sys.executable, "-I", GUI_INSIDE, *self.gui.launcher_args(), *argv]
+            mounts += ["--ro-bind", str(GUI_MODULE), GUI_INSIDE]
+            for etc in GUI_ETC:  # fonts and chromium's own config (/usr/bin/chromium sources it)
+                mounts += ["--ro-bind-try", etc, etc]
+            if self.gui.site_socket:
+                mounts += ["--bind", self.gui.site_socket, SITE_SOCKET]
+                argv = [sys.executable, "-I", FORWARDER_INSIDE, "--socket", SITE_SOCKET, "--port", str(SITE_PORT),
+                        "--", *argv]
         if self.proxy_socket:
-            mounts += ["--bind", self.proxy_socket, PROXY_SOCKET, "--ro-bind", str(FORWARDER), "/run/forge/forwarder.py"]
-            argv = [sys.executable, "-I", "/run/forge/forwarder.py", "--socket", PROXY_SOCKET,
+            mounts += ["--bind", self.proxy_socket, PROXY_SOCKET]
+        if self.proxy_socket or (self.gui and self.gui.site_socket):
+            mounts += ["--ro-bind", str(FORWARDER), FORWARDER_INSIDE]
+        if self.proxy_socket:
+            argv = [sys.executable, "-I", FORWARDER_INSIDE, "--socket", PROXY_SOCKET,
                     "--port", str(PROXY_PORT), "--", *argv]
         return [self.bwrap, *ISOLATION_FLAGS, *mounts, "--chdir", cwd, "--", *argv]
 
     def _env(self, env: dict[str, str] | None, exec_id: str) -> dict[str, str]:
         base = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C.UTF-8",
                 "HOME": self._inner("home"), "TMPDIR": self._inner("tmp"), "TERM": "dumb"}
+        if self.gui is not None:
+            base.update(FORGE_GUI=GUI_INSIDE, FORGE_PYTHON=sys.executable,
+                        **({"FORGE_SITE_URL": SITE_URL} if self.gui.site_socket else {}))
         # The markers go last so a caller's env cannot remove them (they are how stop() finds strays).
         return {**base, **(env or {}), SANDBOX_ENV: self.id, EXEC_ENV: exec_id}
 

@@ -1,0 +1,249 @@
+"""A sandbox's X display and browser, and the primitives to see and act in them (runs INSIDE the sandbox).
+
+Interface (for harnesses, reference solutions and tests; stdlib, plus Pillow for screenshots):
+
+    # the launcher: the sandbox wraps a command with it when a GUI is attached (sandbox/local.py)
+    python -I gui.py run [--size 1024x768] [--kiosk URL | --app URL] -- CMD ARGS...
+        starts Xvfb on a display of its own (-displayfd: Xvfb picks the number), sets DISPLAY, starts
+        chromium on URL (--kiosk: the page fills the screen, so screen pixels are page pixels; --app: a
+        bare application window, the "desktop" tasks), waits until the page is painted, then runs CMD
+        and exits with CMD's exit code (Xvfb and chromium are ended with it).
+
+    # the primitives (DISPLAY from the environment unless given)
+    python -I gui.py screenshot OUT.png          a PNG of the whole screen (Pillow's ImageGrab over XCB)
+    python -I gui.py click X Y                   xdotool: move to (X, Y) in screen pixels, left click
+    python -I gui.py type TEXT                   xdotool: type TEXT into the focused element
+    python -I gui.py key COMBO                   xdotool: a key or combination (Return, ctrl+a, Tab)
+    python -I gui.py wait-painted                until the screen is not one flat colour (max 30 s)
+
+    from gui import screenshot, click, type_text, key     # the same, as functions (the file is
+                                                          # at $FORGE_GUI inside a GUI sandbox)
+
+Inside a sandbox with a GUI the environment holds DISPLAY, FORGE_GUI (this file's path) and
+FORGE_PYTHON (a python that has Pillow); the task's site, when it has one, is at FORGE_SITE_URL
+(http://127.0.0.1:8080/, a forwarder to the site's unix socket on the host: the site and its state
+live outside the sandbox, see rollouts/web/).
+
+Why chromium runs with --no-sandbox: its own sandbox needs to create user and pid namespaces (or a
+setuid helper), which an unprivileged process inside bubblewrap's user namespace with every
+capability dropped cannot do, so chromium would refuse to start. The rollout's sandbox is the
+boundary instead: chromium runs in it with no network beyond the sandbox's own loopback (its own
+network namespace), no host X socket, and only what the sandbox binds in.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+SITE_PORT = 8080  # the task site's forwarder on the sandbox's own loopback
+SITE_URL = f"http://127.0.0.1:{SITE_PORT}/"
+DEFAULT_SIZE = (1024, 768)
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+CHROMIUM_FLAGS = ("--no-sandbox", "--no-first-run", "--no-default-browser-check", "--disable-gpu",
+                  "--disable-extensions", "--disable-sync", "--disable-background-networking",
+                  "--disable-component-update", "--disable-default-apps", "--disable-translate",
+                  "--disable-features=Translate,MediaRouter,OptimizationHints", "--disable-dev-shm-usage",
+                  "--password-store=basic", "--use-mock-keychain", "--no-pings", "--noerrdialogs",
+                  "--disable-infobars", "--force-device-scale-factor=1", "--hide-scrollbars")
+
+
+@dataclass(frozen=True)
+class GuiSpec:
+    """What a sandbox starts around a command when a GUI is attached (the host side's description)."""
+
+    url: str | None = None  # the page chromium opens, as seen inside; None = a bare display
+    mode: str = "kiosk"  # kiosk | app
+    size: tuple[int, int] = DEFAULT_SIZE
+    site_socket: str | None = None  # a host unix socket served at 127.0.0.1:SITE_PORT inside
+
+    def launcher_args(self) -> list[str]:
+        args = ["run", "--size", f"{self.size[0]}x{self.size[1]}"]
+        if self.url:
+            args += [f"--{self.mode}", self.url]
+        return [*args, "--"]
+
+
+class GuiError(Exception):
+    """The display or the browser could not be started or used."""
+
+
+def find_chromium() -> str | None:
+    for name in CHROMIUM_NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def _display(display: str | None) -> str:
+    display = display or os.environ.get("DISPLAY", "")
+    if not display:
+        raise GuiError("no DISPLAY: this sandbox has no X display")
+    return display
+
+
+# -- primitives -------------------------------------------------------------------------------------
+
+def screenshot(display: str | None = None):  # type: ignore[no-untyped-def]
+    """The whole screen as a PIL image (RGB)."""
+    from PIL import ImageGrab  # Pillow's wheels carry XCB support
+    d = _display(display)
+    try:
+        return ImageGrab.grab(xdisplay=d).convert("RGB")
+    except OSError as exc:
+        raise GuiError(f"cannot take a screenshot of display {d}: {exc}") from None
+
+
+def png(display: str | None = None) -> bytes:
+    import io
+    buf = io.BytesIO()
+    screenshot(display).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def xdotool(*args: str, display: str | None = None, timeout: float = 30.0) -> str:
+    done = subprocess.run(["xdotool", *args], env={**os.environ, "DISPLAY": _display(display)},
+                          capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise GuiError(f"xdotool {' '.join(args)} failed: {done.stderr.strip() or done.returncode}")
+    return done.stdout
+
+
+def click(x: int, y: int, *, button: int = 1, display: str | None = None) -> None:
+    xdotool("mousemove", "--sync", str(int(x)), str(int(y)), "click", str(button), display=display)
+
+
+def type_text(text: str, *, display: str | None = None) -> None:
+    xdotool("type", "--delay", "20", "--", text, display=display)
+
+
+def key(combo: str, *, display: str | None = None) -> None:
+    xdotool("key", "--", combo, display=display)
+
+
+def wait_painted(timeout: float = 30.0, display: str | None = None) -> None:
+    """Until the screen holds more than one colour (a page is drawn), or GuiError."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            colours = screenshot(display).getcolors(maxcolors=2)
+        except GuiError:
+            colours = None
+        if colours is None:  # more than 2 colours: painted
+            return
+        time.sleep(0.1)
+    raise GuiError(f"the screen stayed blank for {timeout:g}s (the browser did not draw the page)")
+
+
+# -- the launcher -----------------------------------------------------------------------------------
+
+def start_xvfb(width: int, height: int) -> tuple[subprocess.Popen, str]:
+    """Xvfb on a display number it picks itself; returns (process, ':N') once it accepts connections.
+    -nolisten tcp: only its unix socket (in the sandbox's own /tmp and network namespace). -noreset:
+    otherwise it resets when its last client leaves, and a connection made meanwhile fails."""
+    if not shutil.which("Xvfb"):
+        raise GuiError("Xvfb is not installed (apt-get install xvfb)")
+    read, write = os.pipe()
+    proc = subprocess.Popen(["Xvfb", "-displayfd", str(write), "-screen", "0", f"{width}x{height}x24",
+                             "-nolisten", "tcp", "-noreset"], pass_fds=(write,), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    os.close(write)
+    with os.fdopen(read) as fh:
+        number = fh.readline().strip()  # written once the server accepts connections
+    if not number:
+        raise GuiError(f"Xvfb did not start (exit code {proc.wait()})")
+    return proc, f":{number}"
+
+
+def start_chromium(display: str, url: str, *, mode: str, width: int, height: int) -> subprocess.Popen:
+    chromium = find_chromium()
+    if chromium is None:
+        raise GuiError("chromium is not installed (apt-get install chromium)")
+    profile = tempfile.mkdtemp(prefix="forge-chromium-")
+    where = ["--kiosk", url] if mode == "kiosk" else [f"--app={url}"]
+    return subprocess.Popen(
+        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-position=0,0",
+         f"--window-size={width},{height}", *where],
+        env={**os.environ, "DISPLAY": display}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _end(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def run(argv: list[str]) -> int:
+    sep = argv.index("--") if "--" in argv else len(argv)
+    opts, command = argv[:sep], argv[sep + 1:]
+    width, height = DEFAULT_SIZE
+    url, mode = None, "kiosk"
+    i = 0
+    while i < len(opts):
+        name, value = opts[i], opts[i + 1] if i + 1 < len(opts) else ""
+        if name == "--size":
+            width, height = (int(v) for v in value.lower().split("x"))
+        elif name in ("--kiosk", "--app"):
+            url, mode = value, name[2:]
+        else:
+            raise GuiError(f"unknown option {name}")
+        i += 2
+    xvfb = browser = None
+    try:
+        xvfb, display = start_xvfb(width, height)
+        os.environ["DISPLAY"] = display
+        if url:
+            browser = start_chromium(display, url, mode=mode, width=width, height=height)
+            wait_painted(60.0, display)
+        if not command:
+            return 0
+        child = subprocess.Popen(command)
+        # The sandbox ends an exec with SIGTERM/SIGKILL to the whole tree; pass a TERM on to CMD.
+        signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+        return child.wait()
+    finally:
+        _end(browser)
+        _end(xvfb)
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    verb, rest = argv[0], argv[1:]
+    try:
+        if verb == "run":
+            return run(rest)
+        if verb == "screenshot":
+            screenshot().save(rest[0], format="PNG")
+        elif verb == "click":
+            click(int(rest[0]), int(rest[1]))
+        elif verb == "type":
+            type_text(rest[0])
+        elif verb == "key":
+            key(rest[0])
+        elif verb == "wait-painted":
+            wait_painted()
+        else:
+            print(f"gui.py: unknown command {verb!r}", file=sys.stderr)
+            return 2
+    except (GuiError, IndexError, ValueError) as exc:
+        print(f"gui.py {verb}: {exc}", file=sys.stderr)
+        return 4
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
