@@ -6,11 +6,14 @@ members, `ErrorResponse`). Content blocks map onto chat-template messages like t
     system (str | text blocks)            -> a system message (also a `role: "system"` message, which
                                              Claude Code sends mid-conversation)
     user: text blocks                     -> a user message
-    user: tool_result blocks              -> one tool message each (before the user's text)
+    user: image blocks (base64 sources)   -> images of the user message, in place among its text
+    user: tool_result blocks              -> one tool message each (before the user's text); their
+                                             image blocks (a computer-use screenshot) stay in them
     assistant: text + tool_use blocks     -> an assistant message with tool calls
     assistant: thinking blocks            -> its reasoning (the template decides whether it renders it)
     redacted_thinking                     -> dropped (there is no text to render)
-    image / document                      -> a clear error: the served model reads text only
+    image with a url/file source          -> a clear error: the proxy never fetches for a sandbox
+    document / search_result              -> a clear error: the served model reads text and images
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from proxy import images
 from proxy.calls import (API_ANTHROPIC, APIError, CallRequest, Completion, Message, ReasoningDelta, StreamEvent,
                          TextDelta, ToolCall, ToolCallDelta, ToolCallStart, as_float, as_int, as_stop, bad_request,
                          parse_arguments, sse)
@@ -32,7 +36,7 @@ _ERROR_TYPE = {"invalid_request": "invalid_request_error", "context_length": "in
                "timeout": "timeout_error"}
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 _SKIPPED = ("thinking", "redacted_thinking")
-_UNSUPPORTED = ("image", "document", "search_result", "container_upload")
+_UNSUPPORTED = ("document", "search_result", "container_upload")
 
 
 def error_json(err: APIError) -> dict[str, Any]:
@@ -44,23 +48,50 @@ def error_status(err: APIError) -> int:
 
 
 def _text(content: Any, where: str) -> str:
-    """A tool_result's or system's content: a string or a list of text blocks."""
+    """A system's content: a string or a list of text blocks."""
+    text, parts = _parts(content, where)
+    if parts is not None:
+        raise bad_request(f"{where}: image blocks are only allowed in user messages and tool results", where)
+    return text
+
+
+def _parts(content: Any, where: str) -> tuple[str, list[Any] | None]:
+    """A tool_result's content: a string or a list of text and image blocks. Returns the text and,
+    when there are images, the blocks in order (text pieces, `ImageInput`s)."""
     if content is None:
-        return ""
+        return "", None
     if isinstance(content, str):
-        return content
+        return content, None
     if not isinstance(content, list):
         raise bad_request(f"{where} must be a string or a list of content blocks", where)
-    parts = []
+    parts: list[Any] = []
     for i, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text" and isinstance(block.get("text"), str):
             parts.append(block["text"])
+        elif kind == "image":
+            parts.append(images.anthropic_block(block, f"{where}[{i}]"))
         elif kind in _UNSUPPORTED:
-            raise bad_request(f"{where}[{i}]: {kind} blocks are not supported: the served model reads text only", where)
+            raise bad_request(f"{where}[{i}]: {kind} blocks are not supported: the served model reads text and "
+                              "images", where)
         else:
-            raise bad_request(f"{where}[{i}] must be a text block", where)
-    return "\n\n".join(parts)
+            raise bad_request(f"{where}[{i}] must be a text or image block", where)
+    return _joined(parts)
+
+
+def _joined(parts: list[Any]) -> tuple[str, list[Any] | None]:
+    """Text blocks are joined by a blank line (how a text-only turn has always rendered); with
+    images, the parts keep that separator between consecutive texts."""
+    text = "\n\n".join(p for p in parts if isinstance(p, str))
+    if all(isinstance(p, str) for p in parts):
+        return text, None
+    out: list[Any] = []
+    for p in parts:
+        if isinstance(p, str) and out and isinstance(out[-1], str):
+            out[-1] += "\n\n" + p
+        else:
+            out.append(p)
+    return text, out
 
 
 def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
@@ -76,20 +107,24 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
 
 def _user(blocks: list[dict[str, Any]], where: str) -> list[Message]:
     out: list[Message] = []
-    texts: list[str] = []
+    parts: list[Any] = []
     for i, b in enumerate(blocks):
         kind = b["type"]
         if kind == "text":
-            texts.append(str(b.get("text", "")))
+            parts.append(str(b.get("text", "")))
+        elif kind == "image":
+            parts.append(images.anthropic_block(b, f"{where}[{i}]"))
         elif kind == "tool_result":
-            content = _text(b.get("content"), f"{where}[{i}].content")
-            out.append(Message("tool", content, tool_call_id=str(b.get("tool_use_id", ""))))
+            content, tool_parts = _parts(b.get("content"), f"{where}[{i}].content")
+            out.append(Message("tool", content, tool_call_id=str(b.get("tool_use_id", "")), parts=tool_parts))
         elif kind in _UNSUPPORTED:
-            raise bad_request(f"{where}[{i}]: {kind} blocks are not supported: the served model reads text only", where)
+            raise bad_request(f"{where}[{i}]: {kind} blocks are not supported: the served model reads text and "
+                              "images", where)
         elif kind not in _SKIPPED:
             raise bad_request(f"{where}[{i}]: unsupported content block type {kind!r}", where)
-    if texts:
-        out.append(Message("user", "\n\n".join(texts)))
+    if parts:
+        text, with_images = _joined(parts)
+        out.append(Message("user", text, parts=with_images))
     return out
 
 

@@ -96,7 +96,8 @@ class Proxy:
     """The app's state: store, recorder, rollout lookup, and the call pipeline built on them."""
 
     def __init__(self, config: ProxyConfig, *, store_path: str | Path, engine: EngineClient, tokenizer: Any,
-                 served_model: str, recover: bool = True, shared_store: bool = False) -> None:
+                 served_model: str, recover: bool = True, shared_store: bool = False, vision: Any = None,
+                 home: str | Path | None = None) -> None:
         self.config = config
         self.served_model = served_model
         self.store = AsyncStore(store_path)  # the proxy's one handle on the store
@@ -108,9 +109,12 @@ class Proxy:
                 log.warning("marked %d call(s) left in flight by a stopped proxy, and %d run(s) whose process "
                             "died, as interrupted", recovered.calls, len(recovered.runs))
         self.recorder = Recorder(self.store)
-        self.renderer = ChatRenderer(tokenizer)
+        self.renderer = ChatRenderer(tokenizer, vision)
+        # Images go under the data dir the store lives in (`home/forge.db`); a database URL: FORGE_HOME.
+        if home is None and "://" not in str(store_path):
+            home = Path(store_path).parent
         self.pipeline = CallPipeline(config, recorder=self.recorder, engine=engine, renderer=self.renderer,
-                                     served_model=served_model)
+                                     served_model=served_model, home=Path(home) if home is not None else None)
         # Other worker processes serve this store's rollouts too: check a rollout's turns are current.
         self.pipeline.prompts.shared_store = shared_store
 
@@ -199,13 +203,15 @@ class Proxy:
 
 def create_app(config: ProxyConfig, *, store_path: str | Path, engine: EngineClient, tokenizer: Any,
                served_model: str | None = None, close_engine: bool = False, recover: bool = True,
-               shared_store: bool = False) -> Starlette:
+               shared_store: bool = False, vision: Any = None, home: str | Path | None = None) -> Starlette:
     """The proxy app. `app.state.proxy` is the `Proxy` (tests read its recorder and pipeline).
     With `close_engine`, shutting the app down also closes the engine client (its owner is the app).
-    A worker of many (proxy/workers.py) passes `recover=False, shared_store=True`."""
+    A worker of many (proxy/workers.py) passes `recover=False, shared_store=True`. `vision`: a VLM's
+    image placeholders (proxy/vision.load_placeholders); without it, images are refused.
+    `home`: the data dir whose runs/<run>/images/ get the calls' images (default: the store's folder)."""
     proxy = Proxy(config, store_path=store_path, engine=engine, tokenizer=tokenizer,
                   served_model=served_model or config.served_model_name, recover=recover,
-                  shared_store=shared_store)
+                  shared_store=shared_store, vision=vision, home=home)
 
     async def chat(request: Request) -> Response:
         return await proxy.handle_call(request, openai_chat)

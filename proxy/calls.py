@@ -72,11 +72,23 @@ class Message:
     tool_call_id: str | None = None
     name: str | None = None  # the tool's name on a tool message
     reasoning: str = ""  # an assistant's thinking, apart from its content (Qwen3's <think>...</think>)
+    # Text and images in the order sent, when the message has images (proxy/images.ImageInput);
+    # `content` is then its text alone. None: a text-only message (`content` is all of it).
+    parts: list[Any] | None = None
+
+    @property
+    def images(self) -> list[Any]:
+        return [p for p in self.parts if not isinstance(p, str)] if self.parts else []
 
     def template_dict(self) -> dict[str, Any]:
-        """The message as `apply_chat_template` expects it (content is always a string). Thinking goes
-        in `reasoning_content`, the key reasoning templates (Qwen3's) read; others ignore it."""
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        """The message as `apply_chat_template` expects it: content is a string, or for a message
+        with images the content parts VLM templates render (`{"type": "image"}` where an image goes:
+        Qwen2-VL's writes `<|vision_start|><|image_pad|><|vision_end|>`). Thinking goes in
+        `reasoning_content`, the key reasoning templates (Qwen3's) read; others ignore it."""
+        content: Any = self.content
+        if self.images:
+            content = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image"} for p in self.parts]
+        out: dict[str, Any] = {"role": self.role, "content": content}
         if self.reasoning:
             out["reasoning_content"] = self.reasoning
         if self.tool_calls:

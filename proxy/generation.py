@@ -83,6 +83,7 @@ class GenerationParams:
     rid: str | None = None
     id_prefix: str = "call"
     parser: OutputParser | None = None  # the request's parsers (default: lenient Hermes, no thinking)
+    image_data: list[str] | None = None  # SGLang's image_data: one data URL per placeholder run, in order
 
 
 class Generation:
@@ -136,7 +137,8 @@ class Generation:
         """Events of the completion; `None` once, when the engine's first tokens arrived (the caller
         can commit to a 200 streaming response then: the engine is up and generating)."""
         p = self.params
-        stream = self.engine.stream_generate(p.prompt_ids, p.sampling, lora_path=p.lora_path, rid=p.rid)
+        stream = self.engine.stream_generate(p.prompt_ids, p.sampling, lora_path=p.lora_path, rid=p.rid,
+                                             image_data=p.image_data)
         started = False
         try:
             async for delta in stream:
@@ -154,7 +156,7 @@ class Generation:
 
     async def complete(self) -> Completion:
         out = await self.engine.generate(self.params.prompt_ids, self.params.sampling, lora_path=self.params.lora_path,
-                                         rid=self.params.rid)
+                                         rid=self.params.rid, image_data=self.params.image_data)
         self.finish = out.finish_reason
         self._push(out.output_ids, out.logprobs)
         self._close()

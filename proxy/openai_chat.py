@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from proxy import images
 from proxy.calls import (API_CHAT, APIError, CallRequest, Completion, Message, ReasoningDelta, StreamEvent, TextDelta,
                          ToolCall, ToolCallDelta, ToolCallStart, as_float, as_int, as_stop, bad_request, new_call_id,
                          parse_arguments, sse)
@@ -36,25 +37,37 @@ def error_status(err: APIError) -> int:
     return 503 if err.kind == "overloaded" else err.status
 
 
-def text_of(content: Any, where: str) -> str:
-    """Message content: a string, null, or a list of parts of which only text is supported."""
+def parts_of(content: Any, where: str) -> tuple[str, list[Any] | None]:
+    """Message content: a string, null, or a list of text and image parts (Chat's `image_url`,
+    Responses' `input_image`, both as data URLs). Returns the text and, when there are images, the
+    parts in order (text pieces and `ImageInput`s)."""
     if content is None:
-        return ""
+        return "", None
     if isinstance(content, str):
-        return content
+        return content, None
     if not isinstance(content, list):
         raise bad_request(f"{where} must be a string or a list of content parts", where)
-    out = []
+    parts: list[Any] = []
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
-            out.append(part["text"])
-        elif kind in ("image_url", "input_image", "input_audio", "file", "image"):
-            raise bad_request(f"{where}[{i}]: {kind} parts are not supported: the served model reads text only",
-                              where)
+            parts.append(part["text"])
+        elif kind in ("image_url", "input_image"):
+            parts.append(images.openai_part(part, f"{where}[{i}]"))
+        elif kind in ("input_audio", "file", "input_file", "image"):
+            raise bad_request(f"{where}[{i}]: {kind} parts are not supported (text and images only)", where)
         else:
-            raise bad_request(f"{where}[{i}] must be a text part", where)
-    return "".join(out)
+            raise bad_request(f"{where}[{i}] must be a text or image part", where)
+    text = "".join(p for p in parts if isinstance(p, str))
+    return text, parts if any(not isinstance(p, str) for p in parts) else None
+
+
+def text_of(content: Any, where: str) -> str:
+    """Content that must be text (a system or assistant message)."""
+    text, parts = parts_of(content, where)
+    if parts is not None:
+        raise bad_request(f"{where}: image parts are only allowed in user and tool messages", where)
+    return text
 
 
 def _message(raw: Any, i: int) -> Message:
@@ -64,7 +77,11 @@ def _message(raw: Any, i: int) -> Message:
     role = ROLES.get(raw.get("role"))  # type: ignore[arg-type]
     if role is None:
         raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}", f"{where}.role")
-    msg = Message(role=role, content=text_of(raw.get("content"), f"{where}.content"))  # type: ignore[arg-type]
+    if role in ("user", "tool"):
+        text, parts = parts_of(raw.get("content"), f"{where}.content")
+    else:
+        text, parts = text_of(raw.get("content"), f"{where}.content"), None
+    msg = Message(role=role, content=text, parts=parts)  # type: ignore[arg-type]
     # The thinking a client sends back (SGLang's and vLLM's `reasoning_content`; some send `reasoning`).
     thinking = raw.get("reasoning_content", raw.get("reasoning")) if role == "assistant" else None
     if isinstance(thinking, str):

@@ -4,9 +4,10 @@ Shapes follow the official `openai` SDK types (`Response`, `ResponseOutputMessag
 `ResponseFunctionToolCall`, `ResponseStreamEvent` members). Input items map like this:
 
     instructions                        -> a system message
-    message (system/developer/user/assistant, text parts) -> a message of that role
+    message (system/developer/user/assistant, text parts; user: input_image parts too, as data URLs)
+                                        -> a message of that role
     function_call                       -> a tool call on the preceding assistant turn (or a new one)
-    function_call_output                -> a tool message
+    function_call_output                -> a tool message (its output's input_image parts included)
     reasoning                           -> the thinking of the assistant turn it precedes (its
                                            reasoning_text content, else the proxy's own marked
                                            encrypted_content, else its summary)
@@ -52,11 +53,14 @@ def _input_items(items: Any) -> list[Message]:
             role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
             if role is None:
                 raise bad_request(f"{where}.role must be one of {', '.join(_ROLES)}", f"{where}.role")
-            text = openai_chat.text_of(item.get("content"), f"{where}.content")
+            if role == "user":
+                text, parts = openai_chat.parts_of(item.get("content"), f"{where}.content")
+            else:
+                text, parts = openai_chat.text_of(item.get("content"), f"{where}.content"), None
             if role == "assistant" and _thinking_only(out):  # the answer after its reasoning item
                 out[-1].content = text
             else:
-                out.append(Message(role, text))  # type: ignore[arg-type]
+                out.append(Message(role, text, parts=parts))  # type: ignore[arg-type]
         elif kind == "function_call":
             if not isinstance(item.get("name"), str):
                 raise bad_request(f"{where}.name is required", where)
@@ -67,9 +71,9 @@ def _input_items(items: Any) -> list[Message]:
                 out.append(Message("assistant"))
             out[-1].tool_calls.append(call)
         elif kind == "function_call_output":
-            output = item.get("output")
-            text = output if isinstance(output, str) else openai_chat.text_of(output, f"{where}.output")
-            out.append(Message("tool", text, tool_call_id=str(item.get("call_id", ""))))
+            # The output is a string or a list of input_text / input_image parts (a screenshot).
+            text, parts = openai_chat.parts_of(item.get("output"), f"{where}.output")
+            out.append(Message("tool", text, tool_call_id=str(item.get("call_id", "")), parts=parts))
         elif kind == "reasoning":
             thinking = _reasoning_text(item)
             if thinking:

@@ -17,16 +17,19 @@ import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from engine.client import EngineClient
 from openforge.config import ProxyConfig
+from openforge.images import ImageError, ImageStore
+from openforge.paths import forge_home
 from openforge.errors import EngineError, EngineRejected, EngineTimeout, EngineUnavailable, StoreError
 from openforge.store import utcnow
 from proxy.adapters import ApiAdapter
-from proxy.calls import APIError, CallRequest, Completion, TextDelta, ToolCallEvent, new_call_id
+from proxy.calls import APIError, CallRequest, Completion, TextDelta, ToolCallEvent, bad_request, new_call_id
 from proxy.generation import Generation, GenerationParams, token_logprobs
 from proxy.parsing import ParserSetup
 from proxy.prompts import RolloutPrompts, too_long
@@ -88,8 +91,9 @@ class LiveCall:
 
 class CallPipeline:
     def __init__(self, config: ProxyConfig, *, recorder: Recorder, engine: EngineClient, renderer: ChatRenderer,
-                 served_model: str) -> None:
+                 served_model: str, home: Path | None = None) -> None:
         self.config = config
+        self.home = home  # the data dir: a call's images go to runs/<run id>/images/ under it
         self.recorder = recorder
         self.engine = engine
         self.renderer = renderer
@@ -138,6 +142,7 @@ class CallPipeline:
         return min(found) if found else None
 
     async def count_tokens(self, rollout_id: str, req: CallRequest, body_chars: int) -> int:
+        self._check_images(req)
         return len((await self.prompts.build(rollout_id, req, limit=None, body_chars=body_chars)).ids)
 
     async def aclose(self) -> None:
@@ -146,9 +151,27 @@ class CallPipeline:
 
     # -- the call's start and end --------------------------------------------------------------
 
+    def _check_images(self, req: CallRequest) -> None:
+        if self.renderer.vision is None and any(m.images for m in req.messages):
+            raise bad_request(f"the model {self.served_model} does not take images (it has no image processor): "
+                              "send text only, or serve a vision-language model", "messages")
+
+    async def _store_images(self, run_id: str, prompt: Prompt) -> list[str]:
+        """Each image of the prompt stored once under the run (content-addressed); their ids in order."""
+        if not prompt.images:
+            return []
+        store = ImageStore.for_run(self.home or forge_home(), run_id)
+        try:
+            await asyncio.to_thread(lambda: [store.put(im.data) for im in prompt.images])
+        except (ImageError, OSError) as exc:
+            raise APIError("server", f"the proxy could not store the call's images: {exc}") from None
+        return [im.sha for im in prompt.images]
+
     async def _begin(self, adapter: ApiAdapter, rollout: dict[str, Any], req: CallRequest, raw_body: str) -> LiveCall:
+        self._check_images(req)
         limit = await self.context_limit()
         prompt = await self.prompts.build(rollout["id"], req, limit=limit, body_chars=len(raw_body))
+        image_ids = await self._store_images(rollout["run_id"], prompt)
         max_new = req.max_tokens or self.config.default_max_tokens
         if self.config.max_tokens_cap is not None:
             max_new = min(max_new, self.config.max_tokens_cap)
@@ -164,7 +187,7 @@ class CallPipeline:
             "run_id": rollout["run_id"], "rollout_id": rollout["id"], "api": req.api, "model": model,
             "adapter": rollout.get("adapter"), "stream": req.stream, "request_json": raw_body,
             "prompt_ids": prompt.ids, "reused_tokens": prompt.reused_tokens, "prompt_tokens": len(prompt.ids),
-            "break_reason": prompt.break_reason,
+            "break_reason": prompt.break_reason, "images": image_ids or None,
             "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
             "started_at": utcnow(),
         }))
@@ -176,7 +199,8 @@ class CallPipeline:
         params = GenerationParams(prompt.ids, engine_params, req.stop, rollout.get("adapter"),
                                   rid=new_call_id(rollout["id"]), id_prefix=adapter.TOOL_ID_PREFIX,
                                   parser=self.parsers.for_request(req, prompt_text=prompt.text,
-                                                                  id_prefix=adapter.TOOL_ID_PREFIX))
+                                                                  id_prefix=adapter.TOOL_ID_PREFIX),
+                                  image_data=[im.data_url for im in prompt.images] or None)
         return LiveCall(adapter, rollout, req, prompt, row, new_call_id(adapter.RESPONSE_ID_PREFIX), model,
                         time.perf_counter(), Generation(self.engine, self.renderer, params))
 

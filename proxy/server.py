@@ -24,6 +24,7 @@ from openforge.config import ProxyConfig
 from openforge.db import location
 from openforge.errors import ConfigError, ForgeError
 from proxy.connections import deadline_protocol
+from proxy.vision import load_placeholders
 
 
 def load_tokenizer(model_path: str | Path):  # -> PreTrainedTokenizerBase
@@ -74,7 +75,7 @@ class ProxyServer:
         engine = EngineClient(self.engine_url, timeout=self.config.call_timeout_s, api_key=self.engine_key)
         app = create_app(self.config, store_path=self.store_path, engine=engine,
                          tokenizer=load_tokenizer(self.model_path), served_model=self.served_model,
-                         close_engine=True)
+                         close_engine=True, vision=load_placeholders(self.model_path))
         self.app = app
         self.interrupted_on_start = app.state.proxy.interrupted_on_start
         self._handle = serve_in_thread(app, self.config.host, self.config.port, uds=self.uds,

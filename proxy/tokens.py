@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.breaks import explain_break
@@ -28,10 +28,11 @@ _PROBE = "\u2063forge-probe\u2063"  # text no template alters, to find what foll
 class ChatRenderer:
     """A tokenizer's chat template as a function of internal messages, plus its end-of-turn token."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, vision: Any = None) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise bad_request("the served model's tokenizer has no chat template")
         self.tokenizer = tokenizer
+        self.vision = vision  # proxy/vision.ImagePlaceholders of a VLM; None: the model reads text only
         template = tokenizer.chat_template
         # The template's text, for `auto` parsers (a tokenizer may hold several named templates).
         self.template_text: str = template if isinstance(template, str) else "\n".join(map(str, template.values())) \
@@ -124,10 +125,21 @@ class Prompt:
     extends_call: int | None = None  # the call whose prompt + completion this prompt extends
     tail: str = ""  # text still to tokenise and append to `ids` (see PromptBuilder.plan)
     break_reason: str | None = None  # why it extends none of the rollout's earlier calls (None: it does, or is the first)
+    images: list[Any] = field(default_factory=list)  # the prompt's ImageInputs, in placeholder order
+    images_in_ids: int = 0  # how many of them `ids` already holds (expanded); the rest are in `tail`
 
 
-def _key(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+def _images(messages: list[Message]) -> list[Any]:
+    return [im for m in messages for im in m.images]
+
+
+def _key(text: str, images: list[Any] = ()) -> str:  # type: ignore[assignment]
+    """A rendered history's key. Its images' sha256 ids are part of it: two screenshots render the
+    same placeholder text, and a prompt extends an earlier one only if its images are the same."""
+    h = hashlib.sha256(text.encode("utf-8", "surrogatepass"))
+    for im in images:
+        h.update(b"\0image:" + im.sha.encode("ascii"))
+    return h.hexdigest()
 
 
 class PromptBuilder:
@@ -163,18 +175,23 @@ class PromptBuilder:
         """The prompt with its reused ids in `ids` and the text still to tokenise in `tail` (the
         caller may tokenise a long tail off the event loop with `encode_tail`)."""
         full = self.renderer.render(messages, tools, generation=True)
+        images = _images(messages)
         turns = self._turns.get(rollout_id)
         if turns:
             self._turns.move_to_end(rollout_id)
             spliced = self._splice(turns, messages, tools, full)
             if isinstance(spliced, Prompt):
+                spliced.images = images
                 return spliced
             why = explain_break(self._last.get(rollout_id, []), messages, tools)
-            return Prompt(ids=[], text=full, tail=full, break_reason=why or spliced)
-        return Prompt(ids=[], text=full, tail=full)
+            return Prompt(ids=[], text=full, tail=full, break_reason=why or spliced, images=images)
+        return Prompt(ids=[], text=full, tail=full, images=images)
 
     def encode_tail(self, prompt: Prompt) -> Prompt:
-        prompt.ids, prompt.tail = prompt.ids + self.renderer.encode(prompt.tail), ""
+        tail = self.renderer.encode(prompt.tail)
+        if self.renderer.vision is not None:  # each new image's one pad -> its N pads, as the processor does
+            tail = self.renderer.vision.expand(tail, prompt.images[prompt.images_in_ids:])
+        prompt.ids, prompt.tail, prompt.images_in_ids = prompt.ids + tail, "", len(prompt.images)
         return prompt
 
     def _splice(self, turns: OrderedDict[str, Turn], messages: list[Message], tools: list[dict[str, Any]],
@@ -192,7 +209,7 @@ class PromptBuilder:
                 head = self.renderer.render(messages[:k + 1], tools, generation=False)
             except APIError:
                 continue
-            turn = turns.get(_key(head))
+            turn = turns.get(_key(head, _images(messages[:k + 1])))
             if turn is None:
                 reason = ("the replayed history matches no recorded answer of this rollout (rewritten, compacted, "
                           "or its tools changed)")
@@ -208,7 +225,7 @@ class PromptBuilder:
             if not ids or ids[-1] != self.renderer.eot_id:  # cut by max_tokens or a stop string
                 ids.append(self.renderer.eot_id)
             return Prompt(ids=ids, text=full, reused_tokens=turn.reused_tokens, extends_call=turn.call_id,
-                          tail=trailer + full[len(head):])
+                          tail=trailer + full[len(head):], images_in_ids=len(_images(messages[:k + 1])))
         return reason
 
     def record(self, rollout_id: str, messages: list[Message], tools: list[dict[str, Any]],
@@ -223,7 +240,7 @@ class PromptBuilder:
         recent = self._last.setdefault(rollout_id, [])
         recent.append((messages + [completion.message()], tools))
         del recent[:-4]  # the main conversation and a few side requests
-        key = _key(head)
+        key = _key(head, _images(messages))
         if key in turns:
             self.stored_tokens -= len(turns.pop(key).ids)
         turn = Turn(array("i", prompt.ids + completion.completion_ids),

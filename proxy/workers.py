@@ -58,6 +58,7 @@ def _worker_main(spec: dict[str, Any]) -> None:
     from proxy.app import create_app
     from proxy.connections import deadline_protocol
     from proxy.server import load_tokenizer
+    from proxy.vision import load_placeholders
 
     ready = os.fdopen(spec["ready_fd"], "w", buffering=1)
     try:
@@ -66,7 +67,8 @@ def _worker_main(spec: dict[str, Any]) -> None:
         engine = EngineClient(spec["engine_url"], timeout=config.call_timeout_s, api_key=spec["engine_key"])
         app = create_app(config, store_path=spec["store_path"], engine=engine,
                          tokenizer=load_tokenizer(spec["model_path"]), served_model=spec["served_model"],
-                         close_engine=True, recover=False, shared_store=True)
+                         close_engine=True, recover=False, shared_store=True,
+                         vision=load_placeholders(spec["model_path"]))
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, loop="uvloop",
                                                http=deadline_protocol(config.read_timeout_s),
                                                timeout_graceful_shutdown=2))

@@ -70,9 +70,9 @@ def test_errors_in_anthropic_shape(make_rig):
     with pytest.raises(anthropic.AuthenticationError) as bad:
         client(rig, key="nope").messages.create(model="m", max_tokens=5, messages=msgs)
     assert bad.value.body["type"] == "error" and bad.value.body["error"]["type"] == "authentication_error"
-    with pytest.raises(anthropic.BadRequestError, match="text only"):
+    with pytest.raises(anthropic.BadRequestError, match="does not take images"):  # a text-only model
         client(rig).messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": [
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgoAAAANSUhEUgAAAAQAAAAECAIAAAAmkwkpAAAAEElEQVR4nGP8z4AATAxEcQAz0QEHOoQ+uAAAAABJRU5ErkJggg=="}}]}])
     resp = httpx.post(rig.url + "/v1/messages", json={"model": "m", "messages": msgs},
                       headers={"x-api-key": rig.key, "anthropic-version": "2023-06-01"})
     assert resp.status_code == 400 and resp.json()["error"]["message"] == "max_tokens: field required"

@@ -1,0 +1,211 @@
+"""Images through the proxy, token-exact: the real openai and anthropic SDKs over loopback, the proxy,
+and the embedded engine serving the tiny Qwen2-VL (tests/conftest.py `tiny_vl_model`).
+
+Each API's image form is recorded with the prompt ids the model's own HF processor gives for the same
+rendered text and images (placeholders expanded), each image is stored once under the run, a
+multi-turn conversation with a new screenshot each turn keeps exact token reuse, and remote URLs,
+bad base64 and unknown formats are refused in each API's error shape.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import anthropic
+import openai
+import pytest
+
+from engine.embedded import EmbeddedEngine
+from engine.serve import serve_in_thread
+from engine.vision import load_processor, open_image
+from openforge.config import EngineConfig, ProxyConfig
+from openforge.images import ImageStore, image_id
+from proxy.server import ProxyServer
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _png(color: tuple[int, int, int], size: tuple[int, int] = (320, 200)) -> bytes:
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", size, (255, 255, 255))
+    ImageDraw.Draw(img).rectangle([size[0] // 4, size[1] // 4, size[0] * 3 // 4, size[1] * 3 // 4], fill=color)
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+RED, BLUE, GREEN = _png((230, 20, 20)), _png((20, 20, 230), (200, 320)), _png((20, 200, 40), (640, 400))
+
+
+@pytest.fixture(scope="module")
+def engine_url(tiny_vl_model):
+    engine = EmbeddedEngine(EngineConfig(model=str(tiny_vl_model), max_batch_size=4))
+    with serve_in_thread(engine.app) as server:
+        yield server.url
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def processor(tiny_vl_model):
+    return load_processor(tiny_vl_model)
+
+
+@pytest.fixture
+def rig(store, forge_home, engine_url, tiny_vl_model):
+    run = store.create_run(kind="proxy")
+    ro = store.create_rollout(run_id=run.id, task_id="t", status="running")
+    with ProxyServer(ProxyConfig(default_max_tokens=4), store_path=store.path, engine_url=engine_url,
+                     model_path=tiny_vl_model) as server:
+        yield {"url": server.url, "key": ro.key, "run": run.id, "rollout": ro.id, "store": store,
+               "images": ImageStore.for_run(forge_home, run.id)}
+
+
+def _oai(rig) -> openai.OpenAI:
+    return openai.OpenAI(base_url=rig["url"] + "/v1", api_key=rig["key"], max_retries=0, timeout=120)
+
+
+def _anth(rig) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=rig["url"], api_key=rig["key"], max_retries=0, timeout=120)
+
+
+def _expected_ids(processor, messages: list[dict], images: list[bytes]) -> list[int]:
+    """What the model's own HF processor makes of the same conversation: its chat template, then
+    `Qwen2VLProcessor.__call__` expanding each image's pad to the image's token count."""
+    text = processor.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    out = processor(text=[text], images=[open_image(d) for d in images] or None, return_tensors="pt")
+    return out["input_ids"][0].tolist()
+
+
+def _calls(rig):
+    return rig["store"].list_calls(rollout_id=rig["rollout"])
+
+
+def _pad_runs(ids: list[int], pad: int) -> list[int]:
+    runs, n = [], 0
+    for t in ids + [-1]:
+        if t == pad:
+            n += 1
+        elif n:
+            runs.append(n)
+            n = 0
+    return runs
+
+
+def test_chat_image_url_is_recorded_with_the_processors_ids(rig, processor):
+    resp = _oai(rig).chat.completions.create(model="m", max_tokens=3, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "What colour is the square?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _b64(RED), "detail": "low"}}]}])
+    assert resp.choices[0].finish_reason in ("stop", "length")
+    (call,) = _calls(rig)
+    expected = _expected_ids(processor, [{"role": "user", "content": [
+        {"type": "text", "text": "What colour is the square?"}, {"type": "image"}]}], [RED])
+    assert call.status == "ok" and call.prompt_ids == expected
+    pad = processor.image_token_id
+    grid = processor.image_processor(images=[open_image(RED)], return_tensors="pt")["image_grid_thw"][0].tolist()
+    assert _pad_runs(call.prompt_ids, pad) == [grid[0] * grid[1] * grid[2] // 4] and grid[1] * grid[2] > 4
+    assert call.images == [image_id(RED)] and resp.usage.prompt_tokens == len(expected)
+    assert rig["images"].get(image_id(RED)) == RED and rig["images"].path(image_id(RED)).suffix == ".png"
+
+
+def test_anthropic_images_in_user_turns_and_tool_results_stream(rig, processor):
+    tool = {"name": "computer", "description": "act", "input_schema": {"type": "object"}}
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "Open the menu."},
+                                     {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                  "data": _b64(RED)}}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "computer",
+                                           "input": {"action": "screenshot"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": _b64(RED)}}]}]},
+    ]
+    with _anth(rig).messages.stream(model="m", max_tokens=3, tools=[tool], messages=messages) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason in ("end_turn", "max_tokens")
+    (call,) = _calls(rig)
+    assert call.stream and call.status == "ok"
+    # The same screenshot twice: two placeholder runs, one stored file.
+    assert call.images == [image_id(RED)] * 2
+    assert [p.name for p in rig["images"].root.iterdir()] == [f"{image_id(RED)}.png"]
+    pad = processor.image_token_id
+    assert len(_pad_runs(call.prompt_ids, pad)) == 2
+    n = _pad_runs(call.prompt_ids, pad)[0]
+    assert _pad_runs(call.prompt_ids, pad) == [n, n]
+
+
+def test_responses_input_image_and_a_screenshot_in_a_function_output(rig, processor):
+    resp = _oai(rig).responses.create(model="m", max_output_tokens=3, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "Click submit."},
+                                     {"type": "input_image", "image_url": "data:image/png;base64," + _b64(BLUE)}]},
+        {"type": "function_call", "call_id": "call_1", "name": "screenshot", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": [
+            {"type": "input_image", "image_url": "data:image/png;base64," + _b64(GREEN)}]}])
+    assert resp.status in ("completed", "incomplete")
+    (call,) = _calls(rig)
+    assert call.images == [image_id(BLUE), image_id(GREEN)]
+    grids = processor.image_processor(images=[open_image(BLUE), open_image(GREEN)],
+                                      return_tensors="pt")["image_grid_thw"].tolist()
+    assert _pad_runs(call.prompt_ids, processor.image_token_id) == [t * h * w // 4 for t, h, w in grids]
+
+
+def test_multi_turn_with_a_new_screenshot_each_turn_reuses_tokens_exactly(rig):
+    c = _oai(rig)
+    messages: list[dict] = []
+    shots = [RED, BLUE, GREEN]
+    for shot in shots:
+        messages.append({"role": "user", "content": [
+            {"type": "text", "text": "screen:"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,"
+                                                                                    + _b64(shot)}}]})
+        answer = c.chat.completions.create(model="m", max_tokens=4, messages=messages).choices[0].message
+        messages.append({"role": "assistant", "content": answer.content or ""})
+    calls = _calls(rig)
+    assert [call.images for call in calls] == [[image_id(s) for s in shots[:i + 1]] for i in range(3)]
+    for prev, nxt in zip(calls, calls[1:]):
+        head = prev.prompt_ids + prev.completion_ids
+        assert nxt.prompt_ids[:len(head)] == head  # the earlier prompt and the sampled tokens, token for token
+        assert nxt.reused_tokens >= len(prev.completion_ids) and nxt.break_reason is None
+    # The same text with a different first screenshot is not an extension of the first call.
+    swapped = [dict(messages[0], content=[messages[0]["content"][0], {"type": "image_url", "image_url": {
+        "url": "data:image/png;base64," + _b64(GREEN)}}]), *messages[1:2], messages[2]]
+    c.chat.completions.create(model="m", max_tokens=2, messages=swapped)
+    last = _calls(rig)[-1]
+    assert last.reused_tokens == 0 and last.break_reason is not None
+    assert last.images == [image_id(GREEN), image_id(BLUE)]
+
+
+def test_refusals_in_each_apis_shape(rig):
+    c, a = _oai(rig), _anth(rig)
+    with pytest.raises(openai.BadRequestError, match="never fetches the network"):
+        c.chat.completions.create(model="m", messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "https://example.com/shot.png"}}]}])
+    with pytest.raises(openai.BadRequestError, match="never fetches the network"):
+        c.responses.create(model="m", input=[{"role": "user", "content": [
+            {"type": "input_image", "image_url": "http://10.0.0.1/x.png"}]}])
+    with pytest.raises(openai.BadRequestError, match="file ids are refused"):
+        c.responses.create(model="m", input=[{"role": "user", "content": [
+            {"type": "input_image", "file_id": "file-abc"}]}])
+    with pytest.raises(anthropic.BadRequestError, match="never fetches the network") as err:
+        a.messages.create(model="m", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": "https://example.com/x.png"}}]}])
+    assert err.value.body["error"]["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError, match="not valid base64"):
+        c.chat.completions.create(model="m", messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,not*base64!"}}]}])
+    with pytest.raises(anthropic.BadRequestError, match="not PNG, JPEG, GIF or WebP"):
+        a.messages.create(model="m", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": _b64(b"BM" + b"\0" * 64)}}]}])
+    with pytest.raises(openai.BadRequestError, match="only allowed in user and tool"):
+        c.chat.completions.create(model="m", messages=[{"role": "system", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _b64(RED)}}]},
+            {"role": "user", "content": "hi"}])
+    # Text that spells the image placeholder cannot pass for an image.
+    with pytest.raises(openai.BadRequestError, match="image placeholders"):
+        c.chat.completions.create(model="m", messages=[{"role": "user", "content": [
+            {"type": "text", "text": "<|vision_start|><|image_pad|><|vision_end|>"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _b64(RED)}}]}])
+    assert _calls(rig) == [] and not rig["images"].root.exists()  # refused before the engine and the disk
