@@ -21,7 +21,7 @@ import torch
 from starlette.applications import Starlette
 
 from engine.model import LoadedModel, load_model
-from engine.multimodal import check_text_only, image_data_list, prepare_images
+from engine.multimodal import ImageCache, check_text_only, image_data_list, prepare_images
 from engine.protocol import BadRequest, CompletionState, parse_input_ids, parse_sampling_params
 from engine.scheduler import Scheduler, Sequence
 from engine.sglang_api import create_sglang_app
@@ -70,6 +70,7 @@ class EmbeddedEngine:
         self.scheduler = Scheduler(self.m, max_batch_size=config.max_batch_size,
                                    prefix_cache_bytes=config.prefix_cache_mb * 2**20)
         self.weight_version = "default"
+        self.images = ImageCache()  # decoded images by their bytes (engine/multimodal.py)
         self._seeds = itertools.count()
         self.app = create_sglang_app(self, api_key=config.api_key if api_key is None else api_key)
         self.app.state.engine = self
@@ -114,11 +115,11 @@ class EmbeddedEngine:
         seq = self._sequence(body, asyncio.get_running_loop(), events)
         images = image_data_list(body)
         if images:  # decoding and the image processor run off the event loop
-            seq.mm = await asyncio.to_thread(prepare_images, self.m, seq.input_ids, images)
+            seq.mm = await asyncio.to_thread(prepare_images, self.m, seq.input_ids, images, self.images)
             seq.input_ids = seq.mm.input_ids  # runs of one placeholder came expanded
             self._check_length(seq.input_ids)
         else:
-            check_text_only(self.m.vision, seq.input_ids)
+            check_text_only(self.m, seq.input_ids)
         if not self.scheduler.alive:
             raise BadRequest("the engine's scheduler is not running", 503)
         self.scheduler.submit(seq)

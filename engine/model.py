@@ -22,7 +22,7 @@ class LoadedModel:
     eos_ids: set[int]
     context_length: int
     image_processor: Any = None  # a VLM's HF image processor (pixel values from image bytes)
-    vision: Any = None  # engine.multimodal.VisionSpec of a VLM, None for a text model
+    vision: Any = None  # engine.vision.VisionTokens of a VLM, None for a text model
 
 
 def resolve_model_path(model: str) -> Path:
@@ -95,7 +95,7 @@ def load_model(model: str, *, dtype: str = "auto", device: str = "auto") -> Load
     from transformers.utils import logging as hf_logging
 
     from engine.attention import use_split_attention
-    from engine.multimodal import VisionSpec
+    from engine.vision import VisionTokens
 
     hf_logging.disable_progress_bar()  # the weight-loading bar would fill the engine's log
     path = resolve_model_path(model)
@@ -120,7 +120,7 @@ def load_model(model: str, *, dtype: str = "auto", device: str = "auto") -> Load
     use_split_attention(hf)  # prompt chunks on a KV cache without a materialised mask (engine/attention.py)
     text_config = hf.config.get_text_config()
     ctx = int(getattr(text_config, "max_position_embeddings", 0) or 32768)
-    vision = VisionSpec.from_config(hf.config) if vlm else None
+    vision = VisionTokens.from_config(hf.config) if vlm else None
     if vlm and vision is None:
         raise EngineError(f"{path} has a vision_config but no image_token_id: not a Qwen2-VL-style model")
     return LoadedModel(hf, tokenizer, path, dev, torch_dtype, _eos_ids(path, hf, tokenizer), ctx,

@@ -27,33 +27,16 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import io
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from engine.protocol import BadRequest
-
-
-@dataclass(frozen=True)
-class VisionSpec:
-    """The token ids and merge size of a Qwen2-VL-style model (None for a text model)."""
-
-    image_token_id: int
-    video_token_id: int | None
-    vision_start_id: int
-    vision_end_id: int
-    merge_size: int
-
-    @classmethod
-    def from_config(cls, config: Any) -> VisionSpec | None:
-        vision = getattr(config, "vision_config", None)
-        if vision is None or getattr(config, "image_token_id", None) is None:
-            return None
-        return cls(int(config.image_token_id), getattr(config, "video_token_id", None),
-                   int(config.vision_start_token_id), int(config.vision_end_token_id),
-                   int(getattr(vision, "spatial_merge_size", 2)))
+from engine.vision import VisionTokens, mm_token_type_ids, open_image, pixel_inputs, placeholder_runs
+from openforge.images import ImageError
 
 
 @dataclass
@@ -132,41 +115,21 @@ def decode_data_url(url: str, index: int) -> bytes:
         raise BadRequest(f"image_data[{index}] is not valid base64") from None
 
 
-def load_image(data: bytes, index: int) -> Any:
-    """A PIL RGB image from encoded bytes (a 400 for anything PIL cannot read)."""
-    from PIL import Image
-
-    try:
-        img = Image.open(io.BytesIO(data))
-        img.load()
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise BadRequest(f"image_data[{index}] is not a readable image: {exc}") from None
-    return img.convert("RGB") if img.mode != "RGB" else img
+def _check_no_video(loaded: Any, ids: list[int]) -> None:
+    video = getattr(loaded.model.config, "video_token_id", None)
+    if video is not None and video in ids:
+        raise BadRequest("input_ids holds video placeholder tokens: this engine does not take videos")
 
 
-def placeholder_runs(ids: list[int], token_id: int) -> list[tuple[int, int]]:
-    """Maximal runs of `token_id` in `ids`, as [start, stop)."""
-    runs, start = [], None
-    for i, t in enumerate(ids):
-        if t == token_id and start is None:
-            start = i
-        elif t != token_id and start is not None:
-            runs.append((start, i))
-            start = None
-    if start is not None:
-        runs.append((start, len(ids)))
-    return runs
-
-
-def check_text_only(spec: VisionSpec | None, ids: list[int]) -> None:
+def check_text_only(loaded: Any, ids: list[int]) -> None:
     """A request with no images must not hold image placeholders (they would be read as text)."""
+    spec: VisionTokens | None = loaded.vision
     if spec is None:
         return
     n = len(placeholder_runs(ids, spec.image_token_id))
     if n:
         raise BadRequest(f"input_ids has {n} image placeholder run(s) but the request has no image_data")
-    if spec.video_token_id is not None and spec.video_token_id in ids:
-        raise BadRequest("input_ids holds video placeholder tokens: this engine does not take videos")
+    _check_no_video(loaded, ids)
 
 
 def pad_value(pixels: torch.Tensor, grid: torch.Tensor) -> int:
@@ -177,30 +140,75 @@ def pad_value(pixels: torch.Tensor, grid: torch.Tensor) -> int:
     return -1 - (int.from_bytes(h.digest()[:8], "big") >> 1)
 
 
-def pixel_values(processor: Any, images: list[Any]) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Per-image pixel values and the [n, 3] grid from the model's image processor."""
-    out = processor(images=images, return_tensors="pt")
-    grid = out["image_grid_thw"].to(torch.long)
-    sizes = grid.prod(-1).tolist()
-    return list(torch.split(out["pixel_values"], sizes)), grid
+class ImageCache:
+    """Decoded, processed images by their data URL's bytes (an LRU of `size` entries).
+
+    A GUI agent resends every earlier screenshot each turn; decoding a 1280x800 PNG and resizing
+    it costs ~30 ms here, the model's whole prefill of it less. Keyed by sha256 of the payload."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._items: OrderedDict[bytes, tuple[torch.Tensor, torch.Tensor, int]] = OrderedDict()
+        self._lock = threading.Lock()  # requests prepare their images in worker threads
+
+    def get(self, digest: bytes) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        with self._lock:
+            item = self._items.get(digest)
+            if item is not None:
+                self._items.move_to_end(digest)
+            return item
+
+    def put(self, digest: bytes, item: tuple[torch.Tensor, torch.Tensor, int]) -> None:
+        with self._lock:
+            self._items[digest] = item
+            self._items.move_to_end(digest)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
 
 
-def mrope_positions(model: Any, ids: list[int], grid: torch.Tensor, spec: VisionSpec) -> tuple[torch.Tensor, int]:
+def _process(loaded: Any, urls: list[str], cache: ImageCache | None) -> tuple[list[torch.Tensor], torch.Tensor,
+                                                                                list[int]]:
+    """Per-image pixel values, the [n, 3] grid and each image's pad value (engine/vision.pixel_inputs)."""
+    data = [decode_data_url(url, i) for i, url in enumerate(urls)]
+    digests = [hashlib.sha256(d).digest() for d in data]
+    todo = [i for i, dg in enumerate(digests) if cache is None or cache.get(dg) is None]
+    fresh: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+    if todo:
+        images = []
+        for i in todo:
+            try:
+                images.append(open_image(data[i], i))
+            except ImageError as exc:
+                raise BadRequest(f"image_data[{i}] is not a readable image: {str(exc).partition(': ')[2]}") from None
+        try:
+            pixels, grid = pixel_inputs(images, loaded.image_processor)
+        except (ValueError, OSError) as exc:
+            raise BadRequest(f"the model's image processor refused an image: {exc}") from None
+        for i, px, g in zip(todo, torch.split(pixels, grid.prod(-1).tolist()), grid):
+            fresh[i] = (px, g, pad_value(px, g))
+            if cache is not None:
+                cache.put(digests[i], fresh[i])
+    # An entry evicted between the two looks is recomputed by the next request, not this one: hold it.
+    items = [fresh.get(i) or cache.get(dg) for i, dg in enumerate(digests)]  # type: ignore[union-attr]
+    if any(it is None for it in items):
+        return _process(loaded, urls, None)
+    return [it[0] for it in items], torch.stack([it[1] for it in items]), [it[2] for it in items]
+
+
+def mrope_positions(model: Any, ids: list[int], grid: torch.Tensor, spec: VisionTokens) -> tuple[torch.Tensor, int]:
     """[3, L] M-RoPE positions and the rope delta, by the model's own `get_rope_index`."""
     t = torch.tensor([ids])
-    types = (t == spec.image_token_id).to(torch.int32)
     inner = getattr(model, "model", model)
-    pos, delta = inner.get_rope_index(t, mm_token_type_ids=types, image_grid_thw=grid)
+    pos, delta = inner.get_rope_index(t, mm_token_type_ids=mm_token_type_ids(t, spec), image_grid_thw=grid)
     return pos[:, 0, :].cpu(), int(delta.reshape(-1)[0])
 
 
-def prepare_images(loaded: Any, ids: list[int], image_data: list[str]) -> ImagePrompt:
+def prepare_images(loaded: Any, ids: list[int], image_data: list[str], cache: ImageCache | None = None) -> ImagePrompt:
     """Decode, process and check a request's images against its placeholder runs (see the module doc)."""
-    spec: VisionSpec | None = loaded.vision
+    spec: VisionTokens | None = loaded.vision
     if spec is None:
         raise BadRequest("this model does not take images (image_data was sent to a text-only model)")
-    if spec.video_token_id is not None and spec.video_token_id in ids:
-        raise BadRequest("input_ids holds video placeholder tokens: this engine does not take videos")
+    _check_no_video(loaded, ids)
     runs = placeholder_runs(ids, spec.image_token_id)
     if len(runs) != len(image_data):
         raise BadRequest(f"input_ids has {len(runs)} image placeholder run(s) but image_data has "
@@ -209,11 +217,7 @@ def prepare_images(loaded: Any, ids: list[int], image_data: list[str]) -> ImageP
         if start == 0 or ids[start - 1] != spec.vision_start_id or stop >= len(ids) or ids[stop] != spec.vision_end_id:
             raise BadRequest(f"image {i}'s placeholder run (tokens {start}..{stop - 1}) is not enclosed in "
                              "<|vision_start|> ... <|vision_end|>")
-    images = [load_image(decode_data_url(url, i), i) for i, url in enumerate(image_data)]
-    try:
-        pixels, grid = pixel_values(loaded.image_processor, images)
-    except (ValueError, OSError) as exc:
-        raise BadRequest(f"the model's image processor refused an image: {exc}") from None
+    pixels, grid, pads = _process(loaded, image_data, cache)
     expanded, key, spans = [], [], []
     done = 0
     for i, ((start, stop), g) in enumerate(zip(runs, grid.tolist())):
@@ -225,7 +229,7 @@ def prepare_images(loaded: Any, ids: list[int], image_data: list[str]) -> ImageP
         key += ids[done:start]
         spans.append((len(expanded), len(expanded) + n))
         expanded += [spec.image_token_id] * n
-        key += [pad_value(pixels[i], grid[i])] * n
+        key += [pads[i]] * n
         done = stop
     expanded += ids[done:]
     key += ids[done:]
