@@ -10,6 +10,11 @@ call (the harness kept the retry's answer, not the first one's).
     seg tokens : [p0 p0 p0 | c0 c0 | t t | c1 c1 c1]
     loss mask  : [ 0  0  0 |  1  1 | 0 0 |  1  1  1]
     logprobs   : [ 0  0  0 | l  l  | 0 0 |  l  l  l]   sampling logprobs, 0.0 where the mask is 0
+
+With images (a GUI agent's screenshots), equal token ids are not enough: two screenshots expand to
+the same placeholder tokens. A call extends a segment only if the images of the shared prefix are the
+same images (sha256, `call.images`); a segment's `images` are the ids of the images in its tokens, in
+the order of their placeholder runs.
 """
 
 from __future__ import annotations
@@ -28,8 +33,14 @@ class _Segment:
     logprobs: list[float] = field(default_factory=list)
     call_ids: list[int] = field(default_factory=list)
     last_prompt_len: int = 0  # where the last call's prompt ended (a retry truncates back to it)
+    images: list[str] = field(default_factory=list)  # sha256 ids of the images in `tokens`, in order
 
-    def extend(self, call_id: int, prompt: list[int], completion: list[int], lps: list[float]) -> None:
+    def extended_by(self, prompt: list[int], images: list[str]) -> bool:
+        return _starts_with(prompt, self.tokens) and images[:len(self.images)] == self.images
+
+    def extend(self, call_id: int, prompt: list[int], completion: list[int], lps: list[float],
+               images: list[str] | None = None) -> None:
+        self.images = list(images or [])  # a prompt's images include those of the prefix it extends
         new = prompt[len(self.tokens):]
         self.tokens += new
         self.mask += [0] * len(new)
@@ -40,10 +51,11 @@ class _Segment:
         self.logprobs += [0.0 if x is None or math.isnan(x) else float(x) for x in lps]  # None: engine sent none
         self.call_ids.append(call_id)
 
-    def retry(self, call_id: int, prompt: list[int], completion: list[int], lps: list[float]) -> None:
+    def retry(self, call_id: int, prompt: list[int], completion: list[int], lps: list[float],
+              images: list[str] | None = None) -> None:
         del self.tokens[self.last_prompt_len:], self.mask[self.last_prompt_len:], self.logprobs[self.last_prompt_len:]
         self.call_ids.pop()
-        self.extend(call_id, prompt, completion, lps)
+        self.extend(call_id, prompt, completion, lps, images)
 
     def prompt_of_last(self) -> list[int]:
         return self.tokens[:self.last_prompt_len]
@@ -61,20 +73,21 @@ def assemble_calls(calls: list[Call]) -> tuple[list[_Segment], dict[str, int]]:
         prompt, completion = call.prompt_ids or [], call.completion_ids or []
         lps = call.logprobs or []
         lps = (lps + [float("nan")] * len(completion))[:len(completion)]
+        images = list(call.images or [])
         stats["n_calls"] += 1
-        retried = next((s for s in reversed(segments) if s.prompt_of_last() == prompt), None)
+        retried = next((s for s in reversed(segments) if s.prompt_of_last() == prompt and s.images == images), None)
         if retried is not None:
-            retried.retry(call.id or 0, prompt, completion, lps)
+            retried.retry(call.id or 0, prompt, completion, lps, images)
             stats["n_retries"] += 1
             continue
         # The longest open segment this prompt extends (sub-agents interleave with the main agent).
-        best = max((s for s in segments if _starts_with(prompt, s.tokens)), key=lambda s: len(s.tokens), default=None)
+        best = max((s for s in segments if s.extended_by(prompt, images)), key=lambda s: len(s.tokens), default=None)
         if best is not None:
-            best.extend(call.id or 0, prompt, completion, lps)
+            best.extend(call.id or 0, prompt, completion, lps, images)
             stats["n_extends"] += 1
         else:
             seg = _Segment()
-            seg.extend(call.id or 0, prompt, completion, lps)
+            seg.extend(call.id or 0, prompt, completion, lps, images)
             segments.append(seg)
     stats["n_segments"] = len(segments)
     stats["n_tokens"] = sum(len(s.tokens) for s in segments)
@@ -92,7 +105,7 @@ def assemble_rollout(store: Store, rollout_id: str) -> dict[str, Any]:
     segments, stats = assemble_calls(calls)
     rows = [
         Trajectory(run_id=rollout.run_id, rollout_id=rollout_id, segment=i, token_ids=s.tokens,
-                   loss_mask=s.mask, logprobs=s.logprobs, call_ids=s.call_ids,
+                   loss_mask=s.mask, logprobs=s.logprobs, call_ids=s.call_ids, images=s.images or None,
                    n_tokens=len(s.tokens))
         for i, s in enumerate(segments)
     ]

@@ -7,9 +7,9 @@ from openforge.store import Call
 from rollouts.trajectory import assemble_calls, assemble_rollout
 
 
-def call(i: int, prompt: list[int], completion: list[int]) -> Call:
+def call(i: int, prompt: list[int], completion: list[int], images: list[str] | None = None) -> Call:
     return Call(id=i, run_id="run", rollout_id="ro", seq=i, status="ok", prompt_ids=prompt,
-                completion_ids=completion, logprobs=[-0.1 * (k + 1) for k in range(len(completion))])
+                completion_ids=completion, logprobs=[-0.1 * (k + 1) for k in range(len(completion))], images=images)
 
 
 def test_extending_calls_merge_with_masks_and_logprobs_aligned():
@@ -34,6 +34,19 @@ def test_a_retry_replaces_the_call_it_repeats():
     segs, stats = assemble_calls([call(1, [1, 2], [3]), call(2, [1, 2], [4]), call(3, [1, 2, 4, 5], [6])])
     assert stats["n_retries"] == 1 and stats["n_segments"] == 1
     assert segs[0].tokens == [1, 2, 4, 5, 6] and segs[0].mask == [0, 0, 1, 0, 1] and segs[0].call_ids == [2, 3]
+
+
+def test_the_same_placeholder_tokens_with_other_images_do_not_extend():
+    """Screenshots expand to the same pad tokens: only the images' ids tell two prompts apart."""
+    pad = [7, 9, 9, 9, 8]  # <|vision_start|> pads <|vision_end|>
+    first = call(1, [1, *pad], [3], ["a" * 64])
+    same = call(2, [1, *pad, 3, 4, *pad], [5], ["a" * 64, "b" * 64])  # the same first screenshot + a new one
+    other = call(3, [1, *pad, 3, 4, *pad], [6], ["c" * 64, "b" * 64])  # same tokens, another first screenshot
+    retry_other = call(4, [1, *pad], [2], ["c" * 64])  # the first prompt's tokens, another image: no retry
+    segs, stats = assemble_calls([first, same, other, retry_other])
+    assert [s.call_ids for s in segs] == [[1, 2], [3], [4]]
+    assert [s.images for s in segs] == [["a" * 64, "b" * 64], ["c" * 64, "b" * 64], ["c" * 64]]
+    assert stats["n_retries"] == 0 and stats["n_extends"] == 1
 
 
 def test_assemble_rollout_writes_rows_and_counts(store):

@@ -22,6 +22,7 @@ from engine.vision import load_processor, open_image
 from openforge.config import EngineConfig, ProxyConfig
 from openforge.images import ImageStore, image_id
 from proxy.server import ProxyServer
+from rollouts.trajectory import assemble_rollout
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -176,6 +177,12 @@ def test_multi_turn_with_a_new_screenshot_each_turn_reuses_tokens_exactly(rig):
     last = _calls(rig)[-1]
     assert last.reused_tokens == 0 and last.break_reason is not None
     assert last.images == [image_id(GREEN), image_id(BLUE)]
+    # Training sees the same: one segment for the three turns, another for the swapped screenshot.
+    assemble_rollout(rig["store"], rig["rollout"])
+    segs = rig["store"].list_trajectories(rollout_ids=[rig["rollout"]])
+    assert [s.call_ids for s in segs] == [[c.id for c in calls], [last.id]]
+    assert [s.images for s in segs] == [[image_id(s) for s in shots], [image_id(GREEN), image_id(BLUE)]]
+    assert segs[0].token_ids[:len(calls[-1].prompt_ids)] == calls[-1].prompt_ids
 
 
 def test_refusals_in_each_apis_shape(rig):
