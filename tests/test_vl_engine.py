@@ -337,3 +337,20 @@ def test_an_image_resent_is_decoded_once(served, ref, monkeypatch):
     assert calls and sum(calls) <= 2 and len(calls) == 1  # the second request processed nothing
     assert second.key_ids == first.key_ids and torch.equal(second.positions, first.positions)
     assert all(torch.equal(a, b) for a, b in zip(first.pixel_values, second.pixel_values))
+
+
+async def test_update_weights_from_disk_with_a_vlm(vl, ref, tmp_path):
+    """New base weights of the same VLM: the answer is the new model's fresh pass, images and all."""
+    other = _make_peaky_vl(vl["model"], tmp_path / "other", seed=7)
+    engine = EmbeddedEngine(EngineConfig(model=str(vl["model"]), max_batch_size=2))
+    prompt = ref.prompt("what colour is the square", [A])
+    try:
+        with serve_in_thread(engine.app) as server:
+            async with EngineClient(server.url) as client:
+                before = await client.generate(prompt, GREEDY, image_data=[_url(A)])
+                assert (await client.update_weights_from_disk(str(other)))["success"]
+                after = await client.generate(prompt, GREEDY, image_data=[_url(A)])
+    finally:
+        engine.close()
+    assert after.logprobs != before.logprobs
+    ref.check(after, prompt, [A], model=Reference(other).model)
