@@ -13,6 +13,7 @@ import io
 import json
 import os
 import shutil
+import socketserver
 import subprocess
 import tempfile
 import threading
@@ -93,8 +94,19 @@ body {{ margin: 0; background: {bg}; }}
 </style></head><body>{body}</body></html>"""
 
 
+class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+    def get_request(self):  # type: ignore[no-untyped-def]
+        conn, _ = super().get_request()
+        return conn, ("sandbox", 0)  # BaseHTTPRequestHandler wants a (host, port) client address
+
+
 class Site:
-    def __init__(self) -> None:
+    """The button site on 127.0.0.1 (a port), or on a unix socket `unix` (what a GUI sandbox forwards
+    to its own 127.0.0.1:8080: sandbox/gui.py)."""
+
+    def __init__(self, unix: str | None = None) -> None:
         self.clicks = 0
         self.gets = 0
         site = self
@@ -123,8 +135,12 @@ class Site:
                 site.clicks += 1
                 self._page()
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        if unix:
+            self.server: Any = _UnixHTTPServer(unix, Handler)
+            self.url = "http://127.0.0.1:8080/"
+        else:
+            self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+            self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:

@@ -242,3 +242,57 @@ def test_adapter_outcome_reads_the_sandbox_file(tmp_path: Path) -> None:
             return await harness.outcome(ExecResult(0, "", ""), sb)
 
     assert asyncio.run(go()).answer == "42"
+
+
+# -- end to end: a GUI sandbox, the real proxy (images recorded), a scripted engine on the tiny VLM ---
+
+@needs_display
+def test_mini_gui_in_a_gui_sandbox_through_the_proxy(tiny_vl_model: Path, store: Any, forge_home: Path,
+                                                     tmp_path: Path) -> None:
+    """mini-gui in a bubblewrap sandbox with its own display and chromium (sandbox/gui.py), the site's
+    state on the host behind a unix socket, its calls through the real proxy to a scripted engine
+    serving the tiny Qwen2-VL's tokenizer and processor: the engine answers `click(200, 150)` (the
+    button, in the 512x384 screenshot of the 1024x768 screen), then `done(clicked)`. The site's state
+    changes, each call is recorded with its screenshot, and the outcome is the answer."""
+    from engine.scripted import ScriptedEngine
+    from engine.serve import serve_in_thread
+    from openforge.config import LocalSandboxConfig, ProxyConfig
+    from openforge.images import ImageStore
+    from proxy.server import ProxyServer
+    from sandbox.gui import SITE_URL, GuiSpec
+    from sandbox.local import LocalSandbox, bwrap_usable
+    from sandbox.testing import proxy_socket_path
+
+    if not bwrap_usable():
+        pytest.skip("needs bubblewrap (a GUI sandbox is isolated)")
+    site = Site(unix=str(tmp_path / "site.sock"))
+    engine = ScriptedEngine(tiny_vl_model, ["click(200, 150)", "done(clicked)"])
+    run = store.create_run(kind="eval")
+    ro = store.create_rollout(run_id=run.id, task_id="button", status="running")
+    harness = get_harness(HarnessConfig(name="mini-gui", max_turns=4, max_tokens=16,
+                                        extra_args=["--max-side", "512", "--no-tools"]))
+
+    async def go(proxy: ProxyServer) -> tuple[ExecResult, Any]:
+        async with LocalSandbox(LocalSandboxConfig(), run_id=run.id, rollout_id=ro.id, proxy_socket=proxy.uds) as sb:
+            sb.attach_gui(GuiSpec(url=SITE_URL, size=(1024, 768), site_socket=str(tmp_path / "site.sock")))
+            ctx = HarnessContext(proxy_url=sb.proxy_url, api_key=ro.key, model="forge-policy",
+                                 instruction="Press the red button.", workdir=sb.info.workdir, backend="local")
+            await harness.prepare(sb, ctx)
+            result = await sb.exec(harness.command(ctx), env=harness.env(ctx), timeout=240)
+            return result, await harness.outcome(result, sb)
+
+    try:
+        with serve_in_thread(engine.app) as eng, ProxyServer(ProxyConfig(), store_path=store.path, engine_url=eng.url,
+                                                              model_path=tiny_vl_model, uds=proxy_socket_path()) as proxy:
+            result, outcome = asyncio.run(go(proxy))
+    finally:
+        site.close()
+    assert (outcome.answer, outcome.failure, outcome.turns) == ("clicked", None, 2), (result.stdout, result.stderr)
+    assert site.clicks == 1  # pressed in the sandbox's own chromium, counted by the site on the host
+    calls = store.list_calls(rollout_id=ro.id)
+    assert [c.status for c in calls] == ["ok", "ok"]
+    images = ImageStore.for_run(forge_home, run.id)
+    from PIL import Image
+    shots = [Image.open(images.path(c.images[0])) for c in calls]
+    assert all(len(c.images) == 1 for c in calls) and [s.size for s in shots] == [(512, 384)] * 2
+    assert red_centre(shots[0]) is not None and red_centre(shots[1]) is None  # before and after the click
