@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -41,6 +41,10 @@ class Sample:
     advantage: float
     reward: float
     temperatures: list[float] | None = None  # per token: the temperature its logprob is taken at; None = 1.0
+    # a vision-language row: its images' pixel values [patches, D] and grids [n, 3], re-created from
+    # the run's stored images (trainer/vision.py); None for text
+    pixel_values: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -134,11 +138,12 @@ def _parse(traj: Trajectory) -> tuple[list[int], list[int], list[float]]:
 
 def build_batch(rollouts: Sequence[Rollout], trajectories: Sequence[Trajectory], *,
                 sampling: Mapping[int, CallSampling] | None = None, std_normalize: bool = True,
-                eps: float = 1e-6) -> Batch:
+                eps: float = 1e-6, vision: Any = None) -> Batch:
     """Group rollouts by task, drop groups with an infrastructure failure, attach advantages.
 
     `sampling` (from `call_sampling`) gives each sampled token its call's temperature; without it
-    every token is taken at temperature 1."""
+    every token is taken at temperature 1. `vision` (trainer/vision.py TrajectoryImages) re-creates
+    the pixel inputs of segments with images; a segment with images and no `vision` is an error."""
     groups: dict[tuple[str, int], list[Rollout]] = defaultdict(list)
     for r in rollouts:
         groups[(r.task_id, r.step)].append(r)
@@ -163,7 +168,13 @@ def build_batch(rollouts: Sequence[Rollout], trajectories: Sequence[Trajectory],
                 if sum(mask) == 0:
                     continue
                 temps = _token_temperatures(t, mask, sampling)
-                batch.samples.append(Sample(r.id, r.task_id, t.segment, ids, mask, logp, a, float(r.reward), temps))  # type: ignore[arg-type]
+                sample = Sample(r.id, r.task_id, t.segment, ids, mask, logp, a, float(r.reward), temps)  # type: ignore[arg-type]
+                if getattr(t, "images", None):
+                    if vision is None:
+                        raise TrainerError(f"trajectory {t.rollout_id}/{t.segment} holds images but this trainer "
+                                           "was given no image source")
+                    sample.pixel_values, sample.image_grid_thw = vision.inputs(t, ids)
+                batch.samples.append(sample)
     return batch
 
 
@@ -193,7 +204,17 @@ def micro_batches(samples: Sequence[Sample], *, token_budget: int, pad_id: int, 
     seq_ids = torch.tensor([seq_of[s.rollout_id] for s in samples])
     full_weights = aggregation_weights(full_mask, loss_agg, seq_ids)
 
-    units = shared_prefixes(samples, share_prefix_min) if share_prefix_min > 0 else [(0, list(range(len(samples))))]
+    mm = [i for i, s in enumerate(samples) if s.image_grid_thw is not None]
+    if mm and share_prefix_min > 0:
+        # Rows with images are not prefix-shared: a VLM's M-RoPE positions after an image depend on the
+        # image's grid (a text token's position is not its index), and a prefix cut inside an image
+        # run would split one vision-encoder pass. They run whole, in units of their own; text rows
+        # share prefixes as before.
+        text = [i for i in range(len(samples)) if samples[i].image_grid_thw is None]
+        units = [(P, [text[k] for k in ks]) for P, ks in shared_prefixes([samples[i] for i in text], share_prefix_min)]
+        units.append((0, mm))
+    else:
+        units = shared_prefixes(samples, share_prefix_min) if share_prefix_min > 0 else [(0, list(range(len(samples))))]
     out: list[dict[str, torch.Tensor]] = []
     inner_units = 0
     for unit, (P, members) in enumerate(units):
@@ -258,4 +279,14 @@ def _collate(rows: list[Sample], weights: torch.Tensor, pad_id: int, device: tor
         "advantages": torch.tensor([s.advantage for s in rows]).to(device),
         # the first sampled token of any row: logits before it are never needed
         "first": torch.tensor(min(s.loss_mask.index(1) for s in rows) - offset),
-    }
+    } | _collate_images(rows, device)
+
+
+def _collate_images(rows: list[Sample], device: torch.device | str) -> dict[str, torch.Tensor]:
+    """The rows' pixel values and grids, concatenated in row order (the order the model's forward
+    matches images to placeholder runs); nothing for text rows."""
+    with_images = [s for s in rows if s.image_grid_thw is not None]
+    if not with_images:
+        return {}
+    return {"pixel_values": torch.cat([s.pixel_values for s in with_images]).to(device),  # type: ignore[misc]
+            "image_grid_thw": torch.cat([s.image_grid_thw for s in with_images]).to(device)}  # type: ignore[misc]

@@ -149,21 +149,32 @@ def aggregation_weights(mask: torch.Tensor, loss_agg: str, seq_ids: torch.Tensor
 
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float | torch.Tensor = 1.0, first: int = 1, past: Any = None) -> torch.Tensor:
+                   temperature: float | torch.Tensor = 1.0, first: int = 1, past: Any = None,
+                   images: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """log pi_T(x_t | x_<t) for t = 1..T-1: [B, T] -> [B, T-1] (fp32 log-softmax, as the engine does).
 
     `temperature` is a number or [B, T-1] (per predicted token: each call's own temperature).
     Only targets t >= `first` are computed (earlier entries are 0): agent prompts are long (a harness's
     system prompt alone can be 10k+ tokens) and the LM head + log-softmax over them would dominate
     time and memory, so the model is asked for the last T - first + 1 positions' logits only.
-    `past` is a cache holding the K/V of a prefix these rows continue (trainer/prefix.py)."""
+    `past` is a cache holding the K/V of a prefix these rows continue (trainer/prefix.py).
+    `images` = (pixel_values, image_grid_thw) of the rows' images, in row order (trainer/vision.py):
+    the vision tower runs on them and M-RoPE positions come from the model's get_rope_index."""
     T = input_ids.shape[1]
     keep = T - max(first, 1) + 1
     if past is not None:  # the mask covers the prefix too; positions continue after it
         ones = attention_mask.new_ones(attention_mask.shape[0], past.get_seq_length())
         attention_mask = torch.cat([ones, attention_mask], dim=1)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, cache=past, use_cache=past is not None,
-                   logits_to_keep=keep).logits
+    if images is not None:
+        if past is not None:
+            raise TrainerError("rows with images never continue a shared prefix (trainer/data.py)")
+        from trainer.vision import vision_forward_kwargs
+
+        extra = vision_forward_kwargs(model, input_ids, attention_mask, *images)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep, **extra).logits
+    else:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, cache=past, use_cache=past is not None,
+                       logits_to_keep=keep).logits
     logits = logits[:, -keep:-1].float()  # positions first-1 .. T-2 predict tokens first .. T-1
     if isinstance(temperature, torch.Tensor):
         logits = logits / temperature[:, T - keep:, None].to(logits.dtype)
@@ -193,7 +204,9 @@ def _forward(model: Any, mb: dict[str, torch.Tensor], cfg: StepConfig, past: Pas
     temperature = mb.get("temperature", 1.0)
     cache = past(mb["input_ids"].shape[0]) if past is not None else None
     with autocast(mb["input_ids"].device.type, cfg.autocast_dtype):
-        return token_logprobs(model, mb["input_ids"], mb["attention_mask"], temperature, int(mb["first"]), cache)
+        images = (mb["pixel_values"], mb["image_grid_thw"]) if "pixel_values" in mb else None
+        return token_logprobs(model, mb["input_ids"], mb["attention_mask"], temperature, int(mb["first"]), cache,
+                              images)
 
 
 @torch.no_grad()

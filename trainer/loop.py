@@ -38,6 +38,7 @@ from openforge.store import Checkpoint, Store, TrainStep
 from trainer import distributed
 from trainer.checkpoint import adapter_name, latest_checkpoint, save_checkpoint, set_rng_state
 from trainer.data import build_batch, call_sampling, micro_batches
+from trainer.vision import TrajectoryImages
 from trainer.grpo import StepConfig, grpo_step
 from trainer.model import autocast_dtype, build_optimizer, build_policy, pad_token_id, pick_device
 from trainer.sampler import AdapterSync, Sampler
@@ -89,6 +90,8 @@ class _Policy:
         if not samples:
             return {"n_tokens": 0}
         if self.group is not None:
+            if any(s.image_grid_thw is not None for s in samples):
+                raise TrainerError("trajectories with images train in one process for now (trainer.nproc = 1)")
             return self.group.step(self.model, self.optimizer, self.scheduler, list(samples), self.step_cfg, config,
                                    self.pad_id)
         mbs = micro_batches(samples, token_budget=config.micro_batch_tokens, pad_id=self.pad_id,
@@ -153,6 +156,7 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
     store.update_run(run_id, owner_pid=os.getpid())
     store.set_run_status(run_id, "running")
     result = TrainResult(run_id=run_id, adapter=adapter)
+    vision = TrajectoryImages.for_run(home, run_id, model_path)  # loads its processor on the first image only
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forge-overlap") if config.overlap else None
     pending: Future | None = None
     try:
@@ -169,7 +173,7 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
             t1 = time.perf_counter()
             ids = [r.id for r in rollouts]
             batch = build_batch(rollouts, store.list_trajectories(rollout_ids=ids), sampling=call_sampling(store, ids),
-                                std_normalize=config.std_normalize)
+                                std_normalize=config.std_normalize, vision=vision)
             metrics = pi.update(batch.samples, config)
             t2 = time.perf_counter()
             position += len(step_tasks)

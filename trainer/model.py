@@ -3,6 +3,7 @@ optimizer and LR schedule. Loaded with the same code that loads a real Qwen2.5/Q
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +36,29 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
 
 def build_policy(model_path: str | Path, cfg: TrainerConfig, *, device: torch.device,
                  resume_from: Path | None = None) -> Any:
-    """Load the base model in fp32 and wrap it: a fresh LoRA adapter, or the one at `resume_from`."""
-    from transformers import AutoModelForCausalLM
+    """Load the base model in fp32 and wrap it: a fresh LoRA adapter, or the one at `resume_from`.
+
+    A vision-language checkpoint (a Qwen2-VL: its config has a vision tower) loads as
+    AutoModelForImageTextToText; LoRA then targets the language model's modules only and the vision
+    tower stays frozen (full fine-tuning too): the policy learns what to do with what it sees, and
+    the engine's image features stay those of the base weights."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from trainer.vision import is_vision_model
 
     source = resume_from if (cfg.full_finetune and resume_from is not None) else model_path
+    vision = is_vision_model(source)
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
+        model = auto.from_pretrained(str(source), dtype=torch.float32)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load the model at {source}: {str(exc).splitlines()[0]}") from None
     model.config.use_cache = False  # training never decodes; the cache only costs memory
     if cfg.full_finetune:
+        if vision:
+            for name, param in model.named_parameters():
+                if ".visual." in f".{name}":
+                    param.requires_grad_(False)
         return model.to(device)
 
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -52,8 +66,11 @@ def build_policy(model_path: str | Path, cfg: TrainerConfig, *, device: torch.de
     if resume_from is not None:
         model = PeftModel.from_pretrained(model, str(resume_from), is_trainable=True)
     else:
+        targets: list[str] | str = list(cfg.lora_target_modules)
+        if vision:  # the language model's modules only (a regex PEFT full-matches against module names)
+            targets = r".*language_model\..*\.(" + "|".join(re.escape(t) for t in targets) + ")"
         lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                          target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
+                          target_modules=targets, task_type="CAUSAL_LM")
         try:
             model = get_peft_model(model, lora)
         except ValueError as exc:

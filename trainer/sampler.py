@@ -191,12 +191,17 @@ class EngineSampler:
     """G completions per prompt straight from the engine, scored by `reward_fn(task, completion_ids)`.
 
     A task is a dict with `id` and `prompt_ids` (the exact tokens sent), or any object with those
-    attributes. The recorded logprobs are the engine's, exactly as the proxy records them."""
+    attributes. The recorded logprobs are the engine's, exactly as the proxy records them.
+
+    A task with `images` (encoded image bytes, one per placeholder run already expanded in
+    `prompt_ids`, engine/vision.py) is sent with SGLang's `image_data`; its images are stored in the
+    run's ImageStore under `home` and listed on the call and trajectory rows, as the proxy does."""
 
     def __init__(self, client: Any, store: Store, bridge: BackgroundLoop, *, reward_fn: RewardFn,
                  group_size: int = 4, max_new_tokens: int = 16, temperature: float = 1.0,
-                 stop_token_ids: Sequence[int] = (), ignore_eos: bool = False) -> None:
+                 stop_token_ids: Sequence[int] = (), ignore_eos: bool = False, home: Any = None) -> None:
         self.client, self.store, self.bridge = client, store, bridge
+        self.home = home
         self.reward_fn = reward_fn
         self.group_size = group_size
         self.params: dict[str, Any] = {"max_new_tokens": max_new_tokens, "temperature": temperature}
@@ -214,10 +219,15 @@ class EngineSampler:
                                                     status="running")
                 jobs.append((task, rollout))
 
+        def send(task: Any) -> Any:
+            images = _images(task)
+            if not images:
+                return self.client.generate(list(_get(task, "prompt_ids")), self.params, lora_path=adapter)
+            return self.client.generate(list(_get(task, "prompt_ids")), self.params, lora_path=adapter,
+                                        image_data=[_data_url(b) for b in images])
+
         async def go() -> list[Any]:
-            return await asyncio.gather(*[
-                self.client.generate(list(_get(t, "prompt_ids")), self.params, lora_path=adapter) for t, _ in jobs
-            ], return_exceptions=True)
+            return await asyncio.gather(*[send(t) for t, _ in jobs], return_exceptions=True)
 
         outputs = self.bridge.run(go())
         return [self._record(run_id, task, rollout, out, adapter) for (task, rollout), out in zip(jobs, outputs)]
@@ -229,27 +239,52 @@ class EngineSampler:
         completion, logprobs = list(out.output_ids), list(out.logprobs)
         if len(logprobs) != len(completion):
             raise TrainerError(f"engine returned {len(completion)} tokens but {len(logprobs)} logprobs")
+        image_ids = self._store_images(run_id, _images(task))
         call = self.store.add_call(Call(
             run_id=run_id, rollout_id=rollout.id, seq=0, api="sglang_generate", adapter=adapter, status="ok",
             request_json={"sampling_params": self.params}, prompt_ids=prompt,
             temperature=self.params.get("temperature"),  # the trainer scores each token at its call's temperature
             completion_ids=completion, logprobs=logprobs, finish_reason=out.finish_reason,
-            prompt_tokens=len(prompt), completion_tokens=len(completion), ended_at=utcnow(),
+            prompt_tokens=len(prompt), completion_tokens=len(completion), ended_at=utcnow(), images=image_ids,
         ))
         tokens = prompt + completion
         self.store.replace_trajectories(rollout.id, [Trajectory(
             run_id=run_id, rollout_id=rollout.id, segment=0, token_ids=tokens,
             loss_mask=[0] * len(prompt) + [1] * len(completion),
             logprobs=[0.0] * len(prompt) + logprobs, call_ids=[call.id],
-            n_tokens=len(tokens),
+            n_tokens=len(tokens), images=image_ids,
         )])
         reward = float(self.reward_fn(task, completion))
         return self.store.update_rollout(rollout.id, status="scored", reward=reward, n_calls=1,
                                          n_tokens=len(tokens), n_segments=1)
 
 
+    def _store_images(self, run_id: str, images: list[bytes]) -> list[str] | None:
+        if not images:
+            return None
+        from openforge.images import ImageStore
+        from openforge.paths import forge_home
+
+        store = ImageStore.for_run(self.home or forge_home(), run_id)
+        return [store.put(data) for data in images]
+
+
 def _get(task: Any, key: str) -> Any:
     return task[key] if isinstance(task, dict) else getattr(task, key)
+
+
+def _images(task: Any) -> list[bytes]:
+    """A task's image bytes (none for a text task)."""
+    images = task.get("images") if isinstance(task, dict) else getattr(task, "images", None)
+    return list(images or [])
+
+
+def _data_url(data: bytes) -> str:
+    import base64
+
+    from openforge.images import image_format
+
+    return f"data:image/{image_format(data)};base64," + base64.b64encode(data).decode()
 
 
 class AdapterSync:
