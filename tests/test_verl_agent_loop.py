@@ -107,8 +107,8 @@ def check_token_exact(out: DataProto, server: EmbeddedVerlServer) -> dict[str, l
     """Every sample's sampled spans are exactly the ids and log probs veRL's server returned for its calls, in
     order, and every call's prompt is the sequence so far (the tool results in between are mask 0)."""
     by_rollout: dict[str, list] = {}
-    for rid, prompt_ids, tok in server.calls:
-        by_rollout.setdefault(rid.rsplit("_", 1)[0], []).append((prompt_ids, tok))
+    for session, prompt_ids, tok in server.calls:  # veRL's request id: the rollout's, on every turn
+        by_rollout.setdefault(session, []).append((prompt_ids, tok))
     for i, info in enumerate(out.non_tensor_batch["openforge"]):
         calls = by_rollout[info["rollout_id"]]
         prompt, response, mask, lps = unpad(out, i)
@@ -232,7 +232,7 @@ def test_engine_adapter_refuses_foreign_requests_and_servers_that_ignore_stops(t
 
     class Server:  # returns tokens past the eos: not SGLang's stop rules
         async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict, **kw: Any) -> Any:
-            self.params = sampling_params
+            self.params, self.request_id = sampling_params, request_id
             return TokenOutput(token_ids=[5, eos, 6], log_probs=[-0.1, -0.2, -0.3])
 
     async def main() -> None:
@@ -248,5 +248,6 @@ def test_engine_adapter_refuses_foreign_requests_and_servers_that_ignore_stops(t
             await backend.start({**body, "rid": "ro_1_abc"})
         assert past.value.status == 502
         assert server.params == {"temperature": 0.3, "max_tokens": 8, "logprobs": True}
+        assert server.request_id == "ro_1"  # the rollout's session id, not the proxy's per-call rid
 
     asyncio.run(main())

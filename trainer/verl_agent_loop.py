@@ -152,8 +152,10 @@ class VerlServerBackend:
         verl_params = self.params_for(rid)
         if verl_params is None:
             raise BadRequest(f"request {rid!r} belongs to no rollout of the veRL bridge", 403)
+        # veRL's request id is the trajectory's, the same for every turn (its sticky session: one server
+        # keeps the rollout's prefix cache), as in veRL's ToolAgentLoop; the proxy's rid is <rollout id>_<hex>.
         out = await self._on_owner_loop(self.server_manager.generate(
-            request_id=rid, prompt_ids=input_ids, sampling_params=verl_sampling_params(engine_params, verl_params),
+            request_id=rid.rsplit("_", 1)[0], prompt_ids=input_ids, sampling_params=verl_sampling_params(engine_params, verl_params),
             image_data=body.get("image_data") or None))
         ids = [int(t) for t in out.token_ids]
         lps = [float(x) for x in out.log_probs] if out.log_probs else [float("nan")] * len(ids)
@@ -242,7 +244,8 @@ class EmbeddedVerlServer:
             max_new = min(self.response_length, self.prompt_length + self.response_length - len(prompt_ids))
         params["max_new_tokens"] = max(0, min(int(max_new), room))
         return_logprob = bool(params.pop("logprobs", False))
-        out = await self.client.generate(prompt_ids, params, rid=request_id, image_data=image_data)
+        # a fresh id per turn, as LLMServerClient._vllm_request_id gives the server; `request_id` is the session's
+        out = await self.client.generate(prompt_ids, params, rid=uuid.uuid4().hex, image_data=image_data)
         result = TokenOutput(token_ids=list(out.output_ids), log_probs=list(out.logprobs) if return_logprob else None,
                              stop_reason="aborted" if out.finish_reason == "abort" else "completed", num_preempted=0,
                              extra_fields={"global_steps": 0})
