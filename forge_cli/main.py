@@ -84,7 +84,7 @@ def config_show(ctx: typer.Context) -> None:
 def runs(ctx: typer.Context, limit: Annotated[int, typer.Option(help="how many runs")] = 20) -> None:
     """List runs, newest first."""
     store = state(ctx).store()
-    table = Table(title=f"runs in {store.path}")
+    table = Table(title=f"runs in {store.where}")
     for col in ("id", "kind", "name", "status", "created", "rollouts", "steps"):
         table.add_column(col)
     for run in store.list_runs(limit=limit):
