@@ -184,12 +184,30 @@ class RolloutRunner:
             sb = await self._start_sandbox(ro)
             if sb is None:
                 return
+            site = None
             try:
-                await self._drive(sb, ro, spec.task)
+                site = self._open_site(sb, spec.task)
+                await self._drive(sb, ro, spec.task, site)
             except _InfraFailure as exc:
                 await self._finish(ro.id, status="failed", **_failure("infra", str(exc)))
             finally:
+                if site is not None:
+                    await asyncio.to_thread(site.close)
                 await stop_shielded(sb)
+
+    @staticmethod
+    def _open_site(sb: Sandbox, task: TaskSpec) -> Any:
+        """A GUI task's site, served on the host for this rollout (rollouts/web/server.py); None otherwise."""
+        if task.gui is None:
+            return None
+        if not hasattr(sb, "attach_gui"):
+            raise _InfraFailure(f"GUI task {task.id} needs a sandbox with a display: sandbox.type = \"local\" "
+                                f"with bubblewrap (the {sb.info.backend} backend has none yet)")
+        from rollouts.web.server import SiteSession
+        try:
+            return SiteSession(task.gui)
+        except OSError as exc:
+            raise _InfraFailure(f"cannot serve the task's site: {exc}") from None
 
     async def _start_sandbox(self, ro: Rollout) -> Sandbox | None:
         """A started sandbox, or None after recording `failed` once every start attempt has failed."""
@@ -209,7 +227,7 @@ class RolloutRunner:
         await self._db(self.store.update_rollout, ro.id, sandbox_id=sb.info.sandbox_id)
         return sb
 
-    async def _drive(self, sb: Sandbox, ro: Rollout, task: TaskSpec) -> None:
+    async def _drive(self, sb: Sandbox, ro: Rollout, task: TaskSpec, site: Any = None) -> None:
         budget = min(task.time_limit_s * self.config.runner.time_limit_scale, self.config.runner.rollout_timeout_s)
         ctx = HarnessContext(proxy_url=self._proxy_url_for(sb), api_key=ro.key,
                              model=self.config.proxy.served_model_name, instruction=task.instruction,
@@ -220,7 +238,16 @@ class RolloutRunner:
             command, env = self.harness.command(ctx), self.harness.env(ctx)
         except (HarnessError, SandboxError) as exc:
             raise _InfraFailure(f"harness {self.harness.name} could not be prepared: {exc}") from None
-        result = await self._exec(sb, command, timeout=budget, env=env)
+        try:
+            if site is not None:  # the harness (only) runs in the display, the browser on the site
+                sb.attach_gui(site.gui_spec())  # type: ignore[attr-defined]
+        except SandboxError as exc:
+            raise _InfraFailure(str(exc)) from None
+        try:
+            result = await self._exec(sb, command, timeout=budget, env=env)
+        finally:
+            if site is not None:
+                sb.attach_gui(None)  # type: ignore[attr-defined]
         try:  # nothing the agent started may still run (and rewrite files) while it is graded
             await sb.kill_all()
         except SandboxError as exc:
@@ -239,7 +266,7 @@ class RolloutRunner:
         if outcome.failure is not None:  # never scored: its error text is not an answer
             await self._finish(ro.id, status="failed", **_failure("harness", outcome.failure))
             return
-        reward, verifier_output, note = await self._grade(sb, task, outcome.answer or "")
+        reward, verifier_output, note = await self._grade(sb, task, outcome.answer or "", site)
         if assembly_error:
             await self._finish(ro.id, status="failed", reward=reward, verifier_output=verifier_output,
                                **_failure("infra", f"trajectory assembly failed: {assembly_error}"))
@@ -284,10 +311,16 @@ class RolloutRunner:
         except SandboxError as exc:
             raise _InfraFailure(f"the sandbox failed while running: {exc}") from None
 
-    async def _grade(self, sb: Sandbox, task: TaskSpec, answer: str) -> tuple[float, str, str | None]:
-        """(reward, what the graders said, a note when a verifier's output was unusable). The answer
-        and the expected files are checked here, outside the sandbox; then the shell verifier."""
+    async def _grade(self, sb: Sandbox, task: TaskSpec, answer: str, site: Any = None,
+                     ) -> tuple[float, str, str | None]:
+        """(reward, what the graders said, a note when a verifier's output was unusable). The answer,
+        the expected files and a GUI task's site state (read on the host) are checked here, outside the
+        sandbox; then the shell verifier."""
         lines, passed = [], True
+        if site is not None and task.gui is not None and task.gui.expect_state:
+            ok, line = site.grade()
+            passed &= ok
+            lines.append(line)
         if task.expect_answer is not None:
             ok = answer_matches(task.expect_answer, answer)
             passed &= ok

@@ -8,7 +8,8 @@ A task set is a JSONL file (one task per line) or a folder holding any mix of:
         task.toml         files/ (copied into the sandbox as setup files) and
         files/run.sh      verifier/ (written only after the agent stops, so it cannot read them)
 
-`builtin` names the set shipped in `rollouts/builtin_tasks/`.
+`builtin` names the set shipped in `rollouts/builtin_tasks/`; `builtin-web` the GUI set of
+`rollouts/web/tasks/` (a `gui` field: a site served on the host, graded by its state).
 
 A task is graded after the agent has stopped (and everything it started has been killed), by
 either or both of:
@@ -36,6 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from openforge.errors import TaskError
 from rollouts.grading import ExpectedAnswer
+from rollouts.web import WEB_TASKS_DIR
+from rollouts.web.spec import GuiTask
 
 BUILTIN_DIR = Path(__file__).parent / "builtin_tasks"
 # Where the harness's final answer is left for a shell verifier, relative to the sandbox's working
@@ -69,6 +72,9 @@ class TaskSpec(BaseModel):
     requires_tools: bool | None = Field(None, description=(
         "whether the task cannot be done without tools (default: when it has setup files); an answer "
         "with no tool call counts as a give-up in forge analyze"))
+    gui: GuiTask | None = Field(None, description=(
+        "a GUI task: the site its sandbox's browser shows (served on the host) and the site state that "
+        "passes (rollouts/web/spec.py)"))
 
     @field_validator("id")
     @classmethod
@@ -95,7 +101,8 @@ class TaskSpec(BaseModel):
 
     @model_validator(mode="after")
     def _graded(self) -> "TaskSpec":
-        if self.verifier is None and self.expect_answer is None and not self.expect_files:
+        if self.verifier is None and self.expect_answer is None and not self.expect_files and \
+                not (self.gui and self.gui.expect_state):
             raise ValueError(_NO_GRADER)
         return self
 
@@ -226,6 +233,8 @@ def _describe(err: ValidationError) -> list[str]:
 
 
 def resolve_path(path: str | Path) -> Path:
+    if str(path) == "builtin-web":
+        return WEB_TASKS_DIR
     return BUILTIN_DIR if str(path) == "builtin" else Path(path).expanduser()
 
 
@@ -240,7 +249,7 @@ def _check(path: str | Path) -> tuple[list[TaskSpec], list[TaskProblem]]:
         except ValidationError as exc:
             msgs = _describe(exc)
             # Pydantic skips the model check when a field fails: say a grader is missing here too.
-            if _NO_GRADER not in msgs and not any(record.get(k) for k in ("verifier", "expect_answer", "expect_files")):
+            if _NO_GRADER not in msgs and not any(record.get(k) for k in ("verifier", "expect_answer", "expect_files", "gui")):
                 msgs.append(_NO_GRADER)
             problems.extend(TaskProblem(where, raw_id, msg) for msg in msgs)
             continue

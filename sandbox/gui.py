@@ -15,6 +15,7 @@ Interface (for harnesses, reference solutions and tests; stdlib, plus Pillow for
     python -I gui.py type TEXT                   xdotool: type TEXT into the focused element
     python -I gui.py key COMBO                   xdotool: a key or combination (Return, ctrl+a, Tab)
     python -I gui.py wait-painted                until the screen is not one flat colour (max 30 s)
+    python -I gui.py wait-colour X Y R,G,B       until pixel (X, Y) has that colour (max 30 s)
 
     from gui import screenshot, click, type_text, key     # the same, as functions (the file is
                                                           # at $FORGE_GUI inside a GUI sandbox)
@@ -142,6 +143,17 @@ def wait_painted(timeout: float = 30.0, display: str | None = None) -> None:
     raise GuiError(f"the screen stayed blank for {timeout:g}s (the browser did not draw the page)")
 
 
+def wait_colour(x: int, y: int, rgb: tuple[int, int, int], timeout: float = 30.0, display: str | None = None) -> None:
+    """Until the screen's pixel (x, y) is `rgb` (a page reacted to an action), or GuiError."""
+    deadline, seen = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        seen = screenshot(display).getpixel((x, y))
+        if tuple(seen) == tuple(rgb):
+            return
+        time.sleep(0.1)
+    raise GuiError(f"pixel ({x}, {y}) stayed {seen}, not {tuple(rgb)}, for {timeout:g}s")
+
+
 # -- the launcher -----------------------------------------------------------------------------------
 
 def start_xvfb(width: int, height: int) -> tuple[subprocess.Popen, str]:
@@ -236,6 +248,8 @@ def main(argv: list[str]) -> int:
             key(rest[0])
         elif verb == "wait-painted":
             wait_painted()
+        elif verb == "wait-colour":
+            wait_colour(int(rest[0]), int(rest[1]), tuple(int(v) for v in rest[2].split(",")))  # type: ignore[arg-type]
         else:
             print(f"gui.py: unknown command {verb!r}", file=sys.stderr)
             return 2

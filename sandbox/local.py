@@ -123,7 +123,8 @@ def hidden_paths() -> list[str]:
     sandbox's files) and the built-in task set (expected answers, verifiers: a wheel install puts it
     in the venv, which every sandbox sees)."""
     builtin = Path(__file__).resolve().parent.parent / "rollouts" / "builtin_tasks"
-    return sorted({os.path.realpath(p) for p in (forge_home(), builtin) if os.path.isdir(p)})
+    web = builtin.parent / "web"  # the GUI sites' data and their task set
+    return sorted({os.path.realpath(p) for p in (forge_home(), builtin, web) if os.path.isdir(p)})
 
 
 def _under(path: str, root: str) -> bool:
