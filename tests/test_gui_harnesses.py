@@ -244,20 +244,15 @@ def test_adapter_outcome_reads_the_sandbox_file(tmp_path: Path) -> None:
     assert asyncio.run(go()).answer == "42"
 
 
-# -- end to end: a GUI sandbox, the real proxy (images recorded), a scripted engine on the tiny VLM ---
+# -- end to end: a GUI sandbox, the real proxy (images recorded), an engine on the tiny VLM -------------
 
-@needs_display
-def test_mini_gui_in_a_gui_sandbox_through_the_proxy(tiny_vl_model: Path, store: Any, forge_home: Path,
-                                                     tmp_path: Path) -> None:
-    """mini-gui in a bubblewrap sandbox with its own display and chromium (sandbox/gui.py), the site's
-    state on the host behind a unix socket, its calls through the real proxy to a scripted engine
-    serving the tiny Qwen2-VL's tokenizer and processor: the engine answers `click(200, 150)` (the
-    button, in the 512x384 screenshot of the 1024x768 screen), then `done(clicked)`. The site's state
-    changes, each call is recorded with its screenshot, and the outcome is the answer."""
-    from engine.scripted import ScriptedEngine
+def _gui_rollout(engine_app: Any, tiny_vl_model: Path, store: Any, tmp_path: Path, *, max_turns: int,
+                 max_tokens: int) -> tuple[Any, ExecResult, Any, Site]:
+    """One mini-gui rollout by hand (what the runner does): a bubblewrap sandbox with its own display
+    and chromium (sandbox/gui.py) on the button site, whose state lives on the host behind a unix
+    socket; the calls go through the real proxy to `engine_app`. (rollout row, exec result, outcome, site)"""
     from engine.serve import serve_in_thread
     from openforge.config import LocalSandboxConfig, ProxyConfig
-    from openforge.images import ImageStore
     from proxy.server import ProxyServer
     from sandbox.gui import SITE_URL, GuiSpec
     from sandbox.local import LocalSandbox, bwrap_usable
@@ -266,10 +261,9 @@ def test_mini_gui_in_a_gui_sandbox_through_the_proxy(tiny_vl_model: Path, store:
     if not bwrap_usable():
         pytest.skip("needs bubblewrap (a GUI sandbox is isolated)")
     site = Site(unix=str(tmp_path / "site.sock"))
-    engine = ScriptedEngine(tiny_vl_model, ["click(200, 150)", "done(clicked)"])
     run = store.create_run(kind="eval")
     ro = store.create_rollout(run_id=run.id, task_id="button", status="running")
-    harness = get_harness(HarnessConfig(name="mini-gui", max_turns=4, max_tokens=16,
+    harness = get_harness(HarnessConfig(name="mini-gui", max_turns=max_turns, max_tokens=max_tokens,
                                         extra_args=["--max-side", "512", "--no-tools"]))
 
     async def go(proxy: ProxyServer) -> tuple[ExecResult, Any]:
@@ -282,17 +276,56 @@ def test_mini_gui_in_a_gui_sandbox_through_the_proxy(tiny_vl_model: Path, store:
             return result, await harness.outcome(result, sb)
 
     try:
-        with serve_in_thread(engine.app) as eng, ProxyServer(ProxyConfig(), store_path=store.path, engine_url=eng.url,
+        with serve_in_thread(engine_app) as eng, ProxyServer(ProxyConfig(), store_path=store.path, engine_url=eng.url,
                                                               model_path=tiny_vl_model, uds=proxy_socket_path()) as proxy:
             result, outcome = asyncio.run(go(proxy))
     finally:
         site.close()
+    return ro, result, outcome, site
+
+
+def _screenshots(store: Any, forge_home: Path, ro: Any) -> list[Any]:
+    from PIL import Image
+
+    from openforge.images import ImageStore
+    calls = store.list_calls(rollout_id=ro.id)
+    assert [c.status for c in calls] == ["ok"] * len(calls) and all(len(c.images) == 1 for c in calls)
+    images = ImageStore.for_run(forge_home, ro.run_id)
+    return [Image.open(images.path(c.images[0])) for c in calls]
+
+
+@needs_display
+def test_mini_gui_in_a_gui_sandbox_through_the_proxy(tiny_vl_model: Path, store: Any, forge_home: Path,
+                                                     tmp_path: Path) -> None:
+    """A scripted engine on the tiny Qwen2-VL's tokenizer and processor answers `click(200, 150)` (the
+    button, in the 512x384 screenshot of the 1024x768 screen), then `done(clicked)`: the site's state
+    changes, each call is recorded with its screenshot, the outcome is the answer."""
+    from engine.scripted import ScriptedEngine
+
+    engine = ScriptedEngine(tiny_vl_model, ["click(200, 150)", "done(clicked)"])
+    ro, result, outcome, site = _gui_rollout(engine.app, tiny_vl_model, store, tmp_path, max_turns=4, max_tokens=16)
     assert (outcome.answer, outcome.failure, outcome.turns) == ("clicked", None, 2), (result.stdout, result.stderr)
     assert site.clicks == 1  # pressed in the sandbox's own chromium, counted by the site on the host
-    calls = store.list_calls(rollout_id=ro.id)
-    assert [c.status for c in calls] == ["ok", "ok"]
-    images = ImageStore.for_run(forge_home, run.id)
-    from PIL import Image
-    shots = [Image.open(images.path(c.images[0])) for c in calls]
-    assert all(len(c.images) == 1 for c in calls) and [s.size for s in shots] == [(512, 384)] * 2
+    shots = _screenshots(store, forge_home, ro)
+    assert [s.size for s in shots] == [(512, 384)] * 2
     assert red_centre(shots[0]) is not None and red_centre(shots[1]) is None  # before and after the click
+
+
+@needs_display
+def test_mini_gui_random_vlm_in_a_gui_sandbox(tiny_vl_model: Path, store: Any, forge_home: Path,
+                                              tmp_path: Path) -> None:
+    """The embedded engine serving the random tiny Qwen2-VL (what the demo starts from): its nonsense
+    costs steps, never breaks the harness; the rollout is graded (not a harness failure), every call
+    recorded with its screenshot."""
+    from engine.embedded import EmbeddedEngine
+    from openforge.config import EngineConfig
+
+    engine = EmbeddedEngine(EngineConfig(model=str(tiny_vl_model), max_batch_size=2))
+    try:
+        ro, result, outcome, _ = _gui_rollout(engine.app, tiny_vl_model, store, tmp_path, max_turns=3, max_tokens=8)
+    finally:
+        engine.close()
+    assert outcome.failure is None, (result.stdout, result.stderr)
+    shots = _screenshots(store, forge_home, ro)
+    assert 1 <= len(shots) <= 3 and all(s.size == (512, 384) for s in shots)
+    assert outcome.turns == len(shots)
