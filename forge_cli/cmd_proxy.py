@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import threading
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -12,6 +14,7 @@ from rich.table import Table
 
 from forge_cli.context import state
 from openforge.errors import ConfigError, ForgeError, NotFoundError
+from openforge.images import ImageStore
 from openforge.store import Call
 
 console = Console()
@@ -91,8 +94,9 @@ def calls(
     run_id: Annotated[str, typer.Argument(help="run id, unique prefix, or 'latest'")],
     show: Annotated[Optional[int], typer.Option("--show", help="print call N (its id) with decoded tokens and logprobs")] = None,
     limit: Annotated[int, typer.Option(help="how many calls to list (newest)")] = 50,
+    save_images: Annotated[Optional[Path], typer.Option("--save-images", help="with --show: copy the call's images into this folder, named call<ID>-<N>-<sha>.<ext>")] = None,
 ) -> None:
-    """List the model calls recorded for a run, or show one in full."""
+    """List the model calls recorded for a run, or show one in full (with its images)."""
     store = state(ctx).store()
     run = store.get_run(run_id)
     if show is not None:
@@ -100,7 +104,10 @@ def calls(
         if call.run_id != run.id:
             raise NotFoundError(f"call {show} is not in run {run.id}")
         _show_call(call, _decoder(run.config_json))
+        _show_images(call, ImageStore.for_run(state(ctx).home, run.id), save_images)
         return
+    if save_images is not None:
+        raise ConfigError("--save-images needs --show ID (the call whose images to save)")
     rows = list(reversed(store.list_calls(run_id=run.id, limit=limit, newest_first=True)))
     several = len({c.rollout_id for c in rows}) > 1
     table = Table(title=f"calls of {run.id} ({len(rows)} shown)")
@@ -139,6 +146,32 @@ def _show_call(call: Call, tokenizer: Any) -> None:
         text = repr(tokenizer.decode([tid])) if tokenizer is not None else "?"
         table.add_row(str(i), str(tid), text, "-" if lp is None else f"{lp:.4f}")
     console.print(table)
+
+
+def _show_images(call: Call, images: ImageStore, folder: Path | None) -> None:
+    """The call's images in the order of their placeholder runs: where each is stored, its format,
+    size and dimensions; copied into `folder` under names that say which call and which image."""
+    if not call.images:
+        return
+    table = Table(title=f"images ({len(call.images)}, in prompt order)")
+    for col in ("#", "sha256", "format", "bytes", "size"):
+        table.add_column(col, justify="right" if col in ("#", "bytes") else "left")
+    saved: list[Path] = []
+    files: list[str] = []  # printed whole, one a line, below the table (a table cell would wrap them)
+    for i, sha in enumerate(call.images):
+        info = images.describe(sha)
+        table.add_row(str(i), sha[:12], info.format, str(info.size) if info.path else "-", info.dimensions)
+        files.append(f"image {i}: {info.path if info.path else f'{sha[:12]} missing from {images.root}'}")
+        if folder is not None and info.path is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            dest = folder / f"call{call.id}-{i}-{sha[:12]}.{info.format}"
+            shutil.copyfile(info.path, dest)
+            saved.append(dest)
+    console.print(table, markup=False, highlight=False)
+    for line in files:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if folder is not None:
+        console.print(f"saved {len(saved)} image(s) to {folder}", markup=False, highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

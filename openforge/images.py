@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from openforge.errors import ForgeError
@@ -42,6 +43,22 @@ def image_format(data: bytes) -> str:
 
 def image_id(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What `forge calls --show` and the dashboard list of a stored image."""
+
+    sha: str
+    path: Path | None  # None: not in the run's folder (deleted, or the run dir is elsewhere)
+    format: str = "?"
+    size: int = 0  # bytes
+    width: int | None = None
+    height: int | None = None
+
+    @property
+    def dimensions(self) -> str:
+        return f"{self.width}x{self.height}" if self.width is not None else "?"
 
 
 class ImageStore:
@@ -81,3 +98,20 @@ class ImageStore:
         if image_id(data) != sha:
             raise ImageError(f"image {sha[:12]} in {self.root} does not match its name (changed on disk)")
         return data
+
+    def describe(self, sha: str) -> ImageInfo:
+        """The image's file, format, size and pixel dimensions (read from its header only)."""
+        try:
+            path = self.path(sha)
+        except ImageError:
+            return ImageInfo(sha, None)
+        width = height = None
+        try:
+            from PIL import Image
+
+            with Image.open(path) as img:
+                width, height = img.size
+        except (ImportError, OSError, ValueError, SyntaxError):
+            pass
+        fmt = path.suffix.lstrip(".")
+        return ImageInfo(sha, path, fmt, path.stat().st_size, width, height)

@@ -16,7 +16,10 @@ import anthropic
 import openai
 import pytest
 
+from typer.testing import CliRunner
+
 from engine.embedded import EmbeddedEngine
+from forge_cli.main import app
 from engine.serve import serve_in_thread
 from engine.vision import load_processor, open_image
 from openforge.config import EngineConfig, ProxyConfig
@@ -137,6 +140,23 @@ def test_anthropic_images_in_user_turns_and_tool_results_stream(rig, processor):
     assert len(_pad_runs(call.prompt_ids, pad)) == 2
     n = _pad_runs(call.prompt_ids, pad)[0]
     assert _pad_runs(call.prompt_ids, pad) == [n, n]
+
+
+def test_forge_calls_show_names_and_saves_a_calls_images(rig, tmp_path):
+    _oai(rig).chat.completions.create(model="m", max_tokens=2, messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _b64(RED)}},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _b64(BLUE)}}]}])
+    (call,) = _calls(rig)
+    shown = CliRunner().invoke(app, ["calls", rig["run"], "--show", str(call.id), "--save-images",
+                                     str(tmp_path / "out")], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert image_id(RED)[:12] in shown.output and "320x200" in shown.output and "200x320" in shown.output
+    assert f"image 1: {rig['images'].path(image_id(BLUE))}" in shown.output  # where each is stored under the run
+    saved = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert saved == [f"call{call.id}-0-{image_id(RED)[:12]}.png", f"call{call.id}-1-{image_id(BLUE)[:12]}.png"]
+    assert (tmp_path / "out" / saved[1]).read_bytes() == BLUE
+    alone = CliRunner().invoke(app, ["calls", rig["run"], "--save-images", str(tmp_path / "x")])
+    assert alone.exit_code != 0 and "--show" in alone.output
 
 
 def test_responses_input_image_and_a_screenshot_in_a_function_output(rig, processor):
