@@ -116,8 +116,32 @@ def check_npm_harnesses(config: ForgeConfig, home: Path) -> list[Check]:
     return checks
 
 
+def check_store(config: ForgeConfig, home: Path) -> Check:
+    """The run store: the SQLite file, or the PostgreSQL server store.url names (reachable, the
+    driver installed, the schema created or upgraded)."""
+    from openforge.errors import StoreError
+    from openforge.paths import db_path
+    from openforge.store import STORE_URL_ENV, Store
+
+    url = config.store.url or os.environ.get(STORE_URL_ENV, "")
+    if not url:
+        path = db_path(home)
+        return Check("run store", "ok", f"SQLite file {path}" + ("" if path.exists() else " (made by the first run)"))
+    try:
+        store = Store(url)
+    except StoreError as exc:
+        return Check("run store", "missing", str(exc))
+    try:
+        return Check("run store", "ok", f"PostgreSQL {store.where}, schema version {store.schema_version()}")
+    except StoreError as exc:
+        return Check("run store", "missing", str(exc))
+    finally:
+        store.close()
+
+
 def run_checks(config: ForgeConfig, home: Path) -> list[Check]:
     checks = check_torch()
+    checks.append(check_store(config, home))
     checks.append(check_isolation())
     checks.append(check_docker(config))
     checks.append(check_kubernetes(config))

@@ -233,3 +233,16 @@ def test_kill_9_of_a_worker_mid_load_loses_no_answered_call(make_rig, store: Sto
         seqs = [c.seq for c in rows if c.rollout_id == ro.id]
         assert sorted(seqs) == list(range(len(seqs)))
     assert store.integrity_check() == "ok"
+
+
+def test_doctor_says_whether_the_postgres_store_is_reachable(pg: pgserver.PgServer, tmp_path: Path) -> None:
+    from openforge.config import ForgeConfig
+    from runs.checks import check_store
+
+    url = pg.create_db()
+    got = check_store(ForgeConfig.model_validate({"store": {"url": url}}), tmp_path)
+    assert (got.verdict, got.detail) == ("ok", f"PostgreSQL {url}, schema version {migrations.MIGRATIONS[-1][0]}")
+    gone = url.replace(f":{pg.port}/", ":1/")  # nothing listens on port 1
+    got = check_store(ForgeConfig.model_validate({"store": {"url": gone}}), tmp_path)
+    assert got.verdict == "missing" and got.detail.startswith("cannot reach the PostgreSQL store at 127.0.0.1:1/")
+    assert check_store(ForgeConfig(), tmp_path).detail.startswith("SQLite file")
