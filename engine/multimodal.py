@@ -4,11 +4,13 @@ The request's `input_ids` hold each image's placeholder run expanded as the mode
 expands it (`<|vision_start|>` + N x `<|image_pad|>` + `<|vision_end|>`, N = t*h*w / merge^2 of the
 image's patch grid); `image_data` has one `data:image/...;base64,...` URL per run, in order. A run of
 one `<|image_pad|>` is expanded here to the image's N (as SGLang's `_expand_input_ids` does for
-pre-tokenized prompts), so both forms SGLang takes are taken; `mm.input_ids` is the expanded prompt. `prepare_images` decodes them, recomputes the pixel values with the model's image
-processor, checks every run against its image (a 400 otherwise: the engine never guesses which
-image a run means) and computes what the scheduler needs:
+pre-tokenized prompts), so both forms SGLang takes are taken. `prepare_images` decodes the images,
+recomputes their pixel values with the model's image processor (engine/vision.py's `pixel_inputs`,
+the one the proxy and the trainer use), checks every run against its image (a 400 otherwise: the
+engine never guesses which image a run means) and computes what the scheduler needs:
 
-    mm = prepare_images(loaded, input_ids, image_data)
+    mm = prepare_images(loaded, input_ids, image_data, cache)   # cache: ImageCache of decoded images
+    mm.input_ids      the prompt with every placeholder run expanded
     mm.key_ids        input_ids with each image's placeholder tokens replaced by the image's pad value
                       (a hash of its pixels), the prefix cache's key: two images behind the same
                       placeholder tokens never share KV (SGLang's `pad_value`, negative here so it can
@@ -188,7 +190,7 @@ def _process(loaded: Any, urls: list[str], cache: ImageCache | None) -> tuple[li
             fresh[i] = (px, g, pad_value(px, g))
             if cache is not None:
                 cache.put(digests[i], fresh[i])
-    # An entry evicted between the two looks is recomputed by the next request, not this one: hold it.
+    # Other requests' images may have evicted an entry since the first look: then process all afresh.
     items = [fresh.get(i) or cache.get(dg) for i, dg in enumerate(digests)]  # type: ignore[union-attr]
     if any(it is None for it in items):
         return _process(loaded, urls, None)
