@@ -98,3 +98,68 @@ def test_browser_use_garbage_is_graded_not_failed(tmp_path: Path) -> None:
     outcome = browser_use_outcome(ExecResult(proc.returncode, proc.stdout, proc.stderr), json.dumps(record))
     assert record["is_done"] is False and record["errors"], (record, proc.stderr[-2000:])
     assert outcome.answer == "" and outcome.failure is None
+
+
+@pytest.mark.slow
+@needs_browser_use
+def test_browser_use_in_a_gui_sandbox_through_the_proxy(tiny_vl_model: Path, store: Any, forge_home: Path,
+                                                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """browser-use in a bubblewrap sandbox with its own display (it starts its own chromium there), the
+    site's state on the host behind a unix socket, its calls through the real proxy (screenshots and
+    all) to a scripted engine on the tiny Qwen2-VL that reads browser-use's element list from the prompt
+    and answers valid browser-use actions: click the button, then done. The outcome comes from
+    browser-use's own history; the site's state shows the click."""
+    import asyncio
+    import re
+
+    from engine.scripted import ScriptedEngine
+    from engine.serve import serve_in_thread
+    from gui_fixtures import Site
+    from openforge.config import HarnessConfig, LocalSandboxConfig, ProxyConfig
+    from proxy.server import ProxyServer
+    from rollouts.harness import HarnessContext
+    from rollouts.harnesses import get_harness
+    from sandbox.gui import GuiSpec
+    from sandbox.local import LocalSandbox, bwrap_usable
+    from sandbox.testing import proxy_socket_path
+
+    if not bwrap_usable():
+        pytest.skip("needs bubblewrap (a GUI sandbox is isolated)")
+    monkeypatch.setenv("FORGE_NPM_CACHE", str(CACHE))  # the sandbox binds the harness cache read-only
+    sock = str(tmp_path / "site.sock")
+    site = Site(unix=sock)
+    engine: Any = None
+
+    def policy(input_ids: list[int]) -> str:
+        prompt = engine.tokenizer.decode(input_ids)
+        found = re.findall(r"\[(\d+)\]<button id=go", prompt)
+        action = {"click": {"index": int(found[-1])}} if found and "Clicked" not in prompt.rsplit("<agent_history>", 1)[-1] \
+            else {"done": {"text": "clicked", "success": True, "files_to_display": []}}
+        return json.dumps({"thinking": "", "evaluation_previous_goal": "", "memory": "", "next_goal": "", "action": [action]})
+
+    engine = ScriptedEngine(tiny_vl_model, policy)
+    run = store.create_run(kind="eval")
+    ro = store.create_rollout(run_id=run.id, task_id="button", status="running")
+    harness = get_harness(HarnessConfig(name="browser-use", max_turns=4, npm_cache=str(CACHE)))
+
+    async def go(proxy: ProxyServer) -> Any:
+        async with LocalSandbox(LocalSandboxConfig(), run_id=run.id, rollout_id=ro.id, proxy_socket=proxy.uds) as sb:
+            sb.attach_gui(GuiSpec(url=None, size=(1024, 768), site_socket=sock))
+            ctx = HarnessContext(proxy_url=sb.proxy_url, api_key=ro.key, model="forge-policy",
+                                 instruction="Press the red button on the site.", workdir=sb.info.workdir, backend="local")
+            await harness.prepare(sb, ctx)
+            result = await sb.exec(harness.command(ctx), env=harness.env(ctx), timeout=300)
+            return result, await harness.outcome(result, sb)
+
+    try:
+        with serve_in_thread(engine.app) as eng, ProxyServer(ProxyConfig(max_context_tokens=65536), store_path=store.path,
+                                                              engine_url=eng.url, model_path=tiny_vl_model,
+                                                              uds=proxy_socket_path()) as proxy:
+            result, outcome = asyncio.run(go(proxy))
+    finally:
+        site.close()
+    assert (outcome.answer, outcome.failure) == ("clicked", None), (result.stdout[-3000:], result.stderr[-3000:])
+    assert site.clicks == 1
+    calls = store.list_calls(rollout_id=ro.id)
+    assert len(calls) == 2 and [c.status for c in calls] == ["ok", "ok"]
+    assert all(len(c.images) == 1 for c in calls)  # a screenshot each step, stored by the proxy
