@@ -57,7 +57,13 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[pgserver.PgServer]:
+    import importlib.util
+
     try:
+        missing = [m for m in ("psycopg", "asyncpg") if importlib.util.find_spec(m) is None]
+        if missing:
+            raise FileNotFoundError(f"the [postgres] extra is not installed ({', '.join(missing)} missing): "
+                                    "pip install -e '.[postgres]'")
         server = pgserver.start()
     except FileNotFoundError as exc:
         if os.environ.get("FORGE_REQUIRE_POSTGRES") == "1":
