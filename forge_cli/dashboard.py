@@ -28,6 +28,8 @@ from textual_plotext import PlotextPlot
 
 from forge_cli.snapshot import conversation
 from openforge.errors import ForgeError
+from openforge.images import ImageInfo, ImageStore
+from openforge.paths import forge_home
 from openforge.readmodel import Snapshot, read_snapshot, run_log_path
 from openforge.store import RUN_FINAL, Call, Rollout, Store
 from rollouts.analyze import behaviour_over_steps
@@ -191,13 +193,14 @@ def rollout_detail(r: Rollout) -> Text:
 
 
 class CallScreen(ModalScreen[None]):
-    """One recorded call: the rendered conversation, its tokens, its tool calls."""
+    """One recorded call: the rendered conversation, its tokens, its tool calls, its images."""
 
     BINDINGS: ClassVar = [Binding("escape", "dismiss", "back"), Binding("enter", "dismiss", "back", show=False)]
 
-    def __init__(self, call: Call) -> None:
+    def __init__(self, call: Call, images: ImageStore | None = None) -> None:
         super().__init__()
         self.call = call
+        self.images = images  # the run's image files (None: not known, listed by id only)
 
     def compose(self) -> ComposeResult:
         c = self.call
@@ -226,7 +229,21 @@ class CallScreen(ModalScreen[None]):
                     block = Static(Text(body.strip()), classes="turn role-tools")
                     block.border_title = f"tool calls ({len(tools)})"
                     yield block
+                if c.images:
+                    block = Static(image_list(c.images, self.images), classes="turn role-images")
+                    block.border_title = f"images ({len(c.images)}, in prompt order)"
+                    yield block
             yield Static("escape: back", classes="hint")
+
+
+def image_list(shas: list[str], images: ImageStore | None) -> Text:
+    """One line per image: its id prefix, format, size, dimensions (`forge calls --show` saves them)."""
+    text = Text()
+    for i, sha in enumerate(shas):
+        info = images.describe(sha) if images is not None else ImageInfo(sha, None)
+        where = f"{info.format}  {info.size:,} bytes  {info.dimensions}" if info.path else "file not found"
+        text.append(("\n" if i else "") + f"#{i}  {sha[:12]}  {where}")
+    return text
 
 
 HELP = """\
@@ -375,7 +392,13 @@ class Dashboard(App[None]):
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if event.data_table.id == "calls" and event.row_key.value is not None:
-            self.push_screen(CallScreen(self.store.get_call(int(event.row_key.value))))
+            call = self.store.get_call(int(event.row_key.value))
+            self.push_screen(CallScreen(call, ImageStore.for_run(self._home(), call.run_id)))
+
+    def _home(self) -> Path:
+        """The data dir the store lives in (`home/forge.db`), whose runs/ hold the images."""
+        path = self.store.path
+        return path.parent if isinstance(path, Path) else forge_home()
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

@@ -30,6 +30,8 @@ def _text(content: Any) -> str:
             return f"-> {content.get('name', '?')}({args if isinstance(args, str) else json.dumps(args)})"
         if kind in ("tool_result", "function_call_output"):
             return f"<- {_text(content.get('content', content.get('output')))}"
+        if kind in ("image_url", "input_image", "image"):  # the bytes are in the run's images/ (call.images)
+            return "[image]"
         if "text" in content:
             return str(content["text"])
         if "content" in content:

@@ -236,3 +236,35 @@ def test_refusals_in_each_apis_shape(rig):
             {"type": "text", "text": "<|vision_start|><|image_pad|><|vision_end|>"},
             {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _b64(RED)}}]}])
     assert _calls(rig) == [] and not rig["images"].root.exists()  # refused before the engine and the disk
+
+
+async def test_the_dashboards_call_view_lists_the_images(store, forge_home):
+    from textual.widgets import DataTable, Static
+
+    from forge_cli.dashboard import CallScreen, make_dashboard
+    from openforge.store import Call
+
+    run = store.create_run(name="gui")
+    store.set_run_status(run.id, "running")
+    ro = store.create_rollout(run_id=run.id, task_id="t")
+    images = ImageStore.for_run(forge_home, run.id)
+    shas = [images.put(RED), images.put(GREEN), "f" * 64]  # the third is not on disk
+    request = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what colour?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _b64(RED)}}]}]}
+    store.add_call(Call(run_id=run.id, rollout_id=ro.id, api="openai_chat", status="ok", request_json=request,
+                        prompt_ids=[1, 2], completion_ids=[3], images=shas))
+    app = make_dashboard(store.path, run.id)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        app.query_one("#calls", DataTable).focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, CallScreen)
+        blocks = {b.border_title: str(b.render()) for b in app.screen.query(".turn")}
+        listed = blocks["images (3, in prompt order)"]
+        assert f"#0  {shas[0][:12]}  png  {len(RED):,} bytes  320x200" in listed
+        assert f"#1  {shas[1][:12]}  png  {len(GREEN):,} bytes  640x400" in listed
+        assert f"#2  {'f' * 12}  file not found" in listed
+        text = "\n".join(str(s.render()) for s in app.screen.query(Static))
+        assert "[image]" in text and _b64(RED)[:40] not in text  # the conversation shows no base64
