@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 
 from forge_cli import up_views
+from forge_cli.cmd_train import _stored_nproc
 from forge_cli.context import is_tty, state
 from forge_cli.overrides import cli_overrides
 from openforge.config import load_config
@@ -33,13 +34,29 @@ def up(
     harness: Annotated[Optional[str], typer.Option("--harness", help="the harness rollouts run in (harness.name); "
                                                    "with --demo, claude-code and codex get settings sized for a laptop")] = None,
     stay: Annotated[bool, typer.Option("--stay", help="keep the dashboard open when the run ends (--demo closes it)")] = False,
+    nproc: Annotated[Optional[int], typer.Option("--nproc", min=1, help="trainer processes under torchrun, "
+                                                 "sharded with FSDP2; one GPU each on GPUs (trainer.nproc)")] = None,
 ) -> None:
     """Bring up the engine, the proxy, sandboxed rollouts and the GRPO trainer for one run, and show it live."""
+    from trainer import launch
+
+    if launch.is_follower():  # a torchrun rank other than 0: rank 0 owns the run and drives this one
+        launch.follow()
+        return
     st = state(ctx)
     console = Console()
     home = st.home
     overrides = cli_overrides(demo=demo, sets=st.sets, steps=steps, name=name, harness=harness)
+    if nproc is not None:
+        overrides.setdefault("trainer", {})["nproc"] = nproc
     config = load_config(st.config_path, overrides=overrides)
+    procs = nproc or _stored_nproc(st, resume) or config.trainer.nproc
+    if procs > 1 and not launch.under_torchrun():  # the same command on `procs` ranks; rank 0 is the run
+        code = launch.relaunch(procs, _argv(st, demo=demo, headless=headless, steps=steps, resume=resume, name=name,
+                                            harness=harness, stay=stay, nproc=procs))
+        if code:
+            raise typer.Exit(code)
+        return
     store = st.store()
     for run_id in mark_dead_runs(store):
         console.print(f"[magenta]{run_id}[/] was left running by a process that is gone: marked interrupted "
@@ -62,6 +79,19 @@ def up(
     console.print(up_views.summary(store, run_id, home))
     if outcome.status == "failed":
         raise ForgeError(f"run {run_id} failed: {outcome.error}")
+
+
+def _argv(st: Any, **opts: Any) -> list[str]:
+    """This `forge up` invocation again, for each torchrun rank (flags given only when set)."""
+    out = ["--home", str(st.home), *(["--config", st.config_path] if st.config_path else [])]
+    for s in st.sets:
+        out += ["--set", s]
+    out.append("up")
+    for key, value in opts.items():
+        if value is None or value is False:
+            continue
+        out += [f"--{key}"] if value is True else [f"--{key}", str(value)]
+    return out
 
 
 def dash(
