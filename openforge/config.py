@@ -259,8 +259,8 @@ class TrainerConfig(_Section):
     device: str = "auto"
     seed: int = 0
     overlap: bool = Field(False, description="one-step-off-policy: sample step t+1 while training step t")
-    nproc: int = Field(1, ge=1, description="trainer processes on this machine: > 1 runs `forge train` under "
-                       "torchrun with FSDP2 (gloo on CPU, NCCL on GPUs, one GPU per rank); rank 0 owns the run")
+    nproc: int = Field(1, ge=1, description="trainer processes on this machine: > 1 runs `forge train` / `forge up` "
+                       "under torchrun with FSDP2 (gloo on CPU, NCCL on GPUs, one GPU per rank); rank 0 owns the run")
 
 
 class StoreConfig(_Section):
