@@ -64,8 +64,15 @@ def _anthropic_blocks(body: dict[str, Any], command: str) -> list[dict[str, Any]
 
 
 def chat_reply(body: dict[str, Any], command: str) -> dict[str, Any]:
-    """The assistant message: a call of the shell tool until a tool result is in the history."""
+    """The assistant message: a call of the shell tool until a tool result is in the history; the GUI
+    harnesses get their own `done` action (browser-use: its AgentOutput JSON; mini-gui: the done tool)."""
     names = {(t.get("function") or {}).get("name") for t in body.get("tools") or []}
+    if ((body.get("response_format") or {}).get("json_schema") or {}).get("name") == "agent_output":
+        return {"role": "assistant", "content": json.dumps({"thinking": "", "evaluation_previous_goal": "", "memory": "",
+            "next_goal": "", "action": [{"done": {"text": ANSWER, "success": True, "files_to_display": []}}]})}
+    if {"click", "done"} <= names:
+        return {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{uuid.uuid4().hex[:20]}",
+                "type": "function", "function": {"name": "done", "arguments": json.dumps({"answer": ANSWER})}}]}
     done = any(m.get("role") == "tool" for m in body.get("messages", []))
     for name in ("exec", "bash", "shell"):
         if name in names and not done:
