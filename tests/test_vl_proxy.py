@@ -268,3 +268,35 @@ async def test_the_dashboards_call_view_lists_the_images(store, forge_home):
         assert f"#2  {'f' * 12}  file not found" in listed
         text = "\n".join(str(s.render()) for s in app.screen.query(Static))
         assert "[image]" in text and _b64(RED)[:40] not in text  # the conversation shows no base64
+
+
+def test_exports_carry_the_images(rig, processor, tmp_path):
+    """`forge export`: trajectory records name their images; verl-rl rows are veRL's multimodal
+    RLHFDataset rows (`<image>` markers + an `images` column of the bytes), loaded by veRL itself."""
+    from omegaconf import OmegaConf
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from trainer.export import iter_records
+    from trainer.verl_data import rl_rows, write_rows
+
+    _oai(rig).chat.completions.create(model="m", max_tokens=2, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "What colour is the square? "},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _b64(RED)}}]}])
+    store = rig["store"]
+    assemble_rollout(store, rig["rollout"])
+    store.update_rollout(rig["rollout"], status="scored", reward=1.0)
+    (rec,) = iter_records(store, rig["run"])
+    assert rec["images"] == [image_id(RED)]
+    (row,) = rl_rows(store, rig["run"])
+    assert row["prompt"][0]["content"] == "What colour is the square? <image>"
+    assert row["images"] == [{"bytes": RED}]
+    path = tmp_path / "rl.parquet"
+    write_rows([row], path)
+    ds = RLHFDataset(data_files=str(path), tokenizer=processor.tokenizer, processor=processor,
+                     config=OmegaConf.create({"max_prompt_length": 4096, "filter_overlong_prompts": False,
+                                              "cache_dir": str(tmp_path / "cache")}))
+    (part_text, part_image) = ds[0]["raw_prompt"][0]["content"]
+    assert part_text == {"type": "text", "text": "What colour is the square? "}
+    assert part_image["type"] == "image" and part_image["image"].size == (320, 200)
+    write_rows([row], tmp_path / "rl.jsonl")  # JSON: the image as a data URL
+    assert (tmp_path / "rl.jsonl").read_text().count("data:image/png;base64," + _b64(RED)) == 1

@@ -10,6 +10,8 @@ One record per trajectory segment (a rollout whose history the harness rewrote h
     reward             the rollout's scalar reward; `token_level_scores` puts it on the last sampled
                        token, veRL's convention for outcome rewards
     uid                the GRPO group (task + step): veRL groups advantages by `uid`
+    images             the sha256 ids of the images whose placeholder runs are in the tokens, in order
+                       (files: runs/<run id>/images/<sha>.<ext>; parquet column `image_ids`)
 
 The veRL parquet also carries the RLHFDataset columns (`data_source`, `prompt` as chat messages,
 `ability`, `reward_model`, `extra_info`), so the same file can seed a fresh veRL run on the tasks.
@@ -50,7 +52,7 @@ def iter_records(store: Store, run_id: str) -> Iterator[dict[str, Any]]:
             "adapter": r.adapter, "harness": r.harness, "status": r.status, "reward": float(r.reward),  # type: ignore[arg-type]
             "instruction": instructions.get(r.task_id, ""),
             "prompt_ids": ids[:cut], "response_ids": ids[cut:], "response_mask": resp_mask,
-            "rollout_log_probs": logp[cut:], "token_level_scores": scores,
+            "rollout_log_probs": logp[cut:], "token_level_scores": scores, "images": traj.images or [],
         }
 
 
@@ -81,6 +83,7 @@ def export_verl(store: Store, run_id: str, out: str | Path) -> int:
             "uid": rec["uid"], "reward": rec["reward"],
             "prompts": rec["prompt_ids"], "responses": rec["response_ids"], "response_mask": rec["response_mask"],
             "rollout_log_probs": rec["rollout_log_probs"], "token_level_scores": rec["token_level_scores"],
+            "image_ids": rec["images"],
         })
     schema = pa.schema([
         ("data_source", pa.string()),
@@ -92,7 +95,7 @@ def export_verl(store: Store, run_id: str, out: str | Path) -> int:
         ("uid", pa.string()), ("reward", pa.float64()),
         ("prompts", pa.list_(pa.int32())), ("responses", pa.list_(pa.int32())),
         ("response_mask", pa.list_(pa.int8())), ("rollout_log_probs", pa.list_(pa.float32())),
-        ("token_level_scores", pa.list_(pa.float32())),
+        ("token_level_scores", pa.list_(pa.float32())), ("image_ids", pa.list_(pa.string())),
     ])
     path = _target(out)
     try:

@@ -20,10 +20,16 @@ with the others' fields as nulls, and string arguments render quoted under `tojs
 So verl-sft rows also carry `messages_json` and `tools_json`, exactly what the proxy gave the chat
 template, and trainer/verl_sft.py's ForgeSFTDataset (veRL's MultiTurnSFTDataset, reading those two
 columns; `data.custom_cls`) trains on exactly the recorded conversation.
+
+Images (a GUI agent's screenshots) follow veRL's multimodal RLHFDataset: in `prompt` / `messages` an
+image is an `<image>` marker in the text, and the row's `images` column holds the images in marker
+order as `{"bytes": ...}` (the bytes the model saw, from the run's image store). The column is
+only written when some row has an image.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -36,7 +42,13 @@ DATA_SOURCE = "trainer.verl_reward"  # the module whose compute_score grades the
 
 
 def _request_messages(call: Call) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(messages, tools) of a recorded call as the proxy rendered them through the chat template."""
+    """(messages, tools) of a recorded call as the proxy rendered them through the chat template
+    (a message with images has the template's content parts, `{"type": "image"}` for each)."""
+    messages, tools, _ = _request_with_images(call)
+    return messages, tools
+
+
+def _request_with_images(call: Call) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[bytes]]:
     from proxy.adapters import ADAPTERS
     from proxy.calls import APIError
 
@@ -47,7 +59,23 @@ def _request_messages(call: Call) -> tuple[list[dict[str, Any]], list[dict[str, 
         req = adapter.parse_request(call.request_json)
     except APIError as exc:
         raise TrainerError(f"call {call.id} of rollout {call.rollout_id}: its request does not parse: {exc}") from None
-    return [m.template_dict() for m in req.messages], req.tools
+    return [m.template_dict() for m in req.messages], req.tools, [im.data for m in req.messages for im in m.images]
+
+
+def _with_image_markers(m: dict[str, Any]) -> dict[str, Any]:
+    """A message whose content is text and image parts -> text with veRL's `<image>` markers."""
+    if not isinstance(m.get("content"), list):
+        return m
+    text = "".join("<image>" if p.get("type") == "image" else str(p.get("text", "")) for p in m["content"])
+    return {**m, "content": text}
+
+
+def _images_column(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Keep `images` only when some row has one (text-only exports keep their columns)."""
+    if not any(r["images"] for r in rows):
+        for r in rows:
+            del r["images"]
+    return rows
 
 
 def _answer_text(call: Call) -> str:
@@ -111,16 +139,17 @@ def sft_rows(store: Store, run_id: str, *, min_reward: float | None = None) -> l
         if r is None or not seg:
             continue
         last = max(seg, key=lambda c: c.seq)
-        messages, tools = _request_messages(last)
+        messages, tools, images = _request_with_images(last)
         messages.append(_answer_message(last))
         rows.append({
-            "messages": [regular_message(m) for m in messages], "tools": parquet_safe(tools),
+            "messages": [regular_message(_with_image_markers(m)) for m in messages], "tools": parquet_safe(tools),
+            "images": [{"bytes": b} for b in images],
             # exactly what the proxy gave the chat template (arguments as objects), for ForgeSFTDataset
             "messages_json": json.dumps(messages), "tools_json": json.dumps(tools),
             "run_id": run.id, "rollout_id": r.id, "task_id": r.task_id, "step": r.step, "segment": traj.segment,
             "harness": r.harness, "reward": float(r.reward),  # type: ignore[arg-type]
         })
-    return rows
+    return _images_column(rows)
 
 
 def parquet_safe(value: Any) -> Any:
@@ -152,14 +181,26 @@ def rl_rows(store: Store, run_id: str) -> list[dict[str, Any]]:
     rows = []
     for index, task_id in enumerate(sorted(first)):
         call, task = first[task_id], tasks.get(task_id, {})
-        messages, tools = _request_messages(call)
+        messages, tools, images = _request_with_images(call)
         rows.append({
-            "data_source": DATA_SOURCE, "prompt": [regular_message(m) for m in messages], "ability": "agent",
+            "data_source": DATA_SOURCE, "prompt": [regular_message(_with_image_markers(m)) for m in messages],
+            "images": [{"bytes": b} for b in images], "ability": "agent",
             "reward_model": {"style": "rule", "ground_truth": ground_truth(task)},
             "extra_info": {"index": index, "run_id": run.id, "task_id": task_id, "harness": rollouts[call.rollout_id].harness,
                            "task": json.dumps(task), "tools": json.dumps(tools)},
         })
-    return rows
+    return _images_column(rows)
+
+
+def _jsonl_images(row: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no bytes: an image is written as a data URL (`{"image": "data:image/png;base64,..."}`),
+    which veRL's image loader (qwen_vl_utils.fetch_image) reads too."""
+    if not row.get("images"):
+        return row
+    from openforge.images import image_format
+
+    return {**row, "images": [{"image": f"data:image/{image_format(im['bytes'])};base64,"
+                                        f"{base64.b64encode(im['bytes']).decode('ascii')}"} for im in row["images"]]}
 
 
 def write_rows(rows: list[dict[str, Any]], out: str | Path) -> int:
@@ -179,7 +220,7 @@ def write_rows(rows: list[dict[str, Any]], out: str | Path) -> int:
         else:
             with path.open("w", encoding="utf-8") as f:
                 for row in rows:
-                    f.write(json.dumps(row) + "\n")
+                    f.write(json.dumps(_jsonl_images(row)) + "\n")
     except OSError as exc:
         raise TrainerError(f"cannot write {path}: {exc}") from None
     return len(rows)
