@@ -47,12 +47,14 @@ SITE_PORT = 8080  # the task site's forwarder on the sandbox's own loopback
 SITE_URL = f"http://127.0.0.1:{SITE_PORT}/"
 DEFAULT_SIZE = (1024, 768)
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+# --test-type: without it chromium shows an infobar about --no-sandbox across the top of an --app window,
+# which moves the page down 57 pixels (kiosk windows do not show it).
 CHROMIUM_FLAGS = ("--no-sandbox", "--no-first-run", "--no-default-browser-check", "--disable-gpu",
                   "--disable-extensions", "--disable-sync", "--disable-background-networking",
                   "--disable-component-update", "--disable-default-apps", "--disable-translate",
                   "--disable-features=Translate,MediaRouter,OptimizationHints", "--disable-dev-shm-usage",
                   "--password-store=basic", "--use-mock-keychain", "--no-pings", "--noerrdialogs",
-                  "--disable-infobars", "--force-device-scale-factor=1", "--hide-scrollbars")
+                  "--disable-infobars", "--test-type", "--force-device-scale-factor=1", "--hide-scrollbars")
 
 
 @dataclass(frozen=True)
