@@ -44,6 +44,21 @@ if ! command -v bwrap >/dev/null 2>&1; then
   fi
 fi
 
+# GUI rollouts (browser and desktop tasks, builtin-web): a display, a browser, input, fonts. Optional:
+# without them only GUI rollouts are refused (`forge doctor` says so).
+GUI_PKGS="chromium xvfb xdotool fonts-dejavu-core"
+if ! { command -v chromium && command -v Xvfb && command -v xdotool; } >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "==> installing $GUI_PKGS (GUI rollouts)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $GUI_PKGS >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $GUI_PKGS >/dev/null; } \
+      || echo "install.sh: could not install $GUI_PKGS; GUI rollouts (builtin-web) will be refused" >&2
+  else
+    echo "install.sh: for GUI rollouts (builtin-web) install $GUI_PKGS (e.g. sudo apt-get install $GUI_PKGS);" >&2
+    echo "            everything else works without them" >&2
+  fi
+fi
+
 echo "==> installing openforge${EXTRAS}"
 "${PIP[@]}" install -e ".${EXTRAS}"
 

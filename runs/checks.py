@@ -139,6 +139,22 @@ def check_store(config: ForgeConfig, home: Path) -> Check:
         store.close()
 
 
+def check_gui() -> Check:
+    """Whether GUI rollouts (builtin-web, the GUI harnesses) can run in local sandboxes."""
+    from sandbox.gui import find_chromium
+    from sandbox.local import bwrap_usable
+
+    found = {"chromium": find_chromium(), "Xvfb": shutil.which("Xvfb"), "xdotool": shutil.which("xdotool")}
+    missing = [name for name, path in found.items() if not path]
+    if missing:
+        return Check("GUI rollouts", "warn", f"{', '.join(missing)} missing: GUI tasks (builtin-web) are refused "
+                                             "(apt-get install chromium xvfb xdotool fonts-dejavu-core)")
+    if not bwrap_usable():
+        return Check("GUI rollouts", "warn", "chromium, Xvfb and xdotool found, but GUI tasks need bubblewrap "
+                                             "isolation (a private display and site port)")
+    return Check("GUI rollouts", "ok", f"{found['chromium']}, Xvfb, xdotool: local sandboxes get a private display")
+
+
 def run_checks(config: ForgeConfig, home: Path) -> list[Check]:
     checks = check_torch()
     checks.append(check_store(config, home))
@@ -147,4 +163,5 @@ def run_checks(config: ForgeConfig, home: Path) -> list[Check]:
     checks.append(check_kubernetes(config))
     checks.append(check_sglang(config))
     checks.extend(check_npm_harnesses(config, home))
+    checks.append(check_gui())
     return checks
