@@ -115,6 +115,14 @@ def test_chat_image_url_is_recorded_with_the_processors_ids(rig, processor):
     assert _pad_runs(call.prompt_ids, pad) == [grid[0] * grid[1] * grid[2] // 4] and grid[1] * grid[2] > 4
     assert call.images == [image_id(RED)] and resp.usage.prompt_tokens == len(expected)
     assert rig["images"].get(image_id(RED)) == RED and rig["images"].path(image_id(RED)).suffix == ".png"
+    # Streamed, the same request records the same prompt ids and the same (one) file.
+    chunks = list(_oai(rig).chat.completions.create(model="m", max_tokens=3, stream=True, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "What colour is the square?"}, {
+            "type": "image_url", "image_url": {"url": "data:image/png;base64," + _b64(RED)}}]}]))
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    streamed = _calls(rig)[-1]
+    assert streamed.stream and streamed.status == "ok" and streamed.prompt_ids == expected
+    assert streamed.images == [image_id(RED)] and len(list(rig["images"].root.iterdir())) == 1
 
 
 def test_anthropic_images_in_user_turns_and_tool_results_stream(rig, processor):
@@ -160,13 +168,13 @@ def test_forge_calls_show_names_and_saves_a_calls_images(rig, tmp_path):
 
 
 def test_responses_input_image_and_a_screenshot_in_a_function_output(rig, processor):
-    resp = _oai(rig).responses.create(model="m", max_output_tokens=3, input=[
+    events = list(_oai(rig).responses.create(model="m", max_output_tokens=3, stream=True, input=[
         {"role": "user", "content": [{"type": "input_text", "text": "Click submit."},
                                      {"type": "input_image", "image_url": "data:image/png;base64," + _b64(BLUE)}]},
         {"type": "function_call", "call_id": "call_1", "name": "screenshot", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "call_1", "output": [
-            {"type": "input_image", "image_url": "data:image/png;base64," + _b64(GREEN)}]}])
-    assert resp.status in ("completed", "incomplete")
+            {"type": "input_image", "image_url": "data:image/png;base64," + _b64(GREEN)}]}]))
+    assert events[-1].type in ("response.completed", "response.incomplete")
     (call,) = _calls(rig)
     assert call.images == [image_id(BLUE), image_id(GREEN)]
     grids = processor.image_processor(images=[open_image(BLUE), open_image(GREEN)],
@@ -203,6 +211,26 @@ def test_multi_turn_with_a_new_screenshot_each_turn_reuses_tokens_exactly(rig):
     assert [s.call_ids for s in segs] == [[c.id for c in calls], [last.id]]
     assert [s.images for s in segs] == [[image_id(s) for s in shots], [image_id(GREEN), image_id(BLUE)]]
     assert segs[0].token_ids[:len(calls[-1].prompt_ids)] == calls[-1].prompt_ids
+
+
+def test_reuse_with_images_survives_a_proxy_restart(store, forge_home, engine_url, tiny_vl_model):
+    """A new proxy relearns the rollout's turns from the store (their recorded requests, images and
+    all): the next turn still extends the last one token for token."""
+    run = store.create_run(kind="proxy")
+    ro = store.create_rollout(run_id=run.id, task_id="t", status="running")
+    messages: list[dict] = []
+    for shot in (RED, BLUE):
+        messages.append({"role": "user", "content": [{"type": "image_url", "image_url": {
+            "url": "data:image/png;base64," + _b64(shot)}}]})
+        with ProxyServer(ProxyConfig(), store_path=store.path, engine_url=engine_url,
+                         model_path=tiny_vl_model) as server:
+            c = openai.OpenAI(base_url=server.url + "/v1", api_key=ro.key, max_retries=0, timeout=120)
+            answer = c.chat.completions.create(model="m", max_tokens=3, messages=messages).choices[0].message
+        messages.append({"role": "assistant", "content": answer.content or ""})
+    first, second = store.list_calls(rollout_id=ro.id)
+    head = first.prompt_ids + first.completion_ids
+    assert second.prompt_ids[:len(head)] == head and second.reused_tokens > 0
+    assert second.images == [image_id(RED), image_id(BLUE)]
 
 
 def test_refusals_in_each_apis_shape(rig):
