@@ -109,7 +109,7 @@ def summary(store: Store, run_id: str, home: Path) -> str:
     lines = [
         f"run {run.id} {run.status}: {len(steps)} train step(s), {len(scored)}/{len(rollouts)} rollouts scored{mean}, "
         f"{len(loaded)} adapter(s) hot-loaded; serving {run.current_adapter or 'the base model'}",
-        f"stored in {store.path} (artefacts in {runs_dir(home) / run.id})",
+        f"stored in {store.where} (artefacts in {runs_dir(home) / run.id})",
         f"look at it: forge show {run.id}  |  forge dash {run.id}  |  forge calls {run.id}",
     ]
     if run.status in ("stopped", "interrupted", "failed") and len(steps) < ForgeConfig.model_validate(
