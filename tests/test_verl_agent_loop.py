@@ -141,18 +141,20 @@ def test_verl_worker_runs_mini_rollouts_through_veRLs_server_and_accepts_the_out
     with serve_in_thread(engine.app) as eng:
         server = EmbeddedVerlServer(eng.url, prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN)
         worker = worker_for(tiny_model, tmp_path, server, temperature=0.7)
-        out = generate(worker, batch_of(["med-create-file", "easy-sum", "easy-count-words"]), server)
+        # easy-sum twice: veRL runs a task's n samples (a GRPO group) at once
+        out = generate(worker, batch_of(["med-create-file", "easy-sum", "easy-sum", "easy-count-words"]), server)
 
     b = out.batch
-    assert b["prompts"].shape == (3, PROMPT_LEN) and b["responses"].shape == (3, RESPONSE_LEN)
-    assert b["input_ids"].shape == b["attention_mask"].shape == b["position_ids"].shape == (3, PROMPT_LEN + RESPONSE_LEN)
+    assert b["prompts"].shape == (4, PROMPT_LEN) and b["responses"].shape == (4, RESPONSE_LEN)
+    assert b["input_ids"].shape == b["attention_mask"].shape == b["position_ids"].shape == (4, PROMPT_LEN + RESPONSE_LEN)
     # the rewards are the rollouts' exact grades, at the last response token (veRL's rm_scores)
     last = b["attention_mask"][:, PROMPT_LEN:].sum(dim=1) - 1
-    assert b["rm_scores"][torch.arange(3), last].tolist() == [1.0, 1.0, 0.0]
-    assert b["rm_scores"].sum().item() == 2.0
+    assert b["rm_scores"][torch.arange(4), last].tolist() == [1.0, 1.0, 1.0, 0.0]
+    assert b["rm_scores"].sum().item() == 3.0
     by_rollout = check_token_exact(out, server)
     info = list(out.non_tensor_batch["openforge"])
-    assert [i["n_calls"] for i in info] == [2, 1, 1] and all(i["status"] == "scored" for i in info)
+    assert [i["n_calls"] for i in info] == [2, 1, 1, 1] and all(i["status"] == "scored" for i in info)
+    assert len({i["rollout_id"] for i in info}) == 4
     # the file task: two sampled spans with the tool result (mask 0) between them, logprobs the engine's
     _, response, mask, lps = unpad(out, 0)
     (s0, e0), (s1, e1) = runs_of(mask)
@@ -160,7 +162,7 @@ def test_verl_worker_runs_mini_rollouts_through_veRLs_server_and_accepts_the_out
     assert lps[s0:e0] == pytest.approx([scripted_logprob(t, j) for j, t in enumerate(response[s0:e0])], abs=1e-6)
     # veRL's sampling params reached every engine call (the harness asks none); veRL's trainer needs them
     assert {r["sampling_params"]["temperature"] for r in engine.requests} == {0.7}
-    assert len(engine.requests) == sum(len(v) for v in by_rollout.values()) == 4
+    assert len(engine.requests) == sum(len(v) for v in by_rollout.values()) == 5
     # the OpenForge store kept the rollouts, one run for these sampling params
     store = Store(tmp_path / "home" / "forge.db")
     try:

@@ -276,6 +276,8 @@ class OpenForgeBridge:
         self._lock = threading.Lock()
         self._stop: list[Callable[[], Any]] = []
         self._index = itertools.count()
+        self._tasks: set[tuple[str, str]] = set()  # (run id, task id) already in the store
+        self._tasks_lock: asyncio.Lock | None = None  # made on veRL's loop
 
     def start(self, owner_loop: asyncio.AbstractEventLoop) -> OpenForgeBridge:
         from engine.serve import serve_in_thread
@@ -335,6 +337,13 @@ class OpenForgeBridge:
         from rollouts.runner import RolloutSpec
 
         run_id = self.run_for(sampling_params)
+        if (run_id, task.id) not in self._tasks:  # veRL runs a task's n samples at once: add it once, here
+            if self._tasks_lock is None:
+                self._tasks_lock = asyncio.Lock()
+            async with self._tasks_lock:
+                if (run_id, task.id) not in self._tasks:
+                    await asyncio.to_thread(self.store.add_tasks, run_id, [task.to_record()])
+                    self._tasks.add((run_id, task.id))
         [ro] = await self.runner.run(run_id, [RolloutSpec(task, sample_index=next(self._index))])
         return ro
 
