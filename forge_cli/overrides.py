@@ -46,12 +46,42 @@ DEMO_HARNESSES: dict[str, dict[str, Any]] = {
     for name in ("claude-code", "codex")
 }
 
+# `forge up --demo --harness mini-gui`: the GUI loop on 2 cores (docs/gui.md, "Demo"). Each rollout
+# gets its own X display and Chromium on a gui-colour page served from the host; mini-gui sends the
+# screenshot (downscaled to 256 px, then at most 32 image tokens for the tiny VLM) and reads one action.
+# The tiny Qwen2-VL is warmed up to answer `done(<colour>)` with a random colour, whatever the picture
+# (rollouts/warmup_gui.py): ~1 in 4 right. The four tasks ask the same question of four pictures, so
+# only the image tells them apart: what GRPO must learn is to look. One action a rollout (max_turns 1),
+# 8 tokens at most (`done(yellow)` and the end of the turn), no tools in the prompt (--no-tools).
+DEMO_HARNESSES["mini-gui"] = {
+    "harness": {"name": "mini-gui", "max_turns": 1, "max_tokens": 8, "extra_args": ["--no-tools", "--max-side", "256"]},
+    "engine": {"max_batch_size": 16},
+    "tasks": {"path": "builtin-web", "include": [f"gui-colour-name-{c}" for c in ("red", "green", "blue", "yellow")]},
+    "runner": {"samples_per_task": 8, "concurrency": 8, "time_limit_scale": 3.0, "rollout_timeout_s": 300.0},
+    "proxy": {"max_tokens_cap": 8, "default_max_tokens": 8, "call_timeout_s": 300.0},
+    "trainer": {"steps": 10, "tasks_per_step": 2, "lr": 5e-3},
+}
+
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in top.items():
         out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
+
+
+# `forge up --demo --harness browser-use`: the GUI demo's settings (the mini-gui entry, where it sets the
+# tiny VLM and the GUI tasks), sized for browser-use: its prompt is ~14k tokens with the tiny VLM's
+# byte-level tokenizer (a 24 KB system prompt; docs/harnesses.md), it asks for 4,096 output tokens (a
+# browser-use action is a ~100-character JSON object: 256 is plenty), and each rollout starts its own
+# Chromium (~10-30 s on 2 loaded cores): fewer at once, task limits scaled. mini-gui's extra_args
+# (e.g. --grid) are not browser-use's.
+DEMO_HARNESSES["browser-use"] = _merge(DEMO_HARNESSES.get("mini-gui", {}), {
+    "harness": {"name": "browser-use", "max_turns": 2, "extra_args": []},
+    "engine": {"max_batch_size": 4},
+    "runner": {"samples_per_task": 4, "concurrency": 4, "time_limit_scale": 5.0, "rollout_timeout_s": 600.0},
+    "proxy": {"max_context_tokens": 32768, "max_tokens_cap": 256, "default_max_tokens": 256, "call_timeout_s": 600.0},
+})
 
 
 def cli_overrides(*, demo: bool, sets: list[str], steps: int | None, name: str | None,

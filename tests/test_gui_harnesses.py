@@ -329,3 +329,21 @@ def test_mini_gui_random_vlm_in_a_gui_sandbox(tiny_vl_model: Path, store: Any, f
     shots = _screenshots(store, forge_home, ro)
     assert 1 <= len(shots) <= 3 and all(s.size == (512, 384) for s in shots)
     assert outcome.turns == len(shots)
+
+
+def test_preflight_and_demo_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from forge_cli.overrides import cli_overrides
+    from openforge.config import ForgeConfig
+    from rollouts.harnesses import harness_available
+
+    monkeypatch.setenv("FORGE_NPM_CACHE", str(tmp_path / "empty-cache"))
+    cfg = ForgeConfig()
+    cfg.harness.name = "browser-use"
+    assert harness_available(cfg) == (f"browser-use is not installed in {tmp_path / 'empty-cache'}: "
+                                      "run `forge harness install browser-use`")
+    cfg.harness.name = "mini-gui"
+    assert harness_available(cfg) == (None if missing_gui_tools() == [] or "xdotool" not in missing_gui_tools()
+                                      else "the mini-gui harness needs xdotool: apt-get install xdotool")
+    demo = cli_overrides(demo=True, sets=[], steps=None, name=None, harness="browser-use")
+    assert demo["harness"]["name"] == "browser-use" and demo["harness"]["extra_args"] == []
+    assert demo["proxy"]["max_tokens_cap"] == 256 and demo["proxy"]["max_context_tokens"] >= 16384
