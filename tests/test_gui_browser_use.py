@@ -89,10 +89,9 @@ def test_browser_use_api_error_is_a_harness_failure(tmp_path: Path) -> None:
 def test_browser_use_garbage_is_graded_not_failed(tmp_path: Path) -> None:
     """A policy that never writes a valid action: browser-use reports it back as a step error, then
     stops; that is the policy's data (an empty answer), not a harness failure."""
-    replies = iter([{"role": "assistant", "content": "not json"}] * 3 + [browser_use_reply([])] * 10)
-    model = ScriptedModel(lambda body: next(replies))
+    model = ScriptedModel(lambda body: {"role": "assistant", "content": "not json"})
     try:
-        proc, record = run_browser_use(str(PYTHON), tmp_path, model.base_url, "Do nothing.", "--max-steps", "3")
+        proc, record = run_browser_use(str(PYTHON), tmp_path, model.base_url, "Do nothing.", "--max-steps", "2")
     finally:
         model.close()
     outcome = browser_use_outcome(ExecResult(proc.returncode, proc.stdout, proc.stderr), json.dumps(record))
