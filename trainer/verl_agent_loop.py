@@ -49,6 +49,7 @@ veRL's `SGLangHttpServer.generate`, over any SGLang-API engine (the embedded CPU
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import json
 import logging
@@ -397,6 +398,9 @@ def close_bridges() -> None:
     with _bridges_lock:
         while _bridges:
             _bridges.popitem()[1].close()
+
+
+atexit.register(close_bridges)  # a veRL worker ends with its process: the runs are marked finished
 
 
 # -- the recorded trajectory -> veRL's AgentLoopOutput ------------------------------------------------
