@@ -328,3 +328,20 @@ def test_exports_carry_the_images(rig, processor, tmp_path):
     assert part_image["type"] == "image" and part_image["image"].size == (320, 200)
     write_rows([row], tmp_path / "rl.jsonl")  # JSON: the image as a data URL
     assert (tmp_path / "rl.jsonl").read_text().count("data:image/png;base64," + _b64(RED)) == 1
+
+
+@pytest.mark.parametrize("size", [(1280, 800), (800, 1280), (1, 1), (4, 4), (57, 29), (1023, 767), (3000, 40),
+                                  (28, 28 * 32), (29, 29 * 31)])
+def test_placeholder_counts_from_the_image_size_equal_the_processors(processor, size):
+    """The proxy counts an image's tokens from its size (no pixels decoded); the processor itself
+    must agree on every shape: tiny (scaled up), odd, wide, tall, at the max_pixels edge."""
+    from PIL import Image
+
+    from proxy.images import from_base64
+    from proxy.vision import ImagePlaceholders
+
+    buf = io.BytesIO()
+    Image.new("RGB", size, (10, 200, 30)).save(buf, "PNG")
+    im = from_base64(_b64(buf.getvalue()), "x")
+    expected = processor.image_processor(images=[open_image(im.data)], return_tensors="pt")["image_grid_thw"]
+    assert ImagePlaceholders(processor).grid([im]).tolist() == expected.tolist()
