@@ -29,6 +29,7 @@ from verl.protocol import DataProto  # noqa: E402
 
 from engine.scripted import ScriptedEngine, scripted_logprob  # noqa: E402
 from engine.serve import serve_in_thread  # noqa: E402
+from openforge.errors import TrainerError  # noqa: E402
 from openforge.store import Call, Store, Trajectory  # noqa: E402
 from rollouts.tasks import load_tasks  # noqa: E402
 from trainer import verl_agent_loop as bridge_mod  # noqa: E402
@@ -219,6 +220,13 @@ def test_segments_map_to_one_output_and_a_failed_rollout_gets_no_reward(store: S
     assert longest.response_mask == [1, 1, 0, 0, 1, 1] and longest.num_turns == 4
     cut = output_of(store, ro, response_length=3, segment="longest")
     assert cut.response_ids == [3, 4, 5] and cut.extra_fields["openforge"]["response_truncated"]
+    seen = _rollout_with_segments(store)
+    [_, last_seg] = sorted(store.list_trajectories(rollout_ids=[seen.id]), key=lambda t: t.segment)
+    store.replace_trajectories(seen.id, [Trajectory(run_id=seen.run_id, rollout_id=seen.id, segment=0, token_ids=[9, 10],
+                                                    loss_mask=[0, 1], logprobs=[0, -0.1], call_ids=last_seg.call_ids,
+                                                    images=["ab" * 32])])
+    with pytest.raises(TrainerError, match="has images"):  # not silently trained without its pixels
+        output_of(store, seen, response_length=64)
     failed = _rollout_with_segments(store, status="failed", reward=None, failure_kind="infra")
     with pytest.raises(OpenForgeRolloutFailed, match="without a reward"):
         output_of(store, failed, response_length=64)

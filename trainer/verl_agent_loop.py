@@ -435,6 +435,9 @@ def output_of(store: Any, rollout: Any, *, response_length: int, segment: str = 
         seg = max(segments, key=lambda s: (sum(s.loss_mask), s.segment))
     else:
         raise TrainerError(f"segment must be 'last' or 'longest', not {segment!r}")
+    if getattr(seg, "images", None):
+        raise TrainerError(f"rollout {rollout.id} has images: the veRL bridge does not yet hand veRL the "
+                           "multi_modal_data a VLM trains on; train GUI rollouts with `forge train`")
     tokens, mask, lps = list(seg.token_ids), list(seg.loss_mask), [float(x) for x in seg.logprobs]
     first = mask.index(1)
     prompt_ids = tokens[:first]
