@@ -20,7 +20,7 @@ from rollouts.tasks import load_tasks, validate_tasks
 console = Console()
 tasks_app = new_typer(help="Check and list task sets (a .jsonl file, a folder, or 'builtin').")
 
-PathArg = Annotated[str, typer.Argument(help="a task .jsonl file, a task folder, or 'builtin'")]
+PathArg = Annotated[str, typer.Argument(help="a task .jsonl file, a task folder, 'builtin' or 'builtin-web'")]
 
 
 @tasks_app.command("validate")
@@ -52,7 +52,7 @@ def tasks_validate(
 
 
 @tasks_app.command("list")
-def tasks_list(path: Annotated[str, typer.Argument(help="a task .jsonl file, a task folder, or 'builtin'")] = "builtin",
+def tasks_list(path: Annotated[str, typer.Argument(help="a task .jsonl file, a task folder, 'builtin' or 'builtin-web'")] = "builtin",
                ) -> None:
     """List the tasks of a set: id, difficulty, time limit, tags, instruction."""
     table = Table(title=f"tasks in {path}")
