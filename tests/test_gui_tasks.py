@@ -69,11 +69,12 @@ async def _run(store: Store, tasks: list[TaskSpec], scripts: dict[str, str] | No
 @needs_gui
 @pytest.mark.slow
 async def test_every_reference_solution_scores_one_and_hostile_answers_zero(store: Store) -> None:
-    """`forge tasks validate --run builtin-web`, with two of the hostile answers (all six are run by the
-    command itself; docs/gui.md has its measured run)."""
+    """`forge tasks validate --run builtin-web`, with the do-nothing hostile answer only (each rollout
+    starts chromium: ~4 min for two on 2 loaded cores; the command itself runs all six, docs/gui.md has
+    its measured run, and the answer graders are those of the text tasks, tested with all six)."""
     import rollouts.selfcheck as selfcheck
 
-    keep = {k: selfcheck.HOSTILE_ANSWERS[k] for k in ("empty", "1 MB of text")}
+    keep = {k: selfcheck.HOSTILE_ANSWERS[k] for k in ("empty",)}
     original = dict(selfcheck.HOSTILE_ANSWERS)
     selfcheck.HOSTILE_ANSWERS.clear()
     selfcheck.HOSTILE_ANSWERS.update(keep)
@@ -85,7 +86,7 @@ async def test_every_reference_solution_scores_one_and_hostile_answers_zero(stor
     assert problems == []
     [run] = [r for r in store.list_runs() if r.kind == "check"]
     rollouts = store.list_rollouts(run.id)
-    assert len(rollouts) == len(TASKS) * 3 and all(r.status == "scored" for r in rollouts)
+    assert len(rollouts) == len(TASKS) * 2 and all(r.status == "scored" for r in rollouts)
     assert {r.task_id: r.reward for r in rollouts if r.step == 0} == {t.id: 1.0 for t in TASKS}
     assert [r for r in rollouts if r.step > 0 and r.reward != 0.0] == []
     assert len(HOSTILE_ANSWERS) == 6
