@@ -174,6 +174,87 @@ def test_verl_worker_runs_mini_rollouts_through_veRLs_server_and_accepts_the_out
         store.close()
 
 
+class _LocalActor:
+    """A Ray actor handle's calling convention (`handle.method.remote(...)` -> an awaitable) over a local
+    object: the one stand-in below, so veRL's real LLMServerClient and GlobalRequestLoadBalancer run
+    without a Ray cluster."""
+
+    def __init__(self, obj: Any) -> None:
+        self._obj = obj
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._obj, name)
+
+        class _Remote:
+            @staticmethod
+            def remote(*args: Any, **kwargs: Any) -> Any:
+                result = method(*args, **kwargs)
+                if asyncio.iscoroutine(result):
+                    return asyncio.ensure_future(result)
+                done = asyncio.get_running_loop().create_future()
+                done.set_result(result)
+                return done
+
+        return _Remote()
+
+
+@pytest.mark.slow
+def test_through_veRLs_real_LLMServerClient_and_load_balancer(tiny_model: Path, tmp_path: Path) -> None:
+    """veRL's own client (sticky sessions by request id, least-loaded choice) over two replicas: every call
+    of a rollout reaches one replica, and the outputs are still token-exact."""
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.router import GlobalRequestLoadBalancer
+
+    tok = ScriptedEngine(tiny_model, ["unused"]).tokenizer
+
+    def answer(prompt_ids: list[int]) -> str:
+        prompt = tok.decode(prompt_ids)
+        if "What is 2 + 3" in prompt:
+            return "5"
+        return "Done: hello world" if "wrote 12 characters" in prompt else WRITE
+
+    engines = [ScriptedEngine(tiny_model, answer) for _ in range(2)]
+    with serve_in_thread(engines[0].app) as e0, serve_in_thread(engines[1].app) as e1:
+        replicas = [EmbeddedVerlServer(e.url, prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN) for e in (e0, e1)]
+        acquired: list[tuple[str, str]] = []
+
+        class Recording(GlobalRequestLoadBalancer):  # veRL's documented extension point: acquire_server
+            def acquire_server(self, request_id: str, **kw: Any) -> Any:
+                server_id, handle = super().acquire_server(request_id, **kw)
+                acquired.append((request_id, server_id))
+                return server_id, handle
+
+        balancer = _LocalActor(Recording({"r0": _LocalActor(replicas[0]), "r1": _LocalActor(replicas[1])}))
+        worker = worker_for(tiny_model, tmp_path, None)
+        client = LLMServerClient(worker.config, load_balancer_handle=balancer)
+        worker.llm_client = client
+
+        async def main() -> DataProto:
+            try:
+                return await worker.generate_sequences(batch_of(["med-create-file", "easy-sum", "med-create-file"]))
+            finally:
+                for r in replicas:
+                    await r.aclose()
+                bridge_mod.close_bridges()
+
+        out = asyncio.run(main())
+    info = list(out.non_tensor_batch["openforge"])
+    # veRL's session id is the rollout's; every call of a rollout went to one replica (sticky)
+    assert sorted(session for session, _ in acquired) == sorted(i["rollout_id"] for i in info for _ in range(i["n_calls"]))
+    assert all(len({sid for s, sid in acquired if s == i["rollout_id"]}) == 1 for i in info)
+    # token-exact: each sampled span is a call a replica answered, at the prompt that precedes it
+    answered = [(p, t) for r in replicas for _, p, t in r.calls]
+    for i in range(3):
+        prompt, response, mask, _ = unpad(out, i)
+        for start, end in runs_of(mask):
+            seq = prompt + response[:start]
+            assert any(p == seq and t.token_ids == response[start:end] for p, t in answered)
+    last = out.batch["attention_mask"][:, PROMPT_LEN:].sum(dim=1) - 1
+    assert out.batch["rm_scores"][torch.arange(3), last].tolist() == [1.0, 1.0, 1.0]
+    assert sum(len(e.requests) for e in engines) == 5
+
+
+@pytest.mark.slow
 def test_verl_worker_with_the_embedded_engine_sampling_the_tiny_model(tiny_model: Path, tmp_path: Path) -> None:
     from engine.embedded import EmbeddedEngine
     from openforge.config import EngineConfig
