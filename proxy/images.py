@@ -8,12 +8,21 @@ Only inline bytes are taken. A remote URL (http/https, Anthropic's `source.type:
 refused: a sandboxed harness must never make the proxy fetch the network, or read files, for it.
 Malformed base64, a format a VLM processor cannot read, and images over the APIs' own size limit are
 clear 400s in the calling API's error shape.
+
+A GUI agent resends every earlier screenshot on every turn, so a recorded request body keeps each
+image as a reference to the run's image file (`slim_body`: its base64 replaced by
+`forge-image:<sha256>`), not its bytes: a rollout's rows grow with its text, not with turns x
+screenshots. Reading a recorded body back (after a proxy restart, an export) resolves those
+references from the run's ImageStore (`resolving_from`); a client cannot use them (they are not base64).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -22,6 +31,27 @@ from openforge.images import MAX_IMAGE_BYTES, ImageError, image_format, image_id
 from proxy.calls import APIError, bad_request
 
 NO_FETCH = "the proxy never fetches the network (nor reads files) for a sandbox"
+REFERENCE = "forge-image:"  # a recorded body's stand-in for an image's base64 (+ its sha256)
+# Set only while a recorded body is re-parsed: how a reference becomes bytes again.
+_resolver: ContextVar[Callable[[str], bytes] | None] = ContextVar("forge_image_resolver", default=None)
+
+
+def slim_body(raw: str, images: list[ImageInput]) -> str:
+    """`raw` (a request body's JSON text) with each image's base64 replaced by its reference. A
+    payload written in another form (escaped slashes, other padding) is left as sent."""
+    for im in {im.sha: im for im in images}.values():
+        raw = raw.replace(base64.b64encode(im.data).decode("ascii"), REFERENCE + im.sha)
+    return raw
+
+
+@contextmanager
+def resolving_from(get: Callable[[str], bytes]) -> Iterator[None]:
+    """Within this block, parsed image references are read with `get(sha)` (an ImageStore's `get`)."""
+    token = _resolver.set(get)
+    try:
+        yield
+    finally:
+        _resolver.reset(token)
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,6 +80,13 @@ class ImageInput:
 def from_base64(payload: Any, where: str) -> ImageInput:
     if not isinstance(payload, str) or not payload:
         raise bad_request(f"{where}: the image's base64 data is missing", where)
+    get = _resolver.get()
+    if get is not None and payload.startswith(REFERENCE):  # a recorded body read back
+        try:
+            data = get(payload[len(REFERENCE):])
+        except (ImageError, OSError) as exc:
+            raise bad_request(f"{where}: the recorded image is not available: {exc}", where) from None
+        return ImageInput(data, image_format(data))
     # base64 of 20 MiB is ~27 MiB of text: refuse by length before decoding.
     if len(payload) > MAX_IMAGE_BYTES * 4 // 3 + 4:
         raise _too_large(where, len(payload) * 3 // 4)

@@ -31,6 +31,7 @@ from openforge.store import utcnow
 from proxy.adapters import ApiAdapter
 from proxy.calls import APIError, CallRequest, Completion, TextDelta, ToolCallEvent, bad_request, new_call_id
 from proxy.generation import Generation, GenerationParams, token_logprobs
+from proxy.images import slim_body
 from proxy.parsing import ParserSetup
 from proxy.prompts import RolloutPrompts, too_long
 from proxy.recorder import Recorder
@@ -100,7 +101,7 @@ class CallPipeline:
         self.served_model = served_model
         self.parsers = ParserSetup.resolve(config.tool_parser, config.reasoning_parser, renderer.template_text,
                                            strict=config.tool_parser_strict)
-        self.prompts = RolloutPrompts(renderer, recorder, parsers=self.parsers)
+        self.prompts = RolloutPrompts(renderer, recorder, parsers=self.parsers, home=home)
         self.slots = Slots(config.max_concurrent_calls, queue_limit=5 * config.max_concurrent_calls,
                            wait_s=config.call_timeout_s)
         self._engine_context: int | None = None
@@ -185,7 +186,9 @@ class CallPipeline:
         # insert is off the critical path, and `row` is awaited before any byte of the answer goes out.
         row = asyncio.ensure_future(self.recorder.begin({
             "run_id": rollout["run_id"], "rollout_id": rollout["id"], "api": req.api, "model": model,
-            "adapter": rollout.get("adapter"), "stream": req.stream, "request_json": raw_body,
+            "adapter": rollout.get("adapter"), "stream": req.stream,
+            # each image as a reference to its file (proxy/images.py): a body holds no screenshot's bytes
+            "request_json": slim_body(raw_body, prompt.images) if prompt.images else raw_body,
             "prompt_ids": prompt.ids, "reused_tokens": prompt.reused_tokens, "prompt_tokens": len(prompt.ids),
             "break_reason": prompt.break_reason, "images": image_ids or None,
             "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,

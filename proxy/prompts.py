@@ -11,10 +11,14 @@ prompt whose bytes alone prove it too long is refused before it is tokenised at 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
+from openforge.images import ImageStore
+from openforge.paths import forge_home
 from proxy.adapters import ADAPTERS
 from proxy.calls import APIError, CallRequest, Completion
+from proxy.images import resolving_from
 from proxy.parsing import ParserSetup
 from proxy.reasoning import opens_thinking
 from proxy.recorder import Recorder
@@ -32,8 +36,10 @@ def too_long(tokens: int, limit: int, *, at_least: bool = False) -> APIError:
 
 
 class RolloutPrompts:
-    def __init__(self, renderer: ChatRenderer, recorder: Recorder, *, parsers: ParserSetup | None = None) -> None:
+    def __init__(self, renderer: ChatRenderer, recorder: Recorder, *, parsers: ParserSetup | None = None,
+                 home: Path | None = None) -> None:
         self.renderer = renderer
+        self.home = home  # the data dir whose runs/<run>/images/ resolve a recorded body's images
         self.recorder = recorder
         self.parsers = parsers or ParserSetup()
         self.builder = PromptBuilder(renderer)
@@ -82,8 +88,10 @@ class RolloutPrompts:
                                                         else 0, last=self.builder.turns_per_rollout)
             for row in rows:
                 adapter = ADAPTERS.get(row.api)
+                images = ImageStore.for_run(self.home or forge_home(), row.run_id)
                 try:
-                    old = adapter.parse_request(row.request_json) if adapter and row.request_json else None
+                    with resolving_from(images.get):
+                        old = adapter.parse_request(row.request_json) if adapter and row.request_json else None
                 except (APIError, ValueError, TypeError):
                     old = None
                 if old is None:

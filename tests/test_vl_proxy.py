@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 
 import anthropic
 import openai
@@ -114,6 +115,9 @@ def test_chat_image_url_is_recorded_with_the_processors_ids(rig, processor):
     grid = processor.image_processor(images=[open_image(RED)], return_tensors="pt")["image_grid_thw"][0].tolist()
     assert _pad_runs(call.prompt_ids, pad) == [grid[0] * grid[1] * grid[2] // 4] and grid[1] * grid[2] > 4
     assert call.images == [image_id(RED)] and resp.usage.prompt_tokens == len(expected)
+    # The recorded body holds the image as a reference to its file, not its bytes.
+    body = json.dumps(call.request_json)
+    assert _b64(RED) not in body and f"data:image/png;base64,forge-image:{image_id(RED)}" in body
     assert rig["images"].get(image_id(RED)) == RED and rig["images"].path(image_id(RED)).suffix == ".png"
     # Streamed, the same request records the same prompt ids and the same (one) file.
     chunks = list(_oai(rig).chat.completions.create(model="m", max_tokens=3, stream=True, messages=[
@@ -228,6 +232,7 @@ def test_reuse_with_images_survives_a_proxy_restart(store, forge_home, engine_ur
             answer = c.chat.completions.create(model="m", max_tokens=3, messages=messages).choices[0].message
         messages.append({"role": "assistant", "content": answer.content or ""})
     first, second = store.list_calls(rollout_id=ro.id)
+    assert _b64(RED) not in json.dumps(second.request_json)  # relearned from references to the files
     head = first.prompt_ids + first.completion_ids
     assert second.prompt_ids[:len(head)] == head and second.reused_tokens > 0
     assert second.images == [image_id(RED), image_id(BLUE)]

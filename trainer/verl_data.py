@@ -41,25 +41,36 @@ from trainer.data import is_usable
 DATA_SOURCE = "trainer.verl_reward"  # the module whose compute_score grades these rows
 
 
-def _request_messages(call: Call) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _request_messages(call: Call, home: Path | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(messages, tools) of a recorded call as the proxy rendered them through the chat template
     (a message with images has the template's content parts, `{"type": "image"}` for each)."""
-    messages, tools, _ = _request_with_images(call)
+    messages, tools, _ = _request_with_images(call, home)
     return messages, tools
 
 
-def _request_with_images(call: Call) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[bytes]]:
+def _request_with_images(call: Call, home: Path | None = None
+                         ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[bytes]]:
+    from openforge.images import ImageStore
+    from openforge.paths import forge_home
     from proxy.adapters import ADAPTERS
     from proxy.calls import APIError
+    from proxy.images import resolving_from
 
     adapter = ADAPTERS.get(call.api)
     if adapter is None or not isinstance(call.request_json, dict):
         raise TrainerError(f"call {call.id} of rollout {call.rollout_id} has no request in a known API ({call.api!r})")
     try:
-        req = adapter.parse_request(call.request_json)
+        # A recorded body holds its images as references to the run's files (proxy/images.py).
+        with resolving_from(ImageStore.for_run(home or forge_home(), call.run_id).get):
+            req = adapter.parse_request(call.request_json)
     except APIError as exc:
         raise TrainerError(f"call {call.id} of rollout {call.rollout_id}: its request does not parse: {exc}") from None
     return [m.template_dict() for m in req.messages], req.tools, [im.data for m in req.messages for im in m.images]
+
+
+def _home(store: Store) -> Path | None:
+    """The data dir a store file lives in (`home/forge.db`); None for a database URL (FORGE_HOME)."""
+    return store.path.parent if isinstance(store.path, Path) else None
 
 
 def _with_image_markers(m: dict[str, Any]) -> dict[str, Any]:
@@ -139,7 +150,7 @@ def sft_rows(store: Store, run_id: str, *, min_reward: float | None = None) -> l
         if r is None or not seg:
             continue
         last = max(seg, key=lambda c: c.seq)
-        messages, tools, images = _request_with_images(last)
+        messages, tools, images = _request_with_images(last, _home(store))
         messages.append(_answer_message(last))
         rows.append({
             "messages": [regular_message(_with_image_markers(m)) for m in messages], "tools": parquet_safe(tools),
@@ -181,7 +192,7 @@ def rl_rows(store: Store, run_id: str) -> list[dict[str, Any]]:
     rows = []
     for index, task_id in enumerate(sorted(first)):
         call, task = first[task_id], tasks.get(task_id, {})
-        messages, tools, images = _request_with_images(call)
+        messages, tools, images = _request_with_images(call, _home(store))
         rows.append({
             "data_source": DATA_SOURCE, "prompt": [regular_message(_with_image_markers(m)) for m in messages],
             "images": [{"bytes": b} for b in images], "ability": "agent",
