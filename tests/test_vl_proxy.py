@@ -256,6 +256,9 @@ def test_refusals_in_each_apis_shape(rig):
     with pytest.raises(openai.BadRequestError, match="not valid base64"):
         c.chat.completions.create(model="m", messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,not*base64!"}}]}])
+    with pytest.raises(openai.BadRequestError, match="not valid base64"):  # a recorded reference is not a source
+        c.chat.completions.create(model="m", messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,forge-image:{image_id(RED)}"}}]}])
     with pytest.raises(anthropic.BadRequestError, match="not PNG, JPEG, GIF or WebP"):
         a.messages.create(model="m", max_tokens=2, messages=[{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": _b64(b"BM" + b"\0" * 64)}}]}])
