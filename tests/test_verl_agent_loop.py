@@ -170,6 +170,8 @@ def test_verl_worker_runs_mini_rollouts_through_veRLs_server_and_accepts_the_out
         [run] = [r for r in store.list_runs() if r.name == "veRL bridge"]
         assert run.config_json["verl_sampling_params"]["temperature"] == 0.7 and run.status == "finished"
         assert {r.reward for r in store.list_rollouts(run.id)} == {0.0, 1.0}
+        # the proxy of this run recorded the temperature veRL's server sampled at, on every call
+        assert [c.temperature for c in store.list_calls(run_id=run.id)] == [0.7] * 5
     finally:
         store.close()
 

@@ -25,7 +25,8 @@ returns veRL's `AgentLoopOutput`, built from the rollout's recorded trajectory:
   proxy records are therefore exactly the ones veRL's server produced, and veRL's load balancing and
   sticky sessions (by request id) apply. veRL's sampling params (temperature, top_p, top_k,
   repetition_penalty) are applied to every call of the rollout whatever the harness asked; the length
-  limit and stop strings are the harness's (through the proxy).
+  limit and stop strings are the harness's (through the proxy). Each set of veRL sampling params has
+  its own run and proxy (`temperature_override` = veRL's temperature), so the calls record it.
 - **The output.** One rollout can record several segments (a harness that rewrote its history, a
   sub-agent: rollouts/trajectory.py). veRL 0.9.1 takes one `AgentLoopOutput` per sample, so the loop
   returns ONE segment: `segment="last"` (default: the one that ended with the graded answer) or
@@ -261,8 +262,8 @@ class EmbeddedVerlServer:
 
 
 class OpenForgeBridge:
-    """What the loops of one veRL worker share: the store, the engine adapter in front of veRL's server,
-    the recording proxy, the rollout runner, and one OpenForge run per set of veRL sampling params
+    """What the loops of one veRL worker share: the store, the engine adapter in front of veRL's server, and
+    per set of veRL sampling params one OpenForge run with its own recording proxy and rollout runner
     (training and validation thus land in different runs, each recording the params it sampled at)."""
 
     def __init__(self, server_manager: Any, tokenizer: Any, *, config: Any, model_path: str, context_length: int,
@@ -270,8 +271,8 @@ class OpenForgeBridge:
         self.server_manager, self.tokenizer, self.config = server_manager, tokenizer, config
         self.model_path, self.context_length, self.home = model_path, context_length, home
         self.store: Any = None
-        self.runner: Any = None
-        self._runs: dict[str, str] = {}  # sampling params (json) -> run id
+        self._engine_url, self._engine_key = "", ""
+        self._lanes: dict[str, tuple[str, Any]] = {}  # sampling params (json) -> (run id, its runner)
         self._run_params: dict[str, dict[str, Any]] = {}  # run id -> sampling params
         self._rollout_params: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
@@ -284,40 +285,50 @@ class OpenForgeBridge:
         from engine.serve import serve_in_thread
         from engine.sglang_api import create_sglang_app
         from openforge.store import Store
-        from proxy.server import ProxyServer
-        from rollouts.runner import RolloutRunner
 
         try:
             self.store = Store(self.home / "forge.db")
             self._stop.append(self.store.close)
-            key = secrets.token_hex(24)
+            self._engine_key = secrets.token_hex(24)
             backend = VerlServerBackend(self.server_manager, self.tokenizer, model_path=self.model_path,
                                         context_length=self.context_length, owner_loop=owner_loop,
                                         params_for=self.params_for)
-            engine = serve_in_thread(create_sglang_app(backend, api_key=key))
+            engine = serve_in_thread(create_sglang_app(backend, api_key=self._engine_key))
             self._stop.append(engine.stop)
-            sock_dir = Path(tempfile.mkdtemp(prefix="forge-verl-"))
-            proxy = ProxyServer(self.config.proxy, store_path=self.store.path, engine_url=engine.url,
-                                model_path=self.model_path, uds=sock_dir / "proxy.sock", engine_key=key)
-            self._stop.append(proxy.stop)
-            proxy.start()
-            self.runner = RolloutRunner(self.store, config=self.config, proxy_url=proxy.url, proxy_socket=proxy.uds)
+            self._engine_url = engine.url
         except BaseException:
             self.close()
             raise
-        log.info("veRL bridge up: store %s, proxy %s, engine = veRL's server", self.store.path, proxy.url)
+        log.info("veRL bridge up: store %s, engine adapter %s in front of veRL's server", self.store.path, engine.url)
         return self
 
-    def run_for(self, sampling_params: dict[str, Any]) -> str:
+    def lane_for(self, sampling_params: dict[str, Any]) -> tuple[str, Any]:
+        """(run id, runner) for these veRL sampling params (blocking: the first time starts a proxy). Each set of
+        params has its own run and its own proxy, whose `temperature_override` is veRL's temperature, so the
+        temperature recorded on every call is the one veRL's server sampled at."""
+        from proxy.server import ProxyServer
+        from rollouts.runner import RolloutRunner
+
         params = {k: (v.item() if hasattr(v, "item") else v) for k, v in sampling_params.items()}
         key = json.dumps(params, sort_keys=True, default=str)
         with self._lock:
-            if key not in self._runs:
-                run = self.store.create_run(kind="train", name="veRL bridge",
-                                            config={"verl_sampling_params": params, "harness": self.config.harness.name})
-                self.store.set_run_status(run.id, "running")
-                self._runs[key], self._run_params[run.id] = run.id, params
-            return self._runs[key]
+            if key in self._lanes:
+                return self._lanes[key]
+            proxy_cfg = self.config.proxy.model_copy(update={"temperature_override": params.get("temperature")})
+            proxy = ProxyServer(proxy_cfg, store_path=self.store.path, engine_url=self._engine_url,
+                                model_path=self.model_path, uds=Path(tempfile.mkdtemp(prefix="forge-verl-")) / "proxy.sock",
+                                engine_key=self._engine_key)
+            self._stop.append(proxy.stop)
+            proxy.start()
+            run = self.store.create_run(kind="train", name="veRL bridge",
+                                        config={"verl_sampling_params": params, "harness": self.config.harness.name})
+            self.store.set_run_status(run.id, "running")
+            self._run_params[run.id] = params
+            runner = RolloutRunner(self.store, config=self.config.model_copy(update={"proxy": proxy_cfg}),
+                                   proxy_url=proxy.url, proxy_socket=proxy.uds)
+            self._lanes[key] = (run.id, runner)
+            log.info("veRL bridge: run %s samples at %s through proxy %s", run.id, params, proxy.url)
+            return self._lanes[key]
 
     def params_for(self, rid: str) -> dict[str, Any] | None:
         rollout_id = rid.rsplit("_", 1)[0]
@@ -337,7 +348,7 @@ class OpenForgeBridge:
     async def rollout(self, task: Any, sampling_params: dict[str, Any]) -> Any:
         from rollouts.runner import RolloutSpec
 
-        run_id = self.run_for(sampling_params)
+        run_id, runner = await asyncio.to_thread(self.lane_for, sampling_params)
         if (run_id, task.id) not in self._tasks:  # veRL runs a task's n samples at once: add it once, here
             if self._tasks_lock is None:
                 self._tasks_lock = asyncio.Lock()
@@ -345,7 +356,7 @@ class OpenForgeBridge:
                 if (run_id, task.id) not in self._tasks:
                     await asyncio.to_thread(self.store.add_tasks, run_id, [task.to_record()])
                     self._tasks.add((run_id, task.id))
-        [ro] = await self.runner.run(run_id, [RolloutSpec(task, sample_index=next(self._index))])
+        [ro] = await runner.run(run_id, [RolloutSpec(task, sample_index=next(self._index))])
         return ro
 
     def close(self) -> None:
