@@ -23,6 +23,7 @@ Every sandbox is stopped on every path, cancellation included.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import shlex
@@ -240,7 +241,11 @@ class RolloutRunner:
             raise _InfraFailure(f"harness {self.harness.name} could not be prepared: {exc}") from None
         try:
             if site is not None:  # the harness (only) runs in the display, the browser on the site
-                sb.attach_gui(site.gui_spec())  # type: ignore[attr-defined]
+                spec = site.gui_spec()
+                if getattr(self.harness, "own_browser", False):  # browser-use starts its own chromium there
+                    env = {**env, "FORGE_START_URL": spec.url or ""}
+                    spec = dataclasses.replace(spec, url=None)
+                sb.attach_gui(spec)  # type: ignore[attr-defined]
         except SandboxError as exc:
             raise _InfraFailure(str(exc)) from None
         try:

@@ -291,3 +291,37 @@ def run_browser_use(python: str, workdir: Path, base_url: str, instruction: str,
                           cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
     result = workdir / ".forge" / "browser_use_result.json"
     return proc, (json.loads(result.read_text()) if result.exists() else {})
+
+
+def run_gui_task(store: Any, tiny_vl_model: Path, script: Any, task_id: str, harness: Any) -> Any:
+    """One rollout of a builtin-web task by the real RolloutRunner (the site served on the host, the
+    GUI attached to the harness's exec), through the real proxy to a ScriptedEngine on the tiny Qwen2-VL.
+    `script(engine, input_ids) -> text`, or a list of texts. (rollout row, engine)"""
+    import asyncio
+
+    import pytest
+
+    from engine.scripted import ScriptedEngine
+    from engine.serve import serve_in_thread
+    from openforge.config import ForgeConfig
+    from proxy.server import ProxyServer
+    from rollouts.runner import RolloutRunner, RolloutSpec
+    from rollouts.tasks import load_tasks
+    from sandbox.local import bwrap_usable
+    from sandbox.testing import proxy_socket_path
+
+    if not bwrap_usable():
+        pytest.skip("needs bubblewrap (a GUI sandbox is isolated)")
+    engine: Any = None
+    engine = ScriptedEngine(tiny_vl_model, (lambda ids: script(engine, ids)) if callable(script) else script)
+    cfg = ForgeConfig()
+    cfg.harness = harness
+    cfg.proxy.max_context_tokens = 65536
+    cfg.runner.time_limit_scale = 5.0
+    task = next(t for t in load_tasks("builtin-web") if t.id == task_id)
+    with serve_in_thread(engine.app) as eng, ProxyServer(cfg.proxy, store_path=store.path, engine_url=eng.url,
+                                                          model_path=tiny_vl_model, uds=proxy_socket_path()) as proxy:
+        run = store.create_run(kind="eval")
+        runner = RolloutRunner(store, config=cfg, proxy_url=proxy.url, proxy_socket=proxy.uds)
+        [ro] = asyncio.run(runner.run(run.id, [RolloutSpec(task)]))
+    return ro, engine

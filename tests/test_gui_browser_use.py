@@ -162,3 +162,37 @@ def test_browser_use_in_a_gui_sandbox_through_the_proxy(tiny_vl_model: Path, sto
     calls = store.list_calls(rollout_id=ro.id)
     assert len(calls) == 2 and [c.status for c in calls] == ["ok", "ok"]
     assert all(len(c.images) == 1 for c in calls)  # a screenshot each step, stored by the proxy
+
+
+@pytest.mark.slow
+@needs_browser_use
+def test_browser_use_solves_a_builtin_web_task(tiny_vl_model: Path, store: Any,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """gui-colour-click-blue through the real RolloutRunner: the site on the host, the sandbox's display
+    without a browser of its own (browser-use starts its own at FORGE_START_URL), the real proxy, a
+    scripted engine that clicks the button browser-use lists where the page has its blue one (the
+    task's button order), then says done. Graded by the site's state: scored 1.0."""
+    import re
+
+    from openforge.config import HarnessConfig
+    from rollouts.tasks import load_tasks
+    from gui_fixtures import run_gui_task
+
+    monkeypatch.setenv("FORGE_NPM_CACHE", str(CACHE))
+    task = next(t for t in load_tasks("builtin-web") if t.id == "gui-colour-click-blue")
+    blue = task.gui.params["order"].index("blue")
+
+    def policy(engine: Any, input_ids: list[int]) -> str:
+        prompt = engine.tokenizer.decode(input_ids)
+        state = prompt.rsplit("<browser_state>", 1)[-1]
+        buttons = re.findall(r"\[(\d+)\]<button", state)
+        action = ({"click": {"index": int(buttons[blue])}} if len(buttons) == 4 else
+                  {"done": {"text": "clicked", "success": True, "files_to_display": []}})
+        return json.dumps({"thinking": "", "evaluation_previous_goal": "", "memory": "", "next_goal": "",
+                           "action": [action]})
+
+    ro, _ = run_gui_task(store, tiny_vl_model, policy, "gui-colour-click-blue",
+                         HarnessConfig(name="browser-use", max_turns=4, npm_cache=str(CACHE)))
+    assert (ro.status, ro.reward, ro.harness) == ("scored", 1.0, "browser-use"), (ro.error, ro.stdout[-3000:], ro.stderr[-3000:])
+    calls = store.list_calls(rollout_id=ro.id)
+    assert len(calls) == 2 and all(len(c.images) == 1 for c in calls)

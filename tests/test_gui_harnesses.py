@@ -17,7 +17,7 @@ from rollouts.harnesses import get_harness
 from rollouts.harnesses.mini_gui import mini_gui_outcome
 from rollouts.harnesses.mini_gui_agent import Action, BadAction, Screen, parse_reply, parse_text_action
 from sandbox.base import ExecResult
-from gui_fixtures import (BUTTON, ScriptedModel, Site, chromium, missing_gui_tools, red_centre,
+from gui_fixtures import (BUTTON, ScriptedModel, Site, chromium, missing_gui_tools, red_centre, run_gui_task,
                                 run_mini_gui, screenshot_of, text_reply, tool_call, wait_for, xvfb)
 
 needs_display = pytest.mark.skipif(bool(missing_gui_tools()),
@@ -347,3 +347,18 @@ def test_preflight_and_demo_settings(tmp_path: Path, monkeypatch: pytest.MonkeyP
     demo = cli_overrides(demo=True, sets=[], steps=None, name=None, harness="browser-use")
     assert demo["harness"]["name"] == "browser-use" and demo["harness"]["extra_args"] == []
     assert demo["proxy"]["max_tokens_cap"] == 256 and demo["proxy"]["max_context_tokens"] >= 16384
+
+
+# -- through the runner on builtin-web tasks ----------------------------------------------------------
+
+@needs_display
+def test_mini_gui_grid_mode_solves_a_builtin_web_task(tiny_vl_model: Path, store: Any) -> None:
+    """gui-colour-click-red (four buttons, one per quadrant: a 2x2 grid's cell n is quadrant n) in grid
+    mode: `click(0)` then `done()`; graded by the site's state on the host."""
+    ro, engine = run_gui_task(store, tiny_vl_model, ["click(0)", "done()"], "gui-colour-click-red",
+                              HarnessConfig(name="mini-gui", max_turns=3, max_tokens=8,
+                                            extra_args=["--grid", "2x2", "--no-tools", "--max-side", "512"]))
+    assert (ro.status, ro.reward, ro.harness) == ("scored", 1.0, "mini-gui"), (ro.error, ro.stdout, ro.stderr)
+    calls = store.list_calls(rollout_id=ro.id)
+    assert len(calls) == 2 and all(len(c.images) == 1 for c in calls)
+    assert "cut into 2 rows x 2 columns" in calls[0].request_json["messages"][0]["content"]

@@ -73,9 +73,9 @@ async def run(instruction: str, *, max_steps: int, use_vision: bool, max_actions
         # No sandbox of its own: the rollout's sandbox is the sandbox (chromium's needs user namespaces).
         chromium_sandbox=False, args=["--disable-gpu", "--no-first-run", "--disable-background-networking",
                                       "--disable-sync", "--disable-component-update"])
-    # A GUI sandbox serves the task's site at FORGE_SITE_URL: start there (browser-use itself opens a
-    # URL written in the task instead).
-    site = os.environ.get("FORGE_SITE_URL")
+    # A GUI task's page (FORGE_START_URL), else its site (FORGE_SITE_URL): start there (browser-use
+    # itself opens a URL written in the task instead).
+    site = os.environ.get("FORGE_START_URL") or os.environ.get("FORGE_SITE_URL")
     start = [{"navigate": {"url": site, "new_tab": False}}] if site and "http" not in instruction else None
     agent = Agent(task=instruction, llm=llm, browser_session=BrowserSession(browser_profile=profile),
                   initial_actions=start,

@@ -129,6 +129,9 @@ def browser_use_outcome(result: ExecResult, record_text: str | None) -> HarnessO
 
 class BrowserUseHarness:
     name = "browser-use"
+    # It starts and drives its own Chromium: a GUI task's display gets no browser of the sandbox's, and
+    # the page it would have shown comes as FORGE_START_URL (rollouts/runner.py).
+    own_browser = True
 
     def __init__(self, config: HarnessConfig) -> None:
         self.config = config
