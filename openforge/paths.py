@@ -31,3 +31,8 @@ def models_dir(home: Path) -> Path:
 
 def default_tiny_model(home: Path) -> Path:
     return models_dir(home) / "tiny"
+
+
+def default_tiny_vl_model(home: Path) -> Path:
+    """The tiny VLM GUI harnesses get when no model is configured (warmed up for the GUI demo)."""
+    return models_dir(home) / "tiny-vl-gui"

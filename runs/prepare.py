@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from openforge.config import ForgeConfig
 from openforge.errors import ConfigError, EngineError, ForgeError, HarnessError, SandboxError
-from openforge.paths import default_tiny_model
+from openforge.paths import default_tiny_model, default_tiny_vl_model
 from openforge.store import RUN_FINAL, Store
 
 log = logging.getLogger("forge.run")
+
+GUI_HARNESSES = ("mini-gui", "browser-use")  # harnesses that send screenshots: they need a vision model
 
 
 def pid_alive(pid: int) -> bool:
@@ -33,6 +36,8 @@ def resolve_model(config: ForgeConfig, home: Path) -> Path:
     if config.engine.kind == "url" and not config.engine.model:
         raise ConfigError("engine.kind = \"url\" needs engine.model: the local copy of the served checkpoint "
                           "(the trainer and the proxy's tokenizer load it)")
+    if not config.engine.model and config.harness.name in GUI_HARNESSES:
+        return _tiny_vl_model(home)
     path = Path(config.engine.model).expanduser() if config.engine.model else default_tiny_model(home)
     if not config.engine.model and not (path / "config.json").is_file():
         from engine.tiny import LEARNABLE_NORM_GAIN, build_tiny_model
@@ -47,6 +52,24 @@ def resolve_model(config: ForgeConfig, home: Path) -> Path:
     if not (path / "config.json").is_file():
         raise ConfigError(f"engine.model {path} is not a model folder (no config.json); "
                           "point it at a Hugging Face checkpoint directory, or leave it empty for the tiny model")
+    return path
+
+
+def _tiny_vl_model(home: Path) -> Path:
+    """The tiny VLM for a GUI harness with no model configured: built, then taught the answer format
+    of the gui-colour demo (rollouts/warmup_gui.py), once per FORGE_HOME."""
+    path = default_tiny_vl_model(home)
+    if not (path / "config.json").is_file():
+        from engine.tiny import LEARNABLE_NORM_GAIN
+        from engine.tiny_vl import build_tiny_vl_model
+        from rollouts.warmup_gui import warm_up_gui_answers
+
+        log.info("building the tiny vision-language model in %s (and a ~1 minute warm-up)", path)
+        tmp = path.with_name(path.name + ".partial")  # a model dir appears only once warmed up
+        shutil.rmtree(tmp, ignore_errors=True)
+        build_tiny_vl_model(tmp, norm_gain=LEARNABLE_NORM_GAIN)
+        warm_up_gui_answers(tmp)
+        tmp.rename(path)
     return path
 
 
