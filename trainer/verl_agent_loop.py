@@ -157,8 +157,8 @@ class VerlServerBackend:
         # veRL's request id is the trajectory's, the same for every turn (its sticky session: one server
         # keeps the rollout's prefix cache), as in veRL's ToolAgentLoop; the proxy's rid is <rollout id>_<hex>.
         out = await self._on_owner_loop(self.server_manager.generate(
-            request_id=rid.rsplit("_", 1)[0], prompt_ids=input_ids, sampling_params=verl_sampling_params(engine_params, verl_params),
-            image_data=body.get("image_data") or None))
+            request_id=rid.rsplit("_", 1)[0], prompt_ids=input_ids,
+            sampling_params=verl_sampling_params(engine_params, verl_params), image_data=body.get("image_data") or None))
         ids = [int(t) for t in out.token_ids]
         lps = [float(x) for x in out.log_probs] if out.log_probs else [float("nan")] * len(ids)
         if len(lps) != len(ids):
