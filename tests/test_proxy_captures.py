@@ -23,8 +23,11 @@ END = {"/v1/messages": "event: message_stop", "/v1/responses": "event: response.
 pytestmark = pytest.mark.timeout(120)
 
 
-def _captured() -> list[tuple[str, dict]]:
-    return [(f.stem, json.loads(line)) for f in sorted(CAPTURES.glob("*.jsonl")) for line in f.open()]
+def _captured(*, images: bool = False) -> list[tuple[str, dict]]:
+    """The captured requests without images (served here by the text model), or only those with
+    images (the GUI harnesses': tests/test_vl_proxy.py serves them with the tiny VLM)."""
+    out = [(f.stem, json.loads(line)) for f in sorted(CAPTURES.glob("*.jsonl")) for line in f.open()]
+    return [(n, r) for n, r in out if ('"data:image/' in json.dumps(r.get("body"))) == images]
 
 
 @pytest.mark.skipif(not CAPTURES.is_dir(), reason="docs/harness-captures/ is not in this checkout")

@@ -353,3 +353,35 @@ def test_placeholder_counts_from_the_image_size_equal_the_processors(processor, 
     im = from_base64(_b64(buf.getvalue()), "x")
     expected = processor.image_processor(images=[open_image(im.data)], return_tensors="pt")["image_grid_thw"]
     assert ImagePlaceholders(processor).grid([im]).tolist() == expected.tolist()
+
+
+def test_captured_gui_harness_requests_are_served(rig):
+    """What browser-use and mini-gui really sent (docs/harness-captures/, recorded by
+    tests/capture_gui.py, which elides long strings), replayed with each elided screenshot put back as
+    a real PNG of the captured size: 200, recorded with its image expanded."""
+    import re
+
+    import httpx
+    from PIL import Image
+
+    from test_proxy_captures import _captured
+
+    captured = _captured(images=True)
+    assert {n for n, _ in captured} >= {"browser-use", "mini-gui"}
+    elided = re.compile(r'data:image/png;base64,([A-Za-z0-9+/=]{40,})\u2026\[\d+ chars\]')
+    for name, req in captured:
+        def real_png(m: re.Match) -> str:  # the PNG header survives the elision: its width and height
+            head = base64.b64decode(m.group(1)[:32])
+            size = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+            buf = io.BytesIO()
+            Image.new("RGB", size, (200, 210, 220)).save(buf, "PNG")
+            return "data:image/png;base64," + _b64(buf.getvalue())
+
+        body = json.loads(elided.sub(real_png, json.dumps(req["body"], ensure_ascii=False)))
+        body["max_tokens"] = body.pop("max_completion_tokens", None) or body.get("max_tokens") or 2
+        body["max_tokens"] = min(body["max_tokens"], 2)
+        resp = httpx.post(rig["url"] + req["path"], json=body, timeout=300,
+                          headers={"authorization": f"Bearer {rig['key']}"})
+        assert resp.status_code == 200, (name, resp.text[:300])
+        call = _calls(rig)[-1]
+        assert call.status == "ok" and len(call.images) == 1, name
