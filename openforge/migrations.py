@@ -62,7 +62,8 @@ def _v4_images(conn: Any) -> None:
 # Numbered migrations: (version, name, function(connection)). A fresh database is created from the
 # models above and stamped with every version here; an older one runs the versions it lacks.
 # They run on SQLite and PostgreSQL alike (`conn.dialect.name` tells them apart where SQL differs;
-# `ALTER TABLE t ADD COLUMN c TEXT` is the same on both). A PostgreSQL store starts at version 3.
+# `ALTER TABLE t ADD COLUMN c TEXT` is the same on both). A PostgreSQL store is created at the newest
+# version of the forge that first opened it (4 or later); older migrations never run there.
 # Add a migration for every schema change, e.g.:
 #     (4, "rollout.cost", lambda c: c.exec_driver_sql("ALTER TABLE rollout ADD COLUMN cost FLOAT")),
 Migration = tuple[int, str, Callable[[Any], None]]
