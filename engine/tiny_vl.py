@@ -1,25 +1,27 @@
 """Build a tiny, real-architecture vision-language model offline: `forge model tiny-vl PATH`.
 
 A Qwen2-VL (`Qwen2VLForConditionalGeneration`, random weights, 0.22M parameters, 80k of them in the
-vision tower): the real vision tower (Conv3d patch embedding, vision blocks with 2-D rotary, the 2x2 patch merger) and the real
-language model with M-RoPE (three position axes: time, height, width). Its processor is the real
-`Qwen2VLProcessor` with the PIL image processor (`Qwen2VLImageProcessorPil`: torchvision stays out of
-the venv), a byte-level BPE tokenizer trained here like engine/tiny.py's, with Qwen2-VL's special
-tokens (`<|vision_start|>`, `<|image_pad|>`, `<|vision_end|>`, `<|im_start|>`, `<|im_end|>`, ...), and
-Qwen2-VL-Instruct's real chat template (an image content part renders as
-`<|vision_start|><|image_pad|><|vision_end|>`, which the processor expands to the image's N pads).
+vision tower): the real vision tower (Conv3d patch embedding, vision blocks with 2-D rotary, the 2x2
+patch merger) and the real language model with M-RoPE (three position axes: time, height, width).
+Its processor is the real `Qwen2VLProcessor` with the PIL image processor
+(`Qwen2VLImageProcessorPil`: torchvision stays out of the venv), a byte-level BPE tokenizer trained
+here like engine/tiny.py's, with Qwen2-VL's special tokens (`<|vision_start|>`, `<|image_pad|>`,
+`<|vision_end|>`, `<|im_start|>`, `<|im_end|>`, ...), and Qwen2-VL-Instruct's real chat template (an
+image content part renders as `<|vision_start|><|image_pad|><|vision_end|>`, which the processor
+expands to the image's N pads).
 Everything is written with `save_pretrained`, so `AutoModelForImageTextToText.from_pretrained(path)`,
 `AutoTokenizer` and `AutoImageProcessor` load it like a real Qwen2-VL checkpoint; engine/vision.py
 `load_processor(path)` gives its `Qwen2VLProcessor` (`AutoProcessor` itself needs torchvision in
-transformers 5, for the video processor, and loads the folder where torchvision is installed).
+transformers 5, for Qwen2-VL's video processor; not tried here, where torchvision is left out).
 
 Why `max_pixels` is small (MAX_PIXELS = 28*28*32): one language token of Qwen2-VL covers 28x28
 pixels (14-pixel patches merged 2x2), and the real processor's default (28*28*1280) lets a screenshot
 be up to 1,280 tokens. A GUI agent sends one screenshot per turn and the tiny model runs on 2 CPU
 cores, so here an image is resized (aspect kept, by the processor's own smart_resize) to at most 32
 tokens: a 1280x800 screenshot becomes 196x112 pixels, 14x8 patches, 7x4 = 28 tokens (the test
-checks it). Small images are scaled up to at least MIN_PIXELS (4 tokens). A real checkpoint keeps its own processor settings; nothing else in
-OpenForge assumes these numbers: everything reads the grid the processor returns.
+checks it). Small images are scaled up to at least MIN_PIXELS (4 tokens). A real checkpoint keeps its
+own processor settings; nothing else in OpenForge assumes these numbers: everything reads the grid
+the processor returns.
 """
 
 from __future__ import annotations
@@ -154,8 +156,7 @@ def build_tiny_vl_model(path: str | Path, *, seed: int = 0, hidden_size: int = 6
                                                patch_size=PATCH_SIZE, merge_size=MERGE_SIZE, temporal_patch_size=2)
     # The processor is saved as its parts (what Qwen2VLProcessor.save_pretrained writes, less the
     # video processor: transformers 5 cannot build that one without torchvision, which this venv
-    # leaves out). engine/vision.py load_processor puts them together again as a Qwen2VLProcessor;
-    # where torchvision is installed, AutoProcessor.from_pretrained(path) loads the folder as is.
+    # leaves out). engine/vision.py load_processor puts them together again as a Qwen2VLProcessor.
     image_processor.save_pretrained(out)
     tokenizer.save_pretrained(out)  # tokenizer files + chat_template.jinja
     return out
