@@ -196,3 +196,15 @@ def test_browser_use_solves_a_builtin_web_task(tiny_vl_model: Path, store: Any,
     assert (ro.status, ro.reward, ro.harness) == ("scored", 1.0, "browser-use"), (ro.error, ro.stdout[-3000:], ro.stderr[-3000:])
     calls = store.list_calls(rollout_id=ro.id)
     assert len(calls) == 2 and all(len(c.images) == 1 for c in calls)
+
+
+@needs_browser_use
+def test_forge_harness_install_browser_use_is_a_noop_when_present(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    forge = Path(sys.executable).with_name("forge")
+    done = subprocess.run([str(forge), "harness", "install", "browser-use", "--cache", str(CACHE)],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "FORGE_HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert f"browser-use ready: {PYTHON}" in done.stdout
