@@ -54,7 +54,7 @@ def gc(ctx: typer.Context,
 
 @sandbox_app.command("build-image")
 def build_image(ctx: typer.Context,
-                variant: Annotated[str, typer.Option(help="python (Debian + python3 + openai SDK) or busybox (shell only)")] = "python",
+                variant: Annotated[str, typer.Option(help="python (Debian + python3 + openai SDK), browser (python + chromium, Xvfb, xdotool, fonts) or busybox (shell only)")] = "python",
                 harness: Annotated[str, typer.Option(help="npm harnesses to add on top of the python image, comma-separated: "
                                                           "claude-code,codex,openclaw (installed into harness.npm_cache first if missing)")] = "",
                 latest: Annotated[bool, typer.Option(help="also tag it openforge-sandbox:latest (the default image)")] = True,

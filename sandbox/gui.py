@@ -131,16 +131,26 @@ def key(combo: str, *, display: str | None = None) -> None:
     xdotool("key", "--", combo, display=display)
 
 
+# An empty X screen (black); a browser window before its page: white, or GTK's window background
+# (246, 245, 244), which Debian's chromium shows for a moment in the browser image.
+BLANK = {(0, 0, 0), (255, 255, 255), (246, 245, 244)}
+
+
 def wait_painted(timeout: float = 30.0, display: str | None = None) -> None:
-    """Until the screen holds more than one colour (a page is drawn), or GuiError."""
-    deadline = time.monotonic() + timeout
+    """Until the screen shows a colour other than black and white (a page is drawn: text is
+    anti-aliased to greys, a flat red page is red), or GuiError."""
+    deadline, last = time.monotonic() + timeout, None
     while time.monotonic() < deadline:
         try:
-            colours = screenshot(display).getcolors(maxcolors=2)
+            shot = screenshot(display)
         except GuiError:
-            colours = None
-        if colours is None:  # more than 2 colours: painted
-            return
+            shot = None
+        colours = shot.getcolors(maxcolors=8) if shot is not None else []
+        if colours is None or any(c not in BLANK for _, c in colours):
+            data = shot.tobytes() if shot is not None else None
+            if data == last:  # and the same a moment later: not mid-paint
+                return
+            last = data
         time.sleep(0.1)
     raise GuiError(f"the screen stayed blank for {timeout:g}s (the browser did not draw the page)")
 

@@ -6,6 +6,8 @@ unchanged one is never rebuilt (`ensure_image` returns at once when the tag exis
     python   Debian bookworm minbase (debootstrap) + python3 + the `openai` SDK, so the Python `mini`
              harness runs unchanged inside a container. ~1-3 minutes the first time, needs root.
     busybox  the host's static busybox and its applet links: a shell-only image in ~1 s, for tests.
+    browser  the python image + Debian's chromium, Xvfb, xdotool, fonts and python3-pil: GUI rollouts
+             (screenshots and input inside the container, sandbox/gui.py). ~5 minutes the first time.
     harness  the python image + npm harnesses (Claude Code, Codex, OpenClaw) copied from a local npm
              install: sandbox/harness_image.py.
 
@@ -45,17 +47,27 @@ WORKDIR = "workspace"
 SUITE = "bookworm"
 APT_PACKAGES = ("python3", "ca-certificates")
 PIP_PACKAGES = ("openai>=2,<4",)
+# The browser variant's additions: a browser, a display, input, fonts, and Pillow (its ImageGrab takes
+# the screenshots; Debian builds it with XCB).
+BROWSER_PACKAGES = ("chromium", "xvfb", "xdotool", "fonts-dejavu-core", "python3-pil")
+BROWSER_CHECK = ["sh", "-c", "cd /tmp && chromium --headless --no-sandbox --disable-gpu --user-data-dir=/tmp/p "
+                 "--screenshot=/tmp/s.png --window-size=320,240 'data:text/html,<h1>ok</h1>' && test -s /tmp/s.png "
+                 "&& command -v Xvfb xdotool >/dev/null && python3 -c 'from PIL import ImageGrab'"]
 # debootstrap leaves these behind; nothing in a sandbox reads them.
 _PRUNE = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/locale")
 
 
 def recipe(variant: str) -> dict[str, Any]:
-    if variant == "python":
-        return {"v": RECIPE_VERSION, "variant": variant, "suite": SUITE, "apt": APT_PACKAGES,
+    if variant in ("python", "browser"):
+        return {"v": RECIPE_VERSION, "variant": variant, "suite": SUITE, "apt": _apt(variant),
                 "pip": PIP_PACKAGES, "arch": platform.machine()}
     if variant == "busybox":
         return {"v": RECIPE_VERSION, "variant": variant, "arch": platform.machine()}
-    raise SandboxError(f"unknown image variant {variant!r}; choose python or busybox (or --harness NAMES)")
+    raise SandboxError(f"unknown image variant {variant!r}; choose python, browser or busybox (or --harness NAMES)")
+
+
+def _apt(variant: str) -> tuple[str, ...]:
+    return APT_PACKAGES + (BROWSER_PACKAGES if variant == "browser" else ())
 
 
 def recipe_digest(spec: dict[str, Any]) -> str:
@@ -114,12 +126,15 @@ def _add_user(root: Path) -> None:
     (root / SANDBOX_HOME.lstrip("/")).mkdir(parents=True, exist_ok=True)
 
 
-def _python_rootfs(root: Path, timeout: float) -> None:
+def _python_rootfs(root: Path, timeout: float, apt: tuple[str, ...] = APT_PACKAGES) -> None:
     if os.geteuid() != 0:
         raise SandboxError("building the python image runs debootstrap, which needs root (sudo forge sandbox build-image)")
     mirror = os.environ.get("OPENFORGE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-    _run(["debootstrap", "--variant=minbase", f"--include={','.join(APT_PACKAGES)}", SUITE, str(root), mirror],
+    base, extra = [p for p in apt if p in APT_PACKAGES], [p for p in apt if p not in APT_PACKAGES]
+    _run(["debootstrap", "--variant=minbase", f"--include={','.join(base)}", SUITE, str(root), mirror],
          "debootstrap", timeout)
+    if extra:  # debootstrap's own resolver fails on chromium's dependencies (dconf-service): apt does it
+        _apt_install(root, extra, timeout)
     pythons = sorted(p.name for p in (root / "usr" / "lib").glob("python3.*") if p.is_dir())
     if not pythons:
         raise SandboxError("debootstrap finished but the rootfs has no python3")
@@ -139,6 +154,26 @@ def _python_rootfs(root: Path, timeout: float) -> None:
         shutil.rmtree(root / rel, ignore_errors=True)
     (root / WORKDIR).mkdir(exist_ok=True)
     _add_user(root)
+
+
+def _apt_install(root: Path, packages: list[str], timeout: float) -> None:
+    """apt-get install (no recommends) in the bootstrapped root, with its own /proc for the packages'
+    scripts and the host's resolv.conf to reach the mirror; no service is started (policy-rc.d)."""
+    policy = root / "usr" / "sbin" / "policy-rc.d"
+    policy.write_text("#!/bin/sh\nexit 101\n")
+    policy.chmod(0o755)
+    shutil.copy2("/etc/resolv.conf", root / "etc" / "resolv.conf")
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive", "LANG": "C.UTF-8"}
+    _run(["mount", "-t", "proc", "proc", str(root / "proc")], "mounting /proc for apt", 30)
+    try:
+        _run(["chroot", str(root), "apt-get", "update", "-qq"], "apt-get update in the image", timeout, env=env)
+        _run(["chroot", str(root), "apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
+             "apt-get install in the image", timeout, env=env)
+        _run(["chroot", str(root), "apt-get", "clean"], "apt-get clean in the image", 120, env=env)
+    finally:
+        subprocess.run(["umount", "-l", str(root / "proc")], capture_output=True, timeout=30)
+        policy.unlink(missing_ok=True)
+        (root / "etc" / "resolv.conf").unlink(missing_ok=True)
 
 
 def _owner(info: tarfile.TarInfo, *, keep_owner: bool) -> tarfile.TarInfo:
@@ -165,7 +200,7 @@ def build_rootfs_tar(variant: str, out: Path, *, timeout: float = 600) -> Path:
         if variant == "busybox":
             _busybox_rootfs(root)
         else:
-            _python_rootfs(root, timeout)
+            _python_rootfs(root, timeout, _apt(variant))
         partial = out.with_suffix(".partial")
         _pack(root, partial, keep_owner=variant != "busybox")
         partial.replace(out)  # atomic: a crash mid-build never leaves a half tarball under the real name
@@ -236,4 +271,5 @@ def ensure_image(variant: str = "python", *, base_url: str = "", timeout: float 
                  tag_latest: bool = False) -> str:
     """The variant's image tag, building and importing it first if the engine lacks it."""
     return import_or_build(image_tag(variant), lambda out: build_rootfs_tar(variant, out, timeout=timeout),
-                   base_url=base_url, timeout=timeout, tag_latest=tag_latest)
+                   base_url=base_url, timeout=timeout, tag_latest=tag_latest,
+                   check=BROWSER_CHECK if variant == "browser" else None)
