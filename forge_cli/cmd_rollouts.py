@@ -98,7 +98,7 @@ def eval_cmd(
     pass_k: Annotated[Optional[list[int]], typer.Option("--pass-k", help="k of pass@k / pass^k (repeatable; default runner.pass_k)")] = None,
     include: Annotated[Optional[list[str]], typer.Option("--task", help="only this task id (repeatable)")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="only the first N tasks")] = None,
-    harness: Annotated[Optional[str], typer.Option("--harness", help="mini, claude-code, codex, openclaw, zeroclaw")] = None,
+    harness: Annotated[Optional[str], typer.Option("--harness", help="mini, claude-code, codex, openclaw, zeroclaw, mini-gui, browser-use")] = None,
     sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="local, docker or kubernetes")] = None,
     concurrency: Annotated[Optional[int], typer.Option("--concurrency", help="rollouts at once")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="HF checkpoint dir (default: the tiny model)")] = None,
