@@ -289,3 +289,10 @@ def test_grpo_learns_to_name_the_colour_of_a_square(tmp_path: Path, store: Store
     traj = store.list_trajectories(rollout_ids=[r.id for r in store.list_rollouts(run.id)])
     assert traj and all(t.images and len(t.images) == 1 for t in traj)
 
+
+
+def test_full_finetune_of_a_vlm_keeps_the_vision_tower_frozen(tiny_vl_model: Path) -> None:
+    model = build_policy(tiny_vl_model, _cfg(full_finetune=True), device=torch.device("cpu"))
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and not any("visual" in n for n in trainable)
+    assert any("language_model" in n for n in trainable)
