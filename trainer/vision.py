@@ -13,6 +13,7 @@ The processor is loaded on the first multimodal row, so a text-only run never to
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ import torch
 
 from openforge.errors import TrainerError
 from openforge.images import ImageError, ImageStore
+
+CACHED_IMAGES = 512  # processed images kept between rows and steps (pixel values, by sha256)
 
 
 def is_vision_model(path: str | Path) -> bool:
@@ -40,7 +43,9 @@ class TrajectoryImages:
         self.model_path = Path(model_path)
         self._processor: Any = None
         self._tokens: Any = None
-        self._pixels: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # sha -> (pixels, grid [1, 3])
+        # sha -> (pixels, grid [1, 3]), least recently used first; bounded, as a GUI run's screenshots
+        # are many and each step reads mostly its own
+        self._pixels: OrderedDict[str, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
 
     @classmethod
     def for_run(cls, home: Path, run_id: str, model_path: str | Path) -> TrajectoryImages:
@@ -62,9 +67,13 @@ class TrajectoryImages:
     def _image(self, sha: str) -> tuple[torch.Tensor, torch.Tensor]:
         from engine.vision import pixel_inputs
 
-        if sha not in self._pixels:  # a group's rollouts share their prompt's images: process each once
-            self._pixels[sha] = pixel_inputs([self.images.get(sha)], self._processor)
-        return self._pixels[sha]
+        if sha in self._pixels:  # a group's rollouts share their prompt's images: process each once
+            self._pixels.move_to_end(sha)
+            return self._pixels[sha]
+        out = self._pixels[sha] = pixel_inputs([self.images.get(sha)], self._processor)
+        while len(self._pixels) > CACHED_IMAGES:
+            self._pixels.popitem(last=False)
+        return out
 
     def inputs(self, traj: Any, token_ids: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(pixel_values [patches, D], image_grid_thw [n, 3]) of a segment with images, checked
