@@ -4,6 +4,7 @@ optimizer and LR schedule. Loaded with the same code that loads a real Qwen2.5/Q
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,9 @@ def build_policy(model_path: str | Path, cfg: TrainerConfig, *, device: torch.de
 
     from trainer.vision import is_vision_model
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the weight-loading bar would break `forge up --headless`'s lines
     source = resume_from if (cfg.full_finetune and resume_from is not None) else model_path
     vision = is_vision_model(source)
     auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
@@ -72,7 +76,9 @@ def build_policy(model_path: str | Path, cfg: TrainerConfig, *, device: torch.de
         lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                           target_modules=targets, task_type="CAUSAL_LM")
         try:
-            model = get_peft_model(model, lora)
+            with warnings.catch_warnings():  # PEFT reads transformers' renamed is_gradient_checkpointing
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+                model = get_peft_model(model, lora)
         except ValueError as exc:
             raise ConfigError(f"trainer.lora_target_modules: {str(exc).splitlines()[0]}") from None
     return model.to(device)
