@@ -48,18 +48,19 @@ DEMO_HARNESSES: dict[str, dict[str, Any]] = {
 
 # `forge up --demo --harness mini-gui`: the GUI loop on 2 cores (docs/gui.md, "Demo"). Each rollout
 # gets its own X display and Chromium on a gui-colour page served from the host; mini-gui sends the
-# screenshot (downscaled to 256 px, then at most 32 image tokens for the tiny VLM) and reads one action.
+# screenshot (downscaled to 64 px: 4 image tokens for the tiny VLM, a small PNG to send and store)
+# and reads one action. All four tasks every step: a step's groups then contrast the four pictures.
 # The tiny Qwen2-VL is warmed up to answer `done(<colour>)` with a random colour, whatever the picture
 # (rollouts/warmup_gui.py): ~1 in 4 right. The four tasks ask the same question of four pictures, so
 # only the image tells them apart: what GRPO must learn is to look. One action a rollout (max_turns 1),
 # 8 tokens at most (`done(yellow)` and the end of the turn), no tools in the prompt (--no-tools).
 DEMO_HARNESSES["mini-gui"] = {
-    "harness": {"name": "mini-gui", "max_turns": 1, "max_tokens": 8, "extra_args": ["--no-tools", "--max-side", "256"]},
+    "harness": {"name": "mini-gui", "max_turns": 1, "max_tokens": 8, "extra_args": ["--no-tools", "--max-side", "64"]},
     "engine": {"max_batch_size": 16},
     "tasks": {"path": "builtin-web", "include": [f"gui-colour-name-{c}" for c in ("red", "green", "blue", "yellow")]},
-    "runner": {"samples_per_task": 8, "concurrency": 8, "time_limit_scale": 3.0, "rollout_timeout_s": 300.0},
+    "runner": {"samples_per_task": 6, "concurrency": 12, "time_limit_scale": 3.0, "rollout_timeout_s": 300.0},
     "proxy": {"max_tokens_cap": 8, "default_max_tokens": 8, "call_timeout_s": 300.0},
-    "trainer": {"steps": 10, "tasks_per_step": 2, "lr": 5e-3},
+    "trainer": {"steps": 12, "tasks_per_step": 4, "lr": 5e-3},
 }
 
 

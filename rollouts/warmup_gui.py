@@ -64,7 +64,7 @@ def _example(processor: Any, rng: random.Random, max_side: int, eos: int) -> tup
 
 
 def warm_up_gui_answers(model_dir: str | Path, *, steps: int = 40, batch: int = 8, lr: float = 3e-3,
-                        seed: int = 0, max_side: int = 256) -> dict:
+                        seed: int = 0, max_side: int = 64) -> dict:
     """Train the VLM in `model_dir` to answer the gui-colour question with `done(<a random colour>)`."""
     import torch
     from transformers import AutoModelForImageTextToText
