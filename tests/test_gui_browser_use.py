@@ -39,7 +39,9 @@ def test_outcome_rules() -> None:
     # The agent's own "success: false" is its opinion: the answer is graded all the same.
     assert browser_use_outcome(ok, _rec(is_done=True, is_successful=False, final_result="no")).answer == "no"
     assert browser_use_outcome(ok, _rec(is_done=True, final_result=None)).answer == ""
-    limit = browser_use_outcome(ok, _rec(errors=["Invalid JSON"]))  # the policy's garbage until the limit
+    assert browser_use_outcome(ok, _rec(errors=["Browser did not start"], answered=0)).failure == \
+        "browser-use got no model reply: Browser did not start"  # nothing reached the policy
+    limit = browser_use_outcome(ok, _rec(errors=["Invalid JSON"], answered=2))  # the policy's garbage until the limit
     assert limit.answer == "" and limit.failure is None
     api = browser_use_outcome(ok, _rec(api_errors=["API error 400: prompt is too long"]))
     assert api.answer is None and api.failure == "browser-use: API error 400: prompt is too long"
@@ -81,6 +83,7 @@ def test_browser_use_api_error_is_a_harness_failure(tmp_path: Path) -> None:
     finally:
         model.close()
     outcome = browser_use_outcome(ExecResult(proc.returncode, proc.stdout, proc.stderr), json.dumps(record))
+    assert model.requests, ("browser-use never called the model", record, proc.stderr[-2000:])
     assert outcome.answer is None and "API error 400" in outcome.failure, (record, proc.stderr[-2000:])
 
 
@@ -95,7 +98,7 @@ def test_browser_use_garbage_is_graded_not_failed(tmp_path: Path) -> None:
     finally:
         model.close()
     outcome = browser_use_outcome(ExecResult(proc.returncode, proc.stdout, proc.stderr), json.dumps(record))
-    assert record["is_done"] is False and record["errors"], (record, proc.stderr[-2000:])
+    assert record["is_done"] is False and record["errors"] and record["answered"] >= 1, (record, proc.stderr[-2000:])
     assert outcome.answer == "" and outcome.failure is None
 
 

@@ -9,7 +9,7 @@ FORGE_CHROMIUM (the browser to start; DISPLAY set: it runs headful there, else h
 starts that Chromium itself and drives it over CDP; its LLM is its own ChatOpenAI pointed at the proxy.
 
 The result is browser-use's own structured history (AgentHistoryList), written to
-.forge/browser_use_result.json: `{"is_done", "is_successful", "final_result", "errors", "steps", "api_errors"}`;
+.forge/browser_use_result.json: `{"is_done", "is_successful", "final_result", "errors", "steps", "api_errors", "answered"}`;
 the adapter reads that, never the log. Exit codes: 0 ran (done or not: the file says), 3 the model
 API failed the run, 4 browser-use is not importable, 5 an agent bug or the browser failed.
 """
@@ -44,19 +44,24 @@ def forge_llm_class() -> Any:
     class ForgeChatOpenAI(ChatOpenAI):
         async def ainvoke(self, messages: Any, output_format: Any = None, **kwargs: Any) -> Any:
             try:
-                return await super().ainvoke(messages, output_format, **kwargs)
+                reply = await super().ainvoke(messages, output_format, **kwargs)
             except Exception as exc:
                 cause = exc.__cause__
                 if isinstance(cause, openai.APIStatusError):
                     API_ERRORS.append(f"API error {cause.status_code}: {cause.message}"[:300])
                 elif isinstance(cause, openai.APIConnectionError):
                     API_ERRORS.append(f"API connection failed: {cause}"[:300])
+                else:
+                    ANSWERED.append(1)  # a reply came, the policy's and unusable
                 raise
+            ANSWERED.append(1)
+            return reply
 
     return ForgeChatOpenAI
 
 
 API_ERRORS: list[str] = []
+ANSWERED: list[int] = []  # one per call the API answered (usable or not)
 
 
 async def run(instruction: str, *, max_steps: int, use_vision: bool, max_actions: int) -> dict[str, Any]:
@@ -82,7 +87,7 @@ async def run(instruction: str, *, max_steps: int, use_vision: bool, max_actions
                   use_vision=use_vision, max_actions_per_step=max_actions, calculate_cost=False,
                   generate_gif=False, max_failures=3, use_judge=False)
     history = await agent.run(max_steps=max_steps)
-    return {**history_record(history), "api_errors": API_ERRORS}
+    return {**history_record(history), "api_errors": API_ERRORS, "answered": len(ANSWERED)}
 
 
 def main(argv: list[str] | None = None) -> int:

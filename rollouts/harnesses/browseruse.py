@@ -124,6 +124,10 @@ def browser_use_outcome(result: ExecResult, record_text: str | None) -> HarnessO
     api_errors = record.get("api_errors") or []
     if api_errors:  # it stopped because the API failed it, not because of what the policy did
         return HarnessOutcome.failed(f"browser-use: {api_errors[-1]}", turns=steps)
+    if record.get("answered", 1) == 0:  # no reply ever reached the policy: the browser, not the policy, broke
+        errors = [e for e in record.get("errors") or [] if isinstance(e, str)]
+        return HarnessOutcome.failed(f"browser-use got no model reply: {errors[-1] if errors else 'no step ran'}",
+                                     turns=steps)
     return HarnessOutcome(answer="", turns=steps)  # the step limit (or its failure limit) without done
 
 
