@@ -168,19 +168,23 @@ def test_an_unreachable_server_or_a_missing_driver_is_one_clear_line(monkeypatch
 
 
 def test_forge_runs_reads_a_postgres_store_from_config(pg: pgserver.PgServer, tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from forge_cli.main import app
+    import os
+    import subprocess
+    import sys
 
     url = pg.create_db()
     s = Store(url)
     run = s.create_run(name="on-postgres")
     s.close()
     (tmp_path / "forge.toml").write_text(f'[store]\nurl = "{url}"\n')
-    res = CliRunner().invoke(app, ["--home", str(tmp_path / "home"), "--config", str(tmp_path / "forge.toml"),
-                                   "runs"], env={"COLUMNS": "200"})
-    assert res.exit_code == 0, res.output
-    assert f"runs in {url}" in res.output and run.id in res.output and "on-postgres" in res.output
+    # A process of its own: Rich sizes its table from COLUMNS when its console is made, and an
+    # in-process console may have been made (80 columns wide, the run id cut) by an earlier test.
+    res = subprocess.run([sys.executable, "-m", "forge_cli.main", "--home", str(tmp_path / "home"), "--config",
+                          str(tmp_path / "forge.toml"), "runs"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COLUMNS": "200"})
+    output = res.stdout + res.stderr
+    assert res.returncode == 0, output
+    assert f"runs in {url}" in output and run.id in output and "on-postgres" in output
     assert not (tmp_path / "home" / "forge.db").exists()
 
 
