@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from openforge.errors import EngineError
+
+# PeftModel.__init__ reads transformers 5's deprecated `is_gradient_checkpointing`: a FutureWarning on
+# every adapter loaded, about code that is not ours.
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
 
 def check_adapter_dir(path: str) -> Path:

@@ -14,6 +14,10 @@ from openforge.config import TrainerConfig
 from openforge.errors import ConfigError, TrainerError
 from trainer.grpo import lr_lambda
 
+# PeftModel.__init__ reads transformers 5's deprecated `is_gradient_checkpointing`: a FutureWarning on
+# every adapter made or loaded, about code that is not ours.
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+
 
 def pick_device(name: str) -> torch.device:
     if name == "auto":
@@ -76,9 +80,7 @@ def build_policy(model_path: str | Path, cfg: TrainerConfig, *, device: torch.de
         lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                           target_modules=targets, task_type="CAUSAL_LM")
         try:
-            with warnings.catch_warnings():  # PEFT reads transformers' renamed is_gradient_checkpointing
-                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-                model = get_peft_model(model, lora)
+            model = get_peft_model(model, lora)
         except ValueError as exc:
             raise ConfigError(f"trainer.lora_target_modules: {str(exc).splitlines()[0]}") from None
     return model.to(device)
