@@ -82,6 +82,9 @@ DEMO_HARNESSES["browser-use"] = _merge(DEMO_HARNESSES.get("mini-gui", {}), {
     "engine": {"max_batch_size": 4},
     "runner": {"samples_per_task": 4, "concurrency": 4, "time_limit_scale": 5.0, "rollout_timeout_s": 600.0},
     "proxy": {"max_context_tokens": 32768, "max_tokens_cap": 256, "default_max_tokens": 256, "call_timeout_s": 600.0},
+    # ~100 s a rollout here, and the tiny VLM never writes browser-use's JSON (every reward 0): a short
+    # run that shows the loop (4 rollouts a step, 3 steps: ~7 min), not the mini-gui demo's 12 x 24.
+    "trainer": {"steps": 3, "tasks_per_step": 1},
 })
 
 
