@@ -136,14 +136,19 @@ def test_forge_stop_leaves_no_process_and_resume_finishes(home_with_model: Path)
                  "up", "--demo", "--headless", "--steps", "2")
     store = Store(home / "forge.db")
 
+    children: list = []
+
     def second_step_running() -> bool:
         runs = store.list_runs()
-        return bool(runs) and bool(store.list_train_steps(runs[0].id)) and any(
-            r.status == "running" for r in store.list_rollouts(runs[0].id, step=1))
+        if not (runs and store.list_train_steps(runs[0].id)
+                and any(r.status == "running" for r in store.list_rollouts(runs[0].id, step=1))):
+            return False
+        # The engine and a harness in its sandbox: a rollout is "running" a moment before its sandbox
+        # starts and after its harness exits, so wait for both processes to be there at once.
+        children[:] = descendants(proc.pid)
+        return len(children) >= 2
 
-    wait_until(second_step_running, "a rollout of the second step to run", proc=proc)
-    children = descendants(proc.pid)
-    assert len(children) >= 2  # the engine, the harness processes in their sandboxes
+    wait_until(second_step_running, "a rollout of the second step to run in its sandbox", proc=proc)
     stop = forge(home, "stop", "latest", timeout=60)
     assert stop.returncode == 0 and "SIGTERM" in stop.stdout, stop.stdout + stop.stderr
     output, _ = proc.communicate(timeout=90)

@@ -238,6 +238,9 @@ class Group:
         if not self.closed:
             self.closed = True
             self._announce("stop")
+            # Both ranks leave together: torn down while the other rank still had the broadcast in
+            # flight, gloo's threads could abort the process ("terminate called", exit -6) at exit.
+            dist.barrier()
             dist.destroy_process_group()
 
 
@@ -292,6 +295,7 @@ def follow() -> None:
             elif op == "gather":
                 _gather(model, optimizer, d)
             elif op == "stop":
+                dist.barrier()  # Group.close's barrier: both ranks tear down after the last message
                 return
             else:
                 raise RuntimeError(f"rank {d.rank}: unknown op {op!r} from rank 0")
