@@ -164,11 +164,6 @@ def build_tiny_vl_model(path: str | Path, *, seed: int = 0, hidden_size: int = 6
 
 def is_vl_model_dir(path: str | Path) -> bool:
     """A checkpoint folder whose config has a vision tower (a Qwen2-VL-style model)."""
-    cfg = Path(path).expanduser() / "config.json"
-    if not cfg.is_file():
-        return False
-    try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and "vision_config" in data
+    from engine.vision import is_vision_model
+
+    return is_vision_model(path)

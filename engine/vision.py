@@ -20,6 +20,7 @@ PIL image processor with no video processor (images only; videos are refused any
 from __future__ import annotations
 
 import io
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -51,6 +52,17 @@ class VisionTokens:
         return cls(int(tok.convert_tokens_to_ids(getattr(processor, "image_token", "<|image_pad|>"))),
                    int(tok.convert_tokens_to_ids("<|vision_start|>")), int(tok.convert_tokens_to_ids("<|vision_end|>")),
                    int(processor.image_processor.merge_size))
+
+
+def is_vision_model(path: str | Path) -> bool:
+    """A checkpoint folder of a vision-language model: its config.json has a vision tower. The one
+    check the proxy, the trainer and `forge model` use."""
+    cfg = Path(path).expanduser() / "config.json"
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "vision_config" in data
 
 
 def load_processor(path: str | Path) -> Any:

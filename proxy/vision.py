@@ -10,13 +10,13 @@ the ids the engine reads, and the engine's check of each run against its image h
 from __future__ import annotations
 
 import io
-import json
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from openforge.errors import ConfigError
 from openforge.images import ImageError
+from engine.vision import is_vision_model
 from proxy.calls import bad_request
 
 
@@ -79,15 +79,6 @@ class ImagePlaceholders:
                 return pixel_inputs([im.data for im in images], self.processor)[1]
             rows.append(grid)
         return torch.tensor(rows, dtype=torch.long)
-
-
-def is_vision_model(path: str | Path) -> bool:
-    cfg = Path(path).expanduser() / "config.json"
-    try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and "vision_config" in data
 
 
 def load_placeholders(model_path: str | Path) -> ImagePlaceholders | None:

@@ -12,27 +12,17 @@ The processor is loaded on the first multimodal row, so a text-only run never to
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from engine.vision import is_vision_model
 from openforge.errors import TrainerError
 from openforge.images import ImageError, ImageStore
 
 CACHED_IMAGES = 512  # processed images kept between rows and steps (pixel values, by sha256)
-
-
-def is_vision_model(path: str | Path) -> bool:
-    """A checkpoint folder of a vision-language model (its config has a vision tower)."""
-    cfg = Path(path).expanduser() / "config.json"
-    try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and "vision_config" in data
 
 
 class TrajectoryImages:
