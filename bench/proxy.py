@@ -1,15 +1,19 @@
 """The proxy's overhead: latency it adds per call, its CPU per call, throughput, and streaming time to
-first chunk, against a pass-through hop and (optionally) an earlier revision and the LiteLLM proxy.
+first chunk, against a pass-through hop and (optionally) an earlier revision, the LiteLLM proxy and Agent
+Lightning's LLMProxy.
 
 Every system sits in front of an instant fake engine of its own API (SGLang's /generate for forge,
-OpenAI's /v1/chat/completions for LiteLLM), each server in its own process, all on loopback:
+OpenAI's /v1/chat/completions for LiteLLM and Agent Lightning), each server in its own process, all on loopback:
 
     direct        client -> engine /generate                       (the floor)
     passthrough   client -> bare ASGI proxy -> engine /generate   (what any HTTP hop costs)
     forge         client -> forge proxy /v1/chat/completions -> engine
                   (auth, chat template + tokenising, tool-call parsing, the call recorded: both rows)
-    forge@REV     the same, from the git revision REV (`FORGE_BENCH_BASELINE=REV`; asyncio + h11 as then)
+    forge@REV     the same, from the git revision REV (`FORGE_BENCH_BASELINE=REV`; on asyncio's loop if REV
+                  had no uvloop)
     litellm       client -> `litellm` proxy (its own venv, `FORGE_BENCH_LITELLM=path/to/litellm`) -> engine
+    agl           client -> Agent Lightning 0.3.0's LLMProxy, spans on, into its in-memory store (its own venv,
+                  `FORGE_BENCH_AGL=path/to/python`) -> engine
     forge-wN      forge with N worker processes behind one port (req/s at c=32 only)
 
 Rounds are interleaved (each round measures every system once, in turn), so a machine whose load
@@ -21,6 +25,10 @@ drifts hurts all of them alike; figures are medians over rounds. Per system and 
     c=32   req/s with 32 concurrent clients (for forge: 32 rollouts, one call at a time each), and
            the server's CPU per call
     ttfc   time to the first SSE data line of a streamed call, sequential
+
+On a shared machine the latency each hop adds swings with the load: `forge_vs_passthrough` (forge
+minus a bare pass-through hop, both measured in the same rounds) is the steadier figure. `stages_us`
+times each stage of one forge call on its own, in the bench's process (see `_stages`).
 """
 
 from __future__ import annotations
@@ -210,6 +218,57 @@ class _Server:
             self.proc.wait(10)
 
 
+# Agent Lightning's LLMProxy as its trainer runs it: LiteLLM's proxy app with agentlightning's middlewares
+# (rollout/attempt routing with a span sequence id per call, streaming converted to a non-streamed
+# call) and callbacks (return_token_ids, its OpenTelemetry exporter writing every call's spans into the
+# store), over the trainer's default store, an in-memory one (thread-safe, as it is under the
+# client/server strategy). Runs in the agentlightning venv (`FORGE_BENCH_AGL=path/to/python`); the URL it
+# prints carries the /rollout/R/attempt/A prefix every traced call goes through. On exit it checks that
+# every call made left spans in the store.
+_AGL_CHILD = """
+import asyncio, contextlib, json, logging, sys
+args = json.loads(sys.argv[1])
+out, sys.stdout = sys.stdout, sys.stderr  # only our URL goes to stdout
+logging.disable(logging.WARNING)
+from agentlightning import LLMProxy
+from agentlightning.store import InMemoryLightningStore
+
+async def main():
+    store = InMemoryLightningStore(thread_safe=True)
+    model = {"model_name": "m", "litellm_params": {"model": "openai/m", "api_base": args["backend"] + "/v1",
+                                                     "api_key": "none"}}
+    proxy = LLMProxy(port=args["port"], host="127.0.0.1", model_list=[model], store=store, launch_mode="thread",
+                     litellm_config={"litellm_settings": {"drop_params": True},
+                                     # no master key, as the LiteLLM row runs (and as agentlightning's own examples do)
+                                     "general_settings": {"dangerously_permit_weak_or_unset_master_key": True}})
+    await proxy.start()
+    attempted = await store.start_rollout(input={"task": "bench"})
+    rid, aid = attempted.rollout_id, attempted.attempt.attempt_id
+    print(f"http://127.0.0.1:{args['port']}/rollout/{rid}/attempt/{aid}", file=out, flush=True)
+    await asyncio.to_thread(sys.stdin.read)
+    await asyncio.sleep(1)  # the exporter's last flush
+    spans = await store.query_spans(rid, aid)
+    print(json.dumps({"spans": len(spans), "traced_calls": len({s.sequence_id for s in spans})}), file=out, flush=True)
+    with contextlib.suppress(Exception):
+        await proxy.stop()
+
+asyncio.run(main())
+"""
+
+
+def _agl(python: str, backend: str) -> _Server:
+    port = _free_port()
+    try:
+        server = _Server([python, "-c", _AGL_CHILD, json.dumps({"backend": backend, "port": port})],
+                         env={"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "PYTHONPATH": ""})
+    except (RuntimeError, OSError) as exc:  # its own error, if any, is above (the child's stderr is ours)
+        raise RuntimeError(f"{python} did not start Agent Lightning's LLMProxy: "
+                           f"{exc if isinstance(exc, OSError) else 'see its error above'}") from None
+    origin = f"http://127.0.0.1:{port}"
+    server.url, server.prefix = origin, server.url[len(origin):]  # the prefix goes on each call's path
+    return server
+
+
 def _free_port() -> int:
     import socket
 
@@ -223,8 +282,10 @@ def _forge(tree: Path, store: Path, engine_url: str, model_dir: Path, *, workers
     config: dict[str, Any] = {"max_concurrent_calls": 256}
     if workers > 1:
         config.update(workers=workers, port=_free_port())
+    # A revision from before uvloop was a dependency ran on asyncio's loop: measured as it ran then.
+    no_uvloop = baseline and "uvloop" not in (tree / "pyproject.toml").read_text()
     args = {"store_path": str(store), "engine_url": engine_url, "model_path": str(model_dir), "config": config,
-            "no_uvloop": baseline}
+            "no_uvloop": no_uvloop}
     return _Server([sys.executable, "-c", _FORGE_CHILD, json.dumps(args)], cwd=tree,
                    env={"PYTHONPATH": str(tree)})
 
@@ -316,6 +377,101 @@ async def _first_chunk(url: str, path: str, body: dict, n: int, headers: dict) -
     return out
 
 
+async def _stages(engine_url: str, store_path: Path, model_dir: Path, key: str, n: int) -> dict[str, float]:
+    """Median microseconds of each stage of one forge call, timed one by one in this process on the
+    bench's own request (the forge proxy's objects, the same store and instant engine). Uncached
+    rendering and tokenising (what every call paid before proxy/promptcache.py) beside the memoised."""
+    from engine.client import EngineClient
+    from openforge.config import ProxyConfig
+    from openforge.store import utcnow
+    from proxy import openai_chat
+    from proxy.app import create_app, parse_body
+    from proxy.calls import Message
+    from proxy.generation import Generation, GenerationParams
+    from proxy.server import load_tokenizer
+    from starlette.responses import JSONResponse
+
+    def timed(fn: Any) -> float:
+        ts = []
+        for _ in range(n):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+        return statistics.median(ts) * 1e6
+
+    async def atimed(fn: Any) -> float:
+        ts = []
+        for _ in range(n):
+            t = time.perf_counter()
+            await fn()
+            ts.append(time.perf_counter() - t)
+        return statistics.median(ts) * 1e6
+
+    engine = EngineClient(engine_url)
+    app = create_app(ProxyConfig(), store_path=store_path, engine=engine, tokenizer=load_tokenizer(model_dir),
+                     recover=False)
+    proxy = app.state.proxy
+    await proxy.ensure_started()
+    try:
+        raw = json.dumps({"model": "m", "messages": MESSAGES, "tools": TOOLS})
+        rollout = await proxy.store.rollout_by_key(key)
+        req = openai_chat.parse_request(parse_body(raw))
+        renderer, builder = proxy.renderer, proxy.pipeline.prompts.builder
+        tok = renderer.tokenizer
+        dicts = [m.template_dict() for m in req.messages]
+        text = renderer.render(req.messages, req.prompt_tools, generation=True)
+        ids = renderer.encode(text)
+        out: dict[str, float] = {}
+        out["auth"] = await atimed(lambda: proxy.store.rollout_by_key(key))
+        out["parse"] = timed(lambda: openai_chat.parse_request(parse_body(raw)))
+        out["render_uncached"] = timed(lambda: tok.apply_chat_template(dicts, tools=req.prompt_tools, tokenize=False,
+                                                                        add_generation_prompt=True))
+        out["render"] = timed(lambda: renderer.render(req.messages, req.prompt_tools, generation=True))
+        out["tokenise_uncached"] = timed(lambda: renderer.encode_batch([text]))
+        out["tokenise"] = timed(lambda: renderer.encode(text))
+        # A rollout's next call: the same system prompt and tools, a turn never seen (a miss for the
+        # render memo, one new piece to tokenise).
+        turn = iter(range(10**9))
+        out["render_new_turn"] = timed(lambda: renderer.render(
+            [*req.messages, Message("user", f"Turn {next(turn)}: the tests pass now.")], req.prompt_tools,
+            generation=True))
+        out["tokenise_new_turn"] = timed(lambda: renderer.encode(
+            f"{text}<|im_start|>user\nTurn {next(turn)}: the tests pass now.<|im_end|>\n<|im_start|>assistant\n"))
+        sampling = {"max_new_tokens": 64, "stop_token_ids": renderer.stop_token_ids, "temperature": 1.0,
+                    "top_p": 1.0, "top_k": -1}
+        out["engine_round_trip"] = await atimed(lambda: engine.generate(ids, sampling, rid="bench"))
+        answer = await engine.generate(ids, sampling, rid="bench")
+
+        def completion() -> Any:
+            gen = Generation(engine, renderer, GenerationParams(
+                ids, sampling, [], None, parser=proxy.pipeline.parsers.for_request(req, prompt_text=text)))
+            gen.finish = answer.finish_reason
+            gen._push(answer.output_ids, answer.logprobs)
+            gen._close()
+            return gen.completion
+        out["completion_decode_parse"] = timed(completion)
+        comp = completion()
+        out["response_body"] = timed(lambda: JSONResponse(openai_chat.response_json(req, comp, call_id="x", model="m",
+                                                                                   token_logprobs=None)))
+        row = {"run_id": rollout["run_id"], "rollout_id": rollout["id"], "api": req.api, "model": "m",
+               "adapter": None, "stream": False, "request_json": raw, "prompt_ids": ids, "reused_tokens": 0,
+               "prompt_tokens": len(ids), "temperature": 1.0, "top_p": 1.0, "top_k": -1}
+        out["record_begin"] = await atimed(lambda: proxy.recorder.begin({**row, "started_at": utcnow()}))
+        call_id = await proxy.recorder.begin({**row, "started_at": utcnow()})
+        body = openai_chat.response_json(req, comp, call_id="x", model="m", token_logprobs=None)
+        end = {"status": "ok", "response_json": body, "completion_ids": comp.completion_ids, "logprobs": comp.logprobs,
+               "tool_parse_error": comp.tool_parse_error, "finish_reason": comp.finish_reason,
+               "prompt_tokens": len(ids), "completion_tokens": len(comp.completion_ids), "latency_ms": 1.0}
+        out["record_end"] = await atimed(lambda: proxy.recorder.end(call_id, {**end, "ended_at": utcnow()}))
+        prompt = builder.build(rollout["id"], req.messages, req.prompt_tools)
+        out["remember"] = timed(lambda: builder.record(rollout["id"], req.messages, req.prompt_tools, prompt, comp,
+                                                       call_id))
+        return {k: round(v, 1) for k, v in out.items()}
+    finally:
+        await proxy.aclose()
+        await engine.aclose()
+
+
 def _baseline_tree(rev: str, tmp: Path) -> Path:
     """The files of revision `rev` in a folder (git archive: the working tree is not touched)."""
     tree = tmp / f"rev-{rev}"
@@ -330,8 +486,10 @@ def run(quick: bool = False) -> dict:
     from openforge.store import Store
 
     n, n_tp, conc, rounds = (60, 200, 32, 1) if quick else (300, 1000, 32, 3)
+    rounds = int(os.environ.get("FORGE_BENCH_ROUNDS", rounds))  # more rounds: steadier medians on a busy machine
     baseline_rev = os.environ.get("FORGE_BENCH_BASELINE")
     litellm_exe = os.environ.get("FORGE_BENCH_LITELLM") or shutil.which("litellm")
+    agl_python = os.environ.get("FORGE_BENCH_AGL")
     worker_counts = [int(w) for w in os.environ.get("FORGE_BENCH_WORKERS", "2").split(",") if w.strip()]
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -367,6 +525,13 @@ def run(quick: bool = False) -> dict:
                     servers["litellm"] = _litellm(litellm_exe, engine.url, tmp)
                 except RuntimeError as exc:
                     print(f"litellm: not measured ({exc})")
+            if agl_python:
+                try:
+                    servers["agl"] = _agl(agl_python, engine.url)
+                except RuntimeError as exc:
+                    print(f"agl: not measured ({exc})")
+            else:
+                print("agl: not measured (FORGE_BENCH_AGL, the python of a venv with agentlightning==0.3.0, is unset)")
             for w in worker_counts:
                 if w > 1:
                     servers[f"forge-w{w}"] = _forge(REPO, store.path, engine.url, model_dir, workers=w)
@@ -376,6 +541,8 @@ def run(quick: bool = False) -> dict:
                     paths["direct" if name == "engine" else name] = (server, "/generate", gen, [{}] * conc)
                 elif name == "litellm":
                     paths[name] = (server, "/v1/chat/completions", chat, [{}] * conc)
+                elif name == "agl":  # one rollout attempt: each call gets its span sequence id there
+                    paths[name] = (server, server.prefix + "/v1/chat/completions", chat, [{}] * conc)
                 else:
                     paths[name] = (server, "/v1/chat/completions", chat, auth(name))
             made = dict.fromkeys(paths, 0)
@@ -400,6 +567,9 @@ def run(quick: bool = False) -> dict:
                     m["p50_c32"].append(p50_c)
                     made[name] += conc + n_tp
             recorded = _check_recorded(store, keys, made)
+            agl_spans = _agl_spans(servers.pop("agl"), made["agl"]) if "agl" in servers else None
+            stage_key = store.create_rollout(run_id=run_id, task_id="stages", status="running").key
+            stages = asyncio.run(_stages(engine.url, store.path, model_dir, stage_key, 100 if quick else 300))
         finally:
             for server in reversed(list(servers.values())):
                 server.close()
@@ -408,7 +578,7 @@ def run(quick: bool = False) -> dict:
     d = med["direct"]
     result: dict[str, Any] = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(output_ids),
                               "concurrency": conc, "rounds": rounds, "calls_c1": n, "calls_c32": n_tp,
-                              "systems": med, "recorded_calls_checked": recorded}
+                              "systems": med, "recorded_calls_checked": recorded, "stages_us": stages}
     for name, m in med.items():
         if name == "direct" or name.startswith("forge-w"):  # many workers: req/s only (below)
             continue
@@ -416,6 +586,10 @@ def run(quick: bool = False) -> dict:
                  "rps_vs_direct": m["rps"] / d["rps"]}
         result[f"{name}_vs_direct"] = {k: round(v, 3) for k, v in added.items()}
     f = med["forge"]
+    p = med["passthrough"]
+    result["forge_vs_passthrough"] = {  # what forge costs beyond any HTTP hop, measured side by side
+        "added_p50_ms": round(f["p50"] - p["p50"], 3), "added_ttfc_ms": round(f["ttfc"] - p["ttfc"], 3),
+        "cpu_ms_c1_diff": round(f["cpu_ms_c1"] - p["cpu_ms_c1"], 3), "cpu_ms_c32_diff": round(f["cpu_ms"] - p["cpu_ms"], 3)}
     if baseline_rev:
         b = med[f"forge@{baseline_rev}"]
         result["forge_vs_baseline"] = {
@@ -429,6 +603,13 @@ def run(quick: bool = False) -> dict:
         result["forge_vs_litellm"] = {"added_p50_ratio": round((f["p50"] - d["p50"]) / (lit["p50"] - d["p50"]), 3),
                                       "cpu_per_call_ratio": round(f["cpu_ms"] / lit["cpu_ms"], 3),
                                       "rps_ratio": round(f["rps"] / lit["rps"], 3)}
+    if agl_spans:
+        result["agl_spans"] = agl_spans
+    if "agl" in med:
+        agl = med["agl"]
+        result["forge_vs_agl"] = {"added_p50_ratio": round((f["p50"] - d["p50"]) / (agl["p50"] - d["p50"]), 3),
+                                  "cpu_per_call_ratio": round(f["cpu_ms"] / agl["cpu_ms"], 3),
+                                  "rps_ratio": round(f["rps"] / agl["rps"], 3)}
     # One worker process is one core's worth of Python: at c=32 it serves about this many calls per
     # second of its own CPU; N workers on N spare cores, about N times it (until the one SQLite writer
     # or the engine is the limit).
@@ -438,6 +619,17 @@ def run(quick: bool = False) -> dict:
             result[f"forge_w{w}_rps_vs_w1"] = round(med[f"forge-w{w}"]["rps"] / f["rps"], 3)
     _report(result, med)
     return result
+
+
+def _agl_spans(server: _Server, made: int) -> dict[str, int]:
+    """Stops Agent Lightning's proxy and reads what its store holds: spans, and calls with spans (each
+    call is one span sequence id). Its recording was on for every call the bench made, or it says so."""
+    server.close()
+    line = server.proc.stdout.read().strip().splitlines()  # type: ignore[union-attr]
+    counts = json.loads(line[-1]) if line else {"spans": 0, "traced_calls": 0}
+    if counts["traced_calls"] != made:
+        print(f"agl: only {counts['traced_calls']} of the {made} calls made have spans in its store")
+    return {**counts, "calls_made": made}
 
 
 def _check_recorded(store: Any, keys: dict[str, list[str]], made: dict[str, int]) -> int:
@@ -466,7 +658,8 @@ def _report(result: dict, med: dict) -> None:
         print(f"{name:<16} {m.get('p50', nan):8.2f} {m.get('p99', nan):8.2f} {m.get('ttfc', nan):8.2f} "
               f"{m.get('cpu_ms_c1', nan):9.2f} {m['rps']:9.0f} {m['p50_c32']:8.2f} {m['cpu_ms']:11.2f}")
     for key, value in result.items():
-        if key.endswith(("_vs_direct", "_vs_baseline", "_vs_litellm", "_vs_w1")) or key == "recorded_calls_checked":
+        if key.endswith(("_vs_direct", "_vs_passthrough", "_vs_baseline", "_vs_litellm", "_vs_agl", "_vs_w1")) \
+                or key in ("recorded_calls_checked", "agl_spans", "stages_us"):
             print(f"{key}: {value}")
 
 

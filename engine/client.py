@@ -304,19 +304,22 @@ class _DeltaTracker:
         self.seen_lps = 0
 
     def delta(self, chunk: dict[str, Any]) -> GenerateDelta:
+        # Only the new part of a cumulative chunk is converted: converting the whole list each time
+        # costs O(n^2) over a long streamed completion.
         meta = chunk.get("meta_info") or {}
         reason, matched = _finish(meta)
-        ids = [int(t) for t in chunk.get("output_ids") or []]
+        ids = chunk.get("output_ids") or []
         total = meta.get("completion_tokens")
         if total is not None and len(ids) == int(total) and len(ids) >= self.seen_ids:
-            new_ids = ids[self.seen_ids:]  # cumulative chunk
+            new_ids = [int(t) for t in ids[self.seen_ids:]]  # cumulative chunk
         elif reason == "abort":
             new_ids = []  # SGLang's abort chunk repeats the last token only: nothing new
         else:
-            new_ids = ids
-        lps = _logprobs(meta)
+            new_ids = [int(t) for t in ids]
+        entries = meta.get("output_token_logprobs") or []
         # Same test for logprobs: a cumulative list is as long as the completion so far.
-        new_lps = lps[self.seen_lps:] if total is not None and len(lps) == int(total) else lps
+        new_lps = _logprobs({"output_token_logprobs": entries[self.seen_lps:] if total is not None
+                             and len(entries) == int(total) else entries})
         if reason == "abort" and not new_ids:
             new_lps = []
         self.seen_ids += len(new_ids)

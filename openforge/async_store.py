@@ -213,9 +213,11 @@ class AsyncStore:
 
 
 def _number(conn: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
-    rollouts = sorted({r["rollout_id"] for r in rows})
-    last = dict(conn.execute(f"SELECT rollout_id, max(seq) FROM call WHERE rollout_id IN "
-                             f"({', '.join('?' * len(rollouts))}) GROUP BY rollout_id", rollouts).fetchall())
+    # One max(seq) read per rollout: SQLite answers it from the end of the (rollout_id, seq) index in
+    # microseconds; a GROUP BY over several rollouts scans each one's whole index range instead
+    # (0.3 ms per insert at 3,400 calls in one rollout, growing with every call).
+    last = {r: conn.execute("SELECT max(seq) FROM call WHERE rollout_id = ?", (r,)).fetchone()[0]
+            for r in sorted({r["rollout_id"] for r in rows})}
     for row in rows:
         nxt = -1 if last.get(row["rollout_id"]) is None else last[row["rollout_id"]]
         row["seq"] = last[row["rollout_id"]] = nxt + 1
@@ -345,9 +347,11 @@ class _PgStore:
                     await conn.execute(
                         "SELECT pg_advisory_xact_lock(hashtextextended(r, 0)) "
                         "FROM (SELECT r FROM unnest($1::text[]) AS r ORDER BY r) AS s", rollouts)
+                    # One max(seq) per rollout, each answered from the end of the (rollout_id, seq)
+                    # index; a GROUP BY would read every call of those rollouts (as in _number above).
                     last = {r[0]: r[1] for r in await conn.fetch(
-                        "SELECT rollout_id, max(seq) FROM call WHERE rollout_id = ANY($1::text[]) "
-                        "GROUP BY rollout_id", rollouts)}
+                        "SELECT r, (SELECT max(seq) FROM call WHERE rollout_id = r) "
+                        "FROM unnest($1::text[]) AS r", rollouts)}
                     for row in rows:
                         prev = last.get(row["rollout_id"])
                         row["seq"] = last[row["rollout_id"]] = 0 if prev is None else prev + 1

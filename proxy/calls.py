@@ -12,9 +12,12 @@ that is what `apply_chat_template(tools=...)` renders.
 
 from __future__ import annotations
 
+import json
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import orjson
 
 API_CHAT = "openai_chat"
 API_RESPONSES = "openai_responses"
@@ -197,10 +200,15 @@ StreamEvent = TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | ToolC
 
 
 def sse(data: Any, event: str | None = None) -> str:
-    """One server-sent event. JSON is compact: chunks are small and many."""
-    import json
-
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    """One server-sent event. JSON is compact: chunks are small and many (orjson writes the same
+    compact UTF-8 JSON as `json.dumps` in a fifth of the time; what it cannot write goes that way)."""
+    if isinstance(data, str):
+        payload = data
+    else:
+        try:
+            payload = orjson.dumps(data).decode()
+        except (TypeError, orjson.JSONEncodeError):
+            payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
     return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
 
 

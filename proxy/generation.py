@@ -133,8 +133,9 @@ class Generation:
         )
         return events
 
-    async def events(self) -> AsyncIterator[StreamEvent | None]:
-        """Events of the completion; `None` once, when the engine's first tokens arrived (the caller
+    async def events(self) -> AsyncIterator[list[StreamEvent] | None]:
+        """The completion's events, a list per engine chunk (written to the client together: one
+        write, not one per event); `None` once, when the engine's first tokens arrived (the caller
         can commit to a 200 streaming response then: the engine is up and generating)."""
         p = self.params
         stream = self.engine.stream_generate(p.prompt_ids, p.sampling, lora_path=p.lora_path, rid=p.rid,
@@ -145,14 +146,16 @@ class Generation:
                 if not started:
                     started = True
                     yield None
-                for ev in self._push(delta.token_ids, delta.logprobs):
-                    yield ev
+                events = self._push(delta.token_ids, delta.logprobs)
+                if events:
+                    yield events
                 if delta.finish_reason is not None:
                     self.finish = delta.finish_reason
         finally:
             await stream.aclose()  # closes the engine connection, which aborts generation in SGLang
-        for ev in self._close():
-            yield ev
+        events = self._close()
+        if events:
+            yield events
 
     async def complete(self) -> Completion:
         out = await self.engine.generate(self.params.prompt_ids, self.params.sampling, lora_path=self.params.lora_path,

@@ -11,6 +11,7 @@ prompt whose bytes alone prove it too long is refused before it is tokenised at 
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from proxy.reasoning import opens_thinking
 from proxy.recorder import Recorder
 from proxy.tokens import ChatRenderer, Prompt, PromptBuilder
 
+log = logging.getLogger("forge.proxy")
 LONG_TEXT = 16_384  # characters; below this, a thread hop costs more than the work
 
 
@@ -48,10 +50,12 @@ class RolloutPrompts:
         # processes: its turns here are used only while they include its newest finished call.
         self.shared_store = False
         self._newest: dict[str, int] = {}  # the newest call id remembered per rollout
+        self._pending: dict[str, list[tuple[CallRequest, Prompt, Completion, int]]] = {}  # answered, not yet remembered
 
     async def build(self, rollout_id: str, req: CallRequest, *, limit: int | None, body_chars: int) -> Prompt:
         """The prompt for `req` in `rollout_id`; raises the context error if it leaves no room for one
         completion token within `limit` (prompt + max_new_tokens must stay below it, as SGLang counts)."""
+        self._settle(rollout_id)
         await self._warm(rollout_id)
         if body_chars > LONG_TEXT:
             prompt = await asyncio.to_thread(self.builder.plan, rollout_id, req.messages, req.prompt_tools)
@@ -70,9 +74,21 @@ class RolloutPrompts:
         return prompt
 
     def remember(self, rollout_id: str, req: CallRequest, prompt: Prompt, comp: Completion, call_id: int) -> None:
-        """A finished call, so the next request replaying its answer reuses its exact ids."""
-        self.builder.record(rollout_id, req.messages, req.prompt_tools, prompt, comp, call_id)
+        """A finished call, so the next request replaying its answer reuses its exact ids.
+
+        Its turn is rendered (the whole history plus the answer) just after the response goes out,
+        not before: a harness sends its next call only once it has this answer, and that call's
+        `build` settles whatever is still pending first, whichever runs first."""
         self._newest[rollout_id] = max(call_id, self._newest.get(rollout_id, 0))
+        self._pending.setdefault(rollout_id, []).append((req, prompt, comp, call_id))
+        asyncio.get_running_loop().call_soon(self._settle, rollout_id)
+
+    def _settle(self, rollout_id: str) -> None:
+        for req, prompt, comp, call_id in self._pending.pop(rollout_id, ()):
+            try:
+                self.builder.record(rollout_id, req.messages, req.prompt_tools, prompt, comp, call_id)
+            except Exception:  # noqa: BLE001 - the call is answered and recorded; only its reuse is lost
+                log.exception("proxy: could not remember call %s of rollout %s for token reuse", call_id, rollout_id)
 
     async def _warm(self, rollout_id: str) -> None:
         """After a proxy restart, relearn a rollout's last turns from the store so reuse continues."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from proxy.breaks import explain_break
 from proxy.calls import APIError, Completion, Message, bad_request
+from proxy.promptcache import ChunkedEncoder, RenderCache
 from proxy.toolcalls import CLOSE_TAG, OPEN_TAG, ToolCallParser, parse_tool_calls
 
 __all__ = ["CLOSE_TAG", "OPEN_TAG", "ChatRenderer", "Prompt", "PromptBuilder", "ToolCallParser", "parse_completion"]
@@ -37,6 +38,16 @@ class ChatRenderer:
         # The template's text, for `auto` parsers (a tokenizer may hold several named templates).
         self.template_text: str = template if isinstance(template, str) else "\n".join(map(str, template.values())) \
             if isinstance(template, dict) else str(template)
+        # Exact memos of rendering and tokenising (proxy/promptcache.py): a template that reads the
+        # clock renders differently from one day to the next, so it is rendered every time.
+        self.renders = RenderCache(enabled="strftime_now" not in self.template_text)
+        # transformers' decode is the Rust decode plus argument handling (a few us a call, and the
+        # streaming decoder calls it twice a chunk) and an optional space clean-up: where that
+        # clean-up is off and `_decode` is transformers' own, the Rust call gives the same text.
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend_decodes = self._backend is not None and not getattr(
+            tokenizer, "clean_up_tokenization_spaces", True) and _plain_decode(tokenizer)
+        self.chunks = ChunkedEncoder(tokenizer, self.encode_batch)
         probe = self.render([Message("user", "x"), Message("assistant", _PROBE)], [], generation=False)
         after = probe[probe.rindex(_PROBE) + len(_PROBE):]
         after_ids = self.encode(after)
@@ -58,18 +69,28 @@ class ChatRenderer:
         return len(text.encode("utf-8", "surrogatepass")) // self.max_token_bytes
 
     def render(self, messages: list[Message], tools: list[dict[str, Any]], *, generation: bool) -> str:
+        dicts = [m.template_dict() for m in messages]
+        key = self.renders.key(dicts, tools, generation)
+        text = self.renders.get(key)
+        if text is not None:
+            return text
         try:
-            text = self.tokenizer.apply_chat_template(
-                [m.template_dict() for m in messages], tools=tools or None, tokenize=False,
-                add_generation_prompt=generation,
-            )
+            text = self.tokenizer.apply_chat_template(dicts, tools=tools or None, tokenize=False,
+                                                      add_generation_prompt=generation)
         except APIError:
             raise
         except Exception as exc:  # jinja raises anything (TemplateError, TypeError, raise_exception)
             raise bad_request(f"the model's chat template cannot render these messages: {exc}") from None
-        return text if isinstance(text, str) else str(text)
+        text = text if isinstance(text, str) else str(text)
+        self.renders.put(key, text)
+        return text
 
     def encode(self, text: str) -> list[int]:
+        """`text`'s ids, exactly as one call of the tokenizer gives them; pieces seen before are not
+        tokenised again (proxy/promptcache.ChunkedEncoder)."""
+        return self.chunks.encode(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
         # The template already wrote any BOS/special text; the tokenizer must not add more. The Rust
         # tokenizer is called directly where there is one: transformers' wrapper re-applies padding
         # and truncation settings on every call (mutating the Rust object), which is unsafe when
@@ -78,11 +99,21 @@ class ChatRenderer:
         # so a long prompt tokenised in a worker thread leaves the event loop free.
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is not None:
-            return list(backend.encode_batch([text], add_special_tokens=False)[0].ids)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+            return [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+        return [list(self.tokenizer.encode(t, add_special_tokens=False)) for t in texts]
 
     def decode(self, ids: list[int]) -> str:
+        if self._backend_decodes:
+            return self._backend.decode(ids, skip_special_tokens=True)
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _plain_decode(tokenizer: Any) -> bool:
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return False
+    return isinstance(tokenizer, TokenizersBackend) and type(tokenizer)._decode is TokenizersBackend._decode
 
 
 def _longest_token_bytes(tokenizer: Any) -> int:
