@@ -41,6 +41,44 @@ LABEL_MANAGED = "openforge.managed"
 LABEL_HOME = "openforge.home"
 
 
+# A POSIX sh script (busybox too) that kills every process but this shell whose environ holds the
+# marker $1: what an exec left in the background, setsid'd or double-forked included. Container
+# backends run it as each exec ends and at its deadline. One pass is not enough: a child caught inside
+# execve reads an empty environ (the new image's is not set up yet), and a marked process may fork
+# while it is being killed; so another pass follows, 20 ms later, while a pass kills something or
+# reads an empty environ (5 passes at most: an `env -i` process reads empty too, and kill_all ends it).
+KILL_MARKED_SH = ('nl="\n"; for pass in 1 2 3 4 5; do again=; for p in /proc/[0-9]*; do '
+                  '[ "${p#/proc/}" = "$$" ] && continue; '
+                  'e=$( { tr "\\0" "\\n" < $p/environ; } 2>/dev/null) || continue; '
+                  'case "$nl$e$nl" in *"$nl$1$nl"*) kill -9 ${p#/proc/} 2>/dev/null && again=1;; '
+                  '"$nl$nl") again=1;; esac; done; [ -z "$again" ] && break; sleep 0.02; done; true')
+
+
+# A POSIX sh script that ends every process the container's or pod's user can signal but this shell:
+# `kill -9 -1` (one atomic pass in the kernel: a fork racing it fails, so a chain of processes that
+# each fork the next and exit, which a /proc scan never catches, ends too), then waits until the
+# killed are gone (zombies count as gone). It spares PID 1 by the kernel's rule and, on docker,
+# docker-init and the keeper by their uid (0, with no capability the sandbox's user has). What may
+# appear afterwards is only a keeper's fresh `sleep`, a child of PID 1 (a pod's keeper loop). Exit 1,
+# naming the survivors, when something is still alive after 5 s.
+KILL_ALL_SH = r"""
+alive() { read -r s < /proc/$1/stat 2>/dev/null || return 1; s=${s##*) }; [ "${s%% *}" != Z ]; }
+keeper() { read -r s < /proc/$1/stat 2>/dev/null || return 1; s=${s##*) }; s=${s#* };
+  [ "${s%% *}" = 1 ] && [ "$(cat /proc/$1/comm 2>/dev/null)" = sleep ]; }
+kill -9 -1 2>/dev/null
+i=0
+while [ $i -lt 100 ]; do left=
+  for p in /proc/[0-9]*; do p=${p#/proc/}
+    [ "$p" = 1 ] || [ "$p" = $$ ] || ! alive $p || keeper $p || left="$left $p"
+  done
+  [ -z "$left" ] && exit 0
+  i=$((i + 1)); sleep 0.05
+done
+echo "processes survive kill_all:$left" >&2
+exit 1
+"""
+
+
 def sandbox_labels(run_id: str, rollout_id: str) -> dict[str, str]:
     """The labels every backend puts on what it creates (containers, pods, sandbox dirs)."""
     return {LABEL_RUN: run_id, LABEL_ROLLOUT: rollout_id, LABEL_MANAGED: "1"}

@@ -62,3 +62,13 @@ async def test_cancellation_inside_the_context_still_deletes_the_pod(double: Kub
     with pytest.raises(asyncio.CancelledError):
         await task
     assert pods and pod_is_gone(double, pods[0])
+
+
+async def test_the_agent_killing_all_it_can_does_not_end_its_pod(config: SandboxConfig) -> None:
+    """As on docker (test_sandbox_isolation): the pod's PID 1 is beyond the agent's signals, so
+    `kill -9 -1` cannot end the pod and turn the agent's zero into an infrastructure failure."""
+    async with make_sandbox(config, run_id="run-test", rollout_id="ro-killall") as sb:
+        done = await sb.exec("sleep 30 & kill -9 1; kill -9 -1; echo survived", timeout=30)
+        assert not done.timed_out, done
+        await asyncio.sleep(0.3)
+        assert (await sb.exec("echo alive", timeout=10)).stdout == "alive\n"

@@ -188,6 +188,32 @@ async def test_cancellation_inside_the_context_still_cleans_up(config: SandboxCo
         assert docker_containers(rollout) == []
 
 
+def test_exec_reaper_kills_marked_processes_setsid_included_and_spares_the_rest() -> None:
+    """The script each docker or pod exec ends with, run here against host processes: every process whose
+    environ holds the exec's marker dies (a setsid'd one too); others live; it ends in bounded time
+    even when an `env -i` process (empty environ, as a child inside execve reads) keeps asking for
+    another pass."""
+    import secrets
+    import subprocess
+
+    from sandbox.base import KILL_MARKED_SH
+
+    marker = f"OPENFORGE_EXEC={secrets.token_hex(8)}"
+    marked_env = {**os.environ, "OPENFORGE_EXEC": marker.partition("=")[2]}
+    procs = [subprocess.Popen(["sleep", "60"], env=marked_env),
+             subprocess.Popen(["sleep", "60"], env=marked_env, start_new_session=True),
+             subprocess.Popen(["sleep", "60"]), subprocess.Popen(["env", "-i", "sleep", "60"])]
+    try:
+        subprocess.run(["sh", "-c", KILL_MARKED_SH, "sh", marker], timeout=30, check=True)
+        for proc in procs[:2]:
+            assert proc.wait(timeout=10) == -9
+        assert [proc.poll() for proc in procs[2:]] == [None, None]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
 async def test_exec_before_start_is_a_clear_error(config: SandboxConfig) -> None:
     sb = _sandbox(config, "unstarted")
     with pytest.raises(SandboxError, match="not started"):

@@ -134,6 +134,23 @@ async def test_nothing_the_agent_started_outlives_kill_all(backend: str, escape:
         assert (await sb.exec("echo alive", timeout=10)).stdout == "alive\n"  # the verifier can still run
 
 
+@pytest.mark.parametrize("backend", ["local-bwrap", "docker"])
+async def test_the_agent_killing_all_it_can_does_not_end_its_sandbox(backend: str) -> None:
+    """`kill -9 -1` (and at PID 1) from the agent ends its own processes only: before the keeper ran
+    as uid 0 it also ended the container's keeper, so the container, and the rollout's zero became an
+    infrastructure failure (its group dropped)."""
+    cfg, why = backend_config(backend)
+    if cfg is None:
+        pytest.skip(why)
+    async with make_sandbox(cfg, run_id="run-kill", rollout_id=f"ro-killall-{os.getpid()}") as sb:
+        done = await sb.exec("sleep 30 & kill -9 1; kill -9 -1; echo survived", timeout=30)
+        assert not done.timed_out and done.exit_code in (0, 137), done  # 137: its own shell went too
+        await asyncio.sleep(0.3)
+        assert (await sb.exec("echo alive", timeout=10)).stdout == "alive\n"
+        await sb.kill_all()
+        assert (await sb.exec("echo still", timeout=10)).stdout == "still\n"
+
+
 async def _reads(sb, path: str, want: bytes, within_s: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
     deadline = asyncio.get_running_loop().time() + within_s
     while asyncio.get_running_loop().time() < deadline:
