@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.vision import is_vision_model
 from openforge.errors import EngineError
 from openforge.paths import default_tiny_model, forge_home
 
@@ -80,14 +81,6 @@ def _eos_ids(path: Path, model: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
-def _is_vision_language(path: Path) -> bool:
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    return isinstance(config, dict) and "vision_config" in config
-
-
 def load_model(model: str, *, dtype: str = "auto", device: str = "auto") -> LoadedModel:
     """Load a causal LM (`AutoModelForCausalLM`) or a VLM (`AutoModelForImageTextToText` + its image
     processor) and its tokenizer from a local folder, or raise one clear EngineError."""
@@ -101,7 +94,7 @@ def load_model(model: str, *, dtype: str = "auto", device: str = "auto") -> Load
     path = resolve_model_path(model)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
-    vlm = _is_vision_language(path)
+    vlm = is_vision_model(path)
     image_processor = None
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))

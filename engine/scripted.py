@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine.protocol import BadRequest, CompletionState, finish_json, parse_input_ids, parse_sampling_params
-from engine.sglang_api import DropConnection, create_sglang_app
+from engine.sglang_api import DropConnection, StaticInfo, create_sglang_app
 from openforge.errors import EngineError
 
 Script = list[str] | Callable[[list[int]], str]
@@ -78,8 +78,10 @@ class _ScriptedGeneration:
         return {}
 
 
-class ScriptedEngine:
+class ScriptedEngine(StaticInfo):
     """An SGLang-API backend answering from `script`; `.app` is its Starlette app."""
+
+    info_version = "scripted"
 
     def __init__(self, model_path: str | Path, script: Script, *, model_name: str = "scripted",
                  token_delay_s: float = 0.0, incremental_stream: bool = False, api_key: str = "") -> None:
@@ -146,22 +148,6 @@ class ScriptedEngine:
             tokens=self.completion_ids(self._next_text(input_ids)),
             drop_after=fault.after_tokens if fault and fault.kind == "disconnect" else None,
             token_delay_s=self.token_delay_s if body.get("stream") else 0.0)
-
-    async def healthy(self) -> bool:
-        return True
-
-    async def health_generate(self) -> bool:
-        return True
-
-    def model_info(self) -> dict[str, Any]:
-        return {"model_path": self.model_path, "tokenizer_path": self.model_path, "is_generation": True,
-                "preferred_sampling_params": None, "weight_version": "default", "served_model_name": self.model_name,
-                "context_length": self.context_length}
-
-    def server_info(self) -> dict[str, Any]:
-        return {"model_path": self.model_path, "served_model_name": self.model_name,
-                "context_length": self.context_length, "max_req_input_len": self.context_length - 1,
-                "incremental_streaming_output": self.incremental_stream, "internal_states": [], "version": "scripted"}
 
     def loaded_adapters(self) -> dict[str, str]:
         return dict(self.adapters)

@@ -28,20 +28,10 @@ re-tokenizes and drifts): `sglang_env()` sets it for the child.
 
 from __future__ import annotations
 
-import json
 import subprocess
-from pathlib import Path
 
+from engine.vision import is_vision_model
 from openforge.config import EngineConfig
-
-
-def is_vision_language_checkpoint(model_path: str) -> bool:
-    """A local checkpoint folder whose config has a vision tower (a hub id: False, SGLang decides)."""
-    try:
-        config = json.loads((Path(model_path).expanduser() / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and "vision_config" in config
 
 
 def sglang_env() -> dict[str, str]:
@@ -67,7 +57,7 @@ def sglang_command(config: EngineConfig, *, model_path: str, port: int,
         cmd += ["--dtype", config.dtype]
     if api_key:
         cmd += ["--api-key", api_key]
-    if is_vision_language_checkpoint(model_path):
+    if is_vision_model(model_path):  # a local checkpoint folder (a hub id: False, SGLang decides)
         cmd += ["--enable-multimodal"]
     return cmd + list(config.sglang_args)
 

@@ -161,6 +161,35 @@ async def _strings(request: Request, *keys: str) -> tuple[str, ...]:
     return values
 
 
+class StaticInfo:
+    """health, /model_info and /server_info of a backend with nothing to probe and a fixed model: the
+    scripted engine and the veRL bridge (whose real engine answers its own health checks)."""
+
+    model_path: str
+    model_name: str
+    context_length: int
+    incremental_stream: bool
+    info_version = "static"  # /server_info's "version"
+    weight_version = "default"
+
+    async def healthy(self) -> bool:
+        return True
+
+    async def health_generate(self) -> bool:
+        return True
+
+    def model_info(self) -> dict[str, Any]:
+        return {"model_path": self.model_path, "tokenizer_path": self.model_path, "is_generation": True,
+                "preferred_sampling_params": None, "weight_version": self.weight_version,
+                "served_model_name": self.model_name, "context_length": self.context_length}
+
+    def server_info(self) -> dict[str, Any]:
+        return {"model_path": self.model_path, "served_model_name": self.model_name,
+                "context_length": self.context_length, "max_req_input_len": self.context_length - 1,
+                "incremental_streaming_output": self.incremental_stream, "internal_states": [],
+                "version": self.info_version}
+
+
 def create_sglang_app(backend: SGLangBackend, *, api_key: str = "") -> Starlette:
     """The ASGI app serving `backend` (`app.state.backend`); with `api_key`, every route but the
     probes needs it."""

@@ -35,6 +35,18 @@ def engine(
         raise typer.Exit(130) from None
 
 
+def _model_target(path: Path, *, force: bool, norm_gain: float | None) -> Path:
+    """The folder a `forge model` command writes to, after the checks both builders share."""
+    target = path.expanduser()
+    if target.exists() and not target.is_dir():
+        raise ForgeError(f"{target} exists and is not a folder")
+    if target.is_dir() and any(target.iterdir()) and not force:
+        raise ForgeError(f"{target} is not empty (use --force to overwrite)")
+    if norm_gain is not None and norm_gain <= 0:
+        raise ForgeError(f"--norm-gain must be positive, got {norm_gain}")
+    return target
+
+
 @model_app.command("tiny")
 def model_tiny(
     path: Annotated[Path, typer.Argument(help="folder to write the model to (created)")],
@@ -53,13 +65,7 @@ def model_tiny(
     """Build, offline, a tiny Qwen2 causal LM with a locally trained BPE tokenizer and a tool-calling chat template."""
     from engine.tiny import LEARNABLE_NORM_GAIN, TEMPLATES, build_tiny_model
 
-    target = path.expanduser()
-    if target.exists() and not target.is_dir():
-        raise ForgeError(f"{target} exists and is not a folder")
-    if target.is_dir() and any(target.iterdir()) and not force:
-        raise ForgeError(f"{target} is not empty (use --force to overwrite)")
-    if norm_gain is not None and norm_gain <= 0:
-        raise ForgeError(f"--norm-gain must be positive, got {norm_gain}")
+    target = _model_target(path, force=force, norm_gain=norm_gain)
     if context < 64:
         raise ForgeError(f"--context must be at least 64 tokens, got {context}")
     if template not in TEMPLATES:
@@ -83,13 +89,7 @@ def model_tiny_vl(
     from engine.tiny import LEARNABLE_NORM_GAIN
     from engine.tiny_vl import MAX_PIXELS, build_tiny_vl_model
 
-    target = path.expanduser()
-    if target.exists() and not target.is_dir():
-        raise ForgeError(f"{target} exists and is not a folder")
-    if target.is_dir() and any(target.iterdir()) and not force:
-        raise ForgeError(f"{target} is not empty (use --force to overwrite)")
-    if norm_gain is not None and norm_gain <= 0:
-        raise ForgeError(f"--norm-gain must be positive, got {norm_gain}")
+    target = _model_target(path, force=force, norm_gain=norm_gain)
     out = build_tiny_vl_model(target, seed=seed, norm_gain=LEARNABLE_NORM_GAIN if norm_gain is None else norm_gain)
     n_files = sum(1 for _ in out.iterdir())
     typer.echo(f"built the tiny vision-language model (Qwen2-VL) in {out} ({n_files} files, "

@@ -97,6 +97,18 @@ def test_mini_stops_at_max_turns_and_still_answers(serve, store: Store) -> None:
     assert "stopped after 3 turns" in ro.stdout and len(store.list_calls(rollout_id=ro.id)) == 3
 
 
+def test_a_folder_the_policy_left_at_the_answer_path_does_not_fail_the_harness(
+        serve, store: Store) -> None:  # noqa: ANN001
+    """The policy's own tool makes .forge/answer.txt a folder: the agent's final write must still land
+    (the folder moved aside), so its answer is graded; the write raising made the rollout a harness
+    failure, which drops its group instead of scoring it."""
+    block = ('<tool_call>\n{"name": "bash", "arguments": {"command": '
+             '"rm -rf .forge/answer.txt; mkdir -p .forge/answer.txt/x"}}\n</tool_call>')
+    proxy, _ = serve([block, "5"])
+    ro = _run(store, proxy, TaskSpec(id="four", instruction="say 4", expect_answer={"number": 4}))
+    assert (ro.status, ro.reward, ro.exit_code, ro.failure_kind) == ("scored", 0.0, 0, None), (ro.error, ro.stderr)
+
+
 def test_engine_failure_is_infra_not_data(serve, store: Store) -> None:  # noqa: ANN001
     proxy, engine = serve(["never used"])
     for _ in range(20):  # more than the SDK's retry and any proxy retries of the engine can use

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from openforge.config import HarnessConfig
 from rollouts.harness import HarnessContext, HarnessOutcome, answer_file_outcome
+from rollouts.harnesses import agent_files
 from sandbox.base import ExecResult, Sandbox
 
 AGENT_SOURCE = Path(__file__).with_name("mini_agent.py")
@@ -17,22 +18,30 @@ INSTRUCTION_PATH = ".forge/instruction.txt"  # a file, not argv: instructions ca
 
 
 class MiniHarness:
+    """Copies an agent script into the sandbox and runs it against the proxy's Chat Completions API;
+    mini-gui (mini_gui.py) is the same with another script and its own outcome."""
+
     name = "mini"
+    agent_source = AGENT_SOURCE
+    agent_path = AGENT_PATH
+    turns_flag = "--max-turns"
 
     def __init__(self, config: HarnessConfig) -> None:
         self.config = config
 
     async def prepare(self, sandbox: Sandbox, ctx: HarnessContext) -> None:
-        await sandbox.write_file(AGENT_PATH, AGENT_SOURCE.read_bytes())
+        await sandbox.write_file(self.agent_path, self.agent_source.read_bytes())
+        await sandbox.write_file(agent_files.SANDBOX_PATH, agent_files.SOURCE.read_bytes())
         await sandbox.write_file(INSTRUCTION_PATH, ctx.instruction.encode("utf-8"))
 
     def command(self, ctx: HarnessContext) -> list[str]:
         python = sys.executable if ctx.backend == "local" else "python3"
-        return [python, AGENT_PATH, "--instruction-file", INSTRUCTION_PATH,
-                "--max-turns", str(self.config.max_turns), "--max-tokens", str(self.config.max_tokens),
+        return [python, self.agent_path, "--instruction-file", INSTRUCTION_PATH,
+                self.turns_flag, str(self.config.max_turns), "--max-tokens", str(self.config.max_tokens),
                 *self.config.extra_args]
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
+        # A GUI sandbox sets DISPLAY itself (it runs the display); it is not set here.
         return {
             "OPENAI_BASE_URL": ctx.proxy_url.rstrip("/") + "/v1",
             "OPENAI_API_KEY": ctx.api_key,

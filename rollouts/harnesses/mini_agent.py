@@ -1,6 +1,7 @@
 """The `mini` agent: a compact tool-calling ReAct loop on the OpenAI SDK, run inside a sandbox.
 
-Standalone (stdlib + `openai`): the mini harness copies this file into the sandbox and runs it as
+Standalone (stdlib + `openai`, and agent_files.py, which the harness copies beside it): the mini harness
+copies this file into the sandbox and runs it as
 
     python mini_agent.py --instruction-file .forge/instruction.txt --max-turns 8 --max-tokens 256
 
@@ -22,6 +23,11 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+try:  # in the sandbox: the harness put agent_files.py beside this script
+    from agent_files import write_afresh
+except ImportError:  # imported from the package (tests, warm-up)
+    from rollouts.harnesses.agent_files import write_afresh
 
 ANSWER_FILE = ".forge/answer.txt"
 TOOL_OUTPUT_CHARS = 4000  # what one tool result may add to the context
@@ -145,9 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mini: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
     finally:
         client.close()
-        Path(ANSWER_FILE).parent.mkdir(parents=True, exist_ok=True)
-        Path(ANSWER_FILE).write_text(answer + ("\n" if answer and not answer.endswith("\n") else ""),
-                                     encoding="utf-8")
+        write_afresh(ANSWER_FILE, answer + ("\n" if answer and not answer.endswith("\n") else ""))
     return code
 
 

@@ -13,16 +13,14 @@ empty answer (a state-graded task is graded by the state it left; an answer task
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-from openforge.config import HarnessConfig
-from rollouts.harness import HarnessContext, HarnessOutcome, last_line, read_text
+from rollouts.harness import HarnessOutcome, last_line, read_text
+from rollouts.harnesses.mini import MiniHarness
 from sandbox.base import ExecResult, Sandbox
 
 AGENT_SOURCE = Path(__file__).with_name("mini_gui_agent.py")
 AGENT_PATH = ".forge/mini_gui_agent.py"  # relative to the sandbox's working directory
-INSTRUCTION_PATH = ".forge/instruction.txt"
 RESULT_PATH = ".forge/mini_gui_result.json"  # mini_gui_agent.RESULT_FILE
 
 
@@ -47,31 +45,11 @@ def mini_gui_outcome(result: ExecResult, record_text: str | None) -> HarnessOutc
     return HarnessOutcome(answer=answer, turns=steps)
 
 
-class MiniGuiHarness:
+class MiniGuiHarness(MiniHarness):
     name = "mini-gui"
-
-    def __init__(self, config: HarnessConfig) -> None:
-        self.config = config
-
-    async def prepare(self, sandbox: Sandbox, ctx: HarnessContext) -> None:
-        await sandbox.write_file(AGENT_PATH, AGENT_SOURCE.read_bytes())
-        await sandbox.write_file(INSTRUCTION_PATH, ctx.instruction.encode("utf-8"))
-
-    def command(self, ctx: HarnessContext) -> list[str]:
-        python = sys.executable if ctx.backend == "local" else "python3"
-        return [python, AGENT_PATH, "--instruction-file", INSTRUCTION_PATH,
-                "--max-steps", str(self.config.max_turns), "--max-tokens", str(self.config.max_tokens),
-                *self.config.extra_args]
-
-    def env(self, ctx: HarnessContext) -> dict[str, str]:
-        # DISPLAY is the sandbox's (it runs the display); it is not set here.
-        return {
-            "OPENAI_BASE_URL": ctx.proxy_url.rstrip("/") + "/v1",
-            "OPENAI_API_KEY": ctx.api_key,
-            "FORGE_MODEL": ctx.model,
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
+    agent_source = AGENT_SOURCE
+    agent_path = AGENT_PATH
+    turns_flag = "--max-steps"
 
     async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
         return mini_gui_outcome(result, await read_text(sandbox, RESULT_PATH))

@@ -1,8 +1,8 @@
 """The `mini-gui` agent: a compact computer-use loop (screenshot -> one model call -> one action), run
 inside a sandbox that has an X display.
 
-Standalone (stdlib + Pillow, plus the `xdotool` program): the mini-gui harness copies this file into
-the sandbox and runs it as
+Standalone (stdlib + Pillow, plus the `xdotool` program, and agent_files.py beside it): the mini-gui
+harness copies this file into the sandbox and runs it as
 
     python3 mini_gui_agent.py --instruction-file .forge/instruction.txt --max-steps 8 --max-tokens 64
 
@@ -40,6 +40,7 @@ import ast
 import base64
 import io
 import json
+import math
 import os
 import re
 import subprocess
@@ -51,17 +52,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+try:  # in the sandbox: the harness put agent_files.py beside this script
+    from agent_files import write_afresh
+except ImportError:  # imported from the package (tests, warm-up)
+    from rollouts.harnesses.agent_files import write_afresh
+
 ANSWER_FILE = ".forge/answer.txt"
 RESULT_FILE = ".forge/mini_gui_result.json"
 ACTIONS = ("click", "type", "key", "scroll", "done")
 MAX_TYPE_CHARS = 2000
-KEY_COMBO = re.compile(r"^[A-Za-z0-9_]+(\+[A-Za-z0-9_]+)*$")  # xdotool keysyms joined by '+': ctrl+a, Return
+# A key is a keysym name or one digit (never a number: xdotool reads `0xfed5` as a raw keysym and `200` as
+# a keycode); at most MAX_COMBO_KEYS of them joined by '+' (xdotool 3 overruns its key list from 10 keys:
+# an X error at 10, a heap corruption at 16, either a harness failure).
+KEY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*|[0-9]")
+MAX_COMBO_KEYS = 8
+# Keysyms whose XKB actions act on the X server itself (Terminate_Server ended Xvfb). sandbox/gui.py
+# also disarms them in the display; refusing them here keeps a display that did not (an older image) alive.
+SERVER_KEYS = re.compile(r"Terminate_Server|XF86_?(Switch_VT_\d+|Ungrab|ClearGrab|Next_VMode|Prev_VMode|"
+                         r"LogWindowTree|LogGrabInfo)|\w*_Virtual_Screen")
 CONNECT_TRIES = 10  # X connections, 0.2 s apart
 RETRY_STATUSES = (429, 500, 502, 503, 504, 529)  # the proxy's retryable refusals (it sends Retry-After)
 
 
 class EnvError(Exception):
     """The sandbox cannot run the agent (no display, no xdotool): the harness's failure."""
+
+
+class XdotoolFailed(EnvError):
+    """xdotool ran and exited non-zero."""
 
 
 class APIFailure(Exception):
@@ -113,7 +131,10 @@ def system_prompt(grid: tuple[int, int] | None) -> str:
 
 
 def _int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+    # NaN and Infinity are JSON to Python's json module, and 1e999 is a float literal: int() of them raised
+    # ValueError/OverflowError past the BadAction handler, and the policy's reply became an agent crash.
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or (isinstance(value, float) and not math.isfinite(value)) or value != int(value)):
         raise BadAction(f"{what} must be an integer, got {value!r}")
     return int(value)
 
@@ -121,7 +142,30 @@ def _int(value: Any, what: str) -> int:
 def _str(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise BadAction(f"{what} must be a string, got {value!r}")
+    # A NUL cannot be an argument of xdotool (ValueError) and a lone surrogate cannot be encoded at all
+    # (the answer file, xdotool's argv): both crashed the agent, a harness failure instead of a 0.
+    if "\0" in value or not value.isascii() and _has_lone_surrogate(value):
+        raise BadAction(f"{what} holds a NUL or a lone UTF-16 surrogate: not text")
     return value
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _key_combo(combo: str) -> str:
+    keys = combo.split("+")
+    if not all(KEY_NAME.fullmatch(k) for k in keys):
+        raise BadAction(f"key: {combo!r} is not a key combination like Return or ctrl+a")
+    if len(keys) > MAX_COMBO_KEYS:
+        raise BadAction(f"key: at most {MAX_COMBO_KEYS} keys at once, got {len(keys)}")
+    if any(SERVER_KEYS.fullmatch(k) for k in keys):
+        raise BadAction(f"key: {combo!r} is an X server control key, not a key of the page")
+    return combo
 
 
 def make_action(name: str, args: dict[str, Any] | list[Any], grid: tuple[int, int] | None) -> Action:
@@ -148,8 +192,8 @@ def make_action(name: str, args: dict[str, Any] | list[Any], grid: tuple[int, in
     text = _str(values[0], params[0])
     if name == "type" and len(text) > MAX_TYPE_CHARS:
         raise BadAction(f"type: at most {MAX_TYPE_CHARS} characters at once")
-    if name == "key" and not KEY_COMBO.match(text):
-        raise BadAction(f"key: {text!r} is not a key combination like Return or ctrl+a")
+    if name == "key":
+        _key_combo(text)
     return Action(name, (text,))
 
 
@@ -311,7 +355,7 @@ def xdotool(display: str, *args: str) -> None:
             break
         time.sleep(0.2)
     if done.returncode != 0:
-        raise EnvError(f"xdotool {' '.join(args[:2])} failed: {(done.stderr or done.stdout).strip()[:200]}")
+        raise XdotoolFailed(f"xdotool {' '.join(args[:2])} failed: {(done.stderr or done.stdout).strip()[-200:]}")
 
 
 def execute(action: Action, screen: Screen) -> str:
@@ -321,12 +365,18 @@ def execute(action: Action, screen: Screen) -> str:
         x, y = screen.cell_point(action.args[0]) if screen.grid else screen.to_screen(*action.args)
         xdotool(d, "mousemove", "--sync", str(x), str(y), "click", "1")
         return f"clicked the screen at ({x}, {y})"
-    if action.name == "type":
-        xdotool(d, "type", "--delay", "5", "--", action.args[0])
-        return f"typed {len(action.args[0])} character(s)"
-    if action.name == "key":
-        xdotool(d, "key", "--", action.args[0])
-        return "ok"
+    if action.name in ("type", "key"):
+        try:
+            if action.name == "type":
+                xdotool(d, "type", "--delay", "5", "--", action.args[0])
+            else:
+                xdotool(d, "key", "--", action.args[0])
+        except XdotoolFailed as exc:
+            # Text and keys are the policy's own: xdotool refusing them while the display still answers
+            # is the policy's mistake (reported back), not the harness's (which would drop the group).
+            screen.grab()  # EnvError when the display itself is gone
+            raise BadAction(f"{action.name}: {exc}") from None
+        return f"typed {len(action.args[0])} character(s)" if action.name == "type" else "ok"
     if action.name == "scroll":
         dy = action.args[0]
         notches = min(abs(dy), 20)
@@ -432,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-tools", dest="tools", action="store_false", help="send no tools: JSON/text actions only")
     p.add_argument("--settle", type=float, default=2.0, help="wait at most this long for the screen to settle")
     args = p.parse_args(argv)
+    for stream in (sys.stdout, sys.stderr):  # the log quotes the policy's text: never an encoding crash
+        stream.reconfigure(errors="backslashreplace")  # type: ignore[attr-defined]
     instruction = Path(args.instruction_file).read_text(encoding="utf-8")
     record: dict[str, Any] = {"status": "internal_error", "answer": None, "steps": 0, "error": "did not run"}
     try:
@@ -453,10 +505,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - an agent bug must still leave a result and an exit code
         record = {"status": "internal_error", "answer": None, "steps": 0, "error": f"{type(exc).__name__}: {exc}"}
     finally:
-        Path(RESULT_FILE).parent.mkdir(parents=True, exist_ok=True)
-        Path(RESULT_FILE).write_text(json.dumps(record), encoding="utf-8")
+        write_afresh(RESULT_FILE, json.dumps(record))
         if record["status"] == "done":
-            Path(ANSWER_FILE).write_text(record["answer"], encoding="utf-8")
+            write_afresh(ANSWER_FILE, record["answer"])
     if record["error"]:
         print(f"mini-gui: {record['status']}: {record['error']}", file=sys.stderr)
     return EXIT_CODES[record["status"]]
