@@ -17,7 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
-BENCHES = ["proxy", "recording", "store_backends", "engine", "prefix_cache", "vl_engine", "trainer", "trainer_dist", "cluster_capacity", "router", "verl_bridge", "sandboxes", "k8s_sandbox", "rollouts", "dashboard"]
+BENCHES = ["proxy", "recording", "store_backends", "engine", "prefix_cache", "vl_engine", "trainer", "trainer_dist", "vl_dist", "cluster_capacity", "router", "verl_bridge", "sandboxes", "k8s_sandbox", "rollouts", "dashboard"]
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
 DOC = ROOT.parent / "docs" / "performance.md"

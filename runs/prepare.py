@@ -58,8 +58,10 @@ def resolve_model(config: ForgeConfig, home: Path) -> Path:
 def _tiny_vl_model(home: Path) -> Path:
     """The tiny VLM for a GUI harness with no model configured: built, then taught the answer format
     of the gui-colour demo (rollouts/warmup_gui.py), once per FORGE_HOME."""
+    from rollouts.warmup_gui import is_warmed_up
+
     path = default_tiny_vl_model(home)
-    if not (path / "config.json").is_file():
+    if not (path / "config.json").is_file() or not is_warmed_up(path):  # none yet, or an older warm-up's
         from engine.tiny import LEARNABLE_NORM_GAIN
         from engine.tiny_vl import build_tiny_vl_model
         from rollouts.warmup_gui import warm_up_gui_answers
@@ -69,6 +71,7 @@ def _tiny_vl_model(home: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         build_tiny_vl_model(tmp, norm_gain=LEARNABLE_NORM_GAIN)
         warm_up_gui_answers(tmp)
+        shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
     return path
 

@@ -1,5 +1,5 @@
 """`forge up --demo --harness mini-gui`, short: the GUI loop end to end on 2 cores. Each rollout gets
-its own X display and Chromium on a gui-colour page served from the host, the mini-gui agent sends the
+its own X display and Chromium on a gui-colour-screen page served from the host, the mini-gui agent sends the
 screenshot through the recording proxy to the embedded engine serving the tiny Qwen2-VL, and two GRPO
 steps train on the recorded calls, with a LoRA hot-load between them.
 
@@ -7,10 +7,13 @@ What it proves, on the recorded data: every call carries exactly one stored scre
 sha256 is its name, its placeholder run in the prompt has the processor's length), every trajectory
 keeps that image and its sampled tokens are exactly the engine's completion tokens, every reward is
 an exact grade of the answer mini-gui reported (0 or 1, never a harness error scored), and step 1 is
-served by step 0's adapter. The full demo and its curve are in docs/gui.md ("Demo")."""
+served by step 0's adapter, and the screenshot Chromium showed is what the warm-up and the fast-path
+learning test (tests/test_vl_learn_exact.py) draw: the screen the task's colour. The full demo and
+its curve are in docs/gui.md ("Demo")."""
 
 from __future__ import annotations
 
+import io
 import shutil
 from pathlib import Path
 
@@ -44,6 +47,9 @@ def test_demo_through_mini_gui(forge_home: Path, warmed_vl: Path) -> None:
     from engine.vision import VisionTokens, load_processor, pixel_inputs, placeholder_runs
     from rollouts.grading import ExpectedAnswer, answer_matches
     from rollouts.harnesses.mini_gui_agent import BadAction, parse_text_action
+    from PIL import Image
+
+    from rollouts.web.sites import COLOURS
 
     shutil.copytree(warmed_vl, forge_home / "models" / "tiny-vl-gui")  # where the demo looks for its model
     out = forge(forge_home, "--set", "runner.samples_per_task=4", "--set", "runner.concurrency=4",
@@ -72,6 +78,12 @@ def test_demo_through_mini_gui(forge_home: Path, warmed_vl: Path) -> None:
             _, grid = pixel_inputs([data], proc)
             runs = placeholder_runs(c.prompt_ids, pad)
             assert [b - a for a, b in runs] == [int(grid.prod()) // proc.image_processor.merge_size ** 2]
+        for r in rollouts:  # what Chromium showed, as mini-gui sent it: the task's colour, screen-wide
+            call = next(c for c in calls if c.rollout_id == r.id)
+            shown = Image.open(io.BytesIO(images.get(call.images[0]))).convert("RGB")
+            assert shown.size == (256, 192)  # 1024x768 downscaled to the demo's --max-side 256
+            count, rgb = max(shown.getcolors(256 * 192))
+            assert rgb == COLOURS[r.task_id.removeprefix("gui-colour-screen-")] and count > 0.95 * 256 * 192
         for r in rollouts:  # the trained tokens (and image) are the sampled ones, exactly
             call = next(c for c in calls if c.rollout_id == r.id)
             trajs = store.list_trajectories(rollout_ids=[r.id])
@@ -84,6 +96,6 @@ def test_demo_through_mini_gui(forge_home: Path, warmed_vl: Path) -> None:
             except BadAction:
                 action = None  # not an action: the step limit ends the rollout, graded with no answer
             named = action.args[0] if action is not None and action.name == "done" else ""
-            want = ExpectedAnswer(words=r.task_id.removeprefix("gui-colour-name-"))
+            want = ExpectedAnswer(words=r.task_id.removeprefix("gui-colour-screen-"))
             assert r.reward == (1.0 if answer_matches(want, named) else 0.0), (text, r.task_id, r.reward)
     assert served_with_adapter(store, run.id, 1, f"{run.id}-step-0")  # step 1 ran on step 0's adapter

@@ -58,8 +58,8 @@ def worker_for(model: Path, tmp: Path, server: Any, *, temperature: float = 0.7,
     return AgentLoopWorker(cfg, llm_client=server)
 
 
-def batch_of(task_ids: list[str]) -> DataProto:
-    tasks = {t.id: t for t in load_tasks("builtin")}
+def batch_of(task_ids: list[str], task_set: str = "builtin") -> DataProto:
+    tasks = {t.id: t for t in load_tasks(task_set)}
     rows = []
     for i, tid in enumerate(task_ids):
         spec = tasks[tid].model_dump(mode="json")

@@ -16,17 +16,27 @@ units (trainer/prefix.py: a prefix forward, then suffix forwards and backwards, 
 backward) are not used under FSDP: their collective order differs from a plain micro-batch's.
 
 Rank 0 owns the store, the checkpoints and adapter publishing; the others only train.
+
+Rows with images (a vision-language model, trainer/vision.py): the vision tower is frozen and left
+out of the sharding (`ignored_params`: a full copy on every rank, no collective inside it), so a rank
+can run the tower on its micro-batches while another runs a text-only one. Rank 0 ships each image
+row's image ids and the step's image bytes (the encoded PNG/JPEG, each once, not pixel values: a
+1920x1080 screenshot is ~100x larger as a Qwen2-VL pixel tensor); every rank re-creates pixel values
+for the micro-batches it runs, and only those, with the model's own processor.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
 
+from openforge.errors import TrainerError
+from openforge.images import ImageError
 from trainer.grpo import StepConfig, grpo_step
 
 
@@ -55,13 +65,22 @@ def init() -> Dist:
 
 
 def shard(model: Any) -> Any:
-    """FSDP2 over every decoder layer and the root (a PEFT model: the LoRA weights shard with their layer)."""
+    """FSDP2 over every decoder layer and the root (a PEFT model: the LoRA weights shard with their layer).
+
+    A vision-language model's decoder layers are its language model's; its vision tower (frozen: LoRA
+    and full fine-tuning leave it alone, trainer/model.py) stays whole on every rank, outside FSDP, so
+    ranks running image and text-only micro-batches side by side issue the same collectives."""
     from torch.distributed.fsdp import fully_shard
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    for layer in base.model.layers:
+    inner = base.model
+    for layer in getattr(inner, "language_model", inner).layers:
         fully_shard(layer)
-    fully_shard(model)
+    visual = getattr(inner, "visual", None)
+    ignored = set(visual.parameters()) if visual is not None else None
+    if ignored and any(p.requires_grad for p in ignored):
+        raise TrainerError("the vision tower has trainable weights; under trainer.nproc > 1 it must stay frozen")
+    fully_shard(model, ignored_params=ignored)
     return model
 
 
@@ -79,13 +98,19 @@ def split_by_tokens(micro_batches: Sequence[dict[str, torch.Tensor]], world: int
     >>> split_by_tokens(mbs, 2)
     [[0], [1, 2, 3]]
     """
+    sizes = [int(mb["input_ids"].numel()) for mb in micro_batches]
     load = [0] * world
     out: list[list[int]] = [[] for _ in range(world)]
-    for i in sorted(range(len(micro_batches)), key=lambda i: -micro_batches[i]["input_ids"].numel()):
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
         r = min(range(world), key=lambda r: (load[r], r))
         out[r].append(i)
-        load[r] += int(micro_batches[i]["input_ids"].numel())
+        load[r] += sizes[i]
     return [sorted(x) for x in out]
+
+
+def smallest(micro_batches: Sequence[dict[str, torch.Tensor]]) -> int:
+    """The index of the micro-batch a rank with fewer repeats as idle work (the first of the smallest)."""
+    return min(range(len(micro_batches)), key=lambda i: micro_batches[i]["input_ids"].numel())
 
 
 def _idle(mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -101,8 +126,7 @@ def distributed_step(model: Any, optimizer: torch.optim.Optimizer, micro_batches
     shares = split_by_tokens(micro_batches, d.world)
     mine = [{**micro_batches[i], "weights": micro_batches[i]["weights"] * d.world} for i in shares[d.rank]]
     most = max(len(s) for s in shares)
-    smallest = min(micro_batches, key=lambda mb: mb["input_ids"].numel())
-    mine += [_idle(smallest)] * (most - len(mine))
+    mine += [_idle(micro_batches[smallest(micro_batches)])] * (most - len(mine))
     m = grpo_step(model, optimizer, mine, cfg, scheduler)
     tok = float(m["n_tokens"])
     sums = torch.tensor([m["loss"] / d.world, m["clip_frac"] * tok, m["kl"] * tok, m["tis_frac"] * tok,
@@ -172,6 +196,38 @@ class Gathered:
 
 
 @dataclass
+class StepImages:
+    """What every rank needs to re-create the pixels of a step's image rows: each sample's image ids
+    in placeholder order (None for a text row) and the encoded bytes of each image, once. Bytes, not
+    files: ranks on other machines need no shared disk (as for weights and optimizer state)."""
+
+    ids: list[list[str] | None]
+    data: dict[str, bytes] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, samples: Sequence[Any], trajectories: Sequence[Any], images: Any) -> StepImages | None:
+        """From the step's trajectories (their `images`) and the run's ImageStore; None without images."""
+        by_row = {(t.rollout_id, t.segment): list(t.images) for t in trajectories if getattr(t, "images", None)}
+        ids = [by_row[(s.rollout_id, s.segment)] if s.image_grid_thw is not None else None for s in samples]
+        if not any(ids):
+            return None
+        return cls(ids, {sha: images.get(sha) for row in ids if row for sha in row})
+
+
+class _ShippedImages:
+    """The read side of an ImageStore over the bytes rank 0 shipped with the current step."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def get(self, sha: str) -> bytes:
+        try:
+            return self.data[sha]
+        except KeyError:
+            raise ImageError(f"image {sha[:12]} was not shipped with this step") from None
+
+
+@dataclass
 class _Setup:
     """What rank 0 announces once: enough for a follower to build the same sharded policy."""
 
@@ -225,8 +281,11 @@ class Group:
         return model, optimizer, scheduler
 
     def step(self, model: Any, optimizer: Any, scheduler: Any, samples: list[Any], step_cfg: StepConfig,
-             config: Any, pad_id: int) -> dict[str, float]:
-        self._announce("step", samples)
+             config: Any, pad_id: int, images: StepImages | None = None) -> dict[str, float]:
+        """One update on every rank. `samples` may hold pixel values (rank 0's build_batch made them);
+        the other ranks get the samples without them and `images` to re-create their share's."""
+        shipped = [replace(s, pixel_values=None) for s in samples] if images is not None else samples
+        self._announce("step", (shipped, images))
         return _step(model, optimizer, scheduler, samples, step_cfg, config, pad_id, self.d)
 
     def gather(self, model: Any, optimizer: Any) -> Gathered:
@@ -245,15 +304,53 @@ class Group:
 
 
 def _step(model: Any, optimizer: Any, scheduler: Any, samples: list[Any], step_cfg: StepConfig, config: Any,
-          pad_id: int, d: Dist) -> dict[str, float]:
+          pad_id: int, d: Dist, images: StepImages | None = None, pixels: Any = None) -> dict[str, float]:
     from trainer.data import micro_batches
 
     # Shared-prefix units cannot run under FSDP (see the module docstring): plain micro-batches.
-    mbs = micro_batches(samples, token_budget=config.micro_batch_tokens, pad_id=pad_id, loss_agg=config.loss_agg,
-                        device=d.device)
+    if images is not None:
+        mbs = _with_own_pixels(samples, images, pixels, config, pad_id, d)
+    else:
+        mbs = micro_batches(samples, token_budget=config.micro_batch_tokens, pad_id=pad_id, loss_agg=config.loss_agg,
+                            device=d.device)
     if not mbs:  # the same on every rank: each packed the same samples
         return {"n_tokens": 0}
     return distributed_step(model, optimizer, mbs, step_cfg, d, scheduler)
+
+
+def _with_own_pixels(samples: list[Any], images: StepImages, pixels: Any, config: Any, pad_id: int,
+                     d: Dist) -> list[dict[str, torch.Tensor]]:
+    """The step's micro-batches, packed as on every rank, with pixel values in those this rank runs
+    (its share and the idle copy) only: re-created from the shipped bytes by `pixels` (a
+    trainer/vision.py TrajectoryImages over them, cached across steps by image id)."""
+    from trainer.data import _collate_images, _pack, micro_batches
+
+    bare = [replace(s, pixel_values=None, image_grid_thw=None) for s in samples]  # packs exactly as with images
+    mbs = micro_batches(bare, token_budget=config.micro_batch_tokens, pad_id=pad_id, loss_agg=config.loss_agg,
+                        device=d.device)
+    if not mbs:
+        return mbs
+    # the rows of each micro-batch: micro_batches' own packing (no prefix sharing: one unit of all rows)
+    rows = _pack(samples, list(range(len(samples))), config.micro_batch_tokens)
+    if [(len(g), max(len(samples[j].token_ids) for j in g)) for g in rows] != [tuple(mb["input_ids"].shape) for mb in mbs]:
+        raise TrainerError("micro-batches do not match trainer/data.py's packing: image rows cannot be placed")
+    pixels.images.data = images.data
+    shares = split_by_tokens(mbs, d.world)
+    idle = {smallest(mbs)} if len(shares[d.rank]) < max(len(x) for x in shares) else set()
+    for i in set(shares[d.rank]) | idle:
+        members = []
+        for j in rows[i]:
+            s = samples[j]
+            if s.image_grid_thw is not None:
+                where = SimpleNamespace(rollout_id=s.rollout_id, segment=s.segment, images=images.ids[j])
+                values, grid = pixels.inputs(where, s.token_ids)
+                if not torch.equal(grid, s.image_grid_thw):
+                    raise TrainerError(f"rank {d.rank}: the images of {s.rollout_id}/{s.segment} give grid "
+                                       f"{grid.tolist()}, rank 0 saw {s.image_grid_thw.tolist()}")
+                s = replace(s, pixel_values=values)
+            members.append(s)
+        mbs[i].update(_collate_images(members, d.device))
+    return mbs
 
 
 def _gather(model: Any, optimizer: Any, d: Dist) -> Gathered:
@@ -273,10 +370,11 @@ def follow() -> None:
 
     from openforge.config import TrainerConfig
     from trainer.model import build_policy
+    from trainer.vision import TrajectoryImages
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     d = init()
-    model = optimizer = scheduler = None
+    model = optimizer = scheduler = pixels = None
     setup: _Setup | None = None
     try:
         while True:
@@ -289,9 +387,12 @@ def follow() -> None:
                 model, optimizer, scheduler = _shard_and_sync(model, config, d, setup.resumed, None)
                 if setup.scheduler is not None:
                     scheduler.load_state_dict(setup.scheduler)
+                # the processor loads on the first image row only
+                pixels = TrajectoryImages(_ShippedImages(), setup.model_path)  # type: ignore[arg-type]
             elif op == "step":
                 assert setup is not None
-                _step(model, optimizer, scheduler, payload, setup.step_cfg, config, setup.pad_id, d)
+                samples, images = payload
+                _step(model, optimizer, scheduler, samples, setup.step_cfg, config, setup.pad_id, d, images, pixels)
             elif op == "gather":
                 _gather(model, optimizer, d)
             elif op == "stop":

@@ -85,15 +85,16 @@ class _Policy:
     pad_id: int
     group: Any = None  # under torchrun: the other ranks (trainer/distributed.py), driven from here
 
-    def update(self, samples: Sequence[Any], config: TrainerConfig) -> dict[str, Any]:
-        """One GRPO update on this step's samples: here, or sharded over every rank."""
+    def update(self, samples: Sequence[Any], config: TrainerConfig, trajectories: Sequence[Any] = (),
+               vision: TrajectoryImages | None = None) -> dict[str, Any]:
+        """One GRPO update on this step's samples: here, or sharded over every rank (image rows: the
+        other ranks get the step's image bytes, from `trajectories`' image ids and `vision`'s store)."""
         if not samples:
             return {"n_tokens": 0}
         if self.group is not None:
-            if any(s.image_grid_thw is not None for s in samples):
-                raise TrainerError("trajectories with images train in one process for now (trainer.nproc = 1)")
+            images = distributed.StepImages.of(samples, trajectories, vision.images) if vision is not None else None
             return self.group.step(self.model, self.optimizer, self.scheduler, list(samples), self.step_cfg, config,
-                                   self.pad_id)
+                                   self.pad_id, images)
         mbs = micro_batches(samples, token_budget=config.micro_batch_tokens, pad_id=self.pad_id,
                             loss_agg=config.loss_agg, device=self.device, share_prefix_min=config.share_prefix_min_tokens)
         return grpo_step(self.model, self.optimizer, mbs, self.step_cfg, self.scheduler) if mbs else {"n_tokens": 0}
@@ -172,9 +173,10 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
             # 2. train: group advantages, micro-batches, one GRPO update
             t1 = time.perf_counter()
             ids = [r.id for r in rollouts]
-            batch = build_batch(rollouts, store.list_trajectories(rollout_ids=ids), sampling=call_sampling(store, ids),
+            trajectories = store.list_trajectories(rollout_ids=ids)
+            batch = build_batch(rollouts, trajectories, sampling=call_sampling(store, ids),
                                 std_normalize=config.std_normalize, vision=vision)
-            metrics = pi.update(batch.samples, config)
+            metrics = pi.update(batch.samples, config, trajectories, vision)
             t2 = time.perf_counter()
             position += len(step_tasks)
             metrics.update(_reward_metrics(batch, step_tasks), step=step, n_rollouts=len(rollouts),

@@ -20,8 +20,8 @@ returns veRL's `AgentLoopOutput`, built from the rollout's recorded trajectory:
 
 - **The engine is veRL's own server.** The proxy's engine is an SGLang-API adapter (`VerlServerBackend`)
   whose `/generate` calls `server_manager.generate(request_id, prompt_ids=, sampling_params=, image_data=)`
-  - veRL's `LLMServerClient`, the very object veRL hands every agent loop - and replays the returned
-  `TokenOutput` (token ids, log probs) through SGLang's finish rules. The sampled ids and log probs the
+  (images as PIL images, as veRL's own loops pass them) - veRL's `LLMServerClient`, the very object veRL
+  hands every agent loop - and replays the returned `TokenOutput` (token ids, log probs) through SGLang's finish rules. The sampled ids and log probs the
   proxy records are therefore exactly the ones veRL's server produced, and veRL's load balancing and
   sticky sessions (by request id) apply. veRL's sampling params (temperature, top_p, top_k,
   repetition_penalty) are applied to every call of the rollout whatever the harness asked; the length
@@ -38,6 +38,17 @@ returns veRL's `AgentLoopOutput`, built from the rollout's recorded trajectory:
   calls (each: the user/tool message before it, the assistant's answer). A response longer than
   `rollout.response_length` is cut to it (as veRL's own loops do); a prompt longer than
   `rollout.prompt_length` is left-truncated by veRL's `_cap_text_prompt_length`.
+- **Images** (a vision-language policy; GUI harnesses send screenshots): `multi_modal_data = {"images": [...]}`,
+  the segment's images as PIL RGB images in the order of their placeholder runs, decoded from the bytes
+  the proxy stored (what the engine was sent), as veRL's own single-turn and tool loops hand theirs.
+  veRL's post-processing then runs its processor on them (`_compute_multi_modal_inputs`: pixel_values,
+  image_grid_thw) and the model's `get_rope_index` (`_compute_position_ids`: M-RoPE positions).
+  `mm_processor_kwargs` is `{}`: the checkpoint's own processor settings, which the proxy expanded the
+  placeholder runs with (`data.mm_processor_kwargs` would give other grids than the engine saw). A
+  response cut to `rollout.response_length` is cut before the first image whose run would not fit
+  whole, and that image and the later ones are dropped; a prompt with images longer than
+  `rollout.prompt_length` is an error (veRL's own loops refuse it too: truncation would misalign the
+  runs). veRL's worker must have a multimodal processor (`hf_processor`), else the rollout is refused.
 - **The reward** is the rollout's exact grade (the task's verifier, rollouts/runner.py): `reward_score`, so
   veRL's reward manager does not grade the sample again. A rollout that failed for infrastructure or
   harness reasons has no reward and none is invented: `run` raises `OpenForgeRolloutFailed`.
@@ -68,6 +79,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from verl.workers.rollout.replica import TokenOutput
 
 from engine.protocol import BadRequest, CompletionState, finish_json, parse_input_ids, parse_sampling_params
+from engine.sglang_api import StaticInfo
 from openforge.errors import TrainerError
 
 log = logging.getLogger("forge.verl")
@@ -116,7 +128,7 @@ class _Answered:
         return {}
 
 
-class VerlServerBackend:
+class VerlServerBackend(StaticInfo):
     """An SGLang-API backend (engine.sglang_api.SGLangBackend) whose /generate is veRL's server manager.
 
     `server_manager.generate` runs on `owner_loop` (veRL's agent-loop worker loop, where its Ray handles and
@@ -124,6 +136,8 @@ class VerlServerBackend:
     the rollout a request belongs to (None: not a bridge rollout, refused)."""
 
     incremental_stream = True
+    info_version = "verl-bridge"
+    weight_version = "verl"
 
     def __init__(self, server_manager: Any, tokenizer: Any, *, model_path: str, context_length: int,
                  owner_loop: asyncio.AbstractEventLoop, params_for: Callable[[str], dict[str, Any] | None],
@@ -158,7 +172,7 @@ class VerlServerBackend:
         # keeps the rollout's prefix cache), as in veRL's ToolAgentLoop; the proxy's rid is <rollout id>_<hex>.
         out = await self._on_owner_loop(self.server_manager.generate(
             request_id=rid.rsplit("_", 1)[0], prompt_ids=input_ids,
-            sampling_params=verl_sampling_params(engine_params, verl_params), image_data=body.get("image_data") or None))
+            sampling_params=verl_sampling_params(engine_params, verl_params), image_data=_pil_images(body)))
         ids = [int(t) for t in out.token_ids]
         lps = [float(x) for x in out.log_probs] if out.log_probs else [float("nan")] * len(ids)
         if len(lps) != len(ids):
@@ -173,22 +187,6 @@ class VerlServerBackend:
             state.finish = (finish_json("abort", message="veRL's server aborted the request")
                             if out.stop_reason == "aborted" else finish_json("length", length=len(ids)))
         return _Answered(rid, len(input_ids), state)
-
-    async def healthy(self) -> bool:
-        return True
-
-    async def health_generate(self) -> bool:
-        return True
-
-    def model_info(self) -> dict[str, Any]:
-        return {"model_path": self.model_path, "tokenizer_path": self.model_path, "is_generation": True,
-                "preferred_sampling_params": None, "weight_version": "verl", "served_model_name": self.model_name,
-                "context_length": self.context_length}
-
-    def server_info(self) -> dict[str, Any]:
-        return {"model_path": self.model_path, "served_model_name": self.model_name,
-                "context_length": self.context_length, "max_req_input_len": self.context_length - 1,
-                "incremental_streaming_output": True, "internal_states": [], "version": "verl-bridge"}
 
     def loaded_adapters(self) -> dict[str, str]:
         return {}
@@ -207,6 +205,33 @@ class VerlServerBackend:
 
     def close(self) -> None:
         pass
+
+
+def _pil_images(body: dict[str, Any]) -> list[Any] | None:
+    """The proxy's `image_data` (data URLs) as what veRL's own loops hand its servers: PIL images (veRL's
+    vLLM server puts them in vLLM's `multi_modal_data`, its SGLang server in SGLang's `image_data`)."""
+    from engine.multimodal import decode_data_url, image_data_list
+    from engine.vision import open_image
+    from openforge.images import ImageError
+
+    urls = image_data_list(body)
+    try:
+        return [open_image(decode_data_url(u, i), i) for i, u in enumerate(urls)] or None
+    except ImageError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def _data_url(image: Any) -> str:
+    """A PIL image (what veRL's servers are given) as a PNG data URL for an SGLang-API engine; PNG is lossless,
+    so the engine decodes the very pixels."""
+    import base64
+    import io
+
+    if isinstance(image, str):
+        return image
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 class EmbeddedVerlServer:
@@ -247,7 +272,8 @@ class EmbeddedVerlServer:
         params["max_new_tokens"] = max(0, min(int(max_new), room))
         return_logprob = bool(params.pop("logprobs", False))
         # a fresh id per turn, as LLMServerClient._vllm_request_id gives the server; `request_id` is the session's
-        out = await self.client.generate(prompt_ids, params, rid=uuid.uuid4().hex, image_data=image_data)
+        out = await self.client.generate(prompt_ids, params, rid=uuid.uuid4().hex,
+                                         image_data=[_data_url(x) for x in image_data] if image_data else None)
         result = TokenOutput(token_ids=list(out.output_ids), log_probs=list(out.logprobs) if return_logprob else None,
                              stop_reason="aborted" if out.finish_reason == "abort" else "completed", num_preempted=0,
                              extra_fields={"global_steps": 0})
@@ -429,8 +455,12 @@ def task_of(row: dict[str, Any]) -> Any:
 
 
 def output_of(store: Any, rollout: Any, *, response_length: int, segment: str = "last",
-              cap_prompt: Callable[[list[int]], list[int]] | None = None) -> AgentLoopOutput:
-    """veRL's AgentLoopOutput of one recorded rollout (see the module's docstring for the mapping)."""
+              cap_prompt: Callable[[list[int]], list[int]] | None = None, images: Any = None,
+              vision: Any = None, prompt_length: int | None = None) -> AgentLoopOutput:
+    """veRL's AgentLoopOutput of one recorded rollout (see the module's docstring for the mapping).
+
+    A segment with images needs `images` (the run's ImageStore) and `vision` (engine.vision.VisionTokens of
+    veRL's processor: the placeholder ids); `prompt_length` is veRL's `rollout.prompt_length`."""
     from trainer.sampler import is_infra_failure
 
     if is_infra_failure(rollout) or rollout.reward is None:
@@ -446,13 +476,14 @@ def output_of(store: Any, rollout: Any, *, response_length: int, segment: str = 
         seg = max(segments, key=lambda s: (sum(s.loss_mask), s.segment))
     else:
         raise TrainerError(f"segment must be 'last' or 'longest', not {segment!r}")
-    if getattr(seg, "images", None):
-        raise TrainerError(f"rollout {rollout.id} has images: the veRL bridge does not yet hand veRL the "
-                           "multi_modal_data a VLM trains on; train GUI rollouts with `forge train`")
     tokens, mask, lps = list(seg.token_ids), list(seg.loss_mask), [float(x) for x in seg.logprobs]
     first = mask.index(1)
     prompt_ids = tokens[:first]
-    if cap_prompt is not None:
+    mm: dict[str, Any] = {}
+    if getattr(seg, "images", None):
+        response_length, mm = _segment_images(rollout, seg, tokens, first, response_length, images, vision,
+                                              prompt_length)
+    if cap_prompt is not None:  # a prompt with images over the limit was refused above
         prompt_ids = cap_prompt(prompt_ids)
     response_ids, response_mask, response_logprobs = tokens[first:], mask[first:], lps[first:]
     truncated = len(response_ids) > response_length
@@ -473,8 +504,56 @@ def output_of(store: Any, rollout: Any, *, response_length: int, segment: str = 
         extra_fields={"turn_scores": [], "tool_rewards": [], "openforge": {
             "rollout_id": rollout.id, "run_id": rollout.run_id, "task_id": rollout.task_id,
             "status": rollout.status, "segment": seg.segment, "n_segments": len(segments),
-            "n_calls": len(seg.call_ids), "response_truncated": truncated}},
+            "n_calls": len(seg.call_ids), "response_truncated": truncated,
+            "n_images": len(mm.get("multi_modal_data", {}).get("images", []))}},
+        **mm,
     )
+
+
+def _segment_images(rollout: Any, seg: Any, tokens: list[int], first: int, response_length: int, images: Any,
+                    vision: Any, prompt_length: int | None) -> tuple[int, dict[str, Any]]:
+    """(the response length to keep, AgentLoopOutput's multimodal fields) of a segment with images: every
+    image whose placeholder run is kept whole, decoded from the run's ImageStore, in run order."""
+    from engine.vision import open_image, placeholder_runs
+    from openforge.images import ImageError
+
+    where = f"rollout {rollout.id} of task {rollout.task_id}"
+    if vision is None or images is None:
+        raise TrainerError(f"{where} has images but veRL's worker has no multimodal processor for this model "
+                           "(veRL's hf_processor could not load it; see its warning), so veRL cannot build the "
+                           "pixel inputs a VLM trains on")
+    runs = placeholder_runs(tokens, vision.image_token_id)
+    if len(runs) != len(seg.images):
+        raise TrainerError(f"{where} has {len(seg.images)} image(s) but {len(runs)} image placeholder run(s)")
+    if prompt_length is not None and first > prompt_length and runs[0][0] < first:
+        raise TrainerError(f"{where}: its prompt with images is {first} tokens, over rollout.prompt_length="
+                           f"{prompt_length}; cutting it would misalign the image runs (veRL's own loops refuse "
+                           "it too): raise rollout.prompt_length")
+    end = first + response_length  # the response is cut here, or before the first image cut by it
+    keep = len(runs)
+    for k, (start, stop) in enumerate(runs):
+        if stop > end:
+            before = start - 1 if tokens[start - 1] == vision.vision_start_id else start
+            end, keep = min(end, before), k
+            break
+    try:
+        pil = [open_image(images.get(sha), i) for i, sha in enumerate(seg.images[:keep])]
+    except ImageError as exc:
+        raise TrainerError(f"{where}: {exc}") from None
+    # mm_processor_kwargs {}: the checkpoint's own processor settings, as the proxy expanded the runs with
+    return end - first, {"multi_modal_data": {"images": pil}, "mm_processor_kwargs": {}}
+
+
+def _vision_tokens(processor: Any) -> Any:
+    """The image placeholder ids of veRL's processor (a Qwen2-VL-style one); None without a processor."""
+    from engine.vision import VisionTokens
+
+    if processor is None:
+        return None
+    try:
+        return VisionTokens.from_processor(processor)
+    except (AttributeError, TypeError, ValueError):  # not a Qwen2-VL-style processor: images are refused
+        return None
 
 
 @register(AGENT_NAME)
@@ -499,6 +578,10 @@ class OpenForgeAgentLoop(AgentLoopBase):
             bridge = await owner.run_in_executor(None, lambda: bridge_for(
                 self, owner, forge_config=self.forge_config, forge_home=self.forge_home))
         rollout = await bridge.rollout(task, sampling_params)
+        from openforge.images import ImageStore
+
+        vision = _vision_tokens(self.processor)
         return await asyncio.get_running_loop().run_in_executor(None, lambda: output_of(
             bridge.store, rollout, response_length=self.rollout_config.response_length, segment=self.segment,
-            cap_prompt=self._cap_text_prompt_length))
+            cap_prompt=self._cap_text_prompt_length, images=ImageStore.for_run(bridge.home, rollout.run_id),
+            vision=vision, prompt_length=self.rollout_config.prompt_length))
