@@ -56,7 +56,8 @@ def gc(ctx: typer.Context,
 def build_image(ctx: typer.Context,
                 variant: Annotated[str, typer.Option(help="python (Debian + python3 + openai SDK), browser (python + chromium, Xvfb, xdotool, fonts) or busybox (shell only)")] = "python",
                 harness: Annotated[str, typer.Option(help="npm harnesses to add on top of the python image, comma-separated: "
-                                                          "claude-code,codex,openclaw (installed into harness.npm_cache first if missing)")] = "",
+                                                          "claude-code,codex,openclaw (installed into harness.npm_cache first if missing); "
+                                                          "or browser-use alone, on top of the browser image")] = "",
                 latest: Annotated[bool, typer.Option(help="also tag it openforge-sandbox:latest (the default image)")] = True,
                 ) -> None:
     """Build the Docker sandbox image locally (debootstrap or busybox, then docker import); cached by recipe hash."""
@@ -70,9 +71,20 @@ def build_image(ctx: typer.Context,
 
         names = [name.strip() for name in harness.split(",") if name.strip()]
         cache = npm_cache_dir(config.harness)
-        for name in names:
-            install_harness(name, cache)  # a no-op when the cache has it; the image copies what the cache holds
-        tag = ensure_harness_image(image_layer(names, cache), base_url=base_url, tag_latest=latest)
+        if "browser-use" in names:  # a Python harness, on the browser image: an image of its own
+            from openforge.errors import HarnessError
+            from rollouts.harnesses import browseruse
+            from sandbox.harness_image import ensure_venv_image
+
+            if names != ["browser-use"]:
+                raise HarnessError("browser-use goes on the browser image, the npm harnesses on the python image: "
+                                   "build them separately (--harness browser-use, --harness claude-code,codex)")
+            browseruse.install_browser_use(cache)  # a no-op when the cache has it
+            tag = ensure_venv_image(browseruse.image_layer(cache), base_url=base_url, tag_latest=latest)
+        else:
+            for name in names:
+                install_harness(name, cache)  # a no-op when the cache has it; the image copies what the cache holds
+            tag = ensure_harness_image(image_layer(names, cache), base_url=base_url, tag_latest=latest)
     else:
         tag = ensure_image(variant, base_url=base_url, tag_latest=latest)
     typer.echo(tag + ("  (also openforge-sandbox:latest)" if latest else ""))

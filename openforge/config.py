@@ -169,6 +169,14 @@ class KubernetesSandboxConfig(_SandboxCommon):
     create_error_retries: int = Field(
         3, ge=0, description="CreateContainerError seen this often on one pod fails its start (retried as transient)"
     )
+    site_relay_host: str = Field(
+        "", description="GUI tasks: the address the site relay listens on (e.g. 0.0.0.0 in the controller pod); "
+                        "empty = the host of proxy_url, which is where pods dial it"
+    )
+    site_relay_port: int = Field(
+        0, ge=0, le=65535, description="GUI tasks: the site relay's TCP port; 0 = any free one. Fix it in a "
+                                       "cluster: the Service and the NetworkPolicy name it"
+    )
 
 
 _SANDBOX_TYPES = {"local": LocalSandboxConfig, "docker": DockerSandboxConfig, "kubernetes": KubernetesSandboxConfig}

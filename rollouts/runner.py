@@ -182,44 +182,53 @@ class RolloutRunner:
             await self._gate.wait()  # a pause while this one queued for a slot holds it too
             await self._db(self.store.update_rollout, ro.id, status="running")
             self._progress(ro.id)
-            sb = await self._start_sandbox(ro)
-            if sb is None:
-                return
-            site = None
-            try:
-                site = self._open_site(sb, spec.task)
-                await self._drive(sb, ro, spec.task, site)
+            try:  # a GUI task's site first: a container binds its socket when it is created
+                site = self._open_site(spec.task)
             except _InfraFailure as exc:
                 await self._finish(ro.id, status="failed", **_failure("infra", str(exc)))
-            finally:
+                return
+            try:
+                sb = await self._start_sandbox(ro, site)
+                if sb is None:
+                    return
+                try:
+                    if site is not None and not hasattr(sb, "attach_gui"):
+                        raise _InfraFailure(f"GUI task {spec.task.id} needs a sandbox with a display: the "
+                                            f"{sb.info.backend} backend has none (use sandbox.type = \"local\" "
+                                            "with bubblewrap, or \"docker\" with the browser image)")
+                    await self._drive(sb, ro, spec.task, site)
+                except _InfraFailure as exc:
+                    await self._finish(ro.id, status="failed", **_failure("infra", str(exc)))
+                finally:
+                    await stop_shielded(sb)
+            finally:  # after the sandbox: nothing inside can reach the site any more
                 if site is not None:
-                    await asyncio.to_thread(site.close)
-                await stop_shielded(sb)
+                    await asyncio.shield(asyncio.to_thread(site.close))
 
     @staticmethod
-    def _open_site(sb: Sandbox, task: TaskSpec) -> Any:
+    def _open_site(task: TaskSpec) -> Any:
         """A GUI task's site, served on the host for this rollout (rollouts/web/server.py); None otherwise."""
         if task.gui is None:
             return None
-        if not hasattr(sb, "attach_gui"):
-            raise _InfraFailure(f"GUI task {task.id} needs a sandbox with a display: sandbox.type = \"local\" "
-                                f"with bubblewrap (the {sb.info.backend} backend has none yet)")
         from rollouts.web.server import SiteSession
         try:
             return SiteSession(task.gui)
         except OSError as exc:
             raise _InfraFailure(f"cannot serve the task's site: {exc}") from None
 
-    async def _start_sandbox(self, ro: Rollout) -> Sandbox | None:
-        """A started sandbox, or None after recording `failed` once every start attempt has failed."""
+    async def _start_sandbox(self, ro: Rollout, site: Any = None) -> Sandbox | None:
+        """A started sandbox, or None after recording `failed` once every start attempt has failed.
+        A GUI task's site socket goes to the factory (a container binds it at creation)."""
 
         async def record(attempt: int, error: BaseException | None) -> None:
             await self._db(self.store.update_rollout, ro.id, attempts=attempt)
 
+        extra = {"proxy_socket": self.proxy_socket} if self.proxy_socket else {}
+        if site is not None:
+            extra["site_socket"] = site.socket_path
         try:
             sb = await start_with_retry(
-                lambda: self.sandbox_factory(self.sandbox_config, run_id=ro.run_id, rollout_id=ro.id,
-                                             **({"proxy_socket": self.proxy_socket} if self.proxy_socket else {})),
+                lambda: self.sandbox_factory(self.sandbox_config, run_id=ro.run_id, rollout_id=ro.id, **extra),
                 retries=self.config.sandbox.start_retries, timeout=self.config.runner.rollout_timeout_s,
                 on_attempt=record)
         except SandboxStartFailed as exc:

@@ -9,11 +9,25 @@ Timeouts are enforced from the host: at the deadline a second exec kills every p
 container whose environment carries this exec's marker (`OPENFORGE_EXEC=<id>`), which catches the
 children it started too; `stop()` removes the container with force (SIGKILL to all of it).
 
-Everything in the container runs as the image's `forge` user (uid/gid 1000, as the Kubernetes pods),
-with every capability dropped, `no-new-privileges` and a read-only root: the working directory, $HOME
-and /tmp are anonymous volumes (seeded from the image, which gives the user those folders; removed
-with the container). The network is `none` by default: the proxy's unix socket is bound in and a
-forwarder serves it on the container's 127.0.0.1 (`proxy_url`).
+Everything the sandbox runs in the container runs as the image's `forge` user (uid/gid 1000, as the
+Kubernetes pods); docker-init and the keeper `sleep` run as uid 0, so the agent cannot signal them
+(with no CAP_KILL) and stop its own container. Every capability is dropped, with `no-new-privileges`
+and a read-only root: the working directory, $HOME and /tmp are anonymous volumes (seeded from the
+image, which gives the user those folders; removed with the container). The network is `none` by
+default: the proxy's unix socket is bound in and a forwarder serves it on the container's 127.0.0.1
+(`proxy_url`).
+
+GUI tasks (sandbox/gui.py, docs/gui.md "Docker"): created with a task site's `site_socket`, the
+container gets the socket's own private folder bound read-only at /run/forge-site (a unix socket stays
+connectable on a read-only mount; nothing can be added to or removed from the folder) and gui.py bound
+read-only at /opt/forge/gui.py. While `attach_gui(spec)` holds a spec, each exec runs as
+
+    python3 -I -c <forwarder.py> --socket /run/forge-site/site.sock --port 8080 --
+      python3 -I /opt/forge/gui.py run --size WxH --kiosk URL -- CMD
+
+in the image's python3 (the browser image has chromium, Xvfb, xdotool and python3-pil): Xvfb's socket
+lands in the container's /tmp, its abstract socket in the container's own network namespace, and
+everything the exec started carries its marker, so it ends with the exec (and with `kill_all`).
 """
 
 from __future__ import annotations
@@ -26,29 +40,36 @@ import secrets
 import stat
 import tarfile
 import time
+from pathlib import Path
 from typing import Any
 
 from openforge.config import DockerSandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
-from sandbox.base import (LABEL_HOME, container_path, ExecResult, SandboxBase, SandboxFileNotFound, SandboxInfo,
-                          TransientSandboxError, sandbox_labels)
+from sandbox.base import (KILL_ALL_SH, KILL_MARKED_SH, LABEL_HOME, container_path, ExecResult, SandboxBase,
+                          SandboxFileNotFound, SandboxInfo, SandboxPathRefused, TransientSandboxError, sandbox_labels)
+from sandbox.gui import CHROMIUM_NAMES, SITE_PORT, SITE_URL, GuiSpec
 from sandbox.images import SANDBOX_HOME, SANDBOX_UID
 
 BUILD_HINT = "forge sandbox build-image"
+GUI_MODULE = Path(__file__).with_name("gui.py")
+GUI_INSIDE = "/opt/forge/gui.py"  # a read-only file bind (the root stays read-only)
+SITE_DIR_INSIDE = "/run/forge-site"  # the site socket's own folder, bound read-only
+# What a GUI exec needs from the image: prints `missing NAME` for each absent, then `python PATH` (the
+# python3 with Pillow that GUI execs get as FORGE_PYTHON). chromium may be under any of gui.py's names.
+_GUI_CHECK = ('for p in Xvfb xdotool python3; do command -v $p >/dev/null || echo missing $p; done; '
+              'found=; for c in ' + " ".join(CHROMIUM_NAMES) + '; do command -v $c >/dev/null && found=1; done; '
+              '[ -n "$found" ] || echo missing chromium; '
+              'python3 -I -c "from PIL import ImageGrab" 2>/dev/null || echo missing python3-pil; '
+              'echo python "$(command -v python3)"; true')
+# Every exec runs as the sandbox's user; only docker-init and the keeper run as uid 0 (with no
+# capability: no CAP_KILL, so nothing of uid 1000 can signal them; `kill -9 -1` from the agent would
+# otherwise end the keeper, so the container, and turn its failure into an infrastructure one).
+EXEC_USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
 _FOREVER = "2147483647"  # `sleep infinity` is GNU-only; a big number works in busybox too
-# Kills every process (but this shell) whose environ holds the marker $1; POSIX sh + tr + grep, so
-# busybox images work too.
-_KILL_MARKED = ('for p in /proc/[0-9]*; do [ "${p#/proc/}" = "$$" ] && continue; tr "\\0" "\\n" < $p/environ '
-                '2>/dev/null | grep -qx "$1" && kill -9 ${p#/proc/} 2>/dev/null; done; true')
 # Runs the command, then kills what it left in the background, in the same exec (no extra round trip),
 # so background processes end with their exec as on the local backend.
-# Kills every process but PID 1 (docker-init), the container's keeper ($1) and this shell, until none
-# is left: a process that forks while being killed is caught by the next pass.
-_KILL_ALL = ('for pass in 1 2 3 4 5; do n=0; for p in /proc/[0-9]*; do q=${p#/proc/}; '
-             '[ "$q" = 1 ] || [ "$q" = "$1" ] || [ "$q" = "$$" ] && continue; '
-             'kill -9 $q 2>/dev/null && n=1; done; [ $n = 0 ] && break; sleep 0.05; done; true')
-_RUN_THEN_REAP = '"$@"; rc=$?; set -- "OPENFORGE_EXEC=$OPENFORGE_EXEC"; ' + _KILL_MARKED + '; exit $rc'
+_RUN_THEN_REAP = '"$@"; rc=$?; set -- "OPENFORGE_EXEC=$OPENFORGE_EXEC"; ' + KILL_MARKED_SH + '; exit $rc'
 
 
 def connect(base_url: str = "", timeout: float = 30) -> Any:
@@ -70,7 +91,7 @@ def connect(base_url: str = "", timeout: float = 30) -> Any:
 
 class DockerSandbox(SandboxBase):
     def __init__(self, config: DockerSandboxConfig, *, run_id: str, rollout_id: str,
-                 proxy_socket: str | None = None) -> None:
+                 proxy_socket: str | Path | None = None, site_socket: str | Path | None = None) -> None:
         self.config = config
         self.cfg = config
         self.start_retries = config.start_retries
@@ -82,10 +103,14 @@ class DockerSandbox(SandboxBase):
         self.name = f"openforge-{rollout_id}"
         self._client: Any = None
         self._container: Any = None
-        self._keeper_pid = ""  # the `sleep` that keeps the container up: the one process kill_all spares
         self.volume_names: list[str] = []  # its anonymous volumes (workdir, HOME, /tmp), removed with it
         self.proxy_socket = str(proxy_socket) if proxy_socket else None
         self.proxy_url: str | None = None
+        # A GUI task's site socket (rollouts/web/server.py), bound in at create time; `attach_gui` runs
+        # the following execs in a display with a browser on it.
+        self.site_socket = os.fspath(site_socket) if site_socket else None
+        self.gui: GuiSpec | None = None
+        self.gui_python = "python3"  # the image's python3 (its path, once start() has checked the image)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -95,29 +120,66 @@ class DockerSandbox(SandboxBase):
         self._container = await asyncio.to_thread(self._create)
         self.info.sandbox_id = self._container.id[:12]
         self.volume_names = [m["Name"] for m in self._container.attrs.get("Mounts", []) if m.get("Type") == "volume"]
-        # Right after start the keeper is PID 1's only child; an orphan reparented to PID 1 later is not.
-        found = await self.exec(["sh", "-c", 'cat /proc/1/task/1/children && for d; do [ -w "$d" ] || echo "$d"; done',
-                                 "sh", *self.writable], timeout=30)
-        self._keeper_pid = found.stdout.split()[0] if found.exit_code == 0 and found.stdout.split() else ""
-        if not self._keeper_pid:
-            raise SandboxError(f"container {self.name}: cannot find its keeper process ({found.stderr.strip()})")
-        if found.stdout.split()[1:]:
-            raise SandboxError(f"image {self.cfg.image}: {', '.join(found.stdout.split()[1:])} not writable by uid "
+        found = await self.exec(["sh", "-c", 'for d; do [ -w "$d" ] || echo "$d"; done', "sh", *self.writable],
+                                timeout=30)
+        if found.exit_code != 0:
+            raise SandboxError(f"container {self.name}: the start check failed ({found.stderr.strip()})")
+        if found.stdout.split():
+            raise SandboxError(f"image {self.cfg.image}: {', '.join(found.stdout.split())} not writable by uid "
                                f"{SANDBOX_UID}, the sandbox's user; build the image with `{BUILD_HINT}` "
                                f"(or give uid {SANDBOX_UID} those folders in yours)")
+        if self.site_socket:
+            await self._check_gui_image()
         if self._forwarding:
             await self._start_forwarder()
 
+    def attach_gui(self, spec: GuiSpec | None) -> None:
+        """Run the following execs with an X display (Xvfb), chromium on `spec.url` and the site's socket
+        forwarded to the container's 127.0.0.1:SITE_PORT; None detaches. The site socket is bound when
+        the container is created, so a spec must name the same one (`make_sandbox(site_socket=...)`)."""
+        if spec is not None and (os.fspath(spec.site_socket) if spec.site_socket else None) != self.site_socket:
+            raise SandboxError(f"this container was created with site socket {self.site_socket or '(none)'}, "
+                               f"not {spec.site_socket or '(none)'}: pass the task site's socket to "
+                               "make_sandbox(site_socket=...) before the sandbox starts")
+        self.gui = spec
+
+    async def _check_gui_image(self) -> None:
+        """A GUI sandbox's image must hold chromium, Xvfb, xdotool and python3 with Pillow (the browser image),
+        and its network namespace must be its own (the display's abstract socket and the site's port live there)."""
+        if self.cfg.network == "host":
+            raise SandboxError("GUI tasks need a container with a network of its own (its X display and the "
+                               "site's port 8080 would be the host's): set sandbox.network = \"none\"")
+        found = await self.exec(_GUI_CHECK, timeout=60)
+        lines = [line.split(" ", 1) for line in found.stdout.splitlines() if " " in line]
+        missing = [v for k, v in lines if k == "missing"]
+        if found.exit_code != 0:
+            missing.append(f"(the check failed: {found.stderr.strip()[:200]})")
+        self.gui_python = next((v for k, v in lines if k == "python" and v.startswith("/")), "python3")
+        if missing:
+            from sandbox.images import image_tag
+
+            raise SandboxError(f"image {self.cfg.image} cannot run GUI tasks: no {', '.join(missing)}; build the "
+                               f"browser image with `{BUILD_HINT} --variant browser` and set sandbox.image = "
+                               f"\"{image_tag('browser')}\"")
+
     async def kill_all(self) -> None:
-        """Kill every process in the container but docker-init and the keeper, by /proc scan inside the
-        container's pid namespace: setsid, `env -i` and double forks cannot hide from it. It runs as the
-        same user as everything else there, which no process in it can leave (no capabilities, no
-        new privileges), so every one of them can be killed."""
+        """Kill every process in the container but docker-init and the keeper: `kill -9 -1` as the
+        sandbox's user (KILL_ALL_SH), which every process the agent started is (no capabilities, no new
+        privileges) and docker-init and the keeper are not. setsid, `env -i`, double forks and a chain
+        of processes that fork and exit faster than a /proc scan (which once let one outlive the
+        scan and rewrite the verifier) cannot hide from it. SandboxError when something survives."""
         if self._container is None:
             return
-        eid = await asyncio.to_thread(self._client.api.exec_create, self._container.id,
-                                      ["sh", "-c", _KILL_ALL, "sh", self._keeper_pid])
-        await asyncio.to_thread(self._client.api.exec_start, eid["Id"])
+
+        def run() -> tuple[int | None, bytes]:
+            eid = self._client.api.exec_create(self._container.id, ["sh", "-c", KILL_ALL_SH], user=EXEC_USER)
+            out = self._client.api.exec_start(eid["Id"])
+            return self._client.api.exec_inspect(eid["Id"]).get("ExitCode"), out
+
+        code, out = await asyncio.to_thread(run)
+        if code != 0:
+            raise SandboxError(f"kill_all in container {self.info.sandbox_id} (exit {code}): "
+                               f"{out.decode('utf-8', 'replace').strip()[-300:]}")
 
     def _create(self) -> Any:
         import docker.errors
@@ -130,12 +192,14 @@ class DockerSandbox(SandboxBase):
         from docker.types import Mount
 
         if self._forwarding:
-            _open_socket_to(self.proxy_socket or "")
+            _open_socket_to(self.proxy_socket or "", "the proxy")
+        if self.site_socket:
+            _open_socket_to(self.site_socket, "the task site")
         try:
             container = self._client.containers.run(
                 self.cfg.image, ["sleep", _FOREVER], name=self.name, detach=True, init=True,
                 labels=self.labels, working_dir=self.config.workdir, network_mode=self.cfg.network,
-                user=f"{SANDBOX_UID}:{SANDBOX_UID}", cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                user="0:0", cap_drop=["ALL"], security_opt=["no-new-privileges"],
                 read_only=True, environment={"HOME": SANDBOX_HOME, "TMPDIR": "/tmp"},
                 # Anonymous volumes: seeded from the image (ownership included), removed with the container.
                 mounts=[Mount(path, None, type="volume") for path in self.writable],
@@ -150,10 +214,15 @@ class DockerSandbox(SandboxBase):
         return container
 
     def _volumes(self) -> dict[str, dict[str, str]]:
-        """The proxy socket's folder (it holds only the socket), bound in when the container has no network."""
-        if not self._forwarding:
-            return {}
-        return {os.path.dirname(self.proxy_socket or ""): {"bind": "/run/forge", "mode": "rw"}}
+        """The proxy socket's folder (it holds only the socket), bound in when the container has no network;
+        a GUI task's site socket folder (only the socket, read-only) and gui.py (read-only)."""
+        volumes: dict[str, dict[str, str]] = {}
+        if self._forwarding:
+            volumes[os.path.dirname(self.proxy_socket or "")] = {"bind": "/run/forge", "mode": "ro"}
+        if self.site_socket:
+            volumes[os.path.dirname(self.site_socket)] = {"bind": SITE_DIR_INSIDE, "mode": "ro"}
+            volumes[str(GUI_MODULE)] = {"bind": GUI_INSIDE, "mode": "ro"}
+        return volumes
 
     @property
     def _forwarding(self) -> bool:
@@ -172,7 +241,7 @@ class DockerSandbox(SandboxBase):
         eid = await asyncio.to_thread(self._client.api.exec_create, self._container.id,
                                       ["python3", "-I", "-c", FORWARDER.read_text(), "--socket",
                                        f"/run/forge/{os.path.basename(self.proxy_socket or '')}",
-                                       "--port", str(PROXY_PORT), "--"])
+                                       "--port", str(PROXY_PORT), "--"], user=EXEC_USER)
         await asyncio.to_thread(self._client.api.exec_start, eid["Id"])  # returns once the port is bound
         self.proxy_url = f"http://127.0.0.1:{PROXY_PORT}"
 
@@ -210,17 +279,20 @@ class DockerSandbox(SandboxBase):
         cap = max_output or self.config.max_output_bytes
         marker = f"OPENFORGE_EXEC={secrets.token_hex(8)}"
         argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
+        extra: dict[str, str] = {}
+        if self.gui is not None:  # the display, the browser and the site's door (sandbox/gui.py)
+            argv, extra = self._gui_argv(self.gui, argv)
         if stdin is not None:
             # Exec stdin needs a hijacked socket; a file redirect gives the same bytes more simply.
             path = f"/tmp/.openforge-stdin-{marker[-16:]}"
             await asyncio.to_thread(self._put, path, stdin, 0o600)
             argv = ["sh", "-c", f'"$@" < {path}; rc=$?; rm -f {path}; exit $rc', "sh", *argv]
         argv = ["sh", "-c", _RUN_THEN_REAP, "sh", *argv]
-        environment = {**(env or {}), "OPENFORGE_EXEC": marker.partition("=")[2]}
+        environment = {**extra, **(env or {}), "OPENFORGE_EXEC": marker.partition("=")[2]}
         workdir = self._resolve(cwd) if cwd else self.config.workdir
         start = time.monotonic()
         exec_id = await asyncio.to_thread(self._client.api.exec_create, container.id, argv,
-                                          environment=environment, workdir=workdir)
+                                          environment=environment, workdir=workdir, user=EXEC_USER)
         exec_id = exec_id["Id"]
         reader = _CappedReader(cap)
         task = asyncio.ensure_future(asyncio.to_thread(reader.run, self._client.api, exec_id))
@@ -244,9 +316,23 @@ class DockerSandbox(SandboxBase):
         return ExecResult(exit_code=code, stdout=reader.text(0), stderr=reader.text(1), timed_out=timed_out,
                           truncated=reader.truncated, duration_s=time.monotonic() - start)
 
+    def _gui_argv(self, spec: GuiSpec, argv: list[str]) -> tuple[list[str], dict[str, str]]:
+        """`argv` inside gui.py's launcher, behind the site's forwarder, and the environment a GUI exec gets."""
+        from sandbox.local import FORWARDER
+
+        python = self.gui_python
+        argv = [python, "-I", GUI_INSIDE, *spec.launcher_args(), *argv]
+        env = {"FORGE_GUI": GUI_INSIDE, "FORGE_PYTHON": python}
+        if spec.site_socket:
+            argv = [python, "-I", "-c", FORWARDER.read_text(), "--socket",
+                    f"{SITE_DIR_INSIDE}/{os.path.basename(spec.site_socket)}", "--port", str(SITE_PORT), "--", *argv]
+            env["FORGE_SITE_URL"] = SITE_URL
+        return argv, env
+
     def _kill_marked(self, marker: str) -> None:
         try:
-            eid = self._client.api.exec_create(self._container.id, ["sh", "-c", _KILL_MARKED, "sh", marker])
+            eid = self._client.api.exec_create(self._container.id, ["sh", "-c", KILL_MARKED_SH, "sh", marker],
+                                               user=EXEC_USER)
             self._client.api.exec_start(eid["Id"])
         except Exception:  # noqa: BLE001 - a container already gone has nothing left to kill
             pass
@@ -268,6 +354,8 @@ class DockerSandbox(SandboxBase):
         if base is None or rel == ".":
             raise SandboxError(f"cannot write {full}: the container's root is read-only; the sandbox's user "
                                f"writes only in {', '.join(self.writable)}")
+        import docker.errors
+
         now = int(time.time())
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -281,7 +369,11 @@ class DockerSandbox(SandboxBase):
             member.size, member.mode, member.mtime = len(data), mode, now
             member.uid = member.gid = SANDBOX_UID
             tar.addfile(member, io.BytesIO(data))
-        if not self._client.api.put_archive(self._container.id, base, buf.getvalue()):
+        try:
+            ok = self._client.api.put_archive(self._container.id, base, buf.getvalue())
+        except docker.errors.APIError as exc:
+            raise _path_error(f"cannot write {full} into container {self.info.sandbox_id}", exc) from None
+        if not ok:
             raise SandboxError(f"could not write {full} into container {self.info.sandbox_id}")
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
@@ -296,6 +388,8 @@ class DockerSandbox(SandboxBase):
             stream, stat = self._client.api.get_archive(cid, full)
         except docker.errors.NotFound:
             raise SandboxFileNotFound(f"{full}: no such file in the sandbox") from None
+        except docker.errors.APIError as exc:
+            raise _path_error(f"cannot read {full} in container {self.info.sandbox_id}", exc) from None
         # get_archive streams a tar; read it as a stream so a huge file is never held whole.
         with tarfile.open(fileobj=_IterReader(stream), mode="r|") as tar:
             for member in tar:
@@ -306,17 +400,36 @@ class DockerSandbox(SandboxBase):
         raise SandboxFileNotFound(f"{full}: no such file in the sandbox")
 
 
-def _open_socket_to(path: str) -> None:
-    """Let the container's user (another uid) reach the proxy's socket through its bound folder:
-    the folder searchable, the socket connectable. It holds nothing else, and every request still
-    needs a rollout's key, exactly as on the proxy's TCP port, which any local user can reach."""
+# What the engine says when a path's folders, as the agent left them, cannot be resolved: a file or a
+# link loop where a folder goes (`evalSymlinksInScope: too many links`), a folder it cannot search.
+_PATH_REFUSALS = ("not a directory", "too many links", "too many levels of symbolic links", "permission denied")
+
+
+def _path_error(what: str, exc: Any) -> SandboxError:
+    """A files call the engine refused: SandboxPathRefused when the container's contents are why (the
+    agent's doing: the runner grades the file wrong), else SandboxError. The engine's host paths
+    (its overlay folders) are left out of the message."""
+    why = str(getattr(exc, "explanation", None) or exc)
+    head, sep, tail = why.partition("/merged")
+    if sep:  # "... in /var/lib/docker/overlay2/<id>/merged/workspace/x": the container's path follows
+        why = f"{head.rsplit(' ', 1)[0]} {tail}"
+    if any(s in why.lower() for s in _PATH_REFUSALS):
+        return SandboxPathRefused(f"{what}: {why}")
+    return SandboxError(f"{what}: {why}")
+
+
+def _open_socket_to(path: str, what: str) -> None:
+    """Let the container's user (another uid) reach a socket through its bound folder: the folder
+    searchable (not listable, not writable), the socket connectable. It holds nothing else. The proxy's
+    requests still need a rollout's key, exactly as on its TCP port, which any local user can reach; a
+    site's socket serves only that rollout's site, in a folder of its own."""
     folder = os.path.dirname(path)
     try:
         os.chmod(folder, stat.S_IMODE(os.stat(folder).st_mode) | 0o011)
         if os.path.exists(path):
             os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) | 0o006)
     except OSError as exc:
-        raise SandboxError(f"cannot open the proxy socket {path} to the container's user (uid {SANDBOX_UID}): "
+        raise SandboxError(f"cannot open {what}'s socket {path} to the container's user (uid {SANDBOX_UID}): "
                            f"{exc.strerror}") from None
 
 

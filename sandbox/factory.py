@@ -15,11 +15,14 @@ from sandbox.base import IsolationReport, IsolationUnavailable, Sandbox
 
 
 def make_sandbox(config: SandboxConfig, *, run_id: str, rollout_id: str,
-                 proxy_socket: str | Path | None = None) -> Sandbox:
+                 proxy_socket: str | Path | None = None, site_socket: str | Path | None = None) -> Sandbox:
     """A not-yet-started sandbox of the configured backend; use it as `async with make_sandbox(...) as sb`.
 
     `proxy_socket`: the proxy's unix socket on the host, bound into the sandbox; a harness inside then
-    reaches the proxy at `sb.proxy_url` (local with bubblewrap, and docker with network "none")."""
+    reaches the proxy at `sb.proxy_url` (local with bubblewrap, and docker with network "none").
+    `site_socket`: a GUI task's site socket (rollouts/web/server.py), which a container binds when it is
+    created; local sandboxes bind it per exec from `attach_gui(spec)` and Kubernetes pods get it from
+    the spec too, so only docker takes it here."""
     if config.type == "local":
         from sandbox.local import LocalSandbox
 
@@ -27,7 +30,8 @@ def make_sandbox(config: SandboxConfig, *, run_id: str, rollout_id: str,
     if config.type == "docker":
         from sandbox.docker import DockerSandbox
 
-        return DockerSandbox(config, run_id=run_id, rollout_id=rollout_id, proxy_socket=proxy_socket)
+        return DockerSandbox(config, run_id=run_id, rollout_id=rollout_id, proxy_socket=proxy_socket,
+                             site_socket=site_socket)
     if config.type == "kubernetes":
         try:
             from sandbox.kubernetes import KubernetesSandbox

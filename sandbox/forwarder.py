@@ -3,6 +3,11 @@ connection to the proxy's unix socket, bound into the sandbox (which has no netw
 
     python -I forwarder.py --socket /run/forge/proxy.sock --port 8700 -- CMD ARGS...
 
+Or, for a pod on another machine than the site (sandbox/site_relay.py), to a TCP relay that first
+gets the rollout's token in a fixed-size preamble line:
+
+    python3 -I forwarder.py --connect HOST:PORT --token TOKEN --port 8080 -- [CMD ARGS...]
+
 It binds the port first, then forks: the child serves, the parent execs CMD. So CMD never races the
 listener, and the server lives in CMD's pid namespace and dies with it. Standard library only: it runs
 under the sandbox's interpreter (`-I`: no PYTHON* variables, no user site, no script dir on sys.path,
@@ -17,9 +22,16 @@ import socket
 import sys
 
 _CHUNK = 64 * 1024
+SITE_PREAMBLE_LEN = 76  # len(site_preamble(64 hex digits))
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+def site_preamble(token: str) -> bytes:
+    """The first bytes of every connection to the site relay: which rollout's site it is for."""
+    return f"FORGE-SITE {token}\n".encode("ascii")
+
+
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy reader to writer until EOF, then half-close the writer (one direction of a forwarded connection)."""
     try:
         while chunk := await reader.read(_CHUNK):
             writer.write(chunk)
@@ -33,14 +45,18 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.close()
 
 
-async def _serve(listener: socket.socket, path: str) -> None:
+async def _serve(listener: socket.socket, path: str | None, relay: tuple[str, int, bytes] | None = None) -> None:
     async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         try:
-            proxy_r, proxy_w = await asyncio.open_unix_connection(path)
+            if relay is not None:  # (host, port, preamble): the site relay on the forge host
+                proxy_r, proxy_w = await asyncio.open_connection(relay[0], relay[1])
+                proxy_w.write(relay[2])
+            else:
+                proxy_r, proxy_w = await asyncio.open_unix_connection(path)
         except OSError:
             client_w.close()
             return
-        await asyncio.gather(_pipe(client_r, proxy_w), _pipe(proxy_r, client_w))
+        await asyncio.gather(pipe(client_r, proxy_w), pipe(proxy_r, client_w))
         client_w.close()
         proxy_w.close()
 
@@ -61,7 +77,11 @@ def main(argv: list[str]) -> None:
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
-        asyncio.run(_serve(listener, opts["--socket"]))
+        relay = None
+        if "--connect" in opts:
+            host, _, port = opts["--connect"].rpartition(":")
+            relay = (host.strip("[]"), int(port), site_preamble(opts["--token"]))
+        asyncio.run(_serve(listener, opts.get("--socket"), relay))
         os._exit(0)
     listener.close()
     if not command:

@@ -35,6 +35,7 @@ network namespace), no host X socket, and only what the sandbox binds in.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -183,7 +184,35 @@ def start_xvfb(width: int, height: int) -> tuple[subprocess.Popen, str]:
         number = fh.readline().strip()  # written once the server accepts connections
     if not number:
         raise GuiError(f"Xvfb did not start (exit code {proc.wait()})")
+    try:
+        disarm_server_keys(f":{number}")
+    except GuiError:
+        _end(proc)
+        raise
     return proc, f":{number}"
+
+
+# XKB actions that act on the X server itself. Any client may bind a keysym to a spare key (xdotool does
+# for a keysym the keymap lacks) and the server then gives it the compat map's action: `xdotool key
+# Terminate_Server` (or `0xfed5`) ended Xvfb, so a policy's one key action turned its rollout into a
+# harness failure. Also the VT switches and XF86's private grab/log/video-mode actions.
+_SERVER_ACTIONS = re.compile(r"\baction\s*=\s*(?:Terminate|SwitchScreen|Private)\s*\([^;]*\)\s*;")
+
+
+def disarm_server_keys(display: str) -> None:
+    """Reload the display's keymap with every server action replaced by NoAction (xkbcomp, ~25 ms)."""
+    try:
+        got = subprocess.run(["xkbcomp", "-w", "0", "-xkb", display, "-"], capture_output=True, text=True,
+                             timeout=30)
+        keymap = _SERVER_ACTIONS.sub("action= NoAction();", got.stdout)
+        put = None if got.returncode else subprocess.run(["xkbcomp", "-w", "0", "-", display], input=keymap,
+                                                          capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise GuiError(f"cannot disarm the display's server keys (xkbcomp, from x11-xkb-utils): {exc}") from None
+    failed = got if got.returncode else put
+    if failed is not None and failed.returncode:
+        raise GuiError(f"cannot disarm the display's server keys: xkbcomp exited {failed.returncode}: "
+                       f"{failed.stderr.strip()[-200:]}")
 
 
 def start_chromium(display: str, url: str, *, mode: str, width: int, height: int) -> subprocess.Popen:

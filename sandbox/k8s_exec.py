@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from openforge.errors import SandboxError
-from sandbox.base import TransientSandboxError
+from sandbox.base import KILL_MARKED_SH, TransientSandboxError
 
 CLIENT_GRACE_S = 10.0  # how long past its timeout the client waits for the in-pod `timeout` to report
 STALL_S = 60.0  # a frame that started arriving and did not finish in this long: the connection is dead
@@ -97,16 +97,6 @@ class RawExec:
     duration_s: float
 
 
-# Kills every process but this shell whose environ holds the marker $1: what an exec left in the
-# background, or that left its process group. One `grep -z` over every environ where grep has -z
-# (GNU); else a loop with tr + grep per process (busybox).
-_KILL_MARKED = ('if printf "x\\0" | grep -qzx x 2>/dev/null; then '
-                'for f in $(grep -lzx -- "$1" /proc/[0-9]*/environ 2>/dev/null); do p=${f#/proc/}; p=${p%/environ}; '
-                '[ "$p" = "$$" ] || kill -9 $p 2>/dev/null; done; '
-                'else for p in /proc/[0-9]*; do [ "${p#/proc/}" = "$$" ] && continue; { tr "\\0" "\\n" < $p/environ; } '
-                '2>/dev/null | grep -qx "$1" && kill -9 ${p#/proc/} 2>/dev/null; done; fi; true')
-
-
 def _capper(limit: int) -> str:
     """Keep the first limit+1 bytes (the client sees that more existed), read and drop the rest: the
     command neither blocks on a full pipe nor dies of SIGPIPE, and the rest never leaves the pod."""
@@ -140,7 +130,7 @@ def wrap_command(command: str | list[str], *, cwd: str, env: dict[str, str] | No
     inner = " ".join(["timeout", "-k", "2", f"{max(timeout, 0.001):.3f}", "env",
                       *(shlex.quote(a) for a in assignments), *(shlex.quote(a) for a in argv)])
     run = f"head -c {stdin_len} | {inner}" if stdin_len is not None else f"{inner} </dev/null"
-    reap = f"set -- {shlex.quote(marker)}; {_KILL_MARKED}"
+    reap = f"set -- {shlex.quote(marker)}; {KILL_MARKED_SH}"
     head = f"cd {shlex.quote(cwd)} || exit 1\n"
     if limit is None:
         return ["sh", "-c", f"{head}{run}\nrc=$?\n{reap}\nexit $rc"]
@@ -291,36 +281,6 @@ def _readable(sock, timeout: float) -> bool:  # type: ignore[no-untyped-def]
     return bool(poller.poll(timeout * 1000))
 
 
-# Ends every process in the pod but PID 1 (the keeper loop, `pod_command`) and this shell: SIGSTOP
-# first, so nothing forks while it is being killed, then SIGKILL; waits until the killed are gone
-# (zombies count as gone; PID 1 reaps them). A new process may only come from PID 1 (a fresh keeper
-# `sleep`): any other survivor means another round. Shell builtins only, besides `sleep`.
-KILL_ALL_SCRIPT = r"""
-alive() { read -r s < /proc/$1/stat 2>/dev/null || return 1; s=${s##*) }; [ "${s%% *}" != Z ]; }
-ppid() { read -r s < /proc/$1/stat 2>/dev/null || return 1; s=${s##*) }; s=${s#* }; echo "${s%% *}"; }
-round=0
-while [ $round -lt 6 ]; do
-  round=$((round + 1)); pids=
-  for p in /proc/[0-9]*; do p=${p#/proc/}
-    [ "$p" = 1 ] || [ "$p" = $$ ] || ! alive $p || pids="$pids $p"
-  done
-  [ -z "$pids" ] && exit 0
-  others=
-  for p in $pids; do [ "$(ppid $p)" = 1 ] && [ "$(cat /proc/$p/comm 2>/dev/null)" = sleep ] || others=1; done
-  [ $round -gt 1 ] && [ -z "$others" ] && exit 0
-  kill -STOP $pids 2>/dev/null; kill -KILL $pids 2>/dev/null
-  i=0
-  while [ $i -lt 100 ]; do left=
-    for p in $pids; do alive $p && left=1; done
-    [ -z "$left" ] && break
-    i=$((i + 1)); sleep 0.05
-  done
-done
-echo "processes survive kill_all:" >&2; ls /proc | grep -E '^[0-9]+$' | tr '\n' ' ' >&2
-exit 1
-"""
-
-
 def tar_one_file(name: str, data: bytes, mode: int) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -342,3 +302,20 @@ def first_member(archive: bytes, *, where: str) -> bytes:
     except tarfile.TarError as exc:
         raise SandboxError(f"cannot read {where}: bad tar stream ({exc})") from None
     raise SandboxError(f"cannot read {where}: the tar stream held no file")
+
+
+GUI_TOOLS_MISSING = 45
+# Before the site's forwarder starts (sandbox/kubernetes.py `_prepare_gui`; $1 the old forwarder's token,
+# $2 the chromium names to look for or "", $3... the forwarder's `-c` source and arguments): the image has what a GUI exec needs, and a forwarder of an
+# earlier attach (its token in its argv, $1) no longer holds the port. Then the forwarder itself
+# (python3 -c, as docker's): it binds 127.0.0.1:8080, forks a server and exits 0.
+GUI_START_SCRIPT = (
+    'missing=""; for t in python3 Xvfb xdotool; do command -v $t >/dev/null || missing="$missing $t"; done; '
+    'command -v python3 >/dev/null && { python3 -I -c "import PIL" 2>/dev/null || missing="$missing Pillow"; }; '
+    'if [ -n "$2" ]; then found=""; for b in $2; do command -v $b >/dev/null && found=1; done; '
+    '[ -n "$found" ] || missing="$missing chromium"; fi; '
+    f'if [ -n "$missing" ]; then echo "lacks$missing" >&2; exit {GUI_TOOLS_MISSING}; fi; '
+    'if [ -n "$1" ]; then for p in /proc/[0-9]*; do [ "${p#/proc/}" = "$$" ] && continue; '
+    'grep -qF -- "$1" $p/cmdline 2>/dev/null && kill -9 ${p#/proc/} 2>/dev/null; done; fi; '
+    '[ -n "$3" ] || exit 0; shift 2; exec python3 -I -c "$@"'
+)

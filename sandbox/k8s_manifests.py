@@ -144,6 +144,44 @@ def _container(config: KubernetesSandboxConfig, mounts: dict[str, str]) -> dict[
     }
 
 
+# The controller pod's label (deploy/k8s/controller.yaml): the proxy and the site relay run in it.
+CONTROLLER_LABELS = {"app.kubernetes.io/name": "forge-controller"}
+NETWORK_POLICY_NAME = "sandboxes-reach-only-the-proxy"
+
+
+def sandbox_network_policy(config: KubernetesSandboxConfig, *, proxy_port: int, gui: bool = False,
+                           controller_labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """The rollout pods' NetworkPolicy (deploy/k8s/sandbox-networkpolicy.yaml is this, without `gui`):
+    no ingress; egress only to the controller's proxy port (`proxy_port`, the container's port: a
+    policy sees the pod's port after the Service) and cluster DNS. With `gui` (a run of GUI tasks) the
+    controller's site relay port (`site_relay_port`) too, and only then: its port must be fixed.
+    Same name as the default, so `kubectl apply` of one replaces the other."""
+    ports = [{"protocol": "TCP", "port": proxy_port}]
+    if gui:
+        if not config.site_relay_port:
+            raise ConfigError("a GUI run's network policy needs a fixed sandbox.site_relay_port (0 picks a free "
+                              "port at run time, which no policy can name)")
+        if config.site_relay_port == proxy_port:
+            raise ConfigError(f"sandbox.site_relay_port {config.site_relay_port} is the proxy's port")
+        ports.append({"protocol": "TCP", "port": config.site_relay_port})
+    managed = sandbox_labels("", "")[LABEL_MANAGED]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": NETWORK_POLICY_NAME, "namespace": config.namespace,
+                     "labels": {"app.kubernetes.io/part-of": "openforge"}},
+        "spec": {
+            "podSelector": {"matchLabels": {LABEL_MANAGED: managed}},
+            "policyTypes": ["Egress", "Ingress"],
+            "egress": [
+                {"to": [{"podSelector": {"matchLabels": dict(controller_labels or CONTROLLER_LABELS)}}], "ports": ports},
+                {"to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                 "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+            ],
+        },
+    }
+
+
 def check_pod_manifest(manifest: dict[str, Any]) -> None:
     """Raise ConfigError (one line) if the API server would refuse this Pod; return None if it is fine."""
     from kubernetes.client import V1Pod
@@ -207,3 +245,34 @@ def _quantity_ok(qty: str) -> bool:
 
 def _is_dns_subdomain(value: str) -> bool:
     return len(value) <= 253 and all(_DNS1123_LABEL.match(part) for part in value.split("."))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m sandbox.k8s_manifests network-policy [--config forge.toml] [--gui]`: the rollout pods'
+    NetworkPolicy for this config as JSON, for `kubectl apply -f -`."""
+    import argparse
+    import json
+    import sys
+
+    from openforge.config import load_config
+    from openforge.errors import ForgeError
+
+    parser = argparse.ArgumentParser(prog="python -m sandbox.k8s_manifests")
+    parser.add_argument("what", choices=["network-policy"])
+    parser.add_argument("--config", default="forge.toml", help="the run's forge.toml (sandbox.type = kubernetes)")
+    parser.add_argument("--gui", action="store_true", help="a run of GUI tasks: allow the site relay's port too")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(Path(args.config))
+        if config.sandbox.type != "kubernetes":
+            raise ConfigError(f"{args.config}: sandbox.type is {config.sandbox.type!r}, not kubernetes")
+        policy = sandbox_network_policy(config.sandbox, proxy_port=config.proxy.port, gui=args.gui)
+    except ForgeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(policy, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -4,6 +4,8 @@
     create -> shared watch until Running   # sandbox/k8s_client.py: one client, executor, watch, limits
     exec   -> pods/exec over WebSocket     # sandbox/k8s_exec.py: one frame loop, output capped in the pod
     kill_all -> every process but PID 1    # before the verifier: nothing the agent started survives
+    attach_gui -> the execs run in a display (gui.py, written into the pod), the task's site at
+                  127.0.0.1:8080 through forwarder.py -> the host's site relay (sandbox/site_relay.py)
     stop   -> graceful delete (delete_grace_s), wait for DELETED on the watch
 
 The official `kubernetes` client is synchronous and imported lazily; its calls run in the backend's
@@ -25,17 +27,25 @@ from urllib.parse import urlparse
 from openforge.config import KubernetesSandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
-from sandbox.base import ExecResult, container_path, SandboxBase, SandboxFileNotFound, SandboxInfo, TransientSandboxError
+from sandbox.base import (KILL_ALL_SH, ExecResult, container_path, SandboxBase, SandboxFileNotFound, SandboxInfo,
+                          SandboxPathRefused, TransientSandboxError)
+from sandbox.gui import CHROMIUM_NAMES, SITE_PORT, SITE_URL, GuiSpec
 from sandbox.k8s_client import ClusterClient
 from sandbox.k8s_exec import (
-    KILL_ALL_SCRIPT, RawExec, api_error, first_member, is_not_found, run_exec_stream, tar_one_file, wrap_command,
+    GUI_START_SCRIPT, GUI_TOOLS_MISSING, RawExec, api_error, first_member, is_not_found,
+    run_exec_stream, tar_one_file, wrap_command,
 )
 from sandbox.k8s_manifests import CONTAINER_NAME, build_pod_manifest, check_pod_manifest, managed_selector, pod_labels, pod_name
 from sandbox.k8s_status import death_reason, pod_state, transient_failure, waiting_reason
+from sandbox.site_relay import SiteRelay, acquire_relay, release_relay
 
 FILE_OP_TIMEOUT_S = 120.0
 DEATH_WAIT_S = 3.0  # after an exec died by SIGKILL or broke: how long the watch may take to say why
 _FILE_MISSING = 44  # exit code of the read script when the path is not a regular file
+_FILE_UNREADABLE = 46  # ... when it is one the pod's user cannot read
+GUI_MODULE = Path(__file__).with_name("gui.py")
+FORWARDER = Path(__file__).with_name("forwarder.py")
+GUI_IN_POD = "/tmp/.forge-gui/gui.py"  # written at each attach: the launcher and the primitives
 
 
 def _client_module():
@@ -87,6 +97,12 @@ class KubernetesSandbox(SandboxBase):
         self._waiter = None
         self._created = False
         self._stopped = threading.Event()
+        # attach_gui: the spec, the relay and this rollout's token on it, and what the pod has running
+        self._gui: GuiSpec | None = None
+        self._relay: SiteRelay | None = None
+        self._relay_token = self._relay_dial = ""
+        self._gui_ready: GuiSpec | None = None  # the spec whose gui.py and forwarder the pod has
+        self._forwarder_token = ""  # the token of the forwarder running in the pod, if any
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -175,11 +191,78 @@ class KubernetesSandbox(SandboxBase):
     async def kill_all(self) -> None:
         """End every process in the pod but PID 1 (the keeper), so nothing the agent started is still
         running when the verifier runs. The pod, its files and the keeper stay."""
-        raw = await self._stream(["sh", "-c", KILL_ALL_SCRIPT], 60.0, None, 64 * 1024)
+        raw = await self._stream(["sh", "-c", KILL_ALL_SH], 60.0, None, 64 * 1024)
         if raw.exit_code != 0:
             raise SandboxError(f"kill_all in pod {self.name}: {_why(raw)}")
+        self._gui_ready, self._forwarder_token = None, ""  # the site's forwarder went too
+
+    # -- GUI ---------------------------------------------------------------------------------------
+    def attach_gui(self, spec: GuiSpec | None) -> None:
+        """Run the following execs in an X display of their own with chromium on `spec.url` (sandbox/
+        gui.py's launcher, written into the pod), and the task's site at 127.0.0.1:SITE_PORT; None
+        detaches. The site is a unix socket on this host, which a pod on another node cannot bind,
+        so it is registered with the process's site relay under a fresh token, and a forwarder in the
+        pod (sandbox/forwarder.py --connect) carries each connection there with that token first.
+        Detaching unregisters the token: the relay closes its connections and refuses new ones."""
+        self._detach_gui()
+        if spec is None:
+            return
+        self._gui_ready = None  # a new token (even for the same spec): the next exec prepares the pod anew
+        if spec.site_socket:
+            bind, self._relay_dial = self._relay_address()
+            relay = acquire_relay(bind, self.k8s.site_relay_port)
+            self._relay, self._relay_token = relay, relay.register(spec.site_socket)
+        self._gui = spec
+
+    def _relay_address(self) -> tuple[str, str]:
+        """(the address the relay listens on, the host a pod dials for it): pods dial the host they
+        reach the proxy at; the relay listens there too unless `site_relay_host` says where (as
+        proxy.host does for the proxy: 0.0.0.0 in a controller pod behind a Service)."""
+        proxy_host = urlparse(self.proxy_url).hostname or ""
+        if not proxy_host:
+            raise SandboxError("a GUI task on the kubernetes backend needs sandbox.proxy_url: its host is where "
+                               "pods reach the site relay")
+        return self.k8s.site_relay_host or proxy_host, proxy_host
+
+    def _detach_gui(self) -> None:
+        relay, token = self._relay, self._relay_token
+        self._gui, self._relay, self._relay_token = None, None, ""
+        if relay is not None:
+            relay.unregister(token)
+            release_relay(relay)
+
+    async def _prepare_gui(self, spec: GuiSpec) -> None:
+        """Once per attach, before its first exec: gui.py into the pod's /tmp, the image checked for
+        what a GUI exec runs, the forwarder of an earlier attach ended and this one's started."""
+        if self._gui_ready is spec:
+            return
+        await self.write_file(GUI_IN_POD, GUI_MODULE.read_bytes())
+        browsers = " ".join(CHROMIUM_NAMES) if spec.url else ""
+        args = ["sh", "-c", GUI_START_SCRIPT, "sh", self._forwarder_token, browsers]
+        if self._relay is not None:
+            args += [FORWARDER.read_text(), "--connect", f"{self._relay_dial}:{self._relay.port}",
+                     "--token", self._relay_token, "--port", str(SITE_PORT), "--"]
+        # No exec marker and no `timeout` around it: the forwarder outlives this exec (until kill_all).
+        raw = await self._stream(args, 60.0, None, 64 * 1024)
+        if raw.exit_code == GUI_TOOLS_MISSING:
+            raise SandboxError(f"image {self.k8s.image} {_why(raw)}: a GUI task needs python3 (with Pillow), "
+                               "Xvfb, xdotool and chromium in the image (the browser image: forge sandbox "
+                               "build-image --variant browser)")
+        if raw.exit_code != 0:
+            raise SandboxError(f"cannot start the site's forwarder in pod {self.name}: {_why(raw)[-500:]}")
+        self._forwarder_token = self._relay_token
+        self._gui_ready = spec
+
+    def _gui_command(self, spec: GuiSpec, command: str | list[str], env: dict[str, str] | None,
+                     ) -> tuple[list[str], dict[str, str]]:
+        argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
+        base = {"FORGE_GUI": GUI_IN_POD, "FORGE_PYTHON": "python3"}
+        if spec.site_socket:
+            base["FORGE_SITE_URL"] = SITE_URL
+        return ["python3", "-I", GUI_IN_POD, *spec.launcher_args(), *argv], {**base, **(env or {})}
 
     async def stop(self) -> None:
+        self._detach_gui()
         self._stopped.set()
         cluster, waiter = self._cluster, self._waiter
         if cluster is None:
@@ -218,6 +301,9 @@ class KubernetesSandbox(SandboxBase):
                    cwd: str | None = None, max_output: int | None = None, stdin: bytes | None = None,
                    ) -> ExecResult:
         limit = self.config.max_output_bytes if max_output is None else max_output
+        if (spec := self._gui) is not None:
+            await self._prepare_gui(spec)
+            command, env = self._gui_command(spec, command, env)
         argv = wrap_command(command, cwd=self._resolve(cwd or "."), env=env, timeout=timeout,
                             stdin_len=None if stdin is None else len(stdin), limit=limit)
         raw = await self._stream(argv, timeout, stdin, limit)
@@ -270,12 +356,18 @@ class KubernetesSandbox(SandboxBase):
         raw = await self._file_op(f"mkdir -p -- {q} && tar -x -o -f - -C {q}", tar_one_file(base, data, mode),
                                   64 * 1024)
         if raw.exit_code != 0:
-            raise SandboxError(f"cannot write {full} in pod {self.name}: {_why(raw)}")
+            # The pod's files refused it (a folder made read-only, a file or a link where a folder
+            # goes): they are the agent's after its turn, and it writes as the same user, so this is
+            # its doing (the runner grades it 0), never an infrastructure failure that drops its group.
+            raise SandboxPathRefused(f"cannot write {full} in pod {self.name}: {_why(raw)}")
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         full = self._resolve(path)
         folder, base = posixpath.split(full)
-        script = f"[ -f {shlex.quote(full)} ] || exit {_FILE_MISSING}\n"
+        # Not a regular file (a FIFO, a socket, a folder), or one the pod's user cannot read (the agent
+        # made it so): not the file, never a hang or an error that would read as infrastructure.
+        q = shlex.quote(full)
+        script = f"[ -f {q} ] || exit {_FILE_MISSING}\n[ -r {q} ] || exit {_FILE_UNREADABLE}\n"
         if max_bytes is None:
             script += f"tar -c -f - -C {shlex.quote(folder)} -- {shlex.quote(base)}"
         else:
@@ -284,6 +376,8 @@ class KubernetesSandbox(SandboxBase):
         raw = await self._file_op(script, None, None)
         if raw.exit_code == _FILE_MISSING:
             raise SandboxFileNotFound(f"{path}: no such file in the sandbox (pod {self.name})")
+        if raw.exit_code == _FILE_UNREADABLE:
+            raise SandboxPathRefused(f"{path}: not readable by the sandbox's user (pod {self.name})")
         if raw.exit_code != 0:
             raise SandboxError(f"cannot read {full} in pod {self.name}: {_why(raw)}")
         if max_bytes is not None:

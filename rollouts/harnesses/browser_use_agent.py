@@ -24,6 +24,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+try:  # in the sandbox: the harness put agent_files.py beside this script
+    from agent_files import write_afresh
+except ImportError:  # imported from the package (tests, warm-up)
+    from rollouts.harnesses.agent_files import write_afresh
+
 RESULT_FILE = ".forge/browser_use_result.json"
 
 
@@ -113,8 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         from browser_use.llm.exceptions import ModelProviderError
         code = 3 if isinstance(exc, ModelProviderError) else 5
         record = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-    Path(RESULT_FILE).parent.mkdir(parents=True, exist_ok=True)
-    Path(RESULT_FILE).write_text(json.dumps(record), encoding="utf-8")
+    write_afresh(RESULT_FILE, json.dumps(record))
     if code:
         print(f"browser-use: {record['error']}", file=sys.stderr)
     return code

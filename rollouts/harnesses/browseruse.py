@@ -8,8 +8,10 @@ see it read-only exactly as they see those):
 
     forge harness install browser-use      # <cache>/browser-use-venv, pip install browser-use==VERSION
 
-Local sandboxes run that venv's python and the host's chromium; container sandboxes run `python3` and
-`chromium` of their image, which must have browser-use installed. The outcome is browser-use's own
+Local sandboxes run that venv's python and the host's chromium. Containers (Docker, Kubernetes pods) run
+the browser-use image, the browser image plus that venv's site-packages as a venv over the image's own
+python3 at /opt/forge/browser-use (`forge sandbox build-image --harness browser-use`;
+sandbox/harness_image.py), and the image's `chromium`. The outcome is browser-use's own
 structured history (browser_use_agent.py writes is_done / is_successful / final_result / errors):
 done is the answer (its `text`); an API error without done, a crash or a missing result is a harness
 failure (never graded); the step limit reached without done is the policy's doing, graded with an
@@ -24,12 +26,17 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from openforge.config import HarnessConfig
 from openforge.errors import HarnessError
 from rollouts.harness import HarnessContext, HarnessOutcome, last_line, read_text
+from rollouts.harnesses import agent_files
 from rollouts.npm import npm_cache_dir
 from sandbox.base import ExecResult, Sandbox
+
+if TYPE_CHECKING:
+    from sandbox.harness_image import VenvLayer
 
 BROWSER_USE_VERSION = "0.13.14"
 AGENT_SOURCE = Path(__file__).with_name("browser_use_agent.py")
@@ -37,6 +44,11 @@ AGENT_PATH = ".forge/browser_use_agent.py"
 INSTRUCTION_PATH = ".forge/instruction.txt"
 RESULT_PATH = ".forge/browser_use_result.json"  # browser_use_agent.RESULT_FILE
 VENV_NAME = "browser-use-venv"
+IMAGE_PREFIX = "opt/forge/browser-use"  # the venv's place in the browser-use image
+IMAGE_PYTHON = f"/{IMAGE_PREFIX}/bin/python3"  # -> the image's /usr/bin/python3, as a venv
+# What the image's check imports (besides every compiled module): what browser_use_agent.py uses.
+IMAGE_IMPORTS = ("browser_use.agent.service", "browser_use.browser.session", "browser_use.llm.openai.chat")
+BUILD_COMMAND = "forge sandbox build-image --harness browser-use"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 INSTALL_TIMEOUT_S = 900.0
 
@@ -106,6 +118,17 @@ def install_browser_use(cache: Path, *, timeout: float = INSTALL_TIMEOUT_S,
     return found
 
 
+def image_layer(cache: Path) -> VenvLayer:
+    """What `forge sandbox build-image --harness browser-use` copies into the browser image: the cache's
+    browser-use venv. HarnessError if it is not installed."""
+    from sandbox.harness_image import VenvLayer
+
+    if venv_python(cache) is None:
+        raise HarnessError(f"browser-use is not installed in {cache}: run `forge harness install browser-use`")
+    return VenvLayer(name="browser-use", venv=venv_dir(cache), python=f"{sys.version_info.major}.{sys.version_info.minor}",
+                     imports=IMAGE_IMPORTS, base="browser", prefix=IMAGE_PREFIX)
+
+
 def browser_use_outcome(result: ExecResult, record_text: str | None) -> HarnessOutcome:
     """browser-use's verdict, from the history record its runner wrote."""
     try:
@@ -120,7 +143,11 @@ def browser_use_outcome(result: ExecResult, record_text: str | None) -> HarnessO
     steps = record.get("steps") if isinstance(record.get("steps"), int) else None
     if record.get("is_done") is True:
         answer = record.get("final_result")
-        return HarnessOutcome(answer=answer if isinstance(answer, str) else "", turns=steps)
+        answer = answer if isinstance(answer, str) else ""
+        # JSON can spell a lone surrogate ("\\ud800"): no text can hold it, and the runner's answer file
+        # (UTF-8) would fail on it, an infra failure. Replaced, it stays the policy's (wrong) answer.
+        answer = answer.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return HarnessOutcome(answer=answer, turns=steps)
     api_errors = record.get("api_errors") or []
     if api_errors:  # it stopped because the API failed it, not because of what the policy did
         return HarnessOutcome.failed(f"browser-use: {api_errors[-1]}", turns=steps)
@@ -148,16 +175,19 @@ class BrowserUseHarness:
             if find_chromium() is None:
                 raise HarnessError("browser-use needs a Chromium on this machine: apt-get install chromium")
         else:
-            found = await sandbox.exec(["python3", "-c", "import browser_use"], timeout=60)
+            # The image is the user's choice (sandbox.image): one without the venv is named, with the fix.
+            found = await sandbox.exec([IMAGE_PYTHON, "-c", "import browser_use"], timeout=60)
             if found.exit_code != 0:
-                raise HarnessError(f"browser-use is not installed in the {ctx.backend} sandbox image "
-                                   f"(pip install browser-use=={BROWSER_USE_VERSION} in the image)")
+                why = last_line(found.stderr) or last_line(found.stdout) or f"exit {found.exit_code}"
+                raise HarnessError(f"browser-use is not installed in the {ctx.backend} sandbox image ({IMAGE_PYTHON}: "
+                                   f"{why}): build one with `{BUILD_COMMAND}` and set sandbox.image to its tag")
         await sandbox.write_file(AGENT_PATH, AGENT_SOURCE.read_bytes())
+        await sandbox.write_file(agent_files.SANDBOX_PATH, agent_files.SOURCE.read_bytes())
         await sandbox.write_file(INSTRUCTION_PATH, ctx.instruction.encode("utf-8"))
 
     def command(self, ctx: HarnessContext) -> list[str]:
         python = str(venv_python(self.cache) or venv_dir(self.cache) / "bin" / "python") \
-            if ctx.backend == "local" else "python3"
+            if ctx.backend == "local" else IMAGE_PYTHON
         return [python, AGENT_PATH, "--instruction-file", INSTRUCTION_PATH,
                 "--max-steps", str(self.config.max_turns), *self.config.extra_args]
 

@@ -22,6 +22,8 @@ BANNER = f"{OK_BANNER[0]} {OK_BANNER[1]} {','.join(map(str, OK_BANNER[2]))}"
 ON = "136,204,136"  # a chosen button's background (#8c8)
 GREY = "128,128,128"
 ANSWER = ".forge/answer.txt"
+SCREEN_COLOURS = ("red", "blue")
+SCREEN_INSTRUCTION = "What colour is the screen? Answer with one word: red or blue."
 
 
 def sh(*steps: str) -> str:
@@ -137,6 +139,14 @@ def web_tasks() -> list[dict[str, Any]]:
             "id": f"gui-colour-name-{colour}", "difficulty": "easy", "tags": ["gui-colour", "web"],
             "instruction": "What colour is the square? Answer with one word: red, green, blue or yellow.",
             "gui": {"site": "colour", "params": {"square": colour}}, "expect_answer": {"words": colour},
+            "solution": sh(answer(colour))})
+    # gui-colour-screen: the whole screen one colour, two colours (a policy blind to the screenshot
+    # scores at most 1/2): the mini-gui demo's tasks, which the tiny VLM learns to tell apart (docs/gui.md).
+    for colour in SCREEN_COLOURS:
+        tasks.append({
+            "id": f"gui-colour-screen-{colour}", "difficulty": "easy", "tags": ["gui-colour-screen", "web"],
+            "instruction": SCREEN_INSTRUCTION,
+            "gui": {"site": "colour", "params": {"screen": colour}}, "expect_answer": {"words": colour},
             "solution": sh(answer(colour))})
     return tasks
 

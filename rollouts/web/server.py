@@ -29,15 +29,44 @@ from rollouts.web.spec import GuiTask
 from sandbox.gui import SITE_URL, GuiSpec
 
 MAX_BODY = 64 * 1024
+# Each connection is a thread of the runner's process, so a sandbox opening connections without end
+# (or holding them idle) must not get a thread each, for ever: at most MAX_CONNECTIONS at once (more are
+# closed unanswered) and IDLE_TIMEOUT_S of silence ends one. A browser keeps about six to a site.
+MAX_CONNECTIONS = 32
+IDLE_TIMEOUT_S = 30.0
 
 
 class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
+    daemon_threads = True  # never joined: close() does not wait on a connection held open
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client's broken connection is not the runner's error: no traceback on its stderr
 
 
 def _handler(site: Site, lock: threading.Lock) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = IDLE_TIMEOUT_S
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -49,9 +78,14 @@ def _handler(site: Site, lock: threading.Lock) -> type[BaseHTTPRequestHandler]:
             parts = urlsplit(self.path)
             form: dict[str, str] = {}
             if method == "POST":
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > MAX_BODY:
-                    self._reply(413, "text/plain", "too large")
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    length = -1
+                if not 0 <= length <= MAX_BODY:  # the body is left unread: this connection ends here
+                    self.close_connection = True
+                    self._reply(413 if length > MAX_BODY else 400, "text/plain",
+                                "too large" if length > MAX_BODY else "bad Content-Length")
                     return
                 form = dict(parse_qsl(self.rfile.read(length).decode("utf-8", "replace")))
             with lock:  # one request at a time changes the state

@@ -300,10 +300,14 @@ class Colour(Site):
         super().__init__(params)
         self.order: list[str] = params.get("order", list(COLOURS))  # quadrant n (reading order) -> colour
         self.square: str | None = params.get("square")  # set: one big square of that colour, no buttons
+        self.screen: str | None = params.get("screen")  # set: the whole page that colour, nothing else
         self.clicks: list[str] = []
 
     def handle(self, method: str, path: str, form: dict[str, str]) -> Reply:
         if method == "GET" and path in ("/", "/clicked"):
+            if self.screen:  # every pixel of the screenshot names the colour (the tiny VLM's demo task)
+                r, g, b = COLOURS[self.screen]
+                return page("Colour", f'<div style="position:fixed;inset:0;background:rgb({r},{g},{b})"></div>')
             if self.square:
                 r, g, b = COLOURS[self.square]
                 return page("Colour", f'<div style="position:absolute;left:312px;top:184px;width:400px;height:400px;'
@@ -316,7 +320,7 @@ class Colour(Site):
                 cells += button("/click", {"colour": name}, "", 16 + 512 * (n % 2), 16 + 384 * (n // 2), 480, 352,
                                 style=f"background:rgb({r},{g},{b});border:0")
             return page("Colour", cells)
-        if method == "POST" and path == "/click" and not self.square:
+        if method == "POST" and path == "/click" and not (self.square or self.screen):
             if form.get("colour") not in self.order:
                 return 400, "text/plain", "no such button"
             self.clicks.append(form["colour"])

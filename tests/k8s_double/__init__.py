@@ -30,7 +30,8 @@ TERM to PID 1 and KILLs after the grace period before the object goes; a force d
 removes the object first and the processes a second later. Knobs make the double misbehave as a
 cluster can: `enforce_memory` (a cgroup-v2 OOM kill of the whole pod past its limit),
 `create_container_errors` (CreateContainerError before each start), `throttle_creates` (429 with
-Retry-After).
+Retry-After). `pod_network` gives each pod a network namespace of its own that reaches the host only
+at the node's address and `node_ports` (network.py); by default pods share the host's network.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ class _Pod:
     main: asyncio.subprocess.Process | None = None  # the runtime's process for the container
     runtime: object = None  # pods.Runtime: user, read-only root, volumes, env
     oom_killed: bool = False
+    servers: list = field(default_factory=list)  # network.py: the node-port listeners in its namespace
+    carried: set = field(default_factory=set)  # network.py: their connection handlers (tasks)
+    carried_writers: set = field(default_factory=set)  # and both ends of each carried connection
 
     @property
     def ns(self) -> str:
@@ -93,7 +97,8 @@ class KubeDouble:
                  max_pods: int | None = None, step_s: float = 0.02, ro_binds: tuple[str, ...] = (),
                  pod_security: dict[str, str] | None = None, enforce_memory: bool = False,
                  create_container_errors: int = 0, throttle_creates: int = 0,
-                 image_env: tuple[str, ...] = IMAGE_ENV) -> None:
+                 image_env: tuple[str, ...] = IMAGE_ENV, pod_network: bool = False,
+                 node_ports: tuple[int, ...] = ()) -> None:
         self.root = root
         self.token = token
         self.images = images if images is not None else {"openforge:test"}
@@ -112,6 +117,10 @@ class KubeDouble:
         self.enforce_memory = enforce_memory  # kill a pod past its memory limit, as cgroup v2 does
         self.create_container_errors = create_container_errors  # CreateContainerError seen before each start
         self.throttle_creates = throttle_creates  # the next N creates are answered 429 with Retry-After
+        # Each pod in a network namespace of its own, reaching the host only at network.NODE_IP:node_ports
+        # (default: pods share the host's network, and reach its loopback).
+        self.pod_network = pod_network
+        self.node_ports = node_ports
         self.watch_timeout_s = 1800.0  # the server ends every watch after this long
         self.compacted_rv = 0  # a watch from a resourceVersion below this gets 410 Gone
         self.pods: dict[tuple[str, str], _Pod] = {}
@@ -380,6 +389,10 @@ class KubeDouble:
         if pod.task and not pod.task.done():
             pod.task.cancel()
         await kill_processes(pod)
+        if pod.servers:
+            from .network import pod_network_down
+
+            await pod_network_down(pod)
         shutil.rmtree(pod.root, ignore_errors=True)
         if self.pods.get((pod.ns, pod.name)) is pod:
             self.pods.pop((pod.ns, pod.name), None)

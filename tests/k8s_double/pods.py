@@ -113,6 +113,7 @@ class Runtime:
     mounts: tuple[str, ...] = ()  # emptyDir mount paths: writable folders over a read-only root
     env: tuple[str, ...] = _IMAGE_ENV
     no_new_privs: bool = False
+    own_network: bool = False  # a network namespace of its own (KubeDouble(pod_network=True))
 
     def user_argv(self) -> list[str]:
         """The runtime drops to the pod's user, its capabilities and (if asked) privilege escalation."""
@@ -172,6 +173,8 @@ def bwrap_argv(root: Path, workdir: str, tail: list[str], ro_binds: tuple[str, .
     for path in ro_binds:  # e.g. a venv, so a test can run a real harness in a pod
         cmd += ["--ro-bind", path, path]
     cmd += ["--unshare-pid", "--as-pid-1", "--die-with-parent", "--chdir", workdir]
+    if rt.own_network:
+        cmd.insert(-2, "--unshare-net")
     return cmd + tail
 
 
@@ -216,7 +219,8 @@ async def spawn_exec(pod, argv: list[str], *, stdin: bool) -> asyncio.subprocess
     sees the pod's files and processes, its orphans live on under PID 1, and all die with the pod."""
     rt = getattr(pod, "runtime", None) or Runtime()
     proc = await asyncio.create_subprocess_exec(
-        "nsenter", "-t", str(pod.ns_pid), "-p", "-m", "-r", "-w", "--", *rt.user_argv(), "env", "-i", *rt.env,
+        "nsenter", "-t", str(pod.ns_pid), "-p", "-m", "-r", "-w", *(["-n"] if rt.own_network else []), "--",
+        *rt.user_argv(), "env", "-i", *rt.env,
         f"HOSTNAME={pod.name}", *argv,
         stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
@@ -343,6 +347,7 @@ async def _create_container(double, pod, container: dict[str, Any]):  # type: ig
     """The runtime's part: refuse what the kubelet refuses, hiccup if asked, start PID 1."""
     spec = pod.obj["spec"]
     runtime = container_runtime(spec, double.image_env)
+    runtime.own_network = double.pod_network
     csc, psc = container.get("securityContext") or {}, spec.get("securityContext") or {}
     if csc.get("runAsNonRoot", psc.get("runAsNonRoot")) and not runtime.uid:
         await _waiting(double, pod, container, "CreateContainerConfigError",
@@ -355,6 +360,10 @@ async def _create_container(double, pod, container: dict[str, Any]):  # type: ig
     argv = list(container.get("command") or []) + list(container.get("args") or [])
     proc = await start_container(pod, container.get("workingDir") or "/", argv or ["sleep", "3600"],
                                  double.ro_binds, runtime)
+    if double.pod_network:
+        from .network import pod_network_up
+
+        await pod_network_up(pod, double.node_ports)
     memory = (container.get("resources") or {}).get("limits", {}).get("memory")
     if double.enforce_memory and memory:
         asyncio.create_task(oom_watch(pod, int(parse_quantity(memory)), proc))
