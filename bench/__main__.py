@@ -44,6 +44,33 @@ def _flatten(prefix: str, value: object, out: dict[str, object]) -> None:
         out[prefix] = value
 
 
+# A bench whose results hold "systems" (one dict of figures per system measured in the same run, e.g.
+# bench/proxy.py's) also gets them side by side, latencies added over the "direct" row when it has one.
+SYSTEM_COLUMNS = [("p50", "p50, c=1", "ms"), ("p50", "added p50, c=1", "added"), ("cpu_ms_c1", "CPU per call, c=1", "ms"),
+                  ("rps", "req/s, c=32", "rate"), ("cpu_ms", "CPU per call, c=32", "ms"), ("ttfc", "TTFC added", "added")]
+
+
+def systems_table(systems: dict[str, dict[str, float]]) -> list[str]:
+    """Markdown rows of `systems` side by side (a blank cell where a system lacks the figure)."""
+    direct = systems.get("direct", {})
+    lines = ["| system | " + " | ".join(title for _, title, _ in SYSTEM_COLUMNS) + " |",
+             "|---" * (len(SYSTEM_COLUMNS) + 1) + "|"]
+    for name, figures in systems.items():
+        cells = []
+        for key, _, kind in SYSTEM_COLUMNS:
+            value = figures.get(key)
+            if value is None or (kind == "added" and (name == "direct" or key not in direct)):
+                cells.append("")
+            elif kind == "added":
+                cells.append(f"{value - direct[key]:.2f} ms")
+            elif kind == "rate":
+                cells.append(f"{value:,.0f}")
+            else:
+                cells.append(f"{value:.2f} ms")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_doc() -> None:
     lines = ["# Performance", "",
              "Latest results of `python -m bench` (medians over repeats; ratios are against a baseline",
@@ -55,7 +82,11 @@ def write_doc() -> None:
         data = json.loads(path.read_text())
         lines += [f"## {name}", "", f"Measured {data['when']} on {data['machine'].get('platform')}, "
                   f"{data['machine'].get('cpus')} CPUs, torch {data['machine'].get('torch')}"
-                  f"{' (quick mode)' if data.get('quick') else ''}.", "", "| figure | value |", "|---|---|"]
+                  f"{' (quick mode)' if data.get('quick') else ''}.", ""]
+        systems = data["results"].get("systems") if isinstance(data["results"], dict) else None
+        if isinstance(systems, dict) and systems:
+            lines += ["Side by side:", ""] + systems_table(systems) + ["", "All figures:", ""]
+        lines += ["| figure | value |", "|---|---|"]
         flat: dict[str, object] = {}
         _flatten("", data["results"], flat)
         for key, value in flat.items():
