@@ -16,7 +16,7 @@ with DISPLAY, OPENAI_BASE_URL, OPENAI_API_KEY and FORGE_MODEL set. Each step:
 3. read ONE action from the reply: the first tool call (tools `click`, `type`, `key`, `scroll`,
    `done`), else a JSON object in the text (`{"action": "click", "x": 10, "y": 20}`), else a call
    written as text (`click(10, 20)`, `done("red")`);
-4. execute it with xdotool in $DISPLAY, then wait until the screen stops changing (at most --settle s).
+4. execute it with xdotool in $DISPLAY, then wait until the screen has not changed for 0.5 s (at most --settle s).
 
 Coordinates are pixels of the screenshot the model saw (w x h, origin top left). A point (x, y) maps
 to the screen's (W x H) pixel floor((x + 0.5) * W / w), floor((y + 0.5) * H / h): the centre of the
@@ -71,6 +71,7 @@ MAX_COMBO_KEYS = 8
 SERVER_KEYS = re.compile(r"Terminate_Server|XF86_?(Switch_VT_\d+|Ungrab|ClearGrab|Next_VMode|Prev_VMode|"
                          r"LogWindowTree|LogGrabInfo)|\w*_Virtual_Screen")
 CONNECT_TRIES = 10  # X connections, 0.2 s apart
+SETTLE_QUIET_S = 0.5  # after an action, the screen unchanged this long counts as settled
 RETRY_STATUSES = (429, 500, 502, 503, 504, 529)  # the proxy's retryable refusals (it sends Retry-After)
 
 
@@ -330,15 +331,18 @@ class Screen:
         return self.to_screen((x0 + x1 - 1) // 2, (y0 + y1 - 1) // 2)
 
     def settle(self, limit_s: float) -> None:
-        """Wait until two screenshots 0.1 s apart are equal (a page reacting to the action), at most limit_s."""
+        """Wait until the screen has not changed for SETTLE_QUIET_S (a page reacting to the action), at
+        most limit_s. Two equal screenshots 0.1 s apart were not enough: a click's form post had not yet
+        repainted the page, so the model saw the old screen and clicked again."""
         deadline = time.monotonic() + limit_s
-        last = self.grab().tobytes()
+        last, changed = self.grab().tobytes(), time.monotonic()
         while time.monotonic() < deadline:
             time.sleep(0.1)
             now = self.grab().tobytes()
-            if now == last:
+            if now != last:
+                last, changed = now, time.monotonic()
+            elif time.monotonic() - changed >= SETTLE_QUIET_S:
                 return
-            last = now
 
 
 def xdotool(display: str, *args: str) -> None:
