@@ -309,13 +309,14 @@ def _run_check(layer: VenvLayer, modules: list[str]) -> list[str]:
     """VENV_CHECK run by the local venv's python on `modules`: the lines it wrote."""
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="forge-venv-check-") as tmp:  # browser-use makes ~/.config/browseruse
+    # browser-use makes ~/.config/browseruse and, in $TMPDIR, a downloads folder it never removes
+    with tempfile.TemporaryDirectory(prefix="forge-venv-check-") as tmp:
         spec = Path(tmp) / "forge-check.json"
         spec.write_text(json.dumps({"python": layer.python, "modules": modules}))
         python = str(layer.venv / "bin" / "python")
         try:  # the venv's own path, unresolved: the modules' __file__ start with it, as sys.path does
             out = subprocess.run([python, "-c", VENV_CHECK, str(layer.venv), str(spec)], capture_output=True,
-                                 text=True, timeout=300, cwd=tmp, env={"PATH": "/usr/bin:/bin", "HOME": tmp})
+                                 text=True, timeout=300, cwd=tmp, env={"PATH": "/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp})
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise SandboxError(f"cannot run {python}: {exc}") from None
     return out.stderr.splitlines()

@@ -284,11 +284,18 @@ def run_browser_use(python: str, workdir: Path, base_url: str, instruction: str,
     (workdir / ".forge").mkdir(parents=True, exist_ok=True)
     (workdir / ".forge" / "instruction.txt").write_text(instruction)
     (workdir / "home").mkdir(exist_ok=True)
-    env = {**QUIET_ENV, "PATH": os.environ["PATH"], "HOME": str(workdir / "home"), "OPENAI_BASE_URL": base_url,
+    # browser-use leaves an agent and a downloads folder in $TMPDIR: one of ours, short (chromium's
+    # singleton socket goes there too, and a unix socket's path has at most 107 bytes)
+    tmp = tempfile.mkdtemp(prefix="forge-bu-")
+    env = {**QUIET_ENV, "PATH": os.environ["PATH"], "HOME": str(workdir / "home"), "TMPDIR": tmp,
+           "OPENAI_BASE_URL": base_url,
            "OPENAI_API_KEY": "sk-rollout-test", "FORGE_MODEL": "forge-policy", "FORGE_CHROMIUM": find_chromium() or "",
            "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([python, str(agent), "--instruction-file", ".forge/instruction.txt", *args],
-                          cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run([python, str(agent), "--instruction-file", ".forge/instruction.txt", *args],
+                              cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     result = workdir / ".forge" / "browser_use_result.json"
     return proc, (json.loads(result.read_text()) if result.exists() else {})
 
