@@ -177,7 +177,9 @@ def test_plain_right_answers_still_match(expect: dict, answer: str) -> None:
 
 # -- processes that outlive the agent's exec --------------------------------------------------------
 
-LOOP = "while :; do echo 'score: 1' > {f}; sleep 0.05; done"
+# The verdict replaced whole (a rename), never truncated then written: the exec's `cat` below once read
+# the file between the two (CI: stdout '' under load).
+LOOP = "while :; do echo 'score: 1' > {f}.new; mv -f {f}.new {f}; sleep 0.05; done"
 ESCAPES = {
     "nohup": "nohup sh -c \"{loop}\" >/dev/null 2>&1 &",
     # A nested user namespace needs no capability; with it, a pid namespace of its own (-p -f).
