@@ -300,10 +300,12 @@ def run_browser_use(python: str, workdir: Path, base_url: str, instruction: str,
     return proc, (json.loads(result.read_text()) if result.exists() else {})
 
 
-def run_gui_task(store: Any, tiny_vl_model: Path, script: Any, task_id: str, harness: Any) -> Any:
+def run_gui_task(store: Any, tiny_vl_model: Path, script: Any, task_id: str, harness: Any,
+                 sandbox: Any = None) -> Any:
     """One rollout of a builtin-web task by the real RolloutRunner (the site served on the host, the
     GUI attached to the harness's exec), through the real proxy to a ScriptedEngine on the tiny Qwen2-VL.
-    `script(engine, input_ids) -> text`, or a list of texts. (rollout row, engine)"""
+    `script(engine, input_ids) -> text`, or a list of texts; `sandbox`: a sandbox config (default: a
+    local one, in bubblewrap). (rollout row, engine)"""
     import asyncio
 
     import pytest
@@ -317,11 +319,13 @@ def run_gui_task(store: Any, tiny_vl_model: Path, script: Any, task_id: str, har
     from sandbox.local import bwrap_usable
     from sandbox.testing import proxy_socket_path
 
-    if not bwrap_usable():
+    if sandbox is None and not bwrap_usable():
         pytest.skip("needs bubblewrap (a GUI sandbox is isolated)")
     engine: Any = None
     engine = ScriptedEngine(tiny_vl_model, (lambda ids: script(engine, ids)) if callable(script) else script)
     cfg = ForgeConfig()
+    if sandbox is not None:
+        cfg.sandbox = sandbox
     cfg.harness = harness
     cfg.proxy.max_context_tokens = 65536
     cfg.runner.time_limit_scale = 5.0

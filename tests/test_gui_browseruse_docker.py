@@ -11,7 +11,6 @@ The browser-use image itself is built here if the engine lacks it (from the cach
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -22,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from openforge.config import DockerSandboxConfig, ForgeConfig, HarnessConfig
+from openforge.config import DockerSandboxConfig, HarnessConfig
 from openforge.errors import HarnessError, SandboxError
 from openforge.store import Store
 from rollouts.harnesses.browseruse import IMAGE_PREFIX, IMAGE_PYTHON, image_layer, venv_python
@@ -230,37 +229,24 @@ def test_browser_use_rollout_in_a_container(bu_image: str, tiny_vl_model: Path, 
     its calls through the real proxy (the socket bound in) to a scripted engine on the tiny Qwen2-VL that
     clicks the blue button browser-use lists, then says done: scored 1 by the site's state on the host,
     each call with its screenshot. The same script clicking the red button scores 0."""
-    from engine.scripted import ScriptedEngine
-    from engine.serve import serve_in_thread
+    from gui_fixtures import run_gui_task
     from openforge.images import ImageStore
-    from proxy.server import ProxyServer
-    from rollouts.runner import RolloutRunner, RolloutSpec
     from rollouts.tasks import load_tasks
-    from sandbox.testing import proxy_socket_path
 
-    task = next(t for t in load_tasks("builtin-web") if t.id == "gui-colour-click-blue")
-    order = task.gui.params["order"]  # type: ignore[union-attr]
+    order = next(t for t in load_tasks("builtin-web") if t.id == "gui-colour-click-blue").gui.params["order"]  # type: ignore[union-attr]
+    harness = HarnessConfig(name="browser-use", max_turns=4, npm_cache=str(CACHE))
     got, seconds = {}, {}
     for colour in ("blue", "red"):
-        engine: Any = None
-        engine = ScriptedEngine(tiny_vl_model, lambda ids, i=order.index(colour): browser_use_policy(engine, ids, i))
-        cfg = ForgeConfig()
-        cfg.sandbox = DockerSandboxConfig(image=bu_image)
-        cfg.harness = HarnessConfig(name="browser-use", max_turns=4, npm_cache=str(CACHE))
-        cfg.proxy.max_context_tokens = 65536
-        cfg.runner.time_limit_scale = 5.0  # two chromium starts on 2 loaded cores
-        with serve_in_thread(engine.app) as eng, ProxyServer(cfg.proxy, store_path=store.path, engine_url=eng.url,
-                                                              model_path=tiny_vl_model, uds=proxy_socket_path()) as proxy:
-            run = store.create_run(kind="eval")
-            runner = RolloutRunner(store, config=cfg, proxy_url=proxy.url, proxy_socket=proxy.uds)
-            start = time.monotonic()
-            [ro] = asyncio.run(runner.run(run.id, [RolloutSpec(task)]))
-            seconds[colour] = round(time.monotonic() - start, 1)
+        start = time.monotonic()  # two chromium starts on 2 loaded cores: run_gui_task's time_limit_scale 5
+        ro, _ = run_gui_task(store, tiny_vl_model,
+                             lambda engine, ids, i=order.index(colour): browser_use_policy(engine, ids, i),
+                             "gui-colour-click-blue", harness, sandbox=DockerSandboxConfig(image=bu_image))
+        seconds[colour] = round(time.monotonic() - start, 1)
         assert (ro.status, ro.harness, ro.sandbox) == ("scored", "browser-use", "docker"), \
             (ro.error, ro.stdout[-3000:], ro.stderr[-3000:])
         calls = store.list_calls(rollout_id=ro.id)
         assert len(calls) == 2 and all(c.status == "ok" and len(c.images) == 1 for c in calls), calls
-        shots = [ImageStore.for_run(forge_home, run.id).describe(c.images[0]) for c in calls]
+        shots = [ImageStore.for_run(forge_home, ro.run_id).describe(c.images[0]) for c in calls]
         assert all(s.format == "png" and s.size > 1000 and (s.width or 0) >= 640 for s in shots), shots  # stored
         got[colour] = ro.reward
     print(f"\nbrowser-use rollouts in docker: {seconds} s")
