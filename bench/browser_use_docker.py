@@ -39,12 +39,12 @@ def policy(engine: Any, input_ids: list[int], index: int) -> str:
 
 
 def one(store: Any, model: Path, sandbox: Any) -> tuple[float, float | None]:
-    from engine.scripted import ScriptedEngine
-    from engine.serve import serve_in_thread
-    from proxy.server import ProxyServer
-    from rollouts.runner import RolloutRunner, RolloutSpec
-    from rollouts.tasks import load_tasks
-    from sandbox.testing import proxy_socket_path
+    from openforge.engine.scripted import ScriptedEngine
+    from openforge.engine.serve import serve_in_thread
+    from openforge.proxy.server import ProxyServer
+    from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+    from openforge.rollouts.tasks.format import load_tasks
+    from openforge.sandbox.testing import proxy_socket_path
 
     task = next(t for t in load_tasks("builtin-web") if t.id == TASK)
     blue = task.gui.params["order"].index("blue")  # type: ignore[union-attr]
@@ -65,10 +65,10 @@ def one(store: Any, model: Path, sandbox: Any) -> tuple[float, float | None]:
 
 
 def main(n: int) -> dict[str, Any]:
-    from engine.tiny_vl import build_tiny_vl_model
+    from openforge.engine.tiny_vl import build_tiny_vl_model
     from openforge.store import Store
-    from rollouts.harnesses.browseruse import image_layer
-    from sandbox.harness_image import ensure_venv_image
+    from openforge.rollouts.harnesses.browseruse import image_layer
+    from openforge.sandbox.harness_image import ensure_venv_image
 
     with tempfile.TemporaryDirectory(prefix="forge-bench-bu-") as tmp:
         os.environ["FORGE_HOME"] = str(Path(tmp) / "home")

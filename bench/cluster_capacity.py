@@ -30,7 +30,7 @@ CONCURRENCY = (32, 256, 512, 1024, 2048)
 
 
 def _proxy(quick: bool) -> dict:
-    from engine.tiny import build_tokenizer
+    from openforge.engine.tiny import build_tokenizer
     from openforge.store import Store
 
     levels = CONCURRENCY[:2] if quick else CONCURRENCY

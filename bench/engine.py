@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from engine.client import EngineClient
-from engine.embedded import EmbeddedEngine
-from engine.serve import serve_in_thread
-from engine.tiny import build_tiny_model
+from openforge.engine.client import EngineClient
+from openforge.engine.embedded import EmbeddedEngine
+from openforge.engine.serve import serve_in_thread
+from openforge.engine.tiny import build_tiny_model
 from openforge.config import EngineConfig
 
 PARAMS = {"temperature": 0, "ignore_eos": True}

@@ -36,7 +36,7 @@ import os, shlex, sys, time
 
 import pytest
 
-from engine.supervisor import EngineProcess, engine_api_key
+from openforge.engine.supervisor import EngineProcess, engine_api_key
 from openforge.config import EngineConfig
 
 model = os.environ["MODEL"]

@@ -18,10 +18,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from openforge.config import DockerSandboxConfig, LocalSandboxConfig  # noqa: E402
-from rollouts.web.server import SiteSession  # noqa: E402
-from rollouts.web.spec import GuiTask  # noqa: E402
-from sandbox.factory import make_sandbox  # noqa: E402
-from sandbox.images import ensure_image  # noqa: E402
+from openforge.rollouts.tasks.web.server import SiteSession  # noqa: E402
+from openforge.rollouts.tasks.web.spec import GuiTask  # noqa: E402
+from openforge.sandbox.factory import make_sandbox  # noqa: E402
+from openforge.sandbox.images import ensure_image  # noqa: E402
 
 ACT = '"$FORGE_PYTHON" -I "$FORGE_GUI" screenshot s.png && "$FORGE_PYTHON" -I "$FORGE_GUI" click 10 10'
 PHASES = ("start", "gui exec (painted)", "+ screenshot + click", "stop")

@@ -2,7 +2,7 @@
 
 Both sides measured in the same run, medians of N:
 
-    relay: GET / of a task site (rollouts/web/server.py) straight on its unix socket (the local
+    relay: GET / of a task site (rollouts/tasks/web/server.py) straight on its unix socket (the local
            backend's path, the baseline) vs through the site relay (TCP + the token preamble, then a
            pipe to the same socket: sandbox/site_relay.py), from the host
     pod:   in a pod of the API double (tests/k8s_double: bubblewrap over the host's /usr, so the host's
@@ -54,10 +54,10 @@ def _median_ms(fn, n: int) -> float:  # type: ignore[no-untyped-def]
 
 
 def relay_case(n: int) -> dict:
-    from rollouts.web.server import SiteSession
-    from rollouts.web.spec import GuiTask
-    from sandbox.forwarder import site_preamble
-    from sandbox.site_relay import SiteRelay
+    from openforge.rollouts.tasks.web.server import SiteSession
+    from openforge.rollouts.tasks.web.spec import GuiTask
+    from openforge.sandbox.forwarder import site_preamble
+    from openforge.sandbox.site_relay import SiteRelay
 
     site = SiteSession(GuiTask(site="colour", params={}))
     relay = SiteRelay("127.0.0.1", 0)
@@ -84,9 +84,9 @@ async def pod_case(n: int) -> dict:
     from k8s_double.network import NODE_IP
 
     from openforge.config import KubernetesSandboxConfig
-    from rollouts.web.server import SiteSession
-    from rollouts.web.spec import GuiTask
-    from sandbox.kubernetes import KubernetesSandbox
+    from openforge.rollouts.tasks.web.server import SiteSession
+    from openforge.rollouts.tasks.web.spec import GuiTask
+    from openforge.sandbox.kubernetes import KubernetesSandbox
 
     tmp = Path(tempfile.mkdtemp(prefix="forge-bench-k8s-gui-"))
     venv = tuple(sorted({sys.prefix, sys.base_prefix}))

@@ -17,10 +17,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from openforge.config import LocalSandboxConfig  # noqa: E402
-from rollouts.web.server import SiteSession  # noqa: E402
-from rollouts.web.spec import GuiTask  # noqa: E402
-from sandbox.gui import GuiSpec  # noqa: E402
-from sandbox.local import LocalSandbox  # noqa: E402
+from openforge.rollouts.tasks.web.server import SiteSession  # noqa: E402
+from openforge.rollouts.tasks.web.spec import GuiTask  # noqa: E402
+from openforge.sandbox.gui import GuiSpec  # noqa: E402
+from openforge.sandbox.local import LocalSandbox  # noqa: E402
 
 ACT = '"$FORGE_PYTHON" -I "$FORGE_GUI" screenshot s.png && "$FORGE_PYTHON" -I "$FORGE_GUI" click 10 10'
 

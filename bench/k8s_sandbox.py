@@ -39,7 +39,7 @@ async def _measure(quick: bool, tmp: Path) -> dict:
     from k8s_double.pods import kill_processes, spawn_exec, start_container
 
     from openforge.config import KubernetesSandboxConfig
-    from sandbox.kubernetes import KubernetesSandbox
+    from openforge.sandbox.kubernetes import KubernetesSandbox
 
     n = 5 if quick else 30
     double = KubeDouble(tmp / "pods", step_s=0.0)
@@ -90,7 +90,7 @@ async def _scale(n: int, tmp: Path) -> dict:
     from k8s_double import KubeDouble
 
     from openforge.config import KubernetesSandboxConfig
-    from sandbox.kubernetes import KubernetesSandbox
+    from openforge.sandbox.kubernetes import KubernetesSandbox
 
     double = KubeDouble(tmp / "scale-pods", step_s=0.0)
     double.start()

@@ -100,12 +100,12 @@ async def _replay(model: Path, template: str, store_path: Path, captures: list[t
     import httpx
     from transformers import AutoTokenizer
 
-    from engine.client import EngineClient
-    from engine.scripted import ScriptedEngine
-    from engine.serve import serve_in_thread
+    from openforge.engine.client import EngineClient
+    from openforge.engine.scripted import ScriptedEngine
+    from openforge.engine.serve import serve_in_thread
     from openforge.config import ProxyConfig
     from openforge.store import Store
-    from proxy.app import create_app
+    from openforge.proxy.app import create_app
 
     store = Store(store_path)
     run = store.create_run(kind="proxy")
@@ -143,7 +143,7 @@ async def _replay(model: Path, template: str, store_path: Path, captures: list[t
 def _parse_speed(quick: bool) -> dict[str, Any]:
     """A write_file call of 16 and 64 KiB parsed as it streams, 4 characters per feed: 4x the text
     should cost 4x the time (linear; a parser that rescans its buffer on every feed costs 16x)."""
-    from proxy.parsing import OutputParser, ParserSetup, parse_output
+    from openforge.proxy.parsing import OutputParser, ParserSetup, parse_output
 
     def texts(kib: int) -> dict[str, tuple[str, str]]:
         content = ("def f(x):\n    return x + 1  # \"quoted\" {braces} <b>\n" * 4000)[:kib * 1024]
@@ -181,7 +181,7 @@ def _parse_speed(quick: bool) -> dict[str, Any]:
 
 
 def run(quick: bool = False) -> dict[str, Any]:
-    from engine.tiny import build_tiny_model
+    from openforge.engine.tiny import build_tiny_model
 
     captures = [(f.stem, json.loads(line)) for f in sorted(CAPTURES.glob("*.jsonl")) for line in f.open()]
     captures = [(n, r) for n, r in captures if r["method"] == "POST"]

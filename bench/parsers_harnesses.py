@@ -38,16 +38,16 @@ def _written(template: str, tool: str, param: str, prompt: str) -> str:
 
 
 async def _one(template: str, harness: str, tmp: Path, cache: Path) -> dict[str, Any]:
-    from engine.scripted import ScriptedEngine
-    from engine.serve import serve_in_thread
-    from engine.tiny import build_tiny_model
+    from openforge.engine.scripted import ScriptedEngine
+    from openforge.engine.serve import serve_in_thread
+    from openforge.engine.tiny import build_tiny_model
     from openforge.config import HarnessConfig, LocalSandboxConfig, ProxyConfig
     from openforge.store import Store
-    from proxy.server import ProxyServer
-    from rollouts.harness import HarnessContext
-    from rollouts.harnesses import get_harness
-    from rollouts.trajectory import assemble_rollout
-    from sandbox.factory import make_sandbox
+    from openforge.proxy.server import ProxyServer
+    from openforge.rollouts.harnesses.base import HarnessContext
+    from openforge.rollouts.harnesses import get_harness
+    from openforge.rollouts.runner.trajectory import assemble_rollout
+    from openforge.sandbox.factory import make_sandbox
 
     model = build_tiny_model(tmp / f"{template}-{harness}", template=template)
     store = Store(tmp / f"{template}-{harness}.db")
@@ -89,7 +89,7 @@ async def _one(template: str, harness: str, tmp: Path, cache: Path) -> dict[str,
 
 
 def run(quick: bool = False) -> dict[str, Any]:
-    from rollouts.npm import find_package_bin
+    from openforge.rollouts.harnesses.npm import find_package_bin
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

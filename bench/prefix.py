@@ -27,7 +27,7 @@ G, TURN, TOOL, BUDGET = 8, 128, 64, 4096
 
 
 def _samples(prefix_len: int) -> list[Any]:
-    from trainer.data import Sample
+    from openforge.trainer.data import Sample
 
     rng = random.Random(0)
     prompt = [rng.randrange(3, 900) for _ in range(prefix_len)]
@@ -45,9 +45,9 @@ def one_step(model_dir: str, prefix_len: int, share: bool, out: Any) -> None:
     import torch
 
     from openforge.config import TrainerConfig
-    from trainer.data import micro_batches
-    from trainer.grpo import StepConfig, grpo_step
-    from trainer.model import build_optimizer, build_policy
+    from openforge.trainer.data import micro_batches
+    from openforge.trainer.grpo import StepConfig, grpo_step
+    from openforge.trainer.model import build_optimizer, build_policy
 
     torch.manual_seed(0)
     cfg = TrainerConfig(lora_r=8, lora_alpha=16, lr=1e-4, micro_batch_tokens=BUDGET)
@@ -70,7 +70,7 @@ def one_step(model_dir: str, prefix_len: int, share: bool, out: Any) -> None:
 
 def _long_context_model(context: int) -> str:
     """The tiny model with `context` positions (its RoPE needs no other change)."""
-    from engine.tiny import build_tiny_model
+    from openforge.engine.tiny import build_tiny_model
 
     path = build_tiny_model(Path(tempfile.mkdtemp(prefix="bench-prefix-")) / "tiny")
     config = json.loads((path / "config.json").read_text())

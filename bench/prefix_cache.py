@@ -27,9 +27,9 @@ from typing import Any
 import httpx
 import torch
 
-from engine.embedded import EmbeddedEngine
-from engine.serve import serve_in_thread
-from engine.tiny import build_tiny_model
+from openforge.engine.embedded import EmbeddedEngine
+from openforge.engine.serve import serve_in_thread
+from openforge.engine.tiny import build_tiny_model
 from openforge.config import EngineConfig
 
 CAPTURE = Path(__file__).resolve().parent.parent / "docs" / "harness-captures" / "claude-code.jsonl"

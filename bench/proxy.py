@@ -145,7 +145,7 @@ args = json.loads(sys.argv[1])
 if args.pop("no_uvloop", False):
     sys.modules["uvloop"] = None  # as the revision ran before uvloop was a dependency
 from openforge.config import ProxyConfig
-from proxy.server import ProxyServer
+from openforge.proxy.server import ProxyServer
 cfg = ProxyConfig(**args.pop("config"))
 server = ProxyServer(cfg, **args).start()
 print(server.url, flush=True)
@@ -155,7 +155,7 @@ server.stop()
 
 
 def _serve(kind: str, args: dict[str, Any]) -> None:
-    from engine.serve import serve_in_thread
+    from openforge.engine.serve import serve_in_thread
 
     app = instant_engine(args["output_ids"]) if kind == "engine" else passthrough_proxy(args["upstream"])
     handle = serve_in_thread(app)
@@ -381,14 +381,14 @@ async def _stages(engine_url: str, store_path: Path, model_dir: Path, key: str, 
     """Median microseconds of each stage of one forge call, timed one by one in this process on the
     bench's own request (the forge proxy's objects, the same store and instant engine). Uncached
     rendering and tokenising (what every call paid before proxy/promptcache.py) beside the memoised."""
-    from engine.client import EngineClient
+    from openforge.engine.client import EngineClient
     from openforge.config import ProxyConfig
     from openforge.store import utcnow
-    from proxy import openai_chat
-    from proxy.app import create_app, parse_body
-    from proxy.calls import Message
-    from proxy.generation import Generation, GenerationParams
-    from proxy.server import load_tokenizer
+    from openforge.proxy import openai_chat
+    from openforge.proxy.app import create_app, parse_body
+    from openforge.proxy.calls import Message
+    from openforge.proxy.generation import Generation, GenerationParams
+    from openforge.proxy.server import load_tokenizer
     from starlette.responses import JSONResponse
 
     def timed(fn: Any) -> float:
@@ -482,7 +482,7 @@ def _baseline_tree(rev: str, tmp: Path) -> Path:
 
 
 def run(quick: bool = False) -> dict:
-    from engine.tiny import build_tokenizer
+    from openforge.engine.tiny import build_tokenizer
     from openforge.store import Store
 
     n, n_tp, conc, rounds = (60, 200, 32, 1) if quick else (300, 1000, 32, 3)

@@ -30,7 +30,7 @@ class _TrueHarness:
         return {}
 
     async def outcome(self, result, sandbox):  # noqa: ANN001, ANN201
-        from rollouts.harness import HarnessOutcome
+        from openforge.rollouts.harnesses.base import HarnessOutcome
 
         return HarnessOutcome(answer="")
 
@@ -46,8 +46,8 @@ async def _bare(n: int) -> float:
 
 async def _runner(store, n: int, concurrency: int) -> float:  # noqa: ANN001
     from openforge.config import ForgeConfig
-    from rollouts.runner import RolloutRunner, RolloutSpec
-    from rollouts.tasks import TaskSpec
+    from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+    from openforge.rollouts.tasks.format import TaskSpec
 
     cfg = ForgeConfig()
     cfg.runner.concurrency = concurrency

@@ -26,8 +26,8 @@ from bench.timing import percentile
 
 
 def run(quick: bool = False) -> dict:
-    from engine.supervisor import EngineProcess
-    from engine.tiny import build_tiny_model
+    from openforge.engine.supervisor import EngineProcess
+    from openforge.engine.tiny import build_tiny_model
     from openforge.config import EngineConfig
 
     n = 40 if quick else 150

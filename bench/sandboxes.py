@@ -21,9 +21,9 @@ from pathlib import Path
 from bench.timing import time_calls
 
 from openforge.config import DockerSandboxConfig, LocalSandboxConfig, SandboxConfig
-from sandbox import make_sandbox
-from sandbox.local import bwrap_usable
-from sandbox.testing import docker_image
+from openforge.sandbox import make_sandbox
+from openforge.sandbox.local import bwrap_usable
+from openforge.sandbox.testing import docker_image
 
 
 async def _bare(argv: list[str]) -> None:
@@ -49,7 +49,7 @@ def _docker_run(image: str) -> Callable[[], Awaitable[None]]:
     cli = shutil.which("docker")
     if cli:
         return lambda: _bare([cli, "run", "--rm", "--network", "host", image, "true"])
-    from sandbox.docker import connect
+    from openforge.sandbox.docker import connect
 
     client = connect()
 

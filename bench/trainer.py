@@ -79,8 +79,8 @@ def ours(model_dir: str, engine_url: str, steps: int, device: str, out: Any) -> 
 
     from openforge.config import TrainerConfig
     from openforge.store import Store
-    from trainer.loop import train
-    from trainer.sampler import AdapterSync, BackgroundLoop, EngineSampler
+    from openforge.trainer.loop import train
+    from openforge.trainer.sampler import AdapterSync, BackgroundLoop, EngineSampler
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     tasks = [{"id": f"p{i}", "prompt_ids": list(tok.apply_chat_template(
@@ -110,7 +110,7 @@ def ours(model_dir: str, engine_url: str, steps: int, device: str, out: Any) -> 
 
 
 async def _client(url: str):  # created on the bridge's loop, which owns its connection pool
-    from engine.client import EngineClient
+    from openforge.engine.client import EngineClient
 
     return EngineClient(url, timeout=120)
 
@@ -192,8 +192,8 @@ def run(quick: bool = False) -> dict:
     if importlib.util.find_spec("trl") is None:
         raise RuntimeError("bench/trainer.py compares against TRL: pip install -e '.[bench]' (trl>=1.16)")
 
-    from engine.supervisor import EngineProcess
-    from engine.tiny import build_tiny_model
+    from openforge.engine.supervisor import EngineProcess
+    from openforge.engine.tiny import build_tiny_model
     from openforge.config import EngineConfig
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -32,7 +32,7 @@ N_SAMPLES, PROMPT, COMPLETION, BUDGET = 16, 64, 64, 1024
 def _samples(step: int) -> list:
     import random
 
-    from trainer.data import Sample
+    from openforge.trainer.data import Sample
 
     rng = random.Random(step)
     out = []
@@ -49,10 +49,10 @@ def worker(model_dir: str, steps: int, out: str) -> None:
     import torch
 
     from openforge.config import TrainerConfig
-    from trainer import distributed
-    from trainer.data import micro_batches
-    from trainer.grpo import StepConfig, grpo_step
-    from trainer.model import build_optimizer, build_policy
+    from openforge.trainer import distributed
+    from openforge.trainer.data import micro_batches
+    from openforge.trainer.grpo import StepConfig, grpo_step
+    from openforge.trainer.model import build_optimizer, build_policy
 
     cfg = TrainerConfig(lora_r=8, lora_alpha=16, lr=1e-4, seed=0, micro_batch_tokens=BUDGET)
     step_cfg = StepConfig()
@@ -94,7 +94,7 @@ def _measure(prefix: list[str], model_dir: str, steps: int, env: dict[str, str])
 
 
 def run(quick: bool = False) -> dict:
-    from engine.tiny import build_tiny_model
+    from openforge.engine.tiny import build_tiny_model
 
     steps = 3 if quick else 6
     size = {} if quick else {"hidden_size": 256, "layers": 4}

@@ -1,4 +1,4 @@
-"""The online veRL bridge (trainer/verl_agent_loop.py): what running a sample as an OpenForge rollout costs
+"""The online veRL bridge (integrations/verl/agent_loop.py): what running a sample as an OpenForge rollout costs
 against veRL's own single-turn agent loop, on the same veRL server.
 
 veRL 0.9.1's real `AgentLoopWorker.generate_sequences` (padding and `_postprocess` included) on a batch of
@@ -32,13 +32,13 @@ def run(quick: bool = False) -> dict:
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
     from verl.protocol import DataProto
 
-    from engine.embedded import EmbeddedEngine
-    from engine.serve import serve_in_thread
-    from engine.tiny import build_tiny_model
+    from openforge.engine.embedded import EmbeddedEngine
+    from openforge.engine.serve import serve_in_thread
+    from openforge.engine.tiny import build_tiny_model
     from openforge.config import EngineConfig
-    from rollouts.tasks import load_tasks
-    from trainer import verl_agent_loop as bridge
-    from trainer.verl_data import ground_truth
+    from openforge.rollouts.tasks.format import load_tasks
+    from openforge.integrations.verl import agent_loop as bridge
+    from openforge.integrations.verl.data import ground_truth
 
     batch, repeats = (2, 3) if quick else (4, 6)
 
@@ -52,7 +52,7 @@ def run(quick: bool = False) -> dict:
     spec = task.model_dump(mode="json")
 
     def rows(agent: str) -> DataProto:
-        row = {"data_source": "trainer.verl_reward", "agent_name": agent, "index": 0,
+        row = {"data_source": "openforge.integrations.verl.reward", "agent_name": agent, "index": 0,
                "raw_prompt": [{"role": "user", "content": task.instruction}],
                "reward_model": {"style": "rule", "ground_truth": ground_truth(spec)},
                "extra_info": {"index": 0, "task_id": task.id, "task": json.dumps(spec)}}
@@ -62,7 +62,7 @@ def run(quick: bool = False) -> dict:
         tmp = Path(tmp_name)
         model = build_tiny_model(tmp / "tiny")
         (tmp / "forge.toml").write_text('[harness]\nname = "mini"\nmax_turns = 2\n[runner]\nconcurrency = 8\n')
-        (tmp / "loops.yaml").write_text(f"- name: {bridge.AGENT_NAME}\n  _target_: trainer.verl_agent_loop.OpenForgeAgentLoop\n"
+        (tmp / "loops.yaml").write_text(f"- name: {bridge.AGENT_NAME}\n  _target_: openforge.integrations.verl.agent_loop.OpenForgeAgentLoop\n"
                                         f"  forge_config: {tmp / 'forge.toml'}\n  forge_home: {tmp / 'home'}\n")
         cfg = OmegaConf.load(os.path.join(os.path.dirname(verl.__file__), "trainer/config/_generated_ppo_trainer.yaml"))
         cfg.actor_rollout_ref.model.path = str(model)

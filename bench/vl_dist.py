@@ -79,8 +79,8 @@ def worker(n: int, tmp: str, out: str) -> None:
     import torch.distributed as dist
     from transformers import Qwen2VLImageProcessorPil
 
-    from engine.vision import pixel_inputs
-    from trainer import distributed
+    from openforge.engine.vision import pixel_inputs
+    from openforge.trainer import distributed
 
     d = distributed.init()
     proc = Qwen2VLImageProcessorPil()

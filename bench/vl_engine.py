@@ -64,9 +64,9 @@ def run(quick: bool = False) -> dict:
     import torch
     from transformers import Qwen2VLImageProcessorPil
 
-    from engine.embedded import EmbeddedEngine
-    from engine.multimodal import ImageCache, prepare_images
-    from engine.tiny_vl import build_tiny_vl_model
+    from openforge.engine.embedded import EmbeddedEngine
+    from openforge.engine.multimodal import ImageCache, prepare_images
+    from openforge.engine.tiny_vl import build_tiny_vl_model
     from openforge.config import EngineConfig
 
     repeats = 3 if quick else 9

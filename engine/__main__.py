@@ -1,4 +1,4 @@
-"""`python -m engine --model PATH [--host H] [--port P] ...`: the embedded engine as its own process.
+"""`python -m openforge.engine --model PATH [--host H] [--port P] ...`: the embedded engine as its own process.
 
 This is what `EngineProcess` launches (kind = "embedded"); `forge engine` is the same for people.
 The API key, if any, is read from FORGE_ENGINE_API_KEY (and removed from the environment)."""
@@ -32,7 +32,7 @@ def _exit_with_parent(parent_pid: int, interval_s: float = 1.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m openforge.engine", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="", help="HF checkpoint folder (empty: the tiny model in FORGE_HOME)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
@@ -47,12 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.parent_pid:
         _exit_with_parent(args.parent_pid)
     try:
-        from engine.model import resolve_model_path
+        from openforge.engine.model import resolve_model_path
 
         resolve_model_path(args.model)  # a wrong path fails here, before seconds of torch imports
-        from engine.embedded import serve_engine
+        from openforge.engine.embedded import serve_engine
 
-        from engine.sglang_api import API_KEY_ENV
+        from openforge.engine.sglang_api import API_KEY_ENV
 
         # The key comes in the environment, not argv (any local user can read a process's argv).
         api_key = os.environ.pop(API_KEY_ENV, "")

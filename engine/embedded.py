@@ -20,18 +20,18 @@ from typing import Any
 import torch
 from starlette.applications import Starlette
 
-from engine.model import LoadedModel, load_model
-from engine.multimodal import ImageCache, check_text_only, image_data_list, prepare_images
-from engine.protocol import BadRequest, CompletionState, parse_input_ids, parse_sampling_params
-from engine.scheduler import Scheduler, Sequence
-from engine.sglang_api import create_sglang_app
-from engine.weights import copy_weights_from_disk
+from openforge.engine.model import LoadedModel, load_model
+from openforge.engine.multimodal import ImageCache, check_text_only, image_data_list, prepare_images
+from openforge.engine.protocol import BadRequest, CompletionState, parse_input_ids, parse_sampling_params
+from openforge.engine.scheduler import Scheduler, Sequence
+from openforge.engine.sglang_api import create_sglang_app
+from openforge.engine.weights import copy_weights_from_disk
 from openforge.config import EngineConfig
 from openforge.errors import EngineError
 
 
 class _EmbeddedGeneration:
-    """One request in the scheduler, seen from the event loop (`engine.sglang_api.Generation`)."""
+    """One request in the scheduler, seen from the event loop (`openforge.engine.sglang_api.Generation`)."""
 
     def __init__(self, seq: Sequence, events: asyncio.Queue, weight_version: str) -> None:
         self.seq = seq
@@ -222,13 +222,13 @@ def _pick_cpu_threads(m: LoadedModel) -> None:
 
 
 def serve_engine(config: EngineConfig, *, announce=print) -> None:
-    """Run the embedded engine in the foreground until SIGINT/SIGTERM (`forge engine`, `python -m engine`).
+    """Run the embedded engine in the foreground until SIGINT/SIGTERM (`forge engine`, `python -m openforge.engine`).
 
     The socket is bound first, so `port=0` works and the announced URL is the real one; connections
     made while the model loads wait in the listen backlog and are answered once it is serving."""
     import uvicorn
 
-    from engine.serve import listen_tcp, quiet_shutdown_cancellations
+    from openforge.engine.serve import listen_tcp, quiet_shutdown_cancellations
 
     sock = listen_tcp(config.host, config.port)
     port = sock.getsockname()[1]

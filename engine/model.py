@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.vision import is_vision_model
+from openforge.engine.vision import is_vision_model
 from openforge.errors import EngineError
 from openforge.paths import default_tiny_model, forge_home
 
@@ -31,7 +31,7 @@ def resolve_model_path(model: str) -> Path:
     if not model:
         path = default_tiny_model(forge_home())
         if not (path / "config.json").is_file():
-            from engine.tiny import build_tiny_model
+            from openforge.engine.tiny import build_tiny_model
 
             build_tiny_model(path)
         return path
@@ -87,8 +87,8 @@ def load_model(model: str, *, dtype: str = "auto", device: str = "auto") -> Load
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from engine.attention import use_split_attention
-    from engine.vision import VisionTokens
+    from openforge.engine.attention import use_split_attention
+    from openforge.engine.vision import VisionTokens
 
     hf_logging.disable_progress_bar()  # the weight-loading bar would fill the engine's log
     path = resolve_model_path(model)

@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from engine.protocol import BadRequest
-from engine.vision import VisionTokens, mm_token_type_ids, open_image, pixel_inputs, placeholder_runs
+from openforge.engine.protocol import BadRequest
+from openforge.engine.vision import VisionTokens, mm_token_type_ids, open_image, pixel_inputs, placeholder_runs
 from openforge.images import ImageError
 
 

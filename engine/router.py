@@ -1,7 +1,7 @@
 """engine.kind = "router": N engine workers behind SGLang's own router (PyPI `sglang-router`, the Rust
 binary; `pip install -e .[router]`), served as one engine URL.
 
-    python -m engine.router --model M --port P --workers 2      # what EngineProcess launches
+    python -m openforge.engine.router --model M --port P --workers 2      # what EngineProcess launches
 
 This process starts the workers (embedded engines, each supervised and restarted like the single
 engine; or `engine.router_worker_urls`: SGLang servers already running), then the real router in
@@ -41,7 +41,7 @@ from typing import Any
 
 import httpx
 
-from engine.sglang_api import API_KEY_ENV, ApiKeyMiddleware
+from openforge.engine.sglang_api import API_KEY_ENV, ApiKeyMiddleware
 from openforge.config import EngineConfig
 from openforge.errors import EngineError, ForgeError
 
@@ -118,7 +118,7 @@ class Fleet:
         return bool(self.config.router_url)
 
     def start(self) -> None:
-        from engine.supervisor import EngineProcess
+        from openforge.engine.supervisor import EngineProcess
 
         if self.external:
             self._wait_router()
@@ -311,13 +311,13 @@ def create_front(fleet: Fleet) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.router", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m openforge.engine.router", description=__doc__.splitlines()[0])
     p.add_argument("--config-json", required=True, help="the EngineConfig (kind = router) as JSON")
     p.add_argument("--log-dir", required=True)
     p.add_argument("--parent-pid", type=int, default=0)
     args = p.parse_args(argv)
     if args.parent_pid:
-        from engine.__main__ import _exit_with_parent
+        from openforge.engine.__main__ import _exit_with_parent
 
         _exit_with_parent(args.parent_pid)
     import signal

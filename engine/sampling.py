@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from engine.protocol import SamplingParams
+from openforge.engine.protocol import SamplingParams
 
 
 def return_original_logprob() -> bool:

@@ -41,12 +41,12 @@ from typing import Any
 
 import torch
 
-from engine.kv import BatchKV
-from engine.lora import AdapterSet
-from engine.model import LoadedModel
-from engine.prefix_cache import PrefixCache
-from engine.protocol import CompletionState, SamplingParams, finish_json
-from engine.sampling import sample_next
+from openforge.engine.kv import BatchKV
+from openforge.engine.lora import AdapterSet
+from openforge.engine.model import LoadedModel
+from openforge.engine.prefix_cache import PrefixCache
+from openforge.engine.protocol import CompletionState, SamplingParams, finish_json
+from openforge.engine.sampling import sample_next
 
 log = logging.getLogger("openforge.engine")
 PREFILL_TOKEN_BUDGET = 16384  # padded prompt tokens in one prefill forward pass

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from engine.protocol import BadRequest, CompletionState, finish_json, parse_input_ids, parse_sampling_params
-from engine.sglang_api import DropConnection, StaticInfo, create_sglang_app
+from openforge.engine.protocol import BadRequest, CompletionState, finish_json, parse_input_ids, parse_sampling_params
+from openforge.engine.sglang_api import DropConnection, StaticInfo, create_sglang_app
 from openforge.errors import EngineError
 
 Script = list[str] | Callable[[list[int]], str]
@@ -49,7 +49,7 @@ class Fault:
 
 @dataclass
 class _ScriptedGeneration:
-    """One scripted completion, produced token by token (`engine.sglang_api.Generation`)."""
+    """One scripted completion, produced token by token (`openforge.engine.sglang_api.Generation`)."""
 
     rid: str
     prompt_tokens: int

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import subprocess
 
-from engine.vision import is_vision_model
+from openforge.engine.vision import is_vision_model
 from openforge.config import EngineConfig
 
 

@@ -27,9 +27,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine.protocol import SSE_DONE, BadRequest, CompletionState, error_response, output_chunk, read_json, sse
+from openforge.engine.protocol import SSE_DONE, BadRequest, CompletionState, error_response, output_chunk, read_json, sse
 
-API_KEY_ENV = "FORGE_ENGINE_API_KEY"  # how EngineProcess hands the key to `python -m engine` (never argv)
+API_KEY_ENV = "FORGE_ENGINE_API_KEY"  # how EngineProcess hands the key to `python -m openforge.engine` (never argv)
 _OPEN_PREFIXES = ("/health", "/ready", "/metrics")
 
 

@@ -5,7 +5,7 @@
     ... EngineClient(engine.url) ...
     engine.stop()             # SIGTERM to the child's process group, SIGKILL after a grace period
 
-kind = "embedded" runs `python -m engine` (this project's engine), kind = "sglang" runs
+kind = "embedded" runs `python -m openforge.engine` (this project's engine), kind = "sglang" runs
 `<sglang_python> -m sglang.launch_server` (see engine/sglang.py), kind = "url" launches nothing and
 only waits for the engine already at `config.url`.
 
@@ -36,14 +36,13 @@ from pathlib import Path
 
 import httpx
 
-from engine.sglang import sglang_command, sglang_env
-from engine.sglang_api import API_KEY_ENV
+from openforge.engine.sglang import sglang_command, sglang_env
+from openforge.engine.sglang_api import API_KEY_ENV
 from openforge.config import EngineConfig
 from openforge.errors import EngineError
 from openforge.paths import forge_home
 
 log = logging.getLogger("openforge.engine")
-_REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def make_engine_url(config: EngineConfig) -> str:
@@ -127,9 +126,9 @@ class EngineProcess:
                                   lora_target_modules=self.lora_target_modules, api_key=self.api_key)
         if c.kind == "router":  # engine/router.py: workers + sglang-router; the key goes in the environment
             cfg = c.model_copy(update={"model": self.model_path, "port": self.port})
-            return [sys.executable, "-m", "engine.router", "--config-json", cfg.model_dump_json(exclude={"api_key"}),
+            return [sys.executable, "-m", "openforge.engine.router", "--config-json", cfg.model_dump_json(exclude={"api_key"}),
                     "--log-dir", str(self.log_path.parent / f"router-{self.port}"), "--parent-pid", str(os.getpid())]
-        return [sys.executable, "-m", "engine", "--model", self.model_path, "--host", c.host, "--port", str(self.port),
+        return [sys.executable, "-m", "openforge.engine", "--model", self.model_path, "--host", c.host, "--port", str(self.port),
                 "--dtype", c.dtype, "--device", c.device, "--max-batch-size", str(c.max_batch_size), "--seed", str(c.seed),
                 "--prefix-cache-mb", str(c.prefix_cache_mb),
                 "--parent-pid", str(os.getpid())]
@@ -201,10 +200,8 @@ class EngineProcess:
         env.pop(API_KEY_ENV, None)
         if self.config.kind == "sglang":
             env.update(sglang_env())
-        if self.config.kind in ("embedded", "router"):  # `python -m engine` must import this checkout
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
-            if self.api_key:
-                env[API_KEY_ENV] = self.api_key
+        if self.config.kind in ("embedded", "router") and self.api_key:
+            env[API_KEY_ENV] = self.api_key
         shown = ["***" if i and cmd[i - 1] == "--api-key" else a for i, a in enumerate(cmd)]  # no key in logs
         with open(self.log_path, "ab") as out:
             out.write(f"\n==> {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(shown)}\n".encode())

@@ -74,7 +74,7 @@ _GUI_WORDS = (
 
 
 def _corpus() -> list[str]:
-    from engine.tiny import _corpus as text_corpus
+    from openforge.engine.tiny import _corpus as text_corpus
 
     lines = text_corpus()
     lines += [" ".join(_GUI_WORDS[i:i + 10]) for i in range(0, len(_GUI_WORDS), 10)] * 6
@@ -88,7 +88,7 @@ def build_vl_tokenizer(vocab_size: int = 1024):  # -> PreTrainedTokenizerFast
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from engine.tiny import ADDED_TOKENS
+    from openforge.engine.tiny import ADDED_TOKENS
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -164,6 +164,6 @@ def build_tiny_vl_model(path: str | Path, *, seed: int = 0, hidden_size: int = 6
 
 def is_vl_model_dir(path: str | Path) -> bool:
     """A checkpoint folder whose config has a vision tower (a Qwen2-VL-style model)."""
-    from engine.vision import is_vision_model
+    from openforge.engine.vision import is_vision_model
 
     return is_vision_model(path)

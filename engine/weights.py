@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from engine.model import LoadedModel
+from openforge.engine.model import LoadedModel
 from openforge.errors import EngineError
 
 

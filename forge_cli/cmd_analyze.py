@@ -11,9 +11,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from forge_cli.context import state
+from openforge.forge_cli.context import state
 from openforge.errors import ConfigError
-from rollouts.analyze import METRICS, Estimate, GroupBy, Report, analyze
+from openforge.rollouts.analysis.analyze import METRICS, Estimate, GroupBy, Report, analyze
 
 console = Console()
 
@@ -70,7 +70,7 @@ def analyze_cmd(
     by_: GroupBy = by  # type: ignore[assignment] - analyze() validates it
     report = analyze(store, run_ids, by=by_, k_values=k or [1, 3], first_steps=first, last_steps=last)
     if html_out is not None:
-        from rollouts.analyze_html import report_html, step_curves
+        from openforge.rollouts.analysis.html import report_html, step_curves
 
         try:
             html_out.write_text(report_html(report, step_curves(report.rollouts)))

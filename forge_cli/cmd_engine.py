@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from forge_cli.context import new_typer, state
+from openforge.forge_cli.context import new_typer, state
 from openforge.errors import ForgeError
 
 model_app = new_typer(help="Build or inspect local model checkpoints.")
@@ -23,8 +23,8 @@ def engine(
     max_batch_size: Annotated[Optional[int], typer.Option("--max-batch-size", help="sequences decoded together")] = None,
 ) -> None:
     """Serve the embedded engine (SGLang's native API) until Ctrl-C; the first line printed is its URL."""
-    from engine.embedded import serve_engine
-    from engine.model import resolve_model_path
+    from openforge.engine.embedded import serve_engine
+    from openforge.engine.model import resolve_model_path
 
     flags = {"model": model, "port": port, "host": host, "device": device, "max_batch_size": max_batch_size}
     config = state(ctx).config({"engine": {k: v for k, v in flags.items() if v is not None}}).engine
@@ -63,7 +63,7 @@ def model_tiny(
                            "in engine/templates: qwen2.5, qwen3 (thinking), qwen3-coder (XML tool calls)")] = "tiny",
 ) -> None:
     """Build, offline, a tiny Qwen2 causal LM with a locally trained BPE tokenizer and a tool-calling chat template."""
-    from engine.tiny import LEARNABLE_NORM_GAIN, TEMPLATES, build_tiny_model
+    from openforge.engine.tiny import LEARNABLE_NORM_GAIN, TEMPLATES, build_tiny_model
 
     target = _model_target(path, force=force, norm_gain=norm_gain)
     if context < 64:
@@ -86,8 +86,8 @@ def model_tiny_vl(
                             "(1.0 = plain random init, nearly uniform outputs that GRPO can hardly move)")] = None,
 ) -> None:
     """Build, offline, a tiny Qwen2-VL (vision tower + M-RoPE language model) with its processor and chat template."""
-    from engine.tiny import LEARNABLE_NORM_GAIN
-    from engine.tiny_vl import MAX_PIXELS, build_tiny_vl_model
+    from openforge.engine.tiny import LEARNABLE_NORM_GAIN
+    from openforge.engine.tiny_vl import MAX_PIXELS, build_tiny_vl_model
 
     target = _model_target(path, force=force, norm_gain=norm_gain)
     out = build_tiny_vl_model(target, seed=seed, norm_gain=LEARNABLE_NORM_GAIN if norm_gain is None else norm_gain)

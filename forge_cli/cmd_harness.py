@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from forge_cli.context import new_typer, state
+from openforge.forge_cli.context import new_typer, state
 
 harness_app = new_typer(help="Agent harnesses: install the npm ones (claude-code, codex, openclaw) and browser-use (pip).")
 
@@ -20,13 +20,13 @@ def install(ctx: typer.Context,
                              "harness.npm_cache, else $FORGE_NPM_CACHE, else $FORGE_HOME/npm)")] = None,
             ) -> None:
     """Install an npm harness into the cache the local sandbox runs it from (a no-op if it is there)."""
-    from rollouts.npm import install_harness, npm_cache_dir
+    from openforge.rollouts.harnesses.npm import install_harness, npm_cache_dir
 
     harness = state(ctx).config().harness
     folder = cache.expanduser().resolve() if cache else npm_cache_dir(harness)
     console = Console(stderr=True)
     if name == "browser-use":  # a pinned pip install into its own venv in the same folder
-        from rollouts.harnesses.browseruse import BROWSER_USE_VERSION, install_browser_use
+        from openforge.rollouts.harnesses.browseruse import BROWSER_USE_VERSION, install_browser_use
         with console.status(f"pip install browser-use=={BROWSER_USE_VERSION} into {folder}") as status:
             exe = install_browser_use(folder, on_line=lambda line: status.update(
                 f"pip install browser-use=={BROWSER_USE_VERSION} into {folder}  {line[-60:]}"))

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from forge_cli.context import state
+from openforge.forge_cli.context import state
 from openforge.errors import ConfigError, ForgeError, NotFoundError
 from openforge.images import ImageStore
 from openforge.store import Call
@@ -30,8 +30,8 @@ def proxy(
     workers: Annotated[Optional[int], typer.Option("--workers", min=1, help="proxy processes behind the one port (default: proxy.workers, 1)")] = None,
 ) -> None:
     """Serve a model behind the recording proxy until Ctrl-C; every call is recorded into a new run."""
-    from engine.model import resolve_model_path
-    from runs.proxy_session import ProxySession
+    from openforge.engine.model import resolve_model_path
+    from openforge.runs.proxy_session import ProxySession
 
     st = state(ctx)
     proxy_flags = {k: v for k, v in {"port": port, "host": host, "workers": workers}.items() if v is not None}
@@ -82,7 +82,7 @@ def _decoder(run_config: dict[str, Any] | None) -> Any:
     if not path:
         return None
     try:
-        from proxy.server import load_tokenizer
+        from openforge.proxy.server import load_tokenizer
 
         return load_tokenizer(path)
     except ForgeError:

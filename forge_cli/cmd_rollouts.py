@@ -11,11 +11,11 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from forge_cli.context import new_typer, state
+from openforge.forge_cli.context import new_typer, state
 from openforge.config import ForgeConfig
 from openforge.errors import ConfigError, TaskError
-from rollouts.metrics import RunMetrics
-from rollouts.tasks import load_tasks, validate_tasks
+from openforge.rollouts.runner.metrics import RunMetrics
+from openforge.rollouts.tasks.format import load_tasks, validate_tasks
 
 console = Console()
 tasks_app = new_typer(help="Check and list task sets (a .jsonl file, a folder, or 'builtin').")
@@ -38,7 +38,7 @@ def tasks_validate(
         raise TaskError(f"{len(problems)} problem(s) in {path}")
     tasks = load_tasks(path)
     if run:
-        from rollouts.selfcheck import check_solutions
+        from openforge.rollouts.tasks.selfcheck import check_solutions
 
         st = state(ctx)
         problems = asyncio.run(check_solutions(st.store(), st.config(), tasks))
@@ -121,7 +121,7 @@ def eval_cmd(
     task_set = load_tasks(config.tasks.path, include=config.tasks.include)[: limit or None]
     if not task_set:
         raise ConfigError("the task selection is empty")
-    from runs.evaluate import evaluate
+    from openforge.runs.evaluate import evaluate
 
     k = config.runner.samples_per_task
 

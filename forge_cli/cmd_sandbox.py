@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import psutil
 import typer
 
-from forge_cli.context import new_typer, state
+from openforge.forge_cli.context import new_typer, state
 from openforge.store import RUN_FINAL
 
 sandbox_app = new_typer(help="Sandbox images and housekeeping.")
@@ -35,7 +35,7 @@ def gc(ctx: typer.Context,
        kubernetes: Annotated[bool, typer.Option("--kubernetes", help="also sweep pods when sandbox.type is not kubernetes")] = False,
        ) -> None:
     """Remove sandboxes (folders, processes, cgroups, containers, pods) that crashed runs left, by label."""
-    from sandbox.gc import collect_all
+    from openforge.sandbox.gc import collect_all
 
     st = state(ctx)
     store = st.store()
@@ -61,20 +61,20 @@ def build_image(ctx: typer.Context,
                 latest: Annotated[bool, typer.Option(help="also tag it openforge-sandbox:latest (the default image)")] = True,
                 ) -> None:
     """Build the Docker sandbox image locally (debootstrap or busybox, then docker import); cached by recipe hash."""
-    from sandbox.harness_image import ensure_harness_image
-    from sandbox.images import ensure_image
+    from openforge.sandbox.harness_image import ensure_harness_image
+    from openforge.sandbox.images import ensure_image
 
     config = state(ctx).config()
     base_url = getattr(config.sandbox, "base_url", "")
     if harness:
-        from rollouts.npm import image_layer, install_harness, npm_cache_dir
+        from openforge.rollouts.harnesses.npm import image_layer, install_harness, npm_cache_dir
 
         names = [name.strip() for name in harness.split(",") if name.strip()]
         cache = npm_cache_dir(config.harness)
         if "browser-use" in names:  # a Python harness, on the browser image: an image of its own
             from openforge.errors import HarnessError
-            from rollouts.harnesses import browseruse
-            from sandbox.harness_image import ensure_venv_image
+            from openforge.rollouts.harnesses import browseruse
+            from openforge.sandbox.harness_image import ensure_venv_image
 
             if names != ["browser-use"]:
                 raise HarnessError("browser-use goes on the browser image, the npm harnesses on the python image: "

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 
-from forge_cli.context import state
+from openforge.forge_cli.context import state
 from openforge.errors import ConfigError, ForgeError
 
 EXPORT_FORMATS = ("verl", "jsonl", "verl-sft", "verl-rl")
@@ -42,16 +42,16 @@ def train(
 
     Headless (a line per step); `forge up` runs the same with the dashboard. Stop with Ctrl-C or
     `forge stop RUN`, continue with `forge train --resume RUN`: no step is lost or repeated."""
-    from trainer import launch
+    from openforge.trainer import launch
 
     if launch.is_follower():  # a torchrun rank other than 0: rank 0 owns the run and drives this one
         launch.follow()
         return
-    from forge_cli import up_views
-    from forge_cli.overrides import cli_overrides
+    from openforge.forge_cli import up_views
+    from openforge.forge_cli.overrides import cli_overrides
     from openforge.config import load_config
-    from runs.control import RunController
-    from runs.prepare import mark_dead_runs, preflight, prepare_run
+    from openforge.runs.control import RunController
+    from openforge.runs.prepare import mark_dead_runs, preflight, prepare_run
 
     st = state(ctx)
     # Refused before anything is looked up: a bad flag is the error to report, not the run.
@@ -122,27 +122,29 @@ def export(
     out: Annotated[str, typer.Option("--out", "-o", help="the file to write (.parquet for verl, .jsonl for jsonl)")],
     fmt: Annotated[str, typer.Option("--format", "-f", help="verl (parquet, veRL's columns), jsonl, verl-sft "
                                      "(messages+tools for veRL's MultiTurnSFTDataset) or verl-rl (one prompt a task "
-                                     "for RLHFDataset, graded by trainer/verl_reward.py)")] = "jsonl",
+                                     "for RLHFDataset, graded by integrations/verl/reward.py)")] = "jsonl",
     min_reward: Annotated[Optional[float], typer.Option("--min-reward", help="verl-sft: keep rollouts with at least "
                                                         "this reward (default: those that passed their task)")] = None,
 ) -> None:
     """Write a run's recorded trajectories (token ids, masks, engine logprobs, rewards) for other RL codebases."""
-    from trainer.export import export_jsonl, export_verl
+    from openforge.trainer.export import export_jsonl, export_verl
 
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, not {fmt!r}")
     store = state(ctx).store()
     run = store.get_run(run_id)
     if fmt in ("verl-sft", "verl-rl"):
-        from trainer.verl_data import rl_rows, sft_rows, write_rows
+        from openforge.integrations.verl.data import rl_rows, sft_rows, write_rows
 
         rows = sft_rows(store, run.id, min_reward=min_reward) if fmt == "verl-sft" else rl_rows(store, run.id)
         n = write_rows(rows, out)
         what = "conversation(s) of passing rollouts" if fmt == "verl-sft" else "task prompt(s)"
         typer.echo(f"wrote {n} {what} of {run.id} to {out} ({fmt})")
-        here = Path(__file__).resolve().parent.parent / "trainer"
-        typer.echo(f"veRL: data.custom_cls.path={here / 'verl_sft.py'} data.custom_cls.name=ForgeSFTDataset"
-                   if fmt == "verl-sft" else f"veRL: reward.custom_reward_function.path={here / 'verl_reward.py'} "
+        from openforge.integrations import verl as verl_bridge
+
+        here = Path(verl_bridge.__file__).parent
+        typer.echo(f"veRL: data.custom_cls.path={here / 'sft.py'} data.custom_cls.name=ForgeSFTDataset"
+                   if fmt == "verl-sft" else f"veRL: reward.custom_reward_function.path={here / 'reward.py'} "
                    "reward.custom_reward_function.name=compute_score")
         return
     n = (export_verl if fmt == "verl" else export_jsonl)(store, run.id, out)

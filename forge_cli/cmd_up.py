@@ -7,15 +7,15 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 
-from forge_cli import up_views
-from forge_cli.cmd_train import _stored_nproc
-from forge_cli.context import is_tty, state
-from forge_cli.overrides import cli_overrides
+from openforge.forge_cli import up_views
+from openforge.forge_cli.cmd_train import _stored_nproc
+from openforge.forge_cli.context import is_tty, state
+from openforge.forge_cli.overrides import cli_overrides
 from openforge.config import load_config
 from openforge.errors import ForgeError
 from openforge.paths import runs_dir
-from runs.control import RunController
-from runs.prepare import mark_dead_runs, preflight, prepare_run
+from openforge.runs.control import RunController
+from openforge.runs.prepare import mark_dead_runs, preflight, prepare_run
 
 
 def register(app: typer.Typer) -> None:
@@ -38,7 +38,7 @@ def up(
                                                  "sharded with FSDP2; one GPU each on GPUs (trainer.nproc)")] = None,
 ) -> None:
     """Bring up the engine, the proxy, sandboxed rollouts and the GRPO trainer for one run, and show it live."""
-    from trainer import launch
+    from openforge.trainer import launch
 
     if launch.is_follower():  # a torchrun rank other than 0: rank 0 owns the run and drives this one
         launch.follow()
@@ -99,7 +99,7 @@ def dash(
     run_id: Annotated[str, typer.Argument(help="run id, unique prefix, or 'latest'")] = "latest",
 ) -> None:
     """Open the dashboard of a running or finished run, read-only, from any terminal."""
-    from forge_cli.dashboard import make_dashboard
+    from openforge.forge_cli.dashboard import make_dashboard
 
     st = state(ctx)
     if not is_tty():

@@ -26,19 +26,19 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, RichLog, Static
 from textual_plotext import PlotextPlot
 
-from forge_cli.snapshot import conversation
+from openforge.forge_cli.snapshot import conversation
 from openforge.errors import ForgeError
 from openforge.images import ImageInfo, ImageStore
 from openforge.paths import forge_home
 from openforge.readmodel import Snapshot, read_snapshot, run_log_path
 from openforge.store import RUN_FINAL, Call, Rollout, Store
-from rollouts.analyze import behaviour_over_steps
+from openforge.rollouts.analysis.analyze import behaviour_over_steps
 
 POLL_S = 1.0
 
 
 class Controller(Protocol):
-    """What the dashboard may ask of the process driving the run (`runs.control.RunController`)."""
+    """What the dashboard may ask of the process driving the run (`openforge.runs.control.RunController`)."""
 
     @property
     def paused(self) -> bool: ...

@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.table import Table
 
 import openforge
-from forge_cli import cmd_analyze, cmd_engine, cmd_harness, cmd_proxy, cmd_rollouts, cmd_sandbox, cmd_train, cmd_up
-from forge_cli.context import AppState, ForgeGroup, new_typer, state
-from runs.checks import run_checks
+from openforge.forge_cli import cmd_analyze, cmd_engine, cmd_harness, cmd_proxy, cmd_rollouts, cmd_sandbox, cmd_train, cmd_up
+from openforge.forge_cli.context import AppState, ForgeGroup, new_typer, state
+from openforge.runs.checks import run_checks
 from openforge.config import dump_toml
 from openforge.errors import ForgeError
 
@@ -112,7 +112,7 @@ def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
     states = ", ".join(f"{k} {v}" for k, v in sorted(by_state.items())) or "none"
     mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"
     console.print(f"rollouts: {len(rollouts)} ({states}); mean reward {mean}")
-    from trainer.sampler import failure_reasons, is_failure
+    from openforge.trainer.sampler import failure_reasons, is_failure
 
     failures = failure_reasons(rollouts, which=is_failure)
     if failures:
@@ -122,7 +122,7 @@ def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
         for reason, n in failures:
             table.add_row(str(n), reason)
         console.print(table)
-    from forge_cli.segments import segment_table
+    from openforge.forge_cli.segments import segment_table
 
     if (prefix := segment_table(store, run)) is not None:
         console.print(prefix)

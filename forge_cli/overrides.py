@@ -8,7 +8,7 @@ from openforge.config import parse_override
 
 # `forge up --demo`: about 4 minutes on 2 CPU cores, and the reward curve rises under exact grading
 # (docs/dashboard.md, "What the demo shows"). The tiny model (engine/tiny.py LEARNABLE_NORM_GAIN,
-# then rollouts/warmup.py) answers "Answer with a number." with one digit, any digit: ~1 in 10 right.
+# then trainer/warmup/text.py) answers "Answer with a number." with one digit, any digit: ~1 in 10 right.
 # One token an answer: the answer is exactly that digit, graded exactly (expect_answer number); GRPO
 # learns to give the right one. lr 5e-3: at 2e-2 the policy collapsed to noise after a few steps.
 DEMO_TASKS = ["easy-sum", "easy-count-words"]
@@ -50,7 +50,7 @@ DEMO_HARNESSES: dict[str, dict[str, Any]] = {
 # gets its own X display and Chromium on a gui-colour-screen page served from the host (the whole
 # screen red, or blue); mini-gui sends the screenshot (downscaled to 256 px: 24 image tokens for the
 # tiny VLM) and reads one action. The tiny Qwen2-VL is warmed up to answer `done(red)` or `done(blue)`
-# about half the time each, whatever the picture (rollouts/warmup_gui.py): a policy blind to the
+# about half the time each, whatever the picture (trainer/warmup/gui.py): a policy blind to the
 # screenshot scores at most 1/2. Both tasks every step, 12 rollouts each, so every group holds both
 # answers and GRPO's signal is the picture. Measured (tests/test_vl_learn_exact.py, docs/gui.md): four
 # colours, 64 px screenshots or a square on a white page stayed at chance in 12 steps; this rises.

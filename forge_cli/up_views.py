@@ -1,7 +1,7 @@
 """The two front ends of `forge up`: the dashboard, or headless Rich progress; and the closing summary.
 
 Both own the main thread, where SIGTERM (`forge stop RUN`) arrives, while the run's lifecycle runs in
-the worker thread that `runs.train.start_run_thread` starts.
+the worker thread that `openforge.runs.train.start_run_thread` starts.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from openforge.config import ForgeConfig
 from openforge.paths import runs_dir
 from openforge.store import Store
-from runs.control import RunController
-from runs.train import Outcome, fmt_num, start_run_thread, wait_for
+from openforge.runs.control import RunController
+from openforge.runs.train import Outcome, fmt_num, start_run_thread, wait_for
 
 
 class _OnSigterm:
@@ -81,7 +81,7 @@ def run_tui(store: Store, run_id: str, config: ForgeConfig, controller: RunContr
             headless_app: bool = False) -> Outcome:
     """The dashboard in the foreground; `q`/Ctrl-C/SIGTERM stop the run, then the worker tears down.
     (`headless_app` runs the same app without a terminal: tests.)"""
-    from forge_cli.dashboard import make_dashboard
+    from openforge.forge_cli.dashboard import make_dashboard
 
     app = make_dashboard(store.path, run_id, controller=controller, exit_after_done_s=exit_after_done_s)
     thread = start_run_thread(store, run_id, config, controller, home=home, resume=resume)

@@ -2,7 +2,7 @@
 
 The proxy records calls from many concurrent requests; it must not block its event loop on SQLite.
 `AsyncStore` gives it the few operations it needs over the same tables as `openforge.store`;
-batching lives in `proxy.recorder`, which owns the one writer task that calls `write_calls`.
+batching lives in `openforge.proxy.recorder`, which owns the one writer task that calls `write_calls`.
 
 A batch is written by one function on the store's writer thread (SQLAlchemy Core on a sync
 connection: the same column types as `Store`), so it costs one hop from the event loop to that

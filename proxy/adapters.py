@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from proxy import anthropic, openai_chat, openai_responses
-from proxy.calls import APIError, CallRequest, Completion, StreamEvent
+from openforge.proxy import anthropic, openai_chat, openai_responses
+from openforge.proxy.calls import APIError, CallRequest, Completion, StreamEvent
 
 
 class ResponseStream(Protocol):

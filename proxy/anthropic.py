@@ -21,8 +21,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from proxy import images
-from proxy.calls import (API_ANTHROPIC, APIError, CallRequest, Completion, Message, ReasoningDelta, StreamEvent,
+from openforge.proxy import images
+from openforge.proxy.calls import (API_ANTHROPIC, APIError, CallRequest, Completion, Message, ReasoningDelta, StreamEvent,
                          TextDelta, ToolCall, ToolCallDelta, ToolCallStart, as_float, as_int, as_stop, bad_request,
                          parse_arguments, sse)
 

@@ -32,16 +32,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
-from engine.client import EngineClient
+from openforge.engine.client import EngineClient
 from openforge.config import ProxyConfig
 from openforge.errors import StoreError
 from openforge.store import AsyncStore
-from proxy import anthropic, openai_chat, openai_responses
-from proxy.adapters import ApiAdapter, adapter_for_path
-from proxy.calls import APIError, bad_request
-from proxy.pipeline import CallPipeline
-from proxy.recorder import Recorder
-from proxy.tokens import ChatRenderer
+from openforge.proxy import anthropic, openai_chat, openai_responses
+from openforge.proxy.adapters import ApiAdapter, adapter_for_path
+from openforge.proxy.calls import APIError, bad_request
+from openforge.proxy.pipeline import CallPipeline
+from openforge.proxy.recorder import Recorder
+from openforge.proxy.tokens import ChatRenderer
 
 log = logging.getLogger("forge.proxy")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # \uD800-\uDFFF in JSON text: maybe a lone surrogate

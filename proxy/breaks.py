@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from proxy.calls import Message
+from openforge.proxy.calls import Message
 
 SYSTEM_CHANGED = "system prompt changed: the request's system prompt differs from the previous call's"
 TOOLS_CHANGED = "tools changed: the request declares other tools than the previous call"

@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from engine.client import EngineClient
-from proxy.calls import Completion, StreamEvent
-from proxy.parsing import OutputParser, ParserSetup
-from proxy.tokens import ChatRenderer
+from openforge.engine.client import EngineClient
+from openforge.proxy.calls import Completion, StreamEvent
+from openforge.proxy.parsing import OutputParser, ParserSetup
+from openforge.proxy.tokens import ChatRenderer
 
 
 class IncrementalDecoder:

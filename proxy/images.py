@@ -28,7 +28,7 @@ from functools import cached_property
 from typing import Any
 
 from openforge.images import MAX_IMAGE_BYTES, ImageError, image_format, image_id
-from proxy.calls import APIError, bad_request
+from openforge.proxy.calls import APIError, bad_request
 
 NO_FETCH = "the proxy never fetches the network (nor reads files) for a sandbox"
 REFERENCE = "forge-image:"  # a recorded body's stand-in for an image's base64 (+ its sha256)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from proxy import images
-from proxy.calls import (API_CHAT, APIError, CallRequest, Completion, Message, ReasoningDelta, StreamEvent, TextDelta,
+from openforge.proxy import images
+from openforge.proxy.calls import (API_CHAT, APIError, CallRequest, Completion, Message, ReasoningDelta, StreamEvent, TextDelta,
                          ToolCall, ToolCallDelta, ToolCallStart, as_float, as_int, as_stop, bad_request, new_call_id,
                          parse_arguments, sse)
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from proxy import openai_chat
-from proxy.calls import (API_RESPONSES, APIError, CallRequest, Completion, Message, ReasoningDelta, StreamEvent,
+from openforge.proxy import openai_chat
+from openforge.proxy.calls import (API_RESPONSES, APIError, CallRequest, Completion, Message, ReasoningDelta, StreamEvent,
                          TextDelta, ToolCall, ToolCallDelta, ToolCallEvent, ToolCallStart, as_float, as_int,
                          bad_request, new_call_id, parse_arguments, sse)
 

@@ -18,12 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.calls import CallRequest, ReasoningDelta, StreamEvent, ToolCall
-from proxy.reasoning import REASONING_PARSERS, ReasoningParser, opens_thinking, resolve_reasoning_parser
-from proxy.reasoning import ALIASES as REASONING_ALIASES
-from proxy.toolcalls import ALIASES as TOOL_ALIASES
-from proxy.toolcalls import TOOL_PARSERS, ToolCallParser, resolve_tool_parser
-from proxy.toolformats import CallRules
+from openforge.proxy.calls import CallRequest, ReasoningDelta, StreamEvent, ToolCall
+from openforge.proxy.reasoning import REASONING_PARSERS, ReasoningParser, opens_thinking, resolve_reasoning_parser
+from openforge.proxy.reasoning import ALIASES as REASONING_ALIASES
+from openforge.proxy.toolcalls import ALIASES as TOOL_ALIASES
+from openforge.proxy.toolcalls import TOOL_PARSERS, ToolCallParser, resolve_tool_parser
+from openforge.proxy.toolformats import CallRules
 
 
 class UnknownParser(ValueError):

@@ -23,21 +23,21 @@ from typing import Any
 import orjson
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from engine.client import EngineClient
+from openforge.engine.client import EngineClient
 from openforge.config import ProxyConfig
 from openforge.images import ImageError, ImageStore
 from openforge.paths import forge_home
 from openforge.errors import EngineError, EngineRejected, EngineTimeout, EngineUnavailable, StoreError
 from openforge.store import utcnow
-from proxy.adapters import ApiAdapter
-from proxy.calls import APIError, CallRequest, Completion, StreamEvent, bad_request, new_call_id
-from proxy.generation import Generation, GenerationParams, token_logprobs
-from proxy.images import slim_body
-from proxy.parsing import ParserSetup
-from proxy.prompts import RolloutPrompts, too_long
-from proxy.recorder import Recorder
-from proxy.slots import Slot, Slots
-from proxy.tokens import ChatRenderer, Prompt
+from openforge.proxy.adapters import ApiAdapter
+from openforge.proxy.calls import APIError, CallRequest, Completion, StreamEvent, bad_request, new_call_id
+from openforge.proxy.generation import Generation, GenerationParams, token_logprobs
+from openforge.proxy.images import slim_body
+from openforge.proxy.parsing import ParserSetup
+from openforge.proxy.prompts import RolloutPrompts, too_long
+from openforge.proxy.recorder import Recorder
+from openforge.proxy.slots import Slot, Slots
+from openforge.proxy.tokens import ChatRenderer, Prompt
 
 log = logging.getLogger("forge.proxy")
 

@@ -17,13 +17,13 @@ from typing import Any
 
 from openforge.images import ImageStore
 from openforge.paths import forge_home
-from proxy.adapters import ADAPTERS
-from proxy.calls import APIError, CallRequest, Completion
-from proxy.images import resolving_from
-from proxy.parsing import ParserSetup
-from proxy.reasoning import opens_thinking
-from proxy.recorder import Recorder
-from proxy.tokens import ChatRenderer, Prompt, PromptBuilder
+from openforge.proxy.adapters import ADAPTERS
+from openforge.proxy.calls import APIError, CallRequest, Completion
+from openforge.proxy.images import resolving_from
+from openforge.proxy.parsing import ParserSetup
+from openforge.proxy.reasoning import opens_thinking
+from openforge.proxy.recorder import Recorder
+from openforge.proxy.tokens import ChatRenderer, Prompt, PromptBuilder
 
 log = logging.getLogger("forge.proxy")
 LONG_TEXT = 16_384  # characters; below this, a thread hop costs more than the work

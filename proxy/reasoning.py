@@ -16,7 +16,7 @@ gives the same split (streaming == non-streaming).
 
 from __future__ import annotations
 
-from proxy.calls import ReasoningDelta
+from openforge.proxy.calls import ReasoningDelta
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_OPEN = "<tool_call>"

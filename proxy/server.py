@@ -18,13 +18,13 @@ import os
 import socket
 from pathlib import Path
 
-from engine.client import EngineClient
-from engine.serve import ServerHandle, _unix_socket, listen_tcp, serve_in_thread
+from openforge.engine.client import EngineClient
+from openforge.engine.serve import ServerHandle, _unix_socket, listen_tcp, serve_in_thread
 from openforge.config import ProxyConfig
 from openforge.db import location
 from openforge.errors import ConfigError, ForgeError
-from proxy.connections import deadline_protocol
-from proxy.vision import load_placeholders
+from openforge.proxy.connections import deadline_protocol
+from openforge.proxy.vision import load_placeholders
 
 
 def load_tokenizer(model_path: str | Path):  # -> PreTrainedTokenizerBase
@@ -66,7 +66,7 @@ class ProxyServer:
         raise ForgeError("the proxy is not running (call start() first)")
 
     def start(self) -> ProxyServer:
-        from proxy.app import create_app
+        from openforge.proxy.app import create_app
 
         if self._handle is not None or self._workers is not None:
             return self
@@ -86,7 +86,7 @@ class ProxyServer:
         import psutil
 
         from openforge.store import Store
-        from proxy.workers import ProxyWorkers
+        from openforge.proxy.workers import ProxyWorkers
 
         store = Store(self.store_path)  # recovery once, here: a worker must not take its peers' calls for leftovers
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.calls import APIError
+from openforge.proxy.calls import APIError
 
 
 class Slot:

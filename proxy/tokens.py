@@ -17,10 +17,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.breaks import explain_break
-from proxy.calls import APIError, Completion, Message, bad_request
-from proxy.promptcache import ChunkedEncoder, RenderCache
-from proxy.toolcalls import CLOSE_TAG, OPEN_TAG, ToolCallParser, parse_tool_calls
+from openforge.proxy.breaks import explain_break
+from openforge.proxy.calls import APIError, Completion, Message, bad_request
+from openforge.proxy.promptcache import ChunkedEncoder, RenderCache
+from openforge.proxy.toolcalls import CLOSE_TAG, OPEN_TAG, ToolCallParser, parse_tool_calls
 
 __all__ = ["CLOSE_TAG", "OPEN_TAG", "ChatRenderer", "Prompt", "PromptBuilder", "ToolCallParser", "parse_completion"]
 _PROBE = "\u2063forge-probe\u2063"  # text no template alters, to find what follows an assistant turn

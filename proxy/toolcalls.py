@@ -23,8 +23,8 @@ How each format reads a body (name, streamed arguments, whole parse): proxy/tool
 
 from __future__ import annotations
 
-from proxy.calls import TextDelta, ToolCall, ToolCallDelta, ToolCallEvent, ToolCallStart, new_call_id
-from proxy.toolformats import CallRules, JsonFormat, JsonState, XmlFormat, XmlState
+from openforge.proxy.calls import TextDelta, ToolCall, ToolCallDelta, ToolCallEvent, ToolCallStart, new_call_id
+from openforge.proxy.toolformats import CallRules, JsonFormat, JsonState, XmlFormat, XmlState
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
 TOOL_PARSERS = ("auto", "hermes", "qwen25", "qwen3_coder", "none")

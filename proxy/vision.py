@@ -16,15 +16,15 @@ from typing import Any, Sequence
 
 from openforge.errors import ConfigError
 from openforge.images import ImageError
-from engine.vision import is_vision_model
-from proxy.calls import bad_request
+from openforge.engine.vision import is_vision_model
+from openforge.proxy.calls import bad_request
 
 
 class ImagePlaceholders:
     """A VLM's processor, as the proxy uses it: expand the placeholders of rendered prompt ids."""
 
     def __init__(self, processor: Any) -> None:
-        from engine.vision import VisionTokens
+        from openforge.engine.vision import VisionTokens
 
         self.processor = processor
         self.tokens = VisionTokens.from_processor(processor)
@@ -36,7 +36,7 @@ class ImagePlaceholders:
     def expand(self, ids: list[int], images: Sequence[Any]) -> list[int]:
         """`ids` (freshly tokenised text: one pad per image) with each image's pad repeated to its
         token count; `images` are the `ImageInput`s those pads stand for, in order."""
-        from engine.vision import expand_with_grid
+        from openforge.engine.vision import expand_with_grid
 
         try:
             return expand_with_grid(ids, self.grid(images), self.tokens)
@@ -54,7 +54,7 @@ class ImagePlaceholders:
         needs. Any other processor: by running it."""
         import torch
 
-        from engine.vision import pixel_inputs
+        from openforge.engine.vision import pixel_inputs
 
         if not images:
             return torch.zeros((0, 3), dtype=torch.long)
@@ -85,7 +85,7 @@ def load_placeholders(model_path: str | Path) -> ImagePlaceholders | None:
     """The model's image placeholders, or None for a text-only model (which is then refused images)."""
     if not is_vision_model(model_path):
         return None
-    from engine.vision import load_processor
+    from openforge.engine.vision import load_processor
 
     try:
         return ImagePlaceholders(load_processor(model_path))

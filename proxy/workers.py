@@ -49,16 +49,16 @@ log = logging.getLogger("forge.proxy")
 
 
 def _worker_main(spec: dict[str, Any]) -> None:
-    """One worker process (`python -m proxy.workers SPEC`): the proxy app on uvicorn in the main thread,
+    """One worker process (`python -m openforge.proxy.workers SPEC`): the proxy app on uvicorn in the main thread,
     so SIGTERM shuts it down gracefully; it writes one line on its `ready_fd` once it serves (or why not)."""
     import uvicorn
 
-    from engine.client import EngineClient
-    from engine.serve import quiet_shutdown_cancellations
-    from proxy.app import create_app
-    from proxy.connections import deadline_protocol
-    from proxy.server import load_tokenizer
-    from proxy.vision import load_placeholders
+    from openforge.engine.client import EngineClient
+    from openforge.engine.serve import quiet_shutdown_cancellations
+    from openforge.proxy.app import create_app
+    from openforge.proxy.connections import deadline_protocol
+    from openforge.proxy.server import load_tokenizer
+    from openforge.proxy.vision import load_placeholders
 
     ready = os.fdopen(spec["ready_fd"], "w", buffering=1)
     try:
@@ -173,7 +173,7 @@ class ProxyWorkers:
     def _spawn(self, ready_fd: int) -> subprocess.Popen:
         fds = [s.fileno() for s in self.sockets]
         spec = {**self.app_args, "config": self.config.model_dump(mode="json"), "fds": fds, "ready_fd": ready_fd}
-        return subprocess.Popen([sys.executable, "-m", "proxy.workers", json.dumps(spec)], pass_fds=[*fds, ready_fd],
+        return subprocess.Popen([sys.executable, "-m", "openforge.proxy.workers", json.dumps(spec)], pass_fds=[*fds, ready_fd],
                                 stdin=subprocess.DEVNULL,
                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(
                                     p for p in (_PROJECT_ROOT, os.environ.get("PYTHONPATH")) if p)})

@@ -93,7 +93,7 @@ def check_sglang(config: ForgeConfig) -> Check:
 
 
 def check_isolation() -> Check:
-    from sandbox.local import describe_isolation  # the same probe the local backend decides by
+    from openforge.sandbox.local import describe_isolation  # the same probe the local backend decides by
 
     verdict, detail = describe_isolation()
     return Check("bubblewrap", verdict, detail)
@@ -141,8 +141,8 @@ def check_store(config: ForgeConfig, home: Path) -> Check:
 
 def check_gui() -> Check:
     """Whether GUI rollouts (builtin-web, the GUI harnesses) can run in local sandboxes."""
-    from sandbox.gui import find_chromium
-    from sandbox.local import bwrap_usable
+    from openforge.sandbox.gui import find_chromium
+    from openforge.sandbox.local import bwrap_usable
 
     found = {"chromium": find_chromium(), "Xvfb": shutil.which("Xvfb"), "xdotool": shutil.which("xdotool")}
     missing = [name for name, path in found.items() if not path]

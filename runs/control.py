@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from openforge.store import Store
-from trainer.sampler import BackgroundLoop, Cancelled, CancelToken
+from openforge.trainer.sampler import BackgroundLoop, Cancelled, CancelToken
 
 log = logging.getLogger("forge.run")
 

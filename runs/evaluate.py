@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 from openforge.config import ForgeConfig
 from openforge.store import Rollout, Run, Store
-from runs.prepare import isolation_for, preflight, resolve_model
-from runs.stack import Stack
-from trainer.sampler import StepFailed
+from openforge.runs.prepare import isolation_for, preflight, resolve_model
+from openforge.runs.stack import Stack
+from openforge.trainer.sampler import StepFailed
 
 T = TypeVar("T")
 
@@ -29,7 +29,7 @@ def evaluate(store: Store, config: ForgeConfig, tasks: Sequence[Any], *, home: P
     """Run `tasks` x `runner.samples_per_task`; return the eval run and its metrics (rollouts.metrics).
 
     StepFailed when every rollout failed for infra/harness reasons; KeyboardInterrupt when cancelled."""
-    from rollouts.evaluate import run_eval
+    from openforge.rollouts.runner.evaluate import run_eval
 
     preflight(config, home)  # no Docker, no cluster, no SGLang, no harness: one line now, not N failed rollouts
     isolation = isolation_for(config)

@@ -40,14 +40,14 @@ def resolve_model(config: ForgeConfig, home: Path) -> Path:
         return _tiny_vl_model(home)
     path = Path(config.engine.model).expanduser() if config.engine.model else default_tiny_model(home)
     if not config.engine.model and not (path / "config.json").is_file():
-        from engine.tiny import LEARNABLE_NORM_GAIN, build_tiny_model
+        from openforge.engine.tiny import LEARNABLE_NORM_GAIN, build_tiny_model
 
         log.info("building the tiny model in %s", path)
         build_tiny_model(path, norm_gain=LEARNABLE_NORM_GAIN)  # peaked, so GRPO can visibly move it
-        from rollouts.warmup import warm_up_number_answers
+        from openforge.trainer.warmup.text import warm_up_number_answers
 
         # Exact grading gives a random model no right answer to reinforce: teach it the answer format
-        # (one digit, any digit) first, so the demo's groups hold some right answers (rollouts/warmup.py).
+        # (one digit, any digit) first, so the demo's groups hold some right answers (trainer/warmup/text.py).
         warm_up_number_answers(path)
     if not (path / "config.json").is_file():
         raise ConfigError(f"engine.model {path} is not a model folder (no config.json); "
@@ -57,14 +57,14 @@ def resolve_model(config: ForgeConfig, home: Path) -> Path:
 
 def _tiny_vl_model(home: Path) -> Path:
     """The tiny VLM for a GUI harness with no model configured: built, then taught the answer format
-    of the gui-colour demo (rollouts/warmup_gui.py), once per FORGE_HOME."""
-    from rollouts.warmup_gui import is_warmed_up
+    of the gui-colour demo (trainer/warmup/gui.py), once per FORGE_HOME."""
+    from openforge.trainer.warmup.gui import is_warmed_up
 
     path = default_tiny_vl_model(home)
     if not (path / "config.json").is_file() or not is_warmed_up(path):  # none yet, or an older warm-up's
-        from engine.tiny import LEARNABLE_NORM_GAIN
-        from engine.tiny_vl import build_tiny_vl_model
-        from rollouts.warmup_gui import warm_up_gui_answers
+        from openforge.engine.tiny import LEARNABLE_NORM_GAIN
+        from openforge.engine.tiny_vl import build_tiny_vl_model
+        from openforge.trainer.warmup.gui import warm_up_gui_answers
 
         log.info("building the tiny vision-language model in %s (and a ~1 minute warm-up)", path)
         tmp = path.with_name(path.name + ".partial")  # a model dir appears only once warmed up
@@ -78,7 +78,7 @@ def _tiny_vl_model(home: Path) -> Path:
 
 def preflight(config: ForgeConfig, home: Path) -> None:
     """Refuse early, with the fix, when the config asks for something this machine lacks."""
-    from runs.checks import check_docker, check_kubernetes, check_sglang
+    from openforge.runs.checks import check_docker, check_kubernetes, check_sglang
 
     if config.sandbox.type == "docker":
         check = check_docker(config)
@@ -105,7 +105,7 @@ def preflight(config: ForgeConfig, home: Path) -> None:
 def check_harness(config: ForgeConfig) -> None:
     """HarnessError, with the fix, when the configured harness cannot run with the configured sandbox
     (not installed in the npm cache for local sandboxes; container images are checked as they start)."""
-    from rollouts.harnesses import harness_available
+    from openforge.rollouts.harnesses import harness_available
 
     fix = harness_available(config)
     if fix is not None:
@@ -117,13 +117,13 @@ def isolation_for(config: ForgeConfig) -> str:
     or none. Local sandboxes without a working bubblewrap are refused (`IsolationUnavailable`, with the
     fix) unless the user chose `sandbox.isolation = "none"`: the policy's code must never run on the
     host by accident."""
-    from sandbox.factory import isolation_check
+    from openforge.sandbox.factory import isolation_check
 
     return isolation_check(config.sandbox).name
 
 
 def load_run_tasks(config: ForgeConfig) -> list[Any]:
-    from rollouts.tasks import load_tasks
+    from openforge.rollouts.tasks.format import load_tasks
 
     tasks = load_tasks(config.tasks.path, include=config.tasks.include or None)
     if not tasks:

@@ -15,7 +15,7 @@ from openforge import reserve
 from openforge.config import ForgeConfig
 from openforge.errors import StoreError
 from openforge.store import Rollout, Run, Store
-from runs.stack import Stack
+from openforge.runs.stack import Stack
 
 
 class ProxySession:
@@ -59,7 +59,7 @@ class ProxySession:
 
     def stop(self) -> dict[str, int]:
         """Stop serving, assemble what was recorded, end the run. Returns the trajectory counts."""
-        from rollouts.trajectory import assemble_rollout
+        from openforge.rollouts.runner.trajectory import assemble_rollout
 
         self.stack.stop()
         assert self.run is not None and self.rollout is not None

@@ -27,7 +27,7 @@ from typing import Any
 
 from openforge.config import ForgeConfig
 from openforge.store import Store
-from trainer.sampler import BackgroundLoop
+from openforge.trainer.sampler import BackgroundLoop
 
 log = logging.getLogger("forge.stack")
 
@@ -41,7 +41,7 @@ def free_port(host: str) -> int:
 class Stack:
     """Engine + proxy (+ runner, + the trainer's engine client) for `config`; a context manager.
 
-    `config.engine.model` must be the resolved model folder (`runs.prepare.resolve_model`)."""
+    `config.engine.model` must be the resolved model folder (`openforge.runs.prepare.resolve_model`)."""
 
     def __init__(self, config: ForgeConfig, store: Store, *, log_dir: Path | None = None, runner: bool = False,
                  client: bool = False, on_progress: Callable[[Any], Any] | None = None) -> None:
@@ -88,8 +88,8 @@ class Stack:
         return self
 
     def _start_engine_and_proxy(self) -> None:
-        from engine.supervisor import EngineProcess, engine_api_key
-        from proxy.server import ProxyServer
+        from openforge.engine.supervisor import EngineProcess, engine_api_key
+        from openforge.proxy.server import ProxyServer
 
         cfg = self.config.engine
         if cfg.kind != "url" and not cfg.port:  # fix the port now: the proxy needs the URL before it is up
@@ -126,7 +126,7 @@ class Stack:
         log.info("engine (%s) up at %s serving %s", cfg.kind, self.engine.url, cfg.model)
 
     def _start_runner(self) -> None:
-        from rollouts.runner import RolloutRunner
+        from openforge.rollouts.runner.runner import RolloutRunner
 
         self.runner = RolloutRunner(self.store, config=self.config, proxy_url=self.proxy.url,
                                     on_progress=self._on_progress, proxy_socket=str(self.proxy_socket))
@@ -134,7 +134,7 @@ class Stack:
                  self.config.sandbox.type, self.config.runner.concurrency)
 
     def _start_client(self) -> None:
-        from engine.client import EngineClient
+        from openforge.engine.client import EngineClient
 
         self.client = EngineClient(self.engine.url, timeout=self.config.engine.request_timeout_s,
                                    api_key=self.engine_key or None)

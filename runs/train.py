@@ -25,9 +25,9 @@ from openforge.config import ForgeConfig
 from openforge.errors import EngineError, ForgeError
 from openforge.paths import runs_dir
 from openforge.store import Store
-from runs.control import RunController
-from runs.prepare import load_run_tasks
-from runs.stack import Stack
+from openforge.runs.control import RunController
+from openforge.runs.prepare import load_run_tasks
+from openforge.runs.stack import Stack
 
 log = logging.getLogger("forge.run")
 
@@ -48,8 +48,8 @@ def fmt_num(value: Any, digits: int = 4) -> str:
 def run_training(store: Store, run_id: str, config: ForgeConfig, controller: RunController, *, home: Path,
                  resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None) -> Outcome:
     """Stack up, train(), stack down. Never raises: returns the outcome (also recorded in the store)."""
-    from trainer.loop import train
-    from trainer.sampler import AdapterSync, RolloutSampler
+    from openforge.trainer.loop import train
+    from openforge.trainer.sampler import AdapterSync, RolloutSampler
 
     outcome = Outcome()
     stack = Stack(config, store, log_dir=runs_dir(home) / run_id, runner=True, client=True)

@@ -1,10 +1,10 @@
-"""Sandboxes: where each rollout runs. One interface (`sandbox.base`), one module per backend
+"""Sandboxes: where each rollout runs. One interface (`openforge.sandbox.base`), one module per backend
 (`local`, `docker`, `kubernetes`), and `make_sandbox(config)` to pick one by `sandbox.type`."""
 
-from sandbox.base import (ExecResult, IsolationReport, IsolationUnavailable, Sandbox, SandboxBase,
+from openforge.sandbox.base import (ExecResult, IsolationReport, IsolationUnavailable, Sandbox, SandboxBase,
                           SandboxFileNotFound, SandboxInfo, SandboxStartFailed, TransientSandboxError,
                           sandbox_labels, start_with_retry, stop_shielded)
-from sandbox.factory import isolation_check, make_sandbox
+from openforge.sandbox.factory import isolation_check, make_sandbox
 
 __all__ = ["ExecResult", "IsolationReport", "IsolationUnavailable", "Sandbox", "SandboxBase", "SandboxFileNotFound",
            "SandboxInfo", "SandboxStartFailed", "TransientSandboxError", "isolation_check", "make_sandbox",

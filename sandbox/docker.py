@@ -46,10 +46,10 @@ from typing import Any
 from openforge.config import DockerSandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
-from sandbox.base import (KILL_ALL_SH, KILL_MARKED_SH, LABEL_HOME, container_path, ExecResult, SandboxBase,
+from openforge.sandbox.base import (KILL_ALL_SH, KILL_MARKED_SH, LABEL_HOME, container_path, ExecResult, SandboxBase,
                           SandboxFileNotFound, SandboxInfo, SandboxPathRefused, TransientSandboxError, sandbox_labels)
-from sandbox.gui import CHROMIUM_NAMES, SITE_PORT, SITE_URL, GuiSpec
-from sandbox.images import SANDBOX_HOME, SANDBOX_UID
+from openforge.sandbox.gui import CHROMIUM_NAMES, SITE_PORT, SITE_URL, GuiSpec
+from openforge.sandbox.images import SANDBOX_HOME, SANDBOX_UID
 
 BUILD_HINT = "forge sandbox build-image"
 GUI_MODULE = Path(__file__).with_name("gui.py")
@@ -106,7 +106,7 @@ class DockerSandbox(SandboxBase):
         self.volume_names: list[str] = []  # its anonymous volumes (workdir, HOME, /tmp), removed with it
         self.proxy_socket = str(proxy_socket) if proxy_socket else None
         self.proxy_url: str | None = None
-        # A GUI task's site socket (rollouts/web/server.py), bound in at create time; `attach_gui` runs
+        # A GUI task's site socket (rollouts/tasks/web/server.py), bound in at create time; `attach_gui` runs
         # the following execs in a display with a browser on it.
         self.site_socket = os.fspath(site_socket) if site_socket else None
         self.gui: GuiSpec | None = None
@@ -156,7 +156,7 @@ class DockerSandbox(SandboxBase):
             missing.append(f"(the check failed: {found.stderr.strip()[:200]})")
         self.gui_python = next((v for k, v in lines if k == "python" and v.startswith("/")), "python3")
         if missing:
-            from sandbox.images import image_tag
+            from openforge.sandbox.images import image_tag
 
             raise SandboxError(f"image {self.cfg.image} cannot run GUI tasks: no {', '.join(missing)}; build the "
                                f"browser image with `{BUILD_HINT} --variant browser` and set sandbox.image = "
@@ -232,7 +232,7 @@ class DockerSandbox(SandboxBase):
         """The forwarder (sandbox/forwarder.py) on the container's 127.0.0.1, run with the image's python3
         in an exec of its own that carries no exec marker, so no exec's reaper ends it (kill_all does).
         Its source goes in as `-c`: nothing to write on the read-only root, nothing the agent can edit."""
-        from sandbox.local import FORWARDER, PROXY_PORT
+        from openforge.sandbox.local import FORWARDER, PROXY_PORT
 
         check = await self.exec("command -v python3", timeout=30)
         if check.exit_code != 0:
@@ -318,7 +318,7 @@ class DockerSandbox(SandboxBase):
 
     def _gui_argv(self, spec: GuiSpec, argv: list[str]) -> tuple[list[str], dict[str, str]]:
         """`argv` inside gui.py's launcher, behind the site's forwarder, and the environment a GUI exec gets."""
-        from sandbox.local import FORWARDER
+        from openforge.sandbox.local import FORWARDER
 
         python = self.gui_python
         argv = [python, "-I", GUI_INSIDE, *spec.launcher_args(), *argv]

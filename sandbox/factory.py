@@ -11,7 +11,7 @@ from pathlib import Path
 
 from openforge.config import SandboxConfig
 from openforge.errors import SandboxError
-from sandbox.base import IsolationReport, IsolationUnavailable, Sandbox
+from openforge.sandbox.base import IsolationReport, IsolationUnavailable, Sandbox
 
 
 def make_sandbox(config: SandboxConfig, *, run_id: str, rollout_id: str,
@@ -20,21 +20,21 @@ def make_sandbox(config: SandboxConfig, *, run_id: str, rollout_id: str,
 
     `proxy_socket`: the proxy's unix socket on the host, bound into the sandbox; a harness inside then
     reaches the proxy at `sb.proxy_url` (local with bubblewrap, and docker with network "none").
-    `site_socket`: a GUI task's site socket (rollouts/web/server.py), which a container binds when it is
+    `site_socket`: a GUI task's site socket (rollouts/tasks/web/server.py), which a container binds when it is
     created; local sandboxes bind it per exec from `attach_gui(spec)` and Kubernetes pods get it from
     the spec too, so only docker takes it here."""
     if config.type == "local":
-        from sandbox.local import LocalSandbox
+        from openforge.sandbox.local import LocalSandbox
 
         return LocalSandbox(config, run_id=run_id, rollout_id=rollout_id, proxy_socket=proxy_socket)
     if config.type == "docker":
-        from sandbox.docker import DockerSandbox
+        from openforge.sandbox.docker import DockerSandbox
 
         return DockerSandbox(config, run_id=run_id, rollout_id=rollout_id, proxy_socket=proxy_socket,
                              site_socket=site_socket)
     if config.type == "kubernetes":
         try:
-            from sandbox.kubernetes import KubernetesSandbox
+            from openforge.sandbox.kubernetes import KubernetesSandbox
         except ImportError as exc:
             raise SandboxError(f"the kubernetes backend cannot be loaded ({exc}); pip install 'openforge[k8s]'") from None
         return KubernetesSandbox(config, run_id=run_id, rollout_id=rollout_id)
@@ -53,7 +53,7 @@ def isolation_check(config: SandboxConfig) -> IsolationReport:
         return IsolationReport("kubernetes", f"pods in namespace {config.namespace}")
     if config.isolation == "none":
         return IsolationReport("none", 'sandbox.isolation = "none": rollouts run as plain host processes')
-    from sandbox.local import ISOLATION_FIX, bwrap_usable
+    from openforge.sandbox.local import ISOLATION_FIX, bwrap_usable
 
     path = bwrap_usable()
     if not path:

@@ -21,8 +21,8 @@ import psutil
 
 from openforge.config import DockerSandboxConfig, KubernetesSandboxConfig, SandboxConfig
 from openforge.errors import ForgeError, SandboxError
-from sandbox.base import LABEL_HOME, LABEL_MANAGED, LABEL_RUN
-from sandbox.procs import kill_tree, orphan_cgroups, remove_cgroup_dir
+from openforge.sandbox.base import LABEL_HOME, LABEL_MANAGED, LABEL_RUN
+from openforge.sandbox.procs import kill_tree, orphan_cgroups, remove_cgroup_dir
 
 
 @dataclass
@@ -52,7 +52,7 @@ def collect_local(root: Path, *, run_id: str | None, is_live: Callable[[str], bo
     by the store (`run_of`); `sandbox.json` (host-side, outside what a sandbox can see) only for a
     rollout the store does not know. The processes killed are those of *this* folder's rollout id,
     whatever a label says: a forged label can at worst get its own sandbox removed."""
-    from sandbox.local import META_FILE, SANDBOX_ENV, _rmtree
+    from openforge.sandbox.local import META_FILE, SANDBOX_ENV, _rmtree
 
     found: list[Leftover] = []
     for d in sorted(root.iterdir()) if root.is_dir() else []:
@@ -78,7 +78,7 @@ def collect_local(root: Path, *, run_id: str | None, is_live: Callable[[str], bo
 def collect_docker(config: SandboxConfig, *, home: Path, run_id: str | None, is_live: Callable[[str], bool],
                    dry_run: bool = False) -> list[Leftover]:
     """Containers labelled by this data dir (`home`): another FORGE_HOME's live runs are not ours to judge."""
-    from sandbox.docker import connect
+    from openforge.sandbox.docker import connect
 
     base_url = config.base_url if isinstance(config, DockerSandboxConfig) else ""
     client = connect(base_url, timeout=10)
@@ -104,7 +104,7 @@ def collect_all(config: SandboxConfig, *, home: Path, run_id: str | None, is_liv
                 ) -> tuple[list[Leftover], list[str]]:
     """Sweep local and docker (and kubernetes when configured or asked for); returns what was found
     and one note per backend that could not be swept. `live_runs`: whether any run is live now."""
-    from sandbox.local import sandboxes_root
+    from openforge.sandbox.local import sandboxes_root
 
     found = collect_local(sandboxes_root(home), run_id=run_id, is_live=is_live, dry_run=dry_run, run_of=run_of)
     notes: list[str] = []
@@ -125,7 +125,7 @@ def _collect_kubernetes(config: KubernetesSandboxConfig, *, home: Path, run_id: 
     """The kubernetes backend's `gc_pods(config, run_id, home=)` deletes this data dir's pods by label;
     it cannot spare a live run's pods, so without --run it is called only when no run is live."""
     try:
-        k8s = importlib.import_module("sandbox.kubernetes")
+        k8s = importlib.import_module("openforge.sandbox.kubernetes")
         gc_pods = k8s.gc_pods
     except (ImportError, AttributeError) as exc:
         return [f"kubernetes: skipped (backend not importable: {exc})"]

@@ -23,7 +23,7 @@ Interface (for harnesses, reference solutions and tests; stdlib, plus Pillow for
 Inside a sandbox with a GUI the environment holds DISPLAY, FORGE_GUI (this file's path) and
 FORGE_PYTHON (a python that has Pillow); the task's site, when it has one, is at FORGE_SITE_URL
 (http://127.0.0.1:8080/, a forwarder to the site's unix socket on the host: the site and its state
-live outside the sandbox, see rollouts/web/).
+live outside the sandbox, see rollouts/tasks/web/).
 
 Why chromium runs with --no-sandbox: its own sandbox needs to create user and pid namespaces (or a
 setuid helper), which an unprivileged process inside bubblewrap's user namespace with every

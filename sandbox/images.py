@@ -228,7 +228,7 @@ def import_or_build(tag: str, build: Callable[[Path], Any], *, base_url: str, ti
     network) before the image counts as built; if it fails, image and tarball are removed."""
     import docker.errors
 
-    from sandbox.docker import connect
+    from openforge.sandbox.docker import connect
 
     client = connect(base_url, timeout=max(timeout, 60))  # an import of ~1 GB outlasts the default 30 s
     try:

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from openforge.config import KubernetesSandboxConfig
-from sandbox.k8s_exec import ApiCallError, api_error
-from sandbox.k8s_manifests import home_label, managed_selector
+from openforge.sandbox.k8s_exec import ApiCallError, api_error
+from openforge.sandbox.k8s_manifests import home_label, managed_selector
 
 log = logging.getLogger(__name__)
 IDLE_CLOSE_S = 5.0  # a client nobody holds is closed after this long (the next step makes a new one)

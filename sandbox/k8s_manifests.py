@@ -17,7 +17,7 @@ from typing import Any
 
 from openforge.config import KubernetesSandboxConfig
 from openforge.errors import ConfigError
-from sandbox.base import LABEL_HOME, LABEL_MANAGED, LABEL_RUN, sandbox_labels
+from openforge.sandbox.base import LABEL_HOME, LABEL_MANAGED, LABEL_RUN, sandbox_labels
 
 CONTAINER_NAME = "sandbox"
 # PID 1 of every pod: a shell that keeps a `sleep` going and, waiting on it, reaps the orphans that
@@ -248,7 +248,7 @@ def _is_dns_subdomain(value: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m sandbox.k8s_manifests network-policy [--config forge.toml] [--gui]`: the rollout pods'
+    """`python -m openforge.sandbox.k8s_manifests network-policy [--config forge.toml] [--gui]`: the rollout pods'
     NetworkPolicy for this config as JSON, for `kubectl apply -f -`."""
     import argparse
     import json
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     from openforge.config import load_config
     from openforge.errors import ForgeError
 
-    parser = argparse.ArgumentParser(prog="python -m sandbox.k8s_manifests")
+    parser = argparse.ArgumentParser(prog="python -m openforge.sandbox.k8s_manifests")
     parser.add_argument("what", choices=["network-policy"])
     parser.add_argument("--config", default="forge.toml", help="the run's forge.toml (sandbox.type = kubernetes)")
     parser.add_argument("--gui", action="store_true", help="a run of GUI tasks: allow the site relay's port too")

@@ -27,17 +27,17 @@ from urllib.parse import urlparse
 from openforge.config import KubernetesSandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
-from sandbox.base import (KILL_ALL_SH, ExecResult, container_path, SandboxBase, SandboxFileNotFound, SandboxInfo,
+from openforge.sandbox.base import (KILL_ALL_SH, ExecResult, container_path, SandboxBase, SandboxFileNotFound, SandboxInfo,
                           SandboxPathRefused, TransientSandboxError)
-from sandbox.gui import CHROMIUM_NAMES, SITE_PORT, SITE_URL, GuiSpec
-from sandbox.k8s_client import ClusterClient
-from sandbox.k8s_exec import (
+from openforge.sandbox.gui import CHROMIUM_NAMES, SITE_PORT, SITE_URL, GuiSpec
+from openforge.sandbox.k8s_client import ClusterClient
+from openforge.sandbox.k8s_exec import (
     GUI_START_SCRIPT, GUI_TOOLS_MISSING, RawExec, api_error, first_member, is_not_found,
     run_exec_stream, tar_one_file, wrap_command,
 )
-from sandbox.k8s_manifests import CONTAINER_NAME, build_pod_manifest, check_pod_manifest, managed_selector, pod_labels, pod_name
-from sandbox.k8s_status import death_reason, pod_state, transient_failure, waiting_reason
-from sandbox.site_relay import SiteRelay, acquire_relay, release_relay
+from openforge.sandbox.k8s_manifests import CONTAINER_NAME, build_pod_manifest, check_pod_manifest, managed_selector, pod_labels, pod_name
+from openforge.sandbox.k8s_status import death_reason, pod_state, transient_failure, waiting_reason
+from openforge.sandbox.site_relay import SiteRelay, acquire_relay, release_relay
 
 FILE_OP_TIMEOUT_S = 120.0
 DEATH_WAIT_S = 3.0  # after an exec died by SIGKILL or broke: how long the watch may take to say why

@@ -25,7 +25,7 @@ Files the host reads or writes in the sandbox (`read_file`, `write_file`) must b
 it: a link out of it or a FIFO/socket raises `SandboxPathRefused`, and the I/O runs off the event loop.
 
 With `isolation = "none"` (an explicit choice) the command is a plain subprocess in its own session
-(cwd and env confined by convention only). Either way it runs with the limits of `sandbox.procs` and a
+(cwd and env confined by convention only). Either way it runs with the limits of `openforge.sandbox.procs` and a
 minimal environment: nothing of the caller's environment (API keys!) leaks in unless passed as `env`.
 """
 
@@ -47,10 +47,10 @@ from pathlib import Path
 from openforge.config import LocalSandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
-from sandbox.base import (ExecResult, IsolationUnavailable, SandboxBase, SandboxFileNotFound, SandboxInfo,
+from openforge.sandbox.base import (ExecResult, IsolationUnavailable, SandboxBase, SandboxFileNotFound, SandboxInfo,
                           SandboxPathRefused, sandbox_labels)
-from sandbox.gui import SITE_PORT, SITE_URL, GuiSpec
-from sandbox.procs import Cgroup, Limits, cgroup_name, kill_pids, kill_tree, limit_argv, nproc_budget, preexec
+from openforge.sandbox.gui import SITE_PORT, SITE_URL, GuiSpec
+from openforge.sandbox.procs import Cgroup, Limits, cgroup_name, kill_pids, kill_tree, limit_argv, nproc_budget, preexec
 
 SANDBOX_ENV = "OPENFORGE_SANDBOX"
 EXEC_ENV = "OPENFORGE_EXEC"
@@ -122,7 +122,7 @@ def hidden_paths() -> list[str]:
     """What no sandbox may see even when a bound folder holds it: FORGE_HOME (the store, every
     sandbox's files) and the built-in task set (expected answers, verifiers: a wheel install puts it
     in the venv, which every sandbox sees)."""
-    builtin = Path(__file__).resolve().parent.parent / "rollouts" / "builtin_tasks"
+    builtin = Path(__file__).resolve().parent.parent / "rollouts" / "tasks" / "builtin"
     web = builtin.parent / "web"  # the GUI sites' data and their task set
     return sorted({os.path.realpath(p) for p in (forge_home(), builtin, web) if os.path.isdir(p)})
 

@@ -6,7 +6,7 @@ listener per process that hands each connection to the site of the rollout whose
     ... a pod connects to 10.0.0.5:relay.port, sends site_preamble(token), then speaks HTTP ...
     relay.unregister(token); release_relay(relay)  # live connections of that token are closed too
 
-A site is a unix socket on the host (rollouts/web/server.py), which a pod on another node cannot have
+A site is a unix socket on the host (rollouts/tasks/web/server.py), which a pod on another node cannot have
 bound in. In the pod, sandbox/forwarder.py (`--connect HOST:PORT --token T`) listens on 127.0.0.1:8080
 and opens one relay connection per client connection, writing the fixed-size preamble first.
 
@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass, field
 
 from openforge.errors import SandboxError
-from sandbox.forwarder import SITE_PREAMBLE_LEN, pipe, site_preamble
+from openforge.sandbox.forwarder import SITE_PREAMBLE_LEN, pipe, site_preamble
 
 PREAMBLE_LEN = SITE_PREAMBLE_LEN
 PREAMBLE_TIMEOUT_S = 10.0

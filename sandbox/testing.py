@@ -31,8 +31,8 @@ def docker_image(variant: str) -> tuple[str | None, str]:
     first build takes a minute or more, which belongs to CI's setup, not to a test."""
     import os
 
-    from sandbox.docker import connect
-    from sandbox.images import ensure_image, image_tag
+    from openforge.sandbox.docker import connect
+    from openforge.sandbox.images import ensure_image, image_tag
 
     try:
         client = connect(timeout=10)
@@ -63,10 +63,10 @@ def harness_image(names: tuple[str, ...]) -> tuple[str | None, str]:
     from pathlib import Path
 
     from openforge.errors import HarnessError
-    from rollouts.npm import image_layer
-    from sandbox.docker import connect
-    from sandbox.harness_image import ensure_harness_image, harness_tag
-    from sandbox.images import has_image
+    from openforge.rollouts.harnesses.npm import image_layer
+    from openforge.sandbox.docker import connect
+    from openforge.sandbox.harness_image import ensure_harness_image, harness_tag
+    from openforge.sandbox.images import has_image
 
     try:
         layer = image_layer(list(names), Path(npm_cache_for_tests()))
@@ -97,7 +97,7 @@ def proxy_socket_path() -> str:
 
 def backend_config(name: str, *, image: str = "busybox", **local: object) -> tuple[SandboxConfig | None, str]:
     """A SandboxConfig for one parametrised backend, or (None, reason) when it cannot run here."""
-    from sandbox.local import bwrap_usable
+    from openforge.sandbox.local import bwrap_usable
 
     config: SandboxConfig
     if name == "local-bwrap":

@@ -27,7 +27,7 @@ def store(forge_home: Path) -> Store:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Qwen2 model + tokenizer, built once per test session (read-only for tests)."""
-    from engine.tiny import build_tiny_model
+    from openforge.engine.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny")
 
@@ -35,6 +35,6 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_vl_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Qwen2-VL model + processor (engine/tiny_vl.py), built once per test session (read-only)."""
-    from engine.tiny_vl import build_tiny_vl_model
+    from openforge.engine.tiny_vl import build_tiny_vl_model
 
     return build_tiny_vl_model(tmp_path_factory.mktemp("tiny-vl-model") / "tiny-vl")

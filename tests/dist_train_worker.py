@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
 
-from trainer import distributed  # noqa: E402
+from openforge.trainer import distributed  # noqa: E402
 
 
 def main(db: str, run_id: str, model: str, home: str, steps: str, pids: str, *flags: str) -> None:
@@ -25,7 +25,7 @@ def main(db: str, run_id: str, model: str, home: str, steps: str, pids: str, *fl
         return
     from openforge.store import Store
     from test_trainer import TASKS, ReplaySampler, _cfg
-    from trainer.loop import train
+    from openforge.trainer.loop import train
 
     class Slow(ReplaySampler):
         def sample(self, *a, **kw):

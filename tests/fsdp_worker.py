@@ -10,10 +10,10 @@ import torch
 import torch.distributed as dist
 
 from openforge.config import TrainerConfig
-from trainer.data import micro_batches
-from trainer.distributed import broadcast, distributed_step, init, shard
-from trainer.grpo import StepConfig
-from trainer.model import build_optimizer, build_policy
+from openforge.trainer.data import micro_batches
+from openforge.trainer.distributed import broadcast, distributed_step, init, shard
+from openforge.trainer.grpo import StepConfig
+from openforge.trainer.model import build_optimizer, build_policy
 
 STEPS = 3
 CFG = TrainerConfig(lora_r=4, lora_alpha=8, lr=1e-2, seed=0, micro_batch_tokens=40)

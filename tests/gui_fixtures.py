@@ -279,7 +279,7 @@ def browser_use_button_policy(body: dict[str, Any]) -> dict[str, Any]:
 def run_browser_use(python: str, workdir: Path, base_url: str, instruction: str, *args: str,
                     timeout: float = 240) -> tuple[subprocess.CompletedProcess, dict[str, Any]]:
     """Run browser_use_agent.py with the harness venv's python, as the adapter does."""
-    from rollouts.harnesses.browseruse import QUIET_ENV, find_chromium
+    from openforge.rollouts.harnesses.browseruse import QUIET_ENV, find_chromium
     agent = Path(__file__).resolve().parents[1] / "rollouts" / "harnesses" / "browser_use_agent.py"
     (workdir / ".forge").mkdir(parents=True, exist_ok=True)
     (workdir / ".forge" / "instruction.txt").write_text(instruction)
@@ -310,14 +310,14 @@ def run_gui_task(store: Any, tiny_vl_model: Path, script: Any, task_id: str, har
 
     import pytest
 
-    from engine.scripted import ScriptedEngine
-    from engine.serve import serve_in_thread
+    from openforge.engine.scripted import ScriptedEngine
+    from openforge.engine.serve import serve_in_thread
     from openforge.config import ForgeConfig
-    from proxy.server import ProxyServer
-    from rollouts.runner import RolloutRunner, RolloutSpec
-    from rollouts.tasks import load_tasks
-    from sandbox.local import bwrap_usable
-    from sandbox.testing import proxy_socket_path
+    from openforge.proxy.server import ProxyServer
+    from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+    from openforge.rollouts.tasks.format import load_tasks
+    from openforge.sandbox.local import bwrap_usable
+    from openforge.sandbox.testing import proxy_socket_path
 
     if sandbox is None and not bwrap_usable():
         pytest.skip("needs bubblewrap (a GUI sandbox is isolated)")

@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from openforge.store import Call, Store
-from rollouts.analyze import analyze, bootstrap_change, bootstrap_mean
-from rollouts.behaviour import behaviour_of, checkpoints_reached, is_check, is_edit
-from rollouts.transcript import ToolStep, tool_failed, transcript_of
+from openforge.rollouts.analysis.analyze import analyze, bootstrap_change, bootstrap_mean
+from openforge.rollouts.analysis.behaviour import behaviour_of, checkpoints_reached, is_check, is_edit
+from openforge.rollouts.runner.transcript import ToolStep, tool_failed, transcript_of
 from test_mini import serve  # noqa: F401 - the scripted engine behind the real proxy, as a fixture
 
 CHAT_TOOLS = [{"type": "function", "function": {"name": n, "parameters": {}}} for n in ("bash", "read_file", "write_file")]
@@ -220,7 +220,7 @@ def test_by_harness_compares_the_same_tasks_under_two_harnesses(store: Store) ->
 
 
 def test_cli_prints_a_table_and_json(store: Store, training_run: str) -> None:
-    from forge_cli.main import app
+    from openforge.forge_cli.main import app
 
     runner = CliRunner()
     out = runner.invoke(app, ["analyze", training_run[:12], "--by", "step"])
@@ -246,8 +246,8 @@ def test_analyze_a_real_mini_rollout(serve, store: Store) -> None:  # noqa: ANN0
     import asyncio
 
     from openforge.config import ForgeConfig
-    from rollouts.runner import RolloutRunner, RolloutSpec
-    from rollouts.tasks import load_tasks
+    from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+    from openforge.rollouts.tasks.format import load_tasks
 
     task = next(t for t in load_tasks("builtin") if t.id == "med-create-file")
     run = store.create_run(kind="eval")
@@ -263,7 +263,7 @@ def test_analyze_a_real_mini_rollout(serve, store: Store) -> None:  # noqa: ANN0
 
 
 def test_behaviour_over_steps_feeds_the_dashboard(store: Store, training_run: str) -> None:
-    from rollouts.analyze import behaviour_over_steps
+    from openforge.rollouts.analysis.analyze import behaviour_over_steps
 
     rows = behaviour_over_steps(store, training_run)
     assert [(step, n) for step, n, _ in rows] == [(0, 4), (1, 4)]
@@ -272,7 +272,7 @@ def test_behaviour_over_steps_feeds_the_dashboard(store: Store, training_run: st
 
 
 async def test_the_dashboard_shows_behaviour_by_step(store: Store, training_run: str) -> None:
-    from forge_cli.dashboard import Dashboard
+    from openforge.forge_cli.dashboard import Dashboard
     from test_dashboard import plain
 
     app = Dashboard(store, training_run)
@@ -287,8 +287,8 @@ async def test_the_dashboard_shows_behaviour_by_step(store: Store, training_run:
 def test_html_report_holds_the_table_and_a_curve_per_metric(store: Store, training_run: str, tmp_path) -> None:  # noqa: ANN001
     import xml.etree.ElementTree as ET
 
-    from forge_cli.main import app
-    from rollouts.analyze_html import step_curves
+    from openforge.forge_cli.main import app
+    from openforge.rollouts.analysis.html import step_curves
 
     curves = {c.metric: c.points for c in step_curves(analyze(store, [training_run]).rollouts)}
     assert [(s, e.mean, e.n) for s, e in curves["self_verified"]] == [(0, 0.0, 4), (1, 1.0, 4)]

@@ -18,11 +18,11 @@ import pytest
 from typer.testing import CliRunner
 
 from openforge.config import ForgeConfig, HarnessConfig
-from rollouts.analyze import analyze
-from rollouts.runner import RolloutRunner, RolloutSpec
-from rollouts.tasks import TaskSpec
-from rollouts.transcript import transcript_of
-from sandbox.testing import proxy_socket_path
+from openforge.rollouts.analysis.analyze import analyze
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.format import TaskSpec
+from openforge.rollouts.runner.transcript import transcript_of
+from openforge.sandbox.testing import proxy_socket_path
 from test_proxy_support import make_rig  # noqa: F401 - fixture
 from test_real_harnesses import NPM_CACHE, needs
 
@@ -120,7 +120,7 @@ async def test_analyze_compares_claude_code_and_codex_on_the_same_conversation(m
     for same in ("turns", "tool_calls", "self_verified", "error_recovery", "gave_up", "reward"):
         assert change.metrics[same].mean == 0.0, same
 
-    from forge_cli.main import app
+    from openforge.forge_cli.main import app
 
     out = CliRunner().invoke(app, ["analyze", claude_run, codex_run, "--by", "harness"])
     assert out.exit_code == 0, out.output
@@ -156,7 +156,7 @@ def verl_tokens_are_the_recorded_ones(rig: Any, path: Path, rollout_id: str) -> 
     from verl.utils.import_utils import load_extern_object
 
     multiturn_sft_dataset()  # the transformers-version stand-in, if this venv needs it
-    ds = load_extern_object(str(REPO / "trainer" / "verl_sft.py"), "ForgeSFTDataset")(
+    ds = load_extern_object(str(REPO / "integrations" / "verl" / "sft.py"), "ForgeSFTDataset")(
         str(path), rig.engine.tokenizer, {"max_length": 120_000, "truncation": "error"})
     item = ds[0]
     n = int(item["attention_mask"].sum())

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from forge_cli.main import app
+from openforge.forge_cli.main import app
 from openforge.errors import StoreError
 from openforge.db import store_error
 from openforge.store import Store, TrainStep

@@ -8,9 +8,9 @@ import pytest
 from rich.console import Console
 from textual.widgets import DataTable, RichLog, Static
 
-import forge_cli.dashboard as dashboard
-from forge_cli.dashboard import CallScreen, HelpScreen, make_dashboard
-from forge_cli.snapshot import conversation
+import openforge.forge_cli.dashboard as dashboard
+from openforge.forge_cli.dashboard import CallScreen, HelpScreen, make_dashboard
+from openforge.forge_cli.snapshot import conversation
 from openforge.readmodel import read_snapshot, run_log_path
 from openforge.store import Call, Store, TrainStep, utcnow
 

@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from engine.client import EngineClient
+from openforge.engine.client import EngineClient
 from openforge.errors import EngineError
 
 PROMPTS = [[11, 12, 13, 14, 15], [21, 22, 23], [31, 32, 33, 34, 35, 36, 37], [41], [51, 52], [61, 62, 63, 64]]
@@ -28,9 +28,9 @@ def engine(tmp_path_factory, tiny_model):
     if os.environ.get("ENGINE_URL"):
         yield os.environ["ENGINE_URL"], os.environ.get("ENGINE_MODEL_PATH") or None
         return
-    from engine.embedded import EmbeddedEngine
-    from engine.serve import serve_in_thread
-    from engine.testing import make_peaky_model
+    from openforge.engine.embedded import EmbeddedEngine
+    from openforge.engine.serve import serve_in_thread
+    from openforge.engine.testing import make_peaky_model
     from openforge.config import EngineConfig
 
     model = make_peaky_model(tiny_model, tmp_path_factory.mktemp("api") / "peaky")
@@ -115,7 +115,7 @@ async def test_bad_requests_are_engine_errors(client):
 async def test_runtime_lora_changes_greedy_output_and_unloading_restores_it(client, engine, tmp_path):
     if engine[1] is None:
         pytest.skip("set ENGINE_MODEL_PATH to the served checkpoint's folder to build an adapter for it")
-    from engine.testing import make_random_lora
+    from openforge.engine.testing import make_random_lora
 
     adapter = make_random_lora(engine[1], tmp_path / "smoke-lora", target_modules=("q_proj", "v_proj"))
     base = await client.generate(PROMPTS[0], GREEDY)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from engine.embedded import EmbeddedEngine
-from engine.scripted import ScriptedEngine
-from engine.serve import serve_in_thread
-from engine.sglang import sglang_command
-from engine.supervisor import EngineProcess, engine_api_key
+from openforge.engine.embedded import EmbeddedEngine
+from openforge.engine.scripted import ScriptedEngine
+from openforge.engine.serve import serve_in_thread
+from openforge.engine.sglang import sglang_command
+from openforge.engine.supervisor import EngineProcess, engine_api_key
 from openforge.config import EngineConfig
 from openforge.errors import EngineError
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from engine.client import EngineClient
-from forge_cli.main import app
+from openforge.engine.client import EngineClient
+from openforge.forge_cli.main import app
 
 runner = CliRunner()
 
@@ -37,7 +37,7 @@ def test_model_tiny_builds_a_loadable_model_and_refuses_a_full_folder(tmp_path):
 def test_model_tiny_defaults_to_the_learnable_gain_forge_up_builds(tmp_path):
     from safetensors.torch import load_file
 
-    from engine.tiny import LEARNABLE_NORM_GAIN
+    from openforge.engine.tiny import LEARNABLE_NORM_GAIN
 
     runner.invoke(app, ["model", "tiny", str(tmp_path / "a")])
     runner.invoke(app, ["model", "tiny", str(tmp_path / "b"), "--norm-gain", "1"])
@@ -57,7 +57,7 @@ def test_engine_with_a_wrong_model_path_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_forge_engine_prints_its_url_first_and_serves_until_sigint(tiny_model):
-    proc = subprocess.Popen([sys.executable, "-m", "forge_cli.main", "engine", "--model", str(tiny_model), "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "openforge.forge_cli.main", "engine", "--model", str(tiny_model), "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
     try:
         first = proc.stdout.readline()

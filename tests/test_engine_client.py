@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 
-from engine.client import KEEPALIVE_EXPIRY_S, EngineClient, _DeltaTracker
-from engine.scripted import ScriptedEngine, scripted_logprob
-from engine.serve import serve_in_thread
+from openforge.engine.client import KEEPALIVE_EXPIRY_S, EngineClient, _DeltaTracker
+from openforge.engine.scripted import ScriptedEngine, scripted_logprob
+from openforge.engine.serve import serve_in_thread
 from openforge.errors import EngineError, EngineRejected, EngineTimeout, EngineUnavailable
 
 TOOL_CALL = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'

@@ -14,10 +14,10 @@ import time
 import pytest
 import torch
 
-from engine.client import EngineClient
-from engine.embedded import EmbeddedEngine
-from engine.serve import serve_in_thread
-from engine.testing import make_peaky_model, make_random_lora
+from openforge.engine.client import EngineClient
+from openforge.engine.embedded import EmbeddedEngine
+from openforge.engine.serve import serve_in_thread
+from openforge.engine.testing import make_peaky_model, make_random_lora
 from openforge.config import EngineConfig
 from openforge.errors import EngineError
 
@@ -244,7 +244,7 @@ async def test_the_real_context_length_is_reported_and_enforced(tmp_path):
     """Issue 12: the model config's max_position_embeddings, in SGLang's field names and error shape."""
     import httpx
 
-    from engine.tiny import build_tiny_model
+    from openforge.engine.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "short", context_length=64)
     engine = EmbeddedEngine(EngineConfig(model=str(model)))

@@ -16,10 +16,10 @@ import httpx
 import pytest
 import torch
 
-from engine.embedded import EmbeddedEngine
-from engine.prefix_cache import PrefixCache
-from engine.serve import serve_in_thread
-from engine.testing import make_peaky_model, make_random_lora
+from openforge.engine.embedded import EmbeddedEngine
+from openforge.engine.prefix_cache import PrefixCache
+from openforge.engine.serve import serve_in_thread
+from openforge.engine.testing import make_peaky_model, make_random_lora
 from openforge.config import EngineConfig
 
 
@@ -174,7 +174,7 @@ def test_a_chunked_prefill_gives_the_same_logprobs_and_a_group_computes_it_once(
     relay the shared prefix through the cache (computed once), as a GRPO group's first calls do."""
     import asyncio
 
-    import engine.scheduler as scheduler
+    import openforge.engine.scheduler as scheduler
 
     (cached, url), (_, plain) = engines
     httpx.post(url + "/flush_cache")
@@ -208,7 +208,7 @@ def test_an_abort_and_a_command_take_effect_between_chunks(engines, monkeypatch)
     (any command) runs between two chunks instead of after the whole prompt."""
     import asyncio
 
-    import engine.scheduler as scheduler
+    import openforge.engine.scheduler as scheduler
 
     (cached, _), _ = engines
     monkeypatch.setattr(scheduler, "PREFILL_CHUNK", 128)

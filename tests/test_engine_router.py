@@ -16,9 +16,9 @@ import pytest
 
 pytest.importorskip("sglang_router", reason="the [router] extra (sglang-router) is not installed")
 
-from engine.client import EngineClient  # noqa: E402
-from engine.router import routing_key  # noqa: E402
-from engine.supervisor import EngineProcess  # noqa: E402
+from openforge.engine.client import EngineClient  # noqa: E402
+from openforge.engine.router import routing_key  # noqa: E402
+from openforge.engine.supervisor import EngineProcess  # noqa: E402
 from openforge.config import EngineConfig  # noqa: E402
 
 KEY = "router-test-key"
@@ -83,7 +83,7 @@ def test_router_spreads_rollouts_keeps_each_on_one_worker_and_survives_a_dead_wo
             adapter = tiny_model.parent / "router-adapter"
             if not adapter.exists():
                 from openforge.config import TrainerConfig
-                from trainer.model import build_policy
+                from openforge.trainer.model import build_policy
                 import torch
 
                 build_policy(tiny_model, TrainerConfig(lora_r=4, lora_alpha=8), device=torch.device("cpu")) \
@@ -147,6 +147,6 @@ def test_routing_key_is_the_rollout_of_the_proxy_rid() -> None:
 def test_router_docstring_examples_hold() -> None:
     import doctest
 
-    import engine.router
+    from openforge.engine import router
 
-    assert doctest.testmod(engine.router).failed == 0
+    assert doctest.testmod(router).failed == 0

@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.scripted import ScriptedEngine
-from engine.serve import serve_in_thread
-from engine.sglang import sglang_command
-from engine.supervisor import EngineProcess, engine_api_key, make_engine_url
+from openforge.engine.scripted import ScriptedEngine
+from openforge.engine.serve import serve_in_thread
+from openforge.engine.sglang import sglang_command
+from openforge.engine.supervisor import EngineProcess, engine_api_key, make_engine_url
 from openforge.config import EngineConfig
 from openforge.errors import EngineError
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kv import BatchKV
-from engine.protocol import BadRequest, CompletionState, parse_sampling_params
-from engine.sampling import _truncate, sample_next
+from openforge.engine.kv import BatchKV
+from openforge.engine.protocol import BadRequest, CompletionState, parse_sampling_params
+from openforge.engine.sampling import _truncate, sample_next
 
 
 def test_truncation_follows_sglang_and_keeps_vocabulary_order():

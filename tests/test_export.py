@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from forge_cli.main import app
+from openforge.forge_cli.main import app
 from openforge.store import Store, Trajectory
-from trainer.export import export_jsonl, iter_records
+from openforge.trainer.export import export_jsonl, iter_records
 
 # A two-turn rollout: prompt (3), model turn (2), tool output (2, masked), model turn (2).
 TOKENS = [10, 11, 12, 20, 21, 30, 31, 40, 41]

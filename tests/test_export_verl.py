@@ -21,13 +21,13 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from forge_cli.main import app
+from openforge.forge_cli.main import app
 from openforge.config import ForgeConfig
 from openforge.store import Call, Store, Trajectory
-from rollouts.runner import RolloutRunner, RolloutSpec
-from rollouts.tasks import TaskSpec, load_tasks
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.format import TaskSpec, load_tasks
 from test_mini import serve  # noqa: F401 - the scripted engine behind the real proxy, as a fixture
-from trainer.verl_data import DATA_SOURCE, rl_rows, sft_rows
+from openforge.integrations.verl.data import DATA_SOURCE, rl_rows, sft_rows
 
 REPO = Path(__file__).resolve().parent.parent
 WRITE = '<tool_call>\n{"name": "write_file", "arguments": {"path": "hello.txt", "content": "hello world\\n"}}\n</tool_call>'
@@ -141,7 +141,7 @@ def test_rows_are_the_recorded_chats_and_files_are_regular(store: Store, recorde
         res = runner.invoke(app, ["export", recorded_run, "--format", fmt, "--out", str(tmp_path / f"{fmt}.parquet")])
         assert res.exit_code == 0 and f"wrote {n} {what}" in res.output, res.output
         shown = res.output.split("path=")[1].split()[0]  # how to point veRL at this repo's class / function
-        assert Path(shown).is_file() and shown.endswith("verl_sft.py" if fmt == "verl-sft" else "verl_reward.py")
+        assert Path(shown).is_file() and shown.endswith("verl/sft.py" if fmt == "verl-sft" else "verl/reward.py")
         table = pq.read_table(tmp_path / f"{fmt}.parquet")
         assert table.num_rows == n
         # regular: every column a typed arrow column (no opaque object column), the same for every row
@@ -219,7 +219,7 @@ def test_verl_datasets_load_the_files_and_its_loader_runs_the_reward(store: Stor
     # as the proxy rendered them, so veRL's tokens are the recorded ones: the last call's prompt and completion
     from verl.utils.import_utils import load_extern_object
 
-    exact = load_extern_object(str(REPO / "trainer" / "verl_sft.py"), "ForgeSFTDataset")(
+    exact = load_extern_object(str(REPO / "integrations" / "verl" / "sft.py"), "ForgeSFTDataset")(
         str(path), tok, {"max_length": 4096, "truncation": "error"})
     calls = {c.id: c for c in store.list_calls(run_id=recorded_run)}
     trajs = {(t.rollout_id, t.segment): t for t in store.list_trajectories(run_id=recorded_run)}
@@ -235,7 +235,7 @@ def test_verl_datasets_load_the_files_and_its_loader_runs_the_reward(store: Stor
         trained = tok.decode([t for t, m in zip(ids, loss) if m])
         assert trained == "".join(tok.decode(c.completion_ids) + "\n" for c in seg_calls)  # every sampled turn
 
-    # verl-rl in veRL's RLHFDataset, graded by trainer/verl_reward.py loaded through veRL's own loader
+    # verl-rl in veRL's RLHFDataset, graded by integrations/verl/reward.py loaded through veRL's own loader
     from omegaconf import OmegaConf
     from verl.trainer.ppo.reward import get_custom_reward_fn
     from verl.utils.dataset.rl_dataset import RLHFDataset
@@ -251,7 +251,7 @@ def test_verl_datasets_load_the_files_and_its_loader_runs_the_reward(store: Stor
     assert [m["content"] for m in items["easy-sum"]["raw_prompt"]] == [m["content"] for m in rows["easy-sum"]["prompt"]]
 
     score = get_custom_reward_fn(OmegaConf.create({"reward": {"custom_reward_function": {
-        "path": str(REPO / "trainer" / "verl_reward.py"), "name": "compute_score"}}}))
+        "path": str(REPO / "integrations" / "verl" / "reward.py"), "name": "compute_score"}}}))
     item = items["easy-sum"]
 
     def grade(response: str, it: dict[str, Any] = item) -> float:  # as veRL's reward managers call it
@@ -266,7 +266,7 @@ def test_verl_datasets_load_the_files_and_its_loader_runs_the_reward(store: Stor
 
 
 def test_reward_runs_a_shell_verifier_on_the_answer_in_a_sandbox() -> None:
-    from trainer.verl_reward import compute_score
+    from openforge.integrations.verl.reward import compute_score
 
     task = TaskSpec(id="answer-file", instruction="say 42", verifier="grep -qx 42 .forge/answer.txt")
     info = {"task": json.dumps(task.to_record())}

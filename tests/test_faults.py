@@ -24,25 +24,25 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.scripted import ScriptedEngine
-from engine.serve import serve_in_thread
+from openforge.engine.scripted import ScriptedEngine
+from openforge.engine.serve import serve_in_thread
 from openforge.config import EngineConfig, ForgeConfig, ProxyConfig
 from openforge.store import Store
-from proxy.server import ProxyServer
-from rollouts.trajectory import assemble_rollout
-from rollouts.harness import HarnessContext, HarnessOutcome
-from rollouts.runner import RolloutRunner, RolloutSpec
-from rollouts.tasks import TaskSpec
-from sandbox.base import ExecResult, Sandbox
-from sandbox.local import SANDBOX_ENV
-from sandbox.procs import marked_pids
+from openforge.proxy.server import ProxyServer
+from openforge.rollouts.runner.trajectory import assemble_rollout
+from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.format import TaskSpec
+from openforge.sandbox.base import ExecResult, Sandbox
+from openforge.sandbox.local import SANDBOX_ENV
+from openforge.sandbox.procs import marked_pids
 
 pytestmark = pytest.mark.timeout(240)
 
 _PROXY_MAIN = textwrap.dedent("""
     import sys, time
     from openforge.config import ProxyConfig
-    from proxy.server import ProxyServer
+    from openforge.proxy.server import ProxyServer
     server = ProxyServer(ProxyConfig(max_concurrent_calls=128), store_path=sys.argv[1], engine_url=sys.argv[2],
                          model_path=sys.argv[3]).start()
     print(server.url, flush=True)
@@ -127,7 +127,7 @@ async def test_proxy_killed_with_50_calls_in_flight_loses_no_answered_call(tiny_
 def test_engine_killed_mid_stream_gives_an_api_error_then_recovers(tiny_model: Path, store: Store, forge_home: Path) -> None:
     from openai import APIError, OpenAI
 
-    from engine.supervisor import EngineProcess
+    from openforge.engine.supervisor import EngineProcess
 
     config = EngineConfig(model=str(tiny_model), startup_timeout_s=120)
     engine = EngineProcess(config, model_path=str(tiny_model), log_path=forge_home / "engine.log")
@@ -299,7 +299,7 @@ def _task_records():  # type: ignore[no-untyped-def]
 
 def test_fuzzed_task_files_are_reported_never_crash(tmp_path_factory: pytest.TempPathFactory) -> None:
     from openforge.errors import TaskError
-    from rollouts.tasks import load_tasks, validate_tasks
+    from openforge.rollouts.tasks.format import load_tasks, validate_tasks
 
     @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
     @given(lines=_task_records())
@@ -344,7 +344,7 @@ def test_oversize_bodies_are_refused_on_every_endpoint(tiny_model: Path, store: 
 _SUPERVISOR_MAIN = textwrap.dedent("""
     import sys, time
     from openforge.config import EngineConfig
-    from engine.supervisor import EngineProcess
+    from openforge.engine.supervisor import EngineProcess
     engine = EngineProcess(EngineConfig(model=sys.argv[1], startup_timeout_s=120), model_path=sys.argv[1],
                            log_path=sys.argv[2])
     engine.start()
@@ -463,7 +463,7 @@ def test_a_run_ending_on_a_full_disk_still_records_its_end(full_disk) -> None:  
     """The lifecycle's last write (runs/train.py) on a full disk: the reserve is spent on it, it never
     raises, and the run is `failed` with the disk's reason."""
     from openforge import reserve
-    from runs.train import Outcome, _record_end
+    from openforge.runs.train import Outcome, _record_end
 
     mnt, fill = full_disk
     store = Store(mnt / "forge.db")

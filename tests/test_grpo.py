@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-import trainer.grpo as grpo
+import openforge.trainer.grpo as grpo
 from openforge.errors import TrainerError
-from trainer.grpo import aggregation_weights, group_advantages, lr_lambda, policy_loss
+from openforge.trainer.grpo import aggregation_weights, group_advantages, lr_lambda, policy_loss
 
 
 def test_docstring_examples_hold() -> None:
@@ -122,7 +122,7 @@ def test_lr_schedules() -> None:
 def test_token_logprobs_skips_the_prompt_exactly(tiny_model) -> None:
     from transformers import AutoModelForCausalLM
 
-    from trainer.grpo import token_logprobs
+    from openforge.trainer.grpo import token_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32).eval()
     ids = torch.tensor([[5, 9, 33, 70, 2, 8, 41], [7, 7, 12, 90, 4, 0, 0]])

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from rollouts.harnesses.browseruse import browser_use_outcome, find_chromium, venv_python
-from sandbox.base import ExecResult
+from openforge.rollouts.harnesses.browseruse import browser_use_outcome, find_chromium, venv_python
+from openforge.sandbox.base import ExecResult
 from gui_fixtures import (ScriptedModel, Site, browser_use_button_policy, browser_use_reply, run_browser_use,
                           screenshot_of)
 
@@ -114,16 +114,16 @@ def test_browser_use_in_a_gui_sandbox_through_the_proxy(tiny_vl_model: Path, sto
     import asyncio
     import re
 
-    from engine.scripted import ScriptedEngine
-    from engine.serve import serve_in_thread
+    from openforge.engine.scripted import ScriptedEngine
+    from openforge.engine.serve import serve_in_thread
     from gui_fixtures import Site
     from openforge.config import HarnessConfig, LocalSandboxConfig, ProxyConfig
-    from proxy.server import ProxyServer
-    from rollouts.harness import HarnessContext
-    from rollouts.harnesses import get_harness
-    from sandbox.gui import GuiSpec
-    from sandbox.local import LocalSandbox, bwrap_usable
-    from sandbox.testing import proxy_socket_path
+    from openforge.proxy.server import ProxyServer
+    from openforge.rollouts.harnesses.base import HarnessContext
+    from openforge.rollouts.harnesses import get_harness
+    from openforge.sandbox.gui import GuiSpec
+    from openforge.sandbox.local import LocalSandbox, bwrap_usable
+    from openforge.sandbox.testing import proxy_socket_path
 
     if not bwrap_usable():
         pytest.skip("needs bubblewrap (a GUI sandbox is isolated)")
@@ -178,7 +178,7 @@ def test_browser_use_solves_a_builtin_web_task(tiny_vl_model: Path, store: Any,
     import re
 
     from openforge.config import HarnessConfig
-    from rollouts.tasks import load_tasks
+    from openforge.rollouts.tasks.format import load_tasks
     from gui_fixtures import run_gui_task
 
     monkeypatch.setenv("FORGE_NPM_CACHE", str(CACHE))

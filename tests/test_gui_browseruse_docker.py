@@ -24,10 +24,10 @@ import pytest
 from openforge.config import DockerSandboxConfig, HarnessConfig
 from openforge.errors import HarnessError, SandboxError
 from openforge.store import Store
-from rollouts.harnesses.browseruse import IMAGE_PREFIX, IMAGE_PYTHON, image_layer, venv_python
-from sandbox.harness_image import (VenvLayer, build_venv_tar, compiled_modules, venv_distributions, venv_recipe,
+from openforge.rollouts.harnesses.browseruse import IMAGE_PREFIX, IMAGE_PYTHON, image_layer, venv_python
+from openforge.sandbox.harness_image import (VenvLayer, build_venv_tar, compiled_modules, venv_distributions, venv_recipe,
                                    venv_tag)
-from sandbox.images import SANDBOX_UID, build_rootfs_tar
+from openforge.sandbox.images import SANDBOX_UID, build_rootfs_tar
 
 CACHE = Path(os.environ.get("FORGE_NPM_CACHE") or Path.home() / ".cache" / "openforge-npm").expanduser()
 
@@ -114,7 +114,7 @@ def test_the_check_fails_a_module_that_does_not_load_and_reports_a_missing_stdli
     import subprocess
     import sys
 
-    from sandbox.harness_image import VENV_CHECK
+    from openforge.sandbox.harness_image import VENV_CHECK
 
     site = tmp_path / "venv" / "lib" / "site-packages"
     site.mkdir(parents=True)
@@ -147,7 +147,7 @@ def test_without_browser_use_installed_the_image_names_the_fix(tmp_path: Path) -
 def test_forge_sandbox_build_image_refuses_browser_use_with_npm_harnesses() -> None:
     from typer.testing import CliRunner
 
-    from forge_cli.main import app
+    from openforge.forge_cli.main import app
 
     out = CliRunner().invoke(app, ["sandbox", "build-image", "--harness", "browser-use,codex"])
     assert out.exit_code == 1 and "build them separately" in out.output and "Traceback" not in out.output
@@ -162,9 +162,9 @@ BUILD_SECONDS: dict[str, float] = {}
 def bu_image() -> str:
     """The browser-use image on the reachable engine, built (timed) from the cached browser tarball if the
     engine lacks it."""
-    from sandbox.docker import connect
-    from sandbox.harness_image import ensure_venv_image
-    from sandbox.images import has_image, image_tag, tarball_path
+    from openforge.sandbox.docker import connect
+    from openforge.sandbox.harness_image import ensure_venv_image
+    from openforge.sandbox.images import has_image, image_tag, tarball_path
 
     if venv_python(CACHE) is None:
         pytest.skip(f"browser-use is not installed in {CACHE} (forge harness install browser-use --cache {CACHE})")
@@ -193,7 +193,7 @@ async def test_browser_use_imports_in_a_container_as_the_sandbox_user(bu_image: 
     """As uid 1000 with no capabilities, a read-only root and network `none`: the image's python3, as the
     venv, imports browser-use and every compiled module from the venv (not the image's own openai and
     pydantic, other versions), and the image's plain python3 keeps its own."""
-    from sandbox.factory import make_sandbox
+    from openforge.sandbox.factory import make_sandbox
 
     probe = ("import os, sys, browser_use, pydantic, openai; from browser_use import Agent, BrowserSession; "
              "print(os.getuid(), sys.prefix, os.path.realpath(sys.executable), pydantic.VERSION, browser_use.__file__)")
@@ -231,7 +231,7 @@ def test_browser_use_rollout_in_a_container(bu_image: str, tiny_vl_model: Path, 
     each call with its screenshot. The same script clicking the red button scores 0."""
     from gui_fixtures import run_gui_task
     from openforge.images import ImageStore
-    from rollouts.tasks import load_tasks
+    from openforge.rollouts.tasks.format import load_tasks
 
     order = next(t for t in load_tasks("builtin-web") if t.id == "gui-colour-click-blue").gui.params["order"]  # type: ignore[union-attr]
     harness = HarnessConfig(name="browser-use", max_turns=4, npm_cache=str(CACHE))
@@ -257,9 +257,9 @@ async def test_containers_and_pods_run_the_images_venv_and_name_the_build_when_i
     """Docker containers and Kubernetes pods (the same image) run the image's venv python3, never the
     host's venv; an image without it fails `prepare` naming the build command (the runner's infra failure)."""
     from openforge.config import LocalSandboxConfig
-    from rollouts.harness import HarnessContext
-    from rollouts.harnesses import get_harness
-    from sandbox.local import LocalSandbox
+    from openforge.rollouts.harnesses.base import HarnessContext
+    from openforge.rollouts.harnesses import get_harness
+    from openforge.sandbox.local import LocalSandbox
 
     harness = get_harness(HarnessConfig(name="browser-use", max_turns=3, npm_cache=str(tmp_path / "no-cache")))
     for backend in ("docker", "kubernetes"):
@@ -284,7 +284,7 @@ def test_forge_sandbox_build_image_harness_browser_use(bu_image: str, monkeypatc
     """The command gives the same tag (the engine has it: no rebuild) and how to use it."""
     from typer.testing import CliRunner
 
-    from forge_cli.main import app
+    from openforge.forge_cli.main import app
 
     monkeypatch.setenv("FORGE_NPM_CACHE", str(CACHE))
     out = CliRunner().invoke(app, ["sandbox", "build-image", "--harness", "browser-use", "--no-latest"])

@@ -1,6 +1,6 @@
 """GUI rollouts on the Docker backend: builtin-web tasks run unchanged with `sandbox.type = "docker"` and the
 browser image, in a container with network `none`, as the sandbox's unprivileged user, every capability
-dropped and a read-only root. The task's site is served on the host (rollouts/web/server.py) and reached
+dropped and a read-only root. The task's site is served on the host (rollouts/tasks/web/server.py) and reached
 only through its unix socket, whose private folder is bound read-only; the grade is read on the host.
 
 Skipped, with the reason, without a Docker engine or without the browser image (an import of its cached
@@ -18,17 +18,17 @@ import pytest
 from openforge.config import DockerSandboxConfig, ForgeConfig, HarnessConfig
 from openforge.errors import SandboxError
 from openforge.store import Store
-from rollouts.runner import RolloutRunner, RolloutSpec
-from rollouts.selfcheck import _StandInHarness
-from rollouts.tasks import TaskSpec, load_tasks
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.selfcheck import _StandInHarness
+from openforge.rollouts.tasks.format import TaskSpec, load_tasks
 
 BY_ID = {t.id: t for t in load_tasks("builtin-web")}
 
 
 def browser_image() -> str:
     """The browser image's tag on the reachable engine (imported from its cached tarball if need be)."""
-    from sandbox.docker import connect
-    from sandbox.images import ensure_image, has_image, image_tag, tarball_path
+    from openforge.sandbox.docker import connect
+    from openforge.sandbox.images import ensure_image, has_image, image_tag, tarball_path
 
     try:
         client = connect(timeout=10)
@@ -67,7 +67,7 @@ def recording(factory: Any) -> Any:
 
 
 async def run_tasks(store: Store, cfg: ForgeConfig, tasks: list[TaskSpec], harness: Any, **runner: Any) -> list[Any]:
-    from sandbox.factory import make_sandbox
+    from openforge.sandbox.factory import make_sandbox
 
     run = store.create_run(kind="check", name="gui on docker")
     runner["sandbox_factory"] = recording(runner.get("sandbox_factory") or make_sandbox)
@@ -82,8 +82,8 @@ def sites_left() -> list[str]:
 
 
 def containers_of(run_id: str) -> list[Any]:
-    from sandbox.base import LABEL_RUN
-    from sandbox.docker import connect
+    from openforge.sandbox.base import LABEL_RUN
+    from openforge.sandbox.docker import connect
 
     client = connect(timeout=10)
     try:
@@ -218,8 +218,8 @@ async def test_the_gui_container_reaches_only_its_site_and_cannot_touch_the_sock
     import secrets
     import socket
 
-    from rollouts.web.server import SiteSession
-    from sandbox.factory import make_sandbox
+    from openforge.rollouts.tasks.web.server import SiteSession
+    from openforge.sandbox.factory import make_sandbox
 
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("0.0.0.0", 0))
@@ -283,7 +283,7 @@ class _Headless:
     """A started sandbox without a display (no attach_gui), as a backend without GUI support is."""
 
     def __init__(self, config: Any, *, run_id: str, rollout_id: str, **kwargs: Any) -> None:
-        from sandbox.base import SandboxInfo
+        from openforge.sandbox.base import SandboxInfo
 
         self.info = SandboxInfo(backend="plain", sandbox_id=rollout_id, workdir="/nowhere")
         self.kwargs, self.stopped = kwargs, False
@@ -353,7 +353,7 @@ async def test_a_cancelled_gui_rollout_closes_its_site(store: Store) -> None:
 
 def test_make_sandbox_gives_the_site_socket_to_docker_only(tmp_path: Path) -> None:
     from openforge.config import KubernetesSandboxConfig, LocalSandboxConfig
-    from sandbox.factory import make_sandbox
+    from openforge.sandbox.factory import make_sandbox
 
     sock = str(tmp_path / "site.sock")
     sb = make_sandbox(DockerSandboxConfig(), run_id="r", rollout_id="a", site_socket=sock)
@@ -366,8 +366,8 @@ def test_make_sandbox_gives_the_site_socket_to_docker_only(tmp_path: Path) -> No
 
 
 def test_attach_gui_wants_the_socket_bound_at_creation(tmp_path: Path) -> None:
-    from sandbox.docker import DockerSandbox
-    from sandbox.gui import GuiSpec
+    from openforge.sandbox.docker import DockerSandbox
+    from openforge.sandbox.gui import GuiSpec
 
     sb = DockerSandbox(DockerSandboxConfig(), run_id="r", rollout_id="a", site_socket=str(tmp_path / "site.sock"))
     sb.attach_gui(GuiSpec(url="http://127.0.0.1:8080/", site_socket=str(tmp_path / "site.sock")))
@@ -383,7 +383,7 @@ def test_attach_gui_wants_the_socket_bound_at_creation(tmp_path: Path) -> None:
 
 async def test_an_image_without_a_browser_is_an_infra_failure_naming_the_fix(store: Store) -> None:
     """The python sandbox image (no chromium, no Xvfb) for a GUI task: refused before the agent runs."""
-    from sandbox.testing import docker_image
+    from openforge.sandbox.testing import docker_image
 
     tag, why = docker_image("python")
     if tag is None:
@@ -407,10 +407,10 @@ def test_mini_gui_solves_a_builtin_web_task_in_a_container(image: str, tiny_vl_m
     """mini-gui (the image's python3 with Debian's Pillow) in grid mode on gui-colour-click-red through the
     real proxy (its socket bound in) to a scripted engine on the tiny Qwen2-VL: `click(0)` (red's
     quadrant), `done()` scores 1; `click(1)` (another colour) scores 0. Each call has its screenshot."""
-    from engine.scripted import ScriptedEngine
-    from engine.serve import serve_in_thread
-    from proxy.server import ProxyServer
-    from sandbox.testing import proxy_socket_path
+    from openforge.engine.scripted import ScriptedEngine
+    from openforge.engine.serve import serve_in_thread
+    from openforge.proxy.server import ProxyServer
+    from openforge.sandbox.testing import proxy_socket_path
 
     task = BY_ID["gui-colour-click-red"]
     got = {}
@@ -436,7 +436,7 @@ def test_mini_gui_solves_a_builtin_web_task_in_a_container(image: str, tiny_vl_m
 async def test_browser_use_in_a_container_is_refused_with_the_reason(store: Store, image: str) -> None:
     """browser-use on the plain browser image (its venv is the browser-use image's:
     tests/test_gui_browseruse_docker.py): the rollout says so (infrastructure), never graded."""
-    from rollouts.harnesses import get_harness
+    from openforge.rollouts.harnesses import get_harness
 
     cfg = docker_config(image)
     cfg.harness = HarnessConfig(name="browser-use")

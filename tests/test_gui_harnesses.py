@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from openforge.config import HarnessConfig
-from rollouts.harness import HarnessContext
-from rollouts.harnesses import get_harness
-from rollouts.harnesses.mini_gui import mini_gui_outcome
-from rollouts.harnesses.mini_gui_agent import Action, BadAction, Screen, parse_reply, parse_text_action
-from sandbox.base import ExecResult
+from openforge.rollouts.harnesses.base import HarnessContext
+from openforge.rollouts.harnesses import get_harness
+from openforge.rollouts.harnesses.mini_gui import mini_gui_outcome
+from openforge.rollouts.harnesses.mini_gui_agent import Action, BadAction, Screen, parse_reply, parse_text_action
+from openforge.sandbox.base import ExecResult
 from gui_fixtures import (BUTTON, ScriptedModel, Site, chromium, missing_gui_tools, red_centre, run_gui_task,
                                 run_mini_gui, screenshot_of, text_reply, tool_call, wait_for, xvfb)
 
@@ -233,7 +233,7 @@ def _result(proc: Any) -> ExecResult:
 
 def test_adapter_outcome_reads_the_sandbox_file(tmp_path: Path) -> None:
     from openforge.config import LocalSandboxConfig
-    from sandbox.local import LocalSandbox
+    from openforge.sandbox.local import LocalSandbox
 
     async def go() -> Any:
         harness = get_harness(HarnessConfig(name="mini-gui"))
@@ -251,12 +251,12 @@ def _gui_rollout(engine_app: Any, tiny_vl_model: Path, store: Any, tmp_path: Pat
     """One mini-gui rollout by hand (what the runner does): a bubblewrap sandbox with its own display
     and chromium (sandbox/gui.py) on the button site, whose state lives on the host behind a unix
     socket; the calls go through the real proxy to `engine_app`. (rollout row, exec result, outcome, site)"""
-    from engine.serve import serve_in_thread
+    from openforge.engine.serve import serve_in_thread
     from openforge.config import LocalSandboxConfig, ProxyConfig
-    from proxy.server import ProxyServer
-    from sandbox.gui import SITE_URL, GuiSpec
-    from sandbox.local import LocalSandbox, bwrap_usable
-    from sandbox.testing import proxy_socket_path
+    from openforge.proxy.server import ProxyServer
+    from openforge.sandbox.gui import SITE_URL, GuiSpec
+    from openforge.sandbox.local import LocalSandbox, bwrap_usable
+    from openforge.sandbox.testing import proxy_socket_path
 
     if not bwrap_usable():
         pytest.skip("needs bubblewrap (a GUI sandbox is isolated)")
@@ -300,7 +300,7 @@ def test_mini_gui_in_a_gui_sandbox_through_the_proxy(tiny_vl_model: Path, store:
     """A scripted engine on the tiny Qwen2-VL's tokenizer and processor answers `click(200, 150)` (the
     button, in the 512x384 screenshot of the 1024x768 screen), then `done(clicked)`: the site's state
     changes, each call is recorded with its screenshot, the outcome is the answer."""
-    from engine.scripted import ScriptedEngine
+    from openforge.engine.scripted import ScriptedEngine
 
     engine = ScriptedEngine(tiny_vl_model, ["click(200, 150)", "done(clicked)"])
     ro, result, outcome, site = _gui_rollout(engine.app, tiny_vl_model, store, tmp_path, max_turns=4, max_tokens=16)
@@ -317,7 +317,7 @@ def test_mini_gui_random_vlm_in_a_gui_sandbox(tiny_vl_model: Path, store: Any, f
     """The embedded engine serving the random tiny Qwen2-VL (what the demo starts from): its nonsense
     costs steps, never breaks the harness; the rollout is graded (not a harness failure), every call
     recorded with its screenshot."""
-    from engine.embedded import EmbeddedEngine
+    from openforge.engine.embedded import EmbeddedEngine
     from openforge.config import EngineConfig
 
     engine = EmbeddedEngine(EngineConfig(model=str(tiny_vl_model), max_batch_size=2))
@@ -332,9 +332,9 @@ def test_mini_gui_random_vlm_in_a_gui_sandbox(tiny_vl_model: Path, store: Any, f
 
 
 def test_preflight_and_demo_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from forge_cli.overrides import cli_overrides
+    from openforge.forge_cli.overrides import cli_overrides
     from openforge.config import ForgeConfig
-    from rollouts.harnesses import harness_available
+    from openforge.rollouts.harnesses import harness_available
 
     monkeypatch.setenv("FORGE_NPM_CACHE", str(tmp_path / "empty-cache"))
     cfg = ForgeConfig()

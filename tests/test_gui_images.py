@@ -12,7 +12,7 @@ import os
 import pytest
 
 from openforge.errors import SandboxError
-from sandbox.images import SANDBOX_UID, ensure_image, has_image, image_tag, recipe, tarball_path
+from openforge.sandbox.images import SANDBOX_UID, ensure_image, has_image, image_tag, recipe, tarball_path
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ RED_PAGE = "data:text/html,<body style='margin:0;background:rgb(255,0,0)'></body
 
 
 def browser_image():  # type: ignore[no-untyped-def]
-    from sandbox.docker import connect
+    from openforge.sandbox.docker import connect
 
     try:
         client = connect(timeout=10)

@@ -1,4 +1,4 @@
-"""GUI rollouts on the Kubernetes backend: the task's site stays on the host (rollouts/web/server.py),
+"""GUI rollouts on the Kubernetes backend: the task's site stays on the host (rollouts/tasks/web/server.py),
 the pod reaches it through the process's site relay (sandbox/site_relay.py) with its rollout's token,
 and its execs run in a display of their own (sandbox/gui.py, written into the pod).
 
@@ -24,19 +24,19 @@ from k8s_double import IMAGE_ENV, KubeDouble, bwrap_available
 from k8s_double.network import NODE_IP
 from test_kubernetes import make_config
 
-import sandbox.site_relay as site_relay
+import openforge.sandbox.site_relay as site_relay
 from openforge.config import ForgeConfig
 from openforge.errors import SandboxError
 from openforge.store import Store
-from rollouts.runner import RolloutRunner, RolloutSpec
-from rollouts.selfcheck import _StandInHarness
-from rollouts.tasks import load_tasks
-from rollouts.web.server import SiteSession
-from rollouts.web.spec import GuiTask
-from sandbox.forwarder import site_preamble
-from sandbox.gui import find_chromium
-from sandbox.kubernetes import KubernetesSandbox
-from sandbox.site_relay import PREAMBLE_LEN, SiteRelay, acquire_relay, release_relay
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.selfcheck import _StandInHarness
+from openforge.rollouts.tasks.format import load_tasks
+from openforge.rollouts.tasks.web.server import SiteSession
+from openforge.rollouts.tasks.web.spec import GuiTask
+from openforge.sandbox.forwarder import site_preamble
+from openforge.sandbox.gui import find_chromium
+from openforge.sandbox.kubernetes import KubernetesSandbox
+from openforge.sandbox.site_relay import PREAMBLE_LEN, SiteRelay, acquire_relay, release_relay
 
 MISSING = [n for n, ok in (("chromium", find_chromium()), ("Xvfb", shutil.which("Xvfb")),
                            ("xdotool", shutil.which("xdotool"))) if not ok]
@@ -350,10 +350,10 @@ def test_mini_gui_in_a_pod_through_the_proxy(tmp_path: Path, store: Store, tiny_
     sends it through the real proxy (reached at the node's address) to a scripted engine on the tiny
     Qwen2-VL, clicks cell 0 with xdotool in the pod and says done: gui-colour-click-red scores 1 by the
     site's state on the host; both calls recorded with their screenshot."""
-    from engine.scripted import ScriptedEngine
-    from engine.serve import serve_in_thread
+    from openforge.engine.scripted import ScriptedEngine
+    from openforge.engine.serve import serve_in_thread
     from openforge.config import HarnessConfig
-    from proxy.server import ProxyServer
+    from openforge.proxy.server import ProxyServer
 
     engine = ScriptedEngine(tiny_vl_model, ["click(0)", "done()"])
     cfg = ForgeConfig()
@@ -441,7 +441,7 @@ def test_the_network_policy_opens_the_relay_port_for_a_gui_run_only() -> None:
     from kubernetes import client
 
     from openforge.errors import ConfigError
-    from sandbox.k8s_manifests import sandbox_network_policy
+    from openforge.sandbox.k8s_manifests import sandbox_network_policy
 
     config = _cluster_config(site_relay_host="0.0.0.0", site_relay_port=8701)
     deployed = yaml.safe_load((DEPLOY / "sandbox-networkpolicy.yaml").read_text())
@@ -462,7 +462,7 @@ def test_the_network_policy_opens_the_relay_port_for_a_gui_run_only() -> None:
 @pytest.mark.parametrize("version", ["1.30", "1.37"])
 def test_the_gui_manifests_validate_against_the_real_schemas(version: str) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
-    from sandbox.k8s_manifests import build_pod_manifest, check_pod_manifest, pod_name, sandbox_network_policy
+    from openforge.sandbox.k8s_manifests import build_pod_manifest, check_pod_manifest, pod_name, sandbox_network_policy
 
     config = _cluster_config(site_relay_host="0.0.0.0", site_relay_port=8701)
     pod = build_pod_manifest(config.sandbox, name=pod_name("ro-1"), run_id="run-1", rollout_id="ro-1", home="/data")
@@ -477,7 +477,7 @@ def test_the_network_policy_command(tmp_path: Path, capsys: pytest.CaptureFixtur
 
     import yaml
 
-    from sandbox.k8s_manifests import main
+    from openforge.sandbox.k8s_manifests import main
 
     toml = yaml.safe_load((DEPLOY / "config.yaml").read_text())["data"]["forge.toml"]
     (tmp_path / "forge.toml").write_text(toml)

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from rollouts.harnesses.mini_gui_agent import Action, BadAction, Screen, execute, parse_reply
-from rollouts.web import server as site_server
-from rollouts.web.server import SiteSession
-from rollouts.web.spec import GuiTask
-from sandbox import gui
+from openforge.rollouts.harnesses.mini_gui_agent import Action, BadAction, Screen, execute, parse_reply
+from openforge.rollouts.tasks.web import server as site_server
+from openforge.rollouts.tasks.web.server import SiteSession
+from openforge.rollouts.tasks.web.spec import GuiTask
+from openforge.sandbox import gui
 from gui_fixtures import ScriptedModel, missing_gui_tools, run_mini_gui, text_reply, wait_for
 
 needs_display = pytest.mark.skipif(bool(missing_gui_tools()),
@@ -114,7 +114,7 @@ def test_the_sandbox_display_survives_its_server_keys(tmp_path: Path) -> None:
     assert shot.stat().st_size > 0
 
 
-# -- the site's server (rollouts/web/server.py) ------------------------------------------------------
+# -- the site's server (rollouts/tasks/web/server.py) ------------------------------------------------------
 
 def _connect(path: str) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -188,8 +188,8 @@ def test_closing_the_site_never_waits_on_a_connection_held_open() -> None:
 
 def test_a_lone_surrogate_in_browser_uses_answer_is_a_wrong_answer_not_an_infra_failure() -> None:
     """JSON spells lone surrogates; the runner writes the answer file as UTF-8, which raised on one."""
-    from rollouts.harnesses.browseruse import browser_use_outcome
-    from sandbox.base import ExecResult
+    from openforge.rollouts.harnesses.browseruse import browser_use_outcome
+    from openforge.sandbox.base import ExecResult
     record = json.dumps({"is_done": True, "final_result": "1931\ud800", "steps": 1, "answered": 1})
     outcome = browser_use_outcome(ExecResult(exit_code=0, stdout="", stderr="", timed_out=False, duration_s=1.0), record)
     assert outcome.failure is None and outcome.answer is not None and outcome.answer != "1931"

@@ -16,10 +16,10 @@ import pytest
 
 from openforge.config import LocalSandboxConfig
 from openforge.errors import SandboxError
-from rollouts.web.server import SiteSession
-from rollouts.web.spec import GuiTask
-from sandbox.gui import GuiSpec, find_chromium
-from sandbox.local import LocalSandbox, bwrap_usable
+from openforge.rollouts.tasks.web.server import SiteSession
+from openforge.rollouts.tasks.web.spec import GuiTask
+from openforge.sandbox.gui import GuiSpec, find_chromium
+from openforge.sandbox.local import LocalSandbox, bwrap_usable
 
 MISSING = [n for n, ok in (("chromium", find_chromium()), ("Xvfb", shutil.which("Xvfb")),
                            ("xdotool", shutil.which("xdotool")), ("bwrap", bwrap_usable())) if not ok]

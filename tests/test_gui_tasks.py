@@ -12,13 +12,13 @@ import pytest
 
 from openforge.config import ForgeConfig
 from openforge.store import Store
-from rollouts.runner import RolloutRunner, RolloutSpec
-from rollouts.selfcheck import HOSTILE_ANSWERS, _StandInHarness, check_solutions
-from rollouts.tasks import TaskSpec, load_tasks, validate_tasks
-from rollouts.web.sites import make_site
-from rollouts.web.spec import GuiTask
-from sandbox.gui import find_chromium
-from sandbox.local import bwrap_usable
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.selfcheck import HOSTILE_ANSWERS, _StandInHarness, check_solutions
+from openforge.rollouts.tasks.format import TaskSpec, load_tasks, validate_tasks
+from openforge.rollouts.tasks.web.sites import make_site
+from openforge.rollouts.tasks.web.spec import GuiTask
+from openforge.sandbox.gui import find_chromium
+from openforge.sandbox.local import bwrap_usable
 
 TASKS = load_tasks("builtin-web")
 BY_ID = {t.id: t for t in TASKS}
@@ -72,7 +72,7 @@ async def test_every_reference_solution_scores_one_and_hostile_answers_zero(stor
     """`forge tasks validate --run builtin-web`, with the do-nothing hostile answer only (each rollout
     starts chromium: ~4 min for two on 2 loaded cores; the command itself runs all six, docs/gui.md has
     its measured run, and the answer graders are those of the text tasks, tested with all six)."""
-    import rollouts.selfcheck as selfcheck
+    import openforge.rollouts.tasks.selfcheck as selfcheck
 
     keep = {k: selfcheck.HOSTILE_ANSWERS[k] for k in ("empty",)}
     original = dict(selfcheck.HOSTILE_ANSWERS)

@@ -19,10 +19,10 @@ import pytest
 
 from openforge.config import DockerSandboxConfig, ForgeConfig, HarnessConfig
 from openforge.errors import HarnessError, SandboxError
-from rollouts.npm import image_layer
-from sandbox.harness_image import NPM_PREFIX, NpmLayer, build_harness_tar, harness_tag, npm_closure
-from sandbox.images import SANDBOX_UID, build_rootfs_tar
-from sandbox.testing import harness_image, proxy_socket_path
+from openforge.rollouts.harnesses.npm import image_layer
+from openforge.sandbox.harness_image import NPM_PREFIX, NpmLayer, build_harness_tar, harness_tag, npm_closure
+from openforge.sandbox.images import SANDBOX_UID, build_rootfs_tar
+from openforge.sandbox.testing import harness_image, proxy_socket_path
 from test_proxy_support import make_rig  # noqa: F401 - fixture
 from test_real_harnesses import ANSWER, COMMAND, NPM_CACHE, check_extends, check_recording, tool_then_answer
 
@@ -129,8 +129,8 @@ async def run_in_container(rig: Any, name: str, image: str = "", timeout_s: floa
                            **harness: Any):  # noqa: ANN201
     """One rollout of harness `name` through the RolloutRunner in a container of the harness image; the
     task is checked exactly (proof.txt must be `forge-ok\\n`)."""
-    from rollouts.runner import RolloutRunner, RolloutSpec
-    from rollouts.tasks import TaskSpec
+    from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+    from openforge.rollouts.tasks.format import TaskSpec
 
     config = ForgeConfig(sandbox=DockerSandboxConfig(image=image) if image else harness_config(name))
     config.harness = HarnessConfig(name=name, max_turns=4, **harness)
@@ -182,7 +182,7 @@ async def test_openclaw_rollout_in_a_container(make_rig):
 
 async def test_the_harness_container_runs_as_the_sandbox_user():
     """The image's executables run as uid 1000 on a read-only root, with no capabilities."""
-    from sandbox.factory import make_sandbox
+    from openforge.sandbox.factory import make_sandbox
 
     async with make_sandbox(harness_config("codex"), run_id="run-h", rollout_id="ro-harness-user") as sb:
         got = await sb.exec('id -u; touch /x 2>&1; grep -E "^(CapEff|NoNewPrivs)" /proc/self/status; '
@@ -201,7 +201,7 @@ async def test_the_harness_container_runs_as_the_sandbox_user():
 
 def test_the_cache_layer_is_what_the_local_backend_runs():
     """The image copies exactly the executables the local backend runs from the same cache."""
-    from rollouts.npm import find_package_bin
+    from openforge.rollouts.harnesses.npm import find_package_bin
 
     if find_package_bin(NPM_CACHE, "codex") is None or find_package_bin(NPM_CACHE, "claude-code") is None:
         pytest.skip(f"claude-code and codex are not both installed in {NPM_CACHE}")
@@ -214,8 +214,8 @@ def test_the_cache_layer_is_what_the_local_backend_runs():
 def test_a_kubernetes_pod_runs_the_same_image_as_its_user():
     """The pod spec takes the harness image as it is: the pod's uid and $HOME are the image's user."""
     from openforge.config import KubernetesSandboxConfig
-    from sandbox.images import SANDBOX_HOME
-    from sandbox.k8s_manifests import build_pod_manifest, check_pod_manifest
+    from openforge.sandbox.images import SANDBOX_HOME
+    from openforge.sandbox.k8s_manifests import build_pod_manifest, check_pod_manifest
 
     image = "registry.example.com/openforge-sandbox:claude-code-codex-0123456789ab"
     config = KubernetesSandboxConfig(image=image)
@@ -232,7 +232,7 @@ def test_forge_sandbox_build_image_harness(tmp_path: Path, monkeypatch: pytest.M
     """The command: the built image's tag (no rebuild when the engine has it), one-line errors otherwise."""
     from typer.testing import CliRunner
 
-    from forge_cli.main import app
+    from openforge.forge_cli.main import app
 
     out = CliRunner().invoke(app, ["sandbox", "build-image", "--harness", "mini"])
     assert out.exit_code == 1 and "'mini' is not an npm harness" in out.output and "Traceback" not in out.output

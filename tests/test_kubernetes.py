@@ -13,10 +13,10 @@ from k8s_double import V4, V5, KubeDouble, bwrap_available
 
 from openforge.config import KubernetesSandboxConfig
 from openforge.errors import SandboxError
-from sandbox.base import Sandbox, SandboxFileNotFound, TransientSandboxError
+from openforge.sandbox.base import Sandbox, SandboxFileNotFound, TransientSandboxError
 from openforge.paths import forge_home
-from sandbox.k8s_manifests import home_label
-from sandbox.kubernetes import KubernetesSandbox, cluster_version, gc_pods
+from openforge.sandbox.k8s_manifests import home_label
+from openforge.sandbox.kubernetes import KubernetesSandbox, cluster_version, gc_pods
 
 pytestmark = [
     pytest.mark.skipif(not bwrap_available(), reason="the API double runs pods under bubblewrap and nsenter as "
@@ -217,7 +217,7 @@ async def test_gc_deletes_managed_pods_by_label_only(double: KubeDouble, tmp_pat
     await asyncio.gather(*(b.start() for b in boxes))
     from kubernetes.client import ApiClient, CoreV1Api
 
-    from sandbox.kubernetes import load_client_configuration
+    from openforge.sandbox.kubernetes import load_client_configuration
 
     core = CoreV1Api(ApiClient(load_client_configuration(config)))
     core.create_namespaced_pod("openforge", restricted_pod("someone-else", {"app": "x"}))
@@ -245,7 +245,7 @@ async def test_active_deadline_ends_the_pod_with_the_reason(double: KubeDouble, 
     from kubernetes import watch
     from kubernetes.client import ApiClient, CoreV1Api
 
-    from sandbox.kubernetes import load_client_configuration, pod_state
+    from openforge.sandbox.kubernetes import load_client_configuration, pod_state
 
     config = make_config(double, tmp_path)
     core = CoreV1Api(ApiClient(load_client_configuration(config)))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.sglang import sglang_command
+from openforge.engine.sglang import sglang_command
 from openforge.config import EngineConfig, ForgeConfig
 
 CLUSTER = Path(__file__).resolve().parent.parent / "deploy" / "k8s" / "cluster"
@@ -129,7 +129,7 @@ def test_trainer_job_runs_torchrun_with_one_pod_per_node(rendered) -> None:  # t
     assert run.master_addr == f"{job['metadata']['name']}-0.{svc['metadata']['name']}"
     assert pod["spec"]["subdomain"] == svc["metadata"]["name"] and svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["publishNotReadyAddresses"] is True
-    assert argv[script:script + 2] == ["-m", "forge_cli.main"] and "train" in argv
+    assert argv[script:script + 2] == ["-m", "openforge.forge_cli.main"] and "train" in argv
     # index 0 is the run's controller: the base proxy Service and the sandbox egress policy reach it
     proxy = rendered[("Service", "forge-proxy")]
     assert all(pod["metadata"]["labels"].get(k) == v for k, v in proxy["spec"]["selector"].items())

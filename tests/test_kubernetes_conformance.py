@@ -22,7 +22,7 @@ from test_sandbox import (  # noqa: F401
 )
 
 from openforge.config import KubernetesSandboxConfig as SandboxConfig
-from sandbox import make_sandbox
+from openforge.sandbox import make_sandbox
 
 @pytest.fixture
 def config(double: KubeDouble, tmp_path: Path) -> SandboxConfig:

@@ -11,7 +11,7 @@ import yaml
 from kubernetes import client
 
 from openforge.config import load_config
-from sandbox.k8s_manifests import build_pod_manifest, check_pod_manifest, pod_name
+from openforge.sandbox.k8s_manifests import build_pod_manifest, check_pod_manifest, pod_name
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
 MODELS = {
@@ -92,7 +92,7 @@ def test_config_services_and_rbac_agree(objs, tmp_path: Path) -> None:  # type: 
 
 
 def test_network_policy_denies_all_egress_but_the_proxy_and_dns(objs) -> None:  # type: ignore[no-untyped-def]
-    from sandbox.k8s_manifests import pod_labels
+    from openforge.sandbox.k8s_manifests import pod_labels
 
     policy = objs[("NetworkPolicy", "sandboxes-reach-only-the-proxy")]["spec"]
     assert policy["podSelector"]["matchLabels"].items() <= pod_labels(run_id="r", rollout_id="x").items()

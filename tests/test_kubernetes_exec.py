@@ -17,7 +17,7 @@ from k8s_double.frames import FrameEndpoint
 from kubernetes.client import ApiClient, Configuration
 
 from openforge.errors import SandboxError
-from sandbox.k8s_exec import run_exec_stream
+from openforge.sandbox.k8s_exec import run_exec_stream
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,11 +11,11 @@ from kubernetes.client import ApiClient, V1Pod
 
 from openforge.config import KubernetesSandboxConfig
 from openforge.errors import ConfigError, SandboxError
-from sandbox.k8s_exec import exit_code_from_status, wrap_command
-from sandbox.k8s_manifests import (
+from openforge.sandbox.k8s_exec import exit_code_from_status, wrap_command
+from openforge.sandbox.k8s_manifests import (
     KEEPER, build_pod_manifest, check_pod_manifest, home_label, label_value, managed_selector, pod_name,
 )
-from sandbox.k8s_status import pod_state
+from openforge.sandbox.k8s_status import pod_state
 
 GPU_POOL = {
     "namespace": "rl", "image": "registry.example.com/forge/sandbox:2026.12", "cpu_request": "250m",

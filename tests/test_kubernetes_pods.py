@@ -16,10 +16,10 @@ from kubernetes.client.rest import ApiException
 from test_kubernetes import double, make_config, pytestmark, restricted_pod  # noqa: F401
 
 from openforge.errors import SandboxError
-from sandbox.base import TransientSandboxError
-from sandbox.k8s_client import RateLimiter, backoff_s
-from sandbox.k8s_exec import api_error
-from sandbox.kubernetes import KubernetesSandbox, load_client_configuration
+from openforge.sandbox.base import TransientSandboxError
+from openforge.sandbox.k8s_client import RateLimiter, backoff_s
+from openforge.sandbox.k8s_exec import api_error
+from openforge.sandbox.kubernetes import KubernetesSandbox, load_client_configuration
 
 
 def core_for(config) -> CoreV1Api:  # type: ignore[no-untyped-def]

@@ -13,13 +13,13 @@ import pytest
 from k8s_double import IMAGE_ENV, KubeDouble
 from test_kubernetes import make_config, pytestmark  # noqa: F401
 
-from engine.scripted import ScriptedEngine
-from engine.serve import serve_in_thread
+from openforge.engine.scripted import ScriptedEngine
+from openforge.engine.serve import serve_in_thread
 from openforge.config import ForgeConfig
 from openforge.store import Store
-from proxy.server import ProxyServer
-from rollouts.runner import RolloutRunner, RolloutSpec
-from rollouts.tasks import load_tasks
+from openforge.proxy.server import ProxyServer
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.format import load_tasks
 
 WRITE_HELLO = ('<tool_call>\n{"name": "write_file", "arguments": {"path": "hello.txt", '
                '"content": "hello world\\n"}}\n</tool_call>')

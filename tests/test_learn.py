@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from openforge.config import EngineConfig, TrainerConfig
-from trainer.loop import train
-from trainer.sampler import AdapterSync, BackgroundLoop, EngineSampler
+from openforge.trainer.loop import train
+from openforge.trainer.sampler import AdapterSync, BackgroundLoop, EngineSampler
 
 NEW_TOKENS = 8
 NORM_GAIN = 5.0
@@ -55,9 +55,9 @@ def _prompts(model_dir: Path) -> list[dict]:
 @contextmanager
 def embedded_engine(model_dir: Path):
     """The real embedded engine on loopback (fp32, CPU, seeded) and a client for it."""
-    from engine.client import EngineClient
-    from engine.embedded import create_engine_app
-    from engine.serve import serve_in_thread
+    from openforge.engine.client import EngineClient
+    from openforge.engine.embedded import create_engine_app
+    from openforge.engine.serve import serve_in_thread
 
     app = create_engine_app(EngineConfig(model=str(model_dir), dtype="float32", device="cpu", seed=0))
     with serve_in_thread(app) as server:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from openforge.store import Call, Store, utcnow
-from rollouts.metrics import pass_at_k, pass_hat_k, summarize_run
+from openforge.rollouts.runner.metrics import pass_at_k, pass_hat_k, summarize_run
 
 
 @pytest.mark.parametrize(("n", "c", "k", "at", "hat"), [

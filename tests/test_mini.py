@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from engine.scripted import ScriptedEngine
-from engine.serve import serve_in_thread
+from openforge.engine.scripted import ScriptedEngine
+from openforge.engine.serve import serve_in_thread
 from openforge.config import ForgeConfig
 from openforge.store import Store
-from proxy.server import ProxyServer
-from rollouts.harnesses import get_harness
-from rollouts.harnesses.mini_agent import run_tool
-from rollouts.runner import RolloutRunner, RolloutSpec
-from rollouts.tasks import TaskSpec, load_tasks
-from sandbox.testing import proxy_socket_path
+from openforge.proxy.server import ProxyServer
+from openforge.rollouts.harnesses import get_harness
+from openforge.rollouts.harnesses.mini_agent import run_tool
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.format import TaskSpec, load_tasks
+from openforge.sandbox.testing import proxy_socket_path
 
 WRITE_HELLO = ('<tool_call>\n{"name": "write_file", "arguments": {"path": "hello.txt", '
                '"content": "hello world\\n"}}\n</tool_call>')
@@ -139,7 +139,7 @@ def test_registry() -> None:
     from openforge.errors import HarnessError
 
     mini = get_harness(HarnessConfig(name="mini", max_turns=2))
-    from rollouts.harness import HarnessContext
+    from openforge.rollouts.harnesses.base import HarnessContext
 
     ctx = HarnessContext(proxy_url="http://127.0.0.1:5/", api_key="k", model="m", instruction="i", workdir="/w",
                          backend="docker")

@@ -6,7 +6,7 @@ import anthropic
 import httpx
 import pytest
 
-from rollouts.trajectory import assemble_rollout
+from openforge.rollouts.runner.trajectory import assemble_rollout
 from test_proxy_support import ANTHROPIC_TOOLS, TOOL_TURN, make_rig  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(60)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from proxy import breaks
-from proxy.breaks import explain_break
-from proxy.calls import Message, ToolCall
+from openforge.proxy import breaks
+from openforge.proxy.breaks import explain_break
+from openforge.proxy.calls import Message, ToolCall
 
 SYS = Message("system", "you are an agent")
 USER = Message("user", "count the files")
@@ -54,7 +54,7 @@ def test_the_closest_recent_call_explains_it() -> None:
 def test_forge_show_counts_calls_segments_and_break_reasons_per_harness(tmp_path) -> None:
     from rich.console import Console
 
-    from forge_cli.segments import segment_table
+    from openforge.forge_cli.segments import segment_table
     from openforge.store import Store
     from openforge.tables import Call
 

@@ -11,11 +11,11 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from engine.client import EngineClient
-from engine.scripted import ScriptedEngine
-from engine.serve import serve_in_thread
+from openforge.engine.client import EngineClient
+from openforge.engine.scripted import ScriptedEngine
+from openforge.engine.serve import serve_in_thread
 from openforge.config import ProxyConfig
-from proxy.app import create_app
+from openforge.proxy.app import create_app
 
 CAPTURES = Path(__file__).resolve().parent.parent / "docs" / "harness-captures"
 END = {"/v1/messages": "event: message_stop", "/v1/responses": "event: response.completed",

@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from rollouts.trajectory import assemble_rollout
+from openforge.rollouts.runner.trajectory import assemble_rollout
 from test_proxy_support import CHAT_TOOLS, TOOL_TURN, make_rig, tool_args  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(60)

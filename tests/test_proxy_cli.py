@@ -12,9 +12,9 @@ import openai
 import pytest
 from typer.testing import CliRunner
 
-from engine.scripted import ScriptedEngine
-from engine.serve import serve_in_thread
-from forge_cli.main import app
+from openforge.engine.scripted import ScriptedEngine
+from openforge.engine.serve import serve_in_thread
+from openforge.forge_cli.main import app
 from openforge.store import Store, hash_key
 from test_proxy_support import CHAT_TOOLS, TOOL_TURN
 

@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from proxy import adapters
-from proxy.adapters import ADAPTERS, ApiAdapter
+from openforge.proxy import adapters
+from openforge.proxy.adapters import ADAPTERS, ApiAdapter
 from test_proxy_support import make_rig  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(90)

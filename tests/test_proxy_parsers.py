@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.calls import ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEvent, ToolCallStart
-from proxy.parsing import OutputParser, ParserSetup, UnknownParser, parse_output
-from proxy.reasoning import ReasoningParser, resolve_reasoning_parser
-from proxy.toolcalls import CallRules, parse_tool_calls, resolve_tool_parser
+from openforge.proxy.calls import ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEvent, ToolCallStart
+from openforge.proxy.parsing import OutputParser, ParserSetup, UnknownParser, parse_output
+from openforge.proxy.reasoning import ReasoningParser, resolve_reasoning_parser
+from openforge.proxy.toolcalls import CallRules, parse_tool_calls, resolve_tool_parser
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "engine" / "templates"
 SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"},
@@ -204,7 +204,7 @@ def test_forge_model_tiny_template_builds_each_real_template(tmp_path):
     from transformers import AutoTokenizer
     from typer.testing import CliRunner
 
-    from forge_cli.main import app
+    from openforge.forge_cli.main import app
 
     runner = CliRunner()
     for name in ("qwen2.5", "qwen3", "qwen3-coder"):

@@ -18,13 +18,13 @@ import anthropic
 import openai
 import pytest
 
-from engine.scripted import ScriptedEngine
-from engine.serve import serve_in_thread
+from openforge.engine.scripted import ScriptedEngine
+from openforge.engine.serve import serve_in_thread
 from openforge.config import ProxyConfig
 from openforge.store import Store
-from proxy.breaks import THINKING_DROPPED
-from proxy.server import ProxyServer
-from rollouts.trajectory import assemble_rollout
+from openforge.proxy.breaks import THINKING_DROPPED
+from openforge.proxy.server import ProxyServer
+from openforge.rollouts.runner.trajectory import assemble_rollout
 from test_proxy_support import ANTHROPIC_TOOLS, CHAT_TOOLS, RESPONSES_TOOLS
 
 pytestmark = pytest.mark.timeout(120)
@@ -44,7 +44,7 @@ REASONS = {"qwen2.5": "", "qwen3": THINKING, "qwen3-coder": ""}
 
 @pytest.fixture(scope="session")
 def template_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from engine.tiny import build_tiny_model
+    from openforge.engine.tiny import build_tiny_model
 
     root = tmp_path_factory.mktemp("templates")
     return {name: build_tiny_model(root / name, template=name) for name in SCRIPTS}

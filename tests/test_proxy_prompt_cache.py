@@ -20,12 +20,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from engine.tiny import build_tokenizer
-from proxy import anthropic, openai_chat, openai_responses
-from proxy.calls import Message
-from proxy.promptcache import ChunkedEncoder, RenderCache
-from proxy.tokens import ChatRenderer, PromptBuilder
-from proxy.vision import load_placeholders
+from openforge.engine.tiny import build_tokenizer
+from openforge.proxy import anthropic, openai_chat, openai_responses
+from openforge.proxy.calls import Message
+from openforge.proxy.promptcache import ChunkedEncoder, RenderCache
+from openforge.proxy.tokens import ChatRenderer, PromptBuilder
+from openforge.proxy.vision import load_placeholders
 
 SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
 SYSTEM = "You are a careful coding agent.  Use the tools.\n"

@@ -12,12 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from engine.client import EngineClient
-from engine.scripted import ScriptedEngine
+from openforge.engine.client import EngineClient
+from openforge.engine.scripted import ScriptedEngine
 from openforge.config import ProxyConfig
 from openforge.store import Call
-from proxy.app import create_app
-from proxy.server import ProxyServer
+from openforge.proxy.app import create_app
+from openforge.proxy.server import ProxyServer
 from test_proxy_support import CHAT_TOOLS, TOOL_TURN, make_rig  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(120)
@@ -197,7 +197,7 @@ def test_client_disconnecting_mid_stream_ends_the_row_and_frees_the_slot(make_ri
 
 
 def test_a_bug_in_translation_is_an_api_error_and_frees_the_slot(make_rig, monkeypatch):
-    import proxy.openai_chat as chat
+    import openforge.proxy.openai_chat as chat
 
     rig = make_rig(lambda ids: "fine", max_concurrent_calls=1)
     monkeypatch.setattr(chat, "response_json", lambda *a, **k: 1 / 0)

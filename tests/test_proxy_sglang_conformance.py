@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.calls import ToolCallDelta
-from proxy.parsing import OutputParser, ParserSetup, parse_output
+from openforge.proxy.calls import ToolCallDelta
+from openforge.proxy.parsing import OutputParser, ParserSetup, parse_output
 
 DATA = json.loads((Path(__file__).parent / "data" / "sglang_parsers.json").read_text(encoding="utf-8"))
 TOOLS = DATA["tools"]

@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from proxy.pipeline import EventStream
+from openforge.proxy.pipeline import EventStream
 
 
 def _body(log: list[str], forever: asyncio.Event):

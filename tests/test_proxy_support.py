@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from engine.scripted import ScriptedEngine
-from engine.serve import ServerHandle, serve_in_thread
+from openforge.engine.scripted import ScriptedEngine
+from openforge.engine.serve import ServerHandle, serve_in_thread
 from openforge.config import ProxyConfig
 from openforge.store import Rollout, Store
-from proxy.server import ProxyServer
+from openforge.proxy.server import ProxyServer
 
 BASH_SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
 CHAT_TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command",

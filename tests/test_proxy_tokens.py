@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from proxy.calls import Completion, Message, ToolCall
-from proxy.tokens import ChatRenderer, PromptBuilder, parse_completion, ToolCallParser
+from openforge.proxy.calls import Completion, Message, ToolCall
+from openforge.proxy.tokens import ChatRenderer, PromptBuilder, parse_completion, ToolCallParser
 
 GOOD = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls -l"}}\n</tool_call>'
 pieces = st.sampled_from(["hello", " world", "\n", "  ", GOOD, "<tool_call>{oops}</tool_call>", "<tool", "</tool_call>",

@@ -9,12 +9,12 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.client import EngineClient
-from engine.scripted import ScriptedEngine
+from openforge.engine.client import EngineClient
+from openforge.engine.scripted import ScriptedEngine
 from openforge.config import ProxyConfig
 from openforge.store import Store
-from proxy.app import create_app
-from proxy.server import load_tokenizer
+from openforge.proxy.app import create_app
+from openforge.proxy.server import load_tokenizer
 from test_proxy_support import CHAT_TOOLS, TOOL_TURN, make_rig  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(240)

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from openforge.config import HarnessConfig, LocalSandboxConfig
-from rollouts.trajectory import assemble_rollout
-from rollouts.harness import HarnessContext
-from rollouts.harnesses import get_harness
-from rollouts.npm import find_package_bin, install_hint, node_platform
-from sandbox.factory import make_sandbox
-from sandbox.testing import proxy_socket_path
+from openforge.rollouts.runner.trajectory import assemble_rollout
+from openforge.rollouts.harnesses.base import HarnessContext
+from openforge.rollouts.harnesses import get_harness
+from openforge.rollouts.harnesses.npm import find_package_bin, install_hint, node_platform
+from openforge.sandbox.factory import make_sandbox
+from openforge.sandbox.testing import proxy_socket_path
 from test_proxy_support import make_rig  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(120)
@@ -119,8 +119,8 @@ async def test_claude_code_runs_bash_through_the_proxy(make_rig):
 async def test_runner_scores_a_claude_code_rollout(make_rig):
     """The whole path of issue 5: RolloutRunner -> sandbox -> Claude Code -> proxy -> verifier -> store."""
     from openforge.config import ForgeConfig
-    from rollouts.runner import RolloutRunner, RolloutSpec
-    from rollouts.tasks import TaskSpec
+    from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+    from openforge.rollouts.tasks.format import TaskSpec
 
     rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
     rig.engine.script = tool_then_answer(rig.engine.tokenizer, "Bash", {"command": COMMAND, "description": "write"})
@@ -140,8 +140,8 @@ async def run_refused(rig, name: str):  # noqa: ANN001, ANN201
     """The runner on an answer task whose only right answer ("status ok") is also in the harness's
     error JSON, against a proxy whose context (4096) refuses the harness's first prompt."""
     from openforge.config import ForgeConfig
-    from rollouts.runner import RolloutRunner, RolloutSpec
-    from rollouts.tasks import load_tasks
+    from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+    from openforge.rollouts.tasks.format import load_tasks
 
     task = next(t for t in load_tasks("builtin") if t.id == "easy-status-ok")
     config = ForgeConfig()
@@ -230,8 +230,8 @@ def test_adapters_point_the_harness_at_the_proxy(tmp_path):
 def test_openclaw_and_zeroclaw_configs_name_the_proxy():
     import tomllib
 
-    from rollouts.harnesses.openclaw import openclaw_config
-    from rollouts.harnesses.zeroclaw import zeroclaw_config
+    from openforge.rollouts.harnesses.openclaw import openclaw_config
+    from openforge.rollouts.harnesses.zeroclaw import zeroclaw_config
 
     provider = openclaw_config(ctx_for())["models"]["providers"]["forge"]
     assert provider["baseUrl"] == "http://127.0.0.1:8700/v1" and provider["apiKey"] == "sk-rollout"
@@ -280,8 +280,8 @@ async def test_missing_harnesses_fail_with_the_fix(tmp_path):
     ("Error: something broke", 1, None, "claude-code exited 1 without its result JSON: Error: something broke"),
 ])
 def test_claude_code_outcome_reads_its_json(stdout: str, code: int, answer: str | None, failure: str | None):
-    from rollouts.harnesses.claude_code import claude_outcome
-    from sandbox.base import ExecResult
+    from openforge.rollouts.harnesses.claude_code import claude_outcome
+    from openforge.sandbox.base import ExecResult
 
     got = claude_outcome(ExecResult(exit_code=code, stdout=stdout, stderr=""))
     assert (got.answer, got.failure) == (answer, failure)
@@ -293,8 +293,8 @@ def test_claude_code_outcome_reads_its_json(stdout: str, code: int, answer: str 
     ("booting...", None, "openclaw exited 0 without its result JSON: booting..."),
 ])
 def test_openclaw_outcome_reads_its_json(stdout: str, answer: str | None, failure: str | None):
-    from rollouts.harnesses.openclaw import openclaw_outcome
-    from sandbox.base import ExecResult
+    from openforge.rollouts.harnesses.openclaw import openclaw_outcome
+    from openforge.sandbox.base import ExecResult
 
     got = openclaw_outcome(ExecResult(exit_code=0, stdout=stdout, stderr=""))
     assert (got.answer, got.failure) == (answer, failure)
@@ -302,7 +302,7 @@ def test_openclaw_outcome_reads_its_json(stdout: str, answer: str | None, failur
 
 def test_harness_available_names_the_fix(tmp_path):
     from openforge.config import ForgeConfig, sandbox_config
-    from rollouts.harnesses import harness_available
+    from openforge.rollouts.harnesses import harness_available
 
     config = ForgeConfig()
     assert harness_available(config) is None  # mini, local: this venv has openai
@@ -321,7 +321,7 @@ def test_harness_available_names_the_fix(tmp_path):
 def test_forge_harness_install_reports_an_installed_harness_and_npm_errors(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from forge_cli.main import app
+    from openforge.forge_cli.main import app
 
     if find_package_bin(NPM_CACHE, "codex") is not None:
         out = CliRunner().invoke(app, ["harness", "install", "codex", "--cache", str(NPM_CACHE)])
@@ -337,7 +337,7 @@ def test_forge_harness_install_reports_an_installed_harness_and_npm_errors(tmp_p
 @pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not installed")
 def test_npm_install_streams_progress_and_fails_in_one_line(tmp_path):
     from openforge.errors import HarnessError
-    from rollouts.npm import install_packages
+    from openforge.rollouts.harnesses.npm import install_packages
 
     lines: list[str] = []
     try:

@@ -14,13 +14,13 @@ import pytest
 
 from openforge.config import ForgeConfig
 from openforge.store import Rollout, Store
-from rollouts.grading import ExpectedAnswer, answer_matches
-from rollouts.harness import HarnessContext, HarnessOutcome, answer_file_outcome
-from rollouts.runner import RolloutRunner, RolloutSpec
-from rollouts.tasks import BUILTIN_DIR, TaskSpec
-from sandbox import make_sandbox
-from sandbox.base import ExecResult, Sandbox
-from sandbox.testing import backend_config
+from openforge.rollouts.tasks.grading import ExpectedAnswer, answer_matches
+from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome, answer_file_outcome
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.format import BUILTIN_DIR, TaskSpec
+from openforge.sandbox import make_sandbox
+from openforge.sandbox.base import ExecResult, Sandbox
+from openforge.sandbox.testing import backend_config
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -229,7 +229,7 @@ def test_removing_a_sandbox_never_chmods_through_a_planted_link(tmp_path: Path,
     user would become 0700). Root never sees that EACCES, so it is raised here as the kernel would."""
     import shutil
 
-    from sandbox.local import _rmtree
+    from openforge.sandbox.local import _rmtree
 
     victim, sandbox = tmp_path / "victim.txt", tmp_path / "sb"
     victim.write_text("the user's file\n")
@@ -255,7 +255,7 @@ def test_removing_a_sandbox_never_chmods_through_a_planted_link(tmp_path: Path,
 async def test_a_verifier_can_keep_its_memory_from_the_agents_code_it_runs() -> None:
     """The agent's program, run by a verifier, is the same user: it can open the verifier's
     /proc/PID/mem (where the expected values are) unless the verifier made itself non-dumpable, as
-    the built-in verifiers that run the agent's code do (rollouts/builtin_tasks/generate.py KEEP_OUT)."""
+    the built-in verifiers that run the agent's code do (rollouts/tasks/builtin/generate.py KEEP_OUT)."""
     peek = "import os; open(f'/proc/{os.getppid()}/mem', 'rb'); print('read')"
     parent = ("import ctypes, subprocess, sys\n"
               "if sys.argv[1] == 'guarded':\n    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\n"

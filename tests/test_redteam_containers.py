@@ -3,7 +3,7 @@ and container-specific ones, each driven through the real RolloutRunner on docke
 the shared engine) and on the Kubernetes backend against the API double (tests/k8s_double: real
 processes in a bubblewrap "pod" as uid 1000, files and execs over the exec WebSocket).
 
-The rule (rollouts/runner.py): an attack ends `scored` (or `timed_out`) with reward 0, never with a
+The rule (rollouts/runner/runner.py): an attack ends `scored` (or `timed_out`) with reward 0, never with a
 reward, never as an infrastructure failure (that drops the group), never as a hang.
 docs/security.md, "Red team, grading on docker and pods", lists what each found.
 """
@@ -19,9 +19,9 @@ from test_redteam import Agent
 
 from openforge.config import ForgeConfig
 from openforge.store import Rollout, Store
-from rollouts.runner import RolloutRunner, RolloutSpec
-from rollouts.tasks import TaskSpec
-from sandbox.testing import backend_config
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.format import TaskSpec
+from openforge.sandbox.testing import backend_config
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,13 +14,13 @@ import pytest
 from openforge.config import ForgeConfig
 from openforge.errors import SandboxError
 from openforge.store import Store, hash_key
-from rollouts.harness import HarnessContext, HarnessOutcome, answer_file_outcome
-from rollouts.runner import RolloutRunner, RolloutSpec
-from rollouts.tasks import TaskSpec
-from sandbox.base import ExecResult, Sandbox, TransientSandboxError
-from sandbox.factory import make_sandbox
-from sandbox.local import SANDBOX_ENV
-from sandbox.procs import marked_pids
+from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome, answer_file_outcome
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.format import TaskSpec
+from openforge.sandbox.base import ExecResult, Sandbox, TransientSandboxError
+from openforge.sandbox.factory import make_sandbox
+from openforge.sandbox.local import SANDBOX_ENV
+from openforge.sandbox.procs import marked_pids
 
 
 class ShellHarness:
@@ -220,7 +220,7 @@ class Reporting(ShellHarness):
 
 
 def _answer_task():  # noqa: ANN202
-    from rollouts.tasks import load_tasks
+    from openforge.rollouts.tasks.format import load_tasks
 
     return next(t for t in load_tasks("builtin") if t.id == "easy-say-hello")
 
@@ -249,7 +249,7 @@ async def test_the_harness_reported_answer_is_graded_not_a_file_the_agent_wrote(
      "harness: shell made no successful model call (exit code 0)"),
 ])
 async def test_a_harness_failure_is_failed_and_never_graded(store: Store, harness: ShellHarness, error: str) -> None:
-    from rollouts.tasks import load_tasks
+    from openforge.rollouts.tasks.format import load_tasks
 
     status_ok = next(t for t in load_tasks("builtin") if t.id == "easy-status-ok")
     run = store.create_run()

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from engine.scripted import ScriptedEngine
-from engine.serve import serve_in_thread
-from forge_cli.main import app
+from openforge.engine.scripted import ScriptedEngine
+from openforge.engine.serve import serve_in_thread
+from openforge.forge_cli.main import app
 from openforge.store import Store
 
 
@@ -59,7 +59,7 @@ def test_sigterm_stops_forge_eval_and_every_sandbox(tiny_model: Path, forge_home
         engine.fail_next("delay", seconds=60)  # every model call hangs: the harnesses are mid-rollout
     with serve_in_thread(engine.app) as eng:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "forge_cli.main", "eval", "--tasks", "builtin", "--task", "easy-say-hello",
+            [sys.executable, "-m", "openforge.forge_cli.main", "eval", "--tasks", "builtin", "--task", "easy-say-hello",
              "-k", "3", "--engine-url", eng.url, "--model", str(tiny_model)],
             cwd=Path(__file__).parent.parent, env={**os.environ, "FORGE_HOME": str(forge_home)},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -12,8 +12,8 @@ import pytest
 
 from openforge.config import SandboxConfig
 from openforge.errors import SandboxError
-from sandbox import SandboxFileNotFound, make_sandbox
-from sandbox.testing import backend_config, sandbox_backends
+from openforge.sandbox import SandboxFileNotFound, make_sandbox
+from openforge.sandbox.testing import backend_config, sandbox_backends
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -196,7 +196,7 @@ def test_exec_reaper_kills_marked_processes_setsid_included_and_spares_the_rest(
     import secrets
     import subprocess
 
-    from sandbox.base import KILL_MARKED_SH
+    from openforge.sandbox.base import KILL_MARKED_SH
 
     marker = f"OPENFORGE_EXEC={secrets.token_hex(8)}"
     marked_env = {**os.environ, "OPENFORGE_EXEC": marker.partition("=")[2]}

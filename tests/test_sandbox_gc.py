@@ -13,15 +13,15 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from forge_cli.main import app
+from openforge.forge_cli.main import app
 from openforge.config import DockerSandboxConfig, KubernetesSandboxConfig, LocalSandboxConfig
 from openforge.errors import SandboxError
 from openforge.store import Store
-from sandbox import make_sandbox
-from sandbox.docker import DockerSandbox
-from sandbox.local import LocalSandbox
-from sandbox.procs import Cgroup, Limits
-from sandbox.testing import backend_config, docker_image
+from openforge.sandbox import make_sandbox
+from openforge.sandbox.docker import DockerSandbox
+from openforge.sandbox.local import LocalSandbox
+from openforge.sandbox.procs import Cgroup, Limits
+from openforge.sandbox.testing import backend_config, docker_image
 
 pytestmark = pytest.mark.timeout(120)
 runner = CliRunner()
@@ -183,7 +183,7 @@ class _FlakyLocal(LocalSandbox):
 
 
 async def test_async_with_retries_transient_start_failures_only() -> None:
-    from sandbox.base import TransientSandboxError
+    from openforge.sandbox.base import TransientSandboxError
 
     sb = _FlakyLocal(2, TransientSandboxError)
     async with sb:

@@ -15,11 +15,11 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from engine.serve import serve_in_thread
+from openforge.engine.serve import serve_in_thread
 from openforge.config import DockerSandboxConfig, LocalSandboxConfig
 from openforge.errors import SandboxError
-from sandbox import IsolationUnavailable, isolation_check, make_sandbox
-from sandbox.testing import backend_config
+from openforge.sandbox import IsolationUnavailable, isolation_check, make_sandbox
+from openforge.sandbox.testing import backend_config
 
 pytestmark = pytest.mark.timeout(120)
 PROBE = ("import sys, urllib.request\n"
@@ -81,9 +81,9 @@ async def test_the_proxy_socket_is_the_only_way_out(servers) -> None:  # type: i
 
 
 def test_no_isolation_is_refused_with_the_fix_unless_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sandbox.local
+    from openforge.sandbox import local as sandbox_local
 
-    monkeypatch.setattr(sandbox.local, "bwrap_usable", lambda: None)
+    monkeypatch.setattr(sandbox_local, "bwrap_usable", lambda: None)
     with pytest.raises(IsolationUnavailable, match=r"apt-get install bubblewrap.*isolation = \"none\""):
         isolation_check(LocalSandboxConfig())
     assert isolation_check(LocalSandboxConfig(isolation="none")).name == "none"
@@ -91,9 +91,9 @@ def test_no_isolation_is_refused_with_the_fix_unless_chosen(monkeypatch: pytest.
 
 
 async def test_a_local_sandbox_never_starts_unisolated_by_accident(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sandbox.local
+    from openforge.sandbox import local as sandbox_local
 
-    monkeypatch.setattr(sandbox.local, "bwrap_usable", lambda: None)
+    monkeypatch.setattr(sandbox_local, "bwrap_usable", lambda: None)
     with pytest.raises(IsolationUnavailable):
         async with make_sandbox(LocalSandboxConfig(), run_id="r", rollout_id=f"ro-noiso-{os.getpid()}"):
             pass
@@ -168,7 +168,7 @@ async def test_kill_all_before_start_is_harmless() -> None:
 
 
 async def test_a_container_without_network_reaches_only_the_proxy(servers) -> None:  # type: ignore[no-untyped-def]
-    from sandbox.testing import docker_image
+    from openforge.sandbox.testing import docker_image
 
     tag, why = docker_image("python")  # the forwarder runs on the image's python3
     if tag is None:

@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from openforge.config import DockerSandboxConfig, SandboxConfig
-from sandbox import make_sandbox
-from sandbox.testing import backend_config
+from openforge.sandbox import make_sandbox
+from openforge.sandbox.testing import backend_config
 
 pytestmark = pytest.mark.timeout(90)
 BACKENDS = ["local-bwrap", "local-plain", "docker"]
@@ -114,10 +114,10 @@ async def test_cpu_spinner_is_killed_by_the_cpu_time_limit(backend: str) -> None
 async def test_limits_hold_on_the_preexec_path_when_prlimit_is_missing(monkeypatch) -> None:
     import shutil as real_shutil
 
-    import sandbox.procs
+    from openforge.sandbox import procs as sandbox_procs
 
     which = real_shutil.which
-    monkeypatch.setattr(sandbox.procs.shutil, "which", lambda name: None if name == "prlimit" else which(name))
+    monkeypatch.setattr(sandbox_procs.shutil, "which", lambda name: None if name == "prlimit" else which(name))
     async with _sandbox(_config("local-plain", max_file_mb=1), "noprlimit") as sb:
         res = await sb.exec("ulimit -f; head -c 5000000 /dev/zero > big.bin", timeout=20)
         assert res.exit_code != 0 and res.stdout.strip() == str((1 << 20) // 512)  # dash counts 512-byte blocks

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.scripted import ScriptedEngine
-from engine.serve import serve_in_thread
+from openforge.engine.scripted import ScriptedEngine
+from openforge.engine.serve import serve_in_thread
 from openforge.config import ForgeConfig
 from openforge.store import Store
-from proxy.server import ProxyServer
-from rollouts.runner import RolloutRunner, RolloutSpec
-from rollouts.tasks import load_tasks
-from sandbox.testing import backend_config, proxy_socket_path, sandbox_backends
+from openforge.proxy.server import ProxyServer
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.format import load_tasks
+from openforge.sandbox.testing import backend_config, proxy_socket_path, sandbox_backends
 
 pytestmark = pytest.mark.timeout(120)
 WRITE_HELLO = ('<tool_call>\n{"name": "write_file", "arguments": {"path": "hello.txt", '

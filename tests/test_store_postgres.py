@@ -179,7 +179,7 @@ def test_forge_runs_reads_a_postgres_store_from_config(pg: pgserver.PgServer, tm
     (tmp_path / "forge.toml").write_text(f'[store]\nurl = "{url}"\n')
     # A process of its own: Rich sizes its table from COLUMNS when its console is made, and an
     # in-process console may have been made (80 columns wide, the run id cut) by an earlier test.
-    res = subprocess.run([sys.executable, "-m", "forge_cli.main", "--home", str(tmp_path / "home"), "--config",
+    res = subprocess.run([sys.executable, "-m", "openforge.forge_cli.main", "--home", str(tmp_path / "home"), "--config",
                           str(tmp_path / "forge.toml"), "runs"], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "COLUMNS": "200"})
     output = res.stdout + res.stderr
@@ -247,7 +247,7 @@ def test_kill_9_of_a_worker_mid_load_loses_no_answered_call(make_rig, store: Sto
 
 def test_doctor_says_whether_the_postgres_store_is_reachable(pg: pgserver.PgServer, tmp_path: Path) -> None:
     from openforge.config import ForgeConfig
-    from runs.checks import check_store
+    from openforge.runs.checks import check_store
 
     url = pg.create_db()
     got = check_store(ForgeConfig.model_validate({"store": {"url": url}}), tmp_path)

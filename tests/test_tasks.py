@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from openforge.errors import TaskError
-from rollouts.tasks import load_tasks, parse_score, validate_tasks
+from openforge.rollouts.tasks.format import load_tasks, parse_score, validate_tasks
 
 GOOD = {"id": "t1", "instruction": "do it", "verifier": "true"}
 

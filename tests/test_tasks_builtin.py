@@ -11,10 +11,10 @@ import pytest
 
 from openforge.config import ForgeConfig
 from openforge.store import Store
-from rollouts.grading import ExpectedAnswer, answer_matches, normalise_answer
-from rollouts.runner import RolloutRunner, RolloutSpec
-from rollouts.selfcheck import HOSTILE_ANSWERS, _StandInHarness, check_solutions
-from rollouts.tasks import load_tasks
+from openforge.rollouts.tasks.grading import ExpectedAnswer, answer_matches, normalise_answer
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.selfcheck import HOSTILE_ANSWERS, _StandInHarness, check_solutions
+from openforge.rollouts.tasks.format import load_tasks
 
 TASKS = load_tasks("builtin")
 BY_ID = {t.id: t for t in TASKS}

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rollouts.harnesses.mini_agent import SYSTEM, TOOLS
-from rollouts.tasks import load_tasks
-from rollouts.warmup import WARMUP_FILE, warm_up_number_answers
+from openforge.rollouts.harnesses.mini_agent import SYSTEM, TOOLS
+from openforge.rollouts.tasks.format import load_tasks
+from openforge.trainer.warmup.text import WARMUP_FILE, warm_up_number_answers
 
 
 def _first_tokens(model_dir: Path, instruction: str, n: int = 200) -> Counter:
@@ -30,7 +30,7 @@ def _first_tokens(model_dir: Path, instruction: str, n: int = 200) -> Counter:
 
 @pytest.mark.slow
 def test_warm_up_teaches_the_answer_format_not_the_answer(tmp_path: Path) -> None:
-    from engine.tiny import LEARNABLE_NORM_GAIN, build_tiny_model
+    from openforge.engine.tiny import LEARNABLE_NORM_GAIN, build_tiny_model
 
     model = build_tiny_model(tmp_path / "tiny", norm_gain=LEARNABLE_NORM_GAIN)
     sums = next(t for t in load_tasks("builtin") if t.id == "easy-sum")

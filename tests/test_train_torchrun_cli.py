@@ -62,11 +62,11 @@ def test_each_rank_gets_the_same_forge_train_invocation(tmp_path: Path) -> None:
     """What the parent hands torchrun: the root options, then `train` with every given option."""
     import typer
 
-    from forge_cli.cmd_train import _argv
-    from forge_cli.context import AppState
-    from forge_cli.main import app
+    from openforge.forge_cli.cmd_train import _argv
+    from openforge.forge_cli.context import AppState
+    from openforge.forge_cli.main import app
     from torch.distributed.run import get_args_parser
-    from trainer.launch import torchrun_args
+    from openforge.trainer.launch import torchrun_args
 
     st = AppState(home_override=str(tmp_path), config_path="forge.toml", sets=["runner.concurrency=2"])
     argv = _argv(st, resume=None, steps=3, lr=0.01, tasks_per_step=None, group_size=4, full_finetune=False,
@@ -82,4 +82,4 @@ def test_each_rank_gets_the_same_forge_train_invocation(tmp_path: Path) -> None:
     assert sub.params["name"] == "x y" and sub.params["group_size"] == 4 and sub.params["resume"] is None
     parsed = get_args_parser().parse_args(torchrun_args(2, [], port=29511))
     assert (parsed.nproc_per_node, parsed.master_addr, parsed.master_port, parsed.max_restarts) == ("2", "127.0.0.1", 29511, 0)
-    assert parsed.module and parsed.training_script == "forge_cli.main"
+    assert parsed.module and parsed.training_script == "openforge.forge_cli.main"

@@ -12,10 +12,10 @@ from sqlalchemy import text
 from openforge.config import TrainerConfig
 from openforge.errors import TrainerError
 from openforge.store import Rollout, Store, Trajectory
-from trainer.data import Sample, build_batch, micro_batches
-from trainer.grpo import StepConfig, grpo_step
-from trainer.loop import TaskStream, train
-from trainer.model import build_optimizer, build_policy
+from openforge.trainer.data import Sample, build_batch, micro_batches
+from openforge.trainer.grpo import StepConfig, grpo_step
+from openforge.trainer.loop import TaskStream, train
+from openforge.trainer.model import build_optimizer, build_policy
 
 TASKS = [{"id": f"task-{i}"} for i in range(5)]
 
@@ -211,11 +211,11 @@ def test_kl_to_the_adapter_free_reference_and_full_finetune(store: Store, tiny_m
 
 
 def test_adapter_sync_keeps_two_replaces_a_held_name_and_reports_a_bad_path(tiny_model: Path, forge_home: Path) -> None:
-    from engine.embedded import create_engine_app
-    from engine.serve import serve_in_thread
+    from openforge.engine.embedded import create_engine_app
+    from openforge.engine.serve import serve_in_thread
     from openforge.config import EngineConfig
     from openforge.errors import EngineError
-    from trainer.sampler import AdapterSync, BackgroundLoop
+    from openforge.trainer.sampler import AdapterSync, BackgroundLoop
 
     model = build_policy(tiny_model, _cfg(), device=torch.device("cpu"))
     model.save_pretrained(forge_home / "a")
@@ -236,14 +236,14 @@ def test_adapter_sync_keeps_two_replaces_a_held_name_and_reports_a_bad_path(tiny
 
 
 async def _make_client(url: str):
-    from engine.client import EngineClient
+    from openforge.engine.client import EngineClient
 
     return EngineClient(url, timeout=30)
 
 
 def test_pass_rate_uses_each_tasks_threshold() -> None:
-    from trainer.data import Batch
-    from trainer.loop import _reward_metrics
+    from openforge.trainer.data import Batch
+    from openforge.trainer.loop import _reward_metrics
 
     batch = Batch(samples=[], rewards=[0.0, 0.5, 1.0, 0.5], task_ids=["easy", "easy", "hard", "hard"])
     m = _reward_metrics(batch, [{"id": "easy", "pass_threshold": 0.0}, {"id": "hard"}])
@@ -254,7 +254,7 @@ def test_pass_rate_uses_each_tasks_threshold() -> None:
 def test_data_docstring_examples_hold() -> None:
     import doctest
 
-    import trainer.data
+    from openforge.trainer import data as trainer_data
 
-    result = doctest.testmod(trainer.data)
+    result = doctest.testmod(trainer_data)
     assert result.attempted >= 1 and result.failed == 0

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import fsdp_worker as w
-from trainer.data import micro_batches
-from trainer.grpo import grpo_step
-from trainer.model import build_optimizer, build_policy
+from openforge.trainer.data import micro_batches
+from openforge.trainer.grpo import grpo_step
+from openforge.trainer.model import build_optimizer, build_policy
 
 # fp32; the ranks sum their gradients in another order than one process does. Measured: metrics
 # (loss, grad norm, mismatch) equal to 1e-7 relative, weights after 3 AdamW steps identical (0.0:
@@ -73,7 +73,7 @@ def test_two_fsdp_ranks_equal_one_process(tiny_model: Path, tmp_path: Path) -> N
 def test_docstring_examples_hold() -> None:
     import doctest
 
-    import trainer.distributed
+    from openforge.trainer import distributed
 
-    result = doctest.testmod(trainer.distributed)
+    result = doctest.testmod(distributed)
     assert result.attempted >= 1 and result.failed == 0

@@ -14,14 +14,14 @@ import torch
 
 from openforge.store import Store
 from test_trainer import TASKS, ReplaySampler, _cfg, _lora_state
-from trainer.loop import train
+from openforge.trainer.loop import train
 
 CHILD = """
 import sys, time
 sys.path[:0] = [{tests!r}, {root!r}]
 from openforge.store import Store
 from test_trainer import TASKS, ReplaySampler, _cfg
-from trainer.loop import train
+from openforge.trainer.loop import train
 
 class Slow(ReplaySampler):
     def sample(self, *a, **kw):

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import trainer.prefix as prefix_mod
+import openforge.trainer.prefix as prefix_mod
 from openforge.config import TrainerConfig
-from trainer.data import Sample, micro_batches
-from trainer.grpo import StepConfig, grpo_step
-from trainer.model import build_optimizer, build_policy
+from openforge.trainer.data import Sample, micro_batches
+from openforge.trainer.grpo import StepConfig, grpo_step
+from openforge.trainer.model import build_optimizer, build_policy
 
 # fp32; the two computations differ only in float summation order: measured max |diff| / max |g| =
 # 2e-7 (one epoch) and 1e-6 (two epochs, KL, seq-mean)
@@ -97,7 +97,7 @@ def test_shared_prefix_gradients_equal_the_unshared_ones(tiny_model: Path, step:
 def test_a_detached_prefix_would_be_caught(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The comparison above can fail: the usual shortcut (prefix K/V computed without a graph, so no
     gradient flows into the prefix) gives measurably different gradients."""
-    import trainer.grpo as grpo
+    import openforge.trainer.grpo as grpo
 
     samples = _group_samples()
     plain = micro_batches(samples, share_prefix_min=0, pad_id=0, loss_agg="token-mean", token_budget=24)

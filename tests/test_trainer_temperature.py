@@ -10,12 +10,12 @@ import torch
 
 from openforge.config import TrainerConfig
 from openforge.store import Call, Store, utcnow
-from rollouts.trajectory import assemble_rollout
+from openforge.rollouts.runner.trajectory import assemble_rollout
 from test_learn import embedded_engine
-from trainer.data import build_batch, call_sampling, micro_batches
-from trainer.grpo import StepConfig, grpo_step
-from trainer.model import build_optimizer, build_policy
-from trainer.sampler import BackgroundLoop
+from openforge.trainer.data import build_batch, call_sampling, micro_batches
+from openforge.trainer.grpo import StepConfig, grpo_step
+from openforge.trainer.model import build_optimizer, build_policy
+from openforge.trainer.sampler import BackgroundLoop
 
 # (temperature, top_p, top_k) of each call of one multi-turn rollout, as harnesses send them: their
 # own temperature, nucleus sampling (the logprob is of the full scaled distribution), top_k = 1
@@ -98,7 +98,7 @@ def test_a_harness_temperature_sent_through_the_proxy_is_trained_at(tiny_model: 
     import httpx
 
     from openforge.config import ProxyConfig
-    from proxy.server import ProxyServer
+    from openforge.proxy.server import ProxyServer
 
     run = store.create_run(kind="train")
     rollout = store.create_rollout(run_id=run.id, task_id="t", status="running")

@@ -17,7 +17,7 @@ import torch
 
 from openforge.store import Store
 from test_trainer import TASKS, ReplaySampler, _cfg, _lora_state
-from trainer.loop import train
+from openforge.trainer.loop import train
 
 # fp32 on gloo: the ranks sum gradients in another order than one process. Measured here: losses
 # equal to ~1e-8 relative, adapter weights after 4-6 AdamW steps equal to ~1e-8 absolute.

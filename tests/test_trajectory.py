@@ -1,10 +1,10 @@
-"""Trajectory assembly (rollouts/trajectory.py): extension, history rewrites, retries, interleaved conversations."""
+"""Trajectory assembly (rollouts/runner/trajectory.py): extension, history rewrites, retries, interleaved conversations."""
 
 from __future__ import annotations
 
 
 from openforge.store import Call
-from rollouts.trajectory import assemble_calls, assemble_rollout
+from openforge.rollouts.runner.trajectory import assemble_calls, assemble_rollout
 
 
 def call(i: int, prompt: list[int], completion: list[int], images: list[str] | None = None) -> Call:

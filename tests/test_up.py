@@ -14,7 +14,7 @@ import pytest
 
 from openforge.store import Store
 
-FORGE = [sys.executable, "-m", "forge_cli.main"]
+FORGE = [sys.executable, "-m", "openforge.forge_cli.main"]
 # One task, two samples a step: the smallest run that still has a GRPO group.
 SMALL = ["--set", "runner.samples_per_task=2", "--set", "trainer.tasks_per_step=1", "--set", "runner.concurrency=2"]
 
@@ -173,7 +173,7 @@ def cli(*args: str):
     """In-process, for the quick refusals (a subprocess costs seconds of imports here)."""
     from typer.testing import CliRunner
 
-    from forge_cli.main import app
+    from openforge.forge_cli.main import app
 
     return CliRunner().invoke(app, list(args))
 

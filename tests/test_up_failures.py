@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from forge_cli.main import app
+from openforge.forge_cli.main import app
 from openforge.store import Store
 
-FORGE = [sys.executable, "-m", "forge_cli.main"]
+FORGE = [sys.executable, "-m", "openforge.forge_cli.main"]
 ONE_GROUP = ["--set", "runner.samples_per_task=2", "--set", "trainer.tasks_per_step=1", "--set", "runner.concurrency=2"]
 
 
@@ -40,7 +40,7 @@ def test_a_harness_that_is_not_installed_is_refused_with_the_fix(command: list[s
 @pytest.fixture
 def no_bubblewrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """This process on a machine without bubblewrap: nothing on PATH (the probe is cached per process)."""
-    from sandbox.local import bwrap_usable
+    from openforge.sandbox.local import bwrap_usable
 
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     bwrap_usable.cache_clear()
@@ -61,7 +61,7 @@ def test_no_isolation_is_refused_unless_chosen(command: list[str], forge_home: P
 
 def test_the_run_records_its_isolation(store: Store, tiny_model: Path, request: pytest.FixtureRequest) -> None:
     from openforge.config import load_config
-    from runs.prepare import prepare_run
+    from openforge.runs.prepare import prepare_run
 
     config = load_config(None, overrides={"engine": {"model": str(tiny_model)}})
     run_id, _ = prepare_run(store, config, home=store.path.parent)

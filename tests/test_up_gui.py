@@ -30,9 +30,9 @@ needs_gui = pytest.mark.skipif(not all(shutil.which(p) for p in ("Xvfb", "xdotoo
 @pytest.fixture(scope="module")
 def warmed_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo's tiny VLM with a shorter warm-up (the format is learnt in ~15 steps)."""
-    from engine.tiny import LEARNABLE_NORM_GAIN
-    from engine.tiny_vl import build_tiny_vl_model
-    from rollouts.warmup_gui import warm_up_gui_answers
+    from openforge.engine.tiny import LEARNABLE_NORM_GAIN
+    from openforge.engine.tiny_vl import build_tiny_vl_model
+    from openforge.trainer.warmup.gui import warm_up_gui_answers
 
     path = tmp_path_factory.mktemp("vl") / "tiny-vl-gui"
     build_tiny_vl_model(path, norm_gain=LEARNABLE_NORM_GAIN)
@@ -44,12 +44,12 @@ def warmed_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.timeout(900)
 @needs_gui
 def test_demo_through_mini_gui(forge_home: Path, warmed_vl: Path) -> None:
-    from engine.vision import VisionTokens, load_processor, pixel_inputs, placeholder_runs
-    from rollouts.grading import ExpectedAnswer, answer_matches
-    from rollouts.harnesses.mini_gui_agent import BadAction, parse_text_action
+    from openforge.engine.vision import VisionTokens, load_processor, pixel_inputs, placeholder_runs
+    from openforge.rollouts.tasks.grading import ExpectedAnswer, answer_matches
+    from openforge.rollouts.harnesses.mini_gui_agent import BadAction, parse_text_action
     from PIL import Image
 
-    from rollouts.web.sites import COLOURS
+    from openforge.rollouts.tasks.web.sites import COLOURS
 
     shutil.copytree(warmed_vl, forge_home / "models" / "tiny-vl-gui")  # where the demo looks for its model
     out = forge(forge_home, "--set", "runner.samples_per_task=4", "--set", "runner.concurrency=4",

@@ -13,16 +13,16 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from forge_cli.main import app
-from forge_cli.overrides import DEMO_TASKS, cli_overrides
+from openforge.forge_cli.main import app
+from openforge.forge_cli.overrides import DEMO_TASKS, cli_overrides
 from openforge.config import load_config
 from openforge.errors import ConfigError, ForgeError
 from openforge.store import Store, TrainStep
-from rollouts.runner import RolloutRunner
-from rollouts.tasks import TaskSpec
-from runs.control import RunController, Stopped
-from runs.prepare import prepare_run, resolve_model
-from trainer.sampler import BackgroundLoop, RolloutSampler
+from openforge.rollouts.runner.runner import RolloutRunner
+from openforge.rollouts.tasks.format import TaskSpec
+from openforge.runs.control import RunController, Stopped
+from openforge.runs.prepare import prepare_run, resolve_model
+from openforge.trainer.sampler import BackgroundLoop, RolloutSampler
 
 
 def dead_pid() -> int:
@@ -196,7 +196,7 @@ def test_the_dashboard_front_end_stops_everything_on_sigterm(store: Store, tiny_
     closes the dashboard, aborts the engine start and leaves no child process."""
     import signal
 
-    from forge_cli.up_views import run_tui
+    from openforge.forge_cli.up_views import run_tui
 
     run_id, config, controller = _demo_run(store, tiny_model)
     children: list[psutil.Process] = []
@@ -213,7 +213,7 @@ def test_ctrl_c_in_headless_mode_stops_everything(store: Store, tiny_model: Path
 
     from rich.console import Console
 
-    from forge_cli.up_views import run_headless
+    from openforge.forge_cli.up_views import run_headless
 
     run_id, config, controller = _demo_run(store, tiny_model)
     children: list[psutil.Process] = []

@@ -16,8 +16,8 @@ import pytest
 from openforge.config import load_config
 from openforge.errors import EngineError, ForgeError
 from openforge.store import Store
-from runs.stack import Stack, free_port
-from trainer.sampler import BackgroundLoop, CancelToken
+from openforge.runs.stack import Stack, free_port
+from openforge.trainer.sampler import BackgroundLoop, CancelToken
 
 
 @pytest.mark.slow

@@ -41,9 +41,9 @@ def test_each_rank_gets_the_same_forge_up_invocation(tmp_path: Path) -> None:
     """What the parent hands torchrun: the root options, then `up` with every given option, parsed back."""
     import typer
 
-    from forge_cli.cmd_up import _argv
-    from forge_cli.context import AppState
-    from forge_cli.main import app
+    from openforge.forge_cli.cmd_up import _argv
+    from openforge.forge_cli.context import AppState
+    from openforge.forge_cli.main import app
 
     st = AppState(home_override=str(tmp_path), config_path=None, sets=["runner.concurrency=2"])
     argv = _argv(st, demo=True, headless=True, steps=2, resume=None, name="x y", harness="mini", stay=False, nproc=2)

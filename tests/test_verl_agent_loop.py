@@ -1,4 +1,4 @@
-"""The online veRL bridge (trainer/verl_agent_loop.py) driven by veRL 0.9.1's own `AgentLoopWorker`.
+"""The online veRL bridge (integrations/verl/agent_loop.py) driven by veRL 0.9.1's own `AgentLoopWorker`.
 
 veRL's real worker (built from veRL's generated ppo_trainer config on the tiny model) reads the agent loop
 from an agent-loop YAML through veRL's registry, runs `generate_sequences` on a DataProto of
@@ -27,15 +27,15 @@ from omegaconf import OmegaConf  # noqa: E402
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
 
-from engine.scripted import ScriptedEngine, scripted_logprob  # noqa: E402
-from engine.serve import serve_in_thread  # noqa: E402
+from openforge.engine.scripted import ScriptedEngine, scripted_logprob  # noqa: E402
+from openforge.engine.serve import serve_in_thread  # noqa: E402
 from openforge.errors import TrainerError  # noqa: E402
 from openforge.store import Call, Store, Trajectory  # noqa: E402
-from rollouts.tasks import load_tasks  # noqa: E402
-from trainer import verl_agent_loop as bridge_mod  # noqa: E402
-from trainer.verl_agent_loop import (AGENT_NAME, EmbeddedVerlServer, OpenForgeRolloutFailed,  # noqa: E402
+from openforge.rollouts.tasks.format import load_tasks  # noqa: E402
+from openforge.integrations.verl import agent_loop as bridge_mod  # noqa: E402
+from openforge.integrations.verl.agent_loop import (AGENT_NAME, EmbeddedVerlServer, OpenForgeRolloutFailed,  # noqa: E402
                                      VerlServerBackend, output_of)
-from trainer.verl_data import ground_truth  # noqa: E402
+from openforge.integrations.verl.data import ground_truth  # noqa: E402
 
 WRITE = '<tool_call>\n{"name": "write_file", "arguments": {"path": "hello.txt", "content": "hello world\\n"}}\n</tool_call>'
 PROMPT_LEN, RESPONSE_LEN = 1024, 512
@@ -47,7 +47,7 @@ def worker_for(model: Path, tmp: Path, server: Any, *, temperature: float = 0.7,
 
     (tmp / "forge.toml").write_text(forge_toml or '[harness]\nname = "mini"\nmax_turns = 4\n')
     (tmp / "agent_loops.yaml").write_text(
-        f"- name: {AGENT_NAME}\n  _target_: trainer.verl_agent_loop.OpenForgeAgentLoop\n"
+        f"- name: {AGENT_NAME}\n  _target_: openforge.integrations.verl.agent_loop.OpenForgeAgentLoop\n"
         f"  forge_config: {tmp / 'forge.toml'}\n  forge_home: {tmp / 'home'}\n")
     cfg = OmegaConf.load(os.path.join(os.path.dirname(verl.__file__), "trainer/config/_generated_ppo_trainer.yaml"))
     cfg.actor_rollout_ref.model.path = str(model)
@@ -63,7 +63,7 @@ def batch_of(task_ids: list[str], task_set: str = "builtin") -> DataProto:
     rows = []
     for i, tid in enumerate(task_ids):
         spec = tasks[tid].model_dump(mode="json")
-        rows.append({"data_source": "trainer.verl_reward", "agent_name": AGENT_NAME, "index": i,
+        rows.append({"data_source": "openforge.integrations.verl.reward", "agent_name": AGENT_NAME, "index": i,
                      "raw_prompt": [{"role": "user", "content": tasks[tid].instruction}],
                      "reward_model": {"style": "rule", "ground_truth": ground_truth(spec)},
                      "extra_info": {"index": i, "task_id": tid, "task": json.dumps(spec)}})
@@ -258,7 +258,7 @@ def test_through_veRLs_real_LLMServerClient_and_load_balancer(tiny_model: Path, 
 
 @pytest.mark.slow
 def test_verl_worker_with_the_embedded_engine_sampling_the_tiny_model(tiny_model: Path, tmp_path: Path) -> None:
-    from engine.embedded import EmbeddedEngine
+    from openforge.engine.embedded import EmbeddedEngine
     from openforge.config import EngineConfig
 
     engine = EmbeddedEngine(EngineConfig(model=str(tiny_model), max_batch_size=4))
@@ -318,7 +318,7 @@ def test_segments_map_to_one_output_and_a_failed_rollout_gets_no_reward(store: S
 def test_engine_adapter_refuses_foreign_requests_and_servers_that_ignore_stops(tiny_model: Path) -> None:
     from verl.workers.rollout.replica import TokenOutput
 
-    from engine.protocol import BadRequest
+    from openforge.engine.protocol import BadRequest
 
     eng = ScriptedEngine(tiny_model, ["x"])
     eos = eng.eos_id

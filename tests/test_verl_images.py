@@ -1,4 +1,4 @@
-"""Image rollouts through the online veRL bridge (trainer/verl_agent_loop.py, issue 18): the loop hands
+"""Image rollouts through the online veRL bridge (integrations/verl/agent_loop.py, issue 18): the loop hands
 veRL a rollout's screenshots the way veRL 0.9.1's own single-turn and tool loops hand theirs
 (`AgentLoopOutput.multi_modal_data = {"images": [PIL, ...]}`), and veRL's own post-processing
 (`AgentLoopWorker._agent_loop_postprocess`: `_compute_multi_modal_inputs`, `_compute_position_ids`)
@@ -34,15 +34,15 @@ pytest.importorskip("verl.experimental.agent_loop.agent_loop", reason="veRL 0.9.
 
 import torch  # noqa: E402
 
-from engine.serve import serve_in_thread  # noqa: E402
-from engine.vision import VisionTokens, image_token_counts, load_processor, open_image, pixel_inputs, placeholder_runs  # noqa: E402
+from openforge.engine.serve import serve_in_thread  # noqa: E402
+from openforge.engine.vision import VisionTokens, image_token_counts, load_processor, open_image, pixel_inputs, placeholder_runs  # noqa: E402
 from gui_fixtures import missing_gui_tools  # noqa: E402
 from openforge.errors import TrainerError  # noqa: E402
 from openforge.images import ImageStore  # noqa: E402
 from openforge.store import Store, Trajectory  # noqa: E402
 from test_verl_agent_loop import PROMPT_LEN, RESPONSE_LEN, batch_of, generate, runs_of, unpad, worker_for  # noqa: E402
 from test_vl_trainer import BLUE, RED, _png, _prompt  # noqa: E402
-from trainer.verl_agent_loop import EmbeddedVerlServer, output_of  # noqa: E402
+from openforge.integrations.verl.agent_loop import EmbeddedVerlServer, output_of  # noqa: E402
 
 
 def verl_processor(model_dir: Path) -> Any:
@@ -73,7 +73,7 @@ def postprocess(worker: Any, output: Any) -> Any:
 
 def model_positions(model: Any, ids: list[int], pixels: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
     """The M-RoPE positions [3, n] the trainer gives the sequence (the model's own get_rope_index)."""
-    from trainer.vision import vision_forward_kwargs
+    from openforge.trainer.vision import vision_forward_kwargs
 
     t = torch.tensor([ids])
     return vision_forward_kwargs(model, t, torch.ones_like(t), pixels, grid)["position_ids"][:, 0, :]
@@ -184,7 +184,7 @@ def test_verl_worker_runs_mini_gui_rollouts_of_the_tiny_vlm(tiny_vl_model: Path,
     holds each sample's pixels and M-RoPE positions, token-exact spans and the exact reward."""
     from transformers import AutoModelForImageTextToText
 
-    from engine.embedded import EmbeddedEngine
+    from openforge.engine.embedded import EmbeddedEngine
     from openforge.config import EngineConfig
 
     engine = EmbeddedEngine(EngineConfig(model=str(tiny_vl_model), dtype="float32", max_batch_size=4))

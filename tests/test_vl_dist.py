@@ -24,10 +24,10 @@ import torch
 import vl_dist_worker as w
 from openforge.store import Store
 from test_trainer import _lora_state
-from trainer.data import build_batch, micro_batches
-from trainer.distributed import split_by_tokens
-from trainer.loop import train
-from trainer.vision import TrajectoryImages
+from openforge.trainer.data import build_batch, micro_batches
+from openforge.trainer.distributed import split_by_tokens
+from openforge.trainer.loop import train
+from openforge.trainer.vision import TrajectoryImages
 
 # fp32 on gloo: the ranks sum their gradients in another order than one process (two partial sums,
 # then gloo's sum), so gradients differ by rounding (~1e-7 relative). Loss and grad norm: measured

@@ -21,11 +21,11 @@ import httpx
 import pytest
 import torch
 
-from engine import scheduler as scheduler_module
-from engine.client import EngineClient
-from engine.embedded import EmbeddedEngine
-from engine.protocol import BadRequest
-from engine.serve import serve_in_thread
+from openforge.engine import scheduler as scheduler_module
+from openforge.engine.client import EngineClient
+from openforge.engine.embedded import EmbeddedEngine
+from openforge.engine.protocol import BadRequest
+from openforge.engine.serve import serve_in_thread
 from openforge.config import EngineConfig
 from openforge.errors import EngineRejected
 
@@ -295,8 +295,8 @@ def test_sglang_launcher_for_a_vlm(vl, tiny_model, tmp_path):
     """--enable-multimodal for a VLM folder only; the child gets SGLANG_MM_AVOID_RETOKENIZE=1."""
     import stat
 
-    from engine.sglang import sglang_command
-    from engine.supervisor import EngineProcess
+    from openforge.engine.sglang import sglang_command
+    from openforge.engine.supervisor import EngineProcess
     from openforge.config import EngineConfig as Config
     from openforge.errors import EngineError
 
@@ -319,7 +319,7 @@ def test_sglang_launcher_for_a_vlm(vl, tiny_model, tmp_path):
 
 def test_an_image_resent_is_decoded_once(served, ref, monkeypatch):
     """GUI agents resend every earlier screenshot: the engine decodes and processes each image once."""
-    from engine import multimodal
+    from openforge.engine import multimodal
 
     engine, _ = served
     calls = []

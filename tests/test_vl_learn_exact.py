@@ -2,7 +2,7 @@
 screens apart under the demo's exact grade, with the demo's settings, in the demo's step budget.
 
 Everything but the browser is the demo's own: the model built and warmed up as `forge up --demo
---harness mini-gui` builds it (rollouts/warmup_gui.py: the answer format, each colour about half the
+--harness mini-gui` builds it (trainer/warmup/gui.py: the answer format, each colour about half the
 time, independent of the picture), the prompt ids mini-gui's first call renders to (its system prompt
 and user message, the screenshot as the proxy expands it), the screenshot as mini-gui downscales the
 gui-colour-screen page (every pixel one colour), the embedded engine sampling with `image_data`, the
@@ -28,7 +28,7 @@ DEMO = "mini-gui"
 
 
 def _demo_settings() -> tuple[dict, int, int]:
-    from forge_cli.overrides import DEMO_HARNESSES
+    from openforge.forge_cli.overrides import DEMO_HARNESSES
 
     demo = DEMO_HARNESSES[DEMO]
     args = demo["harness"]["extra_args"]
@@ -39,17 +39,17 @@ def _demo_settings() -> tuple[dict, int, int]:
 @pytest.mark.timeout(600)
 def test_the_tiny_vlm_learns_the_demo_screens_under_the_exact_grade(tmp_path: Path, store: Store,
                                                                    forge_home: Path) -> None:
-    from engine.tiny import LEARNABLE_NORM_GAIN
-    from engine.tiny_vl import build_tiny_vl_model
-    from engine.vision import load_processor
-    from forge_cli.overrides import DEMO_HARNESSES
-    from rollouts.grading import answer_matches
-    from rollouts.harnesses.mini_gui_agent import BadAction, parse_text_action
-    from rollouts.tasks import load_tasks
-    from rollouts.warmup_gui import demo_prompt, screenshot, warm_up_gui_answers
+    from openforge.engine.tiny import LEARNABLE_NORM_GAIN
+    from openforge.engine.tiny_vl import build_tiny_vl_model
+    from openforge.engine.vision import load_processor
+    from openforge.forge_cli.overrides import DEMO_HARNESSES
+    from openforge.rollouts.tasks.grading import answer_matches
+    from openforge.rollouts.harnesses.mini_gui_agent import BadAction, parse_text_action
+    from openforge.rollouts.tasks.format import load_tasks
+    from openforge.trainer.warmup.gui import demo_prompt, screenshot, warm_up_gui_answers
     from test_vl_trainer import embedded_engine
-    from trainer.loop import train
-    from trainer.sampler import AdapterSync, BackgroundLoop, EngineSampler
+    from openforge.trainer.loop import train
+    from openforge.trainer.sampler import AdapterSync, BackgroundLoop, EngineSampler
 
     trainer, group, max_side = _demo_settings()
     include = DEMO_HARNESSES[DEMO]["tasks"]["include"]
@@ -111,8 +111,8 @@ def test_a_model_from_an_older_warm_up_is_not_taken_for_the_demo_s(tmp_path: Pat
     """runs/prepare.py rebuilds FORGE_HOME's tiny VLM unless it holds this warm-up (its version)."""
     import json
 
-    from rollouts.warmup import WARMUP_FILE
-    from rollouts.warmup_gui import WARMUP_VERSION, WHAT, is_warmed_up
+    from openforge.trainer.warmup.text import WARMUP_FILE
+    from openforge.trainer.warmup.gui import WARMUP_VERSION, WHAT, is_warmed_up
 
     assert not is_warmed_up(tmp_path)  # no record
     old = {"what": "answer mini-gui's gui-colour question with done(<colour>), the colour uniformly random "

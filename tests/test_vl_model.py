@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from engine.vision import (VisionTokens, check_expanded, expand_image_tokens, load_processor, mm_token_type_ids,
+from openforge.engine.vision import (VisionTokens, check_expanded, expand_image_tokens, load_processor, mm_token_type_ids,
                            pixel_inputs)
 from openforge.images import ImageError
 
@@ -118,7 +118,7 @@ def test_mismatches_are_clear_errors(loaded):
 
 
 def test_cli_builds_the_tiny_vl_model(tmp_path):
-    from forge_cli.main import app
+    from openforge.forge_cli.main import app
 
     target = tmp_path / "vl"
     result = CliRunner().invoke(app, ["model", "tiny-vl", str(target)])

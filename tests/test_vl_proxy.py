@@ -19,14 +19,14 @@ import pytest
 
 from typer.testing import CliRunner
 
-from engine.embedded import EmbeddedEngine
-from forge_cli.main import app
-from engine.serve import serve_in_thread
-from engine.vision import load_processor, open_image
+from openforge.engine.embedded import EmbeddedEngine
+from openforge.forge_cli.main import app
+from openforge.engine.serve import serve_in_thread
+from openforge.engine.vision import load_processor, open_image
 from openforge.config import EngineConfig, ProxyConfig
 from openforge.images import ImageStore, image_id
-from proxy.server import ProxyServer
-from rollouts.trajectory import assemble_rollout
+from openforge.proxy.server import ProxyServer
+from openforge.rollouts.runner.trajectory import assemble_rollout
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -277,7 +277,7 @@ def test_refusals_in_each_apis_shape(rig):
 async def test_the_dashboards_call_view_lists_the_images(store, forge_home):
     from textual.widgets import DataTable, Static
 
-    from forge_cli.dashboard import CallScreen, make_dashboard
+    from openforge.forge_cli.dashboard import CallScreen, make_dashboard
     from openforge.store import Call
 
     run = store.create_run(name="gui")
@@ -312,8 +312,8 @@ def test_exports_carry_the_images(rig, processor, tmp_path):
     from omegaconf import OmegaConf
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from trainer.export import iter_records
-    from trainer.verl_data import rl_rows, write_rows
+    from openforge.trainer.export import iter_records
+    from openforge.integrations.verl.data import rl_rows, write_rows
 
     _oai(rig).chat.completions.create(model="m", max_tokens=2, messages=[{"role": "user", "content": [
         {"type": "text", "text": "What colour is the square? "},
@@ -345,8 +345,8 @@ def test_placeholder_counts_from_the_image_size_equal_the_processors(processor, 
     must agree on every shape: tiny (scaled up), odd, wide, tall, at the max_pixels edge."""
     from PIL import Image
 
-    from proxy.images import from_base64
-    from proxy.vision import ImagePlaceholders
+    from openforge.proxy.images import from_base64
+    from openforge.proxy.vision import ImagePlaceholders
 
     buf = io.BytesIO()
     Image.new("RGB", size, (10, 200, 30)).save(buf, "PNG")

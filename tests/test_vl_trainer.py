@@ -21,15 +21,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.vision import expand_image_tokens, load_processor, mm_token_type_ids, pixel_inputs, VisionTokens
+from openforge.engine.vision import expand_image_tokens, load_processor, mm_token_type_ids, pixel_inputs, VisionTokens
 from openforge.config import TrainerConfig
 from openforge.errors import TrainerError
 from openforge.images import ImageStore
 from openforge.store import Store, Trajectory
-from trainer.data import build_batch, micro_batches
-from trainer.grpo import StepConfig, _logprobs, grpo_step
-from trainer.model import build_optimizer, build_policy, pad_token_id
-from trainer.vision import TrajectoryImages
+from openforge.trainer.data import build_batch, micro_batches
+from openforge.trainer.grpo import StepConfig, _logprobs, grpo_step
+from openforge.trainer.model import build_optimizer, build_policy, pad_token_id
+from openforge.trainer.vision import TrajectoryImages
 
 RED, GREEN, BLUE = (220, 30, 30), (30, 200, 40), (30, 40, 220)
 
@@ -240,9 +240,9 @@ def _answer_sets(model_dir: Path, tasks: list[dict]) -> dict[str, set[int]]:
 @contextmanager
 def embedded_engine(model_dir: Path):
     """The real embedded engine on loopback (fp32, CPU, seeded) and a client for it."""
-    from engine.client import EngineClient
-    from engine.embedded import create_engine_app
-    from engine.serve import serve_in_thread
+    from openforge.engine.client import EngineClient
+    from openforge.engine.embedded import create_engine_app
+    from openforge.engine.serve import serve_in_thread
     from openforge.config import EngineConfig
 
     app = create_engine_app(EngineConfig(model=str(model_dir), dtype="float32", device="cpu", seed=0))
@@ -252,10 +252,10 @@ def embedded_engine(model_dir: Path):
 
 @pytest.mark.slow
 def test_grpo_learns_to_name_the_colour_of_a_square(tmp_path: Path, store: Store, forge_home: Path) -> None:
-    from engine.tiny import LEARNABLE_NORM_GAIN
-    from engine.tiny_vl import build_tiny_vl_model
-    from trainer.loop import train
-    from trainer.sampler import AdapterSync, BackgroundLoop, EngineSampler
+    from openforge.engine.tiny import LEARNABLE_NORM_GAIN
+    from openforge.engine.tiny_vl import build_tiny_vl_model
+    from openforge.trainer.loop import train
+    from openforge.trainer.sampler import AdapterSync, BackgroundLoop, EngineSampler
 
     model_dir = build_tiny_vl_model(tmp_path / "vl", norm_gain=LEARNABLE_NORM_GAIN)
     tasks = _colour_tasks(model_dir)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
 
-from trainer import distributed  # noqa: E402
+from openforge.trainer import distributed  # noqa: E402
 
 # Square colour and image size per task; "text" has no image (step 1 only: a mixed batch). The
 # sizes give different grids (4 to 30 image tokens), "two" holds two images in one row.
@@ -39,7 +39,7 @@ class ImageReplaySampler:
     Step 0: every task has its images; step 1: "text" is a text-only row (a mixed batch)."""
 
     def __init__(self, store, home: Path, model_dir: Path) -> None:
-        from engine.vision import load_processor
+        from openforge.engine.vision import load_processor
 
         self.store, self.home, self.proc = store, Path(home), load_processor(model_dir)
 
@@ -77,7 +77,7 @@ def main(db: str, run_id: str, model: str, home: str) -> None:
         distributed.follow()
         return
     from openforge.store import Store
-    from trainer.loop import train
+    from openforge.trainer.loop import train
 
     store = Store(db)
     train(store, run_id, cfg(), model_path=model, tasks=TASKS, sampler=ImageReplaySampler(store, Path(home), Path(model)),

@@ -21,11 +21,11 @@ from typing import Any, Sequence
 
 import torch
 
-from engine.sampling import return_original_logprob
+from openforge.engine.sampling import return_original_logprob
 from openforge.errors import TrainerError
 from openforge.store import Rollout, Store, Trajectory
-from trainer.grpo import aggregation_weights, group_advantages
-from trainer.prefix import shared_prefixes
+from openforge.trainer.grpo import aggregation_weights, group_advantages
+from openforge.trainer.prefix import shared_prefixes
 
 
 @dataclass
@@ -87,7 +87,7 @@ def _token_temperatures(traj: Trajectory, mask: list[int], sampling: Mapping[int
                         ) -> list[float] | None:
     """Per token of a segment, the temperature of the call that sampled it (1.0 on prompt tokens).
 
-    A segment's mask-1 tokens are its calls' completions, in `call_ids` order (rollouts/trajectory.py
+    A segment's mask-1 tokens are its calls' completions, in `call_ids` order (rollouts/runner/trajectory.py
     builds it so); a count that does not add up is an error, never a silent default."""
     call_ids = traj.call_ids or []
     if sampling is None or not call_ids:  # rows written without calls (tests, direct sampling)

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from openforge.errors import TrainerError
 from openforge.images import ImageError
-from trainer.grpo import StepConfig, grpo_step
+from openforge.trainer.grpo import StepConfig, grpo_step
 
 
 @dataclass(frozen=True)
@@ -245,7 +245,7 @@ def _shard_and_sync(model: Any, config: Any, d: Dist, resumed: bool,
     when resuming, rank 0's optimizer state. Collective."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    from trainer.model import build_optimizer
+    from openforge.trainer.model import build_optimizer
 
     names = _trainable_names(model)
     weights = {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad} if d.is_main else {}
@@ -305,7 +305,7 @@ class Group:
 
 def _step(model: Any, optimizer: Any, scheduler: Any, samples: list[Any], step_cfg: StepConfig, config: Any,
           pad_id: int, d: Dist, images: StepImages | None = None, pixels: Any = None) -> dict[str, float]:
-    from trainer.data import micro_batches
+    from openforge.trainer.data import micro_batches
 
     # Shared-prefix units cannot run under FSDP (see the module docstring): plain micro-batches.
     if images is not None:
@@ -323,7 +323,7 @@ def _with_own_pixels(samples: list[Any], images: StepImages, pixels: Any, config
     """The step's micro-batches, packed as on every rank, with pixel values in those this rank runs
     (its share and the idle copy) only: re-created from the shipped bytes by `pixels` (a
     trainer/vision.py TrajectoryImages over them, cached across steps by image id)."""
-    from trainer.data import _collate_images, _pack, micro_batches
+    from openforge.trainer.data import _collate_images, _pack, micro_batches
 
     bare = [replace(s, pixel_values=None, image_grid_thw=None) for s in samples]  # packs exactly as with images
     mbs = micro_batches(bare, token_budget=config.micro_batch_tokens, pad_id=pad_id, loss_agg=config.loss_agg,
@@ -369,8 +369,8 @@ def follow() -> None:
     import signal
 
     from openforge.config import TrainerConfig
-    from trainer.model import build_policy
-    from trainer.vision import TrajectoryImages
+    from openforge.trainer.model import build_policy
+    from openforge.trainer.vision import TrajectoryImages
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     d = init()

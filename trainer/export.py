@@ -27,7 +27,7 @@ from typing import Any
 
 from openforge.errors import TrainerError
 from openforge.store import Store
-from trainer.data import is_usable
+from openforge.trainer.data import is_usable
 
 
 def iter_records(store: Store, run_id: str) -> Iterator[dict[str, Any]]:

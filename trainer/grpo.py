@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from openforge.errors import TrainerError
-from trainer.prefix import PastFactory, autocast, shared_prefix, units_of
+from openforge.trainer.prefix import PastFactory, autocast, shared_prefix, units_of
 
 
 def group_advantages(rewards: torch.Tensor, *, std_normalize: bool = True, eps: float = 1e-6) -> torch.Tensor:
@@ -168,7 +168,7 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     if images is not None:
         if past is not None:
             raise TrainerError("rows with images never continue a shared prefix (trainer/data.py)")
-        from trainer.vision import vision_forward_kwargs
+        from openforge.trainer.vision import vision_forward_kwargs
 
         extra = vision_forward_kwargs(model, input_ids, attention_mask, *images)
         logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep, **extra).logits

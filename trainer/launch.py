@@ -1,10 +1,10 @@
 """`forge train --nproc N`: the same command again on N ranks under torchrun (PyTorch's elastic launcher).
 
-    forge train --nproc 2 ...            # this process: torchrun --nproc_per_node 2 -m forge_cli.main train ...
+    forge train --nproc 2 ...            # this process: torchrun --nproc_per_node 2 -m openforge.forge_cli.main train ...
       rank 0: forge train ...            # the whole run as in one process; trains through trainer/distributed.Group
       rank 1: forge train ...            # trainer.distributed.follow(): builds the same policy, runs what rank 0 says
 
-On a cluster the same `python -m forge_cli.main train ...` runs under a torchrun that the Kubernetes
+On a cluster the same `python -m openforge.forge_cli.main train ...` runs under a torchrun that the Kubernetes
 Job starts (deploy/k8s/trainer-job.yaml): `--nnodes`, `--node_rank` and the master address come from it.
 
 torchrun ends every rank when one dies (max_restarts 0): the run is then continued with
@@ -34,7 +34,7 @@ def is_follower() -> bool:
 
 
 def follow() -> None:
-    from trainer.distributed import follow as run
+    from openforge.trainer.distributed import follow as run
 
     run()
 
@@ -46,10 +46,10 @@ def _free_port() -> int:
 
 
 def torchrun_args(nproc: int, argv: Sequence[str], *, port: int | None = None) -> list[str]:
-    """torchrun's own arguments for `python -m forge_cli.main ARGV` on `nproc` local ranks."""
+    """torchrun's own arguments for `python -m openforge.forge_cli.main ARGV` on `nproc` local ranks."""
     return ["--nproc_per_node", str(nproc), "--nnodes", "1", "--max_restarts", "0", "--rdzv_backend", "static",
             "--master_addr", "127.0.0.1", "--master_port", str(port or _free_port()), "--rdzv_id", uuid.uuid4().hex[:8],
-            "-m", "forge_cli.main", *argv]
+            "-m", "openforge.forge_cli.main", *argv]
 
 
 def relaunch(nproc: int, argv: Sequence[str]) -> int:

@@ -35,13 +35,13 @@ from openforge.config import TrainerConfig
 from openforge.errors import TrainerError
 from openforge.paths import forge_home
 from openforge.store import Checkpoint, Store, TrainStep
-from trainer import distributed
-from trainer.checkpoint import adapter_name, latest_checkpoint, save_checkpoint, set_rng_state
-from trainer.data import build_batch, call_sampling, micro_batches
-from trainer.vision import TrajectoryImages
-from trainer.grpo import StepConfig, grpo_step
-from trainer.model import autocast_dtype, build_optimizer, build_policy, pad_token_id, pick_device
-from trainer.sampler import AdapterSync, Sampler
+from openforge.trainer import distributed
+from openforge.trainer.checkpoint import adapter_name, latest_checkpoint, save_checkpoint, set_rng_state
+from openforge.trainer.data import build_batch, call_sampling, micro_batches
+from openforge.trainer.vision import TrajectoryImages
+from openforge.trainer.grpo import StepConfig, grpo_step
+from openforge.trainer.model import autocast_dtype, build_optimizer, build_policy, pad_token_id, pick_device
+from openforge.trainer.sampler import AdapterSync, Sampler
 
 
 class TaskStream:

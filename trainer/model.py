@@ -12,7 +12,7 @@ import torch
 
 from openforge.config import TrainerConfig
 from openforge.errors import ConfigError, TrainerError
-from trainer.grpo import lr_lambda
+from openforge.trainer.grpo import lr_lambda
 
 # PeftModel.__init__ reads transformers 5's deprecated `is_gradient_checkpointing`: a FutureWarning on
 # every adapter made or loaded, about code that is not ours.
@@ -49,7 +49,7 @@ def build_policy(model_path: str | Path, cfg: TrainerConfig, *, device: torch.de
     the engine's image features stay those of the base weights."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from trainer.vision import is_vision_model
+    from openforge.trainer.vision import is_vision_model
 
     from transformers.utils import logging as hf_logging
 

@@ -162,7 +162,7 @@ class RolloutSampler:
         self.before_step = before_step
 
     def sample(self, run_id: str, tasks: Sequence[Any], *, step: int, adapter: str | None) -> list[Rollout]:
-        from rollouts.evaluate import eval_specs
+        from openforge.rollouts.runner.evaluate import eval_specs
 
         self.cancel.check()
         if self.before_step is not None:

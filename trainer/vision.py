@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from engine.vision import is_vision_model
+from openforge.engine.vision import is_vision_model
 from openforge.errors import TrainerError
 from openforge.images import ImageError, ImageStore
 
@@ -44,7 +44,7 @@ class TrajectoryImages:
     def _load(self) -> None:
         if self._processor is not None:
             return
-        from engine.vision import VisionTokens, load_processor
+        from openforge.engine.vision import VisionTokens, load_processor
 
         if not is_vision_model(self.model_path):
             raise TrainerError(f"trajectories hold images but the model at {self.model_path} has no vision tower")
@@ -55,7 +55,7 @@ class TrajectoryImages:
         self._tokens = VisionTokens.from_processor(self._processor)
 
     def _image(self, sha: str) -> tuple[torch.Tensor, torch.Tensor]:
-        from engine.vision import pixel_inputs
+        from openforge.engine.vision import pixel_inputs
 
         if sha in self._pixels:  # a group's rollouts share their prompt's images: process each once
             self._pixels.move_to_end(sha)
@@ -68,7 +68,7 @@ class TrajectoryImages:
     def inputs(self, traj: Any, token_ids: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(pixel_values [patches, D], image_grid_thw [n, 3]) of a segment with images, checked
         against its placeholder runs. TrainerError when an image is missing or does not fit."""
-        from engine.vision import check_expanded
+        from openforge.engine.vision import check_expanded
 
         where = f"trajectory {traj.rollout_id}/{traj.segment}"
         self._load()

@@ -10,17 +10,17 @@ import sys
 
 from openforge.config import ForgeConfig, HarnessConfig
 from openforge.errors import HarnessError
-from rollouts.harness import Harness
+from openforge.rollouts.harnesses.base import Harness
 
 # name -> (module, class)
 HARNESSES: dict[str, tuple[str, str]] = {
-    "mini": ("rollouts.harnesses.mini", "MiniHarness"),
-    "claude-code": ("rollouts.harnesses.claude_code", "ClaudeCodeHarness"),
-    "codex": ("rollouts.harnesses.codex", "CodexHarness"),
-    "openclaw": ("rollouts.harnesses.openclaw", "OpenClawHarness"),
-    "zeroclaw": ("rollouts.harnesses.zeroclaw", "ZeroClawHarness"),
-    "mini-gui": ("rollouts.harnesses.mini_gui", "MiniGuiHarness"),
-    "browser-use": ("rollouts.harnesses.browseruse", "BrowserUseHarness"),
+    "mini": ("openforge.rollouts.harnesses.mini", "MiniHarness"),
+    "claude-code": ("openforge.rollouts.harnesses.claude_code", "ClaudeCodeHarness"),
+    "codex": ("openforge.rollouts.harnesses.codex", "CodexHarness"),
+    "openclaw": ("openforge.rollouts.harnesses.openclaw", "OpenClawHarness"),
+    "zeroclaw": ("openforge.rollouts.harnesses.zeroclaw", "ZeroClawHarness"),
+    "mini-gui": ("openforge.rollouts.harnesses.mini_gui", "MiniGuiHarness"),
+    "browser-use": ("openforge.rollouts.harnesses.browseruse", "BrowserUseHarness"),
 }
 
 
@@ -48,7 +48,7 @@ def harness_available(config: ForgeConfig) -> str | None:
     Local sandboxes run what this machine has: the npm cache's executables, this venv's `openai` for
     `mini`, a `zeroclaw` on the PATH. Container sandboxes run their image's install, which only a
     started container can show: the adapter's `prepare` checks it (a harness failure names the fix)."""
-    from rollouts.npm import NPM_HARNESSES, find_package_bin, node_binary, npm_cache_dir
+    from openforge.rollouts.harnesses.npm import NPM_HARNESSES, find_package_bin, node_binary, npm_cache_dir
 
     name = config.harness.name
     if name not in HARNESSES:
@@ -64,7 +64,7 @@ def harness_available(config: ForgeConfig) -> str | None:
             return f"the mini-gui harness needs Pillow in {sys.executable}: pip install pillow"
         return None if shutil.which("xdotool") else "the mini-gui harness needs xdotool: apt-get install xdotool"
     if name == "browser-use":
-        from rollouts.harnesses.browseruse import find_chromium, venv_python
+        from openforge.rollouts.harnesses.browseruse import find_chromium, venv_python
         if venv_python(npm_cache_dir(config.harness)) is None:
             return f"browser-use is not installed in {npm_cache_dir(config.harness)}: run `forge harness install browser-use`"
         return None if find_chromium() else "browser-use needs a Chromium on this machine: apt-get install chromium"

@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING
 
 from openforge.config import HarnessConfig
 from openforge.errors import HarnessError
-from rollouts.harness import HarnessContext, HarnessOutcome, last_line, read_text
-from rollouts.harnesses import agent_files
-from rollouts.npm import npm_cache_dir
-from sandbox.base import ExecResult, Sandbox
+from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome, last_line, read_text
+from openforge.rollouts.harnesses import agent_files
+from openforge.rollouts.harnesses.npm import npm_cache_dir
+from openforge.sandbox.base import ExecResult, Sandbox
 
 if TYPE_CHECKING:
-    from sandbox.harness_image import VenvLayer
+    from openforge.sandbox.harness_image import VenvLayer
 
 BROWSER_USE_VERSION = "0.13.14"
 AGENT_SOURCE = Path(__file__).with_name("browser_use_agent.py")
@@ -121,7 +121,7 @@ def install_browser_use(cache: Path, *, timeout: float = INSTALL_TIMEOUT_S,
 def image_layer(cache: Path) -> VenvLayer:
     """What `forge sandbox build-image --harness browser-use` copies into the browser image: the cache's
     browser-use venv. HarnessError if it is not installed."""
-    from sandbox.harness_image import VenvLayer
+    from openforge.sandbox.harness_image import VenvLayer
 
     if venv_python(cache) is None:
         raise HarnessError(f"browser-use is not installed in {cache}: run `forge harness install browser-use`")
@@ -161,7 +161,7 @@ def browser_use_outcome(result: ExecResult, record_text: str | None) -> HarnessO
 class BrowserUseHarness:
     name = "browser-use"
     # It starts and drives its own Chromium: a GUI task's display gets no browser of the sandbox's, and
-    # the page it would have shown comes as FORGE_START_URL (rollouts/runner.py).
+    # the page it would have shown comes as FORGE_START_URL (rollouts/runner/runner.py).
     own_browser = True
 
     def __init__(self, config: HarnessConfig) -> None:

@@ -14,9 +14,9 @@ import json
 from typing import Any
 
 from openforge.config import HarnessConfig
-from rollouts.harness import HarnessContext, HarnessOutcome, last_line
-from rollouts.npm import check_in_sandbox, npm_cache_dir, sandbox_executable
-from sandbox.base import ExecResult, Sandbox
+from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome, last_line
+from openforge.rollouts.harnesses.npm import check_in_sandbox, npm_cache_dir, sandbox_executable
+from openforge.sandbox.base import ExecResult, Sandbox
 
 # Settings that keep Claude Code talking to the proxy only (checked with strace: no DNS, no other
 # connection) and let it run unattended.

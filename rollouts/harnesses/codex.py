@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 
 from openforge.config import HarnessConfig
-from rollouts.harness import HarnessContext, HarnessOutcome, last_line, read_text
-from rollouts.npm import check_in_sandbox, npm_cache_dir, sandbox_executable
-from sandbox.base import ExecResult, Sandbox
+from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome, last_line, read_text
+from openforge.rollouts.harnesses.npm import check_in_sandbox, npm_cache_dir, sandbox_executable
+from openforge.sandbox.base import ExecResult, Sandbox
 
 KEY_ENV = "FORGE_API_KEY"  # the provider's env_key: Codex sends it as `Authorization: Bearer ...`
 PROVIDER = "forge"

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from openforge.config import HarnessConfig
-from rollouts.harness import HarnessContext, HarnessOutcome, answer_file_outcome
-from rollouts.harnesses import agent_files
-from sandbox.base import ExecResult, Sandbox
+from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome, answer_file_outcome
+from openforge.rollouts.harnesses import agent_files
+from openforge.sandbox.base import ExecResult, Sandbox
 
 AGENT_SOURCE = Path(__file__).with_name("mini_agent.py")
 AGENT_PATH = ".forge/mini_agent.py"  # relative to the sandbox's working directory

@@ -27,7 +27,7 @@ from typing import Any
 try:  # in the sandbox: the harness put agent_files.py beside this script
     from agent_files import write_afresh
 except ImportError:  # imported from the package (tests, warm-up)
-    from rollouts.harnesses.agent_files import write_afresh
+    from openforge.rollouts.harnesses.agent_files import write_afresh
 
 ANSWER_FILE = ".forge/answer.txt"
 TOOL_OUTPUT_CHARS = 4000  # what one tool result may add to the context

@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rollouts.harness import HarnessOutcome, last_line, read_text
-from rollouts.harnesses.mini import MiniHarness
-from sandbox.base import ExecResult, Sandbox
+from openforge.rollouts.harnesses.base import HarnessOutcome, last_line, read_text
+from openforge.rollouts.harnesses.mini import MiniHarness
+from openforge.sandbox.base import ExecResult, Sandbox
 
 AGENT_SOURCE = Path(__file__).with_name("mini_gui_agent.py")
 AGENT_PATH = ".forge/mini_gui_agent.py"  # relative to the sandbox's working directory

@@ -23,9 +23,9 @@ import shutil
 
 from openforge.config import HarnessConfig
 from openforge.errors import HarnessError
-from rollouts.harness import HarnessContext, HarnessOutcome, last_line
-from rollouts.npm import check_in_sandbox, npm_cache_dir, sandbox_executable
-from sandbox.base import ExecResult, Sandbox
+from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome, last_line
+from openforge.rollouts.harnesses.npm import check_in_sandbox, npm_cache_dir, sandbox_executable
+from openforge.sandbox.base import ExecResult, Sandbox
 
 CONFIG_PATH = ".forge/openclaw.json"  # relative to the sandbox's working directory
 INSTRUCTION_PATH = ".forge/instruction.txt"

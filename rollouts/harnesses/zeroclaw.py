@@ -17,8 +17,8 @@ import json
 
 from openforge.config import HarnessConfig
 from openforge.errors import HarnessError
-from rollouts.harness import HarnessContext, HarnessOutcome, last_line
-from sandbox.base import ExecResult, Sandbox
+from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome, last_line
+from openforge.sandbox.base import ExecResult, Sandbox
 
 WORKSPACE = ".forge/zeroclaw"  # ZeroClaw's config/state folder, relative to the sandbox's workdir
 

@@ -22,7 +22,7 @@ import subprocess
 import threading
 from typing import Any
 
-from sandbox.forwarder import pipe
+from openforge.sandbox.forwarder import pipe
 
 NODE_IP = "10.0.0.1"
 _CLONE_NEWNET = 0x40000000

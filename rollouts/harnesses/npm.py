@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING
 from openforge.config import HarnessConfig
 from openforge.errors import HarnessError
 from openforge.paths import forge_home
-from rollouts.harness import HarnessContext
-from sandbox.base import Sandbox
+from openforge.rollouts.harnesses.base import HarnessContext
+from openforge.sandbox.base import Sandbox
 
 if TYPE_CHECKING:
-    from sandbox.harness_image import NpmLayer
+    from openforge.sandbox.harness_image import NpmLayer
 
 CACHE_ENV = "FORGE_NPM_CACHE"
 INSTALL_TIMEOUT_S = 900.0
@@ -199,7 +199,7 @@ def image_layer(names: list[str], cache: Path) -> NpmLayer:
     harnesses' packages, each harness's executable on the PATH under its bin name, and a Node (the
     cache's for a harness that needs a recent one, else this machine's if it is a self-contained
     binary; Claude Code and Codex run without one). HarnessError if a harness is not installed."""
-    from sandbox.harness_image import NpmLayer
+    from openforge.sandbox.harness_image import NpmLayer
 
     bins: dict[str, str] = {}
     packages: list[str] = []

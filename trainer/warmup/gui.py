@@ -25,10 +25,10 @@ import random
 from pathlib import Path
 from typing import Any
 
-from rollouts.harnesses.mini_gui_agent import Screen, system_prompt, user_message
-from rollouts.warmup import WARMUP_FILE
-from rollouts.web.generate import SCREEN_COLOURS, SCREEN_INSTRUCTION
-from rollouts.web.sites import COLOURS
+from openforge.rollouts.harnesses.mini_gui_agent import Screen, system_prompt, user_message
+from openforge.trainer.warmup.text import WARMUP_FILE
+from openforge.rollouts.tasks.web.generate import SCREEN_COLOURS, SCREEN_INSTRUCTION
+from openforge.rollouts.tasks.web.sites import COLOURS
 
 SCREEN = (1024, 768)  # sandbox/gui.py DEFAULT_SIZE
 MAX_SIDE = 256  # mini-gui's --max-side in the demo: 256x192, 24 image tokens for the tiny VLM
@@ -55,7 +55,7 @@ def screenshot(colour: str, max_side: int = MAX_SIDE) -> tuple[bytes, Screen]:
 def demo_prompt(processor: Any, png: bytes, screen: Screen, instruction: str = SCREEN_INSTRUCTION) -> list[int]:
     """mini-gui's first call for a task (no tools, no history), rendered by the chat template as the
     proxy renders it, the image's placeholder run expanded as the processor does (engine/vision.py)."""
-    from engine.vision import expand_image_tokens
+    from openforge.engine.vision import expand_image_tokens
 
     user = user_message(instruction, [], png, screen)
     # The proxy hands the template `{"type": "image"}` where an image goes (proxy/calls.py).
@@ -87,7 +87,7 @@ def warm_up_gui_answers(model_dir: str | Path, *, steps: int = 40, batch: int = 
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from engine.vision import VisionTokens, load_processor, mm_token_type_ids, pixel_inputs
+    from openforge.engine.vision import VisionTokens, load_processor, mm_token_type_ids, pixel_inputs
 
     if batch % len(colours):
         raise ValueError(f"batch {batch} does not split evenly over {len(colours)} colours")

@@ -14,10 +14,10 @@ from typing import Any
 
 from openforge.config import ForgeConfig
 from openforge.store import Rollout, Run, Store
-from rollouts.harness import Harness
-from rollouts.metrics import RunMetrics, summarize_run
-from rollouts.runner import RolloutRunner, RolloutSpec
-from rollouts.tasks import TaskSpec
+from openforge.rollouts.harnesses.base import Harness
+from openforge.rollouts.runner.metrics import RunMetrics, summarize_run
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.format import TaskSpec
 
 
 def eval_specs(tasks: Sequence[TaskSpec], samples: int) -> list[RolloutSpec]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from openforge.errors import SandboxError
-from sandbox.base import ExecResult, Sandbox
+from openforge.sandbox.base import ExecResult, Sandbox
 
 # Where the answer file is read from; rollouts.tasks.ANSWER_FILE is the same path (not imported:
 # tasks imports nothing from here and this module stays below it).

@@ -13,8 +13,8 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rollouts.analyze import METRICS, Estimate, Report, bootstrap_mean
-from rollouts.behaviour import Behaviour
+from openforge.rollouts.analysis.analyze import METRICS, Estimate, Report, bootstrap_mean
+from openforge.rollouts.analysis.behaviour import Behaviour
 
 RATES = {"tool_coverage", "self_verified", "error_recovery", "plan_completion", "gave_up"}
 CURVE_RESAMPLES = 500  # per step and metric: a chart's band, not a published interval

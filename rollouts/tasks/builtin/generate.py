@@ -1,7 +1,7 @@
 """Writes easy.jsonl, medium.jsonl and hard.jsonl: the built-in task set (`--tasks builtin`).
 
 The JSONL files are what forge reads; this script is their source, because shell verifiers are far
-easier to read here than JSON-escaped. Edit, then run `python rollouts/builtin_tasks/generate.py`.
+easier to read here than JSON-escaped. Edit, then run `python rollouts/tasks/builtin/generate.py`.
 Every task carries a reference `solution`; tests/test_tasks_builtin.py proves each one scores 1 with
 it and 0 for each of selfcheck.HOSTILE_ANSWERS (empty, digits, the alphabet, an error blob, the
 instruction echoed, 1 MB of text).

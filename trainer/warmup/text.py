@@ -17,7 +17,7 @@ import json
 import random
 from pathlib import Path
 
-from rollouts.harnesses.mini_agent import SYSTEM, TOOLS
+from openforge.rollouts.harnesses.mini_agent import SYSTEM, TOOLS
 
 WARMUP_FILE = "forge-warmup.json"  # beside config.json: what the model was trained on, for the record
 _WORDS = ("the a file line count create write read fix edit run test json key value list number name "

@@ -1,7 +1,7 @@
 """ForgeSFTDataset: veRL's MultiTurnSFTDataset on `forge export --format verl-sft` files, exactly.
 
     # veRL SFT config, with openforge installed in veRL's environment:
-    data.custom_cls.path=/path/to/openforge/trainer/verl_sft.py
+    data.custom_cls.path=/path/to/openforge/integrations/verl/sft.py
     data.custom_cls.name=ForgeSFTDataset
 
 veRL's own class reads the `messages` and `tools` columns, which parquet had to make regular: every tool's

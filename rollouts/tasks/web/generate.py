@@ -1,10 +1,10 @@
-"""Writes the `builtin-web` task set (rollouts/web/tasks/builtin-web.jsonl):
+"""Writes the `builtin-web` task set (rollouts/tasks/web/tasks/builtin-web.jsonl):
 
-    python -m rollouts.web.generate
+    python -m openforge.rollouts.tasks.web.generate
 
 Each task's reference `solution` drives the GUI for real, inside the sandbox: it clicks and types with
 xdotool (through sandbox/gui.py, at $FORGE_GUI) at the coordinates the site's layout documents
-(rollouts/web/sites.py), and waits until the page shows that the action took (a banner's or a
+(rollouts/tasks/web/sites.py), and waits until the page shows that the action took (a banner's or a
 button's colour in a screenshot). State-graded tasks are graded by the site's state on the host.
 """
 
@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rollouts.web import WEB_TASKS_DIR
-from rollouts.web.sites import COLOURS, OK_BANNER, Shop
+from openforge.rollouts.tasks.web import WEB_TASKS_DIR
+from openforge.rollouts.tasks.web.sites import COLOURS, OK_BANNER, Shop
 
 G = '"$FORGE_PYTHON" -I "$FORGE_GUI"'
 BANNER = f"{OK_BANNER[0]} {OK_BANNER[1]} {','.join(map(str, OK_BANNER[2]))}"

@@ -1,7 +1,7 @@
 """The reward function for `forge export --format verl-rl` rows, in veRL's custom reward interface.
 
     # veRL config (ppo_trainer.yaml), with openforge installed in veRL's environment:
-    reward.custom_reward_function.path=/path/to/openforge/trainer/verl_reward.py
+    reward.custom_reward_function.path=/path/to/openforge/integrations/verl/reward.py
     reward.custom_reward_function.name=compute_score
 
 veRL calls `compute_score(data_source, solution_str, ground_truth, extra_info)` on every response; the
@@ -9,11 +9,11 @@ row's `extra_info.task` holds the task record, `reward_model.ground_truth` its e
 response is graded the way the rollout runner grades a final answer, with the same code:
 
 - a task graded only by its expected answer (no shell verifier, no expected files): `answer_matches`
-  on the host, exactly as the runner does (rollouts/grading.py): 1.0 or 0.0;
+  on the host, exactly as the runner does (rollouts/tasks/grading.py): 1.0 or 0.0;
 - any other task: a fresh sandbox set up as for a rollout (the sandbox of the forge config named by
   `reward_kwargs.forge_config`, else ./forge.toml, else the defaults: local), the
   response given as the agent's final answer by an agent that does nothing else, then the task's own
-  expected-file checks and shell verifier (rollouts/runner.py). A response is text, so a task whose
+  expected-file checks and shell verifier (rollouts/runner/runner.py). A response is text, so a task whose
   verdict needs files the agent writes scores 0 here: train those through the harness instead.
 
 A reward is never guessed: a sandbox that fails to start, or a row that is not ours, raises.
@@ -28,12 +28,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-DATA_SOURCE = "trainer.verl_reward"
+DATA_SOURCE = "openforge.integrations.verl.reward"
 
 
 def _task(extra_info: dict[str, Any] | None, ground_truth: str | None) -> Any:
-    from rollouts.grading import ExpectedAnswer
-    from rollouts.tasks import TaskSpec
+    from openforge.rollouts.tasks.grading import ExpectedAnswer
+    from openforge.rollouts.tasks.format import TaskSpec
 
     record = (extra_info or {}).get("task")
     if not record:
@@ -47,8 +47,8 @@ def _task(extra_info: dict[str, Any] | None, ground_truth: str | None) -> Any:
 async def _grade_in_sandbox(task: Any, answer: str, config_path: str | None) -> float:
     from openforge.config import load_config
     from openforge.store import Store
-    from rollouts.runner import RolloutRunner, RolloutSpec
-    from rollouts.selfcheck import _StandInHarness
+    from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+    from openforge.rollouts.tasks.selfcheck import _StandInHarness
 
     with tempfile.TemporaryDirectory(prefix="forge-verl-reward-") as tmp:
         store = Store(Path(tmp) / "grade.db")
@@ -70,7 +70,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str | None 
                   extra_info: dict[str, Any] | None = None, forge_config: str | None = None, **_: Any) -> float:
     """The task's exact grade of `solution_str` as the final answer. `forge_config`: a forge.toml whose
     sandbox settings grade the tasks that need one (veRL: `reward_kwargs.forge_config`)."""
-    from rollouts.grading import answer_matches
+    from openforge.rollouts.tasks.grading import answer_matches
 
     if data_source != DATA_SOURCE:
         raise ValueError(f"data_source {data_source!r} is not graded here (this module grades {DATA_SOURCE!r})")

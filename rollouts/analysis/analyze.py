@@ -21,9 +21,9 @@ from typing import Any, Literal
 
 from openforge.errors import ConfigError
 from openforge.store import Store
-from rollouts.behaviour import Behaviour, behaviour_of
-from rollouts.metrics import DATA_STATES, pass_at_k, pass_hat_k
-from rollouts.transcript import transcript_of
+from openforge.rollouts.analysis.behaviour import Behaviour, behaviour_of
+from openforge.rollouts.runner.metrics import DATA_STATES, pass_at_k, pass_hat_k
+from openforge.rollouts.runner.transcript import transcript_of
 
 GroupBy = Literal["harness", "step", "task"]
 METRICS = ("turns", "tool_calls", "tool_coverage", "self_verified", "error_recovery", "plan_completion",

@@ -24,9 +24,9 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from rollouts.web.sites import Site, make_site
-from rollouts.web.spec import GuiTask
-from sandbox.gui import SITE_URL, GuiSpec
+from openforge.rollouts.tasks.web.sites import Site, make_site
+from openforge.rollouts.tasks.web.spec import GuiTask
+from openforge.sandbox.gui import SITE_URL, GuiSpec
 
 MAX_BODY = 64 * 1024
 # Each connection is a thread of the runner's process, so a sandbox opening connections without end

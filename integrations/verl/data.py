@@ -6,7 +6,7 @@
                (`data.multiturn.messages_key=messages`, `tools_key=tools`).
     verl-rl    one row per task: `prompt` is the chat the harness really sent on its first call (system
                prompt, instruction, as the proxy parsed it for the chat template), `data_source` names
-               the reward module this repo ships (trainer/verl_reward.py), `reward_model.ground_truth`
+               the reward module this repo ships (integrations/verl/reward.py), `reward_model.ground_truth`
                the task's expected answer, `extra_info.task` the whole task record: for veRL's RLHFDataset
                and its custom reward function interface.
 
@@ -18,7 +18,7 @@ JSON strings (OpenAI's wire format, the one veRL's own multi-turn SFT data uses)
 Parquet cannot hold arbitrary JSON faithfully: one struct schema for all tools pads each tool's schema
 with the others' fields as nulls, and string arguments render quoted under `tojson` templates (Qwen2.5).
 So verl-sft rows also carry `messages_json` and `tools_json`, exactly what the proxy gave the chat
-template, and trainer/verl_sft.py's ForgeSFTDataset (veRL's MultiTurnSFTDataset, reading those two
+template, and integrations/verl/sft.py's ForgeSFTDataset (veRL's MultiTurnSFTDataset, reading those two
 columns; `data.custom_cls`) trains on exactly the recorded conversation.
 
 Images (a GUI agent's screenshots) follow veRL's multimodal RLHFDataset: in `prompt` / `messages` an
@@ -36,9 +36,9 @@ from typing import Any
 
 from openforge.errors import TrainerError
 from openforge.store import Call, Store
-from trainer.data import is_usable
+from openforge.trainer.data import is_usable
 
-DATA_SOURCE = "trainer.verl_reward"  # the module whose compute_score grades these rows
+DATA_SOURCE = "openforge.integrations.verl.reward"  # the module whose compute_score grades these rows
 
 
 def _request_messages(call: Call, home: Path | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -52,9 +52,9 @@ def _request_with_images(call: Call, home: Path | None = None
                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[bytes]]:
     from openforge.images import ImageStore
     from openforge.paths import forge_home
-    from proxy.adapters import ADAPTERS
-    from proxy.calls import APIError
-    from proxy.images import resolving_from
+    from openforge.proxy.adapters import ADAPTERS
+    from openforge.proxy.calls import APIError
+    from openforge.proxy.images import resolving_from
 
     adapter = ADAPTERS.get(call.api)
     if adapter is None or not isinstance(call.request_json, dict):
@@ -216,7 +216,7 @@ def _jsonl_images(row: dict[str, Any]) -> dict[str, Any]:
 
 def write_rows(rows: list[dict[str, Any]], out: str | Path) -> int:
     """Parquet for a .parquet name (one schema for all rows), else JSON lines."""
-    from trainer.export import _target
+    from openforge.trainer.export import _target
 
     path = _target(out)
     try:

@@ -3,7 +3,7 @@ two desktop-style apps (an editor's preferences dialog, a notes app) and the col
 
 Each site is a plain object: `handle(method, path, form)` answers one HTTP request (the site's own UI:
 pages and form posts) and `state()` is what a grader reads. The state lives in the host process that
-serves the site (rollouts/web/server.py); the sandbox reaches the site only over HTTP, so a policy can
+serves the site (rollouts/tasks/web/server.py); the sandbox reaches the site only over HTTP, so a policy can
 change the state only through the actions the site offers, exactly as a user of the page could.
 
 Layouts are absolute, in CSS pixels of a 1024x768 kiosk window (page pixels = screen pixels), with big

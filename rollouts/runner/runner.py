@@ -14,7 +14,7 @@ answer and expected files checked exactly, then the shell verifier -> scored. Th
                say whose: "infra" (the sandbox would not start, setup or the harness install broke,
                the sandbox died, the rollout's last model call failed in the proxy/engine) or
                "harness" (the harness reported an API error, exited non-zero without an answer, or
-               made no successful model call: rollouts/harness.py). Never graded from its output.
+               made no successful model call: rollouts/harnesses/base.py). Never graded from its output.
     cancelled  the run was cancelled (Ctrl-C, `cancel()`) before the rollout finished
 
 Every sandbox is stopped on every path, cancellation included.
@@ -35,11 +35,11 @@ from urllib.parse import urlsplit, urlunsplit
 from openforge.config import ForgeConfig
 from openforge.errors import HarnessError, SandboxError
 from openforge.store import Rollout, Store
-from rollouts.grading import answer_matches, clip, file_matches
-from rollouts.harness import Harness, HarnessContext, HarnessOutcome
-from rollouts.tasks import ANSWER_FILE, TaskSpec, parse_score
-from rollouts.trajectory import assemble_rollout
-from sandbox.base import (ExecResult, Sandbox, SandboxFileNotFound, SandboxPathRefused, SandboxStartFailed,
+from openforge.rollouts.tasks.grading import answer_matches, clip, file_matches
+from openforge.rollouts.harnesses.base import Harness, HarnessContext, HarnessOutcome
+from openforge.rollouts.tasks.format import ANSWER_FILE, TaskSpec, parse_score
+from openforge.rollouts.runner.trajectory import assemble_rollout
+from openforge.sandbox.base import (ExecResult, Sandbox, SandboxFileNotFound, SandboxPathRefused, SandboxStartFailed,
                           start_with_retry, stop_shielded)
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def _tail(text: str, limit: int = STORED_OUTPUT_CHARS) -> str:
 
 
 def _default_factory() -> SandboxFactory:
-    from sandbox.factory import make_sandbox
+    from openforge.sandbox.factory import make_sandbox
 
     return make_sandbox
 
@@ -90,7 +90,7 @@ def _with_harness_install(config: ForgeConfig) -> Any:
     sandbox = config.sandbox
     if sandbox.type != "local" or not config.harness.npm_cache:
         return sandbox
-    from rollouts.npm import npm_cache_dir
+    from openforge.rollouts.harnesses.npm import npm_cache_dir
 
     return sandbox.model_copy(update={"read_only_paths": [*sandbox.read_only_paths,
                                                           str(npm_cache_dir(config.harness))]})
@@ -102,7 +102,7 @@ class RolloutRunner:
     def __init__(self, store: Store, *, config: ForgeConfig, proxy_url: str, harness: Harness | None = None,
                  sandbox_factory: SandboxFactory | None = None,
                  on_progress: Callable[[Rollout], Any] | None = None, proxy_socket: str | None = None) -> None:
-        from rollouts.harnesses import get_harness
+        from openforge.rollouts.harnesses import get_harness
 
         self.store = store
         self.config = config
@@ -207,10 +207,10 @@ class RolloutRunner:
 
     @staticmethod
     def _open_site(task: TaskSpec) -> Any:
-        """A GUI task's site, served on the host for this rollout (rollouts/web/server.py); None otherwise."""
+        """A GUI task's site, served on the host for this rollout (rollouts/tasks/web/server.py); None otherwise."""
         if task.gui is None:
             return None
-        from rollouts.web.server import SiteSession
+        from openforge.rollouts.tasks.web.server import SiteSession
         try:
             return SiteSession(task.gui)
         except OSError as exc:

@@ -8,14 +8,14 @@ A task set is a JSONL file (one task per line) or a folder holding any mix of:
         task.toml         files/ (copied into the sandbox as setup files) and
         files/run.sh      verifier/ (written only after the agent stops, so it cannot read them)
 
-`builtin` names the set shipped in `rollouts/builtin_tasks/`; `builtin-web` the GUI set of
-`rollouts/web/tasks/` (a `gui` field: a site served on the host, graded by its state).
+`builtin` names the set shipped in `rollouts/tasks/builtin/`; `builtin-web` the GUI set of
+`rollouts/tasks/web/tasks/` (a `gui` field: a site served on the host, graded by its state).
 
 A task is graded after the agent has stopped (and everything it started has been killed), by
 either or both of:
 
 - `expect_answer` / `expect_files`: exact checks the runner does itself on the harness's final answer
-  and on files read out of the sandbox (rollouts/grading.py). Nothing in the sandbox can sway them.
+  and on files read out of the sandbox (rollouts/tasks/grading.py). Nothing in the sandbox can sway them.
 - `verifier`: a shell command run in the sandbox's working directory. It fails (0.0) when it exits
   non-zero; when it exits 0, a last stdout line `score: X` (or a bare number, X in [0, 1]) is the
   reward, else 1.0. The harness's final answer is in `ANSWER_FILE` for it to read.
@@ -36,11 +36,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from openforge.errors import TaskError
-from rollouts.grading import ExpectedAnswer
-from rollouts.web import WEB_TASKS_DIR
-from rollouts.web.spec import GuiTask
+from openforge.rollouts.tasks.grading import ExpectedAnswer
+from openforge.rollouts.tasks.web import WEB_TASKS_DIR
+from openforge.rollouts.tasks.web.spec import GuiTask
 
-BUILTIN_DIR = Path(__file__).parent / "builtin_tasks"
+BUILTIN_DIR = Path(__file__).parent / "builtin"
 # Where the harness's final answer is left for a shell verifier, relative to the sandbox's working
 # directory (the runner writes it from the harness's outcome; `mini` writes it itself).
 ANSWER_FILE = ".forge/answer.txt"
@@ -74,7 +74,7 @@ class TaskSpec(BaseModel):
         "with no tool call counts as a give-up in forge analyze"))
     gui: GuiTask | None = Field(None, description=(
         "a GUI task: the site its sandbox's browser shows (served on the host) and the site state that "
-        "passes (rollouts/web/spec.py)"))
+        "passes (rollouts/tasks/web/spec.py)"))
 
     @field_validator("id")
     @classmethod

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from statistics import fmean
 from typing import Any
 
-from rollouts.transcript import ToolStep, Transcript, shell_command
+from openforge.rollouts.runner.transcript import ToolStep, Transcript, shell_command
 
 EDIT_TOOLS = {"write_file", "write", "edit", "multiedit", "str_replace_editor", "str_replace_based_edit_tool",
               "apply_patch", "notebookedit", "create_file"}

@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 
 from openforge.config import ForgeConfig
 from openforge.store import Store
-from rollouts.harness import ANSWER_FILE, HarnessContext, HarnessOutcome, answer_file_outcome
-from rollouts.runner import RolloutRunner, RolloutSpec
-from rollouts.tasks import TaskProblem, TaskSpec
-from sandbox.base import ExecResult, Sandbox
+from openforge.rollouts.harnesses.base import ANSWER_FILE, HarnessContext, HarnessOutcome, answer_file_outcome
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.format import TaskProblem, TaskSpec
+from openforge.sandbox.base import ExecResult, Sandbox
 
 WHERE = "solution check"
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz"

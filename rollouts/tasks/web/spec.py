@@ -3,7 +3,7 @@
     {"id": "...", "instruction": "...", "gui": {"site": "shop", "params": {...}, "path": "/",
      "mode": "kiosk", "expect_state": {"cart": ["mug-blue"]}}, "solution": "..."}
 
-`expect_state` is checked exactly, key by key, against the site's state (rollouts/web/sites.py) read on
+`expect_state` is checked exactly, key by key, against the site's state (rollouts/tasks/web/sites.py) read on
 the host after the agent has stopped; with `expect_answer` too, both must hold.
 """
 
@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class GuiTask(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    site: str = Field(description="a site of rollouts/web/sites.py (shop, wiki, booking, settings, "
+    site: str = Field(description="a site of rollouts/tasks/web/sites.py (shop, wiki, booking, settings, "
                                   "editor-prefs, notes, colour)")
     params: dict[str, Any] = Field(default_factory=dict, description="the site's data for this task")
     path: str = Field("/", description="the page chromium opens first")
@@ -26,7 +26,7 @@ class GuiTask(BaseModel):
 
     @model_validator(mode="after")
     def _known_site(self) -> "GuiTask":
-        from rollouts.web.sites import SITES, make_site
+        from openforge.rollouts.tasks.web.sites import SITES, make_site
         if self.site not in SITES:
             raise ValueError(f"unknown site {self.site!r} (known: {', '.join(sorted(SITES))})")
         if not self.path.startswith("/"):

@@ -2,7 +2,7 @@
 
     # agent_loops.yaml, with openforge installed in veRL's environment:
     - name: openforge_agent
-      _target_: trainer.verl_agent_loop.OpenForgeAgentLoop
+      _target_: openforge.integrations.verl.agent_loop.OpenForgeAgentLoop
       forge_config: /path/to/forge.toml       # harness, sandbox, runner (else $FORGE_VERL_CONFIG, ./forge.toml)
       segment: last                           # last | longest: which segment of a rollout veRL trains on
 
@@ -28,7 +28,7 @@ returns veRL's `AgentLoopOutput`, built from the rollout's recorded trajectory:
   limit and stop strings are the harness's (through the proxy). Each set of veRL sampling params has
   its own run and proxy (`temperature_override` = veRL's temperature), so the calls record it.
 - **The output.** One rollout can record several segments (a harness that rewrote its history, a
-  sub-agent: rollouts/trajectory.py). veRL 0.9.1 takes one `AgentLoopOutput` per sample, so the loop
+  sub-agent: rollouts/runner/trajectory.py). veRL 0.9.1 takes one `AgentLoopOutput` per sample, so the loop
   returns ONE segment: `segment="last"` (default: the one that ended with the graded answer) or
   `"longest"` (the most sampled tokens). The other segments stay in the OpenForge store (and in
   `forge export`), untrained by veRL; `extra_fields["openforge"]` says how many there were.
@@ -49,7 +49,7 @@ returns veRL's `AgentLoopOutput`, built from the rollout's recorded trajectory:
   whole, and that image and the later ones are dropped; a prompt with images longer than
   `rollout.prompt_length` is an error (veRL's own loops refuse it too: truncation would misalign the
   runs). veRL's worker must have a multimodal processor (`hf_processor`), else the rollout is refused.
-- **The reward** is the rollout's exact grade (the task's verifier, rollouts/runner.py): `reward_score`, so
+- **The reward** is the rollout's exact grade (the task's verifier, rollouts/runner/runner.py): `reward_score`, so
   veRL's reward manager does not grade the sample again. A rollout that failed for infrastructure or
   harness reasons has no reward and none is invented: `run` raises `OpenForgeRolloutFailed`.
 
@@ -78,8 +78,8 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 from verl.workers.rollout.replica import TokenOutput
 
-from engine.protocol import BadRequest, CompletionState, finish_json, parse_input_ids, parse_sampling_params
-from engine.sglang_api import StaticInfo
+from openforge.engine.protocol import BadRequest, CompletionState, finish_json, parse_input_ids, parse_sampling_params
+from openforge.engine.sglang_api import StaticInfo
 from openforge.errors import TrainerError
 
 log = logging.getLogger("forge.verl")
@@ -112,7 +112,7 @@ def verl_sampling_params(engine_params: dict[str, Any], verl_params: dict[str, A
 
 @dataclass
 class _Answered:
-    """A /generate that veRL's server has already answered (`engine.sglang_api.Generation`)."""
+    """A /generate that veRL's server has already answered (`openforge.engine.sglang_api.Generation`)."""
 
     rid: str
     prompt_tokens: int
@@ -210,8 +210,8 @@ class VerlServerBackend(StaticInfo):
 def _pil_images(body: dict[str, Any]) -> list[Any] | None:
     """The proxy's `image_data` (data URLs) as what veRL's own loops hand its servers: PIL images (veRL's
     vLLM server puts them in vLLM's `multi_modal_data`, its SGLang server in SGLang's `image_data`)."""
-    from engine.multimodal import decode_data_url, image_data_list
-    from engine.vision import open_image
+    from openforge.engine.multimodal import decode_data_url, image_data_list
+    from openforge.engine.vision import open_image
     from openforge.images import ImageError
 
     urls = image_data_list(body)
@@ -244,7 +244,7 @@ class EmbeddedVerlServer:
 
     def __init__(self, engine_url: str, *, prompt_length: int, response_length: int, max_model_len: int | None = None,
                  api_key: str | None = None) -> None:
-        from engine.client import EngineClient
+        from openforge.engine.client import EngineClient
 
         self.client = EngineClient(engine_url, api_key=api_key, timeout=600)
         self.prompt_length, self.response_length = prompt_length, response_length
@@ -308,8 +308,8 @@ class OpenForgeBridge:
         self._tasks_lock: asyncio.Lock | None = None  # made on veRL's loop
 
     def start(self, owner_loop: asyncio.AbstractEventLoop) -> OpenForgeBridge:
-        from engine.serve import serve_in_thread
-        from engine.sglang_api import create_sglang_app
+        from openforge.engine.serve import serve_in_thread
+        from openforge.engine.sglang_api import create_sglang_app
         from openforge.store import Store
 
         try:
@@ -332,8 +332,8 @@ class OpenForgeBridge:
         """(run id, runner) for these veRL sampling params (blocking: the first time starts a proxy). Each set of
         params has its own run and its own proxy, whose `temperature_override` is veRL's temperature, so the
         temperature recorded on every call is the one veRL's server sampled at."""
-        from proxy.server import ProxyServer
-        from rollouts.runner import RolloutRunner
+        from openforge.proxy.server import ProxyServer
+        from openforge.rollouts.runner.runner import RolloutRunner
 
         params = {k: (v.item() if hasattr(v, "item") else v) for k, v in sampling_params.items()}
         key = json.dumps(params, sort_keys=True, default=str)
@@ -372,7 +372,7 @@ class OpenForgeBridge:
             return params
 
     async def rollout(self, task: Any, sampling_params: dict[str, Any]) -> Any:
-        from rollouts.runner import RolloutSpec
+        from openforge.rollouts.runner.runner import RolloutSpec
 
         run_id, runner = await asyncio.to_thread(self.lane_for, sampling_params)
         if (run_id, task.id) not in self._tasks:  # veRL runs a task's n samples at once: add it once, here
@@ -445,7 +445,7 @@ atexit.register(close_bridges)  # a veRL worker ends with its process: the runs 
 
 def task_of(row: dict[str, Any]) -> Any:
     """The task of a `forge export --format verl-rl` row (its `extra_info.task`, graded by its ground truth)."""
-    from trainer.verl_reward import _task
+    from openforge.integrations.verl.reward import _task
 
     extra = row.get("extra_info")
     if hasattr(extra, "item") and not isinstance(extra, dict):
@@ -461,7 +461,7 @@ def output_of(store: Any, rollout: Any, *, response_length: int, segment: str = 
 
     A segment with images needs `images` (the run's ImageStore) and `vision` (engine.vision.VisionTokens of
     veRL's processor: the placeholder ids); `prompt_length` is veRL's `rollout.prompt_length`."""
-    from trainer.sampler import is_infra_failure
+    from openforge.trainer.sampler import is_infra_failure
 
     if is_infra_failure(rollout) or rollout.reward is None:
         raise OpenForgeRolloutFailed(f"rollout {rollout.id} of task {rollout.task_id} ended {rollout.status} without "
@@ -514,7 +514,7 @@ def _segment_images(rollout: Any, seg: Any, tokens: list[int], first: int, respo
                     vision: Any, prompt_length: int | None) -> tuple[int, dict[str, Any]]:
     """(the response length to keep, AgentLoopOutput's multimodal fields) of a segment with images: every
     image whose placeholder run is kept whole, decoded from the run's ImageStore, in run order."""
-    from engine.vision import open_image, placeholder_runs
+    from openforge.engine.vision import open_image, placeholder_runs
     from openforge.images import ImageError
 
     where = f"rollout {rollout.id} of task {rollout.task_id}"
@@ -546,7 +546,7 @@ def _segment_images(rollout: Any, seg: Any, tokens: list[int], first: int, respo
 
 def _vision_tokens(processor: Any) -> Any:
     """The image placeholder ids of veRL's processor (a Qwen2-VL-style one); None without a processor."""
-    from engine.vision import VisionTokens
+    from openforge.engine.vision import VisionTokens
 
     if processor is None:
         return None

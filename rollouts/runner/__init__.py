@@ -1,0 +1,9 @@
+"""Running rollouts and reading them back.
+
+    runner.py      RolloutRunner: (task, sample) pairs, each in its own sandbox, bounded, retried on
+                   infrastructure failures only, graded on the host, recorded in the store
+    trajectory.py  a rollout's recorded calls as training sequences (token ids, masks, logprobs)
+    transcript.py  a rollout's recorded calls as what the agent did: tool steps, results, answer
+    metrics.py     mean reward, pass@k and pass^k per task and per run
+    evaluate.py    an eval: every task sampled k times, scored, summarised, stored as a run
+"""
