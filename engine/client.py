@@ -24,11 +24,14 @@ Only failures where the request cannot have been processed are retried: a refuse
 backoff), and once, a kept-alive connection the engine closed as the request went out (see
 `KEEPALIVE_EXPIRY_S`).
 
-With `api_key`, every request carries `Authorization: Bearer <key>` (SGLang's `--api-key`).
+With `api_key`, every request carries `Authorization: Bearer <key>` (SGLang's `--api-key`). With
+`routing_key`, a /generate carries `X-SMG-Routing-Key: <key>`: sglang-router's `manual` policy keeps
+every request with one key on one worker (the proxy passes the rollout id, so a rollout's turns find
+their prefix in that worker's cache); an engine without a router ignores it.
 
-The network path is aiohttp (its connection pool hands out a kept-alive connection in O(1); httpx's
-pool checked every idle connection with a syscall on each request, a tenth of the proxy's CPU per
-call); `transport=` (an httpx transport, e.g. `httpx.ASGITransport`) serves an engine in-process.
+The one network path is aiohttp, in production and in tests alike (tests serve an engine on
+loopback): its connection pool hands out a kept-alive connection in O(1), where httpx's pool checked
+every idle connection with a syscall on each request, a tenth of the proxy's CPU per call.
 """
 
 from __future__ import annotations
@@ -41,13 +44,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import httpx
 import orjson
 
 from openforge.errors import EngineError, EngineRejected, EngineTimeout, EngineUnavailable
 
-# Both uvicorn (the embedded engine, SGLang's server) and httpx drop idle keep-alive connections
-# after 5 s. With equal timers a request sent on a connection idle for ~5 s races the server's close
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"  # sglang-router's `manual` policy routes by this header
+
+# SGLang's server (uvicorn's default) drops idle keep-alive connections after 5 s (the embedded
+# engine and the proxy keep them for engine.serve.KEEP_ALIVE_S). With equal timers a request sent on a connection idle for ~5 s races the server's close
 # and fails with no response (about 1 call in 1,000-2,500 under load). Expiring our side well before
 # the server's leaves the race a window of scheduler delay only, and the one retry on a dropped
 # request covers that.
@@ -74,19 +78,6 @@ class _Broken(Exception):
 class _Reply:
     """An answered request: its status, then its body (whole, or line by line for a stream)."""
 
-    status: int
-
-    async def read(self) -> bytes:
-        raise NotImplementedError
-
-    def lines(self) -> AsyncIterator[bytes]:
-        raise NotImplementedError
-
-    async def close(self) -> None:
-        raise NotImplementedError
-
-
-class _AiohttpReply(_Reply):
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
         self.status = resp.status
@@ -124,33 +115,7 @@ class _AiohttpReply(_Reply):
             self._resp.close()  # a body left unread (a stream abandoned): the connection is dropped
 
 
-class _HttpxReply(_Reply):
-    def __init__(self, resp: httpx.Response) -> None:
-        self._resp = resp
-        self.status = resp.status_code
-
-    async def read(self) -> bytes:
-        try:
-            return await self._resp.aread()
-        except httpx.TimeoutException as exc:
-            raise _TimedOut() from exc
-        except httpx.HTTPError as exc:
-            raise _Broken(f"{type(exc).__name__}: {exc}") from exc
-
-    async def lines(self) -> AsyncIterator[bytes]:
-        try:
-            async for line in self._resp.aiter_lines():
-                yield line.encode()
-        except httpx.TimeoutException as exc:
-            raise _TimedOut() from exc
-        except httpx.HTTPError as exc:
-            raise _Broken(f"{type(exc).__name__}: {exc}") from exc
-
-    async def close(self) -> None:
-        await self._resp.aclose()
-
-
-class _AiohttpSender:
+class _Sender:
     """Requests over aiohttp's pool (made on first use: aiohttp binds it to the running loop)."""
 
     def __init__(self, base_url: str, timeout: float, headers: dict[str, str],
@@ -173,15 +138,20 @@ class _AiohttpSender:
             self._loop = loop
         return self._session
 
-    async def send(self, method: str, path: str, body: bytes | None, timeout: float | None) -> _Reply:
+    async def send(self, method: str, path: str, body: bytes | None, timeout: float | None,
+                   headers: dict[str, str] | None = None) -> _Reply:
         session = self._open_session()
+        sent = dict(headers or {})
         kw: dict[str, Any] = {}
         if body is not None:
-            kw.update(data=body, headers={"content-type": "application/json"})
+            kw["data"] = body
+            sent["content-type"] = "application/json"
+        if sent:
+            kw["headers"] = sent
         if timeout is not None:
             kw["timeout"] = aiohttp.ClientTimeout(total=timeout)
         try:
-            return _AiohttpReply(await session.request(method, path, **kw))
+            return _Reply(await session.request(method, path, **kw))
         except aiohttp.ClientConnectorError as exc:
             raise _NotConnected(type(exc).__name__) from exc
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
@@ -196,33 +166,6 @@ class _AiohttpSender:
             if self._loop is asyncio.get_running_loop():
                 await self._session.close()
         self._session = None
-
-
-class _HttpxSender:
-    """Requests through an httpx transport (an engine served in-process, in tests)."""
-
-    def __init__(self, base_url: str, timeout: float, headers: dict[str, str],
-                 transport: httpx.AsyncBaseTransport) -> None:
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
-                                       headers=headers, transport=transport)
-
-    async def send(self, method: str, path: str, body: bytes | None, timeout: float | None) -> _Reply:
-        headers = {"content-type": "application/json"} if body is not None else None
-        try:
-            req = self._http.build_request(method, path, content=body, headers=headers,
-                                           timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
-            return _HttpxReply(await self._http.send(req, stream=True))
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise _NotConnected(type(exc).__name__) from exc
-        except httpx.TimeoutException as exc:
-            raise _TimedOut() from exc
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-            raise _Dropped(f"{type(exc).__name__}: {exc}") from exc
-        except httpx.HTTPError as exc:
-            raise _Broken(f"{type(exc).__name__}: {exc}") from exc
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
 
 
 @dataclass
@@ -328,20 +271,15 @@ class _DeltaTracker:
 
 
 class EngineClient:
-    """Async client of one engine at `base_url` (SGLang's native API).
-
-    `transport` replaces the network (e.g. `httpx.ASGITransport(app=engine.app)` in tests)."""
+    """Async client of one engine at `base_url` (SGLang's native API)."""
 
     def __init__(self, base_url: str, *, timeout: float = 300, retries: int = 3, api_key: str | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None,
                  keepalive_expiry: float = KEEPALIVE_EXPIRY_S) -> None:
         self.base_url = base_url.rstrip("/")
         self.retries = retries
         self.timeout = timeout
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._sender: _AiohttpSender | _HttpxSender = (
-            _HttpxSender(self.base_url, timeout, headers, transport) if transport is not None
-            else _AiohttpSender(self.base_url, timeout, headers, keepalive_expiry))
+        self._sender = _Sender(self.base_url, timeout, headers, keepalive_expiry)
 
     async def __aenter__(self) -> EngineClient:
         return self
@@ -357,10 +295,11 @@ class EngineClient:
     def _timed_out(self, path: str) -> EngineTimeout:
         return EngineTimeout(f"engine at {self.base_url} did not answer {path} within {self.timeout:g}s")
 
-    async def _send(self, method: str, path: str, *, json_body: Any = None, stream: bool = False) -> tuple[_Reply, bytes]:
+    async def _send(self, method: str, path: str, *, json_body: Any = None, stream: bool = False,
+                    headers: dict[str, str] | None = None) -> tuple[_Reply, bytes]:
         """Send with the retries above: the reply and, unless `stream`, its whole body (the caller
         closes a streamed reply)."""
-        reply = await self._open(method, path, None if json_body is None else orjson.dumps(json_body))
+        reply = await self._open(method, path, None if json_body is None else orjson.dumps(json_body), headers)
         if stream:
             return reply, b""
         try:
@@ -372,7 +311,7 @@ class EngineClient:
         finally:
             await reply.close()
 
-    async def _open(self, method: str, path: str, body: bytes | None, timeout: float | None = None) -> _Reply:
+    async def _open(self, method: str, path: str, body: bytes | None, headers: dict[str, str] | None) -> _Reply:
         """The response's head (its body still to read). Retries stop here: once the engine has
         answered, it has the request, and sending it again could run it twice."""
         delay = 0.2
@@ -380,7 +319,7 @@ class EngineClient:
         attempt = 0
         while True:
             try:
-                return await self._sender.send(method, path, body, timeout)
+                return await self._sender.send(method, path, body, None, headers)
             except _NotConnected as exc:
                 if attempt == self.retries:
                     raise EngineUnavailable(
@@ -409,8 +348,9 @@ class EngineClient:
                 raise EngineRejected(message, status=status)
             raise EngineUnavailable(message)
 
-    async def _call(self, method: str, path: str, json_body: Any = None) -> bytes:
-        reply, body = await self._send(method, path, json_body=json_body)
+    async def _call(self, method: str, path: str, json_body: Any = None,
+                    headers: dict[str, str] | None = None) -> bytes:
+        reply, body = await self._send(method, path, json_body=json_body, headers=headers)
         self._check(reply.status, body, path)
         return body
 
@@ -419,6 +359,10 @@ class EngineClient:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
             raise EngineUnavailable(f"engine at {self.base_url}: {path} answered non-JSON: {body[:200]!r}") from None
+
+    @staticmethod
+    def _routing(routing_key: str | None) -> dict[str, str] | None:
+        return {ROUTING_KEY_HEADER: routing_key} if routing_key is not None else None
 
     @staticmethod
     def _generate_body(input_ids: list[int], sampling_params: dict[str, Any], lora_path: str | None,
@@ -442,22 +386,25 @@ class EngineClient:
 
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], *,
                        lora_path: str | None = None, rid: str | None = None,
-                       image_data: list[str] | None = None) -> GenerateOutput:
+                       image_data: list[str] | None = None, routing_key: str | None = None) -> GenerateOutput:
         """One completion of `input_ids`; `lora_path` names a loaded adapter (None = base model).
 
         `image_data`: `data:image/...;base64,...` URLs, one per image placeholder run already
-        expanded in `input_ids` (SGLang's /generate field; the engine recomputes pixel values)."""
+        expanded in `input_ids` (SGLang's /generate field; the engine recomputes pixel values).
+        `routing_key`: calls with the same key stay on one worker behind a router (see the module doc)."""
         body = await self._call("POST", "/generate", self._generate_body(input_ids, sampling_params, lora_path, rid,
-                                                                         False, image_data))
+                                                                         False, image_data),
+                                self._routing(routing_key))
         return parse_generate_response(self._json(body, "/generate"))
 
     async def stream_generate(self, input_ids: list[int], sampling_params: dict[str, Any], *,
                               lora_path: str | None = None, rid: str | None = None,
-                              image_data: list[str] | None = None) -> AsyncIterator[GenerateDelta]:
+                              image_data: list[str] | None = None,
+                              routing_key: str | None = None) -> AsyncIterator[GenerateDelta]:
         """Yield incremental `GenerateDelta`s; the last one carries `finish_reason`.
 
         A stream that ends without a finish reason (the engine died) raises EngineUnavailable."""
-        reply, _ = await self._send("POST", "/generate", stream=True,
+        reply, _ = await self._send("POST", "/generate", stream=True, headers=self._routing(routing_key),
                                     json_body=self._generate_body(input_ids, sampling_params, lora_path, rid, True,
                                                                   image_data))
         try:

@@ -8,11 +8,12 @@ engine; or `engine.router_worker_urls`: SGLang servers already running), then th
 front of them (`python -m sglang_router.launch_router --worker-urls ...` on a private port), then a
 thin front on P:
 
-    POST /generate             -> the router, with `X-SMG-Routing-Key: <rollout id>` (from the `rid`
-                                  the proxy sends, "<rollout id>_<hex>"): the router's `manual`
-                                  policy keeps every turn of a rollout on the worker that holds its
-                                  prefix in its radix cache; a new rollout goes to the worker with
-                                  the fewest rollouts (`--assignment-mode min_group`)
+    POST /generate             -> the router, with the client's `X-SMG-Routing-Key: <rollout id>`
+                                  (EngineClient sends it; the proxy passes the rollout id): the
+                                  router's `manual` policy keeps every turn of a rollout on the
+                                  worker that holds its prefix in its radix cache; a new rollout
+                                  goes to the worker with the fewest rollouts (`--assignment-mode
+                                  min_group`); a request without the header, any worker
     POST /load_lora_adapter,   -> every worker (the router forwards none of them: 404), and again
     /unload_lora_adapter,         to a worker that restarts, so every worker serves every adapter
     /update_weights_from_disk
@@ -31,7 +32,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -41,27 +41,15 @@ from typing import Any
 
 import httpx
 
+from openforge.engine.client import ROUTING_KEY_HEADER
+from openforge.engine.serve import KEEP_ALIVE_S
 from openforge.engine.sglang_api import API_KEY_ENV, ApiKeyMiddleware
 from openforge.config import EngineConfig
 from openforge.errors import EngineError, ForgeError
 
 WORKER_KEY_ENV = "FORGE_WORKER_API_KEY"
-ROUTING_KEY_HEADER = "X-SMG-Routing-Key"  # sglang-router's manual policy routes by this header
-_RID = re.compile(rb'"rid"\s*:\s*"([^"]+)"')
 _FAN_OUT = ("/load_lora_adapter", "/unload_lora_adapter", "/update_weights_from_disk")
 _INFO = ("/model_info", "/get_model_info", "/server_info", "/get_server_info", "/v1/models")
-
-
-def routing_key(body: bytes) -> str | None:
-    """The rollout a /generate body belongs to: the proxy's rid is "<rollout id>_<hex>".
-
-    >>> routing_key(b'{"input_ids": [1, 2], "rid": "r-42_9f3a0c"}')
-    'r-42'
-    >>> routing_key(b'{"input_ids": [1, 2]}') is None
-    True
-    """
-    m = _RID.search(body)
-    return m.group(1).decode().rsplit("_", 1)[0] if m else None
 
 
 def healthy_workers(listing: dict[str, Any]) -> list[str]:
@@ -201,7 +189,8 @@ def create_front(fleet: Fleet) -> Any:
     async def generate(request: Request) -> Response:
         body = await request.body()
         headers = {"content-type": "application/json"}
-        if (key := routing_key(body)) is not None:
+        # Passed through as the client sent it: the real router reads only this header (no body field).
+        if (key := request.headers.get(ROUTING_KEY_HEADER)) is not None:
             headers[ROUTING_KEY_HEADER] = key
         # A worker that just died: the router answers 5xx ("error sending request") for the rollouts
         # pinned to it until its health check (every second) takes it out and the rollout is given
@@ -317,9 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parent-pid", type=int, default=0)
     args = p.parse_args(argv)
     if args.parent_pid:
-        from openforge.engine.__main__ import _exit_with_parent
+        from openforge.engine.__main__ import exit_with_parent
 
-        _exit_with_parent(args.parent_pid)
+        exit_with_parent(args.parent_pid)
     import signal
 
     import uvicorn
@@ -335,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"engine: router ({config.router_policy}) at http://{config.host}:{config.port} over "
               f"{', '.join(fleet.worker_urls)}", flush=True)
         server = uvicorn.Server(uvicorn.Config(create_front(fleet), host=config.host, port=config.port,
-                                               log_level="warning", access_log=False))
+                                               log_level="warning", access_log=False,
+                                               timeout_keep_alive=KEEP_ALIVE_S))
         server.run()
     except ForgeError as exc:
         print(f"engine: error: {exc}", file=sys.stderr, flush=True)

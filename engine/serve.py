@@ -25,6 +25,15 @@ import uvicorn
 
 from openforge.errors import EngineError
 
+# How long our servers (the proxy, the embedded engine, the router's front) keep an idle HTTP/1.1
+# connection open. uvicorn's default, 5 s, equals httpx's (so the OpenAI and Anthropic Python SDKs')
+# keep-alive expiry: a client reusing a connection idle for ~5 s races the server's close and gets a
+# connection error with no response (~1 call in 6 at /health in a probe that slept just past 5 s).
+# The server must outlast every client's expiry instead: httpx 5 s, Node's agents 4-5 s, aiohttp
+# 15 s, Go's net/http and Rust's hyper/reqwest 90 s (nginx keeps 75 s, AWS ALB 60 s). An idle
+# connection costs a few KB; urllib3 keeps its own forever but checks it before each reuse.
+KEEP_ALIVE_S = 120
+
 
 class _ShutdownCancellations(logging.Filter):
     """uvicorn logs a request still running when its graceful-shutdown timeout ends as "Exception in
@@ -71,7 +80,7 @@ class ServerHandle:
         self.stop()
 
 
-def _unix_socket(path: str) -> socket.socket:
+def listen_unix(path: str) -> socket.socket:
     """A listening unix socket at `path` (a stale socket file left by a dead server is replaced)."""
     try:
         if stat.S_ISSOCK(os.lstat(path).st_mode):
@@ -113,16 +122,18 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, *, log_lev
 
     The socket is bound here, before the thread starts, so `port=0` yields the real port at once and
     two servers can never race for the same one. With `uds`, the same app also serves on a unix socket
-    at that path (removed again on stop). `options` go to `uvicorn.Config` (e.g. `http=`)."""
+    at that path (removed again on stop). `options` go to `uvicorn.Config` (e.g. `http=`); idle
+    connections are kept KEEP_ALIVE_S unless `timeout_keep_alive` says otherwise."""
     sock = listen_tcp(host, port)
     real_port = sock.getsockname()[1]
     sockets = [sock]
     if uds is not None:
         try:
-            sockets.append(_unix_socket(uds))
+            sockets.append(listen_unix(uds))
         except EngineError:
             sock.close()
             raise
+    options.setdefault("timeout_keep_alive", KEEP_ALIVE_S)
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=2, **options)
     server = uvicorn.Server(config)
     quiet_shutdown_cancellations()

@@ -84,6 +84,7 @@ class GenerationParams:
     id_prefix: str = "call"
     parser: OutputParser | None = None  # the request's parsers (default: lenient Hermes, no thinking)
     image_data: list[str] | None = None  # SGLang's image_data: one data URL per placeholder run, in order
+    routing_key: str | None = None  # the rollout id: a router keeps a rollout's calls on one worker
 
 
 class Generation:
@@ -139,7 +140,7 @@ class Generation:
         can commit to a 200 streaming response then: the engine is up and generating)."""
         p = self.params
         stream = self.engine.stream_generate(p.prompt_ids, p.sampling, lora_path=p.lora_path, rid=p.rid,
-                                             image_data=p.image_data)
+                                             image_data=p.image_data, routing_key=p.routing_key)
         started = False
         try:
             async for delta in stream:
@@ -159,7 +160,8 @@ class Generation:
 
     async def complete(self) -> Completion:
         out = await self.engine.generate(self.params.prompt_ids, self.params.sampling, lora_path=self.params.lora_path,
-                                         rid=self.params.rid, image_data=self.params.image_data)
+                                         rid=self.params.rid, image_data=self.params.image_data,
+                                         routing_key=self.params.routing_key)
         self.finish = out.finish_reason
         self._push(out.output_ids, out.logprobs)
         self._close()

@@ -1,5 +1,5 @@
-"""EngineClient against the scripted engine over real loopback HTTP and in-process (transport=):
-shapes, streaming, typed faults, the engine key, the keep-alive race."""
+"""EngineClient against the scripted engine over real loopback HTTP (its one transport, aiohttp):
+shapes, streaming, typed faults, the engine key, the routing key, the keep-alive race."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 
-from openforge.engine.client import KEEPALIVE_EXPIRY_S, EngineClient, _DeltaTracker
+from openforge.engine.client import KEEPALIVE_EXPIRY_S, ROUTING_KEY_HEADER, EngineClient, _DeltaTracker
 from openforge.engine.scripted import ScriptedEngine, scripted_logprob
 from openforge.engine.serve import serve_in_thread
 from openforge.errors import EngineError, EngineRejected, EngineTimeout, EngineUnavailable
@@ -147,25 +147,30 @@ def test_delta_tracker_reads_cumulative_incremental_and_abort_chunks():
     assert (aborted.token_ids, aborted.finish_reason) == ([], "abort")
 
 
-# -- the transport seam, typed errors, the engine key, the keep-alive race --------------------------
+# -- typed errors, the engine key, the routing key, the keep-alive race ------------------------------
 
 
-def in_process(engine: ScriptedEngine, **kw) -> EngineClient:
-    return EngineClient("http://engine", transport=httpx.ASGITransport(app=engine.app), **kw)
+async def test_the_routing_key_travels_as_a_header_on_generate_only(tiny_model):
+    engine = ScriptedEngine(tiny_model, [TOOL_CALL, TOOL_CALL, TOOL_CALL])
+    seen: list[str | None] = []
 
+    async def record(request: Request, call_next):
+        seen.append(request.headers.get(ROUTING_KEY_HEADER))
+        return await call_next(request)
 
-async def test_transport_seam_serves_the_scripted_engine_in_process(tiny_model):
-    engine = ScriptedEngine(tiny_model, [TOOL_CALL, TOOL_CALL])
-    async with in_process(engine) as client:
-        whole = await client.generate([1, 2], {"max_new_tokens": 64})
-        deltas = [d async for d in client.stream_generate([1, 2], {"max_new_tokens": 64})]
-    assert whole.output_ids == engine.completion_ids(TOOL_CALL)
-    assert [t for d in deltas for t in d.token_ids] == whole.output_ids
+    app = Starlette(routes=[Mount("/", app=engine.app)])
+    app.add_middleware(BaseHTTPMiddleware, dispatch=record)
+    with serve_in_thread(app) as server:
+        async with EngineClient(server.url) as client:
+            await client.generate([1, 2], {"max_new_tokens": 4}, routing_key="r-1")
+            _ = [d async for d in client.stream_generate([1, 2], {"max_new_tokens": 4}, routing_key="r-2")]
+            await client.generate([1, 2], {"max_new_tokens": 4})
+            await client.model_info()
+    assert seen == ["r-1", "r-2", None, None]
 
 
 async def test_errors_are_typed(tiny_model):
     engine = ScriptedEngine(tiny_model, ["ok"] * 4)
-    # Over loopback: httpx.ASGITransport has no network, hence no timeouts or dropped connections.
     with serve_in_thread(engine.app) as server:
         async with EngineClient(server.url, timeout=0.3) as client:
             engine.fail_next("http_500")
@@ -200,13 +205,12 @@ def _requiring_key(app, key: str) -> Starlette:
 
 async def test_the_engine_key_travels_as_a_bearer_token(tiny_model):
     engine = ScriptedEngine(tiny_model, ["ok"])
-    guarded = _requiring_key(engine.app, "engine-secret")
-    async with EngineClient("http://engine", api_key="engine-secret",
-                            transport=httpx.ASGITransport(app=guarded)) as client:
-        assert (await client.generate([1], {})).text == "ok"
-    async with EngineClient("http://engine", transport=httpx.ASGITransport(app=guarded)) as keyless:
-        with pytest.raises(EngineRejected, match="HTTP 401") as refused:
-            await keyless.generate([1], {})
+    with serve_in_thread(_requiring_key(engine.app, "engine-secret")) as guarded:
+        async with EngineClient(guarded.url, api_key="engine-secret") as client:
+            assert (await client.generate([1], {})).text == "ok"
+        async with EngineClient(guarded.url) as keyless:
+            with pytest.raises(EngineRejected, match="HTTP 401") as refused:
+                await keyless.generate([1], {})
     assert refused.value.status == 401
 
 
@@ -267,8 +271,9 @@ async def test_context_length_reads_what_the_engine_reports(tiny_model):
         return Starlette(routes=[Route(path, lambda r: JSONResponse(info), methods=["GET"])])
 
     async def ask(app) -> int | None:
-        async with EngineClient("http://engine", transport=httpx.ASGITransport(app=app)) as client:
-            return await client.context_length()
+        with serve_in_thread(app) as server:
+            async with EngineClient(server.url) as client:
+                return await client.context_length()
 
     assert await ask(engine_with("/model_info", {"context_length": 4096})) == 4096  # the embedded engine
     sglang = {"context_length": None, "max_total_num_tokens": 900_000, "max_req_input_len": 32767}

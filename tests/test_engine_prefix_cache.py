@@ -3,7 +3,8 @@ RadixAttention.
 
 - the tree: longest-prefix match (whole and partial edges), split on insert, LRU eviction of
   leaves under a byte budget, entries per adapter, clear
-- exactness: logprobs with the cache equal those without it (<= 1e-5, fp32) on a full hit, a
+- exactness: logprobs with the cache equal those without it (same ids; logprobs within fp32 rounding
+  noise, LOGPROB_NOISE) on a full hit, a
   partial-prefix hit, a multi-turn extension (prompt + answer + more), and after eviction;
   `cached_tokens` in meta_info says how many prompt tokens the cache served
 - invalidation: an adapter's entries serve only that adapter and go when it is unloaded; new base
@@ -82,11 +83,23 @@ def _generate(url: str, ids: list[int], **extra) -> dict:
     return resp.json()
 
 
+# The cached engine and the plain one do the same math in different shapes: on a hit the tokens after
+# the cached prefix are computed alone on top of the stored KV, without a cache among the whole
+# prompt, and a matmul over 1 row and one over 200 round differently in the last bits of fp32. This
+# peaky model (weights of std 0.35) and its LoRA amplify that into the logprobs: with no cache at all,
+# an engine prefilling a 200-token prompt in the cache's two pieces (199 + 1, via PREFILL_CHUNK)
+# differs from the one-pass engine by up to 3.4e-5 (6 prompts, with the adapter; 4.8e-6 without),
+# as much as the cached engine does (3.8e-5 on the same prompts; one CI run failed the old 1e-5
+# bound with 1.14e-5). So the cache is exact up to the noise of the computation it replaces; the
+# bound is 2.6x the largest measured, and the sampled ids are compared exactly.
+LOGPROB_NOISE = 1e-4
+
+
 def _same(a: dict, b: dict) -> None:
     assert a["output_ids"] == b["output_ids"]
     la = [e[0] for e in a["meta_info"]["output_token_logprobs"]]
     lb = [e[0] for e in b["meta_info"]["output_token_logprobs"]]
-    assert max(abs(x - y) for x, y in zip(la, lb)) <= 1e-5
+    assert max(abs(x - y) for x, y in zip(la, lb)) <= LOGPROB_NOISE
 
 
 def test_logprobs_with_the_cache_equal_those_without_it(engines):

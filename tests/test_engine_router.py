@@ -17,7 +17,6 @@ import pytest
 pytest.importorskip("sglang_router", reason="the [router] extra (sglang-router) is not installed")
 
 from openforge.engine.client import EngineClient  # noqa: E402
-from openforge.engine.router import routing_key  # noqa: E402
 from openforge.engine.supervisor import EngineProcess  # noqa: E402
 from openforge.config import EngineConfig  # noqa: E402
 
@@ -51,13 +50,14 @@ def fleet(tiny_model: Path, tmp_path: Path):
 
 
 async def _rollout_turns(client: EngineClient, rollout: str, turns: int, urls: list[str]) -> list[int]:
-    """Run `turns` growing calls of one rollout (rid as the proxy makes it); the worker of each."""
+    """Run `turns` growing calls of one rollout (rid and routing key as the proxy sends them); the worker
+    of each."""
     rng = random.Random(rollout)
     ids = [rng.randrange(3, 200) for _ in range(30)]
     where = []
     for turn in range(turns):
         before = [_prefill(u) for u in urls]
-        out = await client.generate(ids, {"max_new_tokens": 2}, rid=f"{rollout}_{turn:024x}")
+        out = await client.generate(ids, {"max_new_tokens": 2}, rid=f"{rollout}_{turn:024x}", routing_key=rollout)
         grew = [a - b for a, b in zip((_prefill(u) for u in urls), before)]
         assert sorted(grew)[0] == 0 and max(grew) == len(ids)  # exactly one worker saw this prompt
         where.append(grew.index(max(grew)))
@@ -96,7 +96,8 @@ def test_router_spreads_rollouts_keeps_each_on_one_worker_and_survives_a_dead_wo
             dead = placed["r0"][0]
             os.kill(info["workers"][dead]["pid"], signal.SIGKILL)
             for i in range(6):
-                out = await client.generate([5, 6, 7, 8], {"max_new_tokens": 2}, lora_path="a1", rid=f"r{i}_{'f' * 24}")
+                out = await client.generate([5, 6, 7, 8], {"max_new_tokens": 2}, lora_path="a1", rid=f"r{i}_{'f' * 24}",
+                                            routing_key=f"r{i}")
                 assert len(out.output_ids) == 2
         finally:
             await client.aclose()
@@ -138,15 +139,39 @@ def test_router_spreads_rollouts_keeps_each_on_one_worker_and_survives_a_dead_wo
         front.stop()
 
 
-def test_routing_key_is_the_rollout_of_the_proxy_rid() -> None:
-    assert routing_key(b'{"input_ids":[1],"rid":"abc-1_00ff"}') == "abc-1"
-    assert routing_key(b'{"rid": "only"}') == "only"
-    assert routing_key(b'{"input_ids":[1]}') is None
+def test_the_front_hands_the_clients_routing_key_to_the_router(tmp_path: Path) -> None:
+    """The real router routes by the header alone (it reads no body field): the front passes on the
+    one EngineClient sent, and sends none when the client sent none. The router here is a stand-in on
+    loopback that records what reaches it."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
 
+    from openforge.engine.client import ROUTING_KEY_HEADER
+    from openforge.engine.router import Fleet, create_front
+    from openforge.engine.serve import serve_in_thread
 
-def test_router_docstring_examples_hold() -> None:
-    import doctest
+    seen: list[str | None] = []
 
-    from openforge.engine import router
+    async def generate(request: Request) -> JSONResponse:
+        seen.append(request.headers.get(ROUTING_KEY_HEADER))
+        return JSONResponse({"text": "", "output_ids": [3], "meta_info": {
+            "finish_reason": {"type": "length"}, "prompt_tokens": 1, "completion_tokens": 1,
+            "output_token_logprobs": [[-0.5, 3, None]]}})
 
-    assert doctest.testmod(router).failed == 0
+    async def workers(request: Request) -> JSONResponse:
+        return JSONResponse({"workers": [{"url": "http://127.0.0.1:9", "is_healthy": True}]})
+
+    stand_in = Starlette(routes=[Route("/generate", generate, methods=["POST"]), Route("/workers", workers)])
+    with serve_in_thread(stand_in) as router:
+        fleet = Fleet(EngineConfig(kind="router", router_url=router.url, startup_timeout_s=10), api_key="",
+                      log_dir=tmp_path)
+        fleet.start()
+        with serve_in_thread(create_front(fleet)) as front:
+            async def calls() -> None:
+                async with EngineClient(front.url, timeout=10) as client:
+                    await client.generate([1, 2], {}, rid="r-7_00ff", routing_key="r-7")
+                    await client.generate([1, 2], {}, rid="r-8_00ff")
+            asyncio.run(calls())
+    assert seen == ["r-7", None]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import socket
 import stat
 import time
@@ -108,7 +109,49 @@ def test_a_slow_but_steady_stream_is_not_cut(make_rig):
         resp = http.post("/v1/chat/completions", json={"model": "m", "stream": True,
                                                         "messages": [{"role": "user", "content": "hi"}]})
         assert resp.status_code == 200 and "[DONE]" in resp.text
-        time.sleep(1.5)  # an idle kept-alive connection past the deadline is closed by keep-alive, quietly
+        time.sleep(1.5)  # an idle kept-alive connection outlives the read deadline (keep-alive bounds it)
         again = http.get("/health")
         assert again.status_code == 200
     assert [c.status for c in rig.calls()] == ["ok"]
+
+
+def _get_health(conn: http.client.HTTPConnection) -> int:
+    conn.request("GET", "/health")
+    resp = conn.getresponse()
+    resp.read()
+    return resp.status
+
+
+def test_an_idle_kept_alive_connection_outlives_common_client_expiries(make_rig):
+    """uvicorn closes idle connections after 5 s, the keep-alive expiry of httpx (so of the OpenAI and
+    Anthropic SDKs): a client reusing a connection idle for ~5 s raced the close and got no answer.
+    The proxy keeps them KEEP_ALIVE_S, past its read deadline too; a request begun on a kept-alive
+    connection still has only read_timeout_s to arrive."""
+    rig = make_rig([], read_timeout_s=1.0)
+    host, port = rig.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        assert _get_health(conn) == 200
+        first = conn.sock
+        time.sleep(5.5)
+        assert _get_health(conn) == 200  # a closed connection raises RemoteDisconnected here
+        assert conn.sock is first  # the same connection, not a new one
+        conn.sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n")  # a request begun, never finished
+        start = time.monotonic()
+        assert conn.sock.recv(1024) == b"" and time.monotonic() - start < 5  # closed by the read deadline
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_the_openai_sdk_reuses_connections_idle_about_5s_without_errors(make_rig):
+    """The real SDK (httpx, 5 s expiry), pausing around 5 s between calls, never retried: every call answered."""
+    rig = make_rig(["ok"] * 6)
+    client = openai.OpenAI(base_url=rig.url + "/v1", api_key=rig.key, max_retries=0)
+    msgs = [{"role": "user", "content": "hi"}]
+    assert client.chat.completions.create(model="m", messages=msgs).choices[0].message.content == "ok"
+    for pause in (4.95, 4.999, 5.0, 5.05, 5.1):
+        time.sleep(pause)
+        assert client.chat.completions.create(model="m", messages=msgs).choices[0].message.content == "ok"
+    client.close()
+    assert [c.status for c in rig.calls()] == ["ok"] * 6
