@@ -94,7 +94,7 @@ _WORDS = (
 ).split()
 
 
-def _corpus() -> list[str]:
+def text_corpus() -> list[str]:
     """Bundled training text for the tokenizer: words, shell, JSON, and rendered chat turns."""
     lines = [" ".join(_WORDS[i:i + 12]) for i in range(0, len(_WORDS), 12)]
     lines += [f"echo {w} > {w}.txt && cat {w}.txt | wc -l" for w in _WORDS]
@@ -119,7 +119,7 @@ def build_tokenizer(vocab_size: int = 1024, template: str = "tiny"):  # -> PreTr
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(text_corpus(), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -193,8 +193,3 @@ def build_tiny_model(path: str | Path, *, seed: int = 0, hidden_size: int = 64, 
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
-
-
-def is_model_dir(path: str | Path) -> bool:
-    p = Path(path).expanduser()
-    return (p / "config.json").is_file() and (p / "tokenizer_config.json").is_file()

@@ -74,7 +74,7 @@ _GUI_WORDS = (
 
 
 def _corpus() -> list[str]:
-    from openforge.engine.tiny import _corpus as text_corpus
+    from openforge.engine.tiny import text_corpus
 
     lines = text_corpus()
     lines += [" ".join(_GUI_WORDS[i:i + 10]) for i in range(0, len(_GUI_WORDS), 10)] * 6
@@ -160,10 +160,3 @@ def build_tiny_vl_model(path: str | Path, *, seed: int = 0, hidden_size: int = 6
     image_processor.save_pretrained(out)
     tokenizer.save_pretrained(out)  # tokenizer files + chat_template.jinja
     return out
-
-
-def is_vl_model_dir(path: str | Path) -> bool:
-    """A checkpoint folder whose config has a vision tower (a Qwen2-VL-style model)."""
-    from openforge.engine.vision import is_vision_model
-
-    return is_vision_model(path)

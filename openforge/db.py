@@ -1,4 +1,4 @@
-"""Opening a store: the engines (sync and async), the connection settings, the database's errors as
+"""Opening a store: the SQLAlchemy engine, the connection settings, the database's errors as
 one clear line. `Store` and `AsyncStore` both open the store through here.
 
 A store is an SQLite file (the embedded default: a path) or a PostgreSQL database (a URL,
@@ -19,7 +19,6 @@ from urllib.parse import urlsplit
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from openforge.errors import StoreError
 
@@ -155,17 +154,6 @@ def sync_engine(path: str | Path) -> Engine:
     eng = create_engine(f"sqlite:///{path}",
                         connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_S})
     event.listen(eng, "connect", _on_connect)
-    return eng
-
-
-def async_engine(path: str | Path) -> AsyncEngine:
-    if is_url(path):
-        need_driver("asyncpg")
-        return create_async_engine(pg_url(str(path), "asyncpg"),
-                                   connect_args={"timeout": PG_CONNECT_TIMEOUT_S,
-                                                 "server_settings": {"timezone": "UTC"}})
-    eng = create_async_engine(f"sqlite+aiosqlite:///{path}", connect_args={"timeout": BUSY_TIMEOUT_S})
-    event.listen(eng.sync_engine, "connect", _on_connect)
     return eng
 
 

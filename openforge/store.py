@@ -13,7 +13,7 @@ Tables (all plain, JSON in TEXT columns where a value is a list or an object):
 
 The tables themselves are defined in `openforge.tables` (and re-exported here). Writes go through the
 methods of `Store` in this module (sync, SQLModel sessions) or through
-`AsyncStore` (async, its own writer thread: the proxy's batched recorder). The file is in WAL mode so the
+`openforge.async_store.AsyncStore` (async, its own writer thread: the proxy's batched recorder). The file is in WAL mode so the
 dashboard can read while the proxy and trainer write.
 
 Opening (engines, connection settings, errors as one line) is `openforge.db`; the schema versions are
@@ -466,12 +466,3 @@ def open_store(home: Path, url: str = "") -> Store:
     from openforge.paths import db_path
 
     return Store(url or os.environ.get(STORE_URL_ENV) or db_path(home))
-
-
-def __getattr__(name: str) -> Any:
-    # `from openforge.store import AsyncStore`: the async path, imported only by those who use it.
-    if name == "AsyncStore":
-        from openforge.async_store import AsyncStore
-
-        return AsyncStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,25 +19,14 @@ import socket
 from pathlib import Path
 
 from openforge.engine.client import EngineClient
-from openforge.engine.serve import ServerHandle, _unix_socket, listen_tcp, serve_in_thread
+from openforge.engine.serve import ServerHandle, listen_tcp, listen_unix, serve_in_thread
 from openforge.config import ProxyConfig
 from openforge.db import location
-from openforge.errors import ConfigError, ForgeError
+from openforge.errors import ForgeError
 from openforge.proxy.connections import deadline_protocol
+from openforge.proxy.tokens import load_tokenizer
 from openforge.proxy.vision import load_placeholders
-
-
-def load_tokenizer(model_path: str | Path):  # -> PreTrainedTokenizerBase
-    """The served model's tokenizer (and chat template), from its checkpoint directory."""
-    from transformers import AutoTokenizer
-
-    path = Path(model_path).expanduser()
-    if not path.is_dir():
-        raise ConfigError(f"model directory not found: {path}")
-    try:
-        return AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot load a tokenizer from {path}: {str(exc).splitlines()[0]}") from None
+from openforge.proxy.workers import ProxyWorkers
 
 
 class ProxyServer:
@@ -52,7 +41,7 @@ class ProxyServer:
         self.uds = str(uds) if uds is not None else None
         self.served_model = served_model or config.served_model_name
         self._handle: ServerHandle | None = None
-        self._workers = None  # ProxyWorkers, with config.workers > 1
+        self._workers: ProxyWorkers | None = None  # with config.workers > 1
         self._url: str | None = None
         self.app = None  # the Starlette app once started (tests read app.state.proxy)
         self.interrupted_on_start = 0
@@ -86,7 +75,6 @@ class ProxyServer:
         import psutil
 
         from openforge.store import Store
-        from openforge.proxy.workers import ProxyWorkers
 
         store = Store(self.store_path)  # recovery once, here: a worker must not take its peers' calls for leftovers
         try:
@@ -96,7 +84,7 @@ class ProxyServer:
         host, sockets = self.config.host, [listen_tcp(self.config.host, self.config.port, error=ForgeError)]
         try:
             if self.uds is not None:
-                sockets.append(_unix_socket(self.uds))
+                sockets.append(listen_unix(self.uds))
             args = {"store_path": str(self.store_path), "engine_url": self.engine_url, "engine_key": self.engine_key,
                     "model_path": str(self.model_path), "served_model": self.served_model}
             self._workers = ProxyWorkers(self.config, sockets=sockets, app_args=args).start()

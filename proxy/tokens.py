@@ -15,15 +15,31 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from openforge.errors import ConfigError
 from openforge.proxy.breaks import explain_break
 from openforge.proxy.calls import APIError, Completion, Message, bad_request
 from openforge.proxy.promptcache import ChunkedEncoder, RenderCache
 from openforge.proxy.toolcalls import CLOSE_TAG, OPEN_TAG, ToolCallParser, parse_tool_calls
 
-__all__ = ["CLOSE_TAG", "OPEN_TAG", "ChatRenderer", "Prompt", "PromptBuilder", "ToolCallParser", "parse_completion"]
+__all__ = ["CLOSE_TAG", "OPEN_TAG", "ChatRenderer", "Prompt", "PromptBuilder", "ToolCallParser", "load_tokenizer",
+           "parse_completion"]
 _PROBE = "\u2063forge-probe\u2063"  # text no template alters, to find what follows an assistant turn
+
+
+def load_tokenizer(model_path: str | Path):  # -> PreTrainedTokenizerBase
+    """The served model's tokenizer (and chat template), from its checkpoint directory."""
+    from transformers import AutoTokenizer
+
+    path = Path(model_path).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"model directory not found: {path}")
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot load a tokenizer from {path}: {str(exc).splitlines()[0]}") from None
 
 
 class ChatRenderer:

@@ -54,10 +54,10 @@ def _worker_main(spec: dict[str, Any]) -> None:
     import uvicorn
 
     from openforge.engine.client import EngineClient
-    from openforge.engine.serve import quiet_shutdown_cancellations
+    from openforge.engine.serve import KEEP_ALIVE_S, quiet_shutdown_cancellations
     from openforge.proxy.app import create_app
     from openforge.proxy.connections import deadline_protocol
-    from openforge.proxy.server import load_tokenizer
+    from openforge.proxy.tokens import load_tokenizer
     from openforge.proxy.vision import load_placeholders
 
     ready = os.fdopen(spec["ready_fd"], "w", buffering=1)
@@ -71,7 +71,7 @@ def _worker_main(spec: dict[str, Any]) -> None:
                          vision=load_placeholders(spec["model_path"]))
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, loop="uvloop",
                                                http=deadline_protocol(config.read_timeout_s),
-                                               timeout_graceful_shutdown=2))
+                                               timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=2))
         quiet_shutdown_cancellations()
 
         def announce() -> None:

@@ -46,10 +46,11 @@ from typing import Any
 from openforge.config import DockerSandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
-from openforge.sandbox.base import (KILL_ALL_SH, KILL_MARKED_SH, LABEL_HOME, container_path, ExecResult, SandboxBase,
-                          SandboxFileNotFound, SandboxInfo, SandboxPathRefused, TransientSandboxError, sandbox_labels)
+from openforge.sandbox.base import (KILL_ALL_SH, KILL_MARKED_SH, LABEL_HOME, container_path, ExecResult,
+                          IsolationReport, SandboxBase, SandboxFileNotFound, SandboxInfo, SandboxPathRefused, TransientSandboxError, sandbox_labels)
 from openforge.sandbox.gui import CHROMIUM_NAMES, SITE_PORT, SITE_URL, GuiSpec
-from openforge.sandbox.images import SANDBOX_HOME, SANDBOX_UID
+from openforge.sandbox.docker_engine import connect
+from openforge.sandbox.images import SANDBOX_HOME, SANDBOX_UID, image_tag
 
 BUILD_HINT = "forge sandbox build-image"
 GUI_MODULE = Path(__file__).with_name("gui.py")
@@ -72,24 +73,13 @@ _FOREVER = "2147483647"  # `sleep infinity` is GNU-only; a big number works in b
 _RUN_THEN_REAP = '"$@"; rc=$?; set -- "OPENFORGE_EXEC=$OPENFORGE_EXEC"; ' + KILL_MARKED_SH + '; exit $rc'
 
 
-def connect(base_url: str = "", timeout: float = 30) -> Any:
-    """A docker SDK client that has answered a ping, or a SandboxError saying where it looked."""
-    try:
-        import docker
-    except ImportError:
-        raise SandboxError("the docker SDK is not installed (pip install docker); use sandbox.type = \"local\"") from None
-    url = base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    try:
-        client = docker.DockerClient(base_url=url, timeout=timeout)
-        client.ping()
-    except Exception as exc:  # noqa: BLE001 - any failure here means "no engine", said plainly
-        why = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
-        raise SandboxError(f"no Docker engine reachable at {url} ({why}); use sandbox.type = \"local\" or "
-                           "start Docker") from None
-    return client
-
-
 class DockerSandbox(SandboxBase):
+    supports_gui = True  # with the browser image and a site socket bound at creation (attach_gui)
+
+    @classmethod
+    def check_isolation(cls, config: DockerSandboxConfig) -> IsolationReport:
+        return IsolationReport("docker", f"containers with network {config.network!r}")
+
     def __init__(self, config: DockerSandboxConfig, *, run_id: str, rollout_id: str,
                  proxy_socket: str | Path | None = None, site_socket: str | Path | None = None) -> None:
         self.config = config
@@ -133,6 +123,10 @@ class DockerSandbox(SandboxBase):
         if self._forwarding:
             await self._start_forwarder()
 
+    def agent_proxy_url(self, host_url: str) -> str:
+        # The forwarder of the proxy's socket, once started; else the host's network (network "host").
+        return self.proxy_url or super().agent_proxy_url(host_url)
+
     def attach_gui(self, spec: GuiSpec | None) -> None:
         """Run the following execs with an X display (Xvfb), chromium on `spec.url` and the site's socket
         forwarded to the container's 127.0.0.1:SITE_PORT; None detaches. The site socket is bound when
@@ -156,8 +150,6 @@ class DockerSandbox(SandboxBase):
             missing.append(f"(the check failed: {found.stderr.strip()[:200]})")
         self.gui_python = next((v for k, v in lines if k == "python" and v.startswith("/")), "python3")
         if missing:
-            from openforge.sandbox.images import image_tag
-
             raise SandboxError(f"image {self.cfg.image} cannot run GUI tasks: no {', '.join(missing)}; build the "
                                f"browser image with `{BUILD_HINT} --variant browser` and set sandbox.image = "
                                f"\"{image_tag('browser')}\"")

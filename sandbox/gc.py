@@ -52,7 +52,7 @@ def collect_local(root: Path, *, run_id: str | None, is_live: Callable[[str], bo
     by the store (`run_of`); `sandbox.json` (host-side, outside what a sandbox can see) only for a
     rollout the store does not know. The processes killed are those of *this* folder's rollout id,
     whatever a label says: a forged label can at worst get its own sandbox removed."""
-    from openforge.sandbox.local import META_FILE, SANDBOX_ENV, _rmtree
+    from openforge.sandbox.local import META_FILE, SANDBOX_ENV, remove_tree
 
     found: list[Leftover] = []
     for d in sorted(root.iterdir()) if root.is_dir() else []:
@@ -66,7 +66,7 @@ def collect_local(root: Path, *, run_id: str | None, is_live: Callable[[str], bo
             continue
         if not dry_run:
             kill_tree(None, SANDBOX_ENV, d.name)
-            _rmtree(d)
+            remove_tree(d)
         found.append(Leftover("local", str(d), run, not dry_run))
     for cg in orphan_cgroups():  # machine-wide, but only those whose owner process is dead
         if not dry_run:
@@ -78,7 +78,7 @@ def collect_local(root: Path, *, run_id: str | None, is_live: Callable[[str], bo
 def collect_docker(config: SandboxConfig, *, home: Path, run_id: str | None, is_live: Callable[[str], bool],
                    dry_run: bool = False) -> list[Leftover]:
     """Containers labelled by this data dir (`home`): another FORGE_HOME's live runs are not ours to judge."""
-    from openforge.sandbox.docker import connect
+    from openforge.sandbox.docker_engine import connect
 
     base_url = config.base_url if isinstance(config, DockerSandboxConfig) else ""
     client = connect(base_url, timeout=10)

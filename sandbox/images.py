@@ -37,7 +37,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from openforge.environment import forge_env
 from openforge.errors import SandboxError
+from openforge.sandbox.docker_engine import connect
 
 REPOSITORY = "openforge-sandbox"
 RECIPE_VERSION = 2  # bump when the build steps below change in a way the recipe dict does not show
@@ -79,7 +81,7 @@ def image_tag(variant: str) -> str:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("OPENFORGE_IMAGE_CACHE") or Path(
+    base = forge_env("FORGE_IMAGE_CACHE") or Path(
         os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "openforge" / "images"
     path = Path(base)
     path.mkdir(parents=True, exist_ok=True)
@@ -129,7 +131,7 @@ def _add_user(root: Path) -> None:
 def _python_rootfs(root: Path, timeout: float, apt: tuple[str, ...] = APT_PACKAGES) -> None:
     if os.geteuid() != 0:
         raise SandboxError("building the python image runs debootstrap, which needs root (sudo forge sandbox build-image)")
-    mirror = os.environ.get("OPENFORGE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+    mirror = forge_env("FORGE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
     base, extra = [p for p in apt if p in APT_PACKAGES], [p for p in apt if p not in APT_PACKAGES]
     _run(["debootstrap", "--variant=minbase", f"--include={','.join(base)}", SUITE, str(root), mirror],
          "debootstrap", timeout)
@@ -227,8 +229,6 @@ def import_or_build(tag: str, build: Callable[[Path], Any], *, base_url: str, ti
     none. `check`: a command a fresh container of the new image must pass (as the sandbox's user, no
     network) before the image counts as built; if it fails, image and tarball are removed."""
     import docker.errors
-
-    from openforge.sandbox.docker import connect
 
     client = connect(base_url, timeout=max(timeout, 60))  # an import of ~1 GB outlasts the default 30 s
     try:

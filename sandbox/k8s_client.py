@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import threading
 import time
 from collections import Counter
@@ -33,38 +32,12 @@ from typing import Any
 
 from openforge.config import KubernetesSandboxConfig
 from openforge.sandbox.k8s_exec import ApiCallError, api_error
+from openforge.sandbox.k8s_throttle import MAX_THROTTLE_RETRIES, RateLimiter, backoff_s
 from openforge.sandbox.k8s_manifests import home_label, managed_selector
 
 log = logging.getLogger(__name__)
 IDLE_CLOSE_S = 5.0  # a client nobody holds is closed after this long (the next step makes a new one)
-MAX_THROTTLE_RETRIES = 6
 _WATCH_WINDOW_S = 240  # one watch request; the server ends it, we go on from its last resourceVersion
-
-
-class RateLimiter:
-    """A token bucket as reservations (GCRA): `reserve()` says how long to wait for the next slot, so
-    callers on any event loop or thread can share it."""
-
-    def __init__(self, per_second: float, burst: int) -> None:
-        self.interval = 1.0 / per_second if per_second > 0 else 0.0
-        self.burst = max(1, burst)
-        self._tat = 0.0  # theoretical arrival time of the next request
-        self._lock = threading.Lock()
-
-    def reserve(self) -> float:
-        if not self.interval:
-            return 0.0
-        with self._lock:
-            now = time.monotonic()
-            self._tat = max(self._tat, now) + self.interval
-            return max(0.0, self._tat - now - self.burst * self.interval)
-
-
-def backoff_s(attempt: int, retry_after: float | None) -> float:
-    """The server's Retry-After when it gave one, else 0.5 s doubling to 15 s; either with up to 50%
-    jitter on top, so a throttled crowd does not come back in one burst."""
-    base = retry_after if retry_after is not None else min(0.5 * 2**attempt, 15.0)
-    return base * (1 + random.random() * 0.5)
 
 
 @dataclass

@@ -31,6 +31,7 @@ from urllib.parse import quote
 
 from openforge.errors import SandboxError
 from openforge.sandbox.base import KILL_MARKED_SH, TransientSandboxError
+from openforge.sandbox.k8s_throttle import MAX_THROTTLE_RETRIES, backoff_s
 
 CLIENT_GRACE_S = 10.0  # how long past its timeout the client waits for the in-pod `timeout` to report
 STALL_S = 60.0  # a frame that started arriving and did not finish in this long: the connection is dead
@@ -201,8 +202,6 @@ def subprotocol(ws) -> str:  # type: ignore[no-untyped-def]
 def run_exec_stream(api_client, *, pod: str, namespace: str, container: str, argv: list[str],  # type: ignore[no-untyped-def]
                     timeout: float, stdin: bytes | None, limit: int | None, stopped: threading.Event) -> RawExec:
     """One exec, blocking (run it in the backend's executor)."""
-    from openforge.sandbox.k8s_client import MAX_THROTTLE_RETRIES, backoff_s
-
     t0 = time.monotonic()
     for attempt in range(MAX_THROTTLE_RETRIES + 1):
         try:

@@ -27,8 +27,8 @@ from urllib.parse import urlparse
 from openforge.config import KubernetesSandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
-from openforge.sandbox.base import (KILL_ALL_SH, ExecResult, container_path, SandboxBase, SandboxFileNotFound, SandboxInfo,
-                          SandboxPathRefused, TransientSandboxError)
+from openforge.sandbox.base import (KILL_ALL_SH, ExecResult, IsolationReport, container_path, SandboxBase,
+                          SandboxFileNotFound, SandboxInfo, SandboxPathRefused, TransientSandboxError)
 from openforge.sandbox.gui import CHROMIUM_NAMES, SITE_PORT, SITE_URL, GuiSpec
 from openforge.sandbox.k8s_client import ClusterClient
 from openforge.sandbox.k8s_exec import (
@@ -53,7 +53,7 @@ def _client_module():
         import kubernetes
     except ImportError:
         raise SandboxError("the kubernetes backend needs the `kubernetes` package: "
-                           "pip install 'openforge[k8s]'") from None
+                           "pip install 'kubernetes>=37,<38'") from None
     return kubernetes
 
 
@@ -82,7 +82,16 @@ def load_client_configuration(k8s: KubernetesSandboxConfig):
 class KubernetesSandbox(SandboxBase):
     """A rollout's sandbox as one Pod. `proxy_url` is how code in the pod reaches the proxy."""
 
-    def __init__(self, config: KubernetesSandboxConfig, *, run_id: str, rollout_id: str) -> None:
+    supports_gui = True  # the browser image; the task's site through the process's site relay (attach_gui)
+
+    @classmethod
+    def check_isolation(cls, config: KubernetesSandboxConfig) -> IsolationReport:
+        return IsolationReport("kubernetes", f"pods in namespace {config.namespace}")
+
+    def __init__(self, config: KubernetesSandboxConfig, *, run_id: str, rollout_id: str,
+                 proxy_socket: str | Path | None = None, site_socket: str | Path | None = None) -> None:
+        # Neither socket is used: a pod on another node cannot bind a host's socket; it dials the proxy
+        # at sandbox.proxy_url and the site through the site relay (attach_gui).
         self.config = config
         self.k8s = config
         self.run_id, self.rollout_id = run_id, rollout_id
@@ -195,6 +204,10 @@ class KubernetesSandbox(SandboxBase):
         if raw.exit_code != 0:
             raise SandboxError(f"kill_all in pod {self.name}: {_why(raw)}")
         self._gui_ready, self._forwarder_token = None, ""  # the site's forwarder went too
+
+    def agent_proxy_url(self, host_url: str) -> str:
+        # sandbox.proxy_url: where pods dial the proxy (a Service); without it, the host's own URL.
+        return self.k8s.proxy_url or super().agent_proxy_url(host_url)
 
     # -- GUI ---------------------------------------------------------------------------------------
     def attach_gui(self, spec: GuiSpec | None) -> None:

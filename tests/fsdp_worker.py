@@ -7,11 +7,10 @@ import json
 import sys
 
 import torch
-import torch.distributed as dist
 
 from openforge.config import TrainerConfig
 from openforge.trainer.data import micro_batches
-from openforge.trainer.distributed import broadcast, distributed_step, init, shard
+from openforge.trainer.distributed import broadcast, distributed_step, init, leave, shard
 from openforge.trainer.grpo import StepConfig
 from openforge.trainer.model import build_optimizer, build_policy
 
@@ -49,7 +48,7 @@ def main(model_dir: str, out: str) -> None:
     if d.is_main:
         with open(out, "w") as f:
             json.dump({"metrics": metrics, "lora": state, "world": d.world}, f)
-    dist.destroy_process_group()
+    leave()  # rank 1 would otherwise tear down while rank 0 is still in the state-dict gather
 
 
 if __name__ == "__main__":

@@ -17,27 +17,29 @@ import pytest
 
 from openforge.config import DockerSandboxConfig, ForgeConfig, HarnessConfig
 from openforge.errors import SandboxError
+from openforge.sandbox.base import SandboxBase
 from openforge.store import Store
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks
+from required import skip_or_fail
 
 BY_ID = {t.id: t for t in load_tasks("builtin-web")}
 
 
 def browser_image() -> str:
     """The browser image's tag on the reachable engine (imported from its cached tarball if need be)."""
-    from openforge.sandbox.docker import connect
+    from openforge.sandbox.docker_engine import connect
     from openforge.sandbox.images import ensure_image, has_image, image_tag, tarball_path
 
     try:
         client = connect(timeout=10)
     except SandboxError as exc:
-        pytest.skip(f"{exc} (CI starts dockerd in .ci/run and exports DOCKER_HOST)")
+        skip_or_fail("docker", f"{exc} (CI starts dockerd in .ci/run and exports DOCKER_HOST)")
     tag = image_tag("browser")
     try:
         if not has_image(client, tag) and not tarball_path(tag).exists():
-            pytest.skip(f"{tag} is not built (forge sandbox build-image --variant browser)")
+            skip_or_fail("docker", f"{tag} is not built (forge sandbox build-image --variant browser)")
     finally:
         client.close()
     return ensure_image("browser", timeout=600)
@@ -83,7 +85,7 @@ def sites_left() -> list[str]:
 
 def containers_of(run_id: str) -> list[Any]:
     from openforge.sandbox.base import LABEL_RUN
-    from openforge.sandbox.docker import connect
+    from openforge.sandbox.docker_engine import connect
 
     client = connect(timeout=10)
     try:
@@ -279,8 +281,8 @@ async def test_the_gui_container_reaches_only_its_site_and_cannot_touch_the_sock
 
 # -- (3) the runner: docker GUI tasks are run, the site is closed on every path -----------------------
 
-class _Headless:
-    """A started sandbox without a display (no attach_gui), as a backend without GUI support is."""
+class _Headless(SandboxBase):
+    """A started sandbox without a display (`supports_gui` False), as a backend without GUI support is."""
 
     def __init__(self, config: Any, *, run_id: str, rollout_id: str, **kwargs: Any) -> None:
         from openforge.sandbox.base import SandboxInfo
@@ -359,10 +361,11 @@ def test_make_sandbox_gives_the_site_socket_to_docker_only(tmp_path: Path) -> No
     sb = make_sandbox(DockerSandboxConfig(), run_id="r", rollout_id="a", site_socket=sock)
     assert sb.site_socket == sock  # type: ignore[attr-defined]
     assert make_sandbox(LocalSandboxConfig(), run_id="r", rollout_id="b", site_socket=sock).gui is None  # type: ignore[attr-defined]
-    try:
-        make_sandbox(KubernetesSandboxConfig(), run_id="r", rollout_id="c", site_socket=sock)
-    except SandboxError as exc:  # the kubernetes SDK is an optional extra
-        assert "kubernetes" in str(exc)
+    pytest.importorskip("kubernetes", reason="the kubernetes SDK is an optional extra")
+    pod = make_sandbox(KubernetesSandboxConfig(), run_id="r", rollout_id="c", site_socket=sock)
+    # A pod on another node cannot bind this host's socket: it reaches the site through the relay once
+    # attach_gui names it, never through the path the sandbox was made with.
+    assert sock not in repr(vars(pod))
 
 
 def test_attach_gui_wants_the_socket_bound_at_creation(tmp_path: Path) -> None:
@@ -387,7 +390,7 @@ async def test_an_image_without_a_browser_is_an_infra_failure_naming_the_fix(sto
 
     tag, why = docker_image("python")
     if tag is None:
-        pytest.skip(why)
+        skip_or_fail("docker", why)
     [ro] = await run_tasks(store, docker_config(tag), [BY_ID["gui-colour-click-red"]], _StandInHarness({}))
     assert (ro.status, ro.failure_kind) == ("failed", "infra"), ro.error
     assert f"image {tag} cannot run GUI tasks: no Xvfb, xdotool, chromium" in ro.error, ro.error

@@ -196,14 +196,28 @@ def test_a_tokenizer_that_prefixes_each_text_is_not_chunked():
     assert encoder.encode(text) == tok.encode(text, add_special_tokens=False).ids
 
 
-def test_a_template_that_reads_the_clock_is_rendered_every_time(text_tokenizers):
+def test_a_template_that_reads_the_clock_is_rendered_every_time(text_tokenizers, monkeypatch):
+    import itertools
+    from datetime import datetime
+
+    import transformers.utils.chat_template_utils as chat_templates
+
+    years = itertools.count(2025)
+
+    class Clock(datetime):  # a year passes at each look: a cached render would keep the first one
+        @classmethod
+        def now(cls, tz=None):  # type: ignore[override]
+            return datetime(next(years), 1, 1)
+
+    monkeypatch.setattr(chat_templates, "datetime", Clock)  # what transformers' strftime_now reads
     tokenizer = build_tokenizer()
     tokenizer.chat_template = ("{{ strftime_now('%Y') }}{% for m in messages %}<|im_start|>{{ m.role }}\n"
                                "{{ m.content }}<|im_end|>\n{% endfor %}")
     renderer = ChatRenderer(tokenizer)
     assert not renderer.renders.enabled
     msgs = [Message("user", "hi")]
-    assert renderer.render(msgs, [], generation=False) == renderer.render(msgs, [], generation=False)
+    first, second = renderer.render(msgs, [], generation=False), renderer.render(msgs, [], generation=False)
+    assert int(first[:4]) < int(second[:4]) and first[4:] == second[4:], (first, second)
     assert len(renderer.renders) == 0
 
 

@@ -15,7 +15,7 @@ import pytest
 from openforge.config import ForgeConfig
 from openforge.store import Rollout, Store
 from openforge.rollouts.tasks.grading import ExpectedAnswer, answer_matches
-from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome, answer_file_outcome
+from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext, HarnessOutcome, answer_file_outcome
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import BUILTIN_DIR, TaskSpec
 from openforge.sandbox import make_sandbox
@@ -32,7 +32,7 @@ def _bwrap_config(**local: object):  # type: ignore[no-untyped-def]
     return cfg
 
 
-class Agent:
+class Agent(HarnessBase):
     """The policy's shell line as a harness (its answer is what it leaves in the answer file)."""
 
     name = "shell"
@@ -106,13 +106,23 @@ async def test_a_link_out_of_the_sandbox_is_wrong_not_an_infra_failure(store: St
     assert ro.status == "scored" and ro.reward == 0.0, (ro.status, ro.error)
 
 
-async def test_a_link_replacing_the_graders_folders_is_the_agents_zero(store: Store) -> None:
-    """`.forge` (the answer file's folder) and `.verify` (the verifier's) made links out of the sandbox."""
+async def test_a_link_replacing_the_graders_folders_is_the_agents_zero(store: Store, forge_home: Path) -> None:
+    """`.forge` (the answer file's folder) and `.verify` (the verifier's) made links out of the sandbox:
+    `.forge` to another rollout's folder whose answer file holds the right answer. The answer is not read
+    through the link (the agent's 0), and the grader writes neither its answer file nor the verifier's
+    files through them: it moves the links aside and writes in the sandbox, where the verifier runs."""
+    victim = forge_home / "sandboxes" / "ro-victim" / "work"
+    (victim / ".forge").mkdir(parents=True)
+    (victim / ".forge" / "answer.txt").write_text("4\n")
+    (victim / ".verify").mkdir()
     task = TaskSpec(id="t", instruction="say 4", expect_answer={"number": 4}, verifier="python3 -I .verify/check.py",
                     verifier_files={".verify/check.py": "print('score: 1')\n"})
-    ro = await _attack(store, "mkdir -p .forge && echo 4 > .forge/answer.txt && ln -s /tmp .verify "
-                              "&& ln -sfn /etc .forge", task)
-    assert ro.status == "scored", (ro.status, ro.error)
+    ro = await _attack(store, f"ln -s {victim / '.forge'} .forge && ln -s {victim / '.verify'} .verify", task)
+    assert ro.status == "scored" and ro.reward == 0.0, (ro.status, ro.reward, ro.error)
+    graded = ro.verifier_output or ""
+    assert "answer: wrong" in graded and "score: 1" in graded, graded  # the verifier ran, in the sandbox
+    assert (victim / ".forge" / "answer.txt").read_text() == "4\n"  # not overwritten through the link
+    assert list((victim / ".verify").iterdir()) == []  # the verifier's files went into the sandbox
 
 
 # -- the verifier's output --------------------------------------------------------------------------
@@ -224,12 +234,12 @@ async def test_the_task_set_and_the_store_stay_hidden_even_under_a_bound_folder(
 
 def test_removing_a_sandbox_never_chmods_through_a_planted_link(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """Removing a folder the agent made read-only fails for a non-root owner (EACCES), and `_rmtree`
+    """Removing a folder the agent made read-only fails for a non-root owner (EACCES), and `remove_tree`
     then chmods its way in: never through a link the agent planted there (a host file of the same
     user would become 0700). Root never sees that EACCES, so it is raised here as the kernel would."""
     import shutil
 
-    from openforge.sandbox.local import _rmtree
+    from openforge.sandbox.local import remove_tree
 
     victim, sandbox = tmp_path / "victim.txt", tmp_path / "sb"
     victim.write_text("the user's file\n")
@@ -247,7 +257,7 @@ def test_removing_a_sandbox_never_chmods_through_a_planted_link(tmp_path: Path,
 
     monkeypatch.setattr(os, "unlink", unlink)
     monkeypatch.setattr(shutil.os, "unlink", unlink)
-    _rmtree(sandbox)
+    remove_tree(sandbox)
     assert refused and not sandbox.exists()
     assert oct(victim.stat().st_mode & 0o777) == oct(0o600)
 

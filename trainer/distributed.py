@@ -64,6 +64,14 @@ def init() -> Dist:
     return Dist(dist.get_rank(), dist.get_world_size(), device)
 
 
+def leave() -> None:
+    """Tear the process group down once every rank has come here. Torn down while another rank still
+    had a collective in flight (a broadcast, a state-dict gather), gloo's threads could abort that
+    process at exit ("terminate called without an active exception", exit -6)."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def shard(model: Any) -> Any:
     """FSDP2 over every decoder layer and the root (a PEFT model: the LoRA weights shard with their layer).
 
@@ -297,10 +305,7 @@ class Group:
         if not self.closed:
             self.closed = True
             self._announce("stop")
-            # Both ranks leave together: torn down while the other rank still had the broadcast in
-            # flight, gloo's threads could abort the process ("terminate called", exit -6) at exit.
-            dist.barrier()
-            dist.destroy_process_group()
+            leave()  # with the followers, after the last message
 
 
 def _step(model: Any, optimizer: Any, scheduler: Any, samples: list[Any], step_cfg: StepConfig, config: Any,
@@ -323,7 +328,7 @@ def _with_own_pixels(samples: list[Any], images: StepImages, pixels: Any, config
     """The step's micro-batches, packed as on every rank, with pixel values in those this rank runs
     (its share and the idle copy) only: re-created from the shipped bytes by `pixels` (a
     trainer/vision.py TrajectoryImages over them, cached across steps by image id)."""
-    from openforge.trainer.data import _collate_images, _pack, micro_batches
+    from openforge.trainer.data import collate_images, micro_batches, pack_rows
 
     bare = [replace(s, pixel_values=None, image_grid_thw=None) for s in samples]  # packs exactly as with images
     mbs = micro_batches(bare, token_budget=config.micro_batch_tokens, pad_id=pad_id, loss_agg=config.loss_agg,
@@ -331,7 +336,7 @@ def _with_own_pixels(samples: list[Any], images: StepImages, pixels: Any, config
     if not mbs:
         return mbs
     # the rows of each micro-batch: micro_batches' own packing (no prefix sharing: one unit of all rows)
-    rows = _pack(samples, list(range(len(samples))), config.micro_batch_tokens)
+    rows = pack_rows(samples, list(range(len(samples))), config.micro_batch_tokens)
     if [(len(g), max(len(samples[j].token_ids) for j in g)) for g in rows] != [tuple(mb["input_ids"].shape) for mb in mbs]:
         raise TrainerError("micro-batches do not match trainer/data.py's packing: image rows cannot be placed")
     pixels.images.data = images.data
@@ -349,7 +354,7 @@ def _with_own_pixels(samples: list[Any], images: StepImages, pixels: Any, config
                                        f"{grid.tolist()}, rank 0 saw {s.image_grid_thw.tolist()}")
                 s = replace(s, pixel_values=values)
             members.append(s)
-        mbs[i].update(_collate_images(members, d.device))
+        mbs[i].update(collate_images(members, d.device))
     return mbs
 
 
@@ -396,7 +401,7 @@ def follow() -> None:
             elif op == "gather":
                 _gather(model, optimizer, d)
             elif op == "stop":
-                dist.barrier()  # Group.close's barrier: both ranks tear down after the last message
+                leave()  # with rank 0's Group.close, after the last message
                 return
             else:
                 raise RuntimeError(f"rank {d.rank}: unknown op {op!r} from rank 0")

@@ -14,6 +14,10 @@ from pathlib import Path
 
 SOURCE = Path(__file__)
 SANDBOX_PATH = ".forge/agent_files.py"  # relative to the sandbox's working directory, beside the agents
+# Where a harness's final answer is left for a shell verifier, relative to the sandbox's working
+# directory: an agent writes it itself, the runner writes it from any other harness's outcome. The one
+# definition: the in-sandbox agents cannot import the package, the package imports this file.
+ANSWER_FILE = ".forge/answer.txt"
 
 
 def write_afresh(path: str, text: str) -> None:

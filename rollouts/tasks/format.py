@@ -36,14 +36,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from openforge.errors import TaskError
+from openforge.rollouts.harnesses.agent_files import ANSWER_FILE
 from openforge.rollouts.tasks.grading import ExpectedAnswer
 from openforge.rollouts.tasks.web import WEB_TASKS_DIR
 from openforge.rollouts.tasks.web.spec import GuiTask
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
-# Where the harness's final answer is left for a shell verifier, relative to the sandbox's working
-# directory (the runner writes it from the harness's outcome; `mini` writes it itself).
-ANSWER_FILE = ".forge/answer.txt"
 _NO_GRADER = "verifier: missing (required unless expect_answer or expect_files grades the task)"
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -87,6 +85,8 @@ class TaskSpec(BaseModel):
     @classmethod
     def _check_paths(cls, value: dict[str, str]) -> dict[str, str]:
         for path in value:
+            if "\0" in path:  # no file system takes one: the sandbox's write would fail mid-rollout
+                raise ValueError(f"file path {path!r} contains a NUL byte, which no file name can hold")
             p = PurePosixPath(path)
             if not path or p.is_absolute() or ".." in p.parts:
                 raise ValueError(f"file path {path!r} must be relative and stay inside the working directory")

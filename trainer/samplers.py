@@ -1,4 +1,4 @@
-"""Where the trainer's rollouts come from, and how adapters reach the engine.
+"""Where the trainer's rollouts come from.
 
 `Sampler.sample(run_id, tasks, step=, adapter=)` returns finished Rollout rows whose trajectories are
 in the store. Two implementations:
@@ -9,143 +9,27 @@ in the store. Two implementations:
 - `EngineSampler`: no harness, no proxy. Prompts (token ids) go straight to the engine's
   `/generate` and the reward is a Python function of the completion: synthetic tasks, the "it
   learns" test and the benchmark. It writes the same rows the proxy would (Rollout, Call, Trajectory).
-
-The engine client is async and its HTTP pool belongs to one event loop, while the training loop is
-plain synchronous PyTorch; `BackgroundLoop` runs one event loop in a thread for all of them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
-import threading
-from collections import Counter
-from collections.abc import Awaitable, Callable
-from concurrent.futures import Future
-from typing import Any, Protocol, Sequence, TypeVar
+from collections.abc import Callable
+from typing import Any, Protocol, Sequence
 
-from openforge.errors import EngineError, TrainerError
+from openforge.errors import TrainerError
+from openforge.rollouts.runner.failures import StepFailed
 from openforge.store import Call, Rollout, Store, Trajectory, utcnow
+from openforge.trainer.bridge import BackgroundLoop
+from openforge.trainer.cancel import Cancelled, CancelToken
 
-T = TypeVar("T")
 log = logging.getLogger("forge.sampler")
-
-
-class BackgroundLoop:
-    """One asyncio loop in a daemon thread; `run(coro)` blocks the caller until it is done."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="forge-trainer-io", daemon=True)
-        self._thread.start()
-
-    def submit(self, value: Awaitable[T] | T) -> Future:
-        if not inspect.isawaitable(value):
-            done: Future = Future()
-            done.set_result(value)
-            return done
-        async def wrap() -> Any:
-            return await value
-        return asyncio.run_coroutine_threadsafe(wrap(), self.loop)
-
-    def run(self, value: Awaitable[T] | T) -> T:
-        return self.submit(value).result()
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
 
 
 class Sampler(Protocol):
     def sample(self, run_id: str, tasks: Sequence[Any], *, step: int, adapter: str | None) -> list[Rollout]:
         """Run a group of rollouts per task with `adapter`; return them finished and assembled."""
-
-
-class Cancelled(KeyboardInterrupt):
-    """Sampling was cancelled: the run is stopping. A KeyboardInterrupt, so that `train()` records the
-    run as `stopped` rather than `failed`."""
-
-
-class StepFailed(TrainerError):
-    """Every rollout of a step failed for infrastructure or harness reasons: there is nothing to learn
-    from, and the next step would fail the same way."""
-
-    def __init__(self, what: str, n: int, reason: str, count: int) -> None:
-        self.n, self.reason, self.count = n, reason, count
-        super().__init__(f"every rollout of {what} failed ({n}); the most frequent reason ({count} of {n}): {reason}")
-
-    @classmethod
-    def check(cls, what: str, rollouts: Sequence[Rollout]) -> None:
-        """Raise when `rollouts` is not empty and every one of them is an infra/harness failure."""
-        if rollouts and all(is_infra_failure(r) for r in rollouts):
-            reason, count = failure_reasons(rollouts)[0]
-            raise cls(what, len(rollouts), reason, count)
-
-
-class CancelToken:
-    """Cancels sampling from any thread: the step in flight (its asyncio task, so the runner's own
-    cleanup - sandbox `stop()` in its `finally` blocks - runs before the sampler returns) and every
-    later one."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self._lock = threading.Lock()
-        self._running: set[tuple[asyncio.AbstractEventLoop, asyncio.Task]] = set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._event.is_set()
-
-    def cancel(self) -> None:
-        with self._lock:
-            self._event.set()
-            running = list(self._running)
-        for loop, task in running:
-            loop.call_soon_threadsafe(task.cancel)
-
-    def check(self) -> None:
-        if self._event.is_set():
-            raise Cancelled()
-
-    async def guard(self, work: Awaitable[T]) -> T:
-        """Await `work` as a task this token cancels."""
-        task = asyncio.current_task()
-        assert task is not None
-        entry = (asyncio.get_running_loop(), task)
-        with self._lock:
-            if self._event.is_set():  # cancelled before this task existed to be cancelled
-                if inspect.iscoroutine(work):
-                    work.close()
-                raise asyncio.CancelledError
-            self._running.add(entry)
-        try:
-            return await work
-        finally:
-            with self._lock:
-                self._running.discard(entry)
-
-
-def is_infra_failure(rollout: Rollout) -> bool:
-    """Failed for a reason that is not the policy's: the sandbox, the engine, the harness itself.
-    (A row without a failure kind predates them: the runner marked only those `failed`.)"""
-    if rollout.failure_kind is not None:
-        return rollout.failure_kind in ("infra", "harness")
-    return rollout.status == "failed"
-
-
-def is_failure(rollout: Rollout) -> bool:
-    """Ended without being scored normally: failed (any kind) or timed out."""
-    return rollout.failure_kind is not None or rollout.status in ("failed", "timed_out")
-
-
-def failure_reasons(rollouts: Sequence[Rollout], *, which: Callable[[Rollout], bool] = is_infra_failure
-                    ) -> list[tuple[str, int]]:
-    """The reasons of the failures among `rollouts` (by default the infra/harness ones), most frequent
-    first. A reason is the first line of the rollout's error."""
-    counts = Counter(((r.error or "").strip().splitlines() or ["no reason recorded"])[0][:300]
-                     for r in rollouts if which(r))
-    return counts.most_common()
 
 
 class RolloutSampler:
@@ -285,33 +169,3 @@ def _data_url(data: bytes) -> str:
     from openforge.images import image_format
 
     return f"data:image/{image_format(data)};base64," + base64.b64encode(data).decode()
-
-
-class AdapterSync:
-    """Hot-loads each new adapter into the engine under a new name and unloads old ones.
-
-    The adapter of step N-1 stays loaded while N is being served: with one-step-off-policy overlap,
-    rollouts that started with it may still be running."""
-
-    def __init__(self, client: Any, bridge: BackgroundLoop, keep: int = 2) -> None:
-        self.client, self.bridge, self.keep = client, bridge, keep
-        self.loaded: list[str] = []
-
-    def load(self, name: str, path: str) -> None:
-        try:
-            self.bridge.run(self.client.load_lora_adapter(name, path))
-        except EngineError as first:
-            # A long-lived engine (kind = "url") may hold this name from before a resume; SGLang
-            # refuses to load a name twice, so replace it. Any other failure is the one reported.
-            try:
-                self.bridge.run(self.client.unload_lora_adapter(name))
-            except EngineError:
-                raise first from None
-            self.bridge.run(self.client.load_lora_adapter(name, path))
-        self.loaded.append(name)
-        while len(self.loaded) > self.keep:
-            self.bridge.run(self.client.unload_lora_adapter(self.loaded.pop(0)))
-
-    def update_weights(self, path: str) -> None:
-        """Full fine-tuning: the engine reloads its base weights from the saved model folder."""
-        self.bridge.run(self.client.update_weights_from_disk(path))
