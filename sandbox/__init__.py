@@ -1,5 +1,6 @@
 """Sandboxes: where each rollout runs. One interface (`openforge.sandbox.base`), one module per backend
-(`local`, `docker`, `kubernetes`), and `make_sandbox(config)` to pick one by `sandbox.type`."""
+(`local`, `docker`, `kubernetes`), and `make_sandbox(config)` to pick one by `sandbox.type`.
+`docker_engine.connect` is the one way to a Docker engine (the backend, image builds, the sweeper)."""
 
 from openforge.sandbox.base import (ExecResult, IsolationReport, IsolationUnavailable, Sandbox, SandboxBase,
                           SandboxFileNotFound, SandboxInfo, SandboxStartFailed, TransientSandboxError,

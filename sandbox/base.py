@@ -18,6 +18,13 @@ holds `workdir` and `home`; containers: anywhere in the container). A missing fi
 `SandboxFileNotFound`.
 
 Backends label what they create with `LABELS` so `forge gc` can find what a crashed run left.
+
+What differs between backends is declared on the class, never probed by the caller (SWE-ReX's
+runtime/deployment split): `agent_proxy_url(host_url)` is the URL a harness inside uses for the proxy,
+`supports_gui` / `attach_gui(spec)` run execs in a display, `runs_host_programs` says harnesses run
+from this machine's installs (bound in with `with_host_folders`), and `check_isolation(config)` says
+what keeps rollouts in. `SandboxBase` holds the defaults; a new backend registered in
+`openforge.sandbox.factory.BACKENDS` needs no edit in the runner.
 """
 
 from __future__ import annotations
@@ -28,9 +35,13 @@ import posixpath
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from urllib.parse import urlsplit, urlunsplit
 
 from openforge.errors import SandboxError
+
+if TYPE_CHECKING:
+    from openforge.sandbox.gui import GuiSpec
 
 log = logging.getLogger(__name__)
 
@@ -132,9 +143,27 @@ class SandboxInfo:
     labels: dict[str, str] = field(default_factory=dict)
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+
+
+def proxy_url_via(host_url: str, proxy_host: str) -> str:
+    """`host_url` (the proxy as the host reaches it) as seen from a sandbox that reaches the host at
+    `proxy_host`: a loopback URL gets that host instead (a container's 127.0.0.1 is its own)."""
+    parts = urlsplit(host_url)
+    if parts.hostname in LOOPBACK_HOSTS and proxy_host and proxy_host not in LOOPBACK_HOSTS:
+        netloc = f"{proxy_host}:{parts.port}" if parts.port else proxy_host
+        return urlunsplit(parts._replace(netloc=netloc))
+    return host_url
+
+
 @runtime_checkable
 class Sandbox(Protocol):
     info: SandboxInfo
+    # Whether `attach_gui` can run execs in an X display with a browser (GUI tasks need it).
+    supports_gui: bool
+    # Whether harnesses run from this machine's installs (the npm cache, this venv), bound into the
+    # sandbox, rather than from the sandbox image's own: `harness_available` checks the host's then.
+    runs_host_programs: bool
 
     async def start(self) -> None:
         """Create the sandbox. Raises SandboxError with the reason (image missing, engine down, quota)."""
@@ -154,6 +183,15 @@ class Sandbox(Protocol):
 
     async def stop(self) -> None:
         """Kill every process and remove the sandbox. Idempotent; never raises for an already-gone sandbox."""
+
+    def agent_proxy_url(self, host_url: str) -> str:
+        """The proxy's URL as a harness inside this (started) sandbox reaches it, for a proxy the host
+        reaches at `host_url`: a forwarder of the proxy's unix socket, a configured in-cluster address,
+        or `host_url` itself where the sandbox shares the host's network."""
+
+    def attach_gui(self, spec: "GuiSpec | None") -> None:
+        """Run the following execs in an X display with a browser on `spec`; None detaches. Raises
+        SandboxError when this sandbox cannot (`supports_gui` False, or a setting it lacks)."""
 
     async def __aenter__(self) -> "Sandbox": ...
 
@@ -229,10 +267,35 @@ async def stop_shielded(sb: "Sandbox") -> None:
 
 class SandboxBase:
     """Shared context-manager behaviour: `async with` starts (through `start_with_retry`, retrying a
-    transient failure up to `start_retries` times), and always stops, even on cancellation."""
+    transient failure up to `start_retries` times), and always stops, even on cancellation. The
+    capability defaults are a headless sandbox on the host's network that carries its own programs.
+
+    A backend's constructor is `(config, *, run_id, rollout_id, proxy_socket=None, site_socket=None)`
+    (`make_sandbox` calls it so); a socket a backend cannot bind it ignores."""
 
     info: SandboxInfo
     start_retries: int = 0
+    supports_gui: ClassVar[bool] = False
+    runs_host_programs: ClassVar[bool] = False
+
+    @classmethod
+    def check_isolation(cls, config: Any) -> IsolationReport:  # pragma: no cover - implemented by backends
+        """What keeps rollouts in under `config` on this machine; IsolationUnavailable (with the fix)
+        when nothing would."""
+        raise NotImplementedError
+
+    @classmethod
+    def with_host_folders(cls, config: Any, folders: list[str]) -> Any:
+        """`config` with host `folders` made readable inside (a harness install): only a backend that
+        runs host programs binds them; one that carries its own install returns `config` as it is."""
+        return config
+
+    def agent_proxy_url(self, host_url: str) -> str:
+        return proxy_url_via(host_url, self.info.proxy_host)
+
+    def attach_gui(self, spec: "GuiSpec | None") -> None:
+        if spec is not None:
+            raise SandboxError(f"the {self.info.backend} backend has no display for GUI tasks")
 
     async def start(self) -> None:  # pragma: no cover - implemented by backends
         raise NotImplementedError

@@ -47,8 +47,8 @@ from pathlib import Path
 from openforge.config import LocalSandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
-from openforge.sandbox.base import (ExecResult, IsolationUnavailable, SandboxBase, SandboxFileNotFound, SandboxInfo,
-                          SandboxPathRefused, sandbox_labels)
+from openforge.sandbox.base import (ExecResult, IsolationReport, IsolationUnavailable, SandboxBase, SandboxFileNotFound,
+                          SandboxInfo, SandboxPathRefused, sandbox_labels)
 from openforge.sandbox.gui import SITE_PORT, SITE_URL, GuiSpec
 from openforge.sandbox.procs import Cgroup, Limits, cgroup_name, kill_pids, kill_tree, limit_argv, nproc_budget, preexec
 
@@ -173,8 +173,26 @@ def runtime_paths(extra: list[str]) -> list[str]:
 
 
 class LocalSandbox(SandboxBase):
+    supports_gui = True  # with bubblewrap: each GUI exec gets a display of its own (attach_gui)
+    runs_host_programs = True  # harnesses run from this machine's npm cache and venv, bound in read-only
+
+    @classmethod
+    def check_isolation(cls, config: LocalSandboxConfig) -> IsolationReport:
+        if config.isolation == "none":
+            return IsolationReport("none", 'sandbox.isolation = "none": rollouts run as plain host processes')
+        path = bwrap_usable()
+        if not path:
+            raise IsolationUnavailable(ISOLATION_FIX)
+        return IsolationReport("bwrap-userns", f"{path}: user, pid, net, ipc, uts, cgroup namespaces, no capabilities")
+
+    @classmethod
+    def with_host_folders(cls, config: LocalSandboxConfig, folders: list[str]) -> LocalSandboxConfig:
+        # An isolated local sandbox sees only the host folders it is given.
+        return config.model_copy(update={"read_only_paths": [*config.read_only_paths, *folders]})
+
     def __init__(self, config: LocalSandboxConfig, *, run_id: str, rollout_id: str, root: Path | None = None,
-                 proxy_socket: str | Path | None = None) -> None:
+                 proxy_socket: str | Path | None = None, site_socket: str | Path | None = None) -> None:
+        # site_socket: unused here; a GUI exec binds the site socket `attach_gui(spec)` names.
         self.config = config
         self.cfg = config
         self.start_retries = config.start_retries
@@ -211,6 +229,9 @@ class LocalSandbox(SandboxBase):
         the sandbox shares the host's network)."""
         return f"http://127.0.0.1:{PROXY_PORT}" if self.bwrap and self.proxy_socket else None
 
+    def agent_proxy_url(self, host_url: str) -> str:
+        return self.proxy_url or super().agent_proxy_url(host_url)
+
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
         if self._started:
@@ -222,7 +243,7 @@ class LocalSandbox(SandboxBase):
         self._created = True  # from here on stop() has something to clean, even if start() fails
         self.info.workdir, self.info.home = self._inner("work"), self._inner("home")
         if self.dir.exists():  # a leftover of the same rollout id: never reuse its files
-            await asyncio.to_thread(_rmtree, self.dir)
+            await asyncio.to_thread(remove_tree, self.dir)
         try:
             for sub in ("work", "home", "tmp", "etc"):
                 (self.dir / sub).mkdir(parents=True, exist_ok=True)
@@ -259,7 +280,7 @@ class LocalSandbox(SandboxBase):
         self._kill_all_sync()
         if self.cgroup:
             self.cgroup.remove()
-        _rmtree(self.dir)
+        remove_tree(self.dir)
 
     # -- exec --------------------------------------------------------------------------------------
     def _argv(self, command: str | list[str], cwd: str) -> list[str]:
@@ -497,7 +518,7 @@ class _Capped:
         return bytes(self.buf).decode("utf-8", errors="replace")
 
 
-def _rmtree(path: Path) -> None:
+def remove_tree(path: Path) -> None:
     """rm -rf that also removes what a sandboxed process made read-only."""
 
     def onexc(func, p, _exc):  # type: ignore[no-untyped-def]

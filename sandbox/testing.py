@@ -15,6 +15,7 @@ import functools
 import os
 
 from openforge.config import DockerSandboxConfig, LocalSandboxConfig, SandboxConfig
+from openforge.environment import forge_env
 from openforge.errors import SandboxError
 
 
@@ -27,11 +28,11 @@ def sandbox_backends() -> list[str]:
 def docker_image(variant: str) -> tuple[str | None, str]:
     """(tag, "") of the variant's image on the reachable engine, built if needed; else (None, why).
 
-    The python variant is only *used* if it already exists (or OPENFORGE_BUILD_PYTHON_IMAGE=1): its
+    The python variant is only *used* if it already exists (or FORGE_BUILD_PYTHON_IMAGE=1): its
     first build takes a minute or more, which belongs to CI's setup, not to a test."""
     import os
 
-    from openforge.sandbox.docker import connect
+    from openforge.sandbox.docker_engine import connect
     from openforge.sandbox.images import ensure_image, image_tag
 
     try:
@@ -39,7 +40,7 @@ def docker_image(variant: str) -> tuple[str | None, str]:
     except SandboxError as exc:
         return None, f"{exc} (CI starts dockerd in .ci/run and exports DOCKER_HOST)"
     try:
-        if variant == "python" and not os.environ.get("OPENFORGE_BUILD_PYTHON_IMAGE"):
+        if variant == "python" and not forge_env("FORGE_BUILD_PYTHON_IMAGE"):
             try:
                 client.images.get(image_tag("python"))
             except Exception:  # noqa: BLE001 - ImageNotFound, said as a skip reason
@@ -59,12 +60,12 @@ def npm_cache_for_tests() -> str:
 @functools.lru_cache(maxsize=4)
 def harness_image(names: tuple[str, ...]) -> tuple[str | None, str]:
     """(tag, "") of the harness image of `names` built from the test npm cache, on the reachable engine;
-    else (None, why). Used only if it exists (.ci/run builds it), or OPENFORGE_BUILD_HARNESS_IMAGE=1."""
+    else (None, why). Used only if it exists (.ci/run builds it), or FORGE_BUILD_HARNESS_IMAGE=1."""
     from pathlib import Path
 
     from openforge.errors import HarnessError
     from openforge.rollouts.harnesses.npm import image_layer
-    from openforge.sandbox.docker import connect
+    from openforge.sandbox.docker_engine import connect
     from openforge.sandbox.harness_image import ensure_harness_image, harness_tag
     from openforge.sandbox.images import has_image
 
@@ -78,9 +79,9 @@ def harness_image(names: tuple[str, ...]) -> tuple[str | None, str]:
         return None, f"{exc} (CI starts dockerd in .ci/run and exports DOCKER_HOST)"
     try:
         tag = harness_tag(layer)
-        if not has_image(client, tag) and not os.environ.get("OPENFORGE_BUILD_HARNESS_IMAGE"):
+        if not has_image(client, tag) and not forge_env("FORGE_BUILD_HARNESS_IMAGE"):
             return None, (f"{tag} is not built (forge sandbox build-image --harness {','.join(names)}, "
-                          "or OPENFORGE_BUILD_HARNESS_IMAGE=1)")
+                          "or FORGE_BUILD_HARNESS_IMAGE=1)")
         return ensure_harness_image(layer, timeout=900), ""
     except SandboxError as exc:
         return None, f"cannot build the harness image: {exc}"

@@ -11,22 +11,31 @@ never scored: the rollout ends `failed` with failure_kind "harness" and the reas
 text never reaches a verifier. Adapters must read the harness's own structured result (Claude Code's
 JSON, Codex's last-message file, OpenClaw's JSON), never guess from free-form output.
 
-`calls_model` (default True) says the harness talks to the model: a rollout in which it made no
-successful model call is a harness failure too. Only stand-in agents (selfcheck's solution scripts,
-tests' shell lines) set it False.
+What differs between harnesses is declared on the adapter class (`HarnessBase` holds the defaults),
+so the runner and preflight never compare harness names:
+
+    calls_model  (True) the harness talks to the model: a rollout in which it made no successful model
+                 call is a harness failure too. Only stand-in agents (selfcheck's solution scripts,
+                 tests' shell lines) set it False.
+    own_browser  (False) it starts its own browser: a GUI task's display gets none, and the page it
+                 would have shown comes as FORGE_START_URL.
+    gui          (False) it sends screenshots: the policy must be a vision model.
+    available(config)  None when this machine has what the harness needs to run in a sandbox that
+                 runs host programs (`Sandbox.runs_host_programs`), else the fix to print.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from openforge.errors import SandboxError
+from openforge.rollouts.harnesses.agent_files import ANSWER_FILE
 from openforge.sandbox.base import ExecResult, Sandbox
 
-# Where the answer file is read from; rollouts.tasks.ANSWER_FILE is the same path (not imported:
-# tasks imports nothing from here and this module stays below it).
-ANSWER_FILE = ".forge/answer.txt"
+if TYPE_CHECKING:
+    from openforge.config import ForgeConfig
+
 MAX_ANSWER_BYTES = 4 * 1024 * 1024  # an answer longer than this is cut (it fails exact grading anyway)
 
 
@@ -58,6 +67,13 @@ class HarnessOutcome:
 
 class Harness(Protocol):
     name: str
+    calls_model: bool
+    own_browser: bool
+    gui: bool
+
+    @classmethod
+    def available(cls, config: "ForgeConfig") -> str | None:
+        """None when this machine can run the harness in a host-program sandbox, else the fix."""
 
     async def prepare(self, sandbox: Sandbox, ctx: HarnessContext) -> None:
         """Make the harness runnable in the sandbox (find it, copy it in, write its config files).
@@ -71,6 +87,19 @@ class Harness(Protocol):
 
     async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
         """The harness's final answer or failure, read from its own result (after it has exited)."""
+
+
+class HarnessBase:
+    """The declared capabilities' defaults (see the module docstring); every adapter derives from it."""
+
+    name: ClassVar[str]
+    calls_model: ClassVar[bool] = True
+    own_browser: ClassVar[bool] = False
+    gui: ClassVar[bool] = False
+
+    @classmethod
+    def available(cls, config: "ForgeConfig") -> str | None:
+        return None  # needs nothing of this machine's (a stand-in agent, a shell line)
 
 
 def last_line(text: str) -> str:

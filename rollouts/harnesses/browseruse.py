@@ -28,9 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from openforge.config import HarnessConfig
+from openforge.config import ForgeConfig, HarnessConfig
 from openforge.errors import HarnessError
-from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome, last_line, read_text
+from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext, HarnessOutcome, last_line, read_text
 from openforge.rollouts.harnesses import agent_files
 from openforge.rollouts.harnesses.npm import npm_cache_dir
 from openforge.sandbox.base import ExecResult, Sandbox
@@ -158,11 +158,19 @@ def browser_use_outcome(result: ExecResult, record_text: str | None) -> HarnessO
     return HarnessOutcome(answer="", turns=steps)  # the step limit (or its failure limit) without done
 
 
-class BrowserUseHarness:
+class BrowserUseHarness(HarnessBase):
     name = "browser-use"
+    gui = True  # it sends screenshots: the policy must see images
     # It starts and drives its own Chromium: a GUI task's display gets no browser of the sandbox's, and
     # the page it would have shown comes as FORGE_START_URL (rollouts/runner/runner.py).
     own_browser = True
+
+    @classmethod
+    def available(cls, config: ForgeConfig) -> str | None:
+        cache = npm_cache_dir(config.harness)
+        if venv_python(cache) is None:
+            return f"browser-use is not installed in {cache}: run `forge harness install browser-use`"
+        return None if find_chromium() else "browser-use needs a Chromium on this machine: apt-get install chromium"
 
     def __init__(self, config: HarnessConfig) -> None:
         self.config = config

@@ -15,7 +15,7 @@ from typing import Any
 
 from openforge.config import HarnessConfig
 from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome, last_line
-from openforge.rollouts.harnesses.npm import check_in_sandbox, npm_cache_dir, sandbox_executable
+from openforge.rollouts.harnesses.npm import NpmPackageHarness, check_in_sandbox, npm_cache_dir, sandbox_executable
 from openforge.sandbox.base import ExecResult, Sandbox
 
 # Settings that keep Claude Code talking to the proxy only (checked with strace: no DNS, no other
@@ -65,7 +65,7 @@ def claude_outcome(result: ExecResult) -> HarnessOutcome:
     return HarnessOutcome(answer=text, turns=turns)
 
 
-class ClaudeCodeHarness:
+class ClaudeCodeHarness(NpmPackageHarness):
     name = "claude-code"
 
     def __init__(self, config: HarnessConfig) -> None:

@@ -12,7 +12,7 @@ import json
 
 from openforge.config import HarnessConfig
 from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome, last_line, read_text
-from openforge.rollouts.harnesses.npm import check_in_sandbox, npm_cache_dir, sandbox_executable
+from openforge.rollouts.harnesses.npm import NpmPackageHarness, check_in_sandbox, npm_cache_dir, sandbox_executable
 from openforge.sandbox.base import ExecResult, Sandbox
 
 KEY_ENV = "FORGE_API_KEY"  # the provider's env_key: Codex sends it as `Authorization: Bearer ...`
@@ -47,7 +47,7 @@ def _error_message(line: str) -> str:
     return f"API error: {message}" if isinstance(message, str) else line
 
 
-class CodexHarness:
+class CodexHarness(NpmPackageHarness):
     name = "codex"
 
     def __init__(self, config: HarnessConfig) -> None:

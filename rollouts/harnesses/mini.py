@@ -4,11 +4,12 @@ the `openai` package (the local backend: this venv's interpreter; container back
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
-from openforge.config import HarnessConfig
-from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome, answer_file_outcome
+from openforge.config import ForgeConfig, HarnessConfig
+from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext, HarnessOutcome, answer_file_outcome
 from openforge.rollouts.harnesses import agent_files
 from openforge.sandbox.base import ExecResult, Sandbox
 
@@ -17,7 +18,7 @@ AGENT_PATH = ".forge/mini_agent.py"  # relative to the sandbox's working directo
 INSTRUCTION_PATH = ".forge/instruction.txt"  # a file, not argv: instructions can be long or odd
 
 
-class MiniHarness:
+class MiniHarness(HarnessBase):
     """Copies an agent script into the sandbox and runs it against the proxy's Chat Completions API;
     mini-gui (mini_gui.py) is the same with another script and its own outcome."""
 
@@ -25,6 +26,12 @@ class MiniHarness:
     agent_source = AGENT_SOURCE
     agent_path = AGENT_PATH
     turns_flag = "--max-turns"
+
+    @classmethod
+    def available(cls, config: ForgeConfig) -> str | None:
+        if importlib.util.find_spec("openai") is None:
+            return f"the mini harness needs the `openai` package in {sys.executable}: pip install openai"
+        return None
 
     def __init__(self, config: HarnessConfig) -> None:
         self.config = config

@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import Any
 
 try:  # in the sandbox: the harness put agent_files.py beside this script
-    from agent_files import write_afresh
+    from agent_files import ANSWER_FILE, write_afresh
 except ImportError:  # imported from the package (tests, warm-up)
-    from openforge.rollouts.harnesses.agent_files import write_afresh
+    from openforge.rollouts.harnesses.agent_files import ANSWER_FILE, write_afresh
 
-ANSWER_FILE = ".forge/answer.txt"
 TOOL_OUTPUT_CHARS = 4000  # what one tool result may add to the context
 SYSTEM = ("You are an agent in a sandbox. Use the tools to act in the working directory. "
           "When the task is done, reply with your final answer as plain text without tool calls.")

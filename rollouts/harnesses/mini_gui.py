@@ -12,9 +12,13 @@ empty answer (a state-graded task is graded by the state it left; an answer task
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import shutil
+import sys
 from pathlib import Path
 
+from openforge.config import ForgeConfig
 from openforge.rollouts.harnesses.base import HarnessOutcome, last_line, read_text
 from openforge.rollouts.harnesses.mini import MiniHarness
 from openforge.sandbox.base import ExecResult, Sandbox
@@ -47,9 +51,16 @@ def mini_gui_outcome(result: ExecResult, record_text: str | None) -> HarnessOutc
 
 class MiniGuiHarness(MiniHarness):
     name = "mini-gui"
+    gui = True  # it sends screenshots: the policy must see images
     agent_source = AGENT_SOURCE
     agent_path = AGENT_PATH
     turns_flag = "--max-steps"
+
+    @classmethod
+    def available(cls, config: ForgeConfig) -> str | None:
+        if importlib.util.find_spec("PIL") is None:
+            return f"the mini-gui harness needs Pillow in {sys.executable}: pip install pillow"
+        return None if shutil.which("xdotool") else "the mini-gui harness needs xdotool: apt-get install xdotool"
 
     async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
         return mini_gui_outcome(result, await read_text(sandbox, RESULT_PATH))

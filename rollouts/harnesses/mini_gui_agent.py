@@ -53,11 +53,10 @@ from pathlib import Path
 from typing import Any
 
 try:  # in the sandbox: the harness put agent_files.py beside this script
-    from agent_files import write_afresh
+    from agent_files import ANSWER_FILE, write_afresh
 except ImportError:  # imported from the package (tests, warm-up)
-    from openforge.rollouts.harnesses.agent_files import write_afresh
+    from openforge.rollouts.harnesses.agent_files import ANSWER_FILE, write_afresh
 
-ANSWER_FILE = ".forge/answer.txt"
 RESULT_FILE = ".forge/mini_gui_result.json"
 ACTIONS = ("click", "type", "key", "scroll", "done")
 MAX_TYPE_CHARS = 2000

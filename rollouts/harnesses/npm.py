@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from openforge.config import HarnessConfig
+from openforge.config import ForgeConfig, HarnessConfig
 from openforge.errors import HarnessError
 from openforge.paths import forge_home
-from openforge.rollouts.harnesses.base import HarnessContext
+from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext
 from openforge.sandbox.base import Sandbox
 
 if TYPE_CHECKING:
@@ -108,6 +108,27 @@ def find_package_bin(cache: Path, name: str) -> Path | None:
     if name == "claude-code" and target.stat().st_size < 64 * 1024:
         return None  # still the placeholder stub: the postinstall that links the native binary did not run
     return target
+
+
+def npm_install_missing(config: HarnessConfig, name: str) -> str | None:
+    """None when npm harness `name` is installed in the cache `config` names (with the Node it needs),
+    else the `forge harness install` line that fixes it."""
+    cache = npm_cache_dir(config)
+    default = npm_cache_dir(None) == cache
+    fix = f"forge harness install {name}" + ("" if default else f" --cache {cache}")
+    if find_package_bin(cache, name) is None:
+        return f"harness {name!r} is not installed in {cache}: run `{fix}`"
+    if NPM_HARNESSES[name].needs_node and node_binary(cache) is None:
+        return f"harness {name!r} needs Node {NPM_HARNESSES[name].needs_node} in {cache}: run `{fix}`"
+    return None
+
+
+class NpmPackageHarness(HarnessBase):
+    """An adapter whose program is an npm package in the cache (`NPM_HARNESSES[name]`)."""
+
+    @classmethod
+    def available(cls, config: ForgeConfig) -> str | None:
+        return npm_install_missing(config.harness, cls.name)
 
 
 def require_package_bin(cache: Path, name: str) -> Path:

@@ -24,7 +24,7 @@ import shutil
 from openforge.config import HarnessConfig
 from openforge.errors import HarnessError
 from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome, last_line
-from openforge.rollouts.harnesses.npm import check_in_sandbox, npm_cache_dir, sandbox_executable
+from openforge.rollouts.harnesses.npm import NpmPackageHarness, check_in_sandbox, npm_cache_dir, sandbox_executable
 from openforge.sandbox.base import ExecResult, Sandbox
 
 CONFIG_PATH = ".forge/openclaw.json"  # relative to the sandbox's working directory
@@ -65,7 +65,7 @@ def openclaw_outcome(result: ExecResult) -> HarnessOutcome:
     return HarnessOutcome(answer=final["final"])
 
 
-class OpenClawHarness:
+class OpenClawHarness(NpmPackageHarness):
     name = "openclaw"
 
     def __init__(self, config: HarnessConfig) -> None:

@@ -14,10 +14,11 @@ seen here), so `outcome` takes stdout as the answer only on exit 0 with somethin
 from __future__ import annotations
 
 import json
+import shutil
 
-from openforge.config import HarnessConfig
+from openforge.config import ForgeConfig, HarnessConfig
 from openforge.errors import HarnessError
-from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome, last_line
+from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext, HarnessOutcome, last_line
 from openforge.sandbox.base import ExecResult, Sandbox
 
 WORKSPACE = ".forge/zeroclaw"  # ZeroClaw's config/state folder, relative to the sandbox's workdir
@@ -40,8 +41,13 @@ def zeroclaw_config(ctx: HarnessContext, max_tool_iterations: int) -> str:
     ])
 
 
-class ZeroClawHarness:
+class ZeroClawHarness(HarnessBase):
     name = "zeroclaw"
+
+    @classmethod
+    def available(cls, config: ForgeConfig) -> str | None:
+        return None if shutil.which("zeroclaw") else (
+            "zeroclaw is not on the PATH: it is a Rust binary, not on npm (`cargo install zeroclaw`); see docs/harnesses.md")
 
     def __init__(self, config: HarnessConfig) -> None:
         self.config = config

@@ -5,5 +5,6 @@
     trajectory.py  a rollout's recorded calls as training sequences (token ids, masks, logprobs)
     transcript.py  a rollout's recorded calls as what the agent did: tool steps, results, answer
     metrics.py     mean reward, pass@k and pass^k per task and per run
+    failures.py    which rollouts failed for infra/harness reasons, their reasons, StepFailed
     evaluate.py    an eval: every task sampled k times, scored, summarised, stored as a run
 """

@@ -17,7 +17,9 @@ answer and expected files checked exactly, then the shell verifier -> scored. Th
                made no successful model call: rollouts/harnesses/base.py). Never graded from its output.
     cancelled  the run was cancelled (Ctrl-C, `cancel()`) before the rollout finished
 
-Every sandbox is stopped on every path, cancellation included.
+Every sandbox is stopped on every path, cancellation included. The runner never asks which sandbox
+backend or harness it has: it uses only the members their protocols declare (sandbox/base.py,
+rollouts/harnesses/base.py).
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from openforge.config import ForgeConfig
 from openforge.errors import HarnessError, SandboxError
@@ -85,15 +86,14 @@ def _default_factory() -> SandboxFactory:
 
 
 def _with_harness_install(config: ForgeConfig) -> Any:
-    """The sandbox config, with the npm harness install bound read-only into local sandboxes (an
-    isolated local sandbox sees only the host folders it is given)."""
-    sandbox = config.sandbox
-    if sandbox.type != "local" or not config.harness.npm_cache:
-        return sandbox
+    """The sandbox config, with a configured npm harness install made readable inside a sandbox that
+    runs host programs (a container backend carries its own install and leaves its config as it is)."""
+    if not config.harness.npm_cache:
+        return config.sandbox
     from openforge.rollouts.harnesses.npm import npm_cache_dir
+    from openforge.sandbox.factory import sandbox_class
 
-    return sandbox.model_copy(update={"read_only_paths": [*sandbox.read_only_paths,
-                                                          str(npm_cache_dir(config.harness))]})
+    return sandbox_class(config.sandbox.type).with_host_folders(config.sandbox, [str(npm_cache_dir(config.harness))])
 
 
 class RolloutRunner:
@@ -192,7 +192,7 @@ class RolloutRunner:
                 if sb is None:
                     return
                 try:
-                    if site is not None and not hasattr(sb, "attach_gui"):
+                    if site is not None and not sb.supports_gui:
                         raise _InfraFailure(f"GUI task {spec.task.id} needs a sandbox with a display: the "
                                             f"{sb.info.backend} backend has none (use sandbox.type = \"local\" "
                                             "with bubblewrap, or \"docker\" with the browser image)")
@@ -239,7 +239,7 @@ class RolloutRunner:
 
     async def _drive(self, sb: Sandbox, ro: Rollout, task: TaskSpec, site: Any = None) -> None:
         budget = min(task.time_limit_s * self.config.runner.time_limit_scale, self.config.runner.rollout_timeout_s)
-        ctx = HarnessContext(proxy_url=self._proxy_url_for(sb), api_key=ro.key,
+        ctx = HarnessContext(proxy_url=sb.agent_proxy_url(self.proxy_url), api_key=ro.key,
                              model=self.config.proxy.served_model_name, instruction=task.instruction,
                              workdir=sb.info.workdir, backend=sb.info.backend, task_id=task.id)
         await self._setup(sb, task)
@@ -251,17 +251,17 @@ class RolloutRunner:
         try:
             if site is not None:  # the harness (only) runs in the display, the browser on the site
                 spec = site.gui_spec()
-                if getattr(self.harness, "own_browser", False):  # browser-use starts its own chromium there
+                if self.harness.own_browser:  # it starts its own browser in the display, on this page
                     env = {**env, "FORGE_START_URL": spec.url or ""}
                     spec = dataclasses.replace(spec, url=None)
-                sb.attach_gui(spec)  # type: ignore[attr-defined]
+                sb.attach_gui(spec)
         except SandboxError as exc:
             raise _InfraFailure(str(exc)) from None
         try:
             result = await self._exec(sb, command, timeout=budget, env=env)
         finally:
             if site is not None:
-                sb.attach_gui(None)  # type: ignore[attr-defined]
+                sb.attach_gui(None)
         try:  # nothing the agent started may still run (and rewrite files) while it is graded
             await sb.kill_all()
         except SandboxError as exc:
@@ -294,7 +294,7 @@ class RolloutRunner:
             outcome = await self.harness.outcome(result, sb)
         except SandboxError as exc:
             raise _InfraFailure(f"reading the harness's result failed: {exc}") from None
-        if outcome.failure is None and getattr(self.harness, "calls_model", True):
+        if outcome.failure is None and self.harness.calls_model:
             if not await self._db(self._has_ok_call, ro.id):
                 return HarnessOutcome.failed(f"{self.harness.name} made no successful model call "
                                              f"(exit code {result.exit_code})")
@@ -430,21 +430,6 @@ class RolloutRunner:
         if calls and calls[0].status in ("error", "interrupted"):
             return (calls[0].error or calls[0].status)[:500]
         return None
-
-    def _proxy_url_for(self, sb: Sandbox) -> str:
-        """The proxy URL as seen from inside the sandbox."""
-        inside = getattr(sb, "proxy_url", None)  # the sandbox's forwarder to the proxy's unix socket
-        if inside and sb.info.backend != "kubernetes":
-            return inside
-        k8s = getattr(self.config.sandbox, "proxy_url", "")  # only the kubernetes backend's config has one
-        if sb.info.backend == "kubernetes" and k8s:
-            return k8s
-        parts = urlsplit(self.proxy_url)
-        host = sb.info.proxy_host
-        if parts.hostname in ("127.0.0.1", "localhost") and host and host not in ("127.0.0.1", "localhost"):
-            netloc = f"{host}:{parts.port}" if parts.port else host
-            return urlunsplit(parts._replace(netloc=netloc))
-        return self.proxy_url
 
     async def _finish(self, rollout_id: str, *, status: str, only_unfinished: bool = False, **fields: Any) -> None:
         if only_unfinished:
