@@ -8,7 +8,7 @@ from setuptools import find_packages, setup
 FOLDERS = ["engine", "proxy", "sandbox", "trainer", "runs", "rollouts", "integrations", "forge_cli"]
 
 package_dir = {"openforge": "openforge"}
-packages = ["openforge"]
+packages = ["openforge", "openforge.presets"]  # presets/: the TOML files load_config reads (package-data)
 for folder in FOLDERS:
     for sub in ["", *find_packages(where=folder)]:
         name = f"openforge.{folder}" + (f".{sub}" if sub else "")

@@ -82,7 +82,7 @@ def _decoder(run_config: dict[str, Any] | None) -> Any:
     if not path:
         return None
     try:
-        from openforge.proxy.server import load_tokenizer
+        from openforge.proxy.tokens import load_tokenizer
 
         return load_tokenizer(path)
     except ForgeError:

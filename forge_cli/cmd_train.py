@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
 
-from openforge.forge_cli.context import state
-from openforge.errors import ConfigError, ForgeError
+from openforge.forge_cli.context import rank_argv, state
+from openforge.errors import ConfigError
+
+if TYPE_CHECKING:
+    from openforge.config import ForgeConfig
+    from openforge.runs.control import RunController
+    from openforge.runs.train import Outcome
+    from openforge.store import Store
 
 EXPORT_FORMATS = ("verl", "jsonl", "verl-sft", "verl-rl")
 
@@ -42,78 +48,28 @@ def train(
 
     Headless (a line per step); `forge up` runs the same with the dashboard. Stop with Ctrl-C or
     `forge stop RUN`, continue with `forge train --resume RUN`: no step is lost or repeated."""
-    from openforge.trainer import launch
-
-    if launch.is_follower():  # a torchrun rank other than 0: rank 0 owns the run and drives this one
-        launch.follow()
-        return
     from openforge.forge_cli import up_views
-    from openforge.forge_cli.overrides import cli_overrides
-    from openforge.config import load_config
-    from openforge.runs.control import RunController
-    from openforge.runs.prepare import mark_dead_runs, preflight, prepare_run
+    from openforge.forge_cli.overrides import flag_overrides
+    from openforge.runs.session import SessionRequest, run_session
 
     st = state(ctx)
     # Refused before anything is looked up: a bad flag is the error to report, not the run.
-    trainer: dict[str, Any] = {k: v for k, v in (("lr", lr), ("tasks_per_step", tasks_per_step),
-                                                 ("full_finetune", full_finetune), ("overlap", overlap)) if v is not None}
-    if resume is not None and (trainer or group_size is not None or name is not None):
+    if resume is not None and any(v is not None for v in (lr, tasks_per_step, full_finetune, overlap, group_size, name)):
         raise ConfigError("--resume continues a run with its stored config; only --steps may change")
-    procs = nproc or _stored_nproc(st, resume) or load_config(st.config_path, sets=st.sets).trainer.nproc
-    if procs > 1 and not launch.under_torchrun():
-        argv = _argv(st, resume=resume, steps=steps, lr=lr, tasks_per_step=tasks_per_step, group_size=group_size,
-                     full_finetune=full_finetune, overlap=overlap, name=name, nproc=procs)
-        code = launch.relaunch(procs, argv)
-        if code:
-            raise typer.Exit(code)
-        return
-    overrides = cli_overrides(demo=False, sets=st.sets, steps=steps, name=name)
-    if trainer:
-        overrides.setdefault("trainer", {}).update(trainer)
-    if group_size is not None:
-        overrides.setdefault("runner", {})["samples_per_task"] = group_size
-    if nproc is not None:
-        overrides.setdefault("trainer", {})["nproc"] = nproc
-    config = load_config(st.config_path, overrides=overrides)
-    store = st.store()
+    config = st.config(flag_overrides({
+        "trainer.steps": steps, "trainer.lr": lr, "trainer.tasks_per_step": tasks_per_step,
+        "trainer.full_finetune": full_finetune, "trainer.overlap": overlap, "runner.samples_per_task": group_size,
+        "name": name, "trainer.nproc": nproc}))
     console = Console()
-    mark_dead_runs(store)
-    preflight(config, st.home)
-    run_id, config = prepare_run(store, config, home=st.home, resume=resume, steps=steps)
-    t = config.trainer
-    console.print(f"{'resuming' if resume else 'training'} [bold]{run_id}[/]: {t.steps} step(s) x {t.tasks_per_step} "
-                  f"task(s) x {config.runner.samples_per_task} rollouts, {'full' if t.full_finetune else f'LoRA r={t.lora_r}'}, "
-                  f"lr {t.lr:g}, {config.harness.name} in {config.sandbox.type} sandboxes")
-    outcome = up_views.run_headless(store, run_id, config, RunController(store, run_id), home=st.home,
-                                    resume=resume is not None, console=console)
-    console.print(up_views.summary(store, run_id, st.home))
-    if outcome.status == "failed":
-        raise ForgeError(f"run {run_id} failed: {outcome.error}")
 
+    def front_end(store: Store, run_id: str, config: ForgeConfig, controller: RunController, resumed: bool) -> Outcome:
+        return up_views.run_headless(store, run_id, config, controller, home=st.home, resume=resumed, console=console)
 
-def _stored_nproc(st: Any, resume: Optional[str]) -> int | None:
-    """A resumed run's trainer.nproc, from its stored config."""
-    if resume is None:
-        return None
-    stored = st.store().get_run(resume).config_json or {}
-    return int(stored.get("trainer", {}).get("nproc", 1))
-
-
-def _argv(st: Any, **opts: Any) -> list[str]:
-    """This `forge train` invocation again, for each torchrun rank."""
-    out = [*(["--home", str(st.home)]), *(["--config", st.config_path] if st.config_path else [])]
-    for s in st.sets:
-        out += ["--set", s]
-    out.append("train")
-    flags = {"full_finetune": ("--full-finetune", "--lora"), "overlap": ("--overlap", "--no-overlap")}
-    for key, value in opts.items():
-        if value is None:
-            continue
-        if key in flags:
-            out.append(flags[key][0] if value else flags[key][1])
-        else:
-            out += [f"--{key.replace('_', '-')}", str(value)]
-    return out
+    code = run_session(SessionRequest(command="train", config=config, resume=resume, steps=steps, nproc=nproc),
+                       home=st.home, open_store=st.store, rank_argv=lambda n: rank_argv(ctx, nproc=n),
+                       front_end=front_end, say=console.print)
+    if code:
+        raise typer.Exit(code)
 
 
 def export(

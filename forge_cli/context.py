@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperGroup, TyperOption
 
 from openforge.config import ForgeConfig, load_config
 from openforge.errors import ForgeError
@@ -90,8 +90,9 @@ class AppState:
         except OSError as exc:
             raise ForgeError(f"cannot create the data dir: {exc}") from None
 
-    def config(self, overrides: dict[str, Any] | None = None) -> ForgeConfig:
-        return load_config(self.config_path, overrides=overrides, sets=self.sets)
+    def config(self, overrides: dict[str, Any] | None = None, *, preset: str | None = None) -> ForgeConfig:
+        """The effective config: defaults < forge.toml < `preset` < --set items < `overrides` (the flags)."""
+        return load_config(self.config_path, overrides=overrides, sets=self.sets, preset=preset)
 
     def store(self) -> Store:
         if self._store is None:
@@ -104,6 +105,29 @@ def state(ctx: typer.Context) -> AppState:
     if not isinstance(obj, AppState):  # a command module invoked without the root callback
         obj = ctx.find_root().obj = AppState()
     return obj
+
+
+def rank_argv(ctx: typer.Context, **replace: Any) -> list[str]:
+    """This invocation again, for each torchrun rank: the root options (the data dir resolved), the
+    command, and every option it was given (`replace` sets some, e.g. nproc), as the user would write them."""
+    st = state(ctx)
+    out = ["--home", str(st.home), *(["--config", st.config_path] if st.config_path else [])]
+    for item in st.sets:
+        out += ["--set", item]
+    out.append(ctx.command.name or ctx.info_name or "")
+    values = {**ctx.params, **replace}
+    for param in ctx.command.params:
+        value = values.get(param.name or "")
+        if not isinstance(param, TyperOption) or value is None:
+            continue
+        if param.is_flag and param.secondary_opts:  # --overlap/--no-overlap: either one is a choice
+            out.append(param.opts[0] if value else param.secondary_opts[0])
+        elif param.is_flag:
+            out += [param.opts[0]] if value else []
+        else:
+            for one in value if param.multiple else [value]:
+                out += [param.opts[0], str(one)]
+    return out
 
 
 def new_typer(**kwargs: Any) -> typer.Typer:

@@ -7,7 +7,6 @@ itself with `register(app)`.
 from __future__ import annotations
 
 import json
-import os
 from typing import Annotated, Optional
 
 import typer
@@ -18,8 +17,7 @@ import openforge
 from openforge.forge_cli import cmd_analyze, cmd_engine, cmd_harness, cmd_proxy, cmd_rollouts, cmd_sandbox, cmd_train, cmd_up
 from openforge.forge_cli.context import AppState, ForgeGroup, new_typer, state
 from openforge.runs.checks import run_checks
-from openforge.config import dump_toml
-from openforge.errors import ForgeError
+from openforge.config import describe_toml
 
 app = typer.Typer(
     cls=ForgeGroup,
@@ -76,45 +74,48 @@ app.add_typer(config_app, name="config")
 
 @config_app.command("show")
 def config_show(ctx: typer.Context) -> None:
-    """Print the effective config (defaults < forge.toml < --set) as TOML."""
-    typer.echo(dump_toml(state(ctx).config()), nl=False)
+    """Print the effective config (defaults < forge.toml < --set) as TOML, every key under a comment
+    saying what it is."""
+    typer.echo(describe_toml(state(ctx).config()), nl=False)
 
 
 @app.command()
 def runs(ctx: typer.Context, limit: Annotated[int, typer.Option(help="how many runs")] = 20) -> None:
     """List runs, newest first."""
+    from openforge.readmodel import list_run_rows
+
     store = state(ctx).store()
+    rows = list_run_rows(store, limit=limit)
     table = Table(title=f"runs in {store.where}")
-    for col in ("id", "kind", "name", "status", "created", "rollouts", "steps"):
+    # The id is what a user copies into the next command: never cut or wrapped, the other columns give way.
+    table.add_column("id", no_wrap=True, min_width=max((len(row.run.id) for row in rows), default=2))
+    for col in ("kind", "name", "status", "created", "rollouts", "steps"):
         table.add_column(col)
-    for run in store.list_runs(limit=limit):
-        n_roll = len(store.list_rollouts(run.id))
-        n_steps = len(store.list_train_steps(run.id))
+    for row in rows:
+        run = row.run
         table.add_row(run.id, run.kind, run.name, run.status, f"{run.created_at:%Y-%m-%d %H:%M:%S}",
-                      str(n_roll), str(n_steps))
+                      str(row.n_rollouts), str(row.n_steps))
     console.print(table)
 
 
 @app.command()
 def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id, unique prefix, or 'latest'")]) -> None:
     """Summary of one run: status, rollouts by state, rewards, and the metrics of each train step."""
+    from openforge.readmodel import read_run_report
+
     store = state(ctx).store()
-    run = store.get_run(run_id)
-    rollouts = store.list_rollouts(run.id)
-    by_state: dict[str, int] = {}
-    for r in rollouts:
-        by_state[r.status] = by_state.get(r.status, 0) + 1
-    rewards = [r.reward for r in rollouts if r.reward is not None]
+    report = read_run_report(store, run_id)
+    run = report.run
     console.print(f"[bold]{run.id}[/] {run.name}  kind={run.kind}  status={run.status}")
     console.print(f"created {run.created_at:%Y-%m-%d %H:%M:%S}  ended {run.ended_at or '-'}  adapter {run.current_adapter or '-'}")
     if run.error:
         console.print(f"[red]error:[/] {run.error}")
-    states = ", ".join(f"{k} {v}" for k, v in sorted(by_state.items())) or "none"
-    mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"
-    console.print(f"rollouts: {len(rollouts)} ({states}); mean reward {mean}")
-    from openforge.trainer.sampler import failure_reasons, is_failure
+    states = ", ".join(f"{k} {v}" for k, v in sorted(report.counts.items())) or "none"
+    mean = "-" if report.mean_reward is None else f"{report.mean_reward:.3f}"
+    console.print(f"rollouts: {report.n_rollouts} ({states}); mean reward {mean}")
+    from openforge.rollouts.runner.failures import failure_reasons, is_failure
 
-    failures = failure_reasons(rollouts, which=is_failure)
+    failures = failure_reasons(report.failed, which=is_failure)
     if failures:
         table = Table(title="failed rollouts by reason", title_justify="left")
         table.add_column("n", justify="right")
@@ -126,7 +127,7 @@ def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
 
     if (prefix := segment_table(store, run)) is not None:
         console.print(prefix)
-    steps = store.list_train_steps(run.id)
+    steps = report.steps
     if steps:
         table = Table(title="train steps")
         cols = ("step", "loss", "reward_mean", "pass_rate", "kl", "clip_frac", "mismatch_max", "grad_norm", "tokens_per_s")
@@ -143,22 +144,13 @@ def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
 @app.command()
 def stop(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id, unique prefix, or 'latest'")]) -> None:
     """Ask a running run to stop: its owner process gets SIGTERM and cleans up its sandboxes."""
-    import signal
+    from openforge.runs.control import stop_run
 
-    store = state(ctx).store()
-    run = store.get_run(run_id)
-    if run.status not in ("running", "paused", "created"):
-        raise ForgeError(f"run {run.id} is {run.status}, not running")
-    if run.owner_pid:
-        try:
-            os.kill(run.owner_pid, signal.SIGTERM)
-            typer.echo(f"sent SIGTERM to {run.owner_pid}, the process driving {run.id}")
-            return
-        except ProcessLookupError:
-            pass
-    store.set_run_status(run.id, "stopped")
-    store.interrupt_unfinished(run.id)
-    typer.echo(f"{run.id} had no live owner; marked stopped")
+    sent = stop_run(state(ctx).store(), run_id)
+    if sent.pid is not None:
+        typer.echo(f"sent SIGTERM to {sent.pid}, the process driving {sent.run_id}")
+    else:
+        typer.echo(f"{sent.run_id} had no live owner; marked stopped")
 
 
 for module in (cmd_engine, cmd_harness, cmd_proxy, cmd_sandbox, cmd_rollouts, cmd_train, cmd_up, cmd_analyze):

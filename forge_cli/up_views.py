@@ -1,4 +1,5 @@
-"""The two front ends of `forge up`: the dashboard, or headless Rich progress; and the closing summary.
+"""The two front ends of `forge up` / `forge train`: the dashboard, or headless Rich progress
+(the closing summary is runs/session.py's).
 
 Both own the main thread, where SIGTERM (`forge stop RUN`) arrives, while the run's lifecycle runs in
 the worker thread that `openforge.runs.train.start_run_thread` starts.
@@ -16,7 +17,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from openforge.config import ForgeConfig
-from openforge.paths import runs_dir
 from openforge.store import Store
 from openforge.runs.control import RunController
 from openforge.runs.train import Outcome, fmt_num, start_run_thread, wait_for
@@ -97,24 +97,3 @@ def run_tui(store: Store, run_id: str, config: ForgeConfig, controller: RunContr
         (console or Console()).print(f"stopping {run_id}: rollouts and their sandboxes, the proxy, the engine ...")
     return wait_for(thread, controller)
 
-
-def summary(store: Store, run_id: str, home: Path) -> str:
-    """Where the run is stored and what it did, in a few lines (the last thing `forge up` prints)."""
-    run = store.get_run(run_id)
-    rollouts = store.list_rollouts(run_id)
-    scored = [r.reward for r in rollouts if r.status == "scored" and r.reward is not None]
-    steps = store.list_train_steps(run_id)
-    loaded = [c for c in store.list_checkpoints(run_id) if c.loaded]
-    mean = f", mean reward {sum(scored) / len(scored):.3f}" if scored else ""
-    lines = [
-        f"run {run.id} {run.status}: {len(steps)} train step(s), {len(scored)}/{len(rollouts)} rollouts scored{mean}, "
-        f"{len(loaded)} adapter(s) hot-loaded; serving {run.current_adapter or 'the base model'}",
-        f"stored in {store.where} (artefacts in {runs_dir(home) / run.id})",
-        f"look at it: forge show {run.id}  |  forge dash {run.id}  |  forge calls {run.id}",
-    ]
-    if run.status in ("stopped", "interrupted", "failed") and len(steps) < ForgeConfig.model_validate(
-            run.config_json or {}).trainer.steps:
-        lines.append(f"continue it: forge up --resume {run.id}")
-    if run.error:
-        lines.insert(1, f"error: {run.error}")
-    return "\n".join(lines)

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
 from openforge.errors import ConfigError
+from openforge.presets import preset_layers
 
 
 class _Section(BaseModel):
@@ -31,25 +32,31 @@ class _Section(BaseModel):
 class EngineConfig(_Section):
     """The inference engine: the embedded CPU engine, a supervised SGLang server, or a URL."""
 
-    kind: Literal["embedded", "sglang", "url", "router"] = "embedded"
+    kind: Literal["embedded", "sglang", "url", "router"] = Field(
+        "embedded", description="embedded = forge's CPU engine; sglang = a supervised SGLang server; url = an engine "
+        "already running; router = sglang-router in front of several workers")
     model: str = Field("", description="local HF checkpoint directory; empty = the tiny model in FORGE_HOME")
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description="the address the engine forge starts listens on")
     port: int = Field(0, description="0 = pick a free port")
     url: str = Field("", description="base URL of an engine that is already running (kind = 'url')")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="weights' dtype; auto = the embedded engine's float32 on CPU, bfloat16 on CUDA; "
+        "SGLang's own choice")
     device: str = Field("auto", description="torch device for the embedded engine: auto, cpu, cuda")
     max_batch_size: int = Field(16, ge=1, description="embedded engine: sequences decoded together")
-    seed: int = 0
+    seed: int = Field(0, description="the engine's random seed (a request's sampling_seed takes precedence)")
     api_key: str = Field("", repr=False, description="the engine's credential (SGLang's --api-key); empty = forge "
                          "makes one per run and hands it to the proxy and trainer in memory")
     prefix_cache_mb: int = Field(512, ge=0, description="embedded engine: memory for the KV of cached prompt "
                                  "prefixes (RadixAttention-like); 0 = no prefix cache")
-    request_timeout_s: float = Field(300.0, gt=0)
-    startup_timeout_s: float = Field(300.0, gt=0)
+    request_timeout_s: float = Field(300.0, gt=0, description="longest wait for one engine request (trainer, "
+                                     "router front)")
+    startup_timeout_s: float = Field(300.0, gt=0, description="longest wait for the engine to load and answer "
+                                     "/health")
     # SGLang only
     sglang_python: str = Field("python", description="interpreter of the venv that has sglang installed")
-    tp_size: int = Field(1, ge=1)
-    max_lora_rank: int = Field(64, ge=1)
+    tp_size: int = Field(1, ge=1, description="SGLang's --tp-size: GPUs one model is split over")
+    max_lora_rank: int = Field(64, ge=1, description="SGLang's --max-lora-rank: the largest LoRA rank it loads")
     sglang_args: list[str] = Field(default_factory=list, description="extra launch_server arguments")
     # kind = "router": sglang-router (PyPI, `pip install -e .[router]`) in front of several workers
     router_workers: int = Field(2, ge=1, description="router: embedded engine workers to start")
@@ -66,16 +73,18 @@ class EngineConfig(_Section):
 class ProxyConfig(_Section):
     """The recording proxy that harnesses talk to."""
 
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description="address the proxy listens on (a sandbox without network reaches it "
+                      "through its unix socket)")
     port: int = Field(0, description="0 = pick a free port")
     served_model_name: str = Field("forge-policy", description="the model id the APIs report")
     max_concurrent_calls: int = Field(64, ge=1, description="calls at the engine at once, per worker")
     workers: int = Field(1, ge=1, le=256, description="proxy processes serving the one port and unix socket "
                          "(about one per spare core: see docs/performance.md)")
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    call_timeout_s: float = Field(300.0, gt=0)
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body accepted; a bigger one "
+                                "is refused")
+    call_timeout_s: float = Field(300.0, gt=0, description="how long one model call may take at the engine")
     read_timeout_s: float = Field(30.0, gt=0, description="a request's headers and body must arrive within this")
-    default_max_tokens: int = Field(512, ge=1)
+    default_max_tokens: int = Field(512, ge=1, description="max tokens of a call whose request names none")
     max_tokens_cap: int | None = Field(None, ge=1, description="the most tokens one call may generate, whatever "
                                        "it asks (Claude Code always asks for 32,000); unset = no cap")
     max_context_tokens: int | None = Field(
@@ -107,13 +116,14 @@ class _SandboxCommon(_Section):
 class LocalSandboxConfig(_SandboxCommon):
     """A folder and a process tree on this machine, isolated by bubblewrap (an unprivileged user namespace)."""
 
-    type: Literal["local"] = "local"
+    type: Literal["local"] = Field("local", description="the backend: local (processes on this machine, bubblewrap "
+                                   "when available)")
     isolation: Literal["auto", "bwrap", "none"] = Field(
         "auto", description="auto = bwrap, and refuse to run if it cannot isolate; 'none' = plain subprocesses "
                             "(no isolation: only for code you trust)")
-    cpu_time_s: int = Field(600, ge=1)
-    memory_mb: int = Field(2048, ge=16)
-    max_processes: int = Field(256, ge=1)
+    cpu_time_s: int = Field(600, ge=1, description="CPU seconds a sandboxed process may use (RLIMIT_CPU)")
+    memory_mb: int = Field(2048, ge=16, description="memory limit of the sandbox, in MB")
+    max_processes: int = Field(256, ge=1, description="processes the sandbox may run at once")
     max_file_mb: int = Field(512, ge=1, description="largest file a sandboxed process may write")
     read_only_paths: list[str] = Field(
         default_factory=list, description="host folders bound read-only into each sandbox besides the system, "
@@ -123,46 +133,47 @@ class LocalSandboxConfig(_SandboxCommon):
 class DockerSandboxConfig(_SandboxCommon):
     """One container per rollout on a Docker engine."""
 
-    type: Literal["docker"] = "docker"
-    image: str = "openforge-sandbox:latest"
+    type: Literal["docker"] = Field("docker", description="the backend: docker (one container per rollout)")
+    image: str = Field("openforge-sandbox:latest", description="the container image every rollout runs in")
     base_url: str = Field("", description="Docker engine URL; empty = DOCKER_HOST or the default socket")
     network: str = Field("none", description="'none': the proxy's unix socket, bound in, is the only way out; "
                                              "'host' shares the host's network, every host port included")
-    memory_mb: int = Field(2048, ge=16)
-    cpus: float = Field(1.0, gt=0)
-    pids_limit: int = Field(256, ge=1)
+    memory_mb: int = Field(2048, ge=16, description="memory limit of each container")
+    cpus: float = Field(1.0, gt=0, description="CPU limit of each container (cores, fractions allowed)")
+    pids_limit: int = Field(256, ge=1, description="processes a container may run at once")
 
 
 class KubernetesSandboxConfig(_SandboxCommon):
     """One pod per rollout on a Kubernetes cluster."""
 
-    type: Literal["kubernetes"] = "kubernetes"
-    namespace: str = "openforge"
-    image: str = "openforge:latest"
+    type: Literal["kubernetes"] = Field("kubernetes", description="the backend: kubernetes (one pod per rollout)")
+    namespace: str = Field("openforge", description="the namespace the pods are created in")
+    image: str = Field("openforge:latest", description="the container image of every rollout's pod")
     context: str = Field("", description="kubeconfig context; empty = current context or in-cluster")
-    kubeconfig: str = ""
+    kubeconfig: str = Field("", description="kubeconfig file; empty = KUBECONFIG, ~/.kube/config or in-cluster")
     proxy_url: str = Field("", description="how pods reach the proxy, e.g. http://forge-proxy.openforge:8700")
-    cpu_request: str = "500m"
-    cpu_limit: str = "2"
-    memory_request: str = "512Mi"
-    memory_limit: str = "2Gi"
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    image_pull_secrets: list[str] = Field(default_factory=list)
-    service_account: str = ""
-    start_timeout_s: float = Field(300.0, gt=0)
+    cpu_request: str = Field("500m", description="the pod's CPU request (Kubernetes quantity)")
+    cpu_limit: str = Field("2", description="the pod's CPU limit (Kubernetes quantity)")
+    memory_request: str = Field("512Mi", description="the pod's memory request (Kubernetes quantity)")
+    memory_limit: str = Field("2Gi", description="the pod's memory limit (Kubernetes quantity)")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="node labels a pod must be scheduled on")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="the pod's tolerations, as in a pod "
+                                              "spec")
+    image_pull_secrets: list[str] = Field(default_factory=list, description="names of secrets used to pull the image")
+    service_account: str = Field("", description="the pods' service account; empty = the namespace's default")
+    start_timeout_s: float = Field(300.0, gt=0, description="how long a pod may take to be scheduled and start")
     active_deadline_s: int = Field(
         3600, ge=60, description="activeDeadlineSeconds of each pod: the backstop if forge dies before deleting it"
     )
     run_as_user: int = Field(1000, ge=1, description="uid of every process in the pod (never root)")
     run_as_group: int = Field(1000, ge=1, description="gid, and the fsGroup of the pod's volumes")
     home: str = Field("/home/forge", description="$HOME in the pod: a writable emptyDir (the root is read-only)")
-    ephemeral_storage_request: str = "1Gi"
+    ephemeral_storage_request: str = Field("1Gi", description="disk the scheduler reserves for a pod")
     ephemeral_storage_limit: str = Field("8Gi", description="disk a pod may use: its volumes, logs and layer")
     delete_grace_s: int = Field(5, ge=1, description="grace period of the pod delete (TERM, then KILL after it)")
     max_pods_per_minute: int = Field(600, ge=1, description="client-side limit on pod creates")
     api_qps: float = Field(50.0, gt=0, description="client-side limit on API requests per second")
-    api_burst: int = Field(100, ge=1)
+    api_burst: int = Field(100, ge=1, description="client-side burst of API requests above api_qps")
     max_threads: int = Field(
         128, ge=4, description="the backend's own executor: one thread per running exec; >= 2 x runner.concurrency"
     )
@@ -212,11 +223,13 @@ def sandbox_config(type: str = "local", **fields: Any) -> LocalSandboxConfig | D
 class HarnessConfig(_Section):
     """The agent program that runs in each sandbox."""
 
-    name: Literal["mini", "claude-code", "codex", "openclaw", "zeroclaw", "mini-gui", "browser-use"] = "mini"
+    name: Literal["mini", "claude-code", "codex", "openclaw", "zeroclaw", "mini-gui", "browser-use"] = Field(
+        "mini", description="the agent harness each rollout runs")
     max_turns: int = Field(8, ge=1, description="mini harness: tool-calling turns before it gives up")
     max_tokens: int = Field(256, ge=1, description="mini harness: max tokens per model call")
     npm_cache: str = Field("", description="folder with node_modules of npm harnesses; empty = FORGE_HOME/npm")
-    extra_args: list[str] = Field(default_factory=list)
+    extra_args: list[str] = Field(default_factory=list, description="extra command-line arguments passed to the "
+                                  "harness")
 
 
 class TasksConfig(_Section):
@@ -227,45 +240,49 @@ class TasksConfig(_Section):
 class RunnerConfig(_Section):
     """How rollouts are scheduled."""
 
-    concurrency: int = Field(4, ge=1)
+    concurrency: int = Field(4, ge=1, description="rollouts running at once")
     rollout_timeout_s: float = Field(300.0, gt=0, description="cap on a rollout; a task's own limit may be lower")
     time_limit_scale: float = Field(1.0, gt=0, description="multiplies every task's time limit (a CPU engine "
                                     "serving a real harness's 48k-token prompts is many times slower than a GPU)")
-    verifier_timeout_s: float = Field(60.0, gt=0)
+    verifier_timeout_s: float = Field(60.0, gt=0, description="cap on a task's verifier run")
     samples_per_task: int = Field(4, ge=1, description="k for eval, the group size G for GRPO")
-    pass_k: list[int] = Field(default_factory=lambda: [1, 3])
+    pass_k: list[int] = Field(default_factory=lambda: [1, 3], description="the k values of pass@k and pass^k in eval "
+                              "summaries")
 
 
 class TrainerConfig(_Section):
     """GRPO with LoRA. The names follow the papers' symbols where there is one."""
 
-    steps: int = Field(10, ge=0)
+    steps: int = Field(10, ge=0, description="training steps to run")
     tasks_per_step: int = Field(4, ge=1, description="groups per step; each group is samples_per_task rollouts")
-    lr: float = Field(1e-4, gt=0)
-    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
-    warmup_steps: int = Field(0, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
+    lr: float = Field(1e-4, gt=0, description="peak learning rate of AdamW")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="learning rate after "
+                                                                 "warm-up: constant, cosine or linear decay to 0")
+    warmup_steps: int = Field(0, ge=0, description="steps of linear learning-rate warm-up")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradients are clipped to this global norm")
     clip_eps: float = Field(0.2, gt=0, description="PPO clip range epsilon")
     clip_eps_high: float | None = Field(None, description="asymmetric upper clip (DAPO); None = clip_eps")
     tis_cap: float = Field(2.0, gt=0, description="truncated importance sampling cap C")
     kl_coef: float = Field(0.0, ge=0, description="beta of the KL to the reference (adapter disabled)")
     std_normalize: bool = Field(True, description="GRPO divides advantages by the group std; False = Dr. GRPO")
-    loss_agg: Literal["token-mean", "seq-mean"] = "token-mean"
-    epochs_per_step: int = Field(1, ge=1)
+    loss_agg: Literal["token-mean", "seq-mean"] = Field("token-mean", description="how token losses are averaged: "
+                                                        "over all tokens, or per sequence then over sequences")
+    epochs_per_step: int = Field(1, ge=1, description="passes over a step's rollouts (more than 1 reuses them "
+                                 "off-policy, clipped)")
     micro_batch_tokens: int = Field(4096, ge=16, description="token budget of one micro-batch")
     share_prefix_min_tokens: int = Field(
         256, ge=0, description="rows sharing a prompt prefix this long run it once per step (exact); 0 = off"
     )
-    full_finetune: bool = False
-    lora_r: int = Field(8, ge=1)
-    lora_alpha: int = Field(16, ge=1)
-    lora_dropout: float = Field(0.0, ge=0, le=1)
+    full_finetune: bool = Field(False, description="train every weight instead of a LoRA adapter")
+    lora_r: int = Field(8, ge=1, description="LoRA rank")
+    lora_alpha: int = Field(16, ge=1, description="LoRA scaling alpha (the update is scaled by alpha / r)")
+    lora_dropout: float = Field(0.0, ge=0, le=1, description="dropout on the LoRA input")
     lora_target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    )
-    device: str = "auto"
-    seed: int = 0
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="the modules LoRA adapts")
+    device: str = Field("auto", description="torch device for training: auto, cpu, cuda")
+    seed: int = Field(0, description="seed of the LoRA init and the task order")
     overlap: bool = Field(False, description="one-step-off-policy: sample step t+1 while training step t")
     nproc: int = Field(1, ge=1, description="trainer processes on this machine: > 1 runs `forge train` / `forge up` "
                        "under torchrun with FSDP2 (gloo on CPU, NCCL on GPUs, one GPU per rank); rank 0 owns the run")
@@ -290,14 +307,16 @@ class ForgeConfig(_Section):
     """Everything a run needs. `forge config show` prints the effective one."""
 
     name: str = Field("", description="a human name for the run")
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
-    sandbox: SandboxConfig = Field(default_factory=LocalSandboxConfig)
-    harness: HarnessConfig = Field(default_factory=HarnessConfig)
-    tasks: TasksConfig = Field(default_factory=TasksConfig)
-    runner: RunnerConfig = Field(default_factory=RunnerConfig)
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
-    store: StoreConfig = Field(default_factory=StoreConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="[engine]: the inference engine serving "
+                                 "the policy")
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig, description="[proxy]: the recording proxy harnesses call")
+    sandbox: SandboxConfig = Field(default_factory=LocalSandboxConfig, description="[sandbox]: where each rollout "
+                                   "runs (local, docker or kubernetes)")
+    harness: HarnessConfig = Field(default_factory=HarnessConfig, description="[harness]: the agent harness")
+    tasks: TasksConfig = Field(default_factory=TasksConfig, description="[tasks]: which tasks runs use")
+    runner: RunnerConfig = Field(default_factory=RunnerConfig, description="[runner]: how rollouts are run and graded")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="[trainer]: the GRPO trainer")
+    store: StoreConfig = Field(default_factory=StoreConfig, description="[store]: where runs are recorded")
 
     @model_validator(mode="before")
     @classmethod
@@ -361,10 +380,14 @@ def load_config(
     path: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
     sets: list[str] | None = None,
+    preset: str | None = None,
 ) -> ForgeConfig:
-    """Build the effective config from defaults, a TOML file, nested `overrides` and `--set` items.
+    """Build the effective config from defaults, a TOML file, a preset (openforge/presets/), `--set`
+    items and nested `overrides` (flags), each layer over the one before.
 
     With `path=None`, `./forge.toml` is read if it exists. A given path that is missing is an error.
+    The preset's harness-specific layer (e.g. demo-claude-code.toml) is picked by the harness the flags
+    or `--set` items name, however they name it: `--harness X` and `--set harness.name=X` get the same.
     """
     data: dict[str, Any] = {}
     source = "defaults"
@@ -381,9 +404,15 @@ def load_config(
             raise ConfigError(f"cannot read config file {p}: {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{p} is not valid TOML: {exc}") from None
+    given: dict[str, Any] = {}
     for item in sets or []:
-        data = _deep_merge(data, parse_override(item))
-    data = _deep_merge(data, overrides or {})
+        given = _deep_merge(given, parse_override(item))
+    given = _deep_merge(given, overrides or {})
+    if preset is not None:
+        harness = given.get("harness", {}).get("name") if isinstance(given.get("harness"), dict) else None
+        for layer in preset_layers(preset, harness):
+            data = _deep_merge(data, layer)
+    data = _deep_merge(data, given)
     try:
         return ForgeConfig.model_validate(data)
     except ValidationError as exc:
@@ -396,3 +425,33 @@ def dump_toml(config: BaseModel) -> str:
 
     data = config.model_dump(mode="json", exclude_none=True)
     return tomli_w.dumps(data)
+
+
+def describe_toml(config: BaseModel) -> str:
+    """The config as TOML with every key, each under a comment that says what it is (`forge config
+    show`). A None value has no TOML spelling: its key is printed commented out, as `(unset)`."""
+    lines: list[str] = []
+    _describe(config, [], lines)
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _describe(model: BaseModel, path: list[str], lines: list[str]) -> None:
+    import tomli_w
+
+    fields = type(model).model_fields
+    values = {name: getattr(model, name) for name in fields}
+    # TOML puts a table's plain keys before its sub-tables.
+    plain = [n for n, v in values.items() if not isinstance(v, (BaseModel, dict))]
+    tables = [n for n in fields if n not in plain]
+    for name in plain:
+        if fields[name].description:  # every field has one (tests/test_config.py) but [engine]'s, for now
+            lines.append(f"# {fields[name].description}")
+        value = model.model_dump(mode="json", include={name})[name]
+        lines.append(f"# {name} = (unset)" if value is None else tomli_w.dumps({name: value}).rstrip("\n"))
+    for name in tables:
+        value, where = values[name], [*path, name]
+        lines += ["", f"# {fields[name].description}", f"[{'.'.join(where)}]"]
+        if isinstance(value, BaseModel):
+            _describe(value, where, lines)
+        else:  # a free-form table (sandbox.node_selector): its keys are the user's
+            lines += tomli_w.dumps(value).rstrip("\n").splitlines() if value else []

@@ -78,3 +78,61 @@ def run_log_path(store_path: str | Path, run_id: str) -> Path:
 
         return forge_home() / "runs" / run_id / "forge.log"
     return Path(store_path).parent / "runs" / run_id / "forge.log"
+
+
+@dataclass(frozen=True)
+class RunListRow:
+    """One line of `forge runs`: the run and how much it holds, counted in SQL (no rollout is read)."""
+
+    run: Run
+    n_rollouts: int
+    n_steps: int
+
+
+def list_run_rows(store: Store, *, limit: int) -> list[RunListRow]:
+    """The newest `limit` runs with their rollout and train step counts: three queries, however big the runs."""
+    runs = store.list_runs(limit=limit)
+    ids = [r.id for r in runs]
+    with store.session() as s:
+        rollouts = dict(s.exec(select(Rollout.run_id, func.count()).where(Rollout.run_id.in_(ids))  # type: ignore[attr-defined]
+                               .group_by(Rollout.run_id)).all())
+        steps = dict(s.exec(select(TrainStep.run_id, func.count()).where(TrainStep.run_id.in_(ids))  # type: ignore[attr-defined]
+                            .group_by(TrainStep.run_id)).all())
+    return [RunListRow(run=r, n_rollouts=int(rollouts.get(r.id, 0)), n_steps=int(steps.get(r.id, 0))) for r in runs]
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What `forge show` and the end of `forge up` / `forge train` print of one run."""
+
+    run: Run
+    counts: dict[str, int]  # rollouts by status
+    mean_reward: float | None  # over every rollout with a reward
+    n_scored: int  # rollouts `scored` with a reward
+    mean_scored_reward: float | None
+    failed: list[Rollout]  # failed or timed out: status, failure_kind and error loaded (for their reasons)
+    steps: list[TrainStep]
+
+    @property
+    def n_rollouts(self) -> int:
+        return sum(self.counts.values())
+
+
+def read_run_report(store: Store, run_id: str) -> RunReport:
+    """Run `run_id`'s report: counts and means in SQL; only the failed rollouts' errors are read."""
+    run = store.get_run(run_id)
+    of_run = Rollout.run_id == run.id
+    rewarded = Rollout.reward.is_not(None)  # type: ignore[union-attr]
+    with store.session() as s:
+        counts = dict(s.exec(select(Rollout.status, func.count()).where(of_run).group_by(Rollout.status)).all())
+        mean = s.exec(select(func.avg(Rollout.reward)).where(of_run, rewarded)).one()
+        n_scored, mean_scored = s.exec(select(func.count(), func.avg(Rollout.reward))
+                                       .where(of_run, rewarded, Rollout.status == "scored")).one()
+        failed = list(s.exec(
+            select(Rollout).options(load_only(Rollout.id, Rollout.status, Rollout.failure_kind, Rollout.error))
+            .where(of_run, Rollout.failure_kind.is_not(None) | Rollout.status.in_(("failed", "timed_out")))  # type: ignore[union-attr,attr-defined]
+        ).all())
+    return RunReport(run=run, counts={k: int(v) for k, v in counts.items()},
+                     mean_reward=None if mean is None else float(mean), n_scored=int(n_scored),
+                     mean_scored_reward=None if mean_scored is None else float(mean_scored), failed=failed,
+                     steps=store.list_train_steps(run.id))

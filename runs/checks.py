@@ -69,7 +69,9 @@ def check_docker(config: ForgeConfig) -> Check:
 
 def check_kubernetes(config: ForgeConfig) -> Check:
     if importlib.util.find_spec("kubernetes") is None:
-        return Check("Kubernetes", "missing", "the kubernetes client is not installed (pip install 'openforge[k8s]')")
+        # a dependency of openforge since issue 29: missing, the install is older or broken
+        return Check("Kubernetes", "missing", "the kubernetes client is not installed "
+                     "(pip install 'kubernetes>=37,<38', or reinstall openforge)")
     from kubernetes import config as kconfig
 
     k = config.sandbox if isinstance(config.sandbox, KubernetesSandboxConfig) else KubernetesSandboxConfig()
@@ -112,7 +114,9 @@ def check_npm_harnesses(config: ForgeConfig, home: Path) -> list[Check]:
         if found:
             checks.append(Check(f"harness {name}", "ok", str(found)))
         else:
-            checks.append(Check(f"harness {name}", "warn", f"not installed in {cache} (installed on first use)"))
+            # `forge up` refuses a harness that is not installed (preflight): say the command that installs it
+            checks.append(Check(f"harness {name}", "warn", f"not installed in {cache}: run `forge harness install "
+                                f"{name}` before using it"))
     return checks
 
 

@@ -3,17 +3,25 @@
 The controller holds the run's `CancelToken`: `stop()` cancels the step being sampled (the runner's
 own cleanup stops its sandboxes before the trainer hears of it) and makes every later step refuse to
 start. Pause is the runner's gate: rollouts in flight finish, no new one starts.
+
+`stop_run` is the other end, from another process (`forge stop RUN`): it signals the run's owner,
+whose controller then stops the run.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from openforge.errors import ForgeError
 from openforge.store import Store
-from openforge.trainer.sampler import BackgroundLoop, Cancelled, CancelToken
+from openforge.trainer.bridge import BackgroundLoop
+from openforge.trainer.cancel import Cancelled, CancelToken
 
 log = logging.getLogger("forge.run")
 
@@ -82,3 +90,29 @@ class RunController:
         self.check()
         if self._paused:
             self.store.update_run(self.run_id, status="paused")
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    """What `stop_run` did: SIGTERM to the owner `pid`, or (pid None) marked a run with no live owner stopped."""
+
+    run_id: str
+    pid: int | None
+
+
+def stop_run(store: Store, run_id: str) -> StopRequested:
+    """Ask run `run_id` (id, unique prefix or 'latest') to stop. Its owner process gets SIGTERM and stops
+    its rollouts, their sandboxes, the proxy and the engine itself; a run whose owner is gone has nobody to
+    do that: it is marked stopped here and its unfinished rollouts interrupted. ForgeError if it is not running."""
+    run = store.get_run(run_id)
+    if run.status not in ("running", "paused", "created"):
+        raise ForgeError(f"run {run.id} is {run.status}, not running")
+    if run.owner_pid:
+        try:
+            os.kill(run.owner_pid, signal.SIGTERM)
+            return StopRequested(run.id, run.owner_pid)
+        except ProcessLookupError:
+            pass
+    store.set_run_status(run.id, "stopped")
+    store.interrupt_unfinished(run.id)
+    return StopRequested(run.id, None)

@@ -18,7 +18,7 @@ from openforge.config import ForgeConfig
 from openforge.store import Rollout, Run, Store
 from openforge.runs.prepare import isolation_for, preflight, resolve_model
 from openforge.runs.stack import Stack
-from openforge.trainer.sampler import StepFailed
+from openforge.rollouts.runner.failures import StepFailed
 
 T = TypeVar("T")
 

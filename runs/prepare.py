@@ -16,8 +16,6 @@ from openforge.store import RUN_FINAL, Store
 
 log = logging.getLogger("forge.run")
 
-GUI_HARNESSES = ("mini-gui", "browser-use")  # harnesses that send screenshots: they need a vision model
-
 
 def pid_alive(pid: int) -> bool:
     """Whether a run's owner still lives (a zombie - killed, not yet reaped - does not)."""
@@ -36,7 +34,9 @@ def resolve_model(config: ForgeConfig, home: Path) -> Path:
     if config.engine.kind == "url" and not config.engine.model:
         raise ConfigError("engine.kind = \"url\" needs engine.model: the local copy of the served checkpoint "
                           "(the trainer and the proxy's tokenizer load it)")
-    if not config.engine.model and config.harness.name in GUI_HARNESSES:
+    from openforge.rollouts.harnesses import harness_class
+
+    if not config.engine.model and harness_class(config.harness.name).gui:  # it sends screenshots: a vision model
         return _tiny_vl_model(home)
     path = Path(config.engine.model).expanduser() if config.engine.model else default_tiny_model(home)
     if not config.engine.model and not (path / "config.json").is_file():

@@ -27,7 +27,7 @@ from typing import Any
 
 from openforge.config import ForgeConfig
 from openforge.store import Store
-from openforge.trainer.sampler import BackgroundLoop
+from openforge.trainer.bridge import BackgroundLoop
 
 log = logging.getLogger("forge.stack")
 

@@ -180,3 +180,67 @@ def test_show_lists_failure_reasons_with_counts(forge_home: Path) -> None:
     assert [(n.strip(), reason.strip()) for n, reason in rows] == [
         ("3", "harness: API error 400: prompt too long"),
         ("1", "infra: sandbox failed to start after 3 attempt(s): no space")]  # most frequent first
+
+
+def test_runs_never_cuts_the_run_id_at_80_columns(forge_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29: at 80 columns the id column was cut ("run-20261204-…"), and the id could not be copied."""
+    monkeypatch.setenv("COLUMNS", "80")
+    store = Store(forge_home / "forge.db")
+    run = store.create_run(name="a-rather-long-human-name-for-this-particular-run", kind="train")
+    for _ in range(3):
+        store.create_rollout(run_id=run.id, task_id="t")
+    store.add_train_step(TrainStep(run_id=run.id, step=0))
+    res = invoke("runs")
+    assert res.exit_code == 0
+    lines = res.stdout.splitlines()
+    row = next(line for line in lines if run.id in line)  # the whole id, on one line
+    cells = [cell.strip() for cell in row.strip("│ ").split("│")]
+    assert cells[0] == run.id and cells[-2:] == ["3", "1"]  # rollouts and steps, counted in SQL
+    assert max(len(line) for line in lines if line.startswith(("│", "┃", "┏", "└"))) <= 80
+
+
+def test_stop_signals_a_live_owner(store: Store) -> None:
+    import signal
+    import subprocess
+
+    from openforge.runs.control import StopRequested, stop_run
+
+    owner = subprocess.Popen(["sleep", "30"])
+    try:
+        run = store.create_run(name="r", owner_pid=owner.pid)
+        store.set_run_status(run.id, "running")
+        assert stop_run(store, run.id[:12]) == StopRequested(run.id, owner.pid)
+        assert owner.wait(timeout=10) == -signal.SIGTERM
+        assert store.get_run(run.id).status == "running"  # the owner records how its run ended, not `forge stop`
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+def test_doctor_says_how_to_install_a_missing_npm_harness(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29: doctor said harnesses are "installed on first use" while `forge up` refuses a missing one
+    and asks for `forge harness install`: doctor now says that."""
+    import shutil
+
+    if shutil.which("node") is None or shutil.which("npm") is None or shutil.which("codex"):
+        pytest.skip("needs node and npm, and no codex on the PATH")
+    monkeypatch.setenv("COLUMNS", "400")
+    res = invoke("doctor")  # FORGE_HOME is a fresh temp dir: its npm cache is empty
+    assert res.exit_code == 0 and "installed on first use" not in res.stdout
+    assert "run `forge harness install codex` before using it" in res.stdout
+
+
+def test_the_kubernetes_client_is_a_dependency_imported_only_when_used() -> None:
+    """Issue 29: doctor advised `pip install 'openforge'` for a client that was an extra. It is a default
+    dependency now (`[k8s]` stays as an empty alias), and `forge` still starts without importing it."""
+    import subprocess
+    import sys
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    assert "kubernetes>=37,<38" in project["dependencies"] and project["optional-dependencies"]["k8s"] == []
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "openforge.forge_cli.main", "--help"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "Usage" in out.stdout
+    imported = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")]
+    assert "typer" in imported and not [m for m in imported if m.split(".")[0] == "kubernetes"]

@@ -62,22 +62,20 @@ def test_each_rank_gets_the_same_forge_train_invocation(tmp_path: Path) -> None:
     """What the parent hands torchrun: the root options, then `train` with every given option."""
     import typer
 
-    from openforge.forge_cli.cmd_train import _argv
-    from openforge.forge_cli.context import AppState
+    from openforge.forge_cli.context import AppState, rank_argv
     from openforge.forge_cli.main import app
     from torch.distributed.run import get_args_parser
     from openforge.trainer.launch import torchrun_args
 
-    st = AppState(home_override=str(tmp_path), config_path="forge.toml", sets=["runner.concurrency=2"])
-    argv = _argv(st, resume=None, steps=3, lr=0.01, tasks_per_step=None, group_size=4, full_finetune=False,
-                 overlap=True, name="x y", nproc=2)
-    assert argv == ["--home", str(tmp_path), "--config", "forge.toml", "--set", "runner.concurrency=2", "train",
-                    "--steps", "3", "--lr", "0.01", "--group-size", "4", "--lora", "--overlap", "--name", "x y",
-                    "--nproc", "2"]
+    argv = ["--home", str(tmp_path), "--config", "forge.toml", "--set", "runner.concurrency=2", "train",
+            "--steps", "3", "--lr", "0.01", "--group-size", "4", "--lora", "--overlap", "--name", "x y",
+            "--nproc", "2"]
     root = typer.main.get_command(app)
     ctx = root.make_context("forge", list(argv), resilient_parsing=True)
+    ctx.obj = AppState(home_override=str(tmp_path), config_path="forge.toml", sets=["runner.concurrency=2"])
     assert ctx.params["home"] == str(tmp_path) and ctx.params["set_"] == ["runner.concurrency=2"]
     sub = root.get_command(ctx, "train").make_context("train", argv[7:], parent=ctx)  # type: ignore[union-attr]
+    assert rank_argv(sub) == argv
     assert sub.params["nproc"] == 2 and sub.params["overlap"] is True and sub.params["full_finetune"] is False
     assert sub.params["name"] == "x y" and sub.params["group_size"] == 4 and sub.params["resume"] is None
     parsed = get_args_parser().parse_args(torchrun_args(2, [], port=29511))

@@ -14,7 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from openforge.forge_cli.main import app
-from openforge.forge_cli.overrides import DEMO_TASKS, cli_overrides
+from openforge.forge_cli.overrides import flag_overrides
+from openforge.presets import read_preset
 from openforge.config import load_config
 from openforge.errors import ConfigError, ForgeError
 from openforge.store import Store, TrainStep
@@ -22,7 +23,8 @@ from openforge.rollouts.runner.runner import RolloutRunner
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.runs.control import RunController, Stopped
 from openforge.runs.prepare import prepare_run, resolve_model
-from openforge.trainer.sampler import BackgroundLoop, RolloutSampler
+from openforge.trainer.bridge import BackgroundLoop
+from openforge.trainer.samplers import RolloutSampler
 
 
 def dead_pid() -> int:
@@ -31,18 +33,51 @@ def dead_pid() -> int:
     return proc.pid
 
 
+DEMO_TASKS = read_preset("demo")["tasks"]["include"]
+
+
 def test_demo_settings_then_set_items_then_flags() -> None:
-    data = cli_overrides(demo=True, sets=["runner.samples_per_task=2", "trainer.lr=1e-3"], steps=1, name="mine")
-    config = load_config(None, overrides=data)
+    config = load_config(None, overrides=flag_overrides({"trainer.steps": 1, "name": "mine"}),
+                         sets=["runner.samples_per_task=2", "trainer.lr=1e-3"], preset="demo")
     assert config.tasks.include == DEMO_TASKS and config.sandbox.type == "local" and config.harness.name == "mini"
     assert config.runner.samples_per_task == 2 and config.trainer.lr == 1e-3  # --set beats the demo
     assert config.trainer.steps == 1 and config.name == "mine"  # --steps / --name beat both
-    assert cli_overrides(demo=False, sets=[], steps=None, name=None) == {}
+    assert flag_overrides({"trainer.steps": None, "name": None}) == {}
+
+
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "mini-gui", "browser-use"])
+def test_the_demo_preset_follows_the_harness_however_it_is_named(harness: str) -> None:
+    """Issue 29: `forge --set harness.name=claude-code up --demo` got the mini demo's settings (every
+    rollout then failed: "Prompt is too long"); it must get what `forge up --demo --harness claude-code` gets."""
+    by_flag = load_config(None, overrides=flag_overrides({"harness.name": harness}), preset="demo")
+    by_set = load_config(None, sets=[f"harness.name={harness}"], preset="demo")
+    assert by_set == by_flag and by_set.harness.name == harness
+    own = read_preset(f"demo-{harness}")
+    assert by_set.proxy.max_tokens_cap == own["proxy"]["max_tokens_cap"]
+    assert by_set.runner.samples_per_task == own["runner"]["samples_per_task"]
+
+
+def test_the_demo_presets_are_laid_in_order() -> None:
+    """demo.toml, then demo-<harness>.toml over it: the text demo's values are tuned in its file (so only
+    their layering is checked here); the harness demos keep the values their dicts had (forge_cli/overrides.py)."""
+    text = read_preset("demo")
+    mini = load_config(None, preset="demo")
+    assert mini.model_dump(include=set(text)) == load_config(None, overrides=text).model_dump(include=set(text))
+    cc = load_config(None, sets=["harness.name=claude-code"], preset="demo")
+    assert (cc.tasks.include, cc.engine.max_batch_size, cc.runner.time_limit_scale, cc.proxy.max_context_tokens) == (
+        ["easy-sum"], 16, 5.0, 131072)
+    assert (cc.trainer.steps, cc.trainer.lr, cc.runner.samples_per_task, cc.proxy.max_tokens_cap) == (8, 3e-3, 16, 2)
+    # what demo-claude-code.toml leaves unset comes from demo.toml
+    assert (cc.trainer.micro_batch_tokens, cc.harness.max_tokens) == (mini.trainer.micro_batch_tokens, mini.harness.max_tokens)
+    bu = load_config(None, sets=["harness.name=browser-use"], preset="demo")
+    assert (bu.tasks.path, bu.harness.max_tokens, bu.harness.extra_args, bu.trainer.kl_coef, bu.trainer.lr) == (
+        "builtin-web", 8, [], 0.2, 3e-3)
+    assert (bu.trainer.steps, bu.runner.samples_per_task, bu.proxy.max_tokens_cap) == (3, 4, 256)
 
 
 def test_a_new_run_gets_its_config_tasks_and_owner(store: Store, tiny_model: Path) -> None:
-    config = load_config(None, overrides=cli_overrides(demo=True, sets=[f"engine.model={tiny_model}"], steps=2,
-                                                       name=None))
+    config = load_config(None, overrides=flag_overrides({"trainer.steps": 2}), sets=[f"engine.model={tiny_model}"],
+                         preset="demo")
     run_id, effective = prepare_run(store, config, home=store.path.parent)
     run = store.get_run(run_id)
     assert run.owner_pid == os.getpid() and run.kind == "train" and run.name == "demo"
@@ -179,8 +214,8 @@ def _signal_when_engine_launches(sig: int, children: list, *, needs_handler: boo
 
 
 def _demo_run(store: Store, tiny_model: Path) -> tuple[str, object, RunController]:
-    config = load_config(None, overrides=cli_overrides(demo=True, sets=[f"engine.model={tiny_model}"], steps=1,
-                                                       name=None))
+    config = load_config(None, overrides=flag_overrides({"trainer.steps": 1}), sets=[f"engine.model={tiny_model}"],
+                         preset="demo")
     run_id, config = prepare_run(store, config, home=store.path.parent)
     return run_id, config, RunController(store, run_id)
 
@@ -229,3 +264,18 @@ def test_forge_dash_without_a_terminal_says_what_to_use(store: Store) -> None:
     out = CliRunner().invoke(app, ["dash", "latest"])
     assert out.exit_code == 1
     assert out.stderr == "forge: error: forge dash needs a terminal; use `forge show RUN` to print a run's summary\n"
+
+
+@pytest.mark.parametrize("command", ["train", "up"])
+def test_resume_preflights_the_runs_stored_config(store: Store, command: str) -> None:
+    """`forge train --resume RUN` and `forge up --resume RUN` check the config the run will run with (its
+    stored one), not forge.toml's: here the stored run wants a Docker engine that is not there, while the
+    command's own config (local sandboxes) would pass. The refusal leaves the run as it was."""
+    stored = load_config(None, sets=["sandbox.type=docker", "sandbox.base_url=unix:///nope.sock"])
+    run = store.create_run(config=stored.model_dump(mode="json"), owner_pid=dead_pid())
+    store.set_run_status(run.id, "interrupted", error="killed")
+    out = CliRunner().invoke(app, ["--set", "sandbox.type=local", command, "--resume", run.id, "--headless"]
+                             if command == "up" else ["--set", "sandbox.type=local", command, "--resume", run.id])
+    assert out.exit_code == 1 and "no Docker engine reachable at unix:///nope.sock" in out.stderr, out.output
+    after = store.get_run(run.id)
+    assert (after.status, after.error, after.owner_pid) == ("interrupted", "killed", run.owner_pid)

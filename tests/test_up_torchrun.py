@@ -41,16 +41,15 @@ def test_each_rank_gets_the_same_forge_up_invocation(tmp_path: Path) -> None:
     """What the parent hands torchrun: the root options, then `up` with every given option, parsed back."""
     import typer
 
-    from openforge.forge_cli.cmd_up import _argv
-    from openforge.forge_cli.context import AppState
+    from openforge.forge_cli.context import AppState, rank_argv
     from openforge.forge_cli.main import app
 
-    st = AppState(home_override=str(tmp_path), config_path=None, sets=["runner.concurrency=2"])
-    argv = _argv(st, demo=True, headless=True, steps=2, resume=None, name="x y", harness="mini", stay=False, nproc=2)
-    assert argv == ["--home", str(tmp_path), "--set", "runner.concurrency=2", "up", "--demo", "--headless",
-                    "--steps", "2", "--name", "x y", "--harness", "mini", "--nproc", "2"]
+    argv = ["--home", str(tmp_path), "--set", "runner.concurrency=2", "up", "--demo", "--headless",
+            "--steps", "2", "--name", "x y", "--harness", "mini", "--nproc", "2"]
     root = typer.main.get_command(app)
     ctx = root.make_context("forge", list(argv), resilient_parsing=True)
+    ctx.obj = AppState(home_override=str(tmp_path), config_path=None, sets=["runner.concurrency=2"])
     sub = root.get_command(ctx, "up").make_context("up", argv[5:], parent=ctx)  # type: ignore[union-attr]
+    assert rank_argv(sub) == argv and rank_argv(sub, nproc=3)[-2:] == ["--nproc", "3"]
     assert (sub.params["demo"], sub.params["headless"], sub.params["stay"]) == (True, True, False)
     assert (sub.params["steps"], sub.params["nproc"], sub.params["name"], sub.params["resume"]) == (2, 2, "x y", None)
