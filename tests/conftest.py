@@ -7,6 +7,23 @@ from pathlib import Path
 import pytest
 
 from openforge.store import Store
+from required import KNOWN_REQUIREMENTS, UnknownRequirement, required, skip_or_fail
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"requires(name, missing): needs one of {', '.join(KNOWN_REQUIREMENTS)}; "
+                                       "skips when `missing` is a reason, fails instead when FORGE_REQUIRE names it")
+    try:
+        required()
+    except UnknownRequirement as exc:  # a typo in FORGE_REQUIRE must not quietly require nothing
+        raise pytest.UsageError(str(exc)) from exc
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("requires"):
+        name, missing = mark.args
+        if missing is not None:
+            skip_or_fail(name, missing)
 
 
 @pytest.fixture(autouse=True)

@@ -11,21 +11,26 @@ import pytest
 
 from openforge.config import EngineConfig, TrainerConfig
 from openforge.trainer.loop import train
-from openforge.trainer.sampler import AdapterSync, BackgroundLoop, EngineSampler
+from openforge.trainer.adapters import AdapterSync
+from openforge.trainer.bridge import BackgroundLoop
+from openforge.trainer.samplers import EngineSampler
 
 NEW_TOKENS = 8
 NORM_GAIN = 5.0
 
 
 @pytest.fixture(scope="module")
-def peaked_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
-    """The tiny model with a sharper output distribution, and the token the reward asks for.
+def peaked_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, float]:
+    """The tiny model with a sharper output distribution, the token the reward asks for, and that
+    token's base probability at the first answer position (mean over the prompts).
 
     At the random init every next-token distribution is near uniform over ~1k tokens and no adapter
     can change that much: the final RMSNorm fixes |h| = sqrt(d) * gain, so a logit h.e moves by at
     most ~1.3. Raising the final norm's gain gives the peaked distributions of a trained LM, which a
-    LoRA on the attention/MLP can steer (the residual stream is untouched). The target is the token
-    the base model favours at the first answer position, so GRPO has signal from the first step."""
+    LoRA on the attention/MLP can steer (the residual stream is untouched). The target is a token the
+    base model does NOT favour: the second most likely at the first answer position (under 1% there,
+    the favourite, a newline, ~24%), so a rise is the policy moving, not the base model's habit; it is
+    sampled often enough over 8 tokens x 48 rollouts a step that GRPO has signal from the first step."""
     import shutil
 
     import torch
@@ -39,7 +44,10 @@ def peaked_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         probs = sum(torch.softmax(model(input_ids=torch.tensor([t["prompt_ids"]])).logits[0, -1], -1)
                     for t in _prompts(tiny_model))
     model.save_pretrained(out)
-    return out, int(probs.argmax())
+    probs = probs / len(_prompts(tiny_model))
+    favourite, target = probs.topk(2).indices.tolist()
+    assert probs[target] < probs[favourite] / 10  # not the base model's preference
+    return out, target, float(probs[target])
 
 
 def _prompts(model_dir: Path) -> list[dict]:
@@ -64,8 +72,8 @@ def embedded_engine(model_dir: Path):
         yield EngineClient(server.url, timeout=60)
 
 
-def test_grpo_learns_target_tokens_with_lora(peaked_model: tuple[Path, int], store, forge_home: Path) -> None:
-    model_dir, target = peaked_model
+def test_grpo_learns_target_tokens_with_lora(peaked_model: tuple[Path, int, float], store, forge_home: Path) -> None:
+    model_dir, target, base_share = peaked_model
 
     def target_share(_task: object, completion: list[int]) -> float:
         return sum(1 for t in completion if t == target) / NEW_TOKENS
@@ -85,7 +93,8 @@ def test_grpo_learns_target_tokens_with_lora(peaked_model: tuple[Path, int], sto
     bridge.close()
     curve = [m["reward_mean"] for m in result.steps]
     mism = max(m["mismatch_max"] for m in result.steps)
-    print(f"\nreward curve: {[round(r, 3) for r in curve]}  max mismatch {mism:.2e}  wall {wall:.1f}s")
+    print(f"\nreward curve: {[round(r, 3) for r in curve]}  (target's base share {base_share:.3f})  "
+          f"max mismatch {mism:.2e}  wall {wall:.1f}s")
     start, end = sum(curve[:3]) / 3, sum(curve[-3:]) / 3
     assert end > start + 0.15, curve
     assert mism < 1e-4  # fp32 engine and fp32 trainer compute the same logprobs

@@ -12,7 +12,7 @@ from openforge.forge_cli.main import app
 
 def test_validate_builtin_and_list() -> None:
     out = CliRunner().invoke(app, ["tasks", "validate", "builtin"])
-    assert out.exit_code == 0 and "30 task(s) ok (easy 10, hard 8, medium 12)" in out.output
+    assert out.exit_code == 0 and "32 task(s) ok (easy 12, hard 8, medium 12)" in out.output
     out = CliRunner().invoke(app, ["tasks", "list", "builtin"])
     assert out.exit_code == 0 and "easy-say-hello" in out.output and "hard-dedupe" in out.output
 
@@ -35,7 +35,7 @@ def test_validate_prints_every_problem_and_fails_in_one_line(tmp_path: Path) -> 
 def test_validate_run_proves_every_builtin_verifier_in_real_sandboxes(forge_home: Path) -> None:
     out = CliRunner().invoke(app, ["tasks", "validate", "builtin", "--run"])
     assert out.exit_code == 0, out.output
-    assert "30 task(s) ok (easy 10, hard 8, medium 12, solutions checked)" in out.output
+    assert "32 task(s) ok (easy 12, hard 8, medium 12, solutions checked)" in out.output
     assert not list((forge_home / "sandboxes").iterdir())
 
 

@@ -1,5 +1,6 @@
 """The demo's model warm-up: a tiny random model learns the format of a number answer (one digit,
-any digit) and nothing about which digit a question wants; exact grading then has signal for GRPO."""
+any digit; on the demo's questions one of the digits they name) and nothing about which digit a
+question wants; exact grading then has signal for GRPO."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import pytest
 
 from openforge.rollouts.harnesses.mini_agent import SYSTEM, TOOLS
 from openforge.rollouts.tasks.format import load_tasks
-from openforge.trainer.warmup.text import WARMUP_FILE, warm_up_number_answers
+from openforge.trainer.warmup.text import DEMO_TAG, WARMUP_FILE, warm_up_number_answers
+
+N = 400
 
 
-def _first_tokens(model_dir: Path, instruction: str, n: int = 200) -> Counter:
+def _first_tokens(model_dir: Path, instruction: str, n: int = N) -> Counter:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -33,13 +36,26 @@ def test_warm_up_teaches_the_answer_format_not_the_answer(tmp_path: Path) -> Non
     from openforge.engine.tiny import LEARNABLE_NORM_GAIN, build_tiny_model
 
     model = build_tiny_model(tmp_path / "tiny", norm_gain=LEARNABLE_NORM_GAIN)
-    sums = next(t for t in load_tasks("builtin") if t.id == "easy-sum")
+    tasks = load_tasks("builtin")
+    sums = next(t for t in tasks if t.id == "easy-sum")
+    demo = [t for t in tasks if DEMO_TAG in t.tags]
+    answers = {f"{t.expect_answer.number:g}" for t in demo}
+    assert len(demo) >= 2 and len(answers) == len(demo)  # k tasks, k different answers: blind ceiling 1/k
     before = _first_tokens(model, sums.instruction)
-    assert before["5"] < 5 and before["\n"] > 150  # the random model: a newline, almost never the digit
-    record = warm_up_number_answers(model, steps=20)  # fewer than the default 30: the format is there by 20
+    assert before["5"] < 10 and before["\n"] > 0.75 * N  # the random model: a newline, almost never the digit
+    record = warm_up_number_answers(model)  # what `forge up` runs (runs/prepare.py)
     assert json.loads((model / WARMUP_FILE).read_text()) == record
+
     after = _first_tokens(model, sums.instruction)
-    digits = sum(after[str(d)] for d in range(10))
-    assert digits > 150, after  # it answers with a digit...
-    assert max(after[str(d)] for d in range(10)) < 100, after  # ...but prefers none: 5 is still to learn
-    assert after["5"] > 0
+    assert sum(after[str(d)] for d in range(10)) > 0.75 * N, after  # it answers with a digit...
+    assert 0 < after["5"] <= 2 * N / 10, after  # ...and not the right one more than twice uniform's share
+
+    # The demo's questions: one of their named answers, with the same odds whichever question it is.
+    # A warm-up that taught the answer would make the right digit likelier on its own question.
+    seen = {t.id: _first_tokens(model, t.instruction) for t in demo}
+    for t in demo:
+        assert sum(seen[t.id][a] for a in answers) > 0.75 * N, seen  # answers in the format...
+        assert seen[t.id][f"{t.expect_answer.number:g}"] > 0, seen  # ...the right one among them
+    for a in answers:
+        shares = [seen[t.id][a] for t in demo]
+        assert max(shares) - min(shares) < 0.1 * N, (a, seen)  # blind to the question

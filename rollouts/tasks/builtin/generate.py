@@ -82,6 +82,24 @@ CALL_HELPER = py("""
     """)
 
 
+# `forge up --demo`'s tasks (tag `demo`): a line of one digit, and the question which digit it is, with
+# the two possible answers named. Each answer is right on exactly one task, so a policy blind to the
+# question scores at most 1/2 on them; the demo's warm-up (trainer/warmup/text.py) teaches the tiny model
+# to answer one of the named digits, each equally often on either task: what is left to learn is which.
+# The line is long (128 digits: ~250 of the ~840 tokens of mini's prompt) so that the question, not
+# the harness prompt the tasks share, is what a ~0.1M-parameter model sees: with 32 digits (~10% of
+# the prompt) the demo's two questions stayed too alike to learn apart in 12 steps.
+DEMO_DIGITS = (3, 8)
+DEMO_LINE_LENGTH = 128
+
+
+def demo_digit_task(digit: int) -> dict:
+    line = " ".join([str(digit)] * DEMO_LINE_LENGTH)
+    options = " or ".join(str(d) for d in DEMO_DIGITS)
+    return dict(id=f"demo-digit-{digit}", instruction=f"Which digit fills the line '{line}'? Answer with a number: {options}.",
+                expect_answer=number(digit), solution=answer(str(digit)), tags=["answer", "demo"])
+
+
 EASY = [
     dict(id="easy-say-hello", instruction="Answer with the two words: hello world",
          expect_answer=words("hello world"), solution=answer("hello world"), tags=["answer"]),
@@ -106,6 +124,7 @@ EASY = [
          expect_answer=words("status ok"), solution=answer("status ok"), tags=["answer"]),
     dict(id="easy-write-ok", instruction="Create a file named ok.txt whose content is the word ok.",
          expect_files={"ok.txt": "ok"}, solution="printf 'ok\\n' > ok.txt", tags=["files"]),
+    *(demo_digit_task(d) for d in DEMO_DIGITS),
 ]
 
 LOG = "INFO start\nERROR disk full\nINFO retry\nERROR disk full\nWARN slow\nERROR timeout\nINFO done\nERROR bad input\n"
