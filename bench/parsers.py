@@ -210,3 +210,6 @@ if __name__ == "__main__":
     result = run(quick="--quick" in sys.argv)
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    from bench.__main__ import write_doc  # docs/performance.md shows every result file
+
+    write_doc()

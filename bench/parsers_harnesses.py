@@ -109,3 +109,6 @@ if __name__ == "__main__":
     result = run()
     out = Path(__file__).resolve().parent / "results" / "parsers_harnesses.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
+    from bench.__main__ import write_doc  # docs/performance.md shows every result file
+
+    write_doc()

@@ -15,8 +15,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from openforge.rollouts.harnesses.base import HarnessBase
 
-class _TrueHarness:
+
+class _TrueHarness(HarnessBase):
     name = "true"
     calls_model = False
 

@@ -49,7 +49,7 @@ def _docker_run(image: str) -> Callable[[], Awaitable[None]]:
     cli = shutil.which("docker")
     if cli:
         return lambda: _bare([cli, "run", "--rm", "--network", "host", image, "true"])
-    from openforge.sandbox.docker import connect
+    from openforge.sandbox.docker_engine import connect
 
     client = connect()
 

@@ -11,9 +11,14 @@ step is compared:
     tokens/s      sampled (loss) tokens per second of training compute: ours = TrainStep.tokens_per_s
                   (batch building, forward, backward, optimizer); TRL = the same tokens over the
                   step's wall time minus its `_prepare_inputs` (generation + scoring).
-    peak memory   of the steps after the first, each trainer in its own process: CUDA, max allocated
-                  over allocated at the reset; CPU, peak RSS (VmHWM) over RSS at the reset. It includes
-                  the sampling phase of each step (ours: HTTP + store; TRL: model.generate).
+    peak memory   what training adds over the loaded model, the same way for both, each trainer in a
+                  fresh process: the meter is reset when training begins (after imports, the model
+                  load, the LoRA wrap and the optimizer; ours: the first `sample` call, TRL: its
+                  `on_train_begin`); CUDA: max allocated over allocated then; CPU: the process's peak
+                  RSS over its RSS then (the peak is reset there through /proc/self/clear_refs, so a
+                  load-time spike does not count; where the kernel refuses, ru_maxrss is used and the
+                  result says so). It includes the sampling phase of each step (ours: HTTP + store;
+                  TRL: model.generate).
     mismatch      max |engine logprob - trainer logprob| on sampled tokens (fp32: must be ~0).
 
 Medians over the steps after the first (warm-up). Needs the `bench` extra (`pip install -e .[bench]`).
@@ -39,38 +44,59 @@ def _reward(completion_ids: list[int]) -> float:
 
 
 class PeakMeter:
-    """Peak memory of the steps after the first (steady state; the first step allocates optimizer
-    state and warms caches). CUDA: max allocated since the reset; CPU: the growth of the process's
-    peak RSS (VmHWM, reset through /proc/self/clear_refs) over its RSS at the reset."""
+    """What a trainer's process adds at its peak over the moment training begins (see the module
+    docstring). CUDA: max allocated since `reset`; CPU: peak RSS since `reset` (VmHWM, reset through
+    /proc/self/clear_refs) over RSS at `reset`; if the kernel refuses the reset, the whole process's
+    peak (ru_maxrss), which then also holds the model load's, and `method` says so."""
 
     def __init__(self, device: str) -> None:
-        self.device, self.base_kb = device, 0
+        self.device, self.base, self.method = device, 0, ""
 
     def reset(self) -> None:
         import torch
 
         if self.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-            self.base = torch.cuda.memory_allocated()
+            self.base, self.method = torch.cuda.memory_allocated(), "cuda max_memory_allocated - allocated at train begin"
             return
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        self.base_kb = self._status("VmRSS")
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # 5: reset the peak RSS (VmHWM) to the current RSS
+            self.method = "peak RSS (VmHWM, reset at train begin) - RSS at train begin"
+        except OSError:
+            self.method = "peak RSS of the process (ru_maxrss; VmHWM reset refused) - RSS at train begin"
+        self.base = _status_kb("VmRSS") * 1024
 
     def peak_mib(self) -> float:
+        import resource
+
         import torch
 
         if self.device == "cuda":
             return (torch.cuda.max_memory_allocated() - self.base) / 2**20
-        return max(self._status("VmHWM") - self.base_kb, 0) / 1024
+        peak_kb = _status_kb("VmHWM") if "VmHWM" in self.method else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return max(peak_kb * 1024 - self.base, 0) / 2**20
 
-    @staticmethod
-    def _status(key: str) -> int:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-        return 0
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+class _MeteredSampler:
+    """`sampler` that resets `meter` on its first call: the moment our trainer begins training."""
+
+    def __init__(self, sampler: Any, meter: PeakMeter) -> None:
+        self.sampler, self.meter, self.started = sampler, meter, False
+
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.started:
+            self.started = True
+            self.meter.reset()
+        return self.sampler.sample(*args, **kwargs)
 
 
 def ours(model_dir: str, engine_url: str, steps: int, device: str, out: Any) -> None:
@@ -80,7 +106,9 @@ def ours(model_dir: str, engine_url: str, steps: int, device: str, out: Any) -> 
     from openforge.config import TrainerConfig
     from openforge.store import Store
     from openforge.trainer.loop import train
-    from openforge.trainer.sampler import AdapterSync, BackgroundLoop, EngineSampler
+    from openforge.trainer.adapters import AdapterSync
+    from openforge.trainer.bridge import BackgroundLoop
+    from openforge.trainer.samplers import EngineSampler
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     tasks = [{"id": f"p{i}", "prompt_ids": list(tok.apply_chat_template(
@@ -96,15 +124,14 @@ def ours(model_dir: str, engine_url: str, steps: int, device: str, out: Any) -> 
     sampler = EngineSampler(client, store, bridge, reward_fn=lambda _t, c: _reward(c), group_size=G,
                             max_new_tokens=NEW_TOKENS, ignore_eos=True)
     meter = PeakMeter(device)
-    res = train(store, run.id, cfg, model_path=model_dir, tasks=tasks, sampler=sampler,
-                engine=AdapterSync(client, bridge), home=home,
-                on_step=lambda m: meter.reset() if m["step"] == 0 else None)
+    res = train(store, run.id, cfg, model_path=model_dir, tasks=tasks, sampler=_MeteredSampler(sampler, meter),
+                engine=AdapterSync(client, bridge), home=home)
     bridge.run(client.aclose())
     bridge.close()
     later = res.steps[1:] or res.steps
     out.put({"tokens_per_s": statistics.median(m["tokens_per_s"] for m in later),
              "tokens_per_step": statistics.median(m["n_tokens"] for m in later),
-             "peak_mib": meter.peak_mib(),
+             "peak_mib": meter.peak_mib(), "peak_method": meter.method,
              "mismatch_max": max(m["mismatch_max"] for m in res.steps),
              "mismatch_mean": statistics.fmean(m["mismatch_mean"] for m in res.steps)})
 
@@ -136,13 +163,14 @@ def trl(model_dir: str, steps: int, device: str, out: Any) -> None:
     rows: list[tuple[float, int]] = []
 
     class Clock(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):  # noqa: ANN001
+            meter.reset()
+
         def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
             trainer.gen_s, trainer.tokens, self.t0 = 0.0, 0, time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
             rows.append((time.perf_counter() - self.t0 - trainer.gen_s, trainer.tokens))
-            if len(rows) == 1:
-                meter.reset()
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     data = Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in PROMPTS]})
@@ -162,7 +190,8 @@ def trl(model_dir: str, steps: int, device: str, out: Any) -> None:
     trainer.train()
     later = rows[1:] or rows
     out.put({"tokens_per_s": statistics.median(n / t for t, n in later),
-             "tokens_per_step": statistics.median(n for _, n in later), "peak_mib": meter.peak_mib()})
+             "tokens_per_step": statistics.median(n for _, n in later), "peak_mib": meter.peak_mib(),
+             "peak_method": meter.method})
 
 
 def _in_child(target: Any, *args: Any) -> dict:

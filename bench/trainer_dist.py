@@ -72,9 +72,7 @@ def worker(model_dir: str, steps: int, out: str) -> None:
     if d is None or d.is_main:
         Path(out).write_text(json.dumps({"times": times, "tokens": tokens, "threads": torch.get_num_threads()}))
     if d is not None:
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
+        distributed.leave()
 
 
 def _free_port() -> int:
