@@ -5,5 +5,5 @@ routes, shapes, the --api-key check, over a backend protocol) · embedded.py (th
 backend: scheduler.py, prefix_cache.py, kv.py, sampling.py, lora.py, weights.py, model.py) ·
 scripted.py (scripted completions for tests) · supervisor.py + sglang.py (EngineProcess: launch,
 watch, restart) · serve.py (serve_in_thread) · tiny.py (the tiny model). Nothing heavy is imported
-here, so `import engine.client` stays fast.
+here, so `import openforge.engine.client` stays fast.
 """

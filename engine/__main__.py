@@ -13,7 +13,7 @@ from openforge.config import EngineConfig
 from openforge.errors import ForgeError
 
 
-def _exit_with_parent(parent_pid: int, interval_s: float = 1.0) -> None:
+def exit_with_parent(parent_pid: int, interval_s: float = 1.0) -> None:
     """Watch the supervising process: once it is gone (even by SIGKILL, which runs no cleanup of its
     own) this engine is reparented, and it stops itself with SIGTERM like a normal shutdown."""
     import os
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="exit when this process dies (EngineProcess passes its own pid: no orphaned engines)")
     args = p.parse_args(argv)
     if args.parent_pid:
-        _exit_with_parent(args.parent_pid)
+        exit_with_parent(args.parent_pid)
     try:
         from openforge.engine.model import resolve_model_path
 

@@ -228,7 +228,7 @@ def serve_engine(config: EngineConfig, *, announce=print) -> None:
     made while the model loads wait in the listen backlog and are answered once it is serving."""
     import uvicorn
 
-    from openforge.engine.serve import listen_tcp, quiet_shutdown_cancellations
+    from openforge.engine.serve import KEEP_ALIVE_S, listen_tcp, quiet_shutdown_cancellations
 
     sock = listen_tcp(config.host, config.port)
     port = sock.getsockname()[1]
@@ -238,7 +238,8 @@ def serve_engine(config: EngineConfig, *, announce=print) -> None:
     guard = "API key required" if config.api_key else "no API key: anyone who reaches this port can use it"
     announce(f"engine: serving {engine.m.path} at http://{host}:{port} "
              f"({engine.m.device}, {str(engine.m.dtype).removeprefix('torch.')}; {guard})")
-    server = uvicorn.Server(uvicorn.Config(engine.app, log_level="warning", access_log=False, timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn.Config(engine.app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+                                           timeout_keep_alive=KEEP_ALIVE_S))
     quiet_shutdown_cancellations()
     try:
         server.run(sockets=[sock])

@@ -35,7 +35,7 @@ from starlette.routing import Mount, Route
 from openforge.engine.client import EngineClient
 from openforge.config import ProxyConfig
 from openforge.errors import StoreError
-from openforge.store import AsyncStore
+from openforge.async_store import AsyncStore
 from openforge.proxy import anthropic, openai_chat, openai_responses
 from openforge.proxy.adapters import ApiAdapter, adapter_for_path
 from openforge.proxy.calls import APIError, bad_request

@@ -245,7 +245,8 @@ class CallPipeline:
                                   rid=new_call_id(rollout["id"]), id_prefix=adapter.TOOL_ID_PREFIX,
                                   parser=self.parsers.for_request(req, prompt_text=prompt.text,
                                                                   id_prefix=adapter.TOOL_ID_PREFIX),
-                                  image_data=[im.data_url for im in prompt.images] or None)
+                                  image_data=[im.data_url for im in prompt.images] or None,
+                                  routing_key=rollout["id"])
         return LiveCall(adapter, rollout, req, prompt, row, new_call_id(adapter.RESPONSE_ID_PREFIX), model,
                         time.perf_counter(), Generation(self.engine, self.renderer, params))
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openforge.errors import StoreError
-from openforge.store import AsyncStore, Call
+from openforge.async_store import AsyncStore
+from openforge.store import Call
 
 INLINE_BATCH = 2  # a batch this small (one call alone: its begin, or its end) commits on the loop itself
 

@@ -28,6 +28,7 @@ from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks
 from test_mini import serve  # noqa: F401 - the scripted engine behind the real proxy, as a fixture
 from openforge.integrations.verl.data import DATA_SOURCE, rl_rows, sft_rows
+from required import skip_or_fail
 
 REPO = Path(__file__).resolve().parent.parent
 WRITE = '<tool_call>\n{"name": "write_file", "arguments": {"path": "hello.txt", "content": "hello world\\n"}}\n</tool_call>'
@@ -162,7 +163,7 @@ def verl_or_skip() -> None:
         import verl  # noqa: F401
         from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure means: not usable here
-        pytest.skip(f"verl is not importable here ({type(exc).__name__}: {exc}); see docs/trainer.md")
+        skip_or_fail("verl", f"verl is not importable here ({type(exc).__name__}: {exc}); see docs/trainer.md")
 
 
 def multiturn_sft_dataset() -> Any:

@@ -30,7 +30,7 @@ from openforge.config import EngineConfig, ForgeConfig, ProxyConfig
 from openforge.store import Store
 from openforge.proxy.server import ProxyServer
 from openforge.rollouts.runner.trajectory import assemble_rollout
-from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome
+from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext, HarnessOutcome
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.sandbox.base import ExecResult, Sandbox
@@ -175,7 +175,7 @@ def test_engine_killed_mid_stream_gives_an_api_error_then_recovers(tiny_model: P
     assert not psutil.pid_exists(first_pid) or psutil.Process(first_pid).status() == psutil.STATUS_ZOMBIE
 
 
-class _ShellHarness:
+class _ShellHarness(HarnessBase):
     """A real adapter whose agent is one shell line (a test's hostile or flaky 'agent'). The line
     stands for what an agent does, so its crash is the agent's: this harness itself never fails."""
 

@@ -3,7 +3,8 @@ scripted model that answers with valid browser-use actions; its outcome rules; a
 real local sandbox through the real proxy.
 
 The venv is the one `forge harness install browser-use` makes, in $FORGE_NPM_CACHE or
-~/.cache/openforge-npm (where .ci/run installs it); these tests skip, saying so, without it."""
+~/.cache/openforge-npm (where .ci/run installs it); these tests skip, saying so, without it (and fail
+under FORGE_REQUIRE=browser-use, as in CI: tests/required.py)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ from openforge.rollouts.harnesses.browseruse import browser_use_outcome, find_ch
 from openforge.sandbox.base import ExecResult
 from gui_fixtures import (ScriptedModel, Site, browser_use_button_policy, browser_use_reply, run_browser_use,
                           screenshot_of)
+from required import requires
 
 CACHE = Path(os.environ.get("FORGE_NPM_CACHE") or Path.home() / ".cache" / "openforge-npm").expanduser()
 PYTHON = venv_python(CACHE)
-needs_browser_use = pytest.mark.skipif(
-    PYTHON is None or find_chromium() is None,
-    reason=f"browser-use is not installed in {CACHE} (forge harness install browser-use --cache {CACHE})"
+needs_browser_use = requires(
+    "browser-use",
+    None if PYTHON is not None and find_chromium() is not None else
+    f"browser-use is not installed in {CACHE} (forge harness install browser-use --cache {CACHE})"
     if PYTHON is None else "no chromium (apt-get install chromium)")
 
 

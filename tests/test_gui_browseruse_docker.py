@@ -28,6 +28,7 @@ from openforge.rollouts.harnesses.browseruse import IMAGE_PREFIX, IMAGE_PYTHON, 
 from openforge.sandbox.harness_image import (VenvLayer, build_venv_tar, compiled_modules, venv_distributions, venv_recipe,
                                    venv_tag)
 from openforge.sandbox.images import SANDBOX_UID, build_rootfs_tar
+from required import skip_or_fail
 
 CACHE = Path(os.environ.get("FORGE_NPM_CACHE") or Path.home() / ".cache" / "openforge-npm").expanduser()
 
@@ -162,22 +163,22 @@ BUILD_SECONDS: dict[str, float] = {}
 def bu_image() -> str:
     """The browser-use image on the reachable engine, built (timed) from the cached browser tarball if the
     engine lacks it."""
-    from openforge.sandbox.docker import connect
+    from openforge.sandbox.docker_engine import connect
     from openforge.sandbox.harness_image import ensure_venv_image
     from openforge.sandbox.images import has_image, image_tag, tarball_path
 
     if venv_python(CACHE) is None:
-        pytest.skip(f"browser-use is not installed in {CACHE} (forge harness install browser-use --cache {CACHE})")
+        skip_or_fail("browser-use", f"browser-use is not installed in {CACHE} (forge harness install browser-use --cache {CACHE})")
     try:
         client = connect(timeout=10)
     except SandboxError as exc:
-        pytest.skip(f"{exc} (CI starts dockerd in .ci/run and exports DOCKER_HOST)")
+        skip_or_fail("docker", f"{exc} (CI starts dockerd in .ci/run and exports DOCKER_HOST)")
     layer = image_layer(CACHE)
     browser, tag = image_tag("browser"), venv_tag(layer)
     try:
         present = has_image(client, tag)
         if not present and not tarball_path(browser).exists():  # the build reads it (no docker export)
-            pytest.skip(f"no rootfs tarball of {browser} in the image cache to build {tag} on "
+            skip_or_fail("docker", f"no rootfs tarball of {browser} in the image cache to build {tag} on "
                         "(forge sandbox build-image --variant browser: ~10 minutes)")
     finally:
         client.close()

@@ -19,9 +19,10 @@ from openforge.rollouts.harnesses.mini_gui_agent import Action, BadAction, Scree
 from openforge.sandbox.base import ExecResult
 from gui_fixtures import (BUTTON, ScriptedModel, Site, chromium, missing_gui_tools, red_centre, run_gui_task,
                                 run_mini_gui, screenshot_of, text_reply, tool_call, wait_for, xvfb)
+from required import requires, skip_or_fail
 
-needs_display = pytest.mark.skipif(bool(missing_gui_tools()),
-                                   reason=f"needs {', '.join(missing_gui_tools())} (apt-get install xvfb xdotool chromium)")
+needs_display = requires("chromium", f"needs {', '.join(missing_gui_tools())} (apt-get install xvfb xdotool chromium)"
+                         if missing_gui_tools() else None)
 
 
 # -- the action format -----------------------------------------------------------------------------
@@ -118,7 +119,7 @@ def test_adapter_command_and_env() -> None:
 @pytest.fixture(scope="module")
 def display() -> Any:
     if missing_gui_tools():
-        pytest.skip(f"needs {', '.join(missing_gui_tools())}")
+        skip_or_fail("chromium", f"needs {', '.join(missing_gui_tools())}")
     with xvfb(800, 600) as d:
         yield d
 
@@ -332,8 +333,7 @@ def test_mini_gui_random_vlm_in_a_gui_sandbox(tiny_vl_model: Path, store: Any, f
 
 
 def test_preflight_and_demo_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from openforge.forge_cli.overrides import cli_overrides
-    from openforge.config import ForgeConfig
+    from openforge.config import ForgeConfig, load_config
     from openforge.rollouts.harnesses import harness_available
 
     monkeypatch.setenv("FORGE_NPM_CACHE", str(tmp_path / "empty-cache"))
@@ -344,9 +344,9 @@ def test_preflight_and_demo_settings(tmp_path: Path, monkeypatch: pytest.MonkeyP
     cfg.harness.name = "mini-gui"
     assert harness_available(cfg) == (None if missing_gui_tools() == [] or "xdotool" not in missing_gui_tools()
                                       else "the mini-gui harness needs xdotool: apt-get install xdotool")
-    demo = cli_overrides(demo=True, sets=[], steps=None, name=None, harness="browser-use")
-    assert demo["harness"]["name"] == "browser-use" and demo["harness"]["extra_args"] == []
-    assert demo["proxy"]["max_tokens_cap"] == 256 and demo["proxy"]["max_context_tokens"] >= 16384
+    demo = load_config(None, overrides={"harness": {"name": "browser-use"}}, preset="demo")
+    assert demo.harness.name == "browser-use" and demo.harness.extra_args == []
+    assert demo.proxy.max_tokens_cap == 256 and demo.proxy.max_context_tokens >= 16384
 
 
 # -- through the runner on builtin-web tasks ----------------------------------------------------------

@@ -3,16 +3,16 @@
 screenshot (Debian's Pillow, over XCB), and a headless chromium screenshots too.
 
 The image is used when the engine has it or its rootfs tarball is cached (an import takes seconds);
-building it (debootstrap + apt, ~10 minutes) only with OPENFORGE_BUILD_BROWSER_IMAGE=1."""
+building it (debootstrap + apt, ~10 minutes) only with FORGE_BUILD_BROWSER_IMAGE=1."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from openforge.environment import forge_env
 from openforge.errors import SandboxError
 from openforge.sandbox.images import SANDBOX_UID, ensure_image, has_image, image_tag, recipe, tarball_path
+from required import skip_or_fail
 
 pytestmark = pytest.mark.slow
 
@@ -20,17 +20,17 @@ RED_PAGE = "data:text/html,<body style='margin:0;background:rgb(255,0,0)'></body
 
 
 def browser_image():  # type: ignore[no-untyped-def]
-    from openforge.sandbox.docker import connect
+    from openforge.sandbox.docker_engine import connect
 
     try:
         client = connect(timeout=10)
     except SandboxError as exc:
-        pytest.skip(f"{exc} (CI starts dockerd in .ci/run and exports DOCKER_HOST)")
+        skip_or_fail("docker", f"{exc} (CI starts dockerd in .ci/run and exports DOCKER_HOST)")
     tag = image_tag("browser")
     if not has_image(client, tag) and not tarball_path(tag).exists() and \
-            not os.environ.get("OPENFORGE_BUILD_BROWSER_IMAGE"):
-        pytest.skip(f"{tag} is not built (forge sandbox build-image --variant browser, "
-                    "or OPENFORGE_BUILD_BROWSER_IMAGE=1)")
+            not forge_env("FORGE_BUILD_BROWSER_IMAGE"):
+        skip_or_fail("docker", f"{tag} is not built (forge sandbox build-image --variant browser, "
+                    "or FORGE_BUILD_BROWSER_IMAGE=1)")
     return client, ensure_image("browser", timeout=1500)
 
 

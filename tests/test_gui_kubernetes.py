@@ -37,13 +37,14 @@ from openforge.sandbox.forwarder import site_preamble
 from openforge.sandbox.gui import find_chromium
 from openforge.sandbox.kubernetes import KubernetesSandbox
 from openforge.sandbox.site_relay import PREAMBLE_LEN, SiteRelay, acquire_relay, release_relay
+from required import requires
 
 MISSING = [n for n, ok in (("chromium", find_chromium()), ("Xvfb", shutil.which("Xvfb")),
                            ("xdotool", shutil.which("xdotool"))) if not ok]
 needs_pods = pytest.mark.skipif(not bwrap_available(), reason="the API double runs pods under bubblewrap and "
                                                               "nsenter as root; not available here")
-needs_gui = pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)} on the host (the double's pods "
-                                                     "use the host's /usr): apt-get install chromium xvfb xdotool")
+needs_gui = requires("chromium", f"needs {', '.join(MISSING)} on the host (the double's pods use the host's /usr): "
+                                 "apt-get install chromium xvfb xdotool" if MISSING else None)
 RED = next(t for t in load_tasks("builtin-web") if t.id == "gui-colour-click-red")
 # The reference clicks quadrant 0 (red); the wrong one clicks quadrant 1 (green) the same way.
 WRONG = (RED.solution or "").replace("click 256 192", "click 768 192")

@@ -21,9 +21,10 @@ from openforge.rollouts.tasks.web.server import SiteSession
 from openforge.rollouts.tasks.web.spec import GuiTask
 from openforge.sandbox import gui
 from gui_fixtures import ScriptedModel, missing_gui_tools, run_mini_gui, text_reply, wait_for
+from required import requires, skip_or_fail
 
-needs_display = pytest.mark.skipif(bool(missing_gui_tools()),
-                                   reason=f"needs {', '.join(missing_gui_tools())} (apt-get install xvfb xdotool chromium)")
+needs_display = requires("chromium", f"needs {', '.join(missing_gui_tools())} (apt-get install xvfb xdotool chromium)"
+                         if missing_gui_tools() else None)
 
 # Replies that crashed mini-gui (an agent error or a dead display: a harness failure, the group dropped)
 # before they became invalid actions, each with what it did then.
@@ -59,7 +60,7 @@ def test_ordinary_keys_and_text_still_pass() -> None:
 def display() -> Any:
     """A display as sandboxes start it (sandbox/gui.py: its server keys disarmed)."""
     if missing_gui_tools():
-        pytest.skip(f"needs {', '.join(missing_gui_tools())}")
+        skip_or_fail("chromium", f"needs {', '.join(missing_gui_tools())}")
     proc, number = gui.start_xvfb(640, 480)
     try:
         yield number

@@ -20,11 +20,12 @@ from openforge.rollouts.tasks.web.server import SiteSession
 from openforge.rollouts.tasks.web.spec import GuiTask
 from openforge.sandbox.gui import GuiSpec, find_chromium
 from openforge.sandbox.local import LocalSandbox, bwrap_usable
+from required import requires
 
 MISSING = [n for n, ok in (("chromium", find_chromium()), ("Xvfb", shutil.which("Xvfb")),
                            ("xdotool", shutil.which("xdotool")), ("bwrap", bwrap_usable())) if not ok]
-pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)} "
-                                                      "(apt-get install chromium xvfb xdotool bubblewrap)")
+pytestmark = requires("chromium", f"needs {', '.join(MISSING)} (apt-get install chromium xvfb xdotool bubblewrap)"
+                      if MISSING else None)
 
 COLOUR = GuiTask(site="colour", params={"order": ["blue", "yellow", "green", "red"]}, expect_state={"clicks": ["red"]})
 

@@ -19,13 +19,14 @@ from openforge.rollouts.tasks.web.sites import make_site
 from openforge.rollouts.tasks.web.spec import GuiTask
 from openforge.sandbox.gui import find_chromium
 from openforge.sandbox.local import bwrap_usable
+from required import requires
 
 TASKS = load_tasks("builtin-web")
 BY_ID = {t.id: t for t in TASKS}
 MISSING = [n for n, ok in (("chromium", find_chromium()), ("Xvfb", shutil.which("Xvfb")),
                            ("xdotool", shutil.which("xdotool")), ("bwrap", bwrap_usable())) if not ok]
-needs_gui = pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)} "
-                                                     "(apt-get install chromium xvfb xdotool bubblewrap)")
+needs_gui = requires("chromium", f"needs {', '.join(MISSING)} (apt-get install chromium xvfb xdotool bubblewrap)"
+                     if MISSING else None)
 
 
 def test_the_set_covers_the_site_families_and_is_valid() -> None:

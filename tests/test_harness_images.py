@@ -3,7 +3,7 @@ and real Claude Code / Codex rollouts in Docker containers, as the sandbox's non
 recording proxy only through its unix socket, scored by the task's exact check.
 
 The image is built by .ci/run (from the npm cache it installs); a test that needs it skips with the
-reason when it is absent (OPENFORGE_BUILD_HARNESS_IMAGE=1 builds it here, ~1-2 min the first time).
+reason when it is absent (FORGE_BUILD_HARNESS_IMAGE=1 builds it here, ~1-2 min the first time).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from openforge.rollouts.harnesses.npm import image_layer
 from openforge.sandbox.harness_image import NPM_PREFIX, NpmLayer, build_harness_tar, harness_tag, npm_closure
 from openforge.sandbox.images import SANDBOX_UID, build_rootfs_tar
 from openforge.sandbox.testing import harness_image, proxy_socket_path
+from required import skip_or_fail
 from test_proxy_support import make_rig  # noqa: F401 - fixture
 from test_real_harnesses import ANSWER, COMMAND, NPM_CACHE, check_extends, check_recording, tool_then_answer
 
@@ -121,7 +122,7 @@ def test_a_harness_missing_from_the_cache_names_the_fix(tmp_path: Path):
 def harness_config(name: str) -> DockerSandboxConfig:
     tag, why = harness_image(("claude-code", "codex"))
     if tag is None:
-        pytest.skip(why)
+        skip_or_fail("docker", why)
     return DockerSandboxConfig(image=tag)
 
 
@@ -204,7 +205,7 @@ def test_the_cache_layer_is_what_the_local_backend_runs():
     from openforge.rollouts.harnesses.npm import find_package_bin
 
     if find_package_bin(NPM_CACHE, "codex") is None or find_package_bin(NPM_CACHE, "claude-code") is None:
-        pytest.skip(f"claude-code and codex are not both installed in {NPM_CACHE}")
+        skip_or_fail("npm", f"claude-code and codex are not both installed in {NPM_CACHE}")
     layer = image_layer(["claude-code", "codex"], NPM_CACHE)
     assert {name: NPM_CACHE / rel for name, rel in layer.bins.items()} == {
         "claude": find_package_bin(NPM_CACHE, "claude-code"), "codex": find_package_bin(NPM_CACHE, "codex")}

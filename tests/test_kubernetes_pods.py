@@ -17,7 +17,7 @@ from test_kubernetes import double, make_config, pytestmark, restricted_pod  # n
 
 from openforge.errors import SandboxError
 from openforge.sandbox.base import TransientSandboxError
-from openforge.sandbox.k8s_client import RateLimiter, backoff_s
+from openforge.sandbox.k8s_throttle import RateLimiter, backoff_s
 from openforge.sandbox.k8s_exec import api_error
 from openforge.sandbox.kubernetes import KubernetesSandbox, load_client_configuration
 

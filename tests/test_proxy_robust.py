@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 
 from openforge.engine.client import EngineClient
 from openforge.engine.scripted import ScriptedEngine
+from openforge.engine.serve import serve_in_thread
 from openforge.config import ProxyConfig
 from openforge.store import Call
 from openforge.proxy.app import create_app
@@ -70,10 +71,11 @@ def _error_shape(path: str, body: dict) -> bool:
 
 @pytest.fixture
 def asgi(tiny_model, store):
-    # Proxy and engine both in-process: the engine client's transport seam, no server at all.
+    # The proxy in-process (fast under hypothesis), the engine on loopback as it ships.
     engine = ScriptedEngine(tiny_model, lambda ids: "ok")
+    served = serve_in_thread(engine.app)
     loop = asyncio.new_event_loop()
-    client_engine = EngineClient("http://engine", transport=httpx.ASGITransport(app=engine.app))
+    client_engine = EngineClient(served.url)
     app = create_app(ProxyConfig(max_context_tokens=4096, default_max_tokens=4), store_path=store.path,
                      engine=client_engine, tokenizer=AutoTokenizer.from_pretrained(str(tiny_model)))
     run = store.create_run(kind="proxy")
@@ -85,6 +87,7 @@ def asgi(tiny_model, store):
     loop.run_until_complete(app.state.proxy.aclose())
     loop.run_until_complete(client_engine.aclose())
     loop.close()
+    served.stop()
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))

@@ -11,10 +11,11 @@ import pytest
 
 from openforge.engine.client import EngineClient
 from openforge.engine.scripted import ScriptedEngine
+from openforge.engine.serve import serve_in_thread
 from openforge.config import ProxyConfig
 from openforge.store import Store
 from openforge.proxy.app import create_app
-from openforge.proxy.server import load_tokenizer
+from openforge.proxy.tokens import load_tokenizer
 from test_proxy_support import CHAT_TOOLS, TOOL_TURN, make_rig  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(240)
@@ -40,11 +41,11 @@ async def test_a_rollout_alternating_between_two_workers_keeps_exact_tokens(tiny
     splices an older turn and re-tokenises the newer answer, which drifts (the template re-spaces
     the tool call's JSON): the control case shows the test can tell."""
     engine = ScriptedEngine(tiny_model, [TOOL_TURN] * 4)
+    served = serve_in_thread(engine.app)
     tokenizer = load_tokenizer(tiny_model)
+    clients = [EngineClient(served.url) for _ in range(2)]
     apps = [create_app(ProxyConfig(), store_path=store.path, tokenizer=tokenizer, recover=False,
-                       shared_store=shared_store,
-                       engine=EngineClient("http://engine", transport=httpx.ASGITransport(app=engine.app)))
-            for _ in range(2)]
+                       shared_store=shared_store, engine=client) for client in clients]
     rollout = store.create_rollout(run_id=store.create_run(kind="proxy").id, task_id="t", status="running")
     msgs: list[dict[str, Any]] = [{"role": "user", "content": "list the files"}]
     try:
@@ -57,8 +58,10 @@ async def test_a_rollout_alternating_between_two_workers_keeps_exact_tokens(tiny
             assert resp.status_code == 200, resp.text
             msgs = _next_turn(msgs, resp.json(), turn)
     finally:
-        for app in apps:
+        for app, client in zip(apps, clients):
             await app.state.proxy.aclose()
+            await client.aclose()
+        served.stop()
     calls = store.list_calls(rollout_id=rollout.id)
     assert [c.seq for c in calls] == [0, 1, 2, 3] and {c.status for c in calls} == {"ok"}
     if shared_store:

@@ -24,6 +24,7 @@ from openforge.rollouts.harnesses import get_harness
 from openforge.rollouts.harnesses.npm import find_package_bin, install_hint, node_platform
 from openforge.sandbox.factory import make_sandbox
 from openforge.sandbox.testing import proxy_socket_path
+from required import requires
 from test_proxy_support import make_rig  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(120)
@@ -37,14 +38,15 @@ ANSWER = "Done: proof.txt is written."
 
 
 def needs(name: str) -> Any:
-    """Mark a test `npm` and skip it unless harness `name` is installed in the npm cache."""
+    """Mark a test `npm` and skip it (fail it under FORGE_REQUIRE=npm) unless harness `name` is installed
+    in the npm cache."""
     if shutil.which("node") is None or shutil.which("npm") is None:
-        skip = pytest.mark.skip(reason="node/npm are not installed")
+        missing: str | None = "node/npm are not installed"
     elif find_package_bin(NPM_CACHE, name) is None:
-        skip = pytest.mark.skip(reason=f"{name} is not installed in {NPM_CACHE} ({install_hint(name, NPM_CACHE)})")
+        missing = f"{name} is not installed in {NPM_CACHE} ({install_hint(name, NPM_CACHE)})"
     else:
-        skip = pytest.mark.npm
-    return lambda test: skip(pytest.mark.npm(test))
+        missing = None
+    return lambda test: requires("npm", missing)(pytest.mark.npm(test))
 
 
 def tool_then_answer(tokenizer: Any, tool: str, arguments: dict[str, Any]) -> Any:
@@ -334,7 +336,7 @@ def test_forge_harness_install_reports_an_installed_harness_and_npm_errors(tmp_p
 
 
 @pytest.mark.npm
-@pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not installed")
+@requires("npm", None if shutil.which("npm") else "npm is not installed")
 def test_npm_install_streams_progress_and_fails_in_one_line(tmp_path):
     from openforge.errors import HarnessError
     from openforge.rollouts.harnesses.npm import install_packages

@@ -22,6 +22,7 @@ from openforge.store import Rollout, Store
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.sandbox.testing import backend_config
+from required import skip_or_fail
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,7 +32,7 @@ def container_config(request: pytest.FixtureRequest, tmp_path: Path):  # type: i
     if request.param == "docker":
         cfg, why = backend_config("docker", image="python")
         if cfg is None:
-            pytest.skip(why)
+            skip_or_fail("docker", why)
         yield cfg
         return
     from k8s_double import KubeDouble, bwrap_available

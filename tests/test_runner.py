@@ -14,7 +14,7 @@ import pytest
 from openforge.config import ForgeConfig
 from openforge.errors import SandboxError
 from openforge.store import Store, hash_key
-from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome, answer_file_outcome
+from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext, HarnessOutcome, answer_file_outcome
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.sandbox.base import ExecResult, Sandbox, TransientSandboxError
@@ -23,7 +23,7 @@ from openforge.sandbox.local import SANDBOX_ENV
 from openforge.sandbox.procs import marked_pids
 
 
-class ShellHarness:
+class ShellHarness(HarnessBase):
     """A stand-in agent: its final answer is what it leaves in the answer file (as `mini` does)."""
 
     name = "shell"

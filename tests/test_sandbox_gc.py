@@ -22,6 +22,7 @@ from openforge.sandbox.docker import DockerSandbox
 from openforge.sandbox.local import LocalSandbox
 from openforge.sandbox.procs import Cgroup, Limits
 from openforge.sandbox.testing import backend_config, docker_image
+from required import skip_or_fail
 
 pytestmark = pytest.mark.timeout(120)
 runner = CliRunner()
@@ -87,7 +88,7 @@ async def test_gc_removes_a_crashed_local_sandbox_and_its_processes(store: Store
 async def test_gc_removes_leftover_containers_by_label(store: Store) -> None:
     config, why = backend_config("docker")
     if config is None:
-        pytest.skip(why)
+        skip_or_fail("docker", why)
     run = store.create_run(name="crashed", owner_pid=_dead_pid())
     store.set_run_status(run.id, "running")  # what a crash leaves: "running", owner gone
     sb = DockerSandbox(config, run_id=run.id, rollout_id=f"ro-gc-{os.getpid()}")
@@ -114,7 +115,7 @@ async def test_docker_failures_say_what_to_do() -> None:
             pass
     ok, why = backend_config("docker")
     if ok is None:
-        pytest.skip(why)
+        skip_or_fail("docker", why)
     ok.image = "openforge-sandbox:no-such-tag"  # type: ignore[union-attr]
     with pytest.raises(SandboxError, match="image openforge-sandbox:no-such-tag not found; build it with"):
         async with make_sandbox(ok, run_id="r", rollout_id="ro-noimage"):
@@ -137,7 +138,7 @@ async def test_python_image_runs_the_openai_sdk_on_the_host_network() -> None:
     """The image the `mini` harness runs in: python3 + openai, and the host's loopback reachable."""
     tag, why = docker_image("python")
     if tag is None:
-        pytest.skip(why)
+        skip_or_fail("docker", why)
     import http.server
     import threading
 

@@ -20,6 +20,7 @@ from openforge.config import DockerSandboxConfig, LocalSandboxConfig
 from openforge.errors import SandboxError
 from openforge.sandbox import IsolationUnavailable, isolation_check, make_sandbox
 from openforge.sandbox.testing import backend_config
+from required import skip_or_fail
 
 pytestmark = pytest.mark.timeout(120)
 PROBE = ("import sys, urllib.request\n"
@@ -32,7 +33,7 @@ PROBE = ("import sys, urllib.request\n"
 def _isolated(name: str = "local-bwrap"):  # type: ignore[no-untyped-def]
     cfg, why = backend_config(name)
     if cfg is None:
-        pytest.skip(why)
+        skip_or_fail(name, why)  # only "docker" can be required (CI installs it)
     return cfg
 
 
@@ -116,7 +117,7 @@ ESCAPES = {
 async def test_nothing_the_agent_started_outlives_kill_all(backend: str, escape: str) -> None:
     cfg = _isolated(backend) if backend != "docker" else backend_config("docker")[0]
     if cfg is None:
-        pytest.skip(backend_config("docker")[1])
+        skip_or_fail("docker", backend_config("docker")[1])
     async with make_sandbox(cfg, run_id="run-esc", rollout_id=f"ro-{escape}-{os.getpid()}") as sb:
         verdict = f"{sb.info.workdir}/verdict.txt"
         # The agent's exec returns at once, leaving its helper running (if the backend let it).
@@ -141,7 +142,7 @@ async def test_the_agent_killing_all_it_can_does_not_end_its_sandbox(backend: st
     infrastructure failure (its group dropped)."""
     cfg, why = backend_config(backend)
     if cfg is None:
-        pytest.skip(why)
+        skip_or_fail(backend, why)
     async with make_sandbox(cfg, run_id="run-kill", rollout_id=f"ro-killall-{os.getpid()}") as sb:
         done = await sb.exec("sleep 30 & kill -9 1; kill -9 -1; echo survived", timeout=30)
         assert not done.timed_out and done.exit_code in (0, 137), done  # 137: its own shell went too
@@ -172,7 +173,7 @@ async def test_a_container_without_network_reaches_only_the_proxy(servers) -> No
 
     tag, why = docker_image("python")  # the forwarder runs on the image's python3
     if tag is None:
-        pytest.skip(why)
+        skip_or_fail("docker", why)
     sock, engine_url = servers
     cfg = DockerSandboxConfig(image=tag, network="none")
     async with make_sandbox(cfg, run_id="run-net", rollout_id=f"ro-dnet-{os.getpid()}", proxy_socket=sock) as sb:
@@ -189,7 +190,7 @@ async def test_a_container_runs_as_the_sandbox_user_with_no_privileges() -> None
     privileges (setuid binaries give nothing), a read-only root; the workdir, $HOME and /tmp writable."""
     cfg, why = backend_config("docker")
     if cfg is None:
-        pytest.skip(why)
+        skip_or_fail("docker", why)
     async with make_sandbox(cfg, run_id="run-user", rollout_id=f"ro-user-{os.getpid()}") as sb:
         got = await sb.exec('id -u; id -g; echo "$HOME"; grep -E "^(CapPrm|CapEff|CapBnd|NoNewPrivs)" /proc/self/status',
                             timeout=30)

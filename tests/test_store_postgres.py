@@ -7,8 +7,8 @@ The shared tests are imported from their modules and run here again with `store`
 (the fixture below overrides conftest's for this module only). They are the backend-neutral ones;
 those that read the SQLite file itself (WAL, raw bytes, the file's locks) stay SQLite's.
 
-Without PostgreSQL's server binaries the module skips and says so, unless FORGE_REQUIRE_POSTGRES=1
-(CI sets it: there the binaries must be present).
+Without PostgreSQL's server binaries the module skips and says so, unless FORGE_REQUIRE names
+postgres (CI sets FORGE_REQUIRE: there the binaries must be present; tests/required.py).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from test_proxy_robust import (  # noqa: F401
     test_restart_interrupts_stale_calls_and_keeps_reusing_tokens,
 )
 from test_proxy_support import make_rig  # noqa: F401 - fixture
+from required import skip_or_fail
 from test_proxy_workers import test_a_rollout_alternating_between_two_workers_keeps_exact_tokens  # noqa: F401
 from test_store import (  # noqa: F401
     test_a_key_works_only_for_a_live_rollout_of_a_live_run,
@@ -66,9 +67,7 @@ def pg() -> Iterator[pgserver.PgServer]:
                                     "pip install -e '.[postgres]'")
         server = pgserver.start()
     except FileNotFoundError as exc:
-        if os.environ.get("FORGE_REQUIRE_POSTGRES") == "1":
-            pytest.fail(f"FORGE_REQUIRE_POSTGRES=1 but {exc}")
-        pytest.skip(str(exc))
+        skip_or_fail("postgres", str(exc))
     yield server
     server.stop()
 

@@ -53,6 +53,16 @@ def test_validate_reports_every_bad_task_with_its_reason(tmp_path: Path) -> None
         load_tasks(path)
 
 
+@pytest.mark.parametrize("key", ["files", "verifier_files", "expect_files"])
+def test_validate_rejects_a_file_path_with_a_nul_byte(tmp_path: Path, key: str) -> None:
+    # Such a path once passed validation and crashed the rollout with a traceback when the sandbox wrote it.
+    path = _jsonl(tmp_path / "set.jsonl", [json.dumps({**GOOD, key: {"a\u0000b.txt": "x"}})])
+    [problem] = validate_tasks(path)
+    assert "[t1]" in str(problem) and f"{key}: " in str(problem) and "contains a NUL byte" in str(problem)
+    with pytest.raises(TaskError, match="NUL byte"):
+        load_tasks(path)
+
+
 def test_folder_with_jsonl_json_toml_and_task_folders(tmp_path: Path) -> None:
     tmp_path = tmp_path / "set"
     tmp_path.mkdir()

@@ -215,7 +215,8 @@ def test_adapter_sync_keeps_two_replaces_a_held_name_and_reports_a_bad_path(tiny
     from openforge.engine.serve import serve_in_thread
     from openforge.config import EngineConfig
     from openforge.errors import EngineError
-    from openforge.trainer.sampler import AdapterSync, BackgroundLoop
+    from openforge.trainer.adapters import AdapterSync
+    from openforge.trainer.bridge import BackgroundLoop
 
     model = build_policy(tiny_model, _cfg(), device=torch.device("cpu"))
     model.save_pretrained(forge_home / "a")
@@ -258,3 +259,12 @@ def test_data_docstring_examples_hold() -> None:
 
     result = doctest.testmod(trainer_data)
     assert result.attempted >= 1 and result.failed == 0
+
+
+def test_step_config_is_the_trainer_configs_and_its_defaults_are_trainerconfigs() -> None:
+    assert StepConfig.from_trainer(TrainerConfig(), None) == StepConfig()  # hand-built steps train as a run does
+    cfg = TrainerConfig(clip_eps=0.1, clip_eps_high=0.3, tis_cap=4.0, kl_coef=0.05, loss_agg="seq-mean",
+                        max_grad_norm=0.5, epochs_per_step=3)
+    assert StepConfig.from_trainer(cfg, torch.bfloat16) == StepConfig(
+        clip_eps=0.1, clip_eps_high=0.3, tis_cap=4.0, kl_coef=0.05, loss_agg="seq-mean", max_grad_norm=0.5,
+        epochs=3, autocast_dtype=torch.bfloat16)

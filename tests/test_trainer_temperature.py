@@ -15,7 +15,7 @@ from test_learn import embedded_engine
 from openforge.trainer.data import build_batch, call_sampling, micro_batches
 from openforge.trainer.grpo import StepConfig, grpo_step
 from openforge.trainer.model import build_optimizer, build_policy
-from openforge.trainer.sampler import BackgroundLoop
+from openforge.trainer.bridge import BackgroundLoop
 
 # (temperature, top_p, top_k) of each call of one multi-turn rollout, as harnesses send them: their
 # own temperature, nucleus sampling (the logprob is of the full scaled distribution), top_k = 1

@@ -22,9 +22,10 @@ import pytest
 from openforge.images import ImageStore, image_id
 from openforge.store import Store
 from test_up import forge, served_with_adapter
+from required import requires
 
-needs_gui = pytest.mark.skipif(not all(shutil.which(p) for p in ("Xvfb", "xdotool", "chromium")),
-                               reason="GUI rollouts need Xvfb, xdotool and chromium (install.sh installs them)")
+needs_gui = requires("chromium", None if all(shutil.which(p) for p in ("Xvfb", "xdotool", "chromium")) else
+                     "GUI rollouts need Xvfb, xdotool and chromium (install.sh installs them)")
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ from openforge.config import load_config
 from openforge.errors import EngineError, ForgeError
 from openforge.store import Store
 from openforge.runs.stack import Stack, free_port
-from openforge.trainer.sampler import BackgroundLoop, CancelToken
+from openforge.trainer.bridge import BackgroundLoop
+from openforge.trainer.cancel import CancelToken
 
 
 @pytest.mark.slow

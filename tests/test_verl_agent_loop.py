@@ -20,7 +20,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("verl.experimental.agent_loop.agent_loop", reason="veRL 0.9.1 (with hydra-core) not installed")
+from required import skip_or_fail
+
+try:
+    import verl.experimental.agent_loop.agent_loop  # noqa: F401
+except ImportError as exc:
+    skip_or_fail("verl", f"veRL 0.9.1 (with hydra-core) not installed ({exc})")
 
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402

@@ -30,7 +30,12 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("verl.experimental.agent_loop.agent_loop", reason="veRL 0.9.1 (with hydra-core) not installed")
+from required import requires, skip_or_fail
+
+try:
+    import verl.experimental.agent_loop.agent_loop  # noqa: F401
+except ImportError as exc:
+    skip_or_fail("verl", f"veRL 0.9.1 (with hydra-core) not installed ({exc})")
 
 import torch  # noqa: E402
 
@@ -177,7 +182,7 @@ class _Recording(EmbeddedVerlServer):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(bool(missing_gui_tools()), reason="needs Xvfb, xdotool and chromium on the host")
+@requires("chromium", "needs Xvfb, xdotool and chromium on the host" if missing_gui_tools() else None)
 def test_verl_worker_runs_mini_gui_rollouts_of_the_tiny_vlm(tiny_vl_model: Path, tmp_path: Path) -> None:
     """veRL's generate_sequences over mini-gui rollouts (a real Chromium screenshot per call, in a local
     sandbox), the tiny Qwen2-VL sampled by the embedded engine behind EmbeddedVerlServer: veRL's batch

@@ -7,7 +7,7 @@ time, independent of the picture), the prompt ids mini-gui's first call renders 
 and user message, the screenshot as the proxy expands it), the screenshot as mini-gui downscales the
 gui-colour-screen page (every pixel one colour), the embedded engine sampling with `image_data`, the
 reply parsed by mini-gui's own parser and graded by the task's `expect_answer` exactly as the runner
-grades it, and GRPO + LoRA with the trainer settings and group size of forge_cli/overrides.py. What
+grades it, and GRPO + LoRA with the trainer settings and group size of openforge/presets/demo-mini-gui.toml. What
 it leaves out is Chromium and the sandbox: tests/test_up_gui.py runs those end to end.
 
 Two colours, one task each: a policy blind to the screenshot scores at most 1/2 (whatever it says,
@@ -28,9 +28,9 @@ DEMO = "mini-gui"
 
 
 def _demo_settings() -> tuple[dict, int, int]:
-    from openforge.forge_cli.overrides import DEMO_HARNESSES
+    from openforge.presets import read_preset
 
-    demo = DEMO_HARNESSES[DEMO]
+    demo = read_preset(f"demo-{DEMO}")
     args = demo["harness"]["extra_args"]
     return demo["trainer"], demo["runner"]["samples_per_task"], int(args[args.index("--max-side") + 1])
 
@@ -42,18 +42,20 @@ def test_the_tiny_vlm_learns_the_demo_screens_under_the_exact_grade(tmp_path: Pa
     from openforge.engine.tiny import LEARNABLE_NORM_GAIN
     from openforge.engine.tiny_vl import build_tiny_vl_model
     from openforge.engine.vision import load_processor
-    from openforge.forge_cli.overrides import DEMO_HARNESSES
+    from openforge.presets import read_preset
     from openforge.rollouts.tasks.grading import answer_matches
     from openforge.rollouts.harnesses.mini_gui_agent import BadAction, parse_text_action
     from openforge.rollouts.tasks.format import load_tasks
     from openforge.trainer.warmup.gui import demo_prompt, screenshot, warm_up_gui_answers
     from test_vl_trainer import embedded_engine
     from openforge.trainer.loop import train
-    from openforge.trainer.sampler import AdapterSync, BackgroundLoop, EngineSampler
+    from openforge.trainer.adapters import AdapterSync
+    from openforge.trainer.bridge import BackgroundLoop
+    from openforge.trainer.samplers import EngineSampler
 
     trainer, group, max_side = _demo_settings()
-    include = DEMO_HARNESSES[DEMO]["tasks"]["include"]
-    specs = {t.id: t for t in load_tasks(DEMO_HARNESSES[DEMO]["tasks"]["path"]) if t.id in include}
+    include = read_preset(f"demo-{DEMO}")["tasks"]["include"]
+    specs = {t.id: t for t in load_tasks(read_preset(f"demo-{DEMO}")["tasks"]["path"]) if t.id in include}
     assert sorted(specs) == sorted(include) and len(specs) == 2
 
     t0 = time.perf_counter()

@@ -1,0 +1,18 @@
+"""The GRPO trainer: sample -> train -> save -> hot-load -> record (docs/trainer.md).
+
+    loop.py         train(...): the loop, one readable function; TaskStream
+    grpo.py         the math: advantages, the clipped policy loss, one optimizer step
+    data.py         Trajectory + Rollout rows -> Samples with advantages -> padded micro-batches
+    prefix.py       shared-prefix training with exact gradients
+    vision.py       a trajectory's images as the model's pixel inputs
+    model.py        the policy (HF causal LM + PEFT LoRA), optimizer, LR schedule, device
+    distributed.py  data-parallel steps under torchrun (FSDP2)
+    launch.py       starting the trainer under torchrun
+    checkpoint.py   atomic checkpoints and resume
+    samplers.py     the Sampler interface; RolloutSampler (real harnesses), EngineSampler (engine only)
+    adapters.py     AdapterSync: each saved adapter into the engine
+    bridge.py       BackgroundLoop: the async engine client from the synchronous loop
+    cancel.py       CancelToken: stop sampling from another thread
+    export.py       forge export: veRL parquet and JSONL
+    warmup/         the demo warm-ups
+"""

@@ -226,7 +226,7 @@ def micro_batches(samples: Sequence[Sample], *, token_budget: int, pad_id: int, 
             rows = [members[k] for k in ks]
             prefix2 = torch.tensor(samples[rows[0]].token_ids[P:P + P2]).to(device) if P2 else None
             inner_units += 1
-            for g in _pack(samples, rows, token_budget):
+            for g in pack_rows(samples, rows, token_budget):
                 mb = _collate([samples[i] for i in g], full_weights[g, P + P2:], pad_id, device, offset=P + P2)
                 if prefix is not None:
                     mb["prefix_ids"], mb["prefix_id"] = prefix, torch.tensor(unit)
@@ -243,7 +243,7 @@ class _Tail:
         self.token_ids, self.loss_mask = sample.token_ids[offset:], sample.loss_mask[offset:]
 
 
-def _pack(samples: Sequence[Sample], rows: list[int], token_budget: int) -> list[list[int]]:
+def pack_rows(samples: Sequence[Sample], rows: list[int], token_budget: int) -> list[list[int]]:
     """Rows -> micro-batches, longest first, so each holds rows of similar length (little padding).
     A suffix row counts its full length: it attends over the prefix's keys, which are copied per row."""
     groups: list[list[int]] = []
@@ -279,10 +279,10 @@ def _collate(rows: list[Sample], weights: torch.Tensor, pad_id: int, device: tor
         "advantages": torch.tensor([s.advantage for s in rows]).to(device),
         # the first sampled token of any row: logits before it are never needed
         "first": torch.tensor(min(s.loss_mask.index(1) for s in rows) - offset),
-    } | _collate_images(rows, device)
+    } | collate_images(rows, device)
 
 
-def _collate_images(rows: list[Sample], device: torch.device | str) -> dict[str, torch.Tensor]:
+def collate_images(rows: list[Sample], device: torch.device | str) -> dict[str, torch.Tensor]:
     """The rows' pixel values and grids, concatenated in row order (the order the model's forward
     matches images to placeholder runs); nothing for text rows."""
     with_images = [s for s in rows if s.image_grid_thw is not None]

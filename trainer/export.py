@@ -97,7 +97,7 @@ def export_verl(store: Store, run_id: str, out: str | Path) -> int:
         ("response_mask", pa.list_(pa.int8())), ("rollout_log_probs", pa.list_(pa.float32())),
         ("token_level_scores", pa.list_(pa.float32())), ("image_ids", pa.list_(pa.string())),
     ])
-    path = _target(out)
+    path = output_file(out)
     try:
         pq.write_table(pa.Table.from_pylist(rows, schema=schema), str(path))
     except OSError as exc:
@@ -105,7 +105,7 @@ def export_verl(store: Store, run_id: str, out: str | Path) -> int:
     return len(rows)
 
 
-def _target(out: str | Path) -> Path:
+def output_file(out: str | Path) -> Path:
     path = Path(out).expanduser()
     if path.is_dir():
         raise TrainerError(f"--out {path} is a directory; give a file name")
@@ -115,7 +115,7 @@ def _target(out: str | Path) -> Path:
 
 
 def _open(out: str | Path):  # -> TextIO
-    path = _target(out)
+    path = output_file(out)
     try:
         return path.open("w", encoding="utf-8")
     except OSError as exc:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from openforge.config import TrainerConfig
 from openforge.errors import TrainerError
 from openforge.trainer.prefix import PastFactory, autocast, shared_prefix, units_of
 
@@ -188,6 +189,9 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
 
 @dataclass
 class StepConfig:
+    """What one optimizer step reads: `from_trainer` takes it from `[trainer]` (TrainerConfig), the one
+    place it is built for a run; the defaults (TrainerConfig's) serve hand-built steps in tests."""
+
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
     tis_cap: float = 2.0
@@ -196,6 +200,12 @@ class StepConfig:
     max_grad_norm: float = 1.0
     epochs: int = 1
     autocast_dtype: torch.dtype | None = None  # bf16 on GPUs that support it; None = fp32
+
+    @classmethod
+    def from_trainer(cls, config: TrainerConfig, autocast_dtype: torch.dtype | None) -> StepConfig:
+        return cls(clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high, tis_cap=config.tis_cap,
+                   kl_coef=config.kl_coef, loss_agg=config.loss_agg, max_grad_norm=config.max_grad_norm,
+                   epochs=config.epochs_per_step, autocast_dtype=autocast_dtype)
 
 
 def _forward(model: Any, mb: dict[str, torch.Tensor], cfg: StepConfig, past: PastFactory | None = None

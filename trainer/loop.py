@@ -41,7 +41,8 @@ from openforge.trainer.data import build_batch, call_sampling, micro_batches
 from openforge.trainer.vision import TrajectoryImages
 from openforge.trainer.grpo import StepConfig, grpo_step
 from openforge.trainer.model import autocast_dtype, build_optimizer, build_policy, pad_token_id, pick_device
-from openforge.trainer.sampler import AdapterSync, Sampler
+from openforge.trainer.adapters import AdapterSync
+from openforge.trainer.samplers import Sampler
 
 
 class TaskStream:
@@ -121,9 +122,7 @@ def _build(config: TrainerConfig, model_path: str | Path, found: Any) -> _Policy
     random.seed(config.seed)
     torch.manual_seed(config.seed)  # the LoRA init
     model = build_policy(model_path, config, device=device, resume_from=found.adapter_path if found else None)
-    step_cfg = StepConfig(clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high, tis_cap=config.tis_cap,
-                          kl_coef=config.kl_coef, loss_agg=config.loss_agg, max_grad_norm=config.max_grad_norm,
-                          epochs=config.epochs_per_step, autocast_dtype=autocast_dtype(device))
+    step_cfg = StepConfig.from_trainer(config, autocast_dtype(device))
     pad_id = pad_token_id(model)
     if d is None:
         optimizer, scheduler = build_optimizer(model, config)

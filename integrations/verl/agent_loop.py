@@ -445,13 +445,13 @@ atexit.register(close_bridges)  # a veRL worker ends with its process: the runs 
 
 def task_of(row: dict[str, Any]) -> Any:
     """The task of a `forge export --format verl-rl` row (its `extra_info.task`, graded by its ground truth)."""
-    from openforge.integrations.verl.reward import _task
+    from openforge.integrations.verl.reward import task_from_row
 
     extra = row.get("extra_info")
     if hasattr(extra, "item") and not isinstance(extra, dict):
         extra = extra.item()
     truth = (row.get("reward_model") or {}).get("ground_truth")
-    return _task(extra, truth)
+    return task_from_row(extra, truth)
 
 
 def output_of(store: Any, rollout: Any, *, response_length: int, segment: str = "last",
@@ -461,7 +461,7 @@ def output_of(store: Any, rollout: Any, *, response_length: int, segment: str = 
 
     A segment with images needs `images` (the run's ImageStore) and `vision` (engine.vision.VisionTokens of
     veRL's processor: the placeholder ids); `prompt_length` is veRL's `rollout.prompt_length`."""
-    from openforge.trainer.sampler import is_infra_failure
+    from openforge.rollouts.runner.failures import is_infra_failure
 
     if is_infra_failure(rollout) or rollout.reward is None:
         raise OpenForgeRolloutFailed(f"rollout {rollout.id} of task {rollout.task_id} ended {rollout.status} without "

@@ -41,13 +41,6 @@ from openforge.trainer.data import is_usable
 DATA_SOURCE = "openforge.integrations.verl.reward"  # the module whose compute_score grades these rows
 
 
-def _request_messages(call: Call, home: Path | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(messages, tools) of a recorded call as the proxy rendered them through the chat template
-    (a message with images has the template's content parts, `{"type": "image"}` for each)."""
-    messages, tools, _ = _request_with_images(call, home)
-    return messages, tools
-
-
 def _request_with_images(call: Call, home: Path | None = None
                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[bytes]]:
     from openforge.images import ImageStore
@@ -216,9 +209,9 @@ def _jsonl_images(row: dict[str, Any]) -> dict[str, Any]:
 
 def write_rows(rows: list[dict[str, Any]], out: str | Path) -> int:
     """Parquet for a .parquet name (one schema for all rows), else JSON lines."""
-    from openforge.trainer.export import _target
+    from openforge.trainer.export import output_file
 
-    path = _target(out)
+    path = output_file(out)
     try:
         if path.suffix == ".parquet":
             import pyarrow as pa

@@ -31,7 +31,7 @@ from typing import Any
 DATA_SOURCE = "openforge.integrations.verl.reward"
 
 
-def _task(extra_info: dict[str, Any] | None, ground_truth: str | None) -> Any:
+def task_from_row(extra_info: dict[str, Any] | None, ground_truth: str | None) -> Any:
     from openforge.rollouts.tasks.grading import ExpectedAnswer
     from openforge.rollouts.tasks.format import TaskSpec
 
@@ -74,7 +74,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str | None 
 
     if data_source != DATA_SOURCE:
         raise ValueError(f"data_source {data_source!r} is not graded here (this module grades {DATA_SOURCE!r})")
-    task = _task(extra_info, ground_truth)
+    task = task_from_row(extra_info, ground_truth)
     if task.verifier is None and not task.expect_files and task.expect_answer is not None:
         return 1.0 if answer_matches(task.expect_answer, solution_str) else 0.0
     # veRL may call this from inside an event loop: the sandbox's loop runs in its own thread.

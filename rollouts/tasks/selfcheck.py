@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 
 from openforge.config import ForgeConfig
 from openforge.store import Store
-from openforge.rollouts.harnesses.base import ANSWER_FILE, HarnessContext, HarnessOutcome, answer_file_outcome
+from openforge.rollouts.harnesses.base import (ANSWER_FILE, HarnessBase, HarnessContext, HarnessOutcome,
+                                                answer_file_outcome)
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskProblem, TaskSpec
 from openforge.sandbox.base import ExecResult, Sandbox
@@ -45,7 +46,7 @@ HOSTILE_ANSWERS: dict[str, Callable[[TaskSpec], str]] = {
 }
 
 
-class _StandInHarness:
+class _StandInHarness(HarnessBase):
     """An agent without a model: per task id, a shell script to run and/or a final answer to give."""
 
     name = "solution"
