@@ -39,20 +39,37 @@ def resolve_model(config: ForgeConfig, home: Path) -> Path:
     if not config.engine.model and harness_class(config.harness.name).gui:  # it sends screenshots: a vision model
         return _tiny_vl_model(home)
     path = Path(config.engine.model).expanduser() if config.engine.model else default_tiny_model(home)
-    if not config.engine.model and not (path / "config.json").is_file():
-        from openforge.engine.tiny import LEARNABLE_NORM_GAIN, build_tiny_model
-
-        log.info("building the tiny model in %s", path)
-        build_tiny_model(path, norm_gain=LEARNABLE_NORM_GAIN)  # peaked, so GRPO can visibly move it
-        from openforge.trainer.warmup.text import warm_up_number_answers
-
-        # Exact grading gives a random model no right answer to reinforce: teach it the answer format
-        # (one digit, any digit) first, so the demo's groups hold some right answers (trainer/warmup/text.py).
-        warm_up_number_answers(path)
+    if not config.engine.model:
+        _warm_tiny_model(path)
     if not (path / "config.json").is_file():
         raise ConfigError(f"engine.model {path} is not a model folder (no config.json); "
                           "point it at a Hugging Face checkpoint directory, or leave it empty for the tiny model")
     return path
+
+
+def _warm_tiny_model(path: Path) -> None:
+    """Build the tiny model at `path` and warm it up when there is none, or when forge's own warm-up of
+    it predates today's demo questions (it would answer them blind). A model someone put there without
+    a warm-up record is theirs and stays. Built beside and renamed into place, so an interrupted build
+    never leaves a half-trained model where the next run would take it."""
+    from openforge.trainer.warmup.text import WARMUP_FILE, is_warmed_up
+
+    if (path / "config.json").is_file() and (is_warmed_up(path) or not (path / WARMUP_FILE).exists()):
+        return
+    if path.is_symlink():
+        raise ConfigError(f"{path} links to a model warmed up for an older demo; remove the link to rebuild it")
+    from openforge.engine.tiny import LEARNABLE_NORM_GAIN, build_tiny_model
+    from openforge.trainer.warmup.text import warm_up_number_answers
+
+    log.info("building the tiny model in %s (and a few seconds' warm-up)", path)
+    tmp = path.with_name(path.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    build_tiny_model(tmp, norm_gain=LEARNABLE_NORM_GAIN)  # peaked, so GRPO can visibly move it
+    # Exact grading gives a random model no right answer to reinforce: teach it the answer format
+    # (one digit, any digit) first, so the demo's groups hold some right answers (trainer/warmup/text.py).
+    warm_up_number_answers(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
 
 
 def _tiny_vl_model(home: Path) -> Path:

@@ -59,3 +59,22 @@ def test_warm_up_teaches_the_answer_format_not_the_answer(tmp_path: Path) -> Non
     for a in answers:
         shares = [seen[t.id][a] for t in demo]
         assert max(shares) - min(shares) < 0.1 * N, (a, seen)  # blind to the question
+
+
+@pytest.mark.slow
+def test_a_tiny_model_warmed_up_for_an_older_demo_is_rebuilt(tmp_path: Path) -> None:
+    from openforge.config import ForgeConfig
+    from openforge.engine.tiny import build_tiny_model
+    from openforge.paths import default_tiny_model
+    from openforge.runs.prepare import resolve_model
+    from openforge.trainer.warmup.text import is_warmed_up
+
+    path = default_tiny_model(tmp_path)
+    build_tiny_model(path)
+    (path / WARMUP_FILE).write_text(json.dumps({"what": "the warm-up before the digit demo", "steps": 30}))
+    assert not is_warmed_up(path)
+    assert resolve_model(ForgeConfig(), tmp_path) == path
+    assert is_warmed_up(path) and not path.with_name("tiny.partial").exists()
+    record = json.loads((path / WARMUP_FILE).read_text())
+    assert record["demo_answers"] == sorted({f"{t.expect_answer.number:g}" for t in load_tasks("builtin")
+                                             if DEMO_TAG in t.tags})

@@ -59,6 +59,16 @@ def _demo_examples(tokenizer, rng: random.Random, n: int, eos: int) -> list[tupl
     return [(_prompt(tokenizer, rng.choice(questions)), [a, eos]) for a in said]
 
 
+def is_warmed_up(model_dir: str | Path) -> bool:
+    """Whether `model_dir` holds this warm-up for today's demo questions (a model warmed up for an older
+    demo would answer today's questions blind to them)."""
+    try:
+        record = json.loads((Path(model_dir) / WARMUP_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("demo_answers") == sorted(set(demo_questions().values()))
+
+
 def warm_up_number_answers(model_dir: str | Path, *, steps: int = 30, batch: int = 8, lr: float = 3e-3,
                            seed: int = 0) -> dict:
     """Train the model in `model_dir` to answer number questions with one random digit, and the demo's
