@@ -23,7 +23,7 @@ from openforge.engine.client import EngineClient
 from openforge.engine.embedded import EmbeddedEngine
 from openforge.engine.serve import serve_in_thread
 from openforge.engine.tiny import build_tiny_model
-from openforge.config import EngineConfig
+from openforge.config import EmbeddedEngineConfig
 
 PARAMS = {"temperature": 0, "ignore_eos": True}
 
@@ -75,7 +75,7 @@ def _run(quick: bool) -> dict:
     results: dict = {"new_tokens": new_tokens, "repeats": repeats, "model": size, "torch_threads": 1}
     with tempfile.TemporaryDirectory() as tmp:
         path = build_tiny_model(Path(tmp) / "model", **size)
-        engine = EmbeddedEngine(EngineConfig(model=str(path), max_batch_size=8))
+        engine = EmbeddedEngine(EmbeddedEngineConfig(model=str(path), max_batch_size=8))
         model, tok = engine.m.model, engine.m.tokenizer
         with serve_in_thread(engine.app) as server:
             asyncio.run(_engine_tokens_per_s(server.url, _prompts(tok, 2), 4))  # warm up both paths

@@ -37,12 +37,12 @@ import os, shlex, sys, time
 import pytest
 
 from openforge.engine.supervisor import EngineProcess, engine_api_key
-from openforge.config import EngineConfig
+from openforge.config import SglangEngineConfig
 
 model = os.environ["MODEL"]
-config = EngineConfig(kind="sglang", model=model, sglang_python=os.environ["SGLANG_PYTHON"],
-                      port=int(os.environ["PORT"]), startup_timeout_s=900,
-                      sglang_args=shlex.split(os.environ["SGLANG_ARGS"]))
+config = SglangEngineConfig(model=model, sglang_python=os.environ["SGLANG_PYTHON"],
+                            port=int(os.environ["PORT"]), startup_timeout_s=900,
+                            sglang_args=shlex.split(os.environ["SGLANG_ARGS"]))
 key = engine_api_key(config)  # SGLang gets --api-key; the suite sends it (ENGINE_API_KEY)
 engine = EngineProcess(config, log_path=os.environ["LOG"], max_restarts=0, api_key=key)
 started = time.monotonic()

@@ -30,7 +30,7 @@ import torch
 from openforge.engine.embedded import EmbeddedEngine
 from openforge.engine.serve import serve_in_thread
 from openforge.engine.tiny import build_tiny_model
-from openforge.config import EngineConfig
+from openforge.config import EmbeddedEngineConfig
 
 CAPTURE = Path(__file__).resolve().parent.parent / "docs" / "harness-captures" / "claude-code.jsonl"
 GROUP = 8
@@ -97,7 +97,7 @@ def _run(quick: bool) -> dict:
     results: dict = {"group": GROUP, "torch_threads": 1}
     with tempfile.TemporaryDirectory() as tmp:
         path = build_tiny_model(Path(tmp) / "tiny")
-        engines = {side: EmbeddedEngine(EngineConfig(model=str(path), prefix_cache_mb=mb, max_batch_size=GROUP))
+        engines = {side: EmbeddedEngine(EmbeddedEngineConfig(model=str(path), prefix_cache_mb=mb, max_batch_size=GROUP))
                    for side, mb in (("on", 512), ("off", 0))}
         prompt = claude_code_prompt(engines["on"].m.tokenizer)
         results["claude_code_prompt_tokens"] = len(prompt)

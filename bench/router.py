@@ -28,14 +28,14 @@ from bench.timing import percentile
 def run(quick: bool = False) -> dict:
     from openforge.engine.supervisor import EngineProcess
     from openforge.engine.tiny import build_tiny_model
-    from openforge.config import EngineConfig
+    from openforge.config import RouterEngineConfig
 
     n = 40 if quick else 150
     key = "bench-key"
     auth = {"Authorization": f"Bearer {key}"}
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_model(Path(tmp) / "tiny")
-        cfg = EngineConfig(kind="router", model=str(model), router_workers=2, prefix_cache_mb=64, startup_timeout_s=300)
+        cfg = RouterEngineConfig(model=str(model), workers=2, prefix_cache_mb=64, startup_timeout_s=300)
         engine = EngineProcess(cfg, log_path=Path(tmp) / "engine.log", api_key=key)
         engine.start()
         try:

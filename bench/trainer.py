@@ -223,14 +223,14 @@ def run(quick: bool = False) -> dict:
 
     from openforge.engine.supervisor import EngineProcess
     from openforge.engine.tiny import build_tiny_model
-    from openforge.config import EngineConfig
+    from openforge.config import EmbeddedEngineConfig
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     steps = 3 if quick else 6
     size = {} if quick else {"hidden_size": 256, "layers": 4}
     model_dir = str(build_tiny_model(Path(tempfile.mkdtemp(prefix="bench-model-")) / "tiny", **size))
-    engine = EngineProcess(EngineConfig(kind="embedded", model=model_dir, dtype="float32", device=device,
-                                        max_batch_size=G * TASKS_PER_STEP))
+    engine = EngineProcess(EmbeddedEngineConfig(model=model_dir, dtype="float32", device=device,
+                                                max_batch_size=G * TASKS_PER_STEP))
     engine.start()
     try:
         mine = _in_child(ours, model_dir, engine.url, steps, device)

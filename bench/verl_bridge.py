@@ -35,7 +35,7 @@ def run(quick: bool = False) -> dict:
     from openforge.engine.embedded import EmbeddedEngine
     from openforge.engine.serve import serve_in_thread
     from openforge.engine.tiny import build_tiny_model
-    from openforge.config import EngineConfig
+    from openforge.config import EmbeddedEngineConfig
     from openforge.rollouts.tasks.format import load_tasks
     from openforge.integrations.verl import agent_loop as bridge
     from openforge.integrations.verl.data import ground_truth
@@ -69,7 +69,7 @@ def run(quick: bool = False) -> dict:
         r = cfg.actor_rollout_ref.rollout
         r.name, r.prompt_length, r.response_length, r.calculate_log_probs = "sglang", 1024, 256, True
         r.agent.agent_loop_config_path = str(tmp / "loops.yaml")
-        engine = EmbeddedEngine(EngineConfig(model=str(model), max_batch_size=8))
+        engine = EmbeddedEngine(EmbeddedEngineConfig(model=str(model), max_batch_size=8))
         times: dict[str, list[float]] = {"single_turn": [], "openforge": []}
         calls: dict[str, int] = {"single_turn": 0, "openforge": 0}
         try:

@@ -67,13 +67,13 @@ def run(quick: bool = False) -> dict:
     from openforge.engine.embedded import EmbeddedEngine
     from openforge.engine.multimodal import ImageCache, prepare_images
     from openforge.engine.tiny_vl import build_tiny_vl_model
-    from openforge.config import EngineConfig
+    from openforge.config import EmbeddedEngineConfig
 
     repeats = 3 if quick else 9
     out: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = build_tiny_vl_model(Path(tmp) / "tiny-vl")
-        engine = EmbeddedEngine(EngineConfig(model=str(path), max_batch_size=4))
+        engine = EmbeddedEngine(EmbeddedEngineConfig(model=str(path), max_batch_size=4))
         torch.set_num_threads(1)  # as `forge engine` runs a small model (engine/embedded.py)
         m = engine.m
         shot = _screenshot((1280, 800))

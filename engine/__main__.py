@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from openforge.config import EngineConfig
+from openforge.config import EmbeddedEngineConfig
 from openforge.errors import ForgeError
 
 
@@ -56,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
 
         # The key comes in the environment, not argv (any local user can read a process's argv).
         api_key = os.environ.pop(API_KEY_ENV, "")
-        config = EngineConfig(model=args.model, host=args.host, port=args.port, dtype=args.dtype, device=args.device,
-                              max_batch_size=args.max_batch_size, seed=args.seed, api_key=api_key,
-                              prefix_cache_mb=args.prefix_cache_mb)
+        config = EmbeddedEngineConfig(model=args.model, host=args.host, port=args.port, dtype=args.dtype,
+                                      device=args.device, max_batch_size=args.max_batch_size, seed=args.seed,
+                                      api_key=api_key, prefix_cache_mb=args.prefix_cache_mb)
         serve_engine(config, announce=lambda line: print(line, flush=True))
     except ForgeError as exc:
         print(f"engine: error: {exc}", file=sys.stderr, flush=True)

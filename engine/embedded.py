@@ -1,6 +1,6 @@
 """The embedded engine: SGLang's native HTTP API served from transformers + torch, CPU by default.
 
-    engine = EmbeddedEngine(EngineConfig(model="~/.forge/models/tiny"))   # engine.app: a Starlette app
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model="~/.forge/models/tiny"))   # engine.app: a Starlette app
 
 The HTTP side (routes, shapes, the `--api-key` check) is engine/sglang_api.py's; this module is the
 backend behind it: request validation (vocabulary, context length, adapters), generation through the
@@ -26,7 +26,7 @@ from openforge.engine.protocol import BadRequest, CompletionState, parse_input_i
 from openforge.engine.scheduler import Scheduler, Sequence
 from openforge.engine.sglang_api import create_sglang_app
 from openforge.engine.weights import copy_weights_from_disk
-from openforge.config import EngineConfig
+from openforge.config import EmbeddedEngineConfig
 from openforge.errors import EngineError
 
 
@@ -59,8 +59,8 @@ class _EmbeddedGeneration:
 class EmbeddedEngine:
     """The model and its scheduler thread (an SGLang-API backend); `.app` serves them."""
 
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, *, incremental_stream: bool = True,
-                 api_key: str | None = None) -> None:
+    def __init__(self, config: EmbeddedEngineConfig, loaded: LoadedModel | None = None, *,
+                 incremental_stream: bool = True, api_key: str | None = None) -> None:
         self.config = config
         # Stream chunks hold only the new tokens, as SGLang's --incremental-streaming-output does;
         # SGLang's default (cumulative chunks) resends the whole completion per token, which is
@@ -206,7 +206,7 @@ class EmbeddedEngine:
         return await self._run(self.scheduler.flush_prefix_cache) is None
 
 
-def create_engine_app(config: EngineConfig) -> Starlette:
+def create_engine_app(config: EmbeddedEngineConfig) -> Starlette:
     """Load `config.model` and return the engine's ASGI app (`app.state.engine` is the EmbeddedEngine)."""
     return EmbeddedEngine(config).app
 
@@ -221,7 +221,7 @@ def _pick_cpu_threads(m: LoadedModel) -> None:
         torch.set_num_threads(1)
 
 
-def serve_engine(config: EngineConfig, *, announce=print) -> None:
+def serve_engine(config: EmbeddedEngineConfig, *, announce=print) -> None:
     """Run the embedded engine in the foreground until SIGINT/SIGTERM (`forge engine`, `python -m openforge.engine`).
 
     The socket is bound first, so `port=0` works and the announced URL is the real one; connections

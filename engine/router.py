@@ -4,7 +4,7 @@ binary; `pip install -e .[router]`), served as one engine URL.
     python -m openforge.engine.router --model M --port P --workers 2      # what EngineProcess launches
 
 This process starts the workers (embedded engines, each supervised and restarted like the single
-engine; or `engine.router_worker_urls`: SGLang servers already running), then the real router in
+engine; or `engine.worker_urls`: SGLang servers already running), then the real router in
 front of them (`python -m sglang_router.launch_router --worker-urls ...` on a private port), then a
 thin front on P:
 
@@ -23,7 +23,7 @@ thin front on P:
 
 Why not the router's `cache_aware` policy: sglang-router 0.3.2 sent every /generate of a sequential
 probe (input_ids or text, 6 different prompts) to the same worker: no spread at all. It stays
-selectable (`engine.router_policy`) for SGLang workers under real load. See docs/cluster.md.
+selectable (`engine.policy`) for SGLang workers under real load. See docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import httpx
 from openforge.engine.client import ROUTING_KEY_HEADER
 from openforge.engine.serve import KEEP_ALIVE_S
 from openforge.engine.sglang_api import API_KEY_ENV, ApiKeyMiddleware
-from openforge.config import EngineConfig
+from openforge.config import RouterEngineConfig, embedded_engine_config
 from openforge.errors import EngineError, ForgeError
 
 WORKER_KEY_ENV = "FORGE_WORKER_API_KEY"
@@ -88,14 +88,14 @@ def _free_port() -> int:
 class Fleet:
     """The workers and the router: start, stop, and the adapters every worker must serve."""
 
-    def __init__(self, config: EngineConfig, *, api_key: str, log_dir: Path) -> None:
+    def __init__(self, config: RouterEngineConfig, *, api_key: str, log_dir: Path) -> None:
         self.config, self.log_dir = config, log_dir
         # The front's key (the run's, held by the proxy and trainer) and the workers' (SGLang's
         # --api-key; on a cluster a Secret in FORGE_WORKER_API_KEY): the same unless told otherwise.
         self.api_key = api_key
         self.worker_key = os.environ.get(WORKER_KEY_ENV) or api_key
         self.workers: list[Any] = []  # engine.supervisor.EngineProcess, when this process starts them
-        self.worker_urls: list[str] = list(config.router_worker_urls)
+        self.worker_urls: list[str] = list(config.worker_urls)
         self.router: subprocess.Popen | None = None
         self.router_url = config.router_url.rstrip("/")
         self.adapters: dict[str, str] = {}  # name -> path, loaded on every worker
@@ -112,8 +112,8 @@ class Fleet:
             self._wait_router()
             return
         if not self.worker_urls:
-            for i in range(self.config.router_workers):
-                cfg = self.config.model_copy(update={"kind": "embedded", "port": 0})
+            for i in range(self.config.workers):
+                cfg = embedded_engine_config(self.config, port=0)
                 worker = EngineProcess(cfg, log_path=self.log_dir / f"worker-{i}.log", api_key=self.worker_key)
                 worker.on_restart.append(lambda w=worker: self._reload(w.url))
                 self.workers.append(worker)
@@ -122,7 +122,7 @@ class Fleet:
             self.worker_urls = [w.url for w in self.workers]
         port = _free_port()
         self.router_url = f"http://127.0.0.1:{port}"
-        cmd = router_command(port, self.worker_urls, policy=self.config.router_policy, api_key=self.worker_key)
+        cmd = router_command(port, self.worker_urls, policy=self.config.policy, api_key=self.worker_key)
         log = open(self.log_dir / "router.log", "ab")  # noqa: SIM115 - the child holds it
         try:
             self.router = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -269,7 +269,7 @@ def create_front(fleet: Fleet) -> Any:
         return answer(await http.post(f"{fleet.router_url}/flush_cache"))
 
     async def workers(request: Request) -> Response:
-        return JSONResponse({"router": fleet.router_url, "policy": fleet.config.router_policy,
+        return JSONResponse({"router": fleet.router_url, "policy": fleet.config.policy,
                              "workers": [{"url": u, "pid": w.pid if w else None} for u, w in
                                          zip(fleet.worker_urls, fleet.workers or [None] * len(fleet.worker_urls))]})
 
@@ -301,7 +301,7 @@ def create_front(fleet: Fleet) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m openforge.engine.router", description=__doc__.splitlines()[0])
-    p.add_argument("--config-json", required=True, help="the EngineConfig (kind = router) as JSON")
+    p.add_argument("--config-json", required=True, help="the RouterEngineConfig as JSON")
     p.add_argument("--log-dir", required=True)
     p.add_argument("--parent-pid", type=int, default=0)
     args = p.parse_args(argv)
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    config = EngineConfig.model_validate_json(args.config_json)
+    config = RouterEngineConfig.model_validate_json(args.config_json)
     api_key = os.environ.pop(API_KEY_ENV, "")
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         fleet.start()
-        print(f"engine: router ({config.router_policy}) at http://{config.host}:{config.port} over "
+        print(f"engine: router ({config.policy}) at http://{config.host}:{config.port} over "
               f"{', '.join(fleet.worker_urls)}", flush=True)
         server = uvicorn.Server(uvicorn.Config(create_front(fleet), host=config.host, port=config.port,
                                                log_level="warning", access_log=False,

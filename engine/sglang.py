@@ -31,7 +31,7 @@ from __future__ import annotations
 import subprocess
 
 from openforge.engine.vision import is_vision_model
-from openforge.config import EngineConfig
+from openforge.config import SglangEngineConfig
 
 
 def sglang_env() -> dict[str, str]:
@@ -39,7 +39,7 @@ def sglang_env() -> dict[str, str]:
     return {"SGLANG_MM_AVOID_RETOKENIZE": "1"}
 
 
-def sglang_command(config: EngineConfig, *, model_path: str, port: int,
+def sglang_command(config: SglangEngineConfig, *, model_path: str, port: int,
                    lora_target_modules: list[str] | None = None, api_key: str = "") -> list[str]:
     cmd = [
         config.sglang_python, "-m", "sglang.launch_server",

@@ -38,14 +38,14 @@ import httpx
 
 from openforge.engine.sglang import sglang_command, sglang_env
 from openforge.engine.sglang_api import API_KEY_ENV
-from openforge.config import EngineConfig
+from openforge.config import EngineConfig, UrlEngineConfig
 from openforge.errors import EngineError
 from openforge.paths import forge_home
 
 log = logging.getLogger("openforge.engine")
 
 
-def make_engine_url(config: EngineConfig) -> str:
+def make_engine_url(config: UrlEngineConfig) -> str:
     """The base URL of an engine that is already running (kind = "url")."""
     url = config.url.strip().rstrip("/")
     if not url:
@@ -87,7 +87,7 @@ class EngineProcess:
         self.model_path = model_path if model_path is not None else config.model
         self.max_restarts = max_restarts
         self.lora_target_modules = lora_target_modules
-        self.port = config.port
+        self.port = 0 if config.kind == "url" else config.port  # a url engine's port is in its url
         self.api_key = config.api_key if api_key is None else api_key
         self.restarts = 0
         self.on_restart: list[Callable[[], None]] = []

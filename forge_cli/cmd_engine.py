@@ -23,11 +23,13 @@ def engine(
     max_batch_size: Annotated[Optional[int], typer.Option("--max-batch-size", help="sequences decoded together")] = None,
 ) -> None:
     """Serve the embedded engine (SGLang's native API) until Ctrl-C; the first line printed is its URL."""
+    from openforge.config import embedded_engine_config
     from openforge.engine.embedded import serve_engine
     from openforge.engine.model import resolve_model_path
 
     flags = {"model": model, "port": port, "host": host, "device": device, "max_batch_size": max_batch_size}
-    config = state(ctx).config({"engine": {k: v for k, v in flags.items() if v is not None}}).engine
+    # The embedded engine, whichever engine.kind the config names: the keys it shares, the flags over them.
+    config = embedded_engine_config(state(ctx).config().engine, **{k: v for k, v in flags.items() if v is not None})
     resolve_model_path(config.model)  # a wrong path is one clear line before the torch imports
     try:
         serve_engine(config, announce=lambda line: typer.echo(line))

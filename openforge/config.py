@@ -4,7 +4,7 @@ Precedence, lowest first: the defaults below, a TOML file (`forge.toml`), then C
 the only place that reads flags; it builds these models and hands them to the libraries.
 
     [engine]
-    kind = "embedded"          # or "sglang", or "url" for an engine already running
+    kind = "embedded"          # or "sglang", "url" for an engine already running, or "router"
     model = "~/.forge/models/tiny"
 
     [sandbox]
@@ -29,45 +29,106 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class EngineConfig(_Section):
-    """The inference engine: the embedded CPU engine, a supervised SGLang server, or a URL."""
+class _EngineCommon(_Section):
+    """Settings every engine kind has."""
 
-    kind: Literal["embedded", "sglang", "url", "router"] = Field(
-        "embedded", description="embedded = forge's CPU engine; sglang = a supervised SGLang server; url = an engine "
-        "already running; router = sglang-router in front of several workers")
+    kind: str = Field("embedded", description="the engine: embedded, sglang, url or router")  # narrowed by each kind
     model: str = Field("", description="local HF checkpoint directory; empty = the tiny model in FORGE_HOME")
-    host: str = Field("127.0.0.1", description="the address the engine forge starts listens on")
-    port: int = Field(0, description="0 = pick a free port")
-    url: str = Field("", description="base URL of an engine that is already running (kind = 'url')")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="weights' dtype; auto = the embedded engine's float32 on CPU, bfloat16 on CUDA; "
-        "SGLang's own choice")
-    device: str = Field("auto", description="torch device for the embedded engine: auto, cpu, cuda")
-    max_batch_size: int = Field(16, ge=1, description="embedded engine: sequences decoded together")
-    seed: int = Field(0, description="the engine's random seed (a request's sampling_seed takes precedence)")
     api_key: str = Field("", repr=False, description="the engine's credential (SGLang's --api-key); empty = forge "
                          "makes one per run and hands it to the proxy and trainer in memory")
-    prefix_cache_mb: int = Field(512, ge=0, description="embedded engine: memory for the KV of cached prompt "
-                                 "prefixes (RadixAttention-like); 0 = no prefix cache")
     request_timeout_s: float = Field(300.0, gt=0, description="longest wait for one engine request (trainer, "
                                      "router front)")
     startup_timeout_s: float = Field(300.0, gt=0, description="longest wait for the engine to load and answer "
                                      "/health")
-    # SGLang only
+
+
+class _LaunchedEngine(_EngineCommon):
+    """Settings of an engine forge starts itself (every kind but url)."""
+
+    host: str = Field("127.0.0.1", description="the address the engine forge starts listens on")
+    port: int = Field(0, description="0 = pick a free port")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="weights' dtype; auto = the embedded engine's float32 on CPU, bfloat16 on CUDA; "
+        "SGLang's own choice")
+    seed: int = Field(0, description="the engine's random seed (a request's sampling_seed takes precedence)")
+
+
+class EmbeddedEngineConfig(_LaunchedEngine):
+    """forge's own engine (engine/embedded.py), a supervised child process: the CPU, or one GPU."""
+
+    kind: Literal["embedded"] = Field("embedded", description="the engine: embedded (forge's own, on the CPU or "
+                                      "one GPU)")
+    device: str = Field("auto", description="torch device of the embedded engine (a router's: of each worker it "
+                        "starts): auto, cpu, cuda")
+    max_batch_size: int = Field(16, ge=1, description="sequences one embedded engine decodes together")
+    prefix_cache_mb: int = Field(512, ge=0, description="one embedded engine's memory for the KV of cached prompt "
+                                 "prefixes (RadixAttention-like); 0 = no prefix cache")
+
+
+class SglangEngineConfig(_LaunchedEngine):
+    """A supervised SGLang server (engine/sglang.py), run from its own venv."""
+
+    kind: Literal["sglang"] = Field("sglang", description="the engine: sglang (a supervised SGLang server)")
     sglang_python: str = Field("python", description="interpreter of the venv that has sglang installed")
     tp_size: int = Field(1, ge=1, description="SGLang's --tp-size: GPUs one model is split over")
     max_lora_rank: int = Field(64, ge=1, description="SGLang's --max-lora-rank: the largest LoRA rank it loads")
     sglang_args: list[str] = Field(default_factory=list, description="extra launch_server arguments")
-    # kind = "router": sglang-router (PyPI, `pip install -e .[router]`) in front of several workers
-    router_workers: int = Field(2, ge=1, description="router: embedded engine workers to start")
-    router_worker_urls: list[str] = Field(default_factory=list, description="router: SGLang workers already "
-                                          "running (URLs), instead of starting embedded ones")
-    router_url: str = Field("", description="router: a sglang-router already running (a cluster's, with service "
-                            "discovery): forge starts no workers and no router, and fans adapter loads out to the "
-                            "workers it lists")
-    router_policy: Literal["manual", "cache_aware", "round_robin", "power_of_two", "random"] = Field(
-        "manual", description="router: sglang-router's policy; manual = one rollout's calls on one worker "
-        "(keyed by rollout), new rollouts to the worker with the fewest")
+
+
+class UrlEngineConfig(_EngineCommon):
+    """An engine already running (SGLang's native API): forge starts nothing, and waits for its /health."""
+
+    kind: Literal["url"] = Field("url", description="the engine: url (one already running)")
+    url: str = Field("", description="base URL of the engine, e.g. http://gpu-host:30000")
+
+
+class RouterEngineConfig(EmbeddedEngineConfig):
+    """sglang-router (PyPI, `pip install -e .[router]`) in front of several workers (engine/router.py). The
+    workers forge starts are embedded engines: this table holds their settings too."""
+
+    kind: Literal["router"] = Field("router", description="the engine: router (sglang-router in front of several "
+                                    "workers)")
+    workers: int = Field(2, ge=1, description="embedded engine workers to start")
+    worker_urls: list[str] = Field(default_factory=list, description="SGLang workers already running (URLs), instead "
+                                   "of starting embedded ones")
+    router_url: str = Field("", description="a sglang-router already running (a cluster's, with service discovery): "
+                            "forge starts no workers and no router, and fans adapter loads out to the workers it lists")
+    policy: Literal["manual", "cache_aware", "round_robin", "power_of_two", "random"] = Field(
+        "manual", description="sglang-router's policy; manual = one rollout's calls on one worker (keyed by "
+        "rollout), new rollouts to the worker with the fewest")
+
+
+_ENGINE_KINDS = {"embedded": EmbeddedEngineConfig, "sglang": SglangEngineConfig, "url": UrlEngineConfig,
+                 "router": RouterEngineConfig}
+# The keys of the flat [engine] table before the union, and their names in the router's table.
+_ENGINE_RENAMED = {"router_workers": "workers", "router_worker_urls": "worker_urls", "router_policy": "policy"}
+
+
+def _engine_tag(value: Any) -> str:
+    # An [engine] table without `kind` is the embedded engine, as before the union.
+    if isinstance(value, dict):
+        return str(value.get("kind", "embedded"))
+    return str(getattr(value, "kind", "embedded"))
+
+
+# Which engine serves the policy: one table, holding the chosen kind's keys only.
+EngineConfig = Annotated[
+    Annotated[EmbeddedEngineConfig, Tag("embedded")]
+    | Annotated[SglangEngineConfig, Tag("sglang")]
+    | Annotated[UrlEngineConfig, Tag("url")]
+    | Annotated[RouterEngineConfig, Tag("router")],
+    Discriminator(_engine_tag),
+]
+
+
+def embedded_engine_config(config: EngineConfig, **fields: Any) -> EmbeddedEngineConfig:
+    """The embedded engine with the settings `config` shares with it, `fields` over them (ConfigError for a
+    bad one): a router's worker, or what `forge engine` serves whatever `engine.kind` names."""
+    shared = config.model_dump(include=set(EmbeddedEngineConfig.model_fields) - {"kind"})
+    try:
+        return EmbeddedEngineConfig(**{**shared, **fields})
+    except ValidationError as exc:
+        raise ConfigError(_format_validation(exc, "engine (embedded)")) from None
 
 
 class ProxyConfig(_Section):
@@ -307,8 +368,8 @@ class ForgeConfig(_Section):
     """Everything a run needs. `forge config show` prints the effective one."""
 
     name: str = Field("", description="a human name for the run")
-    engine: EngineConfig = Field(default_factory=EngineConfig, description="[engine]: the inference engine serving "
-                                 "the policy")
+    engine: EngineConfig = Field(default_factory=EmbeddedEngineConfig, description="[engine]: the inference engine "
+                                 "serving the policy (embedded, sglang, url or router)")
     proxy: ProxyConfig = Field(default_factory=ProxyConfig, description="[proxy]: the recording proxy harnesses call")
     sandbox: SandboxConfig = Field(default_factory=LocalSandboxConfig, description="[sandbox]: where each rollout "
                                    "runs (local, docker or kubernetes)")
@@ -335,6 +396,22 @@ class ForgeConfig(_Section):
                                  f"directly: write sandbox.{key} (with sandbox.type = \"{name}\")")
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_shape(cls, data: Any) -> Any:
+        """Say plainly what is wrong with an `[engine]` table the union cannot place."""
+        engine = data.get("engine") if isinstance(data, dict) else None
+        if not isinstance(engine, dict):
+            return data
+        kind = engine.get("kind", "embedded")
+        if kind not in _ENGINE_KINDS:
+            raise ValueError(f"engine.kind: unknown kind {kind!r}; choose embedded, sglang, url or router")
+        for old, new in _ENGINE_RENAMED.items():
+            if old in engine:  # the flat table before the union
+                raise ValueError(f"engine.{old}: the router's keys have no prefix now: write engine.{new} "
+                                 "(with engine.kind = \"router\")")
+        return data
+
 
 def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
@@ -349,10 +426,14 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 def _format_validation(err: ValidationError, source: str) -> str:
     first = err.errors()[0]
     loc = list(first["loc"])
-    if loc[:1] == ["sandbox"] and len(loc) > 1 and loc[1] in _SANDBOX_TYPES:
-        del loc[1]  # the union's tag: the user wrote sandbox.image, not sandbox.docker.image
-    where = ".".join(str(p) for p in loc)
     msg = first["msg"].removeprefix("Value error, ")
+    for section, tag_key, members in (("sandbox", "type", _SANDBOX_TYPES), ("engine", "kind", _ENGINE_KINDS)):
+        if loc[:1] == [section] and len(loc) > 1 and loc[1] in members:
+            tag = loc.pop(1)  # the union's tag: the user wrote sandbox.image, not sandbox.docker.image
+            if first["type"] == "extra_forbidden" and len(loc) == 2:
+                owners = ", ".join(name for name, member in members.items() if loc[1] in member.model_fields)
+                msg = f"not a key of {section}.{tag_key} = \"{tag}\"" + (f" ({owners} only)" if owners else "")
+    where = ".".join(str(p) for p in loc)
     more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
     return f"{source}: {where}: {msg}{more}" if where else f"{source}: {msg}{more}"
 
@@ -419,6 +500,22 @@ def load_config(
         raise ConfigError(_format_validation(exc, source)) from None
 
 
+def stored_config(data: dict[str, Any]) -> ForgeConfig:
+    """A run's stored config (`run.config_json`) as a ForgeConfig, whatever release stored it. Before the
+    engine union, `[engine]` held every kind's keys (the router's with a `router_` prefix): the keys of
+    the run's own kind are kept, under their names of today, and the rest dropped, so an old run resumes."""
+    data = dict(data)
+    engine = data.get("engine")
+    member = _ENGINE_KINDS.get(engine.get("kind", "embedded")) if isinstance(engine, dict) else None
+    if isinstance(engine, dict) and member is not None:
+        engine = {_ENGINE_RENAMED.get(key, key): value for key, value in engine.items()}
+        data["engine"] = {key: value for key, value in engine.items() if key in member.model_fields}
+    try:
+        return ForgeConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation(exc, "the run's stored config")) from None
+
+
 def dump_toml(config: BaseModel) -> str:
     """The config as TOML (None values are left out: TOML has no null)."""
     import tomli_w
@@ -444,7 +541,7 @@ def _describe(model: BaseModel, path: list[str], lines: list[str]) -> None:
     plain = [n for n, v in values.items() if not isinstance(v, (BaseModel, dict))]
     tables = [n for n in fields if n not in plain]
     for name in plain:
-        if fields[name].description:  # every field has one (tests/test_config.py) but [engine]'s, for now
+        if fields[name].description:  # every field has one (tests/test_config.py)
             lines.append(f"# {fields[name].description}")
         value = model.model_dump(mode="json", include={name})[name]
         lines.append(f"# {name} = (unset)" if value is None else tomli_w.dumps({name: value}).rstrip("\n"))

@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from openforge.config import DockerSandboxConfig, ForgeConfig, KubernetesSandboxConfig
+from openforge.config import DockerSandboxConfig, ForgeConfig, KubernetesSandboxConfig, SglangEngineConfig
 
 
 @dataclass
@@ -87,7 +87,7 @@ def check_kubernetes(config: ForgeConfig) -> Check:
 
 
 def check_sglang(config: ForgeConfig) -> Check:
-    py = config.engine.sglang_python
+    py = (config.engine if isinstance(config.engine, SglangEngineConfig) else SglangEngineConfig()).sglang_python
     code, out = _run([py, "-c", "import sglang; print(sglang.__version__)"], timeout=60)
     if code == 0:
         return Check("SGLang", "ok", f"{out.splitlines()[-1]} via {py}")

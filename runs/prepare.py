@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from openforge.config import ForgeConfig
+from openforge.config import ForgeConfig, stored_config
 from openforge.errors import ConfigError, EngineError, ForgeError, HarnessError, SandboxError
 from openforge.paths import default_tiny_model, default_tiny_vl_model
 from openforge.store import RUN_FINAL, Store
@@ -171,7 +171,7 @@ def prepare_run(store: Store, config: ForgeConfig, *, home: Path, resume: str | 
     if run.status not in RUN_FINAL:
         raise ForgeError(f"run {run.id} is {run.status} (driven by pid {run.owner_pid}); "
                          f"stop it first with `forge stop {run.id}`")
-    config = ForgeConfig.model_validate(run.config_json) if run.config_json else config
+    config = stored_config(run.config_json) if run.config_json else config
     if steps is not None:
         config.trainer.steps = steps
     done = len(store.list_train_steps(run.id))

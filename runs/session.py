@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from openforge.config import ForgeConfig
+from openforge.config import ForgeConfig, stored_config
 from openforge.errors import ForgeError
 from openforge.paths import runs_dir
 from openforge.readmodel import read_run_report
@@ -57,7 +57,7 @@ def run_session(request: SessionRequest, *, home: Path, open_store: Callable[[],
     config = request.config
     if request.resume is not None:
         stored = store.get_run(request.resume).config_json
-        config = ForgeConfig.model_validate(stored) if stored else config
+        config = stored_config(stored) if stored else config
     preflight(config, home)  # before the run row is touched: a refusal leaves a resumable run as it was
     run_id, config = prepare_run(store, config, home=home, resume=request.resume, steps=request.steps)
     say(start_line(run_id, config, home=home, resumed=request.resume is not None))
@@ -98,7 +98,7 @@ def session_summary(store: Store, run_id: str, home: Path, *, command: str = "up
         f"stored in {store.where} (artefacts in {runs_dir(home) / run.id})",
         f"look at it: forge show {run.id}  |  forge dash {run.id}  |  forge calls {run.id}",
     ]
-    if run.status in ("stopped", "interrupted", "failed") and len(report.steps) < ForgeConfig.model_validate(
+    if run.status in ("stopped", "interrupted", "failed") and len(report.steps) < stored_config(
             run.config_json or {}).trainer.steps:
         lines.append(f"continue it: forge {command} --resume {run.id}")
     if run.error:

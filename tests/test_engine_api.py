@@ -31,10 +31,10 @@ def engine(tmp_path_factory, tiny_model):
     from openforge.engine.embedded import EmbeddedEngine
     from openforge.engine.serve import serve_in_thread
     from openforge.engine.testing import make_peaky_model
-    from openforge.config import EngineConfig
+    from openforge.config import EmbeddedEngineConfig
 
     model = make_peaky_model(tiny_model, tmp_path_factory.mktemp("api") / "peaky")
-    engine = EmbeddedEngine(EngineConfig(model=str(model), max_batch_size=4))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model=str(model), max_batch_size=4))
     with serve_in_thread(engine.app) as server:
         yield server.url, str(model)
     engine.close()

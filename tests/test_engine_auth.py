@@ -15,7 +15,7 @@ from openforge.engine.scripted import ScriptedEngine
 from openforge.engine.serve import serve_in_thread
 from openforge.engine.sglang import sglang_command
 from openforge.engine.supervisor import EngineProcess, engine_api_key
-from openforge.config import EngineConfig
+from openforge.config import EmbeddedEngineConfig, SglangEngineConfig, UrlEngineConfig
 from openforge.errors import EngineError
 
 KEY = "k3y-for-tests"
@@ -32,7 +32,7 @@ def served(request, tiny_model):
     if request.param == "scripted":
         engine = ScriptedEngine(tiny_model, lambda ids: "ok", api_key=KEY)
     else:
-        engine = EmbeddedEngine(EngineConfig(model=str(tiny_model), api_key=KEY))
+        engine = EmbeddedEngine(EmbeddedEngineConfig(model=str(tiny_model), api_key=KEY))
     with serve_in_thread(engine.app) as server:
         yield server.url
     engine.close()
@@ -61,19 +61,19 @@ def test_no_key_means_no_check(tiny_model):
 
 
 def test_run_keys_and_the_sglang_flag():
-    made = {engine_api_key(EngineConfig()) for _ in range(3)}
+    made = {engine_api_key(EmbeddedEngineConfig()) for _ in range(3)}
     assert len(made) == 3 and all(len(k) >= 32 for k in made)  # fresh and unguessable per run
-    assert engine_api_key(EngineConfig(api_key="mine")) == "mine"
-    assert engine_api_key(EngineConfig(kind="url", url="http://h:1")) == ""  # not ours to invent
-    cmd = sglang_command(EngineConfig(kind="sglang"), model_path="/m", port=1, api_key="s3cret")
+    assert engine_api_key(EmbeddedEngineConfig(api_key="mine")) == "mine"
+    assert engine_api_key(UrlEngineConfig(url="http://h:1")) == ""  # not ours to invent
+    cmd = sglang_command(SglangEngineConfig(), model_path="/m", port=1, api_key="s3cret")
     assert cmd[cmd.index("--api-key") + 1] == "s3cret"
-    assert "--api-key" not in sglang_command(EngineConfig(kind="sglang"), model_path="/m", port=1)
+    assert "--api-key" not in sglang_command(SglangEngineConfig(), model_path="/m", port=1)
 
 
 def test_a_url_engine_with_another_key_is_refused_at_start(tiny_model):
     with serve_in_thread(ScriptedEngine(tiny_model, ["x"], api_key=KEY).app) as server:
         for key, match in (("wrong", "refused the key forge holds"), ("", "refused no key")):
-            config = EngineConfig(kind="url", url=server.url, api_key=key, startup_timeout_s=5)
+            config = UrlEngineConfig(url=server.url, api_key=key, startup_timeout_s=5)
             with pytest.raises(EngineError, match=match):
                 EngineProcess(config).start()
-        EngineProcess(EngineConfig(kind="url", url=server.url, api_key=KEY, startup_timeout_s=5)).start()
+        EngineProcess(UrlEngineConfig(url=server.url, api_key=KEY, startup_timeout_s=5)).start()

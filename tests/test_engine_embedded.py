@@ -18,7 +18,7 @@ from openforge.engine.client import EngineClient
 from openforge.engine.embedded import EmbeddedEngine
 from openforge.engine.serve import serve_in_thread
 from openforge.engine.testing import make_peaky_model, make_random_lora
-from openforge.config import EngineConfig
+from openforge.config import EmbeddedEngineConfig
 from openforge.errors import EngineError
 
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
@@ -38,7 +38,7 @@ def models(tmp_path_factory, tiny_model):
 
 @pytest.fixture(scope="module")
 def served(models):
-    engine = EmbeddedEngine(EngineConfig(model=str(models["peaky"]), max_batch_size=4))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model=str(models["peaky"]), max_batch_size=4))
     with serve_in_thread(engine.app) as server:
         yield engine, server.url
     engine.close()
@@ -196,9 +196,9 @@ async def test_text_input_is_tokenised_like_input_ids(served, reference):
 
 def test_a_wrong_model_path_is_one_clear_error(tmp_path):
     with pytest.raises(EngineError, match="does not exist"):
-        EmbeddedEngine(EngineConfig(model=str(tmp_path / "missing")))
+        EmbeddedEngine(EmbeddedEngineConfig(model=str(tmp_path / "missing")))
     with pytest.raises(EngineError, match="not a Hugging Face checkpoint folder"):
-        EmbeddedEngine(EngineConfig(model=str(tmp_path)))
+        EmbeddedEngine(EmbeddedEngineConfig(model=str(tmp_path)))
 
 
 async def test_a_failing_forward_pass_aborts_that_request_only(served, monkeypatch):
@@ -247,7 +247,7 @@ async def test_the_real_context_length_is_reported_and_enforced(tmp_path):
     from openforge.engine.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "short", context_length=64)
-    engine = EmbeddedEngine(EngineConfig(model=str(model)))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model=str(model)))
     try:
         with serve_in_thread(engine.app) as server:
             async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:

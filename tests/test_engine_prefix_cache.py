@@ -21,7 +21,7 @@ from openforge.engine.embedded import EmbeddedEngine
 from openforge.engine.prefix_cache import PrefixCache
 from openforge.engine.serve import serve_in_thread
 from openforge.engine.testing import make_peaky_model, make_random_lora
-from openforge.config import EngineConfig
+from openforge.config import EmbeddedEngineConfig
 
 
 def _kv(ids: list[int], layers: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -67,8 +67,8 @@ def models(tmp_path_factory, tiny_model):
 @pytest.fixture(scope="module")
 def engines(models):
     # 1 MB holds ~2,000 tokens of this model's KV (512 bytes a token): small enough to evict.
-    cached = EmbeddedEngine(EngineConfig(model=str(models["peaky"]), prefix_cache_mb=1, max_batch_size=4))
-    plain = EmbeddedEngine(EngineConfig(model=str(models["peaky"]), prefix_cache_mb=0, max_batch_size=4))
+    cached = EmbeddedEngine(EmbeddedEngineConfig(model=str(models["peaky"]), prefix_cache_mb=1, max_batch_size=4))
+    plain = EmbeddedEngine(EmbeddedEngineConfig(model=str(models["peaky"]), prefix_cache_mb=0, max_batch_size=4))
     with serve_in_thread(cached.app) as a, serve_in_thread(plain.app) as b:
         yield (cached, a.url), (plain, b.url)
     cached.close()

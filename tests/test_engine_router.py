@@ -18,7 +18,7 @@ pytest.importorskip("sglang_router", reason="the [router] extra (sglang-router) 
 
 from openforge.engine.client import EngineClient  # noqa: E402
 from openforge.engine.supervisor import EngineProcess  # noqa: E402
-from openforge.config import EngineConfig  # noqa: E402
+from openforge.config import RouterEngineConfig  # noqa: E402
 
 KEY = "router-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -39,8 +39,7 @@ def _wait(predicate, what: str, timeout: float = 120) -> None:
 
 @pytest.fixture
 def fleet(tiny_model: Path, tmp_path: Path):
-    cfg = EngineConfig(kind="router", model=str(tiny_model), router_workers=2, prefix_cache_mb=64,
-                       startup_timeout_s=240)
+    cfg = RouterEngineConfig(model=str(tiny_model), workers=2, prefix_cache_mb=64, startup_timeout_s=240)
     engine = EngineProcess(cfg, log_path=tmp_path / "engine.log", api_key=KEY)
     engine.start()
     try:
@@ -116,7 +115,7 @@ def test_router_spreads_rollouts_keeps_each_on_one_worker_and_survives_a_dead_wo
 
     # A cluster's router (engine.router_url): forge starts nothing but the front, with its own key,
     # finds the workers through the router and fans adapter loads out to them
-    cfg = EngineConfig(kind="router", model=str(tiny_model), router_url=info["router"], startup_timeout_s=120)
+    cfg = RouterEngineConfig(model=str(tiny_model), router_url=info["router"], startup_timeout_s=120)
     os.environ["FORGE_WORKER_API_KEY"] = KEY
     try:
         front = EngineProcess(cfg, log_path=tiny_model.parent / "front.log", api_key="run-key")
@@ -165,7 +164,7 @@ def test_the_front_hands_the_clients_routing_key_to_the_router(tmp_path: Path) -
 
     stand_in = Starlette(routes=[Route("/generate", generate, methods=["POST"]), Route("/workers", workers)])
     with serve_in_thread(stand_in) as router:
-        fleet = Fleet(EngineConfig(kind="router", router_url=router.url, startup_timeout_s=10), api_key="",
+        fleet = Fleet(RouterEngineConfig(router_url=router.url, startup_timeout_s=10), api_key="",
                       log_dir=tmp_path)
         fleet.start()
         with serve_in_thread(create_front(fleet)) as front:

@@ -15,7 +15,7 @@ from openforge.engine.scripted import ScriptedEngine
 from openforge.engine.serve import serve_in_thread
 from openforge.engine.sglang import sglang_command
 from openforge.engine.supervisor import EngineProcess, engine_api_key, make_engine_url
-from openforge.config import EngineConfig
+from openforge.config import EmbeddedEngineConfig, SglangEngineConfig, UrlEngineConfig
 from openforge.errors import EngineError
 
 
@@ -39,9 +39,9 @@ def _argv_and_env(pid: int) -> tuple[bytes, bytes]:
 
 @pytest.mark.slow
 def test_child_is_restarted_after_kill_9_and_stopped_with_its_group(tiny_model, tmp_path):
-    key = engine_api_key(EngineConfig())
-    engine = EngineProcess(EngineConfig(model=str(tiny_model), startup_timeout_s=120), log_path=tmp_path / "engine.log",
-                           max_restarts=2, api_key=key)
+    key = engine_api_key(EmbeddedEngineConfig())
+    engine = EngineProcess(EmbeddedEngineConfig(model=str(tiny_model), startup_timeout_s=120),
+                           log_path=tmp_path / "engine.log", max_restarts=2, api_key=key)
     restarted = []
     engine.on_restart.append(lambda: restarted.append(engine.pid))
     engine.start()
@@ -66,22 +66,23 @@ def test_child_is_restarted_after_kill_9_and_stopped_with_its_group(tiny_model, 
 
 
 def test_a_child_that_cannot_start_reports_its_log(tmp_path):
-    engine = EngineProcess(EngineConfig(model=str(tmp_path / "nope"), startup_timeout_s=60), log_path=tmp_path / "e.log")
+    engine = EngineProcess(EmbeddedEngineConfig(model=str(tmp_path / "nope"), startup_timeout_s=60),
+                           log_path=tmp_path / "e.log")
     with pytest.raises(EngineError, match="exited with code 1 before it became healthy.*does not exist"):
         engine.start()
 
 
 def test_sglang_launch_failure_is_clear(tmp_path, tiny_model):
     # This venv has no sglang: the launcher's real failure path, with its real error in the message.
-    config = EngineConfig(kind="sglang", sglang_python=sys.executable, startup_timeout_s=60)
+    config = SglangEngineConfig(sglang_python=sys.executable, startup_timeout_s=60)
     engine = EngineProcess(config, model_path=str(tiny_model), log_path=tmp_path / "s.log")
     with pytest.raises(EngineError, match="sglang engine exited with code 1.*No module named 'sglang'"):
         engine.start()
 
 
 def test_sglang_command_line():
-    config = EngineConfig(kind="sglang", sglang_python="/opt/sgl/bin/python", tp_size=2, max_lora_rank=16,
-                          dtype="bfloat16", seed=3, sglang_args=["--mem-fraction-static", "0.7"])
+    config = SglangEngineConfig(sglang_python="/opt/sgl/bin/python", tp_size=2, max_lora_rank=16,
+                                dtype="bfloat16", seed=3, sglang_args=["--mem-fraction-static", "0.7"])
     cmd = sglang_command(config, model_path="/models/qwen", port=30001, lora_target_modules=["q_proj", "v_proj"])
     assert cmd == ["/opt/sgl/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/qwen",
                    "--host", "127.0.0.1", "--port", "30001", "--tp-size", "2", "--random-seed", "3",
@@ -92,13 +93,13 @@ def test_sglang_command_line():
 
 def test_kind_url_waits_for_the_running_engine(tiny_model):
     with pytest.raises(EngineError, match="needs engine.url"):
-        make_engine_url(EngineConfig(kind="url"))
+        make_engine_url(UrlEngineConfig())
     with pytest.raises(EngineError, match="must start with http"):
-        make_engine_url(EngineConfig(kind="url", url="gpu:30000"))
+        make_engine_url(UrlEngineConfig(url="gpu:30000"))
     with serve_in_thread(ScriptedEngine(tiny_model, ["x"]).app) as server:
-        engine = EngineProcess(EngineConfig(kind="url", url=server.url + "/", startup_timeout_s=5))
+        engine = EngineProcess(UrlEngineConfig(url=server.url + "/", startup_timeout_s=5))
         engine.start()
         assert engine.url == server.url and engine.pid is None
         engine.stop()
     with pytest.raises(EngineError, match="did not become healthy within 0.5s"):
-        EngineProcess(EngineConfig(kind="url", url=server.url, startup_timeout_s=0.5)).start()
+        EngineProcess(UrlEngineConfig(url=server.url, startup_timeout_s=0.5)).start()

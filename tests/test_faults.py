@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from openforge.engine.scripted import ScriptedEngine
 from openforge.engine.serve import serve_in_thread
-from openforge.config import EngineConfig, ForgeConfig, ProxyConfig
+from openforge.config import EmbeddedEngineConfig, ForgeConfig, ProxyConfig
 from openforge.store import Store
 from openforge.proxy.server import ProxyServer
 from openforge.rollouts.runner.trajectory import assemble_rollout
@@ -129,7 +129,7 @@ def test_engine_killed_mid_stream_gives_an_api_error_then_recovers(tiny_model: P
 
     from openforge.engine.supervisor import EngineProcess
 
-    config = EngineConfig(model=str(tiny_model), startup_timeout_s=120)
+    config = EmbeddedEngineConfig(model=str(tiny_model), startup_timeout_s=120)
     engine = EngineProcess(config, model_path=str(tiny_model), log_path=forge_home / "engine.log")
     engine.start()
     run = store.create_run(kind="proxy")
@@ -343,9 +343,9 @@ def test_oversize_bodies_are_refused_on_every_endpoint(tiny_model: Path, store: 
 
 _SUPERVISOR_MAIN = textwrap.dedent("""
     import sys, time
-    from openforge.config import EngineConfig
+    from openforge.config import EmbeddedEngineConfig
     from openforge.engine.supervisor import EngineProcess
-    engine = EngineProcess(EngineConfig(model=sys.argv[1], startup_timeout_s=120), model_path=sys.argv[1],
+    engine = EngineProcess(EmbeddedEngineConfig(model=sys.argv[1], startup_timeout_s=120), model_path=sys.argv[1],
                            log_path=sys.argv[2])
     engine.start()
     print(engine.pid, flush=True)

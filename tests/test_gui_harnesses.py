@@ -319,9 +319,9 @@ def test_mini_gui_random_vlm_in_a_gui_sandbox(tiny_vl_model: Path, store: Any, f
     costs steps, never breaks the harness; the rollout is graded (not a harness failure), every call
     recorded with its screenshot."""
     from openforge.engine.embedded import EmbeddedEngine
-    from openforge.config import EngineConfig
+    from openforge.config import EmbeddedEngineConfig
 
-    engine = EmbeddedEngine(EngineConfig(model=str(tiny_vl_model), max_batch_size=2))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model=str(tiny_vl_model), max_batch_size=2))
     try:
         ro, result, outcome, _ = _gui_rollout(engine.app, tiny_vl_model, store, tmp_path, max_turns=3, max_tokens=8)
     finally:

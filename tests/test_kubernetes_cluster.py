@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from openforge.engine.sglang import sglang_command
-from openforge.config import EngineConfig, ForgeConfig
+from openforge.config import ForgeConfig, SglangEngineConfig
 
 CLUSTER = Path(__file__).resolve().parent.parent / "deploy" / "k8s" / "cluster"
 BASE = CLUSTER.parent
@@ -84,7 +84,7 @@ def _config(rendered) -> ForgeConfig:  # type: ignore[no-untyped-def]
 def test_workers_run_forges_own_sglang_launch(rendered) -> None:  # type: ignore[no-untyped-def]
     pod = _pod(rendered[("Deployment", "sglang-worker")])
     c = pod["spec"]["containers"][0]
-    want = sglang_command(EngineConfig(kind="sglang", host="0.0.0.0", sglang_python="python3"), model_path="/models/policy",
+    want = sglang_command(SglangEngineConfig(host="0.0.0.0", sglang_python="python3"), model_path="/models/policy",
                           port=30000, api_key="$(FORGE_WORKER_API_KEY)")
     assert c["command"] == want
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from openforge.config import EngineConfig, TrainerConfig
+from openforge.config import EmbeddedEngineConfig, TrainerConfig
 from openforge.trainer.loop import train
 from openforge.trainer.adapters import AdapterSync
 from openforge.trainer.bridge import BackgroundLoop
@@ -67,7 +67,7 @@ def embedded_engine(model_dir: Path):
     from openforge.engine.embedded import create_engine_app
     from openforge.engine.serve import serve_in_thread
 
-    app = create_engine_app(EngineConfig(model=str(model_dir), dtype="float32", device="cpu", seed=0))
+    app = create_engine_app(EmbeddedEngineConfig(model=str(model_dir), dtype="float32", device="cpu", seed=0))
     with serve_in_thread(app) as server:
         yield EngineClient(server.url, timeout=60)
 

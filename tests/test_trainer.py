@@ -213,7 +213,7 @@ def test_kl_to_the_adapter_free_reference_and_full_finetune(store: Store, tiny_m
 def test_adapter_sync_keeps_two_replaces_a_held_name_and_reports_a_bad_path(tiny_model: Path, forge_home: Path) -> None:
     from openforge.engine.embedded import create_engine_app
     from openforge.engine.serve import serve_in_thread
-    from openforge.config import EngineConfig
+    from openforge.config import EmbeddedEngineConfig
     from openforge.errors import EngineError
     from openforge.trainer.adapters import AdapterSync
     from openforge.trainer.bridge import BackgroundLoop
@@ -221,7 +221,7 @@ def test_adapter_sync_keeps_two_replaces_a_held_name_and_reports_a_bad_path(tiny
     model = build_policy(tiny_model, _cfg(), device=torch.device("cpu"))
     model.save_pretrained(forge_home / "a")
     bridge = BackgroundLoop()
-    app = create_engine_app(EngineConfig(model=str(tiny_model), dtype="float32", device="cpu"))
+    app = create_engine_app(EmbeddedEngineConfig(model=str(tiny_model), dtype="float32", device="cpu"))
     with serve_in_thread(app) as server:
         client = bridge.run(_make_client(server.url))
         sync = AdapterSync(client, bridge)

@@ -264,9 +264,9 @@ def test_through_veRLs_real_LLMServerClient_and_load_balancer(tiny_model: Path, 
 @pytest.mark.slow
 def test_verl_worker_with_the_embedded_engine_sampling_the_tiny_model(tiny_model: Path, tmp_path: Path) -> None:
     from openforge.engine.embedded import EmbeddedEngine
-    from openforge.config import EngineConfig
+    from openforge.config import EmbeddedEngineConfig
 
-    engine = EmbeddedEngine(EngineConfig(model=str(tiny_model), max_batch_size=4))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model=str(tiny_model), max_batch_size=4))
     try:
         with serve_in_thread(engine.app) as eng:
             server = EmbeddedVerlServer(eng.url, prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN)

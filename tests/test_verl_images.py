@@ -190,9 +190,9 @@ def test_verl_worker_runs_mini_gui_rollouts_of_the_tiny_vlm(tiny_vl_model: Path,
     from transformers import AutoModelForImageTextToText
 
     from openforge.engine.embedded import EmbeddedEngine
-    from openforge.config import EngineConfig
+    from openforge.config import EmbeddedEngineConfig
 
-    engine = EmbeddedEngine(EngineConfig(model=str(tiny_vl_model), dtype="float32", max_batch_size=4))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model=str(tiny_vl_model), dtype="float32", max_batch_size=4))
     try:
         with serve_in_thread(engine.app) as eng:
             server = _Recording(eng.url, prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN)

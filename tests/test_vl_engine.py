@@ -26,7 +26,7 @@ from openforge.engine.client import EngineClient
 from openforge.engine.embedded import EmbeddedEngine
 from openforge.engine.protocol import BadRequest
 from openforge.engine.serve import serve_in_thread
-from openforge.config import EngineConfig
+from openforge.config import EmbeddedEngineConfig
 from openforge.errors import EngineRejected
 
 SAMPLE = {"temperature": 1.0, "max_new_tokens": 8, "ignore_eos": True}
@@ -92,7 +92,7 @@ def vl(tmp_path_factory, tiny_vl_model):
 
 @pytest.fixture(scope="module")
 def served(vl):
-    engine = EmbeddedEngine(EngineConfig(model=str(vl["model"]), max_batch_size=4))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model=str(vl["model"]), max_batch_size=4))
     with serve_in_thread(engine.app) as server:
         yield engine, server.url
     engine.close()
@@ -263,7 +263,7 @@ async def test_refusals_in_sglang_error_shape(served, ref, tmp_path):
 
 
 async def test_image_data_to_a_text_model_is_refused(tiny_model):
-    engine = EmbeddedEngine(EngineConfig(model=str(tiny_model)))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model=str(tiny_model)))
     try:
         with pytest.raises(BadRequest, match="does not take images"):
             await engine.start({"input_ids": [1, 2, 3], "image_data": [_url(A)]})
@@ -297,10 +297,10 @@ def test_sglang_launcher_for_a_vlm(vl, tiny_model, tmp_path):
 
     from openforge.engine.sglang import sglang_command
     from openforge.engine.supervisor import EngineProcess
-    from openforge.config import EngineConfig as Config
+    from openforge.config import SglangEngineConfig
     from openforge.errors import EngineError
 
-    config = Config(kind="sglang", sglang_python="/opt/sgl/bin/python")
+    config = SglangEngineConfig(sglang_python="/opt/sgl/bin/python")
     assert "--enable-multimodal" in sglang_command(config, model_path=str(vl["model"]), port=1)
     assert "--enable-multimodal" not in sglang_command(config, model_path=str(tiny_model), port=1)
     assert "--enable-multimodal" not in sglang_command(config, model_path="Qwen/Qwen2-VL-2B-Instruct", port=1)
@@ -309,7 +309,7 @@ def test_sglang_launcher_for_a_vlm(vl, tiny_model, tmp_path):
     fake = tmp_path / "python"
     fake.write_text(f"#!/bin/sh\necho \"$SGLANG_MM_AVOID_RETOKENIZE $*\" > {seen}\nexit 3\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    engine = EngineProcess(Config(kind="sglang", sglang_python=str(fake), startup_timeout_s=30),
+    engine = EngineProcess(SglangEngineConfig(sglang_python=str(fake), startup_timeout_s=30),
                            model_path=str(vl["model"]), log_path=tmp_path / "s.log")
     with pytest.raises(EngineError, match="exited with code 3"):
         engine.start()
@@ -342,7 +342,7 @@ def test_an_image_resent_is_decoded_once(served, ref, monkeypatch):
 async def test_update_weights_from_disk_with_a_vlm(vl, ref, tmp_path):
     """New base weights of the same VLM: the answer is the new model's fresh pass, images and all."""
     other = _make_peaky_vl(vl["model"], tmp_path / "other", seed=7)
-    engine = EmbeddedEngine(EngineConfig(model=str(vl["model"]), max_batch_size=2))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model=str(vl["model"]), max_batch_size=2))
     prompt = ref.prompt("what colour is the square", [A])
     try:
         with serve_in_thread(engine.app) as server:

@@ -23,7 +23,7 @@ from openforge.engine.embedded import EmbeddedEngine
 from openforge.forge_cli.main import app
 from openforge.engine.serve import serve_in_thread
 from openforge.engine.vision import load_processor, open_image
-from openforge.config import EngineConfig, ProxyConfig
+from openforge.config import EmbeddedEngineConfig, ProxyConfig
 from openforge.images import ImageStore, image_id
 from openforge.proxy.server import ProxyServer
 from openforge.rollouts.runner.trajectory import assemble_rollout
@@ -50,7 +50,7 @@ RED, BLUE, GREEN = _png((230, 20, 20)), _png((20, 20, 230), (200, 320)), _png((2
 
 @pytest.fixture(scope="module")
 def engine_url(tiny_vl_model):
-    engine = EmbeddedEngine(EngineConfig(model=str(tiny_vl_model), max_batch_size=4))
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model=str(tiny_vl_model), max_batch_size=4))
     with serve_in_thread(engine.app) as server:
         yield server.url
     engine.close()

@@ -243,9 +243,9 @@ def embedded_engine(model_dir: Path):
     from openforge.engine.client import EngineClient
     from openforge.engine.embedded import create_engine_app
     from openforge.engine.serve import serve_in_thread
-    from openforge.config import EngineConfig
+    from openforge.config import EmbeddedEngineConfig
 
-    app = create_engine_app(EngineConfig(model=str(model_dir), dtype="float32", device="cpu", seed=0))
+    app = create_engine_app(EmbeddedEngineConfig(model=str(model_dir), dtype="float32", device="cpu", seed=0))
     with serve_in_thread(app) as server:
         yield EngineClient(server.url, timeout=60)
 
