@@ -52,41 +52,6 @@ def docker_image(variant: str) -> tuple[str | None, str]:
         client.close()
 
 
-def npm_cache_for_tests() -> str:
-    """Where the real npm harnesses are looked for: $FORGE_NPM_CACHE, else where .ci/run installs them."""
-    return os.environ.get("FORGE_NPM_CACHE") or os.path.expanduser("~/.cache/openforge-npm")
-
-
-@functools.lru_cache(maxsize=4)
-def harness_image(names: tuple[str, ...]) -> tuple[str | None, str]:
-    """(tag, "") of the harness image of `names` built from the test npm cache, on the reachable engine;
-    else (None, why). Used only if it exists (.ci/run builds it), or FORGE_BUILD_HARNESS_IMAGE=1."""
-    from pathlib import Path
-
-    from openforge.errors import HarnessError
-    from openforge.rollouts.harnesses.npm import image_layer
-    from openforge.sandbox.docker_engine import connect
-    from openforge.sandbox.harness_image import ensure_harness_image, harness_tag
-    from openforge.sandbox.images import has_image
-
-    try:
-        layer = image_layer(list(names), Path(npm_cache_for_tests()))
-    except HarnessError as exc:
-        return None, f"no harness image without the harnesses: {exc}"
-    try:
-        client = connect(timeout=10)
-    except SandboxError as exc:
-        return None, f"{exc} (CI starts dockerd in .ci/run and exports DOCKER_HOST)"
-    try:
-        tag = harness_tag(layer)
-        if not has_image(client, tag) and not forge_env("FORGE_BUILD_HARNESS_IMAGE"):
-            return None, (f"{tag} is not built (forge sandbox build-image --harness {','.join(names)}, "
-                          "or FORGE_BUILD_HARNESS_IMAGE=1)")
-        return ensure_harness_image(layer, timeout=900), ""
-    except SandboxError as exc:
-        return None, f"cannot build the harness image: {exc}"
-    finally:
-        client.close()
 
 
 def proxy_socket_path() -> str:

@@ -9,6 +9,7 @@ reason when it is absent (FORGE_BUILD_HARNESS_IMAGE=1 builds it here, ~1-2 min t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import tarfile
@@ -18,11 +19,12 @@ from typing import Any
 import pytest
 
 from openforge.config import DockerSandboxConfig, ForgeConfig, HarnessConfig
+from openforge.environment import forge_env
 from openforge.errors import HarnessError, SandboxError
 from openforge.rollouts.harnesses.npm import image_layer
 from openforge.sandbox.harness_image import NPM_PREFIX, NpmLayer, build_harness_tar, harness_tag, npm_closure
 from openforge.sandbox.images import SANDBOX_UID, build_rootfs_tar
-from openforge.sandbox.testing import harness_image, proxy_socket_path
+from openforge.sandbox.testing import proxy_socket_path
 from required import skip_or_fail
 from test_proxy_support import make_rig  # noqa: F401 - fixture
 from test_real_harnesses import ANSWER, COMMAND, NPM_CACHE, check_extends, check_recording, tool_then_answer
@@ -43,6 +45,34 @@ def package(root: Path, rel: str, version: str, deps: dict[str, str] | None = No
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(data)
     return folder
+
+
+@functools.lru_cache(maxsize=4)
+def harness_image(names: tuple[str, ...]) -> tuple[str | None, str]:
+    """(tag, "") of the harness image of `names` built from the test npm cache, on the reachable engine;
+    else (None, why). Used only if it exists (.ci/run builds it), or FORGE_BUILD_HARNESS_IMAGE=1."""
+    from openforge.sandbox.docker_engine import connect
+    from openforge.sandbox.harness_image import ensure_harness_image, harness_tag
+    from openforge.sandbox.images import has_image
+
+    try:
+        layer = image_layer(list(names), NPM_CACHE)
+    except HarnessError as exc:
+        return None, f"no harness image without the harnesses: {exc}"
+    try:
+        client = connect(timeout=10)
+    except SandboxError as exc:
+        return None, f"{exc} (CI starts dockerd in .ci/run and exports DOCKER_HOST)"
+    try:
+        tag = harness_tag(layer)
+        if not has_image(client, tag) and not forge_env("FORGE_BUILD_HARNESS_IMAGE"):
+            return None, (f"{tag} is not built (forge sandbox build-image --harness {','.join(names)}, "
+                          "or FORGE_BUILD_HARNESS_IMAGE=1)")
+        return ensure_harness_image(layer, timeout=900), ""
+    except SandboxError as exc:
+        return None, f"cannot build the harness image: {exc}"
+    finally:
+        client.close()
 
 
 @pytest.fixture
