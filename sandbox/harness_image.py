@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import tarfile
 from collections.abc import Iterable
@@ -143,7 +144,7 @@ def build_harness_tar(layer: NpmLayer, base: Path, out: Path) -> Path:
     """The python rootfs tarball `base`, plus the layer: its packages under /opt/forge/npm and links in
     /usr/local/bin. One pass over `base` (no unpacking: no root needed, ownership kept exactly)."""
     closure = npm_closure(layer.prefix, layer.packages)
-    partial = out.with_suffix(".partial")
+    partial = out.with_name(f"{out.name}.{os.getpid()}.partial")  # this build's own
     with tarfile.open(base) as src, tarfile.open(partial, "w", format=tarfile.GNU_FORMAT) as tar:
         names = _copy_base(src, tar)
 
@@ -340,7 +341,7 @@ def build_venv_tar(layer: VenvLayer, base: Path, out: Path, modules: list[str]) 
     recompiles), pyvenv.cfg, bin/python3 -> /usr/bin/python3, and the check (forge-check.py: `modules`
     must import). One pass over `base`."""
     site = f"{layer.prefix}/lib/python{layer.python}/site-packages"
-    partial = out.with_suffix(".partial")
+    partial = out.with_name(f"{out.name}.{os.getpid()}.partial")  # this build's own
     with tarfile.open(base) as src, tarfile.open(partial, "w", format=tarfile.GNU_FORMAT) as tar:
         names = _copy_base(src, tar)
         _add_parents(tar, names, f"{layer.prefix}/bin/python3")

@@ -203,7 +203,7 @@ def build_rootfs_tar(variant: str, out: Path, *, timeout: float = 600) -> Path:
             _busybox_rootfs(root)
         else:
             _python_rootfs(root, timeout, _apt(variant))
-        partial = out.with_suffix(".partial")
+        partial = Path(tmp) / out.name  # this build's own: two builds of one image never share it
         _pack(root, partial, keep_owner=variant != "busybox")
         partial.replace(out)  # atomic: a crash mid-build never leaves a half tarball under the real name
     return out

@@ -237,7 +237,10 @@ def test_kill_9_of_a_worker_mid_load_loses_no_answered_call(make_rig, store: Sto
     assert len(answered) >= at_kill + 20, "the surviving worker must go on serving"
     rows = [c for c in store.list_calls(run_id=run_id)]
     ok_ids = {c.response_json["id"] for c in rows if c.status == "ok"}
-    assert set(answered) <= ok_ids and len(answered) == len(ok_ids)
+    assert set(answered) <= ok_ids and len(answered) == len(set(answered))  # no answer lost, none twice
+    # A call's row is committed before its last byte is sent (proxy/pipeline.py), so the victim may have
+    # recorded an answer and died before its client read it: at most one such call per client.
+    assert len(ok_ids - set(answered)) <= len(threads), ok_ids - set(answered)
     for ro in rollouts:
         seqs = [c.seq for c in rows if c.rollout_id == ro.id]
         assert sorted(seqs) == list(range(len(seqs)))

@@ -214,7 +214,9 @@ def _signal_when_engine_launches(sig: int, children: list, *, needs_handler: boo
 
 
 def _demo_run(store: Store, tiny_model: Path) -> tuple[str, object, RunController]:
-    config = load_config(None, overrides=flag_overrides({"trainer.steps": 1}), sets=[f"engine.model={tiny_model}"],
+    # More steps than can finish before the signal lands, however late a loaded machine lets the sender
+    # see the engine: a run that ends `finished` here lost the stop (one step once did, in CI).
+    config = load_config(None, overrides=flag_overrides({"trainer.steps": 1000}), sets=[f"engine.model={tiny_model}"],
                          preset="demo")
     run_id, config = prepare_run(store, config, home=store.path.parent)
     return run_id, config, RunController(store, run_id)
