@@ -136,6 +136,7 @@ def eval_cmd(
         typer.echo("forge: eval interrupted; every sandbox was stopped", err=True)
         raise typer.Exit(130) from None
     console.print(metrics_table(metrics, f"eval {run.id}: {config.tasks.path}"))
+    console.print(metrics.headline(), highlight=False)
 
 
 def _printer(total: int):  # noqa: ANN202

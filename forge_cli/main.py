@@ -110,11 +110,15 @@ def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
     console.print(f"created {run.created_at:%Y-%m-%d %H:%M:%S}  ended {run.ended_at or '-'}  adapter {run.current_adapter or '-'}")
     if run.error:
         console.print(f"[red]error:[/] {run.error}")
+    from openforge.rollouts.runner.failures import count_infra_failures, failure_reasons, infra_note, is_failure
+    from openforge.rollouts.runner.metrics import summary_headline
+
     states = ", ".join(f"{k} {v}" for k, v in sorted(report.counts.items())) or "none"
     mean = "-" if report.mean_reward is None else f"{report.mean_reward:.3f}"
-    console.print(f"rollouts: {report.n_rollouts} ({states}); mean reward {mean}")
-    from openforge.rollouts.runner.failures import failure_reasons, is_failure
-
+    console.print(f"rollouts: {report.n_rollouts} ({states}); mean reward {mean} over {report.n_samples}; "
+                  f"{infra_note(count_infra_failures(report.failed))}")
+    if run.summary_json and (figures := summary_headline(run.summary_json)):
+        console.print(figures, highlight=False)
     failures = failure_reasons(report.failed, which=is_failure)
     if failures:
         table = Table(title="failed rollouts by reason", title_justify="left")
@@ -131,10 +135,11 @@ def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
     if steps:
         table = Table(title="train steps")
         cols = ("step", "loss", "reward_mean", "pass_rate", "kl", "clip_frac", "mismatch_max", "grad_norm", "tokens_per_s")
-        for col in cols:
+        for col in (*cols, "infra"):  # infra: the step's rollouts without a reward, their groups dropped
             table.add_column(col, justify="right")
         for s in steps:
-            table.add_row(*[("-" if getattr(s, c) is None else f"{getattr(s, c):.4g}") for c in cols])
+            table.add_row(*[("-" if getattr(s, c) is None else f"{getattr(s, c):.4g}") for c in cols],
+                          str((s.metrics_json or {}).get("infra_failures", "-")))
         console.print(table)
     summary = run.summary_json
     if summary:

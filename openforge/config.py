@@ -284,10 +284,15 @@ def sandbox_config(type: str = "local", **fields: Any) -> LocalSandboxConfig | D
 class HarnessConfig(_Section):
     """The agent program that runs in each sandbox."""
 
-    name: Literal["mini", "claude-code", "codex", "openclaw", "zeroclaw", "mini-gui", "browser-use"] = Field(
-        "mini", description="the agent harness each rollout runs")
-    max_turns: int = Field(8, ge=1, description="mini harness: tool-calling turns before it gives up")
-    max_tokens: int = Field(256, ge=1, description="mini harness: max tokens per model call")
+    # An open name: a spec in ./harnesses/ or $FORGE_HOME/harnesses/, an installed adapter (entry-point group
+    # openforge.harnesses), a built-in, or a spec file's path; `forge harness list` shows what exists here.
+    name: str = Field("mini", min_length=1, description="the agent harness each rollout runs (forge harness list), "
+                      "or the path of a harness spec file")
+    spec: str = Field("", description="a harness spec file (TOML) to run instead of the one harness.name finds")
+    max_turns: int = Field(8, ge=1, description="the harness's own turn limit ({max_turns} in a "
+                           "harness spec): model turns before it gives up")
+    max_tokens: int = Field(256, ge=1, description="the harness's own cap on tokens per model call "
+                            "({max_tokens} in a harness spec)")
     npm_cache: str = Field("", description="folder with node_modules of npm harnesses; empty = FORGE_HOME/npm")
     extra_args: list[str] = Field(default_factory=list, description="extra command-line arguments passed to the "
                                   "harness")

@@ -107,10 +107,11 @@ class RunReport:
 
     run: Run
     counts: dict[str, int]  # rollouts by status
-    mean_reward: float | None  # over every rollout with a reward
+    mean_reward: float | None  # over the policy's samples: scored or timed out (infra failures left out)
+    n_samples: int  # those samples
     n_scored: int  # rollouts `scored` with a reward
     mean_scored_reward: float | None
-    failed: list[Rollout]  # failed or timed out: status, failure_kind and error loaded (for their reasons)
+    failed: list[Rollout]  # failed, timed out or the policy's failure: status, failure_kind, error loaded
     steps: list[TrainStep]
 
     @property
@@ -125,7 +126,8 @@ def read_run_report(store: Store, run_id: str) -> RunReport:
     rewarded = Rollout.reward.is_not(None)  # type: ignore[union-attr]
     with store.session() as s:
         counts = dict(s.exec(select(Rollout.status, func.count()).where(of_run).group_by(Rollout.status)).all())
-        mean = s.exec(select(func.avg(Rollout.reward)).where(of_run, rewarded)).one()
+        samples = Rollout.status.in_(("scored", "timed_out"))  # type: ignore[attr-defined]
+        n_samples, mean = s.exec(select(func.count(), func.avg(Rollout.reward)).where(of_run, rewarded, samples)).one()
         n_scored, mean_scored = s.exec(select(func.count(), func.avg(Rollout.reward))
                                        .where(of_run, rewarded, Rollout.status == "scored")).one()
         failed = list(s.exec(
@@ -133,6 +135,7 @@ def read_run_report(store: Store, run_id: str) -> RunReport:
             .where(of_run, Rollout.failure_kind.is_not(None) | Rollout.status.in_(("failed", "timed_out")))  # type: ignore[union-attr,attr-defined]
         ).all())
     return RunReport(run=run, counts={k: int(v) for k, v in counts.items()},
-                     mean_reward=None if mean is None else float(mean), n_scored=int(n_scored),
+                     mean_reward=None if mean is None else float(mean), n_samples=int(n_samples),
+                     n_scored=int(n_scored),
                      mean_scored_reward=None if mean_scored is None else float(mean_scored), failed=failed,
                      steps=store.list_train_steps(run.id))

@@ -40,6 +40,7 @@ from openforge import db
 from openforge.errors import NotFoundError, StoreError
 from openforge.migrations import MIGRATIONS, SCHEMA_VERSION, migrate  # noqa: F401 - re-exported
 from openforge.tables import (  # noqa: F401 - re-exported: callers import the tables from here
+    CALL_CLIENT_LEFT,
     CALL_STATES,
     FAILURE_KINDS,
     ROLLOUT_FINAL,

@@ -25,12 +25,17 @@ from openforge.errors import StoreError
 # Rollout states. pending -> running -> one of the final states.
 ROLLOUT_FINAL = ("scored", "failed", "timed_out", "cancelled", "interrupted")
 RUN_FINAL = ("finished", "failed", "stopped", "interrupted")
-# Why a rollout that was not scored failed: the harness broke, the infrastructure (sandbox, engine,
-# proxy) broke, it ran out of time, or the agent itself failed. Null on scored rollouts.
-FAILURE_KINDS = ("harness", "infra", "timeout", "agent")
+# Why a rollout did not end on an answer: the harness broke or the infrastructure (sandbox, engine,
+# proxy) broke (both `failed`, no reward), it ran out of time (`timed_out`, 0), or the harness stopped
+# on the policy's own failure (`scored`, 0: its turn limit, a context it filled). Null on a graded answer.
+FAILURE_KINDS = ("harness", "infra", "timeout", "policy")
 # Call states: in_flight until the engine answered, then ok or error; in_flight calls found on
 # start-up belong to a proxy that died and become interrupted.
 CALL_STATES = ("in_flight", "ok", "error", "interrupted")
+# The `error` of a call whose client (the harness) left before the answer was complete: no fault of the
+# engine or the proxy. The agent can cause it (kill its harness mid-answer), so the runner never counts
+# it as the infrastructure's failure.
+CALL_CLIENT_LEFT = "the client disconnected before the response completed"
 
 
 def utcnow() -> datetime:
@@ -163,7 +168,7 @@ class Rollout(SQLModel, table=True):
     stderr: str | None = _text_col()
     verifier_output: str | None = _text_col()
     error: str | None = None
-    failure_kind: str | None = None  # harness | infra | timeout | agent (FAILURE_KINDS); null when scored
+    failure_kind: str | None = None  # harness | infra | timeout | policy (FAILURE_KINDS); null on an answer
     n_calls: int = 0
     n_tokens: int = 0
     n_segments: int = 0  # trajectory segments (history rewrites start a new one)

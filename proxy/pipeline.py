@@ -28,7 +28,7 @@ from openforge.config import ProxyConfig
 from openforge.images import ImageError, ImageStore
 from openforge.paths import forge_home
 from openforge.errors import EngineError, EngineRejected, EngineTimeout, EngineUnavailable, StoreError
-from openforge.store import utcnow
+from openforge.store import CALL_CLIENT_LEFT, utcnow
 from openforge.proxy.adapters import ApiAdapter
 from openforge.proxy.calls import APIError, CallRequest, Completion, StreamEvent, bad_request, new_call_id
 from openforge.proxy.generation import Generation, GenerationParams, token_logprobs
@@ -384,4 +384,4 @@ class CallPipeline:
         if not ended:  # the client went away mid-stream: one line, not a traceback
             log.info("proxy: the client left a %s stream of rollout %s before it ended", call.req.api,
                      call.rollout["id"])
-            await self._record_error(call, "the client disconnected before the response completed")
+            await self._record_error(call, CALL_CLIENT_LEFT)

@@ -15,7 +15,7 @@ import pytest
 
 from openforge.config import ForgeConfig, HarnessConfig, LocalSandboxConfig
 from openforge.errors import SandboxError
-from openforge.rollouts.harnesses import HARNESSES, get_harness, harness_available, harness_class
+from openforge.rollouts.harnesses import HARNESSES, get_harness, harness_available, harness_class, harness_names
 from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext, HarnessOutcome, answer_file_outcome
 from openforge.rollouts.runner import runner as runner_module
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
@@ -130,7 +130,7 @@ def _task(**kw: object) -> TaskSpec:
 def test_the_runner_never_asks_what_it_has() -> None:
     """No hasattr/getattr, and no comparison with a backend's or a harness's name, in the runner."""
     tree = ast.parse(Path(inspect.getsourcefile(runner_module) or "").read_text())
-    names = {*BACKENDS, *HARNESSES}
+    names = {*BACKENDS, *harness_names()}
     probes = [n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
               and n.func.id in ("hasattr", "getattr")]
     compared = [c.value for n in ast.walk(tree) if isinstance(n, ast.Compare)
@@ -254,7 +254,7 @@ def test_container_backends_say_how_the_agent_reaches_the_proxy() -> None:
 def test_a_registered_harness_is_checked_by_its_own_available(registered: None) -> None:
     assert harness_available(_config(harness="probe", npm_cache="/opt/c")) == "probe needs its tool in /opt/c"
     assert harness_available(_config("tunnel", harness="probe")) is None  # its image's install: prepare checks
-    assert harness_available(_config(harness="nope")).startswith("unknown harness 'nope'; known: mini, ")
+    assert harness_available(_config(harness="nope")).startswith("unknown harness 'nope'; known: claude-code, codex, mini, ")
 
 
 async def test_a_registered_harness_runs_by_name_and_calls_model_holds(store: Store, registered: None) -> None:
@@ -267,8 +267,9 @@ async def test_a_registered_harness_runs_by_name_and_calls_model_holds(store: St
 
 def test_shipped_harnesses_declare_what_they_need() -> None:
     declared = {n: (harness_class(n).gui, harness_class(n).own_browser, harness_class(n).calls_model)
-                for n in HARNESSES}
+                for n in harness_names()}
     assert declared == {"mini": (False, False, True), "claude-code": (False, False, True),
-                        "codex": (False, False, True), "openclaw": (False, False, True),
+                        "codex": (False, False, True), "mini-swe-agent": (False, False, True),
+                        "opencode": (False, False, True), "openclaw": (False, False, True),
                         "zeroclaw": (False, False, True), "mini-gui": (True, False, True),
                         "browser-use": (True, True, True)}

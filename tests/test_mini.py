@@ -29,11 +29,11 @@ def serve(tiny_model: Path, store: Store) -> Iterator:
     socket (the sandbox's one way out)."""
     handles = []
 
-    def start(script) -> tuple[str, ScriptedEngine]:  # noqa: ANN001
+    def start(script, **proxy_config) -> tuple[str, ScriptedEngine]:  # noqa: ANN001, ANN003
         engine = ScriptedEngine(tiny_model, script)
         eng = serve_in_thread(engine.app)
-        proxy = ProxyServer(ForgeConfig().proxy, store_path=store.path, engine_url=eng.url, model_path=tiny_model,
-                            uds=proxy_socket_path())
+        proxy = ProxyServer(ForgeConfig().proxy.model_copy(update=proxy_config), store_path=store.path,
+                            engine_url=eng.url, model_path=tiny_model, uds=proxy_socket_path())
         handles.extend([eng, proxy])
         proxy.start()
         return proxy, engine
@@ -95,6 +95,18 @@ def test_mini_stops_at_max_turns_and_still_answers(serve, store: Store) -> None:
     ro = _run(store, proxy, task, max_turns=3)
     assert (ro.status, ro.reward, ro.exit_code) == ("scored", 1.0, 0)
     assert "stopped after 3 turns" in ro.stdout and len(store.list_calls(rollout_id=ro.id)) == 3
+
+
+def test_a_context_the_policy_filled_scores_0_and_is_not_masked(serve, store: Store) -> None:  # noqa: ANN001
+    """Issue 30: the policy's commands print until the proxy refuses the prompt as too long
+    (`context_length_exceeded`): mini exits 6, the policy's failure, scored 0 (it was a masked harness
+    failure). The task's verifier would pass: it is never run."""
+    proxy, _ = serve(lambda ids: '<tool_call>\n{"name": "bash", "arguments": {"command": "seq 1 3000"}}\n</tool_call>',
+                     max_context_tokens=2000)
+    ro = _run(store, proxy, TaskSpec(id="t", instruction="x", verifier="true"))
+    assert ro.exit_code == 6 and "prompt is too long" in ro.stderr, ro.stderr
+    assert (ro.status, ro.reward, ro.failure_kind, ro.verifier_output) == ("scored", 0.0, "policy", None), ro.error
+    assert ro.error.startswith("policy: mini stopped on the policy's failure: exit code 6"), ro.error
 
 
 def test_a_folder_the_policy_left_at_the_answer_path_does_not_fail_the_harness(

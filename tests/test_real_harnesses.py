@@ -178,6 +178,81 @@ async def test_a_codex_api_error_is_a_harness_failure_not_a_reward(make_rig):
     assert "context window" in ro.error or "the prompt is" in ro.error, ro.error
 
 
+async def run_group(rig, name: str, task, **harness):  # noqa: ANN001, ANN201
+    """A group of two rollouts of `task`, one after the other (the script's calls are numbered in
+    order), through the runner; then the trainer's batch of that group."""
+    from openforge.config import ForgeConfig
+    from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+    from openforge.trainer.data import build_batch
+
+    config = ForgeConfig()
+    config.runner.concurrency = 1
+    config.harness = HarnessConfig(name=name, npm_cache=str(NPM_CACHE), **harness)
+    runner = RolloutRunner(rig.store, config=config, proxy_url=rig.url, proxy_socket=rig.proxy.uds)
+    group = await runner.run(rig.rollout.run_id, [RolloutSpec(task, 0), RolloutSpec(task, 1)])
+    batch = build_batch(group, rig.store.list_trajectories(rollout_ids=[r.id for r in group]), std_normalize=False)
+    return group, batch
+
+
+@pytest.mark.slow
+@needs("claude-code")
+async def test_a_claude_code_rollout_that_exhausts_max_turns_scores_0_and_keeps_its_group(make_rig):
+    """Issue 30: the first rollout calls Bash until `--max-turns 2` stops Claude Code (error_max_turns),
+    having written the file the verifier wants; the second writes it and answers. The first is the
+    policy's failure: 0, never graded, and the group trains (it used to be `failed` and drop the group)."""
+    from openforge.rollouts.tasks.format import TaskSpec
+
+    rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
+    tool = tool_then_answer(rig.engine.tokenizer, "Bash", {"command": COMMAND, "description": "write"})
+    served = 0
+
+    def script(prompt_ids: list[int]) -> str:
+        nonlocal served
+        served += 1
+        return tool([]) if served <= 3 else tool(prompt_ids)  # 2 tool turns for the first rollout, then as usual
+
+    rig.engine.script = script
+    task = TaskSpec(id="proof", instruction="Write forge-ok into proof.txt.", verifier="grep -qx forge-ok proof.txt")
+    [gave_up, done], batch = await run_group(rig, "claude-code", task, max_turns=2,
+                                             extra_args=["--bare", "--tools", "Bash"])
+    assert json.loads(gave_up.stdout)["subtype"] == "error_max_turns"
+    assert (gave_up.status, gave_up.reward, gave_up.failure_kind, gave_up.verifier_output) == (
+        "scored", 0.0, "policy", None), gave_up.error
+    assert gave_up.error == "policy: claude-code stopped at its turn limit: Reached maximum number of turns (2)"
+    assert (done.status, done.reward, done.failure_kind) == ("scored", 1.0, None), done.error
+    assert (batch.n_groups, batch.dropped_groups, batch.policy_failures) == (1, 0, 1)
+    assert {s.rollout_id: s.advantage for s in batch.samples} == {gave_up.id: -0.5, done.id: 0.5}
+
+
+@pytest.mark.slow
+@needs("codex")
+async def test_a_codex_rollout_that_hits_its_output_cap_scores_0_and_keeps_its_group(make_rig):
+    """Issue 30: the first rollout rambles past the output cap (the proxy's max_tokens_cap; Codex gets an
+    incomplete response, "reason: max_output_tokens", and exits 1); the second answers. The first is the
+    policy's failure, judged from the proxy's record of its last call (finish_reason "length")."""
+    from openforge.rollouts.tasks.format import TaskSpec
+
+    rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000, max_tokens_cap=24)
+    served = 0
+
+    def script(prompt_ids: list[int]) -> str:
+        nonlocal served
+        served += 1
+        return "blah " * 200 if served == 1 else ANSWER
+
+    rig.engine.script = script
+    task = TaskSpec(id="answer", instruction="Say that you are done.", verifier="grep -q Done .forge/answer.txt")
+    [rambled, done], batch = await run_group(rig, "codex", task)
+    assert "Incomplete response returned, reason: max_output_tokens" in rambled.stdout
+    assert [c.finish_reason for c in rig.calls(rambled.id)] == ["length"]
+    assert (rambled.status, rambled.reward, rambled.failure_kind, rambled.verifier_output) == (
+        "scored", 0.0, "policy", None), rambled.error
+    assert rambled.error.startswith("policy: the policy's last call was cut at the output cap, then codex exited 1: ")
+    assert (done.status, done.reward, done.failure_kind) == ("scored", 1.0, None), done.error
+    assert (batch.n_groups, batch.dropped_groups, batch.policy_failures) == (1, 0, 1)
+    assert {s.rollout_id: s.advantage for s in batch.samples} == {rambled.id: -0.5, done.id: 0.5}
+
+
 @needs("codex")
 async def test_codex_runs_exec_command_through_the_proxy(make_rig):
     rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
@@ -185,7 +260,9 @@ async def test_codex_runs_exec_command_through_the_proxy(make_rig):
     result, proof = await run_harness(rig, "codex")
     assert result.exit_code == 0, result.stderr[-3000:]
     assert proof == b"forge-ok\n"
-    assert result.stdout.strip().endswith(ANSWER)
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]  # `exec --json`
+    said = [e["item"]["text"] for e in events if e["type"] == "item.completed" and e["item"]["type"] == "agent_message"]
+    assert said[-1] == ANSWER and events[-1]["type"] == "turn.completed"
     check_extends(rig, check_recording(rig, "openai_responses"))
 
 
@@ -276,17 +353,20 @@ async def test_missing_harnesses_fail_with_the_fix(tmp_path):
     ('{"type":"result","subtype":"success","is_error":false,"num_turns":2,"result":"Done."}', 0, "Done.", None),
     ('{"type":"result","subtype":"success","is_error":true,"api_error_status":400,'
      '"result":"API Error: 400 prompt is too long","num_turns":1}', 1, None, "API error 400: prompt is too long"),
-    ('{"type":"result","subtype":"error_max_turns","is_error":true,"num_turns":4}', 1, None,
-     "claude-code reported an error (error_max_turns)"),
+    ('{"type":"result","subtype":"success","is_error":true,"api_error_status":529,'
+     '"result":"API Error: 529 overloaded","num_turns":3,"terminal_reason":"model_error"}', 1, None,
+     "API error 529: overloaded"),
     ('{"type":"result","is_error":false,"result":"Done."}', 1, None, "claude-code exited 1 after a result"),
     ("Error: something broke", 1, None, "claude-code exited 1 without its result JSON: Error: something broke"),
 ])
 def test_claude_code_outcome_reads_its_json(stdout: str, code: int, answer: str | None, failure: str | None):
+    """Answers and harness failures; the policy's own endings (turn limit, context) are in
+    tests/test_rollout_endings.py, read from Claude Code's recorded output."""
     from openforge.rollouts.harnesses.claude_code import claude_outcome
     from openforge.sandbox.base import ExecResult
 
     got = claude_outcome(ExecResult(exit_code=code, stdout=stdout, stderr=""))
-    assert (got.answer, got.failure) == (answer, failure)
+    assert (got.answer, got.failure, got.policy_failure) == (answer, failure, None)
 
 
 @pytest.mark.parametrize(("stdout", "answer", "failure"), [
@@ -328,8 +408,11 @@ def test_forge_harness_install_reports_an_installed_harness_and_npm_errors(tmp_p
     if find_package_bin(NPM_CACHE, "codex") is not None:
         out = CliRunner().invoke(app, ["harness", "install", "codex", "--cache", str(NPM_CACHE)])
         assert out.exit_code == 0 and f"codex ready: {find_package_bin(NPM_CACHE, 'codex')}" in out.output, out.output
-    out = CliRunner().invoke(app, ["harness", "install", "mini"])
-    assert out.exit_code == 1 and "'mini' is not an npm harness" in out.output and "Traceback" not in out.output
+    out = CliRunner().invoke(app, ["harness", "install", "mini"])  # a spec with nothing to install: forge's python
+    assert out.exit_code == 0 and "mini ready: " in out.output, out.output
+    out = CliRunner().invoke(app, ["harness", "install", "zeroclaw"])
+    assert out.exit_code == 1 and "'zeroclaw' has nothing `forge harness install` can install" in out.output
+    assert "Traceback" not in out.output
     monkeypatch.setenv("PATH", str(tmp_path))  # no npm anywhere
     out = CliRunner().invoke(app, ["harness", "install", "claude-code", "--cache", str(tmp_path / "c")])
     assert out.exit_code == 1 and "npm is not installed" in out.output

@@ -24,6 +24,7 @@ def test_forge_eval_prints_and_stores_pass_at_k(tiny_model: Path, store: Store) 
             "--model", str(tiny_model), "--name", "smoke"])
     assert out.exit_code == 0, out.output
     assert "easy-say-hello" in out.output and "p@2" in out.output
+    assert "pass@1 0.50, pass@2 0.50 over 4; no infra failures" in out.output
     [run] = store.list_runs()
     assert (run.kind, run.status, run.name) == ("eval", "finished", "smoke")
     summary = run.summary_json
@@ -33,6 +34,23 @@ def test_forge_eval_prints_and_stores_pass_at_k(tiny_model: Path, store: Store) 
     assert summary["pass_at"] == {"1": pytest.approx(0.5), "2": pytest.approx(0.5)}
     assert summary["calls"] == 4 and summary["tokens"] > 0 and summary["samples"] == 2
     assert {r.status for r in store.list_rollouts(run.id)} == {"scored"}
+
+
+@pytest.mark.slow
+def test_forge_eval_says_how_many_infra_failures_pass_at_k_leaves_out(tiny_model: Path, store: Store) -> None:
+    """The engine fails the first rollout's call and the SDK's one retry: that rollout is an infra
+    failure, left out of n, and said beside the figure, never silently."""
+    engine = ScriptedEngine(tiny_model, lambda ids: "hello world")
+    engine.fail_next()
+    engine.fail_next()
+    with serve_in_thread(engine.app) as eng:
+        out = CliRunner().invoke(app, [
+            "eval", "--tasks", "builtin", "--task", "easy-say-hello", "-k", "3", "--pass-k", "1",
+            "--concurrency", "1", "--engine-url", eng.url, "--model", str(tiny_model)])
+    assert out.exit_code == 0, out.output
+    [first, *rest] = store.list_rollouts(store.list_runs()[0].id)
+    assert (first.status, first.failure_kind) == ("failed", "infra") and [r.reward for r in rest] == [1.0, 1.0]
+    assert "pass@1 1.00 over 2; 1 infra failure excluded" in out.output
 
 
 def test_forge_eval_bad_input_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -122,16 +122,17 @@ def test_an_eval_whose_every_rollout_failed_exits_non_zero(forge_home: Path, tin
 @pytest.mark.slow
 def test_a_harness_that_fails_every_rollout_fails_the_eval(forge_home: Path, tiny_model: Path,
                                                           tmp_path: Path) -> None:
-    """A command that fails: an install of `codex` that exits 1 with Codex's own API-error line."""
+    """A command that fails: an install of `codex` that exits 1 with Codex's own `turn.failed` event."""
     cache = tmp_path / "npm"
     (cache / "node_modules" / ".bin").mkdir(parents=True)
     fake = cache / "node_modules" / ".bin" / "codex"
-    fake.write_text("#!/bin/sh\necho 'ERROR: {\"error\": {\"message\": \"prompt too long\"}}' >&2\nexit 1\n")
+    event = '{"type":"turn.failed","error":{"message":"stream disconnected before completion: connection refused"}}'
+    fake.write_text(f"#!/bin/sh\necho '{event}'\nexit 1\n")
     fake.chmod(0o755)
     out = cli("--set", f"engine.model={tiny_model}", "--set", "harness.name=codex", "--set",
               f"harness.npm_cache={cache}", "eval", "--tasks", "builtin", "--task", "easy-say-done", "-k", "2")
     assert out.exit_code == 1, out.output
-    reason = "harness: codex exited 1: API error: prompt too long"
+    reason = "harness: codex exited 1: stream disconnected before completion: connection refused"
     assert f"the most frequent reason (2 of 2): {reason}" in out.stderr
     store = Store(forge_home / "forge.db")
     run = store.get_run("latest")

@@ -8,8 +8,10 @@ through the trajectory's `call_ids`): harnesses send their own settings, and the
 of the temperature-scaled distribution (see `logprob_temperature`).
 
 Group rule (SkyRL's): if any rollout of a group failed for infrastructure reasons (no reward: the
-sandbox died, the run was interrupted, ...), the whole group is dropped, because the remaining rewards
-would be normalised against a biased group. A rollout that ran out of time but was scored is data.
+sandbox died, the engine failed its call, the harness broke, the run was interrupted, ...), the whole
+group is dropped, because the remaining rewards would be normalised against a biased group. A rollout
+the policy ended is data: a timeout, or the harness stopping on the policy's own failure (its turn
+limit, a context it filled: scored 0, failure_kind "policy"). Both counts go into the step's metrics.
 """
 
 from __future__ import annotations
@@ -115,6 +117,8 @@ class Batch:
     n_groups: int = 0
     dropped_groups: int = 0
     dropped_rollouts: list[str] = field(default_factory=list)
+    infra_failures: int = 0  # rollouts without a reward (infra, harness, interrupted): their groups dropped
+    policy_failures: int = 0  # rollouts the harness ended on the policy's failure: scored 0, kept
 
 
 def is_usable(rollout: Rollout) -> bool:
@@ -139,7 +143,8 @@ def _parse(traj: Trajectory) -> tuple[list[int], list[int], list[float]]:
 def build_batch(rollouts: Sequence[Rollout], trajectories: Sequence[Trajectory], *,
                 sampling: Mapping[int, CallSampling] | None = None, std_normalize: bool = True,
                 eps: float = 1e-6, vision: Any = None) -> Batch:
-    """Group rollouts by task, drop groups with an infrastructure failure, attach advantages.
+    """Group rollouts by task, drop groups with an infrastructure failure, attach advantages (a policy
+    failure is a member like any other, with its reward 0).
 
     `sampling` (from `call_sampling`) gives each sampled token its call's temperature; without it
     every token is taken at temperature 1. `vision` (trainer/vision.py TrajectoryImages) re-creates
@@ -151,7 +156,8 @@ def build_batch(rollouts: Sequence[Rollout], trajectories: Sequence[Trajectory],
     for t in trajectories:
         by_rollout[t.rollout_id].append(t)
 
-    batch = Batch(samples=[], rewards=[])
+    batch = Batch(samples=[], rewards=[], infra_failures=sum(1 for r in rollouts if not is_usable(r)),
+                  policy_failures=sum(1 for r in rollouts if is_usable(r) and r.failure_kind == "policy"))
     for members in groups.values():
         if not all(is_usable(r) for r in members):
             batch.dropped_groups += 1

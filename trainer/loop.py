@@ -248,6 +248,7 @@ def _reward_metrics(batch: Any, tasks: Sequence[Any]) -> dict[str, Any]:
         "reward_std": statistics.pstdev(rewards) if rewards else None,
         "pass_rate": sum(passed) / len(passed) if passed else None,
         "n_groups": batch.n_groups, "dropped_groups": batch.dropped_groups,
+        "infra_failures": batch.infra_failures, "policy_failures": batch.policy_failures,
     }
 
 

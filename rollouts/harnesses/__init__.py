@@ -1,23 +1,34 @@
-"""Harness adapters by name. Each lives in its own module, imported only when asked for, so `forge`
-starts fast and an adapter's missing dependency only matters to whoever uses it.
+"""Harnesses by name. A name is looked up, first match wins, in:
 
-`HARNESSES` is the one place that lists harness names: anything else asks the adapter class what it
-needs (`available`, `gui`, `own_browser`, `calls_model`: rollouts/harnesses/base.py).
+    ./harnesses/<name>.toml             a project's own specs
+    $FORGE_HOME/harnesses/<name>.toml   a user's specs
+    entry points `openforge.harnesses`  installed packages: an adapter class, or a spec file's path
+    specs/<name>.toml                   the built-in specs (mini, claude-code, codex, mini-swe-agent, opencode)
+    HARNESSES                           the built-in Python adapters a spec cannot express yet
+
+A name that ends in `.toml` or holds a `/` is a spec file's path. Adapter modules are imported only
+when asked for, so `forge` starts fast and an adapter's missing dependency only matters to whoever
+uses it. Everything else asks the adapter class what it needs (`available`, `gui`, `own_browser`,
+`calls_model`: rollouts/harnesses/base.py).
 """
 
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import entry_points
+from pathlib import Path
 
 from openforge.config import ForgeConfig, HarnessConfig
 from openforge.errors import HarnessError
+from openforge.paths import forge_home
 from openforge.rollouts.harnesses.base import Harness, HarnessBase
+from openforge.rollouts.harnesses.spec import HarnessSpec, load_spec
 
-# name -> (module, class)
+BUILTIN_SPECS = Path(__file__).with_name("specs")
+ENTRY_POINT_GROUP = "openforge.harnesses"
+
+# name -> (module, class): the adapters that are still Python only
 HARNESSES: dict[str, tuple[str, str]] = {
-    "mini": ("openforge.rollouts.harnesses.mini", "MiniHarness"),
-    "claude-code": ("openforge.rollouts.harnesses.claude_code", "ClaudeCodeHarness"),
-    "codex": ("openforge.rollouts.harnesses.codex", "CodexHarness"),
     "openclaw": ("openforge.rollouts.harnesses.openclaw", "OpenClawHarness"),
     "zeroclaw": ("openforge.rollouts.harnesses.zeroclaw", "ZeroClawHarness"),
     "mini-gui": ("openforge.rollouts.harnesses.mini_gui", "MiniGuiHarness"),
@@ -25,11 +36,65 @@ HARNESSES: dict[str, tuple[str, str]] = {
 }
 
 
+def spec_folders() -> list[Path]:
+    """Where specs are looked for by name, first match wins."""
+    return [Path.cwd() / "harnesses", forge_home() / "harnesses", BUILTIN_SPECS]
+
+
+def is_spec_path(name: str) -> bool:
+    return name.endswith(".toml") or "/" in name
+
+
+def harness_names() -> list[str]:
+    """Every harness name known here, in lookup order."""
+    names: list[str] = []
+    for folder in spec_folders()[:2]:
+        names += sorted(p.stem for p in folder.glob("*.toml"))
+    names += [ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    names += sorted(p.stem for p in BUILTIN_SPECS.glob("*.toml"))
+    return list(dict.fromkeys([*names, *HARNESSES]))
+
+
+def find_spec_file(name: str) -> Path | None:
+    """The spec file `name` names (a path, or a spec found by name before any entry point), else None."""
+    if is_spec_path(name):
+        return Path(name).expanduser()
+    for folder in spec_folders()[:2]:
+        if (folder / f"{name}.toml").is_file():
+            return folder / f"{name}.toml"
+    return None
+
+
+def spec_class(spec: HarnessSpec) -> type[HarnessBase]:
+    """The adapter class that runs `spec`: its hook (a SpecHarness subclass), else SpecHarness."""
+    from openforge.rollouts.harnesses.spec_harness import SpecHarness
+
+    base: type[SpecHarness] = SpecHarness
+    if spec.hook:
+        module_name, _, class_name = spec.hook.partition(":")
+        try:
+            hook = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise HarnessError(f"{spec.path}: hook: cannot load {spec.hook!r}: {exc}") from None
+        if not (isinstance(hook, type) and issubclass(hook, SpecHarness)):
+            raise HarnessError(f"{spec.path}: hook: {spec.hook!r} is not a SpecHarness subclass")
+        base = hook
+    return base.bind(spec)
+
+
 def harness_class(name: str) -> type[HarnessBase]:
-    """The adapter class registered as `name`. HarnessError if unknown or its module cannot load."""
+    """The adapter class for harness `name` (or a spec file's path). HarnessError if unknown or its
+    module or spec cannot load."""
+    file = find_spec_file(name)
+    if file is not None:
+        return spec_class(load_spec(file))
+    for ep in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        return _from_entry_point(ep)
+    if (BUILTIN_SPECS / f"{name}.toml").is_file():
+        return spec_class(load_spec(BUILTIN_SPECS / f"{name}.toml"))
     entry = HARNESSES.get(name)
     if entry is None:
-        raise HarnessError(f"unknown harness {name!r}; known: {', '.join(HARNESSES)}")
+        raise HarnessError(f"unknown harness {name!r}; known: {', '.join(harness_names())}")
     module_name, class_name = entry
     try:
         module = importlib.import_module(module_name)
@@ -41,23 +106,39 @@ def harness_class(name: str) -> type[HarnessBase]:
     return cls
 
 
+def _from_entry_point(ep: object) -> type[HarnessBase]:
+    """An `openforge.harnesses` entry point's adapter: it names an adapter class or a spec file's path."""
+    where = f"entry point {ep.name} = {ep.value!r} ({ENTRY_POINT_GROUP})"  # type: ignore[attr-defined]
+    try:
+        target = ep.load()  # type: ignore[attr-defined]
+    except Exception as exc:  # noqa: BLE001 - a broken third-party package is named, not raised
+        raise HarnessError(f"{where}: cannot load it: {type(exc).__name__}: {exc}") from None
+    if isinstance(target, type) and issubclass(target, HarnessBase):
+        return target
+    if isinstance(target, (str, Path)):
+        return spec_class(load_spec(target))
+    raise HarnessError(f"{where}: names neither a HarnessBase subclass nor a spec file's path")
+
+
 def get_harness(config: HarnessConfig) -> Harness:
-    """The adapter named by `config.name`, built with its config. HarnessError if unknown or unavailable."""
-    return harness_class(config.name)(config)  # type: ignore[call-arg]
+    """The adapter `config.spec` or `config.name` names, built with its config. HarnessError if unknown or
+    unavailable."""
+    return harness_class(config.spec or config.name)(config)  # type: ignore[call-arg]
 
 
 def harness_available(config: ForgeConfig) -> str | None:
     """None when `config.harness` can run with `config.sandbox`, else the fix to print (for preflight).
 
     A sandbox that runs host programs (local) runs what this machine has: the adapter's `available`
-    checks it (the npm cache's executables, this venv's `openai` for `mini`, a `zeroclaw` on the PATH).
+    checks it (the harness cache's programs, this venv's `openai` for `mini`, a `zeroclaw` on the PATH).
     Container sandboxes run their image's install, which only a started container can show: the
     adapter's `prepare` checks it (a harness failure names the fix)."""
     from openforge.sandbox.factory import sandbox_class
 
-    name = config.harness.name
-    if name not in HARNESSES:
-        return f"unknown harness {name!r}; known: {', '.join(HARNESSES)}"
+    try:
+        cls = harness_class(config.harness.spec or config.harness.name)
+    except HarnessError as exc:
+        return str(exc)
     if not sandbox_class(config.sandbox.type).runs_host_programs:
         return None
-    return harness_class(name).available(config)
+    return cls.available(config)

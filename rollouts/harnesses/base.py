@@ -6,10 +6,15 @@ command line for one task, `env` the environment that points it at the proxy, an
 what the harness itself reported once it has exited: its final answer, or why it failed. The runner
 does the rest (timeouts, output capture, killing what the agent left, verification).
 
-A harness failure (an API error it reports, a non-zero exit without an answer, no final message) is
-never scored: the rollout ends `failed` with failure_kind "harness" and the reason, and its error
-text never reaches a verifier. Adapters must read the harness's own structured result (Claude Code's
-JSON, Codex's last-message file, OpenClaw's JSON), never guess from free-form output.
+An outcome is one of three endings (docs/harnesses.md, "How a rollout ends"):
+    answer          graded
+    policy failure  the harness stopped on the policy's doing (its turn limit, a context the policy
+                    filled): scored 0 without grading, kept in its group and in pass@k
+    failure         the harness broke or reported a fault that is not the policy's (an API error of the
+                    server's, a crash): `failed`, failure_kind "harness", masked like infrastructure
+Neither failure's text ever reaches a verifier. Adapters must read the harness's own structured result
+(Claude Code's JSON, Codex's JSON events, OpenClaw's JSON), never guess from free-form output the
+policy can write into: a failure it could fake would mask its 0.
 
 What differs between harnesses is declared on the adapter class (`HarnessBase` holds the defaults),
 so the runner and preflight never compare harness names:
@@ -22,14 +27,17 @@ so the runner and preflight never compare harness names:
     gui          (False) it sends screenshots: the policy must be a vision model.
     available(config)  None when this machine has what the harness needs to run in a sandbox that
                  runs host programs (`Sandbox.runs_host_programs`), else the fix to print.
+    install(cache)  put it into the harness cache (`forge harness install`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from openforge.errors import SandboxError
+from openforge.errors import HarnessError, SandboxError
 from openforge.rollouts.harnesses.agent_files import ANSWER_FILE
 from openforge.sandbox.base import ExecResult, Sandbox
 
@@ -54,15 +62,21 @@ class HarnessContext:
 
 @dataclass(frozen=True)
 class HarnessOutcome:
-    """What a harness reported: its final answer, or the reason it failed (exactly one is set)."""
+    """What a harness reported: its final answer, the policy's failure, or the reason the harness
+    failed (exactly one is set)."""
 
     answer: str | None = None
-    failure: str | None = None  # e.g. "API error 400: prompt is too long"
+    failure: str | None = None  # not the policy's doing, e.g. "API error 529: the engine is overloaded"
+    policy_failure: str | None = None  # e.g. "claude-code stopped at its turn limit (8 turns)"
     turns: int | None = None  # model turns, where the harness reports them
 
     @classmethod
     def failed(cls, reason: str, *, turns: int | None = None) -> "HarnessOutcome":
         return cls(failure=reason.strip()[:500] or "failed without a reason", turns=turns)
+
+    @classmethod
+    def policy_failed(cls, reason: str, *, turns: int | None = None) -> "HarnessOutcome":
+        return cls(policy_failure=reason.strip()[:500] or "the policy failed", turns=turns)
 
 
 class Harness(Protocol):
@@ -100,6 +114,13 @@ class HarnessBase:
     @classmethod
     def available(cls, config: "ForgeConfig") -> str | None:
         return None  # needs nothing of this machine's (a stand-in agent, a shell line)
+
+    @classmethod
+    def install(cls, cache: Path, *, on_line: Callable[[str], None] | None = None) -> str:
+        """Put the harness into the harness cache (`forge harness install`; a no-op when it is there) and
+        return what runs. HarnessError when it cannot."""
+        raise HarnessError(f"harness {cls.name!r} has nothing `forge harness install` can install; "
+                           "see docs/harnesses.md for what it needs")
 
 
 def last_line(text: str) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +32,7 @@ from openforge.errors import HarnessError
 from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext, HarnessOutcome, last_line, read_text
 from openforge.rollouts.harnesses import agent_files
 from openforge.rollouts.harnesses.npm import npm_cache_dir
+from openforge.rollouts.harnesses.venv import INSTALL_TIMEOUT_S, install_venv
 from openforge.sandbox.base import ExecResult, Sandbox
 
 if TYPE_CHECKING:
@@ -50,7 +50,6 @@ IMAGE_PYTHON = f"/{IMAGE_PREFIX}/bin/python3"  # -> the image's /usr/bin/python3
 IMAGE_IMPORTS = ("browser_use.agent.service", "browser_use.browser.session", "browser_use.llm.openai.chat")
 BUILD_COMMAND = "forge sandbox build-image --harness browser-use"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-INSTALL_TIMEOUT_S = 900.0
 
 # browser-use phones home unless told not to (PostHog telemetry, cloud sync, a version check, the
 # default extensions' downloads): all off, so the proxy is the only address it talks to.
@@ -90,31 +89,11 @@ def install_browser_use(cache: Path, *, timeout: float = INSTALL_TIMEOUT_S,
     found = venv_python(cache)
     if found is not None:
         return found
-    venv = venv_dir(cache)
-    cache.mkdir(parents=True, exist_ok=True)
-    base = getattr(sys, "_base_executable", sys.executable)  # the interpreter this venv was made from
-    steps = [[base, "-m", "venv", "--clear", str(venv)],
-             [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
-              f"browser-use=={BROWSER_USE_VERSION}"]]
-    for argv in steps:
-        try:
-            with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  stdin=subprocess.DEVNULL) as proc:
-                assert proc.stdout is not None
-                tail: list[str] = []
-                for line in proc.stdout:
-                    tail = [*tail[-20:], line.rstrip()]
-                    if on_line:
-                        on_line(line.rstrip())
-                code = proc.wait(timeout=timeout)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise HarnessError(f"installing browser-use failed: {' '.join(argv[:3])}: {exc}") from None
-        if code != 0:
-            shown = [ln for ln in tail if ln and not ln.startswith("WARNING: Location")][-3:]
-            raise HarnessError(f"installing browser-use failed ({' '.join(argv[1:3])}): {' | '.join(shown) or code}")
+    install_venv(venv_dir(cache), [f"browser-use=={BROWSER_USE_VERSION}"], what="browser-use", timeout=timeout,
+                 on_line=on_line)
     found = venv_python(cache)
     if found is None:
-        raise HarnessError(f"pip installed browser-use but {venv} has no browser_use package")
+        raise HarnessError(f"pip installed browser-use but {venv_dir(cache)} has no browser_use package")
     return found
 
 
@@ -171,6 +150,10 @@ class BrowserUseHarness(HarnessBase):
         if venv_python(cache) is None:
             return f"browser-use is not installed in {cache}: run `forge harness install browser-use`"
         return None if find_chromium() else "browser-use needs a Chromium on this machine: apt-get install chromium"
+
+    @classmethod
+    def install(cls, cache: Path, *, on_line: Callable[[str], None] | None = None) -> str:
+        return str(install_browser_use(cache, on_line=on_line))  # a pinned pip install into its own venv
 
     def __init__(self, config: HarnessConfig) -> None:
         self.config = config

@@ -1,6 +1,7 @@
-"""The built-in `mini` harness: copies mini_agent.py into the sandbox and runs it with a python that has
-the `openai` package (the local backend: this venv's interpreter; container backends: the image's
-`python3`)."""
+"""The `mini` agent's Python adapter: copies mini_agent.py into the sandbox and runs it with a python that
+has the `openai` package (the local backend: this venv's interpreter; container backends: the image's
+`python3`). The harness named `mini` runs from its spec (specs/mini.toml) instead; this class stays as
+mini-gui's base (mini_gui.py) and as the reference bench/ compares the spec-driven mini against."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from openforge.config import ForgeConfig, HarnessConfig
 from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext, HarnessOutcome, answer_file_outcome
 from openforge.rollouts.harnesses import agent_files
+from openforge.rollouts.harnesses.mini_agent import CONTEXT_FULL
 from openforge.sandbox.base import ExecResult, Sandbox
 
 AGENT_SOURCE = Path(__file__).with_name("mini_agent.py")
@@ -59,5 +61,9 @@ class MiniHarness(HarnessBase):
 
     async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
         # mini_agent writes its final answer to the answer file and exits 3 when the API failed it,
-        # 4 without `openai`, 5 on its own bug: any of those is a failure, never an answer.
+        # 4 without `openai`, 5 on its own bug: any of those is a failure, never an answer; 6 when the
+        # conversation outgrew the context: the policy's failure.
+        if result.exit_code == CONTEXT_FULL:
+            return HarnessOutcome.policy_failed(f"{self.name} exited {CONTEXT_FULL}: the conversation outgrew "
+                                                "the model's context")
         return await answer_file_outcome(result, sandbox, name=self.name)

@@ -11,7 +11,8 @@ ends the loop. The final answer is written to .forge/answer.txt for the verifier
 
 A random-weight policy emits nonsense: bad JSON arguments, unknown tools, empty turns. None of it may
 crash the agent: a bad tool call gets an error as its result, an API error ends the loop, and the
-answer file is always written. Exit codes: 0 finished, 3 the API failed, 4 no `openai`, 5 an agent bug.
+answer file is always written. Exit codes: 0 finished, 3 the API failed, 4 no `openai`, 5 an agent bug,
+6 the conversation outgrew the model's context (the API's `context_length_exceeded`: the policy's doing).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ except ImportError:  # imported from the package (tests, warm-up)
     from openforge.rollouts.harnesses.agent_files import ANSWER_FILE, write_afresh
 
 TOOL_OUTPUT_CHARS = 4000  # what one tool result may add to the context
+CONTEXT_FULL = 6  # the exit code when the conversation outgrew the model's context
 SYSTEM = ("You are an agent in a sandbox. Use the tools to act in the working directory. "
           "When the task is done, reply with your final answer as plain text without tool calls.")
 TOOLS: list[dict[str, Any]] = [
@@ -107,7 +109,8 @@ def agent_loop(client: Any, model: str, instruction: str, *, max_turns: int, max
             resp = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=max_tokens)
         except openai.OpenAIError as exc:
             print(f"mini: turn {turn}: API error: {exc}", file=sys.stderr)
-            return answer, 3
+            context_full = isinstance(exc, openai.BadRequestError) and exc.code == "context_length_exceeded"
+            return answer, CONTEXT_FULL if context_full else 3
         if not resp.choices:
             print(f"mini: turn {turn}: response without choices", file=sys.stderr)
             return answer, 3

@@ -130,6 +130,10 @@ class NpmPackageHarness(HarnessBase):
     def available(cls, config: ForgeConfig) -> str | None:
         return npm_install_missing(config.harness, cls.name)
 
+    @classmethod
+    def install(cls, cache: Path, *, on_line: Callable[[str], None] | None = None) -> str:
+        return str(install_harness(cls.name, cache, on_line=on_line))
+
 
 def require_package_bin(cache: Path, name: str) -> Path:
     """Like `find_package_bin`, but a missing install is a HarnessError that says how to install it."""

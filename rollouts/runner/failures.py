@@ -1,5 +1,10 @@
-"""Which rollouts failed, and why: read by the trainer (a step with nothing to learn from), evals,
-`forge show` and the veRL agent loop, none of which needs the others to ask."""
+"""Which rollouts failed, and why: how the runner judges a harness's ending (`judge_outcome`), and
+what the trainer (a step with nothing to learn from), evals, `forge show` and the veRL agent loop read
+of it, none of which needs the others to ask.
+
+A failure is the policy's (scored 0, kept) or not (an infrastructure or harness failure: masked, and
+counted wherever a figure leaves it out). docs/harnesses.md, "How a rollout ends", has the classes.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,47 @@ from collections.abc import Callable
 from typing import Sequence
 
 from openforge.errors import TrainerError
-from openforge.store import Rollout
+from openforge.rollouts.harnesses.base import HarnessOutcome
+from openforge.store import Call, Rollout
+
+MAX_SIGNAL = 64  # exit codes 129..192 are 128 + a signal's number (sandbox/base.py ExecResult)
+
+
+def judge_outcome(outcome: HarnessOutcome, *, harness: str, exit_code: int, calls_model: bool, answered: bool,
+                  last_call: Call | None) -> HarnessOutcome:
+    """The harness's own outcome, checked against what the policy cannot write: the exit code the
+    sandbox saw and the proxy's record of the rollout's calls (`answered`: any call ended ok;
+    `last_call`: the newest). Called once the harness has exited within its time limit, and after a
+    last call that failed in the engine or the proxy has already made the rollout an infra failure.
+
+    - No model call was ever answered: the policy did nothing, so nothing of its ended the run. An
+      answer, or a policy failure (a first prompt over the context), is a harness failure.
+    - A harness failure with exit code 128+N: a signal killed the harness, and the runner sent none
+      (a timeout ends the rollout before). In a sandbox only the agent's processes send signals (or the
+      kernel, for memory they took): the agent killed its harness, the policy's failure.
+    - A harness failure right after the policy's last call was cut at the output cap (the proxy
+      recorded finish_reason "length"): the policy rambled until the harness gave up.
+    - Any other harness failure once the proxy answered every call it got: no fault of the machinery
+      is on record, and the policy could have caused it (its commands can kill the in-sandbox
+      forwarder, remove the harness's files, or drive it into an error it gives up on). The policy's
+      failure: masking it would let a policy escape its 0 by breaking its harness.
+    """
+    if calls_model and not answered:
+        if outcome.answer is not None:
+            return HarnessOutcome.failed(f"{harness} made no successful model call (exit code {exit_code})")
+        return HarnessOutcome.failed(outcome.failure or outcome.policy_failure or "", turns=outcome.turns)
+    if outcome.failure is None:
+        return outcome
+    if 128 < exit_code <= 128 + MAX_SIGNAL:
+        return HarnessOutcome.policy_failed(f"{harness} was killed by signal {exit_code - 128}, not by the runner "
+                                            f"({outcome.failure})", turns=outcome.turns)
+    if last_call is not None and last_call.status == "ok" and last_call.finish_reason == "length":
+        return HarnessOutcome.policy_failed(f"the policy's last call was cut at the output cap, then "
+                                            f"{outcome.failure}", turns=outcome.turns)
+    if calls_model:
+        return HarnessOutcome.policy_failed(f"{outcome.failure} (after the model's calls, no engine or proxy "
+                                            "fault recorded)", turns=outcome.turns)
+    return outcome
 
 
 def is_infra_failure(rollout: Rollout) -> bool:
@@ -20,8 +65,17 @@ def is_infra_failure(rollout: Rollout) -> bool:
 
 
 def is_failure(rollout: Rollout) -> bool:
-    """Ended without being scored normally: failed (any kind) or timed out."""
+    """Ended without an answer graded: failed (any kind), timed out, or stopped on the policy's failure."""
     return rollout.failure_kind is not None or rollout.status in ("failed", "timed_out")
+
+
+def count_infra_failures(rollouts: Sequence[Rollout]) -> int:
+    return sum(1 for r in rollouts if is_infra_failure(r))
+
+
+def infra_note(n: int) -> str:
+    """What a figure leaves out, said beside it: "3 infra failures excluded" (or "no infra failures")."""
+    return f"{n} infra failure{'' if n == 1 else 's'} excluded" if n else "no infra failures"
 
 
 def failure_reasons(rollouts: Sequence[Rollout], *, which: Callable[[Rollout], bool] = is_infra_failure

@@ -6,9 +6,11 @@ tau-bench's pass^k) are
     pass@k = 1 - C(n-c, k) / C(n, k)     P(at least one of k fresh samples passes)
     pass^k = C(c, k) / C(n, k)           P(all k fresh samples pass)
 
-Both are defined for k <= n only. A run's figure is the mean over its tasks. Rollouts that failed
-for infrastructure reasons (status `failed`) are not samples of the policy: they are counted apart
-and left out of n.
+Both are defined for k <= n only. A run's figure is the mean over its tasks. Every rollout the policy
+ended is a sample: graded answers, timeouts, and the harness stopping on the policy's own failure (its
+turn limit, a context it filled: scored 0). Rollouts that failed for infrastructure or harness reasons
+(status `failed`) are not samples of the policy: they are left out of n and counted apart, and every
+figure is printed with that count beside it (`RunMetrics.headline`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from math import comb
 from statistics import fmean
 from typing import Any
 
+from openforge.rollouts.runner.failures import infra_note, is_infra_failure
 from openforge.store import Rollout, Store
 
 DATA_STATES = ("scored", "timed_out")  # the policy's own outcomes (a timeout is the agent's failure)
@@ -72,6 +75,10 @@ class RunMetrics:
     tokens: int
     wall_s: float
 
+    def headline(self) -> str:
+        """The run's figures with what they leave out, e.g. "pass@1 0.42 over 96; 3 infra failures excluded"."""
+        return headline(self.pass_at, self.n_rollouts - self.n_infra_failed, self.n_infra_failed)
+
     def to_json(self) -> dict[str, Any]:
         """JSON-ready (the int keys of pass@k become strings), for Run.summary_json."""
         out = asdict(self)
@@ -79,6 +86,21 @@ class RunMetrics:
             row["pass_at"] = {str(k): v for k, v in row["pass_at"].items()}
             row["pass_hat"] = {str(k): v for k, v in row["pass_hat"].items()}
         return out
+
+
+def headline(pass_at: dict[Any, float | None], n_samples: int, n_infra_failed: int) -> str:
+    """pass@k of a run (k as int or, read back from a summary, str) over its samples, and the infra
+    failures it leaves out: never silently."""
+    figures = ", ".join(f"pass@{k} {'-' if v is None else f'{v:.2f}'}" for k, v in pass_at.items()) or "no pass@k"
+    return f"{figures} over {n_samples}; {infra_note(n_infra_failed)}"
+
+
+def summary_headline(summary: dict[str, Any]) -> str | None:
+    """`headline` of an eval's stored summary (Run.summary_json); None for a summary without pass@k."""
+    if not isinstance(summary.get("pass_at"), dict):
+        return None
+    infra = int(summary.get("n_infra_failed") or 0)
+    return headline(summary["pass_at"], int(summary.get("n_rollouts") or 0) - infra, infra)
 
 
 def _wall(r: Rollout) -> float:
@@ -97,7 +119,7 @@ def task_metrics(task_id: str, rollouts: Sequence[Rollout], k_values: Iterable[i
     rewards = [r.reward or 0.0 for r in samples]
     n, c = len(samples), sum(1 for x in rewards if x >= threshold)
     usage = usage or {}
-    m = TaskMetrics(task_id=task_id, n=n, n_pass=c, n_infra_failed=sum(1 for r in rollouts if r.status == "failed"),
+    m = TaskMetrics(task_id=task_id, n=n, n_pass=c, n_infra_failed=sum(1 for r in rollouts if is_infra_failure(r)),
                     mean_reward=fmean(rewards) if rewards else None)
     for k in k_values:
         m.pass_at[k] = pass_at_k(n, c, k) if 1 <= k <= n else None

@@ -8,14 +8,21 @@ command -> harness prepare + run under the time limit (the sandbox kills it) -> 
 trajectory from the proxy's recorded calls -> the harness's outcome (answer or failure) -> the
 answer and expected files checked exactly, then the shell verifier -> scored. The final states say who failed:
 
-    scored     graded; `reward` is the policy's data (0.0 for an agent that did nothing)
+    scored     graded; `reward` is the policy's data (0.0 for an agent that did nothing). With
+               failure_kind "policy" the harness stopped on the policy's own failure (its turn limit, a
+               context the policy filled, an output cap, the agent killing its harness): reward 0.0,
+               never graded, `error` "policy: <reason>"; kept in its group and in pass@k
     timed_out  the harness ran past its limit and was killed; reward 0.0 (the agent's failure)
     failed     no reward; the trainer drops the whole group. `failure_kind` and the prefix of `error`
                say whose: "infra" (the sandbox would not start, setup or the harness install broke,
                the sandbox died, the rollout's last model call failed in the proxy/engine) or
-               "harness" (the harness reported an API error, exited non-zero without an answer, or
-               made no successful model call: rollouts/harnesses/base.py). Never graded from its output.
+               "harness" (the harness reported a fault that is not the policy's, exited without an
+               answer for no reason of the policy's, or made no successful model call:
+               rollouts/harnesses/base.py). Never graded from its output.
     cancelled  the run was cancelled (Ctrl-C, `cancel()`) before the rollout finished
+
+Which ending is whose is decided from what the policy cannot write (rollouts/runner/failures.py
+`judge_outcome`): the harness's structured result, its exit code, and the proxy's record of the calls.
 
 Every sandbox is stopped on every path, cancellation included. The runner never asks which sandbox
 backend or harness it has: it uses only the members their protocols declare (sandbox/base.py,
@@ -35,9 +42,10 @@ from typing import Any
 
 from openforge.config import ForgeConfig
 from openforge.errors import HarnessError, SandboxError
-from openforge.store import Rollout, Store
+from openforge.store import CALL_CLIENT_LEFT, Call, Rollout, Store
 from openforge.rollouts.tasks.grading import answer_matches, clip, file_matches
 from openforge.rollouts.harnesses.base import Harness, HarnessContext, HarnessOutcome
+from openforge.rollouts.runner.failures import judge_outcome
 from openforge.rollouts.tasks.format import ANSWER_FILE, TaskSpec, parse_score
 from openforge.rollouts.runner.trajectory import assemble_rollout
 from openforge.sandbox.base import (ExecResult, Sandbox, SandboxFileNotFound, SandboxPathRefused, SandboxStartFailed,
@@ -71,8 +79,17 @@ class _InfraFailure(Exception):
 
 
 def _failure(kind: str, reason: str) -> dict[str, Any]:
-    """The fields of a failed rollout: failure_kind (harness | infra | timeout | agent) and the error."""
+    """The fields of a rollout that ended without an answer: failure_kind (FAILURE_KINDS) and the error."""
     return {"error": f"{kind}: {reason}", "failure_kind": kind}
+
+
+def _engine_fault(call: Call | None) -> str | None:
+    """Why `call` (a rollout's newest) failed in the engine or the proxy; None when it did not. A call
+    its client left is no fault of theirs (store.CALL_CLIENT_LEFT): the agent that kills its harness
+    mid-answer must not make its own failure look like the infrastructure's."""
+    if call is None or call.status not in ("error", "interrupted") or call.error == CALL_CLIENT_LEFT:
+        return None
+    return (call.error or call.status)[:500]
 
 
 def _tail(text: str, limit: int = STORED_OUTPUT_CHARS) -> str:
@@ -273,32 +290,33 @@ class RolloutRunner:
             await self._finish(ro.id, status="timed_out", reward=0.0, failure_kind="timeout",
                                error=f"harness ran past its limit of {budget:g}s and was killed")
             return
-        broken_call = await self._db(self._last_call_error, ro.id)
-        if broken_call:  # the harness gave up because the engine/proxy failed it: not the policy's data
+        answered, last_call = await self._db(self._call_record, ro.id)
+        if broken_call := _engine_fault(last_call):  # the engine/proxy failed the harness: not the policy's data
             raise _InfraFailure(f"the rollout's last model call failed: {broken_call}")
-        outcome = await self._outcome(sb, ro, result)
+        outcome = await self._outcome(sb, result, answered=answered, last_call=last_call)
         if outcome.failure is not None:  # never scored: its error text is not an answer
             await self._finish(ro.id, status="failed", **_failure("harness", outcome.failure))
             return
-        reward, verifier_output, note = await self._grade(sb, task, outcome.answer or "", site)
+        if outcome.policy_failure is not None:  # the policy's 0, not graded: its output is no answer either
+            reward, verifier_output, ending = 0.0, None, _failure("policy", outcome.policy_failure)
+        else:
+            reward, verifier_output, note = await self._grade(sb, task, outcome.answer or "", site)
+            ending = {"error": note}
         if assembly_error:
             await self._finish(ro.id, status="failed", reward=reward, verifier_output=verifier_output,
                                **_failure("infra", f"trajectory assembly failed: {assembly_error}"))
             return
-        await self._finish(ro.id, status="scored", reward=reward, verifier_output=verifier_output, error=note)
+        await self._finish(ro.id, status="scored", reward=reward, verifier_output=verifier_output, **ending)
 
-    async def _outcome(self, sb: Sandbox, ro: Rollout, result: ExecResult) -> HarnessOutcome:
-        """What the harness reported, and a failure when it reported an answer without ever having
-        had a model call answered (an answer it cannot have got from the policy)."""
+    async def _outcome(self, sb: Sandbox, result: ExecResult, *, answered: bool, last_call: Call | None
+                       ) -> HarnessOutcome:
+        """What the harness reported, judged against its exit code and the proxy's record of its calls."""
         try:
             outcome = await self.harness.outcome(result, sb)
         except SandboxError as exc:
             raise _InfraFailure(f"reading the harness's result failed: {exc}") from None
-        if outcome.failure is None and self.harness.calls_model:
-            if not await self._db(self._has_ok_call, ro.id):
-                return HarnessOutcome.failed(f"{self.harness.name} made no successful model call "
-                                             f"(exit code {result.exit_code})")
-        return outcome
+        return judge_outcome(outcome, harness=self.harness.name, exit_code=result.exit_code,
+                             calls_model=self.harness.calls_model, answered=answered, last_call=last_call)
 
     async def _setup(self, sb: Sandbox, task: TaskSpec) -> None:
         try:
@@ -422,14 +440,10 @@ class RolloutRunner:
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _has_ok_call(self, rollout_id: str) -> bool:
-        return any(c.status == "ok" for c in self.store.list_calls(rollout_id=rollout_id))
-
-    def _last_call_error(self, rollout_id: str) -> str | None:
-        calls = self.store.list_calls(rollout_id=rollout_id, limit=1, newest_first=True)
-        if calls and calls[0].status in ("error", "interrupted"):
-            return (calls[0].error or calls[0].status)[:500]
-        return None
+    def _call_record(self, rollout_id: str) -> tuple[bool, Call | None]:
+        """(whether any model call of the rollout was answered, its newest call)."""
+        calls = self.store.list_calls(rollout_id=rollout_id)
+        return any(c.status == "ok" for c in calls), (calls[-1] if calls else None)
 
     async def _finish(self, rollout_id: str, *, status: str, only_unfinished: bool = False, **fields: Any) -> None:
         if only_unfinished:
