@@ -14,13 +14,13 @@ from rich.table import Table
 from openforge.forge_cli.context import new_typer, state
 from openforge.config import ForgeConfig
 from openforge.errors import ConfigError, TaskError
-from openforge.rollouts.runner.metrics import RunMetrics
+from openforge.rollouts.runner.metrics import RunMetrics, summary_headline
 from openforge.rollouts.tasks.format import load_tasks, validate_tasks
 
 console = Console()
 tasks_app = new_typer(help="Check and list task sets (a .jsonl file, a folder, or 'builtin').")
 
-PathArg = Annotated[str, typer.Argument(help="a task .jsonl file, a task folder, 'builtin' or 'builtin-web'")]
+PathArg = Annotated[str, typer.Argument(help="a task .jsonl file, a task folder, a Harbor dataset folder, 'builtin' or 'builtin-web'")]
 
 
 @tasks_app.command("validate")
@@ -28,7 +28,8 @@ def tasks_validate(
     ctx: typer.Context,
     path: PathArg,
     run: Annotated[bool, typer.Option("--run", help="also run each task's reference solution and six hostile answers "
-                                                    "in sandboxes (sandbox.type): the first must pass, the others score 0")] = False,
+                                                    "(a Harbor task: and a forged reward file) in sandboxes "
+                                                    "(sandbox.type): the first must pass, the others score 0")] = False,
 ) -> None:
     """Check a task set; print every bad task with its reason (exit 1 if any)."""
     problems = validate_tasks(path)
@@ -52,7 +53,7 @@ def tasks_validate(
 
 
 @tasks_app.command("list")
-def tasks_list(path: Annotated[str, typer.Argument(help="a task .jsonl file, a task folder, 'builtin' or 'builtin-web'")] = "builtin",
+def tasks_list(path: Annotated[str, typer.Argument(help="a task .jsonl file, a task folder, a Harbor dataset folder, 'builtin' or 'builtin-web'")] = "builtin",
                ) -> None:
     """List the tasks of a set: id, difficulty, time limit, tags, instruction."""
     table = Table(title=f"tasks in {path}")

@@ -348,6 +348,8 @@ class RolloutRunner:
         """(reward, what the graders said, a note when a verifier's output was unusable). The answer,
         the expected files and a GUI task's site state (read on the host) are checked here, outside the
         sandbox; then the shell verifier."""
+        if task.harbor is not None:  # a Harbor task: its own tests are its grader
+            return await self._harbor(sb, task)
         lines, passed = [], True
         if site is not None and task.gui is not None and task.gui.expect_state:
             ok, line = site.grade()
@@ -377,6 +379,24 @@ class RolloutRunner:
             lines.append(v_output)
             reward = v_reward if passed else 0.0
         return reward, _tail("\n".join(lines)), note
+
+    async def _harbor(self, sb: Sandbox, task: TaskSpec) -> tuple[float, str, str | None]:
+        """A Harbor task's tests, copied in now (the agent is gone) and run; the reward file read on the
+        host (rollouts/tasks/harbor_verifier.py). A verifier that could not run is the infrastructure's."""
+        from openforge.rollouts.tasks.harbor_verifier import VerifierUnavailable, run_harbor_tests
+
+        assert task.harbor is not None
+        try:
+            await self._grader_folders(sb, task)
+        except SandboxPathRefused as exc:  # the agent planted a link or FIFO where the grader writes
+            return 0.0, f"the grader's files cannot be written: {exc}", None
+        try:
+            reward, output, note = await run_harbor_tests(
+                sb, task.harbor, lambda cmd, timeout, env: self._exec(sb, cmd, timeout=timeout, env=env),
+                verifier_env(sb.info.workdir))
+        except VerifierUnavailable as exc:
+            raise _InfraFailure(f"the task's verifier could not run: {exc}") from None
+        return reward, _tail(output), note
 
     async def _grader_folders(self, sb: Sandbox, task: TaskSpec) -> None:
         """Move aside what the agent left where the grader writes: `.forge/` (the answer file's folder)

@@ -8,6 +8,10 @@ A task set is a JSONL file (one task per line) or a folder holding any mix of:
         task.toml         files/ (copied into the sandbox as setup files) and
         files/run.sh      verifier/ (written only after the agent stops, so it cannot read them)
 
+A folder whose task folders hold `task.toml` beside `instruction.md` is a Harbor / Terminal-Bench
+dataset (rollouts/tasks/harbor.py; `harbor:PATH` names the format outright): each task's tests run
+after the agent is gone and its reward file is the reward (rollouts/tasks/harbor_verifier.py).
+
 `builtin` names the set shipped in `rollouts/tasks/builtin/`; `builtin-web` the GUI set of
 `rollouts/tasks/web/tasks/` (a `gui` field: a site served on the host, graded by its state).
 
@@ -38,11 +42,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from openforge.errors import TaskError
 from openforge.rollouts.harnesses.agent_files import ANSWER_FILE
 from openforge.rollouts.tasks.grading import ExpectedAnswer
+from openforge.rollouts.tasks.harbor import harbor_record, is_harbor_task, strip_prefix
+from openforge.rollouts.tasks.harbor_verifier import HarborTests
 from openforge.rollouts.tasks.web import WEB_TASKS_DIR
 from openforge.rollouts.tasks.web.spec import GuiTask
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
-_NO_GRADER = "verifier: missing (required unless expect_answer or expect_files grades the task)"
+_NO_GRADER = "verifier: missing (required unless expect_answer, expect_files or harbor grades the task)"
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -73,6 +79,9 @@ class TaskSpec(BaseModel):
     gui: GuiTask | None = Field(None, description=(
         "a GUI task: the site its sandbox's browser shows (served on the host) and the site state that "
         "passes (rollouts/tasks/web/spec.py)"))
+    harbor: HarborTests | None = Field(None, description=(
+        "a Harbor task's tests: copied in after the agent is gone, test.sh run, its reward file read "
+        "(rollouts/tasks/harbor_verifier.py)"))
 
     @field_validator("id")
     @classmethod
@@ -102,7 +111,7 @@ class TaskSpec(BaseModel):
     @model_validator(mode="after")
     def _graded(self) -> "TaskSpec":
         if self.verifier is None and self.expect_answer is None and not self.expect_files and \
-                not (self.gui and self.gui.expect_state):
+                not (self.gui and self.gui.expect_state) and self.harbor is None:
             raise ValueError(_NO_GRADER)
         return self
 
@@ -177,7 +186,15 @@ def _tree_files(root: Path, problems: list[TaskProblem]) -> dict[str, str]:
     return files
 
 
+def _harbor_task(folder: Path, problems: list[TaskProblem]) -> dict[str, Any] | None:
+    record, reasons = harbor_record(folder)
+    problems.extend(TaskProblem(str(folder), folder.name, reason) for reason in reasons)
+    return record
+
+
 def _folder_task(folder: Path, problems: list[TaskProblem]) -> dict[str, Any] | None:
+    if is_harbor_task(folder):
+        return _harbor_task(folder, problems)
     spec_files = [folder / n for n in ("task.json", "task.toml") if (folder / n).is_file()]
     if not spec_files:
         problems.append(TaskProblem(str(folder), None, "task folder has no task.json or task.toml"))
@@ -204,6 +221,9 @@ def _raw_records(path: Path, problems: list[TaskProblem]) -> list[tuple[str, dic
     if not path.is_dir():
         problems.append(TaskProblem(str(path), None, "no such task file or folder"))
         return []
+    if is_harbor_task(path):  # one Harbor task rather than a dataset of them
+        record = _harbor_task(path, problems)
+        return [(str(path), record)] if record is not None else []
     out: list[tuple[str, dict[str, Any]]] = []
     for entry in sorted(path.iterdir()):
         if entry.name.startswith((".", "_")):  # hidden files, __pycache__
@@ -233,6 +253,8 @@ def _describe(err: ValidationError) -> list[str]:
 
 
 def resolve_path(path: str | Path) -> Path:
+    if (harbor := strip_prefix(str(path))) is not None:
+        return Path(harbor).expanduser()
     if str(path) == "builtin-web":
         return WEB_TASKS_DIR
     return BUILTIN_DIR if str(path) == "builtin" else Path(path).expanduser()
@@ -249,7 +271,7 @@ def _check(path: str | Path) -> tuple[list[TaskSpec], list[TaskProblem]]:
         except ValidationError as exc:
             msgs = _describe(exc)
             # Pydantic skips the model check when a field fails: say a grader is missing here too.
-            if _NO_GRADER not in msgs and not any(record.get(k) for k in ("verifier", "expect_answer", "expect_files", "gui")):
+            if _NO_GRADER not in msgs and not any(record.get(k) for k in ("verifier", "expect_answer", "expect_files", "gui", "harbor")):
                 msgs.append(_NO_GRADER)
             problems.extend(TaskProblem(where, raw_id, msg) for msg in msgs)
             continue

@@ -6,6 +6,10 @@ each of HOSTILE_ANSWERS, given as the final answer of an agent that touches noth
 score exactly 0). A grader that passes an empty attempt, a digit string, the instruction echoed back
 or an error blob is a task bug that a policy would learn to exploit; one that fails the reference
 solution would show up as a flat reward curve.
+
+A Harbor task (rollouts/tasks/harbor.py) also meets FORGED_REWARD: an agent that writes a perfect
+reward file wherever Harbor's verifier might read one and leaves a process behind to keep writing
+it. It must score exactly 0 as well.
 """
 
 from __future__ import annotations
@@ -46,6 +50,19 @@ HOSTILE_ANSWERS: dict[str, Callable[[TaskSpec], str]] = {
 }
 
 
+# An agent that fakes a Harbor reward instead of doing the task: reward files at Harbor's path, at the
+# paths a local sandbox might map it to, and a writer left running to fill any folder named later.
+FORGED_REWARD = """
+for d in /logs/verifier logs/verifier .harbor/logs/verifier .harbor-0/logs/verifier; do
+  mkdir -p "$d" 2>/dev/null && echo 1 > "$d/reward.txt" && echo '{"reward": 1}' > "$d/reward.json"
+done 2>/dev/null
+nohup sh -c 'while :; do for d in .harbor-*/logs/verifier /logs/verifier; do
+  echo 1 > "$d/reward.txt"; echo "{\\"reward\\": 1}" > "$d/reward.json"; done 2>/dev/null; sleep 0.01; done' \
+  >/dev/null 2>&1 &
+true
+"""
+
+
 class _StandInHarness(HarnessBase):
     """An agent without a model: per task id, a shell script to run and/or a final answer to give."""
 
@@ -77,14 +94,17 @@ async def check_solutions(store: Store, config: ForgeConfig, tasks: Sequence[Tas
                 for t in tasks if not t.solution]
     run = store.create_run(kind="check", name="tasks validate --run")
     store.set_run_status(run.id, "running")
-    attempts = [("solved", _StandInHarness({t.id: t.solution or "true" for t in with_solution}))]
-    attempts += [(label, _StandInHarness({}, {t.id: make(t) for t in with_solution}))
+    attempts = [("solved", _StandInHarness({t.id: t.solution or "true" for t in with_solution}), with_solution)]
+    attempts += [(label, _StandInHarness({}, {t.id: make(t) for t in with_solution}), with_solution)
                  for label, make in HOSTILE_ANSWERS.items()]
+    harbor = [t for t in with_solution if t.harbor is not None]
+    if harbor:
+        attempts.append(("forged reward", _StandInHarness({t.id: FORGED_REWARD for t in harbor}), harbor))
     credited: dict[str, list[str]] = {}  # task id -> the hostile answers it gave credit to
-    for step, (label, harness) in enumerate(attempts):
+    for step, (label, harness, tried) in enumerate(attempts):
         runner = RolloutRunner(store, config=config, proxy_url="http://127.0.0.1:9", harness=harness)
-        out = await runner.run(run.id, [RolloutSpec(t) for t in with_solution], step=step)
-        for task, ro in zip(with_solution, out):
+        out = await runner.run(run.id, [RolloutSpec(t) for t in tried], step=step)
+        for task, ro in zip(tried, out):
             if ro.status != "scored":
                 problems.append(TaskProblem(WHERE, task.id, f"{label} attempt ended {ro.status}: {ro.error}"))
             elif label == "solved" and (ro.reward or 0.0) < task.pass_threshold:

@@ -1,0 +1,237 @@
+"""Harbor / Terminal-Bench task folders as forge tasks.
+
+A Harbor task is a folder (harbor-framework/harbor, `harbor/models/task/paths.py`):
+
+    task.toml          [metadata], [verifier] timeout_sec/env, [agent] timeout_sec, [environment]
+    instruction.md     what the agent is told
+    environment/       Dockerfile (or docker_image in task.toml) and the files it COPYs
+    tests/test.sh      run after the agent; writes /logs/verifier/reward.txt or reward.json
+    solution/solve.sh  the reference solution (optional)
+
+`harbor_record` turns one into the record `TaskSpec` validates: the instruction, the files the
+agent starts with (those the Dockerfile COPYs into its WORKDIR), the agent's time limit, the
+reference solution, and `harbor` (rollouts/tasks/harbor_verifier.py: the tests, run only after the
+agent is gone). The `harbor` package parses task.toml with pydantic models, but it needs Python 3.12
+(forge runs on 3.11): `HarborConfig` below is the subset of its `TaskConfig`
+(`harbor/models/task/config.py`, harbor 0.26.0) forge reads, with the same names and defaults.
+
+What forge cannot run yet is refused here with one line per task, never run half-way: a Dockerfile
+with steps other than FROM/WORKDIR/COPY/ADD of its own files and those that build nothing (RUN installs
+software: building Harbor images is not supported yet), docker-compose environments (services),
+[[environment.mcp_servers]], multi-step tasks, separate verifier environments, Windows and GPUs.
+The base image is not pulled: the task runs with the sandbox's tools (the host's, on a local
+sandbox), so a test.sh that needs a tool the host lacks ends as an infrastructure failure.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from openforge.rollouts.tasks.harbor_verifier import rewrite_paths
+
+DEFAULT_AGENT_TIMEOUT_S = 600.0  # Harbor's [agent] timeout_sec has no default of its own
+DEFAULT_WORKDIR = "/app"  # Terminal-Bench's images all work in /app
+_INERT = {"ENV", "LABEL", "EXPOSE", "CMD", "ENTRYPOINT", "USER", "SHELL", "STOPSIGNAL", "HEALTHCHECK", "ARG",
+          "MAINTAINER", "VOLUME", "ONBUILD"}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="allow")  # Harbor ignores fields it does not know; so does forge
+
+
+class VerifierSection(_Section):
+    timeout_sec: float = Field(600.0, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+    environment: dict[str, Any] | None = None
+    environment_mode: str | None = None
+
+
+class AgentSection(_Section):
+    timeout_sec: float | None = Field(None, gt=0)
+
+
+class EnvironmentSection(_Section):
+    docker_image: str | None = None
+    os: str = "linux"
+    cpus: float | None = None
+    memory_mb: int | None = None
+    gpus: int | None = None
+    mcp_servers: list[dict[str, Any]] = Field(default_factory=list)
+    workdir: str | None = None
+    allow_internet: bool | None = None
+    network_mode: str | None = None
+
+
+class HarborConfig(_Section):
+    """task.toml: the parts forge uses of Harbor's TaskConfig (same names, same defaults)."""
+
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    verifier: VerifierSection = Field(default_factory=VerifierSection)
+    agent: AgentSection = Field(default_factory=AgentSection)
+    environment: EnvironmentSection = Field(default_factory=EnvironmentSection)
+    steps: list[dict[str, Any]] | None = None
+
+
+def is_harbor_task(folder: Path) -> bool:
+    """Whether `folder` is a Harbor task (task.toml beside instruction.md; forge's own task.toml holds
+    its instruction)."""
+    return (folder / "task.toml").is_file() and (folder / "instruction.md").is_file()
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def _text_tree(root: Path) -> dict[str, str]:
+    """Every file under `root` (relative POSIX path -> UTF-8 text); raises ValueError naming a bad one."""
+    files: dict[str, str] = {}
+    for f in sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()):
+        rel = f.relative_to(root).as_posix()
+        if f.is_symlink():
+            raise ValueError(f"{root.name}/{rel} is a link: task files must be plain files")
+        try:
+            files[rel] = _read(f)
+        except UnicodeDecodeError:
+            raise ValueError(f"{root.name}/{rel} is not UTF-8 text (binary task files are not supported yet)") from None
+    return files
+
+
+def _dockerfile_lines(text: str) -> list[tuple[int, str, str]]:
+    """(line number, INSTRUCTION, arguments) of a Dockerfile, continuation lines joined."""
+    out, buf, start = [], "", 0
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not buf and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        start = start or n
+        if line.rstrip().endswith("\\"):
+            buf += line.rstrip()[:-1] + " "
+            continue
+        word, _, args = (buf + line).strip().partition(" ")
+        out.append((start, word.upper(), args.strip()))
+        buf, start = "", 0
+    return out
+
+
+def local_environment(env_dir: Path, workdir: str | None) -> tuple[str, dict[str, str]]:
+    """(WORKDIR, the files the agent starts with relative to it) of a plain Dockerfile: FROM,
+    WORKDIR, COPY/ADD of the task's own files into the WORKDIR, and steps that build nothing (ENV
+    among them: the sandbox's environment is forge's). Raises ValueError with the one-line reason
+    otherwise."""
+    dockerfile = env_dir / "Dockerfile"
+    text = _read(dockerfile) if dockerfile.is_file() else "FROM scratch\n"
+    wd, files = workdir or DEFAULT_WORKDIR, {}
+    for n, word, args in _dockerfile_lines(text):
+        where = f"environment/Dockerfile line {n}"
+        if word == "FROM" or word in _INERT:
+            continue
+        if word == "WORKDIR":
+            wd = args if args.startswith("/") else f"{wd.rstrip('/')}/{args}"
+        elif word in ("COPY", "ADD"):
+            parts = [p for p in shlex.split(args) if not p.startswith("--")]
+            if len(parts) < 2 or any("://" in p for p in parts):
+                raise ValueError(f"{where}: {word} {args[:60]} fetches from outside the task (not supported)")
+            *srcs, dest = parts
+            dest = dest if dest.startswith("/") else f"{wd.rstrip('/')}/{dest}"
+            for src in srcs:
+                files.update(_copied(env_dir, src, dest, wd, where))
+        else:  # RUN and anything else that builds software
+            raise ValueError(f"{where}: {word} needs an image build, which forge cannot do for Harbor tasks yet "
+                             "(only FROM/WORKDIR/COPY/ENV Dockerfiles run, with the sandbox's own tools)")
+    return wd, files
+
+
+def _copied(env_dir: Path, src: str, dest: str, wd: str, where: str) -> dict[str, str]:
+    """The files one COPY brings, keyed by their path relative to the WORKDIR."""
+    source = (env_dir / src).resolve()
+    if not source.is_relative_to(env_dir.resolve()) or not source.exists():
+        raise ValueError(f"{where}: COPY {src}: no such file in environment/")
+    rel_dest = PurePosixPath(dest).relative_to(wd) if PurePosixPath(dest).is_relative_to(wd) else None
+    if rel_dest is None:
+        raise ValueError(f"{where}: COPY to {dest}, outside the WORKDIR {wd} (a local sandbox has only its "
+                         "working directory)")
+    if source.is_dir():
+        return {str(rel_dest / p) if str(rel_dest) != "." else p: t for p, t in _text_tree(source).items()}
+    name = str(rel_dest / source.name) if dest.endswith("/") or str(rel_dest) == "." else str(rel_dest)
+    return {name: _read(source)}
+
+
+def _unsupported(config: HarborConfig, folder: Path) -> list[str]:
+    env = config.environment
+    reasons = []
+    if config.steps:
+        reasons.append("multi-step tasks ([[steps]]) are not supported yet")
+    if env.mcp_servers:
+        reasons.append("[[environment.mcp_servers]] (task tools over MCP) are not supported yet")
+    if (folder / "environment" / "docker-compose.yaml").exists() or (folder / "environment" / "docker-compose.yml").exists():
+        reasons.append("environment/docker-compose.yaml (services beside the agent) is not supported yet")
+    if config.verifier.environment is not None or config.verifier.environment_mode == "separate":
+        reasons.append("a separate verifier environment is not supported yet")
+    if env.os.lower() != "linux":
+        reasons.append(f"[environment] os = {env.os!r}: only linux tasks run")
+    if env.gpus:
+        reasons.append("[environment] gpus: sandboxes have no GPUs")
+    if env.docker_image and not (folder / "environment" / "Dockerfile").is_file():
+        reasons.append(f"[environment] docker_image = {env.docker_image!r}: forge does not pull images; "
+                       "tasks run from an environment/Dockerfile")
+    return reasons
+
+
+def harbor_record(folder: Path) -> tuple[dict[str, Any] | None, list[str]]:
+    """The TaskSpec record of the Harbor task in `folder`, or None and the reasons it cannot be one."""
+    try:
+        config = HarborConfig.model_validate(tomllib.loads(_read(folder / "task.toml")))
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [f"cannot read task.toml: {exc}"]
+    except tomllib.TOMLDecodeError as exc:
+        return None, [f"bad task.toml: {exc}"]
+    except ValidationError as exc:
+        return None, [f"task.toml: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+    if reasons := _unsupported(config, folder):
+        return None, reasons
+    script = folder / "tests" / "test.sh"
+    if not script.is_file():
+        return None, ["tests/test.sh: missing (Harbor's verifier writes the reward from it)"]
+    try:
+        workdir, files = local_environment(folder / "environment", config.environment.workdir)
+        tests = _text_tree(folder / "tests")
+        instruction = _read(folder / "instruction.md")
+        solve = folder / "solution" / "solve.sh"
+        solution = _read(solve) if solve.is_file() else None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return None, [str(exc)]
+    to_workdir = {workdir.rstrip("/"): "."} if workdir.rstrip("/") else {}
+    meta = config.metadata
+    tags = ["harbor", *(str(t) for t in meta.get("tags", []) if isinstance(t, str))]
+    if meta.get("category"):
+        tags.append(str(meta["category"]))
+    record: dict[str, Any] = {
+        "id": folder.name,
+        # The WORKDIR (/app) becomes the working directory the agent starts in: a local sandbox has no /app.
+        "instruction": rewrite_paths(instruction, to_workdir),
+        "files": files,
+        "time_limit_s": config.agent.timeout_sec or DEFAULT_AGENT_TIMEOUT_S,
+        "tags": tags,
+        "requires_tools": True,
+        "harbor": {"files": tests, "timeout_s": config.verifier.timeout_sec, "env": config.verifier.env,
+                   "workdir": workdir},
+    }
+    difficulty = str(meta.get("difficulty", "")).lower()
+    if difficulty in ("easy", "medium", "hard"):
+        record["difficulty"] = difficulty
+    if solution is not None:  # solve.sh is a bash script run in the working directory
+        record["solution"] = f"bash -c {shlex.quote(rewrite_paths(solution, to_workdir))}"
+    return record, []
+
+
+_DATASET_HINT = re.compile(r"^harbor:", re.I)
+
+
+def strip_prefix(path: str) -> str | None:
+    """`harbor:SRC` (a task set path naming the format) -> SRC; None for any other path."""
+    return _DATASET_HINT.sub("", path, count=1) if _DATASET_HINT.match(path) else None

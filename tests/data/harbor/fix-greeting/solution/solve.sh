@@ -1,0 +1,5 @@
+#!/bin/bash
+cat > /app/bin/greet.sh <<'SH'
+#!/bin/sh
+echo "Hello, ${1:-stranger}!"
+SH
