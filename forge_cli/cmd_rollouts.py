@@ -125,19 +125,23 @@ def eval_cmd(
     from openforge.runs.evaluate import evaluate
 
     k = config.runner.samples_per_task
+    harnesses = list(config.harness.weights())  # with harness.names, every task runs in each
 
     def started(config: ForgeConfig, proxy_url: str) -> None:
-        console.print(f"eval: {len(task_set)} task(s) x {k} sample(s), harness {config.harness.name}, "
+        console.print(f"eval: {len(task_set)} task(s) x {k} sample(s), harness {', '.join(harnesses)}, "
                       f"sandbox {config.sandbox.type}, proxy {proxy_url}")
 
     try:
         run, metrics = evaluate(st.store(), config, task_set, home=st.home, name=name, adapter=adapter,
-                                on_start=started, on_progress=_printer(len(task_set) * k))
+                                on_start=started, on_progress=_printer(len(task_set) * k * len(harnesses)))
     except KeyboardInterrupt:
         typer.echo("forge: eval interrupted; every sandbox was stopped", err=True)
         raise typer.Exit(130) from None
     console.print(metrics_table(metrics, f"eval {run.id}: {config.tasks.path}"))
     console.print(metrics.headline(), highlight=False)
+    for harness, figures in sorted(((run.summary_json or {}).get("by_harness") or {}).items()):
+        console.print(f"{harness}: mean reward {_fmt(figures.get('mean_reward'))}, {summary_headline(figures)}",
+                      highlight=False)
 
 
 def _printer(total: int):  # noqa: ANN202

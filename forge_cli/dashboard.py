@@ -82,6 +82,16 @@ def _status(text: str) -> Text:
     return Text(text, style=STATUS_STYLE.get(text, ""))
 
 
+def _harnesses(cfg: dict[str, Any], steps: list[Any]) -> str:
+    """The run's harness; with several (harness.names), each with its reward at the newest step."""
+    names = list(cfg.get("names") or [])
+    if not names:
+        return str(cfg.get("name", "-"))
+    per = next(((s.metrics_json or {}).get("reward_by_harness") for s in reversed(steps)
+                if (s.metrics_json or {}).get("reward_by_harness")), None) or {}
+    return " · ".join(f"{h} {v:.2f}" for h, v in sorted(per.items())) or ", ".join(names)
+
+
 def header_text(snap: Snapshot, *, paused: bool | None = None) -> Text:
     run, cfg = snap.run, snap.config
     status = "paused" if paused else run.status
@@ -92,7 +102,7 @@ def header_text(snap: Snapshot, *, paused: bool | None = None) -> Text:
     if run.status in RUN_FINAL:
         line1.append("   (done: q to exit)", style="dim")
     fields = [
-        ("model", Path(model).name or model), ("harness", cfg.get("harness", {}).get("name", "-")),
+        ("model", Path(model).name or model), ("harness", _harnesses(cfg.get("harness", {}), snap.steps)),
         ("engine", cfg.get("engine", {}).get("kind", "-")), ("sandbox", cfg.get("sandbox", {}).get("type", "-")),
         ("step", step), ("elapsed", _duration(run.started_at or run.created_at, run.ended_at, snap.now)),
         ("adapter", (run.current_adapter or "base").removeprefix(f"{run.id}-")),

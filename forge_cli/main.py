@@ -119,6 +119,10 @@ def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
                   f"{infra_note(count_infra_failures(report.failed))}")
     if run.summary_json and (figures := summary_headline(run.summary_json)):
         console.print(figures, highlight=False)
+    if len(report.by_harness) > 1:  # a run in several harnesses (harness.names): each one's reward
+        console.print("by harness: " + ", ".join(
+            f"{h} {'-' if m is None else f'{m:.3f}'} over {n}" for h, (n, m) in sorted(report.by_harness.items())),
+            highlight=False)
     failures = failure_reasons(report.failed, which=is_failure)
     if failures:
         table = Table(title="failed rollouts by reason", title_justify="left")
@@ -135,11 +139,14 @@ def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
     if steps:
         table = Table(title="train steps")
         cols = ("step", "loss", "reward_mean", "pass_rate", "kl", "clip_frac", "mismatch_max", "grad_norm", "tokens_per_s")
-        for col in (*cols, "infra"):  # infra: the step's rollouts without a reward, their groups dropped
-            table.add_column(col, justify="right")
+        mixed = any((s.metrics_json or {}).get("reward_by_harness") for s in steps)
+        for col in (*cols, "infra", *(["reward by harness"] if mixed else [])):
+            table.add_column(col, justify="right")  # infra: the step's rollouts without a reward, groups dropped
         for s in steps:
+            per = (s.metrics_json or {}).get("reward_by_harness") or {}
             table.add_row(*[("-" if getattr(s, c) is None else f"{getattr(s, c):.4g}") for c in cols],
-                          str((s.metrics_json or {}).get("infra_failures", "-")))
+                          str((s.metrics_json or {}).get("infra_failures", "-")),
+                          *([" ".join(f"{h} {v:.2f}" for h, v in sorted(per.items()))] if mixed else []))
         console.print(table)
     summary = run.summary_json
     if summary:

@@ -289,6 +289,11 @@ class HarnessConfig(_Section):
     name: str = Field("mini", min_length=1, description="the agent harness each rollout runs (forge harness list), "
                       "or the path of a harness spec file")
     spec: str = Field("", description="a harness spec file (TOML) to run instead of the one harness.name finds")
+    # Several harnesses in one run: each GRPO group (each eval task's k samples) runs in one of them.
+    names: list[str] | dict[str, float] = Field(
+        default_factory=list, description="several harnesses in one run (names or spec paths): a list is taken in "
+        "turn, a table name -> weight by weighted round-robin, group by group; each group runs in one harness. "
+        "harness.name is then the first of them")
     max_turns: int = Field(8, ge=1, description="the harness's own turn limit ({max_turns} in a "
                            "harness spec): model turns before it gives up")
     max_tokens: int = Field(256, ge=1, description="the harness's own cap on tokens per model call "
@@ -296,6 +301,37 @@ class HarnessConfig(_Section):
     npm_cache: str = Field("", description="folder with node_modules of npm harnesses; empty = FORGE_HOME/npm")
     extra_args: list[str] = Field(default_factory=list, description="extra command-line arguments passed to the "
                                   "harness")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_spelling(cls, data: Any) -> Any:
+        """`names` and `name` are one setting: with `names`, `name` is its first (so a stored config reads
+        back the same); any other `name`, or a `spec`, beside them is a conflict."""
+        if not isinstance(data, dict) or not data.get("names"):
+            return data
+        names = data["names"]
+        listed = list(names) if isinstance(names, (list, dict)) else []
+        if isinstance(names, list) and len(set(map(str, listed))) != len(listed):
+            raise ValueError(f"harness.names lists a harness twice: {listed}")
+        if isinstance(names, dict) and any(not isinstance(w, (int, float)) or w <= 0 for w in names.values()):
+            raise ValueError(f"harness.names: every weight must be a number > 0, got {names}")
+        if data.get("spec"):
+            raise ValueError("harness.spec names one harness; with harness.names, list the spec's path there instead")
+        if "name" in data and listed and data["name"] != listed[0]:
+            raise ValueError(f"harness.name {data['name']!r} and harness.names {listed} are one setting: give one")
+        return {**data, "name": listed[0]} if listed else data
+
+    def weights(self) -> dict[str, float]:
+        """Each harness of the run -> its share of the groups (one harness: itself, weight 1)."""
+        if isinstance(self.names, dict):
+            return {name: float(w) for name, w in self.names.items()}
+        return {name: 1.0 for name in self.names} or {self.name: 1.0}
+
+    def one(self, name: str) -> HarnessConfig:
+        """This config for harness `name` alone (its other settings shared by every harness of the run)."""
+        if not self.names:
+            return self
+        return self.model_copy(update={"name": name, "names": []})
 
 
 class TasksConfig(_Section):
@@ -497,12 +533,23 @@ def load_config(
     if preset is not None:
         harness = given.get("harness", {}).get("name") if isinstance(given.get("harness"), dict) else None
         for layer in preset_layers(preset, harness):
-            data = _deep_merge(data, layer)
-    data = _deep_merge(data, given)
+            data = _merge_layer(data, layer)
+    data = _merge_layer(data, given)
     try:
         return ForgeConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_validation(exc, source)) from None
+
+
+def _merge_layer(data: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
+    """`layer` over `data`, where harness.name and harness.names are one setting: a layer that gives
+    one of them replaces what a lower layer gave in the other spelling (`--harness codex` over a file's
+    names runs codex alone; `--set harness.names=[...]` over the demo preset's name runs those)."""
+    harness, below = layer.get("harness"), data.get("harness")
+    if isinstance(harness, dict) and isinstance(below, dict) and ("name" in harness) != ("names" in harness):
+        other = "names" if "name" in harness else "name"
+        data = {**data, "harness": {k: v for k, v in below.items() if k != other}}
+    return _deep_merge(data, layer)
 
 
 def stored_config(data: dict[str, Any]) -> ForgeConfig:

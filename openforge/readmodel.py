@@ -113,6 +113,7 @@ class RunReport:
     mean_scored_reward: float | None
     failed: list[Rollout]  # failed, timed out or the policy's failure: status, failure_kind, error loaded
     steps: list[TrainStep]
+    by_harness: dict[str, tuple[int, float | None]] = field(default_factory=dict)  # harness -> (samples, mean reward)
 
     @property
     def n_rollouts(self) -> int:
@@ -130,6 +131,9 @@ def read_run_report(store: Store, run_id: str) -> RunReport:
         n_samples, mean = s.exec(select(func.count(), func.avg(Rollout.reward)).where(of_run, rewarded, samples)).one()
         n_scored, mean_scored = s.exec(select(func.count(), func.avg(Rollout.reward))
                                        .where(of_run, rewarded, Rollout.status == "scored")).one()
+        by_harness = {h or "?": (int(n), None if m is None else float(m)) for h, n, m in s.exec(
+            select(Rollout.harness, func.count(), func.avg(Rollout.reward)).where(of_run, rewarded, samples)
+            .group_by(Rollout.harness)).all()}
         failed = list(s.exec(
             select(Rollout).options(load_only(Rollout.id, Rollout.status, Rollout.failure_kind, Rollout.error))
             .where(of_run, Rollout.failure_kind.is_not(None) | Rollout.status.in_(("failed", "timed_out")))  # type: ignore[union-attr,attr-defined]
@@ -138,4 +142,4 @@ def read_run_report(store: Store, run_id: str) -> RunReport:
                      mean_reward=None if mean is None else float(mean), n_samples=int(n_samples),
                      n_scored=int(n_scored),
                      mean_scored_reward=None if mean_scored is None else float(mean_scored), failed=failed,
-                     steps=store.list_train_steps(run.id))
+                     steps=store.list_train_steps(run.id), by_harness=by_harness)

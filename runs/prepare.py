@@ -36,7 +36,8 @@ def resolve_model(config: ForgeConfig, home: Path) -> Path:
                           "(the trainer and the proxy's tokenizer load it)")
     from openforge.rollouts.harnesses import harness_class
 
-    if not config.engine.model and harness_class(config.harness.name).gui:  # it sends screenshots: a vision model
+    gui = any(harness_class(name).gui for name in config.harness.weights())
+    if not config.engine.model and gui:  # a harness sends screenshots: a vision model
         return _tiny_vl_model(home)
     path = Path(config.engine.model).expanduser() if config.engine.model else default_tiny_model(home)
     if not config.engine.model:
@@ -115,18 +116,24 @@ def preflight(config: ForgeConfig, home: Path) -> None:
                               "(CPU) or \"url\" for a server that is already running")
     if config.engine.kind == "url" and not config.engine.url:
         raise ConfigError("engine.kind = \"url\" needs engine.url (e.g. http://gpu-box:30000)")
+    if config.engine.kind == "remote":
+        from openforge.proxy.teacher import check_teacher_config
+
+        check_teacher_config(config.engine)  # type: ignore[arg-type]
     check_harness(config)
     isolation_for(config)
 
 
 def check_harness(config: ForgeConfig) -> None:
-    """HarnessError, with the fix, when the configured harness cannot run with the configured sandbox
-    (not installed in the npm cache for local sandboxes; container images are checked as they start)."""
+    """HarnessError, with the fix, when a configured harness (each of `harness.names`) cannot run with
+    the configured sandbox (unknown; not installed in the npm cache for local sandboxes; container
+    images are checked as they start). Every problem at once, one line each."""
     from openforge.rollouts.harnesses import harness_available
 
-    fix = harness_available(config)
-    if fix is not None:
-        raise HarnessError(fix)
+    fixes = [fix for name in config.harness.weights()
+             if (fix := harness_available(config.model_copy(update={"harness": config.harness.one(name)})))]
+    if fixes:
+        raise HarnessError("; ".join(fixes))
 
 
 def isolation_for(config: ForgeConfig) -> str:

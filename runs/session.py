@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from openforge.config import ForgeConfig, stored_config
-from openforge.errors import ForgeError
+from openforge.errors import ConfigError, ForgeError
 from openforge.paths import runs_dir
 from openforge.readmodel import read_run_report
 from openforge.runs.control import RunController
@@ -81,7 +81,7 @@ def start_line(run_id: str, config: ForgeConfig, *, home: Path, resumed: bool) -
     t = config.trainer
     weights = "full" if t.full_finetune else f"LoRA r={t.lora_r}"
     return (f"{'resuming' if resumed else 'run'} [bold]{run_id}[/]: {t.steps} step(s) x {t.tasks_per_step} task(s) "
-            f"x {config.runner.samples_per_task} rollouts, {weights}, lr {t.lr:g}; {config.harness.name} on "
+            f"x {config.runner.samples_per_task} rollouts, {weights}, lr {t.lr:g}; {', '.join(config.harness.weights())} on "
             f"{config.tasks.path} in {config.sandbox.type} sandboxes, engine {config.engine.kind}; "
             f"log {runs_dir(home) / run_id / 'forge.log'}")
 

@@ -78,7 +78,8 @@ def run_training(store: Store, run_id: str, config: ForgeConfig, controller: Run
         controller.attach(stack.runner, stack.bridge)
         stack.engine.on_restart.append(lambda: _reload_adapter(store, run_id, stack))
         sampler = RolloutSampler(stack.runner, stack.bridge, group_size=config.runner.samples_per_task,
-                                 cancel=controller.cancel, before_step=before_step)
+                                 cancel=controller.cancel, before_step=before_step,
+                                 harnesses=config.harness.weights())
         result = train(store, run_id, config.trainer, model_path=config.engine.model, tasks=load_run_tasks(config),
                        sampler=sampler, engine=AdapterSync(stack.client, stack.bridge), home=home, resume=resume,
                        on_step=step_done)

@@ -178,8 +178,9 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
             metrics = pi.update(batch.samples, config, trajectories, vision)
             t2 = time.perf_counter()
             position += len(step_tasks)
-            metrics.update(_reward_metrics(batch, step_tasks), step=step, n_rollouts=len(rollouts),
-                           t_rollout_s=t1 - t0, t_train_s=t2 - t1, tokens_per_s=metrics["n_tokens"] / max(t2 - t1, 1e-9))
+            metrics.update(_reward_metrics(batch, step_tasks), **_harness_rewards(rollouts), step=step,
+                           n_rollouts=len(rollouts), t_rollout_s=t1 - t0, t_train_s=t2 - t1,
+                           tokens_per_s=metrics["n_tokens"] / max(t2 - t1, 1e-9))
             # 3. save (the step is done once its checkpoint exists), 4. hot-load, 5. record
             model, optimizer = pi.saveable()
             path = save_checkpoint(home, run_id, step, model=model, optimizer=optimizer, scheduler=pi.scheduler,
@@ -250,6 +251,16 @@ def _reward_metrics(batch: Any, tasks: Sequence[Any]) -> dict[str, Any]:
         "n_groups": batch.n_groups, "dropped_groups": batch.dropped_groups,
         "infra_failures": batch.infra_failures, "policy_failures": batch.policy_failures,
     }
+
+
+def _harness_rewards(rollouts: Sequence[Any]) -> dict[str, Any]:
+    """`reward_by_harness`: each harness's mean reward over the step's rewarded rollouts, when the step
+    ran in several (harness.names); nothing otherwise."""
+    per: dict[str, list[float]] = {}
+    for r in rollouts:
+        if r.reward is not None:
+            per.setdefault(r.harness or "?", []).append(r.reward)
+    return {"reward_by_harness": {h: statistics.fmean(v) for h, v in per.items()}} if len(per) > 1 else {}
 
 
 def _task_field(task: Any, key: str, default: Any = None) -> Any:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any, Protocol, Sequence
 
 from openforge.errors import TrainerError
@@ -37,22 +38,33 @@ class RolloutSampler:
     rollout specs, run on `bridge`'s loop, cancellable from another thread through `cancel`.
 
     `before_step(step)` runs before each step's rollouts start (e.g. raise if the engine is gone).
-    A step whose every rollout failed for infra or harness reasons raises `StepFailed`."""
+    A step whose every rollout failed for infra or harness reasons raises `StepFailed`.
+
+    With several `harnesses` (name -> weight, `HarnessConfig.weights()`), each group runs in one of
+    them, dealt out over the run's groups by rollouts/runner/mix.py; a step's groups are numbered
+    from step x tasks, so a step sampled early (overlap) or again (resume) gets the same harnesses."""
 
     def __init__(self, runner: Any, bridge: BackgroundLoop, *, group_size: int, cancel: CancelToken | None = None,
-                 before_step: Callable[[int], None] | None = None) -> None:
+                 before_step: Callable[[int], None] | None = None,
+                 harnesses: Mapping[str, float] | None = None) -> None:
         self.runner, self.bridge, self.group_size = runner, bridge, group_size
+        self.harnesses = dict(harnesses or {})
         self.cancel = cancel or CancelToken()
         self.before_step = before_step
 
     def sample(self, run_id: str, tasks: Sequence[Any], *, step: int, adapter: str | None) -> list[Rollout]:
-        from openforge.rollouts.runner.evaluate import eval_specs
+        from openforge.rollouts.runner.evaluate import eval_specs, group_specs
+        from openforge.rollouts.runner.mix import group_harnesses
 
         self.cancel.check()
         if self.before_step is not None:
             self.before_step(step)
         log.info("step %d: sampling %d task(s) x %d, adapter %s", step, len(tasks), self.group_size, adapter or "base")
-        specs = eval_specs(list(tasks), self.group_size)  # a task's group starts (and ends) together
+        if len(self.harnesses) > 1:
+            names = group_harnesses(self.harnesses, step * len(tasks), len(tasks))
+            specs = group_specs(list(tasks), self.group_size, names)
+        else:
+            specs = eval_specs(list(tasks), self.group_size)  # a task's group starts (and ends) together
         future = self.bridge.submit(self.cancel.guard(self.runner.run(run_id, specs, step=step, adapter=adapter)))
         try:
             rollouts = list(future.result())

@@ -20,9 +20,16 @@ from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec
 
 
-def eval_specs(tasks: Sequence[TaskSpec], samples: int) -> list[RolloutSpec]:
-    """Task-major order: a task's k samples start together, so its group finishes together."""
-    return [RolloutSpec(task, i) for task in tasks for i in range(samples)]
+def eval_specs(tasks: Sequence[TaskSpec], samples: int, harnesses: Sequence[str] = ("",)) -> list[RolloutSpec]:
+    """A group of k samples of each task in each harness (`harness.names`; "" = the run's only one).
+    Task-major order: a task's k samples start together, so its group finishes together."""
+    return [RolloutSpec(task, i, harness) for task in tasks for harness in harnesses for i in range(samples)]
+
+
+def group_specs(tasks: Sequence[TaskSpec], samples: int, harnesses: Sequence[str]) -> list[RolloutSpec]:
+    """One group of k samples per task, the i-th task's in `harnesses[i]` (rollouts/runner/mix.py)."""
+    return [RolloutSpec(task, i, harness) for task, harness in zip(tasks, harnesses, strict=True)
+            for i in range(samples)]
 
 
 async def run_eval(store: Store, config: ForgeConfig, tasks: Sequence[TaskSpec], *, proxy_url: str,
@@ -39,13 +46,19 @@ async def run_eval(store: Store, config: ForgeConfig, tasks: Sequence[TaskSpec],
     if on_runner is not None:
         on_runner(runner)
     try:
-        await runner.run(run.id, eval_specs(tasks, samples), adapter=adapter)
+        harnesses = list(config.harness.weights()) if config.harness.names else [""]
+        await runner.run(run.id, eval_specs(tasks, samples, harnesses), adapter=adapter)
     except asyncio.CancelledError:
         store.set_run_status(run.id, "stopped", error="cancelled")
         raise
     except Exception as exc:
         store.set_run_status(run.id, "failed", error=f"{type(exc).__name__}: {exc}")
         raise
-    metrics = summarize_run(store, run.id, [k for k in k_values if k >= 1])
-    store.update_run(run.id, summary={"kind": "eval", "samples": samples, **metrics.to_json()})
+    ks = [k for k in k_values if k >= 1]
+    metrics = summarize_run(store, run.id, ks)
+    summary = {"kind": "eval", "samples": samples, **metrics.to_json()}
+    if config.harness.names:  # each harness's figures beside the run's (every task ran in each)
+        summary["by_harness"] = {name: summarize_run(store, run.id, ks, harness=name).to_json()
+                                 for name in {r.harness for r in store.list_rollouts(run.id) if r.harness}}
+    store.update_run(run.id, summary=summary)
     return store.set_run_status(run.id, "finished"), metrics

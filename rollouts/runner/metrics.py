@@ -148,9 +148,11 @@ def run_metrics(tasks: list[TaskMetrics], k_values: Sequence[int]) -> RunMetrics
     )
 
 
-def summarize_run(store: Store, run_id: str, k_values: Sequence[int], *, step: int | None = None) -> RunMetrics:
-    """Metrics of a run's rollouts (one step of it if given), thresholds from the run's task copies."""
-    rollouts = store.list_rollouts(run_id, step=step)
+def summarize_run(store: Store, run_id: str, k_values: Sequence[int], *, step: int | None = None,
+                  harness: str | None = None) -> RunMetrics:
+    """Metrics of a run's rollouts (one step of it, those of one harness, if given), thresholds from
+    the run's task copies."""
+    rollouts = [r for r in store.list_rollouts(run_id, step=step) if harness is None or r.harness == harness]
     thresholds = {t.task_id: float((t.spec_json or {}).get("pass_threshold", 1.0))
                   for t in store.list_tasks(run_id)}
     usage: dict[str, tuple[int, int]] = {}

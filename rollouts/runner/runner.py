@@ -3,6 +3,8 @@
     runner = RolloutRunner(store, config=config, proxy_url=proxy.url)
     rollouts = await runner.run(run_id, [RolloutSpec(task, i) for task in tasks for i in range(4)])
 
+A spec may name one of the run's harnesses (`harness.names`); each rollout runs in, and records, its own.
+
 One rollout: pending -> running -> start a sandbox (retried: infrastructure) -> setup files and
 command -> harness prepare + run under the time limit (the sandbox kills it) -> assemble the
 trajectory from the proxy's recorded calls -> the harness's outcome (answer or failure) -> the
@@ -68,10 +70,12 @@ SandboxFactory = Callable[..., Sandbox]  # (SandboxConfig, *, run_id, rollout_id
 
 @dataclass(frozen=True)
 class RolloutSpec:
-    """One rollout to run: a task and its position within the task's group."""
+    """One rollout to run: a task, its position within the task's group, and the harness it runs in
+    (a name of `harness.names`; "" = the runner's own harness)."""
 
     task: TaskSpec
     sample_index: int = 0
+    harness: str = ""
 
 
 class _InfraFailure(Exception):
@@ -126,7 +130,8 @@ class RolloutRunner:
         self.proxy_url = proxy_url
         self.proxy_socket = proxy_socket  # the proxy's unix socket, bound into isolated sandboxes
         self.sandbox_config = _with_harness_install(config)
-        self.harness = harness or get_harness(config.harness)
+        self.harness = harness or get_harness(config.harness)  # the run's harness (its first, with several)
+        self._harnesses: dict[str, Harness] = {"": self.harness}
         self.sandbox_factory = sandbox_factory or _default_factory()
         self.on_progress = on_progress
         self._gate = asyncio.Event()
@@ -154,6 +159,16 @@ class RolloutRunner:
 
     # -- running --------------------------------------------------------------------------------
 
+    def harness_for(self, name: str) -> Harness:
+        """The adapter of harness `name` of `harness.names` ("" or the only one: the runner's), built once.
+        HarnessError if it cannot be built."""
+        from openforge.rollouts.harnesses import get_harness
+
+        if name not in self._harnesses:
+            self._harnesses[name] = (self.harness if not self.config.harness.names
+                                     else get_harness(self.config.harness.one(name)))
+        return self._harnesses[name]
+
     async def run(self, run_id: str, specs: list[RolloutSpec], *, step: int = 0,
                   adapter: str | None = None) -> list[Rollout]:
         """Run every spec; returns their rollouts (final states) in the order of `specs`.
@@ -162,12 +177,13 @@ class RolloutRunner:
         caller is cancelled (Ctrl-C), every unfinished rollout becomes `cancelled`, every sandbox is
         stopped, and the CancelledError propagates."""
         unique = {s.task.id: s.task for s in specs}
+        harnesses = [self.harness_for(s.harness) for s in specs]  # an unknown one fails the call, before any row
         await self._db(self.store.add_tasks, run_id, [t.to_record() for t in unique.values()])
         rollouts = []
-        for spec in specs:
+        for spec, harness in zip(specs, harnesses):
             rollouts.append(await self._db(
                 self.store.create_rollout, run_id=run_id, task_id=spec.task.id, step=step,
-                sample_index=spec.sample_index, sandbox=self.config.sandbox.type, harness=self.harness.name,
+                sample_index=spec.sample_index, sandbox=self.config.sandbox.type, harness=harness.name,
                 adapter=adapter))
         tasks = [asyncio.create_task(self._guarded(ro, spec)) for ro, spec in zip(rollouts, specs)]
         self._tasks.update(tasks)
@@ -213,7 +229,7 @@ class RolloutRunner:
                         raise _InfraFailure(f"GUI task {spec.task.id} needs a sandbox with a display: the "
                                             f"{sb.info.backend} backend has none (use sandbox.type = \"local\" "
                                             "with bubblewrap, or \"docker\" with the browser image)")
-                    await self._drive(sb, ro, spec.task, site)
+                    await self._drive(sb, ro, spec.task, self.harness_for(spec.harness), site)
                 except _InfraFailure as exc:
                     await self._finish(ro.id, status="failed", **_failure("infra", str(exc)))
                 finally:
@@ -254,21 +270,21 @@ class RolloutRunner:
         await self._db(self.store.update_rollout, ro.id, sandbox_id=sb.info.sandbox_id)
         return sb
 
-    async def _drive(self, sb: Sandbox, ro: Rollout, task: TaskSpec, site: Any = None) -> None:
+    async def _drive(self, sb: Sandbox, ro: Rollout, task: TaskSpec, harness: Harness, site: Any = None) -> None:
         budget = min(task.time_limit_s * self.config.runner.time_limit_scale, self.config.runner.rollout_timeout_s)
         ctx = HarnessContext(proxy_url=sb.agent_proxy_url(self.proxy_url), api_key=ro.key,
                              model=self.config.proxy.served_model_name, instruction=task.instruction,
                              workdir=sb.info.workdir, backend=sb.info.backend, task_id=task.id)
         await self._setup(sb, task)
         try:
-            await self.harness.prepare(sb, ctx)
-            command, env = self.harness.command(ctx), self.harness.env(ctx)
+            await harness.prepare(sb, ctx)
+            command, env = harness.command(ctx), harness.env(ctx)
         except (HarnessError, SandboxError) as exc:
-            raise _InfraFailure(f"harness {self.harness.name} could not be prepared: {exc}") from None
+            raise _InfraFailure(f"harness {harness.name} could not be prepared: {exc}") from None
         try:
             if site is not None:  # the harness (only) runs in the display, the browser on the site
                 spec = site.gui_spec()
-                if self.harness.own_browser:  # it starts its own browser in the display, on this page
+                if harness.own_browser:  # it starts its own browser in the display, on this page
                     env = {**env, "FORGE_START_URL": spec.url or ""}
                     spec = dataclasses.replace(spec, url=None)
                 sb.attach_gui(spec)
@@ -293,7 +309,7 @@ class RolloutRunner:
         answered, last_call = await self._db(self._call_record, ro.id)
         if broken_call := _engine_fault(last_call):  # the engine/proxy failed the harness: not the policy's data
             raise _InfraFailure(f"the rollout's last model call failed: {broken_call}")
-        outcome = await self._outcome(sb, result, answered=answered, last_call=last_call)
+        outcome = await self._outcome(harness, sb, result, answered=answered, last_call=last_call)
         if outcome.failure is not None:  # never scored: its error text is not an answer
             await self._finish(ro.id, status="failed", **_failure("harness", outcome.failure))
             return
@@ -308,15 +324,15 @@ class RolloutRunner:
             return
         await self._finish(ro.id, status="scored", reward=reward, verifier_output=verifier_output, **ending)
 
-    async def _outcome(self, sb: Sandbox, result: ExecResult, *, answered: bool, last_call: Call | None
-                       ) -> HarnessOutcome:
+    async def _outcome(self, harness: Harness, sb: Sandbox, result: ExecResult, *, answered: bool,
+                       last_call: Call | None) -> HarnessOutcome:
         """What the harness reported, judged against its exit code and the proxy's record of its calls."""
         try:
-            outcome = await self.harness.outcome(result, sb)
+            outcome = await harness.outcome(result, sb)
         except SandboxError as exc:
             raise _InfraFailure(f"reading the harness's result failed: {exc}") from None
-        return judge_outcome(outcome, harness=self.harness.name, exit_code=result.exit_code,
-                             calls_model=self.harness.calls_model, answered=answered, last_call=last_call)
+        return judge_outcome(outcome, harness=harness.name, exit_code=result.exit_code,
+                             calls_model=harness.calls_model, answered=answered, last_call=last_call)
 
     async def _setup(self, sb: Sandbox, task: TaskSpec) -> None:
         try:
