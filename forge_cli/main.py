@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 import openforge
-from openforge.forge_cli import cmd_analyze, cmd_engine, cmd_harness, cmd_proxy, cmd_rollouts, cmd_sandbox, cmd_train, cmd_up
+from openforge.forge_cli import (cmd_analyze, cmd_engine, cmd_harness, cmd_proxy, cmd_rollouts, cmd_sandbox, cmd_sft,
+                                 cmd_train, cmd_up)
 from openforge.forge_cli.context import AppState, ForgeGroup, new_typer, state
 from openforge.runs.checks import run_checks
 from openforge.config import describe_toml
@@ -165,7 +166,7 @@ def stop(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
         typer.echo(f"{sent.run_id} had no live owner; marked stopped")
 
 
-for module in (cmd_engine, cmd_harness, cmd_proxy, cmd_sandbox, cmd_rollouts, cmd_train, cmd_up, cmd_analyze):
+for module in (cmd_engine, cmd_harness, cmd_proxy, cmd_sandbox, cmd_rollouts, cmd_train, cmd_up, cmd_analyze, cmd_sft):
     module.register(app)
 
 

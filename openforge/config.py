@@ -32,7 +32,7 @@ class _Section(BaseModel):
 class _EngineCommon(_Section):
     """Settings every engine kind has."""
 
-    kind: str = Field("embedded", description="the engine: embedded, sglang, url or router")  # narrowed by each kind
+    kind: str = Field("embedded", description="the engine: embedded, sglang, url, router or remote")  # narrowed by each kind
     model: str = Field("", description="local HF checkpoint directory; empty = the tiny model in FORGE_HOME")
     api_key: str = Field("", repr=False, description="the engine's credential (SGLang's --api-key); empty = forge "
                          "makes one per run and hands it to the proxy and trainer in memory")
@@ -98,8 +98,28 @@ class RouterEngineConfig(EmbeddedEngineConfig):
         "rollout), new rollouts to the worker with the fewest")
 
 
+class RemoteEngineConfig(_EngineCommon):
+    """A teacher behind the proxy (proxy/teacher.py): each call goes to an OpenAI-compatible or Anthropic
+    endpoint and is recorded in the tokens of the student, whose folder `model` names (its tokenizer
+    and chat template). No engine runs; nothing is trained against it (SFT data: docs/trainer.md)."""
+
+    kind: Literal["remote"] = Field("remote", description="the engine: remote (a teacher's OpenAI-compatible or "
+                                    "Anthropic endpoint; calls recorded in the student's tokens)")
+    url: str = Field("", description="the upstream's base URL, e.g. https://api.anthropic.com or "
+                     "http://host:8000 (the API's path is added)")
+    api: Literal["openai", "anthropic"] = Field("openai", description="the upstream's API: openai (POST "
+                                                "/v1/chat/completions) or anthropic (POST /v1/messages)")
+    api_key_env: str = Field("", description="the NAME of the environment variable holding the upstream's key "
+                             "(the key itself is never in a config); empty = no key")
+    upstream_model: str = Field("", description="the teacher's model id at the upstream")
+    max_retries: int = Field(4, ge=0, description="retries of an upstream 429, 5xx, 529 or connection failure")
+    backoff_s: float = Field(1.0, gt=0, description="first retry's wait, doubled each retry (an upstream's "
+                             "Retry-After is honoured instead)")
+    max_backoff_s: float = Field(30.0, gt=0, description="longest wait before one retry")
+
+
 _ENGINE_KINDS = {"embedded": EmbeddedEngineConfig, "sglang": SglangEngineConfig, "url": UrlEngineConfig,
-                 "router": RouterEngineConfig}
+                 "router": RouterEngineConfig, "remote": RemoteEngineConfig}
 # The keys of the flat [engine] table before the union, and their names in the router's table.
 _ENGINE_RENAMED = {"router_workers": "workers", "router_worker_urls": "worker_urls", "router_policy": "policy"}
 
@@ -116,7 +136,8 @@ EngineConfig = Annotated[
     Annotated[EmbeddedEngineConfig, Tag("embedded")]
     | Annotated[SglangEngineConfig, Tag("sglang")]
     | Annotated[UrlEngineConfig, Tag("url")]
-    | Annotated[RouterEngineConfig, Tag("router")],
+    | Annotated[RouterEngineConfig, Tag("router")]
+    | Annotated[RemoteEngineConfig, Tag("remote")],
     Discriminator(_engine_tag),
 ]
 
@@ -410,7 +431,7 @@ class ForgeConfig(_Section):
 
     name: str = Field("", description="a human name for the run")
     engine: EngineConfig = Field(default_factory=EmbeddedEngineConfig, description="[engine]: the inference engine "
-                                 "serving the policy (embedded, sglang, url or router)")
+                                 "serving the policy (embedded, sglang, url, router or remote)")
     proxy: ProxyConfig = Field(default_factory=ProxyConfig, description="[proxy]: the recording proxy harnesses call")
     sandbox: SandboxConfig = Field(default_factory=LocalSandboxConfig, description="[sandbox]: where each rollout "
                                    "runs (local, docker or kubernetes)")
@@ -446,7 +467,7 @@ class ForgeConfig(_Section):
             return data
         kind = engine.get("kind", "embedded")
         if kind not in _ENGINE_KINDS:
-            raise ValueError(f"engine.kind: unknown kind {kind!r}; choose embedded, sglang, url or router")
+            raise ValueError(f"engine.kind: unknown kind {kind!r}; choose embedded, sglang, url, router or remote")
         for old, new in _ENGINE_RENAMED.items():
             if old in engine:  # the flat table before the union
                 raise ValueError(f"engine.{old}: the router's keys have no prefix now: write engine.{new} "

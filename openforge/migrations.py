@@ -20,7 +20,7 @@ from openforge.db import redact
 from openforge.errors import StoreError
 from openforge.tables import SchemaMigration, hash_key, utcnow
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def _v3_hashed_keys_and_sampling(conn: Any) -> None:
@@ -59,6 +59,13 @@ def _v4_images(conn: Any) -> None:
         conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN images {kind}")
 
 
+def _v5_teacher_calls(conn: Any) -> None:
+    """Schema 5: a teacher's calls (engine.kind = "remote") are re-tokenised, and their upstream retries counted."""
+    false = "false" if conn.dialect.name == "postgresql" else "0"
+    conn.exec_driver_sql(f"ALTER TABLE call ADD COLUMN retokenized BOOLEAN NOT NULL DEFAULT {false}")
+    conn.exec_driver_sql("ALTER TABLE call ADD COLUMN upstream_retries INTEGER NOT NULL DEFAULT 0")
+
+
 # Numbered migrations: (version, name, function(connection)). A fresh database is created from the
 # models above and stamped with every version here; an older one runs the versions it lacks.
 # They run on SQLite and PostgreSQL alike (`conn.dialect.name` tells them apart where SQL differs;
@@ -77,6 +84,8 @@ MIGRATIONS: list[Migration] = [
         "unique call(rollout_id, seq)", _v3_hashed_keys_and_sampling),
     # The images a call or a segment carried (sha256 ids of runs/<run>/images/ files, see openforge/images.py).
     (4, "call.images, trajectory.images", _v4_images),
+    # A teacher's calls: token ids from the student's tokenizer, not sampled; retries of the upstream.
+    (5, "call.retokenized, call.upstream_retries", _v5_teacher_calls),
 ]
 
 

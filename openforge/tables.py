@@ -213,6 +213,8 @@ class Call(SQLModel, table=True):
     top_k: int | None = None
     break_reason: str | None = None  # why this call's prompt did not extend the previous call's tokens
     images: list[str] | None = _json_col()  # JSON list[str]: sha256 ids of its images, in prompt order
+    retokenized: bool = False  # a teacher's call (engine.kind = "remote"): the ids are the student's tokenisation
+    upstream_retries: int = 0  # a teacher's call: failed tries of the upstream before this row's outcome
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0

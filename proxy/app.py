@@ -41,6 +41,7 @@ from openforge.proxy.adapters import ApiAdapter, adapter_for_path
 from openforge.proxy.calls import APIError, bad_request
 from openforge.proxy.pipeline import CallPipeline
 from openforge.proxy.recorder import Recorder
+from openforge.proxy.teacher import Teacher
 from openforge.proxy.tokens import ChatRenderer
 
 log = logging.getLogger("forge.proxy")
@@ -95,9 +96,9 @@ def parse_body(raw: str) -> dict[str, Any]:
 class Proxy:
     """The app's state: store, recorder, rollout lookup, and the call pipeline built on them."""
 
-    def __init__(self, config: ProxyConfig, *, store_path: str | Path, engine: EngineClient, tokenizer: Any,
+    def __init__(self, config: ProxyConfig, *, store_path: str | Path, engine: EngineClient | None, tokenizer: Any,
                  served_model: str, recover: bool = True, shared_store: bool = False, vision: Any = None,
-                 home: str | Path | None = None) -> None:
+                 home: str | Path | None = None, teacher: Teacher | None = None) -> None:
         self.config = config
         self.served_model = served_model
         self.store = AsyncStore(store_path)  # the proxy's one handle on the store
@@ -114,7 +115,8 @@ class Proxy:
         if home is None and "://" not in str(store_path):
             home = Path(store_path).parent
         self.pipeline = CallPipeline(config, recorder=self.recorder, engine=engine, renderer=self.renderer,
-                                     served_model=served_model, home=Path(home) if home is not None else None)
+                                     served_model=served_model, home=Path(home) if home is not None else None,
+                                     teacher=teacher)
         # Other worker processes serve this store's rollouts too: check a rollout's turns are current.
         self.pipeline.prompts.shared_store = shared_store
 
@@ -201,17 +203,20 @@ class Proxy:
         return JSONResponse({"object": "list", "data": [model], "has_more": False, "first_id": name, "last_id": name})
 
 
-def create_app(config: ProxyConfig, *, store_path: str | Path, engine: EngineClient, tokenizer: Any,
+def create_app(config: ProxyConfig, *, store_path: str | Path, engine: EngineClient | None, tokenizer: Any,
                served_model: str | None = None, close_engine: bool = False, recover: bool = True,
-               shared_store: bool = False, vision: Any = None, home: str | Path | None = None) -> Starlette:
+               shared_store: bool = False, vision: Any = None, home: str | Path | None = None,
+               teacher: Teacher | None = None) -> Starlette:
     """The proxy app. `app.state.proxy` is the `Proxy` (tests read its recorder and pipeline).
     With `close_engine`, shutting the app down also closes the engine client (its owner is the app).
     A worker of many (proxy/workers.py) passes `recover=False, shared_store=True`. `vision`: a VLM's
     image placeholders (proxy/vision.load_placeholders); without it, images are refused.
-    `home`: the data dir whose runs/<run>/images/ get the calls' images (default: the store's folder)."""
+    `home`: the data dir whose runs/<run>/images/ get the calls' images (default: the store's folder).
+    `teacher` (engine.kind = "remote", proxy/teacher.py): every call goes to it, not to `engine` (None),
+    and is recorded in the tokens of `tokenizer`, the student's."""
     proxy = Proxy(config, store_path=store_path, engine=engine, tokenizer=tokenizer,
                   served_model=served_model or config.served_model_name, recover=recover,
-                  shared_store=shared_store, vision=vision, home=home)
+                  shared_store=shared_store, vision=vision, home=home, teacher=teacher)
 
     async def chat(request: Request) -> Response:
         return await proxy.handle_call(request, openai_chat)
@@ -241,7 +246,9 @@ def create_app(config: ProxyConfig, *, store_path: str | Path, engine: EngineCli
         finally:
             await proxy.aclose()
             if close_engine:
-                await engine.aclose()
+                for client in (engine, teacher):
+                    if client is not None:
+                        await client.aclose()
 
     async def no_route(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 404

@@ -102,6 +102,11 @@ class Generation:
         self.finish: str | None = None
         self.completion: Completion | None = None
 
+    @property
+    def record(self) -> dict[str, Any]:
+        """What the call's row holds beyond the common fields (a teacher's call has more)."""
+        return {}
+
     def _push(self, ids: list[int], lps: list[float]) -> list[StreamEvent]:
         self.ids += ids
         self.logprobs += lps

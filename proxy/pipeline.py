@@ -37,6 +37,7 @@ from openforge.proxy.parsing import ParserSetup
 from openforge.proxy.prompts import RolloutPrompts, too_long
 from openforge.proxy.recorder import Recorder
 from openforge.proxy.slots import Slot, Slots
+from openforge.proxy.teacher import Teacher, TeacherGeneration
 from openforge.proxy.tokens import ChatRenderer, Prompt
 
 log = logging.getLogger("forge.proxy")
@@ -129,16 +130,17 @@ class LiveCall:
     response_id: str
     model: str
     started: float
-    generation: Generation
+    generation: Generation | TeacherGeneration  # the engine's, or the teacher's (engine.kind = "remote")
 
 
 class CallPipeline:
-    def __init__(self, config: ProxyConfig, *, recorder: Recorder, engine: EngineClient, renderer: ChatRenderer,
-                 served_model: str, home: Path | None = None) -> None:
+    def __init__(self, config: ProxyConfig, *, recorder: Recorder, engine: EngineClient | None, renderer: ChatRenderer,
+                 served_model: str, home: Path | None = None, teacher: Teacher | None = None) -> None:
         self.config = config
         self.home = home  # the data dir: a call's images go to runs/<run id>/images/ under it
         self.recorder = recorder
         self.engine = engine
+        self.teacher = teacher  # with a teacher, every call is the teacher's, re-tokenised for the student
         self.renderer = renderer
         self.served_model = served_model
         self.parsers = ParserSetup.resolve(config.tool_parser, config.reasoning_parser, renderer.template_text,
@@ -177,7 +179,9 @@ class CallPipeline:
         `proxy.max_context_tokens` where that is lower (or the engine reports none)."""
         if not self._engine_asked:
             try:
-                self._engine_context = await self.engine.context_length()
+                source = self.teacher if self.teacher is not None else self.engine
+                assert source is not None
+                self._engine_context = await source.context_length()
                 self._engine_asked = True  # an answer, even "none": not asked again on every call
             except EngineError:
                 pass  # asked again on the next call; the engine itself still refuses what is too long
@@ -234,7 +238,7 @@ class CallPipeline:
             "prompt_ids": prompt.ids, "reused_tokens": prompt.reused_tokens, "prompt_tokens": len(prompt.ids),
             "break_reason": prompt.break_reason, "images": image_ids or None,
             "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-            "started_at": utcnow(),
+            "retokenized": self.teacher is not None, "started_at": utcnow(),
         }))
         engine_params: dict[str, Any] = {"max_new_tokens": max_new, "stop_token_ids": self.renderer.stop_token_ids,
                                          "temperature": sampling.temperature, "top_p": sampling.top_p,
@@ -247,8 +251,15 @@ class CallPipeline:
                                                                   id_prefix=adapter.TOOL_ID_PREFIX),
                                   image_data=[im.data_url for im in prompt.images] or None,
                                   routing_key=rollout["id"])
+        generation: Generation | TeacherGeneration
+        if self.teacher is not None:
+            generation = self.teacher.generation(self.renderer, req, prompt, max_tokens=max_new,
+                                                 id_prefix=adapter.TOOL_ID_PREFIX)
+        else:
+            assert self.engine is not None
+            generation = Generation(self.engine, self.renderer, params)
         return LiveCall(adapter, rollout, req, prompt, row, new_call_id(adapter.RESPONSE_ID_PREFIX), model,
-                        time.perf_counter(), Generation(self.engine, self.renderer, params))
+                        time.perf_counter(), generation)
 
     def _body(self, call: LiveCall, comp: Completion) -> dict[str, Any]:
         lps = token_logprobs(self.renderer, comp) if call.req.logprobs else None
@@ -265,6 +276,7 @@ class CallPipeline:
             "tool_parse_error": comp.tool_parse_error, "finish_reason": comp.finish_reason,
             "prompt_tokens": comp.prompt_tokens, "completion_tokens": comp.completion_tokens,
             "latency_ms": (time.perf_counter() - call.started) * 1000, "ended_at": utcnow(),
+            **call.generation.record,
         })
         self.prompts.remember(call.rollout["id"], call.req, call.prompt, comp, row_id)
 
@@ -272,7 +284,8 @@ class CallPipeline:
         try:
             row_id = await call.row
             await self.recorder.end(row_id, {"status": "error", "error": message[:2000], "ended_at": utcnow(),
-                                             "latency_ms": (time.perf_counter() - call.started) * 1000})
+                                             "latency_ms": (time.perf_counter() - call.started) * 1000,
+                                             **call.generation.record})
         except StoreError:
             pass  # the error being reported matters more than the failed bookkeeping
 

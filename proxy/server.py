@@ -18,12 +18,12 @@ import os
 import socket
 from pathlib import Path
 
-from openforge.engine.client import EngineClient
 from openforge.engine.serve import ServerHandle, listen_tcp, listen_unix, serve_in_thread
-from openforge.config import ProxyConfig
+from openforge.config import ProxyConfig, RemoteEngineConfig
 from openforge.db import location
 from openforge.errors import ForgeError
 from openforge.proxy.connections import deadline_protocol
+from openforge.proxy.teacher import call_backends
 from openforge.proxy.tokens import load_tokenizer
 from openforge.proxy.vision import load_placeholders
 from openforge.proxy.workers import ProxyWorkers
@@ -32,11 +32,12 @@ from openforge.proxy.workers import ProxyWorkers
 class ProxyServer:
     def __init__(self, config: ProxyConfig, *, store_path: str | Path, engine_url: str, model_path: str | Path,
                  served_model: str | None = None, uds: str | Path | None = None,
-                 engine_key: str | None = None) -> None:
+                 engine_key: str | None = None, teacher: RemoteEngineConfig | None = None) -> None:
         self.config = config
         self.store_path = location(store_path)  # an SQLite file, or a PostgreSQL URL
         self.engine_url = engine_url
         self.engine_key = engine_key
+        self.teacher = teacher  # engine.kind = "remote": calls go to it; `model_path` is the student's
         self.model_path = Path(model_path)
         self.uds = str(uds) if uds is not None else None
         self.served_model = served_model or config.served_model_name
@@ -54,6 +55,10 @@ class ProxyServer:
             return self._url
         raise ForgeError("the proxy is not running (call start() first)")
 
+    @property
+    def _teacher_json(self) -> dict | None:
+        return self.teacher.model_dump(mode="json") if self.teacher is not None else None
+
     def start(self) -> ProxyServer:
         from openforge.proxy.app import create_app
 
@@ -61,8 +66,9 @@ class ProxyServer:
             return self
         if self.config.workers > 1:
             return self._start_workers()
-        engine = EngineClient(self.engine_url, timeout=self.config.call_timeout_s, api_key=self.engine_key)
-        app = create_app(self.config, store_path=self.store_path, engine=engine,
+        engine, teacher = call_backends(engine_url=self.engine_url, engine_key=self.engine_key,
+                                        teacher=self._teacher_json, timeout=self.config.call_timeout_s)
+        app = create_app(self.config, store_path=self.store_path, engine=engine, teacher=teacher,
                          tokenizer=load_tokenizer(self.model_path), served_model=self.served_model,
                          close_engine=True, vision=load_placeholders(self.model_path))
         self.app = app
@@ -86,7 +92,8 @@ class ProxyServer:
             if self.uds is not None:
                 sockets.append(listen_unix(self.uds))
             args = {"store_path": str(self.store_path), "engine_url": self.engine_url, "engine_key": self.engine_key,
-                    "model_path": str(self.model_path), "served_model": self.served_model}
+                    "model_path": str(self.model_path), "served_model": self.served_model,
+                    "teacher": self._teacher_json}
             self._workers = ProxyWorkers(self.config, sockets=sockets, app_args=args).start()
         except BaseException:
             self._close_sockets(sockets)

@@ -53,10 +53,10 @@ def _worker_main(spec: dict[str, Any]) -> None:
     so SIGTERM shuts it down gracefully; it writes one line on its `ready_fd` once it serves (or why not)."""
     import uvicorn
 
-    from openforge.engine.client import EngineClient
     from openforge.engine.serve import KEEP_ALIVE_S, quiet_shutdown_cancellations
     from openforge.proxy.app import create_app
     from openforge.proxy.connections import deadline_protocol
+    from openforge.proxy.teacher import call_backends
     from openforge.proxy.tokens import load_tokenizer
     from openforge.proxy.vision import load_placeholders
 
@@ -64,8 +64,9 @@ def _worker_main(spec: dict[str, Any]) -> None:
     try:
         config = ProxyConfig.model_validate(spec["config"])
         sockets = [socket.socket(fileno=fd) for fd in spec["fds"]]
-        engine = EngineClient(spec["engine_url"], timeout=config.call_timeout_s, api_key=spec["engine_key"])
-        app = create_app(config, store_path=spec["store_path"], engine=engine,
+        engine, teacher = call_backends(engine_url=spec["engine_url"], engine_key=spec["engine_key"],
+                                        teacher=spec.get("teacher"), timeout=config.call_timeout_s)
+        app = create_app(config, store_path=spec["store_path"], engine=engine, teacher=teacher,
                          tokenizer=load_tokenizer(spec["model_path"]), served_model=spec["served_model"],
                          close_engine=True, recover=False, shared_store=True,
                          vision=load_placeholders(spec["model_path"]))

@@ -8,7 +8,7 @@
 - `prepare`: preflight (what this machine lacks, refused with the fix; the run's isolation), the model,
   the run row; `checks`: the machine checks `forge doctor` prints.
 - `train.run_training`, `evaluate.evaluate`, `proxy_session.ProxySession`: the three kinds of run, each
-  ending finished, stopped, or failed with the reason.
+  ending finished, stopped, or failed with the reason; `sft.run_sft`: `forge sft`, a run of kind sft.
 
 Only `forge_cli` imports this package.
 """

@@ -58,6 +58,10 @@ def run_session(request: SessionRequest, *, home: Path, open_store: Callable[[],
     if request.resume is not None:
         stored = store.get_run(request.resume).config_json
         config = stored_config(stored) if stored else config
+    if config.engine.kind == "remote":
+        raise ConfigError("engine.kind = \"remote\" is a teacher's endpoint: it records calls (forge eval, forge proxy) "
+                          f"for forge sft, and has no weights forge {request.command} could train; use an engine "
+                          "forge can load adapters into (embedded, sglang, url or router)")
     preflight(config, home)  # before the run row is touched: a refusal leaves a resumable run as it was
     run_id, config = prepare_run(store, config, home=home, resume=request.resume, steps=request.steps)
     say(start_line(run_id, config, home=home, resumed=request.resume is not None))

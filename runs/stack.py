@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from openforge.config import ForgeConfig
+from openforge.config import ForgeConfig, RemoteEngineConfig
 from openforge.store import Store
 from openforge.trainer.bridge import BackgroundLoop
 
@@ -92,6 +92,9 @@ class Stack:
         from openforge.proxy.server import ProxyServer
 
         cfg = self.config.engine
+        if cfg.kind == "remote":  # a teacher's endpoint: no engine here, every call goes upstream
+            self._start_teacher_proxy()
+            return
         if cfg.kind != "url" and not cfg.port:  # fix the port now: the proxy needs the URL before it is up
             cfg = cfg.model_copy(update={"port": free_port(cfg.host)})
         self.engine_key = engine_api_key(cfg)  # engine.api_key, else a fresh one for this run
@@ -125,16 +128,34 @@ class Stack:
             raise failed[0]
         log.info("engine (%s) up at %s serving %s", cfg.kind, self.engine.url, cfg.model)
 
+    def _start_teacher_proxy(self) -> None:
+        from openforge.proxy.server import ProxyServer
+
+        sock_dir = Path(tempfile.mkdtemp(prefix="forge-proxy-"))
+        self._started.append(("proxy socket folder", lambda: shutil.rmtree(sock_dir, ignore_errors=True)))
+        self.proxy_socket = sock_dir / "proxy.sock"
+        cfg = self.config.engine
+        assert isinstance(cfg, RemoteEngineConfig)
+        self.proxy = ProxyServer(self.config.proxy, store_path=self.store.path, engine_url="", model_path=cfg.model,
+                                 uds=self.proxy_socket, teacher=cfg)
+        self._started.append(("proxy", self.proxy.stop))
+        self.proxy.start()
+        log.info("proxy up at %s and %s, in front of the teacher %s at %s", self.proxy.url, self.proxy_socket,
+                 cfg.upstream_model, cfg.url)
+
     def _start_runner(self) -> None:
         from openforge.rollouts.runner.runner import RolloutRunner
 
         self.runner = RolloutRunner(self.store, config=self.config, proxy_url=self.proxy.url,
                                     on_progress=self._on_progress, proxy_socket=str(self.proxy_socket))
-        log.info("runner: %s harness in %s sandboxes, %d at a time", self.config.harness.name,
+        log.info("runner: %s harness in %s sandboxes, %d at a time", ", ".join(self.config.harness.weights()),
                  self.config.sandbox.type, self.config.runner.concurrency)
 
     def _start_client(self) -> None:
         from openforge.engine.client import EngineClient
+
+        if self.engine is None:  # a teacher's endpoint: there is no engine to load adapters into
+            return
 
         self.client = EngineClient(self.engine.url, timeout=self.config.engine.request_timeout_s,
                                    api_key=self.engine_key or None)

@@ -64,7 +64,7 @@ def test_config_show_prints_every_key_under_its_description(member: str) -> None
     (["engine.kind=url", "engine.url=http://h:1", "engine.port=1"],
      'engine.port: not a key of engine.kind = "url" (embedded, sglang, router only)'),
     (["engine.kind=sglang", "engine.workers=3"], 'engine.workers: not a key of engine.kind = "sglang" (router only)'),
-    (["engine.kind=gpu"], "engine.kind: unknown kind 'gpu'; choose embedded, sglang, url or router"),
+    (["engine.kind=gpu"], "engine.kind: unknown kind 'gpu'; choose embedded, sglang, url, router or remote"),
     (["engine.kind=router", "engine.router_workers=3"],
      "engine.router_workers: the router's keys have no prefix now: write engine.workers"),
     (["sandbox.image=x"], 'sandbox.image: not a key of sandbox.type = "local" (docker, kubernetes only)'),

@@ -287,7 +287,7 @@ def test_a_schema_3_store_gets_image_columns(tmp_path: Path) -> None:
     assert "images" not in [r[1] for r in con.execute("PRAGMA table_info(call)")]
     con.close()
     s = Store(path)
-    assert s.schema_version() == 4 and s.integrity_check() == "ok"
+    assert s.schema_version() == store_mod.SCHEMA_VERSION and s.integrity_check() == "ok"
     con = sqlite3.connect(path)
     for table in ("call", "trajectory"):
         assert "images" in [r[1] for r in con.execute(f"PRAGMA table_info({table})")]
@@ -436,3 +436,16 @@ def test_updates_are_typed_patches(store: Store) -> None:
     got_run, got_ro = store.get_run(run.id), store.get_rollout(ro.id)
     assert (got_run.summary_json, got_run.isolation) == ({"pass": 1}, "bwrap")
     assert (got_ro.failure_kind, got_ro.ended_at is not None) == ("infra", True)
+
+
+def test_a_schema_4_store_gets_the_teacher_call_columns(tmp_path: Path) -> None:
+    """Schema 5 adds call.retokenized and call.upstream_retries; the calls already there are the engine's."""
+    path = tmp_path / "forge.db"
+    _old_store(path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(migrations, "MIGRATIONS", [m for m in store_mod.MIGRATIONS if m[0] <= 4])
+        Store(path).close()
+    s = Store(path)
+    assert s.schema_version() == 5 and s.integrity_check() == "ok"
+    old = s.list_calls(run_id="run-20261201-aaaaaaaaaa")
+    assert old and {(c.retokenized, c.upstream_retries) for c in old} == {(False, 0)}

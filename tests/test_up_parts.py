@@ -281,3 +281,14 @@ def test_resume_preflights_the_runs_stored_config(store: Store, command: str) ->
     assert out.exit_code == 1 and "no Docker engine reachable at unix:///nope.sock" in out.stderr, out.output
     after = store.get_run(run.id)
     assert (after.status, after.error, after.owner_pid) == ("interrupted", "killed", run.owner_pid)
+
+
+@pytest.mark.parametrize("command", ["train", "up"])
+def test_training_against_a_teachers_endpoint_is_refused_in_one_line(store: Store, command: str) -> None:
+    """A remote engine (a teacher behind the proxy) records SFT data; it has no weights to train."""
+    sets = ["--set", "engine.kind=remote", "--set", "engine.url=http://127.0.0.1:9", "--set", "engine.upstream_model=t"]
+    out = CliRunner().invoke(app, [*sets, command, *(["--headless"] if command == "up" else [])])
+    assert out.exit_code == 1, out.output
+    assert out.stderr.startswith('forge: error: engine.kind = "remote" is a teacher\'s endpoint') and \
+        out.stderr.count("\n") == 1, out.stderr
+    assert store.list_runs() == []  # refused before any run row

@@ -14,5 +14,6 @@
     bridge.py       BackgroundLoop: the async engine client from the synchronous loop
     cancel.py       CancelToken: stop sampling from another thread
     export.py       forge export: veRL parquet and JSONL
+    sft.py          forge sft: supervised fine-tuning on the kept rollouts of earlier runs
     warmup/         the demo warm-ups
 """

@@ -1,0 +1,80 @@
+"""`forge sft`: supervised fine-tuning on recorded trajectories (trainer/sft.py), on the tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from openforge.config import TrainerConfig
+from openforge.store import Call, Store
+from openforge.trainer.sft import evaluate_loss, select_examples, train_sft
+
+pytestmark = pytest.mark.timeout(300)
+QA = [("What is 2+3?", "5"), ("What is 4+4?", "8"), ("What is 7-5?", "2"), ("What is 3*3?", "9"),
+      ("What is 9-1?", "8")]
+
+
+def record_teacher_run(store: Store, tiny_model: Path, *, rewards: list[float]) -> str:
+    """A run whose rollouts each hold one re-tokenised call answering one question."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    run = store.create_run(kind="eval")
+    for (question, answer), reward in zip(QA, rewards):
+        rollout = store.create_rollout(run_id=run.id, task_id=question, status="running")
+        msgs = [{"role": "user", "content": question}]
+        prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        store.add_call(Call(run_id=run.id, rollout_id=rollout.id, status="ok", retokenized=True,
+                            prompt_ids=tok.encode(prompt, add_special_tokens=False),
+                            completion_ids=tok.encode(f"The answer is {answer}.<|im_end|>", add_special_tokens=False)))
+        store.update_rollout(rollout.id, status="scored", reward=reward)
+    return run.id
+
+
+def test_sft_lowers_the_loss_on_kept_trajectories_and_the_adapter_loads(store, tiny_model, forge_home):
+    source = record_teacher_run(store, tiny_model, rewards=[1.0, 1.0, 1.0, 1.0, 0.0])
+    examples = select_examples(store, [source], min_reward=1.0)
+    assert sorted(e.task_id for e in examples) == sorted(q for q, _ in QA[:4])  # the failed one is never kept
+    assert all(sum(e.loss_mask) == len(e.loss_mask) - e.loss_mask.index(1) for e in examples)  # answer tokens only
+
+    cfg = TrainerConfig(lr=1e-2, lora_r=8, device="cpu", micro_batch_tokens=256)
+    run = store.create_run(kind="sft")
+    result = train_sft(store, forge_home, run.id, model_path=tiny_model, examples=examples, cfg=cfg, epochs=15,
+                       val_tasks=1)
+    assert result.n_train == 3 and result.n_val == 1
+    steps = store.list_train_steps(run.id)
+    assert len(steps) == result.steps > 0 and steps[-1].loss < steps[0].loss - 0.4
+    assert len(result.val_losses) == 15
+
+    # The saved adapter is a PEFT adapter over the student, and has learnt the answers it was shown.
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    before = evaluate_loss(base, examples, token_budget=256, pad_id=0, device=torch.device("cpu"))
+    tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32),
+                                      str(result.adapter_path))
+    after = evaluate_loss(tuned, examples, token_budget=256, pad_id=0, device=torch.device("cpu"))
+    assert after < before - 0.4
+
+
+def test_forge_sft_records_a_run_of_kind_sft(store, tiny_model):
+    from typer.testing import CliRunner
+
+    from openforge.forge_cli.main import app
+
+    source = record_teacher_run(store, tiny_model, rewards=[1.0, 0.0, 1.0, 1.0, 0.5])
+    out = CliRunner().invoke(app, ["--set", f"engine.model={tiny_model}", "--set", "trainer.device=cpu",
+                                   "sft", "--from", source, "--min-reward", "1.0", "--epochs", "2"])
+    assert out.exit_code == 0, out.output
+    assert "adapter " in out.output and "validation loss" in out.output
+    run = [r for r in store.list_runs() if r.kind == "sft"][0]
+    assert run.status == "finished" and run.summary_json["train_sequences"] == 2
+    assert len(store.list_train_steps(run.id)) == run.summary_json["steps"] == 2
+    assert (Path(run.summary_json["adapter"]) / "adapter_config.json").is_file()
+
+    nothing = CliRunner().invoke(app, ["--set", f"engine.model={tiny_model}", "sft", "--from", source,
+                                       "--min-reward", "2.0"])
+    assert nothing.exit_code == 1 and "reached the reward threshold" in nothing.output
