@@ -133,7 +133,7 @@ def eval_cmd(
 
     try:
         run, metrics = evaluate(st.store(), config, task_set, home=st.home, name=name, adapter=adapter,
-                                on_start=started, on_progress=_printer(len(task_set) * k * len(harnesses)))
+                                on_start=started, on_progress=rollout_printer(len(task_set) * k * len(harnesses)))
     except KeyboardInterrupt:
         typer.echo("forge: eval interrupted; every sandbox was stopped", err=True)
         raise typer.Exit(130) from None
@@ -144,7 +144,7 @@ def eval_cmd(
                       highlight=False)
 
 
-def _printer(total: int):  # noqa: ANN202
+def rollout_printer(total: int):  # noqa: ANN202
     done = 0
 
     def progress(rollout) -> None:  # noqa: ANN001

@@ -3,7 +3,7 @@ rollouts (docs/trainer.md, "SFT before RL")."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -16,8 +16,9 @@ def sft_cmd(
     ctx: typer.Context,
     sources: Annotated[list[str], typer.Option("--from", help="a run whose rollouts are the data (repeatable; "
                                                 "unique prefixes or 'latest')")],
-    min_reward: Annotated[float, typer.Option("--min-reward", help="keep rollouts scored at least this "
-                                              "(rejection sampling)")] = 1.0,
+    min_reward: Annotated[Optional[float], typer.Option("--min-reward", help="keep rollouts scored at least this "
+                                                        "(rejection sampling; default: a forge collect run's own "
+                                                        "--min-reward, else 1.0)")] = None,
     epochs: Annotated[int, typer.Option("--epochs", min=1, help="passes over the kept trajectories")] = 3,
     val_tasks: Annotated[int, typer.Option("--val-tasks", min=0, help="tasks held out for the validation "
                                            "loss")] = 1,

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from openforge.runs.train import Outcome
     from openforge.store import Store
 
-EXPORT_FORMATS = ("verl", "jsonl", "verl-sft", "verl-rl")
+EXPORT_FORMATS = ("verl", "jsonl", "verl-sft", "verl-rl", "peft", "merged")
 
 
 def register(app: typer.Typer) -> None:
@@ -43,6 +43,9 @@ def train(
     name: Annotated[Optional[str], typer.Option("--name", help="a human name for the run")] = None,
     nproc: Annotated[Optional[int], typer.Option("--nproc", min=1, help="trainer processes under torchrun, "
                                                  "sharded with FSDP2; one GPU each on GPUs (trainer.nproc)")] = None,
+    init_from: Annotated[Optional[str], typer.Option("--init-from", metavar="RUN_OR_PATH", help="start the LoRA from "
+                                                     "an SFT run's final adapter or a PEFT adapter folder "
+                                                     "(trainer.init_from); the engine serves it from step 0")] = None,
 ) -> None:
     """Train the policy with GRPO on the configured tasks: engine, proxy, sandboxed rollouts, trainer.
 
@@ -54,12 +57,13 @@ def train(
 
     st = state(ctx)
     # Refused before anything is looked up: a bad flag is the error to report, not the run.
-    if resume is not None and any(v is not None for v in (lr, tasks_per_step, full_finetune, overlap, group_size, name)):
+    if resume is not None and any(v is not None for v in (lr, tasks_per_step, full_finetune, overlap, group_size, name,
+                                                  init_from)):
         raise ConfigError("--resume continues a run with its stored config; only --steps may change")
     config = st.config(flag_overrides({
         "trainer.steps": steps, "trainer.lr": lr, "trainer.tasks_per_step": tasks_per_step,
         "trainer.full_finetune": full_finetune, "trainer.overlap": overlap, "runner.samples_per_task": group_size,
-        "name": name, "trainer.nproc": nproc}))
+        "name": name, "trainer.nproc": nproc, "trainer.init_from": init_from}))
     console = Console()
 
     def front_end(store: Store, run_id: str, config: ForgeConfig, controller: RunController, resumed: bool) -> Outcome:
@@ -75,19 +79,35 @@ def train(
 def export(
     ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(help="run id, unique prefix, or 'latest'")],
-    out: Annotated[str, typer.Option("--out", "-o", help="the file to write (.parquet for verl, .jsonl for jsonl)")],
+    out: Annotated[str, typer.Option("--out", "-o", help="the file to write (.parquet for verl, .jsonl for jsonl); "
+                                     "for peft and merged a new or empty folder")],
     fmt: Annotated[str, typer.Option("--format", "-f", help="verl (parquet, veRL's columns), jsonl, verl-sft "
-                                     "(messages+tools for veRL's MultiTurnSFTDataset) or verl-rl (one prompt a task "
-                                     "for RLHFDataset, graded by integrations/verl/reward.py)")] = "jsonl",
+                                     "(messages+tools for veRL's MultiTurnSFTDataset), verl-rl (one prompt a task "
+                                     "for RLHFDataset, graded by integrations/verl/reward.py); or the trained model: "
+                                     "peft (the LoRA adapter folder) or merged (full safetensors weights with the "
+                                     "tokenizer and chat template)")] = "jsonl",
+    step: Annotated[Optional[int], typer.Option("--step", min=0, help="peft/merged: the checkpoint of this train "
+                                                "step (default: the newest)")] = None,
     min_reward: Annotated[Optional[float], typer.Option("--min-reward", help="verl-sft: keep rollouts with at least "
                                                         "this reward (default: those that passed their task)")] = None,
 ) -> None:
-    """Write a run's recorded trajectories (token ids, masks, engine logprobs, rewards) for other RL codebases."""
+    """Write a run's recorded trajectories (token ids, masks, engine logprobs, rewards) for other RL codebases,
+    or its trained model (--format peft|merged) for transformers, SGLang and vLLM."""
     from openforge.trainer.export import export_jsonl, export_verl
 
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, not {fmt!r}")
+    if step is not None and fmt not in ("peft", "merged"):
+        raise ConfigError("--step picks a checkpoint: it goes with --format peft or merged")
     store = state(ctx).store()
+    if fmt in ("peft", "merged"):
+        from openforge.runs.model_export import export_model
+
+        done = export_model(store, state(ctx).home, run_id, fmt=fmt, out=out, step=step)
+        what = ("adapter" if fmt == "peft" else "full fine-tune" if done.kind == "full"
+                else "model merged with the adapter")
+        typer.echo(f"wrote the {what} of step {done.step} of {done.run_id} to {done.out} ({fmt})")
+        return
     run = store.get_run(run_id)
     if fmt in ("verl-sft", "verl-rl"):
         from openforge.integrations.verl.data import rl_rows, sft_rows, write_rows

@@ -36,13 +36,19 @@ def up(
     stay: Annotated[bool, typer.Option("--stay", help="keep the dashboard open when the run ends (--demo closes it)")] = False,
     nproc: Annotated[Optional[int], typer.Option("--nproc", min=1, help="trainer processes under torchrun, "
                                                  "sharded with FSDP2; one GPU each on GPUs (trainer.nproc)")] = None,
+    init_from: Annotated[Optional[str], typer.Option("--init-from", metavar="RUN_OR_PATH", help="start the LoRA from "
+                                                     "an SFT run's final adapter or a PEFT adapter folder "
+                                                     "(trainer.init_from); the engine serves it from step 0")] = None,
 ) -> None:
     """Bring up the engine, the proxy, sandboxed rollouts and the GRPO trainer for one run, and show it live."""
     from openforge.runs.session import SessionRequest, run_session
 
     st = state(ctx)
     console = Console()
-    flags = flag_overrides({"harness.name": harness, "trainer.steps": steps, "name": name, "trainer.nproc": nproc})
+    if resume is not None and init_from is not None:
+        raise ForgeError("--resume continues a run from its own checkpoints; --init-from starts a new one")
+    flags = flag_overrides({"harness.name": harness, "trainer.steps": steps, "name": name, "trainer.nproc": nproc,
+                            "trainer.init_from": init_from})
     # --demo's settings are a preset, picked by the harness however it was named (--harness or --set)
     config = st.config(flags, preset="demo" if demo else None)
     tui = not headless and is_tty()

@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 import openforge
-from openforge.forge_cli import (cmd_analyze, cmd_engine, cmd_harness, cmd_proxy, cmd_rollouts, cmd_sandbox, cmd_sft,
-                                 cmd_train, cmd_up)
+from openforge.forge_cli import (cmd_analyze, cmd_collect, cmd_engine, cmd_harness, cmd_proxy, cmd_rollouts,
+                                 cmd_sandbox, cmd_sft, cmd_train, cmd_up)
 from openforge.forge_cli.context import AppState, ForgeGroup, new_typer, state
 from openforge.runs.checks import run_checks
 from openforge.config import describe_toml
@@ -69,7 +69,7 @@ def doctor(ctx: typer.Context) -> None:
     console.print(f"data dir: {st.home}")
 
 
-config_app = new_typer(help="Inspect the effective configuration.")
+config_app = new_typer(help="Inspect the effective configuration; check config files.")
 app.add_typer(config_app, name="config")
 
 
@@ -78,6 +78,28 @@ def config_show(ctx: typer.Context) -> None:
     """Print the effective config (defaults < forge.toml < --set) as TOML, every key under a comment
     saying what it is."""
     typer.echo(describe_toml(state(ctx).config()), nl=False)
+
+
+@config_app.command("validate")
+def config_validate(
+    files: Annotated[list[str], typer.Argument(help="forge.toml files to check (the recipes in examples/, say)")],
+) -> None:
+    """Load each config file as a run would (defaults < the file) and print `ok` or the one-line error;
+    exit 1 if any fails."""
+    from openforge.config import load_config
+    from openforge.errors import ConfigError
+
+    failed = 0
+    for path in files:
+        try:
+            load_config(path)
+        except ConfigError as exc:
+            failed += 1
+            typer.echo(" ".join(str(exc).split()))  # load_config's errors name the file
+        else:
+            typer.echo(f"{path}: ok")
+    if failed:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -166,7 +188,8 @@ def stop(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
         typer.echo(f"{sent.run_id} had no live owner; marked stopped")
 
 
-for module in (cmd_engine, cmd_harness, cmd_proxy, cmd_sandbox, cmd_rollouts, cmd_train, cmd_up, cmd_analyze, cmd_sft):
+for module in (cmd_engine, cmd_harness, cmd_proxy, cmd_sandbox, cmd_rollouts, cmd_collect, cmd_train, cmd_up, cmd_analyze,
+               cmd_sft):
     module.register(app)
 
 

@@ -404,6 +404,9 @@ class TrainerConfig(_Section):
     lora_target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         description="the modules LoRA adapts")
+    init_from: str | None = Field(
+        None, description="a PEFT adapter folder the LoRA starts from instead of a fresh one (an SFT result: "
+        "`forge up --init-from RUN` stores its final adapter's path here); its rank and target modules must be these")
     device: str = Field("auto", description="torch device for training: auto, cpu, cuda")
     seed: int = Field(0, description="seed of the LoRA init and the task order")
     overlap: bool = Field(False, description="one-step-off-policy: sample step t+1 while training step t")

@@ -8,7 +8,9 @@
 - `prepare`: preflight (what this machine lacks, refused with the fix; the run's isolation), the model,
   the run row; `checks`: the machine checks `forge doctor` prints.
 - `train.run_training`, `evaluate.evaluate`, `proxy_session.ProxySession`: the three kinds of run, each
-  ending finished, stopped, or failed with the reason; `sft.run_sft`: `forge sft`, a run of kind sft.
+  ending finished, stopped, or failed with the reason; `sft.run_sft`: `forge sft`, a run of kind sft;
+  `collect.collect`: `forge collect`, a teacher's rollouts counted against a reward threshold (kind collect).
+- `model_export.export_model`: `forge export --format peft|merged`, a run's checkpoint as a model folder.
 
 Only `forge_cli` imports this package.
 """

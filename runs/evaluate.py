@@ -42,7 +42,7 @@ def evaluate(store: Store, config: ForgeConfig, tasks: Sequence[Any], *, home: P
                        k_values=config.runner.pass_k, name=name, adapter=adapter, on_progress=on_progress,
                        proxy_socket=stack.proxy_socket)
         try:
-            run, metrics = asyncio.run(_cancel_on_sigterm(job))
+            run, metrics = asyncio.run(cancel_on_sigterm(job))
         except asyncio.CancelledError:
             raise KeyboardInterrupt from None
     store.update_run(run.id, isolation=isolation)
@@ -54,7 +54,7 @@ def evaluate(store: Store, config: ForgeConfig, tasks: Sequence[Any], *, home: P
     return store.get_run(run.id), metrics
 
 
-async def _cancel_on_sigterm(job: Coroutine[Any, Any, T]) -> T:
+async def cancel_on_sigterm(job: Coroutine[Any, Any, T]) -> T:
     """Run `job`; SIGTERM (what `forge stop` sends) cancels it like Ctrl-C, so its sandboxes are stopped."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(job)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from openforge.config import ForgeConfig, stored_config
-from openforge.errors import ConfigError, EngineError, ForgeError, HarnessError, SandboxError
+from openforge.errors import ConfigError, EngineError, ForgeError, HarnessError, NotFoundError, SandboxError
 from openforge.paths import default_tiny_model, default_tiny_vl_model
 from openforge.store import RUN_FINAL, Store
 
@@ -160,6 +160,29 @@ def mark_dead_runs(store: Store) -> list[str]:
     return store.mark_interrupted(alive=pid_alive)
 
 
+def resolve_init_from(store: Store, config: ForgeConfig, home: Path) -> ForgeConfig:
+    """trainer.init_from as the absolute path of a checked adapter folder (what the run stores, so a
+    resume starts from the same one): a folder as given, or a run's (id, prefix, 'latest') final adapter."""
+    from openforge.trainer.checkpoint import final_adapter
+    from openforge.trainer.model import check_init_adapter
+    from openforge.trainer.vision import is_vision_model
+
+    value = config.trainer.init_from
+    if not value:
+        return config
+    path: Path | None = Path(value).expanduser()
+    if not path.exists():
+        try:
+            run = store.get_run(value)
+        except NotFoundError:
+            raise ConfigError(f"--init-from {value}: neither an adapter folder nor a run (see `forge runs`)") from None
+        path = final_adapter(home, run.id)
+        if path is None:
+            raise ConfigError(f"--init-from {value}: run {run.id} (kind {run.kind}, {run.status}) saved no LoRA adapter")
+    path = check_init_adapter(path.resolve(), config.trainer, vision=is_vision_model(config.engine.model))
+    return config.model_copy(update={"trainer": config.trainer.model_copy(update={"init_from": str(path)})})
+
+
 def prepare_run(store: Store, config: ForgeConfig, *, home: Path, resume: str | None = None,
                 steps: int | None = None) -> tuple[str, ForgeConfig]:
     """Create the run (or reopen `resume` with its stored config) and copy its tasks in.
@@ -168,6 +191,7 @@ def prepare_run(store: Store, config: ForgeConfig, *, home: Path, resume: str | 
     if resume is None:
         model = resolve_model(config, home)
         config = config.model_copy(update={"engine": config.engine.model_copy(update={"model": str(model)})})
+        config = resolve_init_from(store, config, home)
         tasks = load_run_tasks(config)
         run = store.create_run(kind="train", name=config.name, config=config.model_dump(mode="json"),
                                owner_pid=os.getpid())

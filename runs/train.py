@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from openforge import reserve
-from openforge.config import ForgeConfig
+from openforge.config import ForgeConfig, stored_config
 from openforge.errors import EngineError, ForgeError
 from openforge.paths import runs_dir
 from openforge.store import Store
@@ -130,10 +130,14 @@ def _record_outcome(store: Store, run_id: str, outcome: Outcome) -> None:
 
 def _reload_adapter(store: Store, run_id: str, stack: Stack) -> None:
     """A restarted engine has no adapters: load the one the run's rollouts are served with again."""
+    from openforge.trainer.checkpoint import init_adapter_name
+
     ckpt = store.latest_checkpoint(run_id)
-    if ckpt is not None and ckpt.adapter_name and stack.bridge is not None:
-        stack.bridge.run(stack.client.load_lora_adapter(ckpt.adapter_name, ckpt.path))
-        log.info("engine restarted: adapter %s loaded again", ckpt.adapter_name)
+    init = stored_config(store.get_run(run_id).config_json or {}).trainer.init_from
+    name, path = (ckpt.adapter_name, ckpt.path) if ckpt is not None else (init_adapter_name(run_id), init)
+    if name and path and stack.bridge is not None:  # before step 0: the adapter the run started from
+        stack.bridge.run(stack.client.load_lora_adapter(name, path))
+        log.info("engine restarted: adapter %s loaded again", name)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@
     bridge.py       BackgroundLoop: the async engine client from the synchronous loop
     cancel.py       CancelToken: stop sampling from another thread
     export.py       forge export: veRL parquet and JSONL
+    model_export.py forge export --format peft|merged: the adapter folder, or the merged weights
     sft.py          forge sft: supervised fine-tuning on the kept rollouts of earlier runs
     warmup/         the demo warm-ups
 """

@@ -43,6 +43,20 @@ def adapter_name(run_id: str, step: int) -> str:
     return f"{run_id}-step-{step}"
 
 
+def init_adapter_name(run_id: str) -> str:
+    """The name the engine knows a run's starting adapter by (trainer.init_from), served before step 0."""
+    return f"{run_id}-init"
+
+
+def final_adapter(home: Path, run_id: str) -> Path | None:
+    """The LoRA adapter of a run's newest complete step (an SFT run's result), or None (no step saved,
+    or full fine-tuning, whose folders are whole models)."""
+    for step in reversed(_completed(run_dir(home, run_id) / "checkpoints")):
+        if (adapter_dir(home, run_id, step) / "adapter_config.json").is_file():
+            return adapter_dir(home, run_id, step)
+    return None
+
+
 @dataclass
 class Resumed:
     step: int  # the last completed step

@@ -10,7 +10,8 @@
 
 Step N is done when its checkpoint exists; `train(..., resume=True)` starts after the newest one
 (re-recording its metrics row if the kill came between checkpoint and row), so no step is lost or
-repeated. Rollouts of a step that was interrupted are sampled again.
+repeated. Rollouts of a step that was interrupted are sampled again. With `trainer.init_from` the policy
+starts from that adapter (an SFT result), and the engine serves it to step 0's rollouts.
 
 With `overlap`, the rollouts of step N+1 are sampled (with the adapter of step N-1) while step N
 trains: one step off-policy, which TIS corrects for along with the engine/trainer mismatch.
@@ -36,7 +37,8 @@ from openforge.errors import TrainerError
 from openforge.paths import forge_home
 from openforge.store import Checkpoint, Store, TrainStep
 from openforge.trainer import distributed
-from openforge.trainer.checkpoint import adapter_name, latest_checkpoint, save_checkpoint, set_rng_state
+from openforge.trainer.checkpoint import (adapter_name, init_adapter_name, latest_checkpoint, save_checkpoint,
+                                         set_rng_state)
 from openforge.trainer.data import build_batch, call_sampling, micro_batches
 from openforge.trainer.vision import TrajectoryImages
 from openforge.trainer.grpo import StepConfig, grpo_step
@@ -153,6 +155,8 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
         except BaseException:
             pi.close()
             raise
+    elif config.init_from:  # the policy starts from an adapter (an SFT result): step 0 samples with it too
+        adapter = _serve_init(store, run_id, Path(config.init_from), engine)
     store.update_run(run_id, owner_pid=os.getpid())
     store.set_run_status(run_id, "running")
     result = TrainResult(run_id=run_id, adapter=adapter)
@@ -220,6 +224,15 @@ def _restore(store: Store, run_id: str, found: Any, pi: _Policy, stream: TaskStr
     if found.step not in {s.step for s in store.list_train_steps(run_id)}:
         _record_step(store, run_id, dict(state["metrics"]), adapter)  # killed between checkpoint and row
     return found.step + 1, int(state["position"]), adapter
+
+
+def _serve_init(store: Store, run_id: str, path: Path, engine: AdapterSync | None) -> str:
+    """Load trainer.init_from's adapter into the engine under the run's init name and serve it."""
+    name = init_adapter_name(run_id)
+    if engine is not None:
+        engine.load(name, str(path))
+    store.update_run(run_id, current_adapter=name)
+    return name
 
 
 def _publish(store: Store, run_id: str, step: int, path: Path, engine: AdapterSync | None,

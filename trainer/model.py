@@ -3,6 +3,7 @@ optimizer and LR schedule. Loaded with the same code that loads a real Qwen2.5/Q
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 from pathlib import Path
@@ -41,7 +42,8 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
 
 def build_policy(model_path: str | Path, cfg: TrainerConfig, *, device: torch.device,
                  resume_from: Path | None = None) -> Any:
-    """Load the base model in fp32 and wrap it: a fresh LoRA adapter, or the one at `resume_from`.
+    """Load the base model in fp32 and wrap it: a fresh LoRA adapter, the one at `resume_from`, or else
+    the one trainer.init_from names (an SFT result; checked by `check_init_adapter`).
 
     A vision-language checkpoint (a Qwen2-VL: its config has a vision tower) loads as
     AutoModelForImageTextToText; LoRA then targets the language model's modules only and the vision
@@ -71,12 +73,11 @@ def build_policy(model_path: str | Path, cfg: TrainerConfig, *, device: torch.de
 
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    if resume_from is not None:
-        model = PeftModel.from_pretrained(model, str(resume_from), is_trainable=True)
+    start = resume_from or (check_init_adapter(cfg.init_from, cfg, vision=vision) if cfg.init_from else None)
+    if start is not None:
+        model = PeftModel.from_pretrained(model, str(start), is_trainable=True)
     else:
-        targets: list[str] | str = list(cfg.lora_target_modules)
-        if vision:  # the language model's modules only (a regex PEFT full-matches against module names)
-            targets = r".*language_model\..*\.(" + "|".join(re.escape(t) for t in targets) + ")"
+        targets = lora_targets(cfg, vision=vision)
         lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                           target_modules=targets, task_type="CAUSAL_LM")
         try:
@@ -84,6 +85,35 @@ def build_policy(model_path: str | Path, cfg: TrainerConfig, *, device: torch.de
         except ValueError as exc:
             raise ConfigError(f"trainer.lora_target_modules: {str(exc).splitlines()[0]}") from None
     return model.to(device)
+
+
+def lora_targets(cfg: TrainerConfig, *, vision: bool) -> list[str] | str:
+    """The modules a fresh LoRA adapts: trainer.lora_target_modules, or on a vision-language model the
+    language model's modules only (a regex PEFT full-matches against module names)."""
+    if vision:
+        return r".*language_model\..*\.(" + "|".join(re.escape(t) for t in cfg.lora_target_modules) + ")"
+    return list(cfg.lora_target_modules)
+
+
+def check_init_adapter(path: str | Path, cfg: TrainerConfig, *, vision: bool = False) -> Path:
+    """`path` as the adapter a run's LoRA starts from (trainer.init_from): a PEFT LoRA folder whose rank
+    and target modules are the run's, so the run trains (and saves) the adapter it was given."""
+    folder = Path(path)
+    if cfg.full_finetune:
+        raise ConfigError("trainer.init_from starts a LoRA adapter; full fine-tuning starts from engine.model")
+    try:
+        saved = json.loads((folder / "adapter_config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--init-from {folder}: not a PEFT adapter folder (adapter_config.json: "
+                          f"{getattr(exc, 'strerror', None) or exc})") from None
+    targets = saved.get("target_modules")
+    want = lora_targets(cfg, vision=vision)
+    same_targets = set(targets) == set(want) if isinstance(targets, list) and isinstance(want, list) else targets == want
+    if saved.get("peft_type", "LORA") != "LORA" or saved.get("r") != cfg.lora_r or not same_targets:
+        raise ConfigError(f"--init-from {folder}: the adapter is {saved.get('peft_type', '?')} r={saved.get('r')} on "
+                          f"{targets}, the run trains LoRA r={cfg.lora_r} on {want} (set trainer.lora_r / "
+                          "trainer.lora_target_modules to the adapter's)")
+    return folder
 
 
 def build_optimizer(model: Any, cfg: TrainerConfig) -> tuple[torch.optim.Optimizer, Any]:
