@@ -142,6 +142,10 @@ def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
                   f"{infra_note(count_infra_failures(report.failed))}")
     if run.summary_json and (figures := summary_headline(run.summary_json)):
         console.print(figures, highlight=False)
+    if report.judgements[0]:  # tasks with a judge component: its failures are infra failures above
+        judged, judge_failed = report.judgements
+        console.print(f"judgements: {judged} ({judge_failed} judge failure{'' if judge_failed == 1 else 's'})",
+                      highlight=False)
     if len(report.by_harness) > 1:  # a run in several harnesses (harness.names): each one's reward
         console.print("by harness: " + ", ".join(
             f"{h} {'-' if m is None else f'{m:.3f}'} over {n}" for h, (n, m) in sorted(report.by_harness.items())),

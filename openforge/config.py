@@ -373,6 +373,20 @@ class RunnerConfig(_Section):
                               "summaries")
 
 
+class JudgeConfig(_Section):
+    """The model that grades a task's judge component (rollouts/tasks/judge.py): any OpenAI-compatible
+    chat endpoint, called by the runner after the agent is gone."""
+
+    url: str = Field("", description="the endpoint's base URL (…/v1); empty = no judge (a task with a judge "
+                     "component then fails as an infra failure)")
+    model: str = Field("", description="the model name sent in each request")
+    api_key_env: str = Field("", description="the NAME of the environment variable holding the API key "
+                             "(empty = no Authorization header); the key itself never goes in a config file")
+    timeout_s: float = Field(60.0, gt=0, description="one judge call's limit; past it the rollout is an infra failure")
+    max_answer_chars: int = Field(8000, ge=100, description="the agent's answer (and each file) is cut to this "
+                                  "many characters before the judge sees it")
+
+
 class TrainerConfig(_Section):
     """GRPO with LoRA. The names follow the papers' symbols where there is one."""
 
@@ -442,6 +456,8 @@ class ForgeConfig(_Section):
     tasks: TasksConfig = Field(default_factory=TasksConfig, description="[tasks]: which tasks runs use")
     runner: RunnerConfig = Field(default_factory=RunnerConfig, description="[runner]: how rollouts are run and graded")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="[trainer]: the GRPO trainer")
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="[judge]: the model that grades tasks' "
+                               "judge components")
     store: StoreConfig = Field(default_factory=StoreConfig, description="[store]: where runs are recorded")
 
     @model_validator(mode="before")

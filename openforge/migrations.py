@@ -18,9 +18,9 @@ from sqlmodel import SQLModel
 
 from openforge.db import redact
 from openforge.errors import StoreError
-from openforge.tables import SchemaMigration, hash_key, utcnow
+from openforge.tables import Judgement, SchemaMigration, hash_key, utcnow
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 def _v3_hashed_keys_and_sampling(conn: Any) -> None:
@@ -66,6 +66,11 @@ def _v5_teacher_calls(conn: Any) -> None:
     conn.exec_driver_sql("ALTER TABLE call ADD COLUMN upstream_retries INTEGER NOT NULL DEFAULT 0")
 
 
+def _v6_judgements(conn: Any) -> None:
+    """Schema 6: the `judgement` table, one row per call of a task's judge (its DDL from the model)."""
+    Judgement.__table__.create(conn)  # type: ignore[attr-defined]
+
+
 # Numbered migrations: (version, name, function(connection)). A fresh database is created from the
 # models above and stamped with every version here; an older one runs the versions it lacks.
 # They run on SQLite and PostgreSQL alike (`conn.dialect.name` tells them apart where SQL differs;
@@ -86,6 +91,8 @@ MIGRATIONS: list[Migration] = [
     (4, "call.images, trajectory.images", _v4_images),
     # A teacher's calls: token ids from the student's tokenizer, not sampled; retries of the upstream.
     (5, "call.retokenized, call.upstream_retries", _v5_teacher_calls),
+    # A task's judge: its prompt, reply and parsed score, per rollout (rollouts/tasks/judge.py).
+    (6, "judgement table", _v6_judgements),
 ]
 
 

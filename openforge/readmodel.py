@@ -17,7 +17,7 @@ from sqlalchemy.orm import load_only
 from sqlmodel import select
 
 from openforge.db import is_url
-from openforge.store import Call, Rollout, Run, Store, TrainStep, utcnow
+from openforge.store import Call, Judgement, Rollout, Run, Store, TrainStep, utcnow
 
 
 @dataclass
@@ -114,6 +114,7 @@ class RunReport:
     failed: list[Rollout]  # failed, timed out or the policy's failure: status, failure_kind, error loaded
     steps: list[TrainStep]
     by_harness: dict[str, tuple[int, float | None]] = field(default_factory=dict)  # harness -> (samples, mean reward)
+    judgements: tuple[int, int] = (0, 0)  # judge calls of the run's tasks' judge components: (all, failed)
 
     @property
     def n_rollouts(self) -> int:
@@ -134,6 +135,8 @@ def read_run_report(store: Store, run_id: str) -> RunReport:
         by_harness = {h or "?": (int(n), None if m is None else float(m)) for h, n, m in s.exec(
             select(Rollout.harness, func.count(), func.avg(Rollout.reward)).where(of_run, rewarded, samples)
             .group_by(Rollout.harness)).all()}
+        n_judged, n_judge_failed = s.exec(select(func.count(), func.count(Judgement.error))
+                                          .where(Judgement.run_id == run.id)).one()
         failed = list(s.exec(
             select(Rollout).options(load_only(Rollout.id, Rollout.status, Rollout.failure_kind, Rollout.error))
             .where(of_run, Rollout.failure_kind.is_not(None) | Rollout.status.in_(("failed", "timed_out")))  # type: ignore[union-attr,attr-defined]
@@ -142,4 +145,5 @@ def read_run_report(store: Store, run_id: str) -> RunReport:
                      mean_reward=None if mean is None else float(mean), n_samples=int(n_samples),
                      n_scored=int(n_scored),
                      mean_scored_reward=None if mean_scored is None else float(mean_scored), failed=failed,
-                     steps=store.list_train_steps(run.id), by_harness=by_harness)
+                     steps=store.list_train_steps(run.id), by_harness=by_harness,
+                     judgements=(int(n_judged), int(n_judge_failed)))

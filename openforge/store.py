@@ -47,6 +47,7 @@ from openforge.tables import (  # noqa: F401 - re-exported: callers import the t
     RUN_FINAL,
     Call,
     Checkpoint,
+    Judgement,
     Rollout,
     Run,
     SchemaMigration,
@@ -406,6 +407,24 @@ class Store:
             s.add(call)
             s.commit()
             return call
+
+    # ------------------------------------------------------------------------------------------
+    # Judgements (the runner writes one per judge call)
+
+    def add_judgement(self, judgement: Judgement) -> Judgement:
+        with self.session() as s:
+            s.add(judgement)
+            s.commit()
+            return judgement
+
+    def list_judgements(self, *, run_id: str | None = None, rollout_id: str | None = None) -> list[Judgement]:
+        with self.session() as s:
+            q = select(Judgement)
+            if run_id is not None:
+                q = q.where(Judgement.run_id == run_id)
+            if rollout_id is not None:
+                q = q.where(Judgement.rollout_id == rollout_id)
+            return list(s.exec(q.order_by(Judgement.id)).all())  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------------------------------
     # Trajectories

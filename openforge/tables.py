@@ -223,6 +223,22 @@ class Call(SQLModel, table=True):
     ended_at: datetime | None = None
 
 
+class Judgement(SQLModel, table=True):
+    """One call of a task's judge (rollouts/tasks/judge.py), made by the runner after the agent is gone.
+    Not a `call` row: the judge's tokens are no part of the policy's trajectory."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(index=True)
+    rollout_id: str = Field(index=True)
+    model: str = ""
+    prompt_json: list[dict[str, Any]] | None = _json_col()  # the chat messages sent, as sent
+    reply: str | None = _text_col()  # the judge's text, as it came (null when no reply came)
+    score: float | None = None  # the parsed score in [0, 1]; null when the judgement failed
+    error: str | None = None  # why it failed (timeout, HTTP error, unparseable reply); null on a score
+    latency_ms: float | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+
+
 class Trajectory(SQLModel, table=True):
     __table_args__ = (Index("ix_traj_rollout_seg", "rollout_id", "segment", unique=True),)
     id: int | None = Field(default=None, primary_key=True)

@@ -8,7 +8,8 @@ A spec may name one of the run's harnesses (`harness.names`); each rollout runs 
 One rollout: pending -> running -> start a sandbox (retried: infrastructure) -> setup files and
 command -> harness prepare + run under the time limit (the sandbox kills it) -> assemble the
 trajectory from the proxy's recorded calls -> the harness's outcome (answer or failure) -> the
-answer and expected files checked exactly, then the shell verifier -> scored. The final states say who failed:
+answer and expected files checked exactly, then the shell verifier, then a judge component
+(rollouts/tasks/judge.py) -> scored. The final states say who failed:
 
     scored     graded; `reward` is the policy's data (0.0 for an agent that did nothing). With
                failure_kind "policy" the harness stopped on the policy's own failure (its turn limit, a
@@ -17,7 +18,8 @@ answer and expected files checked exactly, then the shell verifier -> scored. Th
     timed_out  the harness ran past its limit and was killed; reward 0.0 (the agent's failure)
     failed     no reward; the trainer drops the whole group. `failure_kind` and the prefix of `error`
                say whose: "infra" (the sandbox would not start, setup or the harness install broke,
-               the sandbox died, the rollout's last model call failed in the proxy/engine) or
+               the sandbox died, the rollout's last model call failed in the proxy/engine, the task's
+               judge gave no score) or
                "harness" (the harness reported a fault that is not the policy's, exited without an
                answer for no reason of the policy's, or made no successful model call:
                rollouts/harnesses/base.py). Never graded from its output.
@@ -44,11 +46,12 @@ from typing import Any
 
 from openforge.config import ForgeConfig
 from openforge.errors import HarnessError, SandboxError
-from openforge.store import CALL_CLIENT_LEFT, Call, Rollout, Store
+from openforge.store import CALL_CLIENT_LEFT, Call, Judgement, Rollout, Store
 from openforge.rollouts.tasks.grading import answer_matches, clip, file_matches
 from openforge.rollouts.harnesses.base import Harness, HarnessContext, HarnessOutcome
 from openforge.rollouts.runner.failures import judge_outcome
 from openforge.rollouts.tasks.format import ANSWER_FILE, TaskSpec, parse_score
+from openforge.rollouts.tasks.judge import judge, weighted_reward
 from openforge.rollouts.runner.trajectory import assemble_rollout
 from openforge.sandbox.base import (ExecResult, Sandbox, SandboxFileNotFound, SandboxPathRefused, SandboxStartFailed,
                           start_with_retry, stop_shielded)
@@ -316,7 +319,7 @@ class RolloutRunner:
         if outcome.policy_failure is not None:  # the policy's 0, not graded: its output is no answer either
             reward, verifier_output, ending = 0.0, None, _failure("policy", outcome.policy_failure)
         else:
-            reward, verifier_output, note = await self._grade(sb, task, outcome.answer or "", site)
+            reward, verifier_output, note = await self._grade(sb, ro, task, outcome.answer or "", site)
             ending = {"error": note}
         if assembly_error:
             await self._finish(ro.id, status="failed", reward=reward, verifier_output=verifier_output,
@@ -359,9 +362,40 @@ class RolloutRunner:
         except SandboxError as exc:
             raise _InfraFailure(f"the sandbox failed while running: {exc}") from None
 
-    async def _grade(self, sb: Sandbox, task: TaskSpec, answer: str, site: Any = None,
+    async def _grade(self, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str, site: Any = None,
                      ) -> tuple[float, str, str | None]:
-        """(reward, what the graders said, a note when a verifier's output was unusable). The answer,
+        """(reward, what the graders said, a note when a verifier's output was unusable): the exact
+        graders' reward, and a judge component's score weighed beside it (rollouts/tasks/judge.py)."""
+        exact = await self._grade_exact(sb, task, answer, site) if task.exact_graded else None
+        if task.judge is None:
+            assert exact is not None  # TaskSpec requires a grader
+            return exact
+        score, line = await self._judge(sb, ro, task, answer)
+        if exact is None:
+            return score, line, None
+        reward, output, note = exact
+        return weighted_reward(reward, score, task.judge.weight), _tail(f"{output}\n{line}"), note
+
+    async def _judge(self, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str) -> tuple[float, str]:
+        """The judge's score and a line saying it; every call is recorded. A judge that gave no score
+        (a timeout, an HTTP error, an unparseable reply) makes the rollout an infra failure, never a 0."""
+        assert task.judge is not None
+        cap = self.config.judge.max_answer_chars
+        files: dict[str, str | None] = {}
+        for path in task.judge.files:  # read on the host, as the exact graders do; cut to the cap
+            got = await self._read_expected(sb, path, 4 * cap + 4)
+            files[path] = None if got is None else got.decode("utf-8", "replace")
+        done = await judge(self.config.judge, task.judge, instruction=task.instruction, answer=answer, files=files)
+        await self._db(self.store.add_judgement, Judgement(
+            run_id=ro.run_id, rollout_id=ro.id, model=done.model, prompt_json=done.messages, reply=done.reply,
+            score=done.score, error=done.error, latency_ms=done.latency_ms))
+        if done.score is None:
+            raise _InfraFailure(f"the judge failed: {done.error}")
+        return done.score, f"judge: {task.judge.output} score {done.score:g}, weight {task.judge.weight:g}"
+
+    async def _grade_exact(self, sb: Sandbox, task: TaskSpec, answer: str, site: Any = None,
+                           ) -> tuple[float, str, str | None]:
+        """The exact graders: (reward, what they said, a note when a verifier's output was unusable). The answer,
         the expected files and a GUI task's site state (read on the host) are checked here, outside the
         sandbox; then the shell verifier."""
         if task.harbor is not None:  # a Harbor task: its own tests are its grader

@@ -25,6 +25,10 @@ either or both of:
   reward, else 1.0. The harness's final answer is in `ANSWER_FILE` for it to read.
 
 With both, the reward is the verifier's when every expectation holds, else 0.0.
+
+A `judge` component (rollouts/tasks/judge.py) adds a model's verdict or score, weighed beside the exact
+graders' reward (or alone, in a task without them); a judge that fails makes the rollout an
+infrastructure failure, never a 0.
 """
 
 from __future__ import annotations
@@ -44,11 +48,12 @@ from openforge.rollouts.harnesses.agent_files import ANSWER_FILE
 from openforge.rollouts.tasks.grading import ExpectedAnswer
 from openforge.rollouts.tasks.harbor import harbor_record, is_harbor_task, strip_prefix
 from openforge.rollouts.tasks.harbor_verifier import HarborTests
+from openforge.rollouts.tasks.judge import JudgeSpec
 from openforge.rollouts.tasks.web import WEB_TASKS_DIR
 from openforge.rollouts.tasks.web.spec import GuiTask
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
-_NO_GRADER = "verifier: missing (required unless expect_answer, expect_files or harbor grades the task)"
+_NO_GRADER = "verifier: missing (required unless expect_answer, expect_files, harbor or judge grades the task)"
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -82,6 +87,9 @@ class TaskSpec(BaseModel):
     harbor: HarborTests | None = Field(None, description=(
         "a Harbor task's tests: copied in after the agent is gone, test.sh run, its reward file read "
         "(rollouts/tasks/harbor_verifier.py)"))
+    judge: JudgeSpec | None = Field(None, description=(
+        "a model that grades the answer and named files by a rubric after the agent is gone, weighed "
+        "beside the exact graders (rollouts/tasks/judge.py)"))
 
     @field_validator("id")
     @classmethod
@@ -108,10 +116,15 @@ class TaskSpec(BaseModel):
             raise ValueError("must not be blank")
         return value
 
+    @property
+    def exact_graded(self) -> bool:
+        """Whether any exact grader (not a judge) scores the task."""
+        return self.verifier is not None or self.expect_answer is not None or bool(self.expect_files) or \
+            bool(self.gui and self.gui.expect_state) or self.harbor is not None
+
     @model_validator(mode="after")
     def _graded(self) -> "TaskSpec":
-        if self.verifier is None and self.expect_answer is None and not self.expect_files and \
-                not (self.gui and self.gui.expect_state) and self.harbor is None:
+        if not self.exact_graded and self.judge is None:
             raise ValueError(_NO_GRADER)
         return self
 
@@ -271,7 +284,7 @@ def _check(path: str | Path) -> tuple[list[TaskSpec], list[TaskProblem]]:
         except ValidationError as exc:
             msgs = _describe(exc)
             # Pydantic skips the model check when a field fails: say a grader is missing here too.
-            if _NO_GRADER not in msgs and not any(record.get(k) for k in ("verifier", "expect_answer", "expect_files", "gui", "harbor")):
+            if _NO_GRADER not in msgs and not any(record.get(k) for k in ("verifier", "expect_answer", "expect_files", "gui", "harbor", "judge")):
                 msgs.append(_NO_GRADER)
             problems.extend(TaskProblem(where, raw_id, msg) for msg in msgs)
             continue
