@@ -198,10 +198,16 @@ def _signal_when_engine_launches(sig: int, children: list, *, needs_handler: boo
     """Send `sig` to this process once the engine child exists (and, for SIGTERM, our handler is in)."""
     import signal
 
+    def cmdline(p: psutil.Process) -> str:
+        try:
+            return " ".join(p.cmdline())
+        except psutil.Error:  # a sandbox's short-lived process, gone between the listing and the read
+            return ""
+
     def send() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            kids = [p for p in psutil.Process().children(recursive=True) if "engine" in " ".join(p.cmdline())]
+            kids = [p for p in psutil.Process().children(recursive=True) if "openforge.engine" in cmdline(p)]
             if kids and (not needs_handler or signal.getsignal(sig) not in (signal.SIG_DFL, None)):
                 children.extend(kids)
                 os.kill(os.getpid(), sig)
@@ -254,10 +260,16 @@ def test_ctrl_c_in_headless_mode_stops_everything(store: Store, tiny_model: Path
 
     run_id, config, controller = _demo_run(store, tiny_model)
     children: list[psutil.Process] = []
-    sender = _signal_when_engine_launches(signal.SIGINT, children, needs_handler=False)
-    outcome = run_headless(store, run_id, config, controller, home=store.path.parent, resume=False,
-                           console=Console(file=open(os.devnull, "w")))
-    sender.join()
+    # Ctrl-C as a fresh `forge up` process gets it: Python's own SIGINT handler. (Something earlier in a
+    # long pytest session can leave another one installed, and then the signal never reached the run.)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        sender = _signal_when_engine_launches(signal.SIGINT, children, needs_handler=False)
+        outcome = run_headless(store, run_id, config, controller, home=store.path.parent, resume=False,
+                               console=Console(file=open(os.devnull, "w")))
+        sender.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     _assert_all_stopped(store, run_id, outcome, children)
 
 
