@@ -21,7 +21,7 @@ import time
 import traceback
 from pathlib import Path
 
-BENCHES = ["proxy", "recording", "store_backends", "engine", "prefix_cache", "vl_engine", "trainer", "trainer_dist", "vl_dist", "cluster_capacity", "router", "verl_bridge", "sandboxes", "k8s_sandbox", "rollouts", "dashboard"]
+BENCHES = ["proxy", "recording", "store_backends", "engine", "prefix_cache", "vl_engine", "trainer", "trainer_dist", "vl_dist", "cluster_capacity", "router", "verl_bridge", "sandboxes", "k8s_sandbox", "rollouts", "harness_spec", "dashboard"]
 # Run only when named (they need Docker, the browser images, the Kubernetes double or the npm harnesses):
 # `python -m bench gui_docker`.
 ON_REQUEST = ["gui_docker", "gui_kubernetes", "browser_use_docker", "parsers", "parsers_harnesses"]
