@@ -16,6 +16,7 @@ Unknown keys are an error (a typo in a config file must not be silently ignored)
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -124,11 +125,15 @@ _ENGINE_KINDS = {"embedded": EmbeddedEngineConfig, "sglang": SglangEngineConfig,
 _ENGINE_RENAMED = {"router_workers": "workers", "router_worker_urls": "worker_urls", "router_policy": "policy"}
 
 
-def _engine_tag(value: Any) -> str:
-    # An [engine] table without `kind` is the embedded engine, as before the union.
-    if isinstance(value, dict):
-        return str(value.get("kind", "embedded"))
-    return str(getattr(value, "kind", "embedded"))
+def _union_tag(key: str, default: str) -> Callable[[Any], str]:
+    """A union's discriminator: `key` of a table or a model; a table without it is `default` (as before
+    the union)."""
+    def tag(value: Any) -> str:
+        return str(value.get(key, default) if isinstance(value, dict) else getattr(value, key, default))
+    return tag
+
+
+_engine_tag = _union_tag("kind", "embedded")
 
 
 # Which engine serves the policy: one table, holding the chosen kind's keys only.
@@ -275,11 +280,7 @@ class KubernetesSandboxConfig(_SandboxCommon):
 _SANDBOX_TYPES = {"local": LocalSandboxConfig, "docker": DockerSandboxConfig, "kubernetes": KubernetesSandboxConfig}
 
 
-def _sandbox_tag(value: Any) -> str:
-    # A [sandbox] table without `type` is the local backend, as before the union.
-    if isinstance(value, dict):
-        return str(value.get("type", "local"))
-    return str(getattr(value, "type", "local"))
+_sandbox_tag = _union_tag("type", "local")
 
 
 # Which backend runs each rollout's sandbox: one table, holding the chosen backend's keys only.
