@@ -55,36 +55,23 @@ def gc(ctx: typer.Context,
 @sandbox_app.command("build-image")
 def build_image(ctx: typer.Context,
                 variant: Annotated[str, typer.Option(help="python (Debian + python3 + openai SDK), browser (python + chromium, Xvfb, xdotool, fonts) or busybox (shell only)")] = "python",
-                harness: Annotated[str, typer.Option(help="npm harnesses to add on top of the python image, comma-separated: "
-                                                          "claude-code,codex,openclaw (installed into harness.npm_cache first if missing); "
-                                                          "or browser-use alone, on top of the browser image")] = "",
+                harness: Annotated[str, typer.Option(help="harnesses to put in the image (installed into harness.npm_cache "
+                                                          "first if missing): npm ones together on the python image, e.g. "
+                                                          "claude-code,codex,opencode; a Python one alone in an image of its "
+                                                          "own, e.g. mini-swe-agent (python image) or browser-use (browser image)")] = "",
                 latest: Annotated[bool, typer.Option(help="also tag it openforge-sandbox:latest (the default image)")] = True,
                 ) -> None:
     """Build the Docker sandbox image locally (debootstrap or busybox, then docker import); cached by recipe hash."""
-    from openforge.sandbox.harness_image import ensure_harness_image
     from openforge.sandbox.images import ensure_image
 
     config = state(ctx).config()
     base_url = getattr(config.sandbox, "base_url", "")
     if harness:
-        from openforge.rollouts.harnesses.npm import image_layer, install_harness, npm_cache_dir
+        from openforge.rollouts.harnesses.images import build_harness_image
+        from openforge.rollouts.harnesses.npm import npm_cache_dir
 
         names = [name.strip() for name in harness.split(",") if name.strip()]
-        cache = npm_cache_dir(config.harness)
-        if "browser-use" in names:  # a Python harness, on the browser image: an image of its own
-            from openforge.errors import HarnessError
-            from openforge.rollouts.harnesses import browseruse
-            from openforge.sandbox.harness_image import ensure_venv_image
-
-            if names != ["browser-use"]:
-                raise HarnessError("browser-use goes on the browser image, the npm harnesses on the python image: "
-                                   "build them separately (--harness browser-use, --harness claude-code,codex)")
-            browseruse.install_browser_use(cache)  # a no-op when the cache has it
-            tag = ensure_venv_image(browseruse.image_layer(cache), base_url=base_url, tag_latest=latest)
-        else:
-            for name in names:
-                install_harness(name, cache)  # a no-op when the cache has it; the image copies what the cache holds
-            tag = ensure_harness_image(image_layer(names, cache), base_url=base_url, tag_latest=latest)
+        tag = build_harness_image(names, npm_cache_dir(config.harness), base_url=base_url, tag_latest=latest)
     else:
         tag = ensure_image(variant, base_url=base_url, tag_latest=latest)
     typer.echo(tag + ("  (also openforge-sandbox:latest)" if latest else ""))

@@ -257,6 +257,7 @@ class VenvLayer:
     imports: tuple[str, ...]  # what the image's check imports besides every compiled module
     base: str = "browser"  # the image variant it goes on
     prefix: str = "opt/forge/venv"
+    scripts: tuple[str, ...] = ()  # the venv's console scripts to put on the PATH (/usr/local/bin)
 
     @property
     def site_packages(self) -> Path:
@@ -281,7 +282,8 @@ def venv_recipe(layer: VenvLayer) -> dict[str, Any]:
     """The image's recipe: the base image's, every installed distribution's exact version, the python,
     where it goes. The same install never rebuilds; any new version in it gives a new tag."""
     return {"v": RECIPE_VERSION, "variant": layer.name, "base": recipe(layer.base), "python": layer.python,
-            "packages": venv_distributions(layer.site_packages), "prefix": layer.prefix, "uid": SANDBOX_UID}
+            "packages": venv_distributions(layer.site_packages), "prefix": layer.prefix, "uid": SANDBOX_UID,
+            **({"scripts": list(layer.scripts)} if layer.scripts else {})}
 
 
 def venv_tag(layer: VenvLayer) -> str:
@@ -354,8 +356,17 @@ def build_venv_tar(layer: VenvLayer, base: Path, out: Path, modules: list[str]) 
             info = tarfile.TarInfo(f"{layer.prefix}/{name}")
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
-        for name, target in (("python3", "/usr/bin/python3"), ("python", "python3")):
-            info = tarfile.TarInfo(f"{layer.prefix}/bin/{name}")
+        links = {f"{layer.prefix}/bin/python3": "/usr/bin/python3", f"{layer.prefix}/bin/python": "python3"}
+        for script in layer.scripts:  # its shebang names the local venv's python: the image's instead
+            lines = (layer.venv / "bin" / script).read_bytes().split(b"\n", 1)
+            data = b"#!/" + layer.interpreter.lstrip("/").encode() + b"\n" + (lines[1] if len(lines) > 1 else b"")
+            info = tarfile.TarInfo(f"{layer.prefix}/bin/{script}")
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+            links[f"usr/local/bin/{script}"] = f"/{layer.prefix}/bin/{script}"
+            _add_parents(tar, names, f"usr/local/bin/{script}")
+        for path, target in links.items():
+            info = tarfile.TarInfo(path)
             info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
             tar.addfile(info)
         tar.add(layer.site_packages, arcname=site, filter=_readable)
@@ -378,5 +389,8 @@ def ensure_venv_image(layer: VenvLayer, *, base_url: str = "", timeout: float = 
             if old != out:
                 old.unlink(missing_ok=True)
 
+    check = [layer.interpreter, f"/{layer.prefix}/forge-check.py"]
+    if layer.scripts:  # and its programs are on the PATH
+        check = ["sh", "-c", " && ".join([" ".join(check), *(f"command -v {s}" for s in layer.scripts)])]
     return import_or_build(venv_tag(layer), build, base_url=base_url, timeout=timeout, tag_latest=tag_latest,
-                           check=[layer.interpreter, f"/{layer.prefix}/forge-check.py"])
+                           check=check)

@@ -266,7 +266,11 @@ def test_forge_sandbox_build_image_harness(tmp_path: Path, monkeypatch: pytest.M
     from openforge.forge_cli.main import app
 
     out = CliRunner().invoke(app, ["sandbox", "build-image", "--harness", "mini"])
-    assert out.exit_code == 1 and "'mini' is not an npm harness" in out.output and "Traceback" not in out.output
+    assert out.exit_code == 1 and "'mini' needs no image of its own" in out.output and "Traceback" not in out.output
+    out = CliRunner().invoke(app, ["sandbox", "build-image", "--harness", "codex,mini-swe-agent"])
+    assert out.exit_code == 1 and "build it alone (--harness mini-swe-agent)" in out.output, out.output
+    out = CliRunner().invoke(app, ["sandbox", "build-image", "--harness", "nope"])
+    assert out.exit_code == 1 and "unknown harness 'nope'" in out.output and "Traceback" not in out.output
     tag, why = harness_image(("claude-code", "codex"))
     if tag is not None:
         monkeypatch.setenv("FORGE_NPM_CACHE", str(NPM_CACHE))

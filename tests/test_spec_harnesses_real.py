@@ -78,3 +78,58 @@ async def test_opencode_runs_from_its_spec(make_rig):
     ro = await run_rollout(rig, "opencode", max_turns=4)
     assert (ro.status, ro.reward, ro.harness) == ("scored", 1.0, "opencode"), (ro.error, ro.stderr, ro.stdout)
     check_recorded(rig, ro, "openai_chat")
+
+
+# -- the same two programs in Docker, from the images `forge sandbox build-image --harness NAME` builds ---------
+
+def built_image(name: str) -> str:
+    """The tag of harness `name`'s image as .ci/run builds it from the test cache; skip (fail under
+    FORGE_REQUIRE=docker) when the engine is not reachable or the image is not built."""
+    from openforge.errors import HarnessError, SandboxError
+    from openforge.rollouts.harnesses import harness_class
+    from openforge.rollouts.harnesses.npm import image_layer
+    from openforge.sandbox.docker_engine import connect
+    from openforge.sandbox.harness_image import harness_tag, venv_tag
+    from openforge.sandbox.images import has_image
+
+    cls = harness_class(name)
+    try:
+        venv = cls.venv_layer(NPM_CACHE)
+        tag = venv_tag(venv) if venv is not None else harness_tag(image_layer([name], NPM_CACHE))
+    except HarnessError as exc:
+        skip_or_fail("docker", f"no {name} image without {name} installed: {exc}")
+    try:
+        client = connect(timeout=10)
+    except SandboxError as exc:
+        skip_or_fail("docker", f"{exc} (CI starts dockerd in .ci/run and exports DOCKER_HOST)")
+    try:
+        if not has_image(client, tag):
+            skip_or_fail("docker", f"{tag} is not built (forge sandbox build-image --harness {name} --no-latest)")
+    finally:
+        client.close()
+    return tag
+
+
+async def test_mini_swe_agent_runs_in_its_image(make_rig):
+    """The venv of the local cache, in an image of its own: the image's python3 runs it as the sandbox's user."""
+    from test_harness_images import run_in_container
+
+    rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
+    tok = rig.engine.tokenizer
+    finish = tool_call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo proof written"})
+    rig.engine.script = lambda ids: finish if MARK in tok.decode(ids) else tool_call("bash", {"command": COMMAND})
+    ro, rig = await run_in_container(rig, "mini-swe-agent", image=built_image("mini-swe-agent"))
+    assert (ro.status, ro.reward, ro.harness) == ("scored", 1.0, "mini-swe-agent"), (ro.error, ro.stderr[-2000:])
+    check_recorded(rig, ro, "openai_chat")
+
+
+async def test_opencode_runs_in_its_image(make_rig):
+    from test_harness_images import run_in_container
+
+    rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
+    tok = rig.engine.tokenizer
+    call = tool_call("bash", {"command": COMMAND, "description": "write the proof"})
+    rig.engine.script = lambda ids: "Done: proof.txt is written." if MARK in tok.decode(ids) else call
+    ro, rig = await run_in_container(rig, "opencode", image=built_image("opencode"))
+    assert (ro.status, ro.reward, ro.harness) == ("scored", 1.0, "opencode"), (ro.error, ro.stderr[-2000:])
+    check_recorded(rig, ro, "openai_chat")

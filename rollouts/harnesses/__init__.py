@@ -9,7 +9,8 @@
 A name that ends in `.toml` or holds a `/` is a spec file's path. Adapter modules are imported only
 when asked for, so `forge` starts fast and an adapter's missing dependency only matters to whoever
 uses it. Everything else asks the adapter class what it needs (`available`, `gui`, `own_browser`,
-`calls_model`: rollouts/harnesses/base.py).
+`calls_model`, `npm_harness`, `venv_layer`: rollouts/harnesses/base.py). `images.py` builds a sandbox image
+with harnesses in it from what they declare.
 """
 
 from __future__ import annotations

@@ -43,6 +43,8 @@ from openforge.sandbox.base import ExecResult, Sandbox
 
 if TYPE_CHECKING:
     from openforge.config import ForgeConfig
+    from openforge.rollouts.harnesses.npm import NpmHarness
+    from openforge.sandbox.harness_image import VenvLayer
 
 MAX_ANSWER_BYTES = 4 * 1024 * 1024  # an answer longer than this is cut (it fails exact grading anyway)
 
@@ -121,6 +123,19 @@ class HarnessBase:
         return what runs. HarnessError when it cannot."""
         raise HarnessError(f"harness {cls.name!r} has nothing `forge harness install` can install; "
                            "see docs/harnesses.md for what it needs")
+
+    @classmethod
+    def npm_harness(cls) -> "NpmHarness | None":
+        """Its npm packages and the executable they put on the PATH, when it is an npm program (what
+        `forge sandbox build-image --harness NAME` copies onto the python image); None otherwise."""
+        return None
+
+    @classmethod
+    def venv_layer(cls, cache: Path) -> "VenvLayer | None":
+        """Its installed venv in `cache` as an image layer, when it is a Python program that gets an image
+        of its own (`forge sandbox build-image --harness NAME`); None otherwise. HarnessError when it is
+        one but is not installed."""
+        return None
 
 
 def last_line(text: str) -> str:

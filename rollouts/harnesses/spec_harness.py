@@ -25,16 +25,19 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from openforge.config import ForgeConfig, HarnessConfig
 from openforge.errors import HarnessError
 from openforge.rollouts.harnesses import agent_files
 from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext, HarnessOutcome, last_line, read_text
-from openforge.rollouts.harnesses.npm import install_packages, npm_cache_dir
+from openforge.rollouts.harnesses.npm import NpmHarness, install_packages, npm_cache_dir
 from openforge.rollouts.harnesses.spec import HarnessSpec, expand
 from openforge.rollouts.harnesses.venv import INSTALL_TIMEOUT_S, install_venv
 from openforge.sandbox.base import ExecResult, Sandbox
+
+if TYPE_CHECKING:
+    from openforge.sandbox.harness_image import VenvLayer
 
 FORGE_DIR = ".forge"
 INSTRUCTION_FILE = f"{FORGE_DIR}/instruction.txt"
@@ -125,6 +128,25 @@ class SpecHarness(HarnessBase):
         if fix is not None:
             raise HarnessError(f"{cls.spec.path}: installed, but {fix}")
         return (cls.local_program(cache) or cls.spec.run.program).replace("{python}", sys.executable)
+
+    @classmethod
+    def npm_harness(cls) -> NpmHarness | None:
+        install = cls.spec.install
+        return NpmHarness(tuple(install.npm), cls.spec.run.program) if install.npm else None
+
+    @classmethod
+    def venv_layer(cls, cache: Path) -> VenvLayer | None:
+        """A pip harness's venv, on the python image at /opt/forge/<name>, its program on the PATH."""
+        from openforge.sandbox.harness_image import VenvLayer
+
+        if not cls.spec.install.pip:
+            return None
+        program = cls.spec.run.program
+        if not os.access(cls.venv(cache) / "bin" / program, os.X_OK):
+            raise HarnessError(f"harness {cls.spec.name!r} is not installed in {cache}: "
+                               f"run `forge harness install {cls.spec.name}`")
+        return VenvLayer(name=cls.spec.name, venv=cls.venv(cache), python=f"{sys.version_info.major}.{sys.version_info.minor}",
+                         imports=(), base="python", prefix=f"opt/forge/{cls.spec.name}", scripts=(program,))
 
     # -- one rollout ---------------------------------------------------------------------------------------
 
