@@ -9,11 +9,11 @@ in openforge/config.py's union): what differs between backends is declared on it
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 from openforge.config import SandboxConfig
 from openforge.errors import SandboxError
+from openforge.lazy import lazy_class
 from openforge.sandbox.base import IsolationReport, Sandbox, SandboxBase
 
 # sandbox.type -> (module, class), imported lazily
@@ -31,13 +31,11 @@ def sandbox_class(sandbox_type: str) -> type[SandboxBase]:
     entry = BACKENDS.get(sandbox_type)
     if entry is None:
         raise SandboxError(f"unknown sandbox.type {sandbox_type!r}; choose {', '.join(BACKENDS)}")
-    module_name, class_name = entry
     try:
-        module = importlib.import_module(module_name)
+        return lazy_class(*entry)
     except ImportError as exc:
         hint = INSTALL_HINTS.get(sandbox_type, "check its dependencies")
         raise SandboxError(f"the {sandbox_type} backend cannot be loaded ({exc}); {hint}") from None
-    return getattr(module, class_name)
 
 
 def make_sandbox(config: SandboxConfig, *, run_id: str, rollout_id: str,

@@ -15,12 +15,12 @@ with harnesses in it from what they declare.
 
 from __future__ import annotations
 
-import importlib
 from importlib.metadata import entry_points
 from pathlib import Path
 
 from openforge.config import ForgeConfig, HarnessConfig
 from openforge.errors import HarnessError
+from openforge.lazy import lazy_class
 from openforge.paths import forge_home
 from openforge.rollouts.harnesses.base import Harness, HarnessBase
 from openforge.rollouts.harnesses.spec import HarnessSpec, load_spec
@@ -74,8 +74,8 @@ def spec_class(spec: HarnessSpec) -> type[HarnessBase]:
     if spec.hook:
         module_name, _, class_name = spec.hook.partition(":")
         try:
-            hook = getattr(importlib.import_module(module_name), class_name)
-        except (ImportError, AttributeError, ValueError) as exc:
+            hook = lazy_class(module_name, class_name)
+        except (ImportError, LookupError, ValueError) as exc:
             raise HarnessError(f"{spec.path}: hook: cannot load {spec.hook!r}: {exc}") from None
         if not (isinstance(hook, type) and issubclass(hook, SpecHarness)):
             raise HarnessError(f"{spec.path}: hook: {spec.hook!r} is not a SpecHarness subclass")
@@ -96,15 +96,12 @@ def harness_class(name: str) -> type[HarnessBase]:
     entry = HARNESSES.get(name)
     if entry is None:
         raise HarnessError(f"unknown harness {name!r}; known: {', '.join(harness_names())}")
-    module_name, class_name = entry
     try:
-        module = importlib.import_module(module_name)
+        return lazy_class(*entry)
     except ImportError as exc:
         raise HarnessError(f"harness {name!r} is not available here: {exc}") from None
-    cls = vars(module).get(class_name)
-    if cls is None:
-        raise HarnessError(f"harness {name!r}: {module_name} defines no {class_name}")
-    return cls
+    except LookupError as exc:
+        raise HarnessError(f"harness {name!r}: {exc}") from None
 
 
 def _from_entry_point(ep: object) -> type[HarnessBase]:
