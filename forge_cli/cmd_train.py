@@ -46,6 +46,9 @@ def train(
     init_from: Annotated[Optional[str], typer.Option("--init-from", metavar="RUN_OR_PATH", help="start the LoRA from "
                                                      "an SFT run's final adapter or a PEFT adapter folder "
                                                      "(trainer.init_from); the engine serves it from step 0")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan (engines, sandboxes, trainer, tasks, "
+                                          "tracking; on Kubernetes the pod manifests) and the checks that would "
+                                          "fail, start nothing; exit 1 if a check fails")] = False,
 ) -> None:
     """Train the policy with GRPO on the configured tasks: engine, proxy, sandboxed rollouts, trainer.
 
@@ -65,6 +68,11 @@ def train(
         "trainer.full_finetune": full_finetune, "trainer.overlap": overlap, "runner.samples_per_task": group_size,
         "name": name, "trainer.nproc": nproc, "trainer.init_from": init_from}))
     console = Console()
+    if dry_run:
+        from openforge.forge_cli.plan_view import dry_run as print_plan
+
+        print_plan(config, home=st.home, resume=resume, console=console)
+        return
 
     def front_end(store: Store, run_id: str, config: ForgeConfig, controller: RunController, resumed: bool) -> Outcome:
         return up_views.run_headless(store, run_id, config, controller, home=st.home, resume=resumed, console=console)

@@ -39,6 +39,9 @@ def up(
     init_from: Annotated[Optional[str], typer.Option("--init-from", metavar="RUN_OR_PATH", help="start the LoRA from "
                                                      "an SFT run's final adapter or a PEFT adapter folder "
                                                      "(trainer.init_from); the engine serves it from step 0")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan (engines, sandboxes, trainer, tasks, "
+                                          "tracking; on Kubernetes the pod manifests) and the checks that would "
+                                          "fail, start nothing; exit 1 if a check fails")] = False,
 ) -> None:
     """Bring up the engine, the proxy, sandboxed rollouts and the GRPO trainer for one run, and show it live."""
     from openforge.runs.session import SessionRequest, run_session
@@ -51,6 +54,11 @@ def up(
                             "trainer.init_from": init_from})
     # --demo's settings are a preset, picked by the harness however it was named (--harness or --set)
     config = st.config(flags, preset="demo" if demo else None)
+    if dry_run:
+        from openforge.forge_cli.plan_view import dry_run as print_plan
+
+        print_plan(config, home=st.home, resume=resume, console=console)
+        return
     tui = not headless and is_tty()
 
     def front_end(store: Store, run_id: str, config: ForgeConfig, controller: RunController, resumed: bool) -> Outcome:

@@ -403,6 +403,9 @@ class TrainerConfig(_Section):
     clip_eps_high: float | None = Field(None, description="asymmetric upper clip (DAPO); None = clip_eps")
     tis_cap: float = Field(2.0, gt=0, description="truncated importance sampling cap C")
     kl_coef: float = Field(0.0, ge=0, description="beta of the KL to the reference (adapter disabled)")
+    entropy_coef: float = Field(0.0, ge=0, description="weight of the entropy bonus: the loss subtracts it times "
+                                "the mean entropy of the policy on the sampled tokens' positions (keeps a GUI policy "
+                                "exploring); 0 = none")
     std_normalize: bool = Field(True, description="GRPO divides advantages by the group std; False = Dr. GRPO")
     loss_agg: Literal["token-mean", "seq-mean"] = Field("token-mean", description="how token losses are averaged: "
                                                         "over all tokens, or per sequence then over sequences")
@@ -427,6 +430,27 @@ class TrainerConfig(_Section):
     overlap: bool = Field(False, description="one-step-off-policy: sample step t+1 while training step t")
     nproc: int = Field(1, ge=1, description="trainer processes on this machine: > 1 runs `forge train` / `forge up` "
                        "under torchrun with FSDP2 (gloo on CPU, NCCL on GPUs, one GPU per rank); rank 0 owns the run")
+
+
+class TrackingConfig(_Section):
+    """Experiment trackers every train step is logged to, beside the run store (runs/tracking.py): each
+    backend an optional extra (`pip install 'openforge[wandb]'`, `[tensorboard]`, `[mlflow]`), imported only
+    when named."""
+
+    backends: list[Literal["wandb", "tensorboard", "mlflow"]] = Field(
+        default_factory=list, description="where to log each train step: wandb, tensorboard, mlflow; empty = the run "
+        "store only")
+    project: str = Field("openforge", description="the W&B project, the MLflow experiment")
+    run_name: str = Field("", description="the tracked run's display name; empty = the run's name, else its id")
+    dir: str = Field("", description="where trackers write their files (W&B's offline runs, TensorBoard's event "
+                     "files, MLflow's SQLite store); empty = the run's folder, FORGE_HOME/runs/<id>/tracking")
+    wandb_mode: Literal["auto", "online", "offline"] = Field(
+        "auto", description="auto = online when a W&B key is configured (WANDB_API_KEY, ~/.netrc) and accepted, "
+        "else offline with one warning (upload later with `wandb sync`); WANDB_MODE=offline forces offline")
+    mlflow_uri: str = Field("", description="MLflow's tracking URI (a server, or a database); empty = a SQLite "
+                            "file in the tracking dir, artifacts beside it")
+    samples_per_step: int = Field(4, ge=0, description="rollouts per step logged as a table of transcripts "
+                                  "(task, harness, reward, the readable steps); 0 = none")
 
 
 class StoreConfig(_Section):
@@ -460,6 +484,8 @@ class ForgeConfig(_Section):
     judge: JudgeConfig = Field(default_factory=JudgeConfig, description="[judge]: the model that grades tasks' "
                                "judge components")
     store: StoreConfig = Field(default_factory=StoreConfig, description="[store]: where runs are recorded")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="[tracking]: experiment trackers "
+                                     "(W&B, TensorBoard, MLflow) each train step is logged to")
 
     @model_validator(mode="before")
     @classmethod

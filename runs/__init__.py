@@ -11,6 +11,8 @@
   ending finished, stopped, or failed with the reason; `sft.run_sft`: `forge sft`, a run of kind sft;
   `collect.collect`: `forge collect`, a teacher's rollouts counted against a reward threshold (kind collect).
 - `model_export.export_model`: `forge export --format peft|merged`, a run's checkpoint as a model folder.
+- `tracking`: `[tracking]`, each train step logged to W&B / TensorBoard / MLflow (`open_tracker`, from `run_training`);
+  `plan.plan_run`: `forge up --dry-run`, the plan and every check, nothing started.
 
 Only `forge_cli` imports this package.
 """

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,32 +97,67 @@ def _tiny_vl_model(home: Path) -> Path:
 
 def preflight(config: ForgeConfig, home: Path) -> None:
     """Refuse early, with the fix, when the config asks for something this machine lacks."""
-    from openforge.runs.checks import check_docker, check_kubernetes, check_sglang
+    for _, check in preflight_checks(config):
+        check()
 
+
+def preflight_checks(config: ForgeConfig) -> list[tuple[str, Callable[[], object]]]:
+    """Preflight's checks in order, each a name and a call that raises ForgeError with the fix:
+    `preflight` stops at the first refusal, `forge up --dry-run` (runs/plan.py) runs them all."""
+    from openforge.runs.tracking import check_tracking
+
+    checks: list[tuple[str, Callable[[], object]]] = []
     if config.sandbox.type == "docker":
-        check = check_docker(config)
-        if check.verdict != "ok":
-            url = config.sandbox.base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-            why = "the docker SDK is not installed; " if "SDK" in check.detail else ""
-            raise SandboxError(f"no Docker engine reachable at {url}; {why}use sandbox.type = \"local\" or start Docker")
+        checks.append(("Docker engine", lambda: _check_docker(config)))
     if config.sandbox.type == "kubernetes":
-        check = check_kubernetes(config)
-        if check.verdict != "ok":
-            raise SandboxError(f"Kubernetes: {check.detail}; use sandbox.type = \"local\" or \"docker\", "
-                               "or set sandbox.context / sandbox.kubeconfig")
+        checks.append(("Kubernetes", lambda: _check_kubernetes(config)))
     if config.engine.kind == "sglang":
-        check = check_sglang(config)
-        if check.verdict != "ok":
-            raise EngineError(f"SGLang is {check.detail}; or use engine.kind = \"embedded\" "
-                              "(CPU) or \"url\" for a server that is already running")
+        checks.append(("SGLang", lambda: _check_sglang(config)))
     if config.engine.kind == "url" and not config.engine.url:
-        raise ConfigError("engine.kind = \"url\" needs engine.url (e.g. http://gpu-box:30000)")
+        checks.append(("engine", lambda: _refuse(ConfigError("engine.kind = \"url\" needs engine.url "
+                                                             "(e.g. http://gpu-box:30000)"))))
     if config.engine.kind == "remote":
         from openforge.proxy.teacher import check_teacher_config
 
-        check_teacher_config(config.engine)  # type: ignore[arg-type]
-    check_harness(config)
-    isolation_for(config)
+        checks.append(("teacher", lambda: check_teacher_config(config.engine)))  # type: ignore[arg-type]
+    checks += [("harness", lambda: check_harness(config)), ("tracking", lambda: check_tracking(config)),
+               ("isolation", lambda: isolation_for(config))]
+    return checks
+
+
+def _refuse(exc: ForgeError) -> None:
+    raise exc
+
+
+def _check_docker(config: ForgeConfig) -> None:
+    from openforge.runs.checks import check_docker
+
+    check = check_docker(config)
+    if check.verdict == "warn":  # the engine answers; the image is not on it
+        raise SandboxError(f"the sandbox image {config.sandbox.image} is not on the Docker engine "
+                           f"({check.detail.split(';')[0]}): build it with `forge sandbox build-image`")
+    if check.verdict != "ok":
+        url = config.sandbox.base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        why = "the docker SDK is not installed; " if "SDK" in check.detail else ""
+        raise SandboxError(f"no Docker engine reachable at {url}; {why}use sandbox.type = \"local\" or start Docker")
+
+
+def _check_kubernetes(config: ForgeConfig) -> None:
+    from openforge.runs.checks import check_kubernetes
+
+    check = check_kubernetes(config)
+    if check.verdict != "ok":
+        raise SandboxError(f"Kubernetes: {check.detail}; use sandbox.type = \"local\" or \"docker\", "
+                           "or set sandbox.context / sandbox.kubeconfig")
+
+
+def _check_sglang(config: ForgeConfig) -> None:
+    from openforge.runs.checks import check_sglang
+
+    check = check_sglang(config)
+    if check.verdict != "ok":
+        raise EngineError(f"SGLang is {check.detail}; or use engine.kind = \"embedded\" "
+                          "(CPU) or \"url\" for a server that is already running")
 
 
 def check_harness(config: ForgeConfig) -> None:

@@ -51,8 +51,10 @@ def run_training(store: Store, run_id: str, config: ForgeConfig, controller: Run
     from openforge.trainer.loop import train
     from openforge.trainer.adapters import AdapterSync
     from openforge.trainer.samplers import RolloutSampler
+    from openforge.runs.tracking import open_tracker
 
     outcome = Outcome()
+    tracker = open_tracker(store, run_id, config, home=home)  # W&B / TensorBoard, when [tracking] names them
     stack = Stack(config, store, log_dir=runs_dir(home) / run_id, runner=True, client=True)
     controller.on_stop.append(stack.abort)  # don't wait out the engine's startup
 
@@ -60,6 +62,7 @@ def run_training(store: Store, run_id: str, config: ForgeConfig, controller: Run
         log.info("step %d done: reward %s, loss %s, adapter %s loaded", metrics.get("step"),
                  fmt_num(metrics.get("reward_mean")), fmt_num(metrics.get("loss")), store.get_run(run_id).current_adapter)
         outcome.steps.append(metrics)
+        tracker.log_step(metrics)
         if on_step is not None:
             on_step(metrics)
         if int(metrics["step"]) + 1 < config.trainer.steps:  # a stop during the last step: it is done anyway
@@ -89,6 +92,7 @@ def run_training(store: Store, run_id: str, config: ForgeConfig, controller: Run
         _classify(exc, outcome, stopping=controller.stopping)
     finally:
         stack.stop()
+        tracker.close(failed=outcome.status == "failed")
         _record_end(store, run_id, outcome)
     return outcome
 

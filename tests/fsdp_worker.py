@@ -16,7 +16,7 @@ from openforge.trainer.model import build_optimizer, build_policy
 
 STEPS = 3
 CFG = TrainerConfig(lora_r=4, lora_alpha=8, lr=1e-2, seed=0, micro_batch_tokens=40)
-STEP = StepConfig(loss_agg="seq-mean", max_grad_norm=0.5)
+STEP = StepConfig(loss_agg="seq-mean", max_grad_norm=0.5, entropy_coef=0.01)  # the entropy bonus sharded too
 
 
 def batches(step: int) -> list:

@@ -45,6 +45,7 @@ def test_the_claw_and_gui_recipes_have_the_issues_numbers() -> None:
     assert claw.engine.kind == "router" and claw.sandbox.type == "kubernetes" and claw.harness.name == "openclaw"
     gui = load_config(REPO / "examples" / "gui-qwen-vl.toml")
     assert (gui.runner.samples_per_task, gui.trainer.kl_coef) == (5, 0.0) and gui.harness.name == "browser-use"
+    assert gui.trainer.entropy_coef > 0  # the recipe's entropy bonus
 
 
 def test_the_laptop_recipe_is_the_demo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

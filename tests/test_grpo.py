@@ -136,3 +136,70 @@ def test_token_logprobs_skips_the_prompt_exactly(tiny_model) -> None:
     assert torch.allclose(full, ref, atol=1e-5)
     assert torch.allclose(part[:, 3:], ref[:, 3:], atol=1e-5)  # targets 4..6
     assert (part[:, :3] == 0).all()
+
+
+def test_entropy_bonus_in_the_loss_by_hand() -> None:
+    # One token, first epoch (r = 1), engine logprob = trainer logprob (w = 1), A = 1: L_pg = -1.
+    # With H = 0.5 and alpha_H = 0.1 the loss is -1 - 0.1 * 0.5 = -1.05, and dL/dH = -0.1.
+    lp = torch.log(torch.tensor([[0.6]]))
+    ent = torch.tensor([[0.5]], requires_grad=True)
+    out = policy_loss(lp, lp.clone(), torch.tensor([1.0]), torch.ones(1, 1), entropy=ent, entropy_coef=0.1)
+    assert out.loss.item() == pytest.approx(-1.05)
+    out.loss.backward()
+    assert ent.grad.item() == pytest.approx(-0.1)
+    assert out.entropy == pytest.approx(0.5)
+    masked = policy_loss(lp.expand(1, 2), lp.expand(1, 2).clone(), torch.tensor([1.0]), torch.tensor([[1.0, 0.0]]),
+                         entropy=torch.tensor([[0.5, 9.0]]), entropy_coef=0.1)
+    assert masked.loss.item() == pytest.approx(-1.05) and masked.entropy == pytest.approx(0.5)  # prompt tokens: none
+
+
+class _FixedLogits(torch.nn.Module):
+    """A 'model' whose next-token logits are one learnable vector z at every position."""
+
+    def __init__(self, z: list[float]) -> None:
+        super().__init__()
+        self.z = torch.nn.Parameter(torch.tensor(z))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int = 0, **_: object):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.z.expand(input_ids.shape[0], input_ids.shape[1], -1))
+
+
+def _entropy(p: list[float]) -> float:
+    return -sum(q * math.log(q) for q in p)
+
+
+def test_token_entropy_by_hand_at_the_call_temperature() -> None:
+    # z = (0, ln 3): p = (1/4, 3/4), H = 0.5623; at temperature 2, p = (1, sqrt 3) / (1 + sqrt 3)
+    model = _FixedLogits([0.0, math.log(3.0)])
+    ids, att = torch.tensor([[0, 1, 1]]), torch.ones(1, 3, dtype=torch.long)
+    logp, ent = grpo.token_logprobs(model, ids, att, entropy=True)
+    assert ent.shape == logp.shape == (1, 2)
+    assert ent[0, 1].item() == pytest.approx(_entropy([0.25, 0.75]), rel=1e-6)
+    assert logp[0, 1].item() == pytest.approx(math.log(0.75), rel=1e-6)
+    s3 = math.sqrt(3.0)
+    _, hot = grpo.token_logprobs(model, ids, att, temperature=2.0, entropy=True)
+    assert hot[0, 1].item() == pytest.approx(_entropy([1 / (1 + s3), s3 / (1 + s3)]), rel=1e-6)
+    assert torch.equal(grpo.token_logprobs(model, ids, att), logp)  # without entropy: the logprobs alone
+
+
+def test_grpo_step_with_entropy_coef_moves_the_policy_up_its_entropy_gradient() -> None:
+    # Zero advantage: the policy-gradient term is 0, so one SGD step (lr 1) moves z by
+    # alpha_H * dH/dz, dH/dz_i = -p_i (log p_i + H): with p = (1/4, 3/4), +-0.2060 each.
+    p, coef = [0.25, 0.75], 0.1
+    H = _entropy(p)
+    model = _FixedLogits([0.0, math.log(3.0)])
+    mb = {"input_ids": torch.tensor([[0, 1]]), "attention_mask": torch.ones(1, 2, dtype=torch.long),
+          "mask": torch.ones(1, 1), "old_logp": torch.log(torch.tensor([[0.75]])), "weights": torch.ones(1, 1),
+          "advantages": torch.zeros(1), "first": torch.tensor(1)}
+    cfg = grpo.StepConfig(entropy_coef=coef, max_grad_norm=1e9)
+    metrics = grpo.grpo_step(model, torch.optim.SGD(model.parameters(), lr=1.0), [mb], cfg)
+    assert metrics["entropy"] == pytest.approx(H, rel=1e-6)
+    assert metrics["loss"] == pytest.approx(-coef * H, rel=1e-6)
+    grad = [-q * (math.log(q) + H) for q in p]
+    assert model.z.detach().tolist() == pytest.approx([coef * grad[0], math.log(3.0) + coef * grad[1]], rel=1e-5)
+    plain = _FixedLogits([0.0, math.log(3.0)])
+    assert "entropy" not in grpo.grpo_step(plain, torch.optim.SGD(plain.parameters(), lr=1.0), [mb],
+                                           grpo.StepConfig(max_grad_norm=1e9))
+    assert plain.z.detach().tolist() == pytest.approx([0.0, math.log(3.0)])  # no bonus, no advantage: no move

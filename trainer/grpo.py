@@ -11,7 +11,8 @@ Symbols (per token t of sequence i, only where the loss mask is 1):
     w        = min(pi_old / mu, C), detached                       truncated importance sampling (TIS)
     L_pg     = -w * min(r * A, clip(r, 1 - eps, 1 + eps_high) * A)
     KL_k3    = exp(ref - logp) - (ref - logp) - 1                  Schulman's k3, unbiased and >= 0
-    L        = agg(L_pg + beta * KL_k3)                            token-mean or sequence-mean
+    H        = -sum_v pi(v) log pi(v)                              the policy's entropy at token t's position
+    L        = agg(L_pg + beta * KL_k3 - alpha_H * H)              token-mean or sequence-mean
 
 TIS follows Yao et al., "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"
 (2025, fengyao.notion.site/off-policy-rl), as veRL (`rollout_is`, docs/advance/rollout_is.md) and slime
@@ -60,6 +61,7 @@ class LossParts:
     clip_frac: float  # share of mask tokens where the clipped branch was taken
     kl: float  # mean k3 KL on mask tokens (0 without a reference)
     tis_frac: float  # share of mask tokens whose TIS weight hit the cap
+    entropy: float = 0.0  # mean policy entropy on mask tokens (0 when none was given)
 
 
 def policy_loss(
@@ -76,13 +78,17 @@ def policy_loss(
     tis_cap: float = 2.0,
     loss_agg: str = "token-mean",
     weights: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> LossParts:
     """The clipped GRPO objective with TIS, on tensors of shape [B, T] (advantages: [B] or [B, T]).
 
     `logp_old` is the engine's recorded sampling logprob (behaviour policy mu); `logp_proximal` the
     trainer's logprob before this update (default: `logp_new` detached, exact for one epoch per step).
     `weights` [B, T] replaces `loss_agg` when the caller aggregates over a larger batch than this one
-    (micro-batching): the loss is then sum(weights * per-token loss).
+    (micro-batching): the loss is then sum(weights * per-token loss). `entropy` [B, T] is the policy's
+    entropy at each token's position (`token_logprobs(..., entropy=True)`, with its graph): the bonus
+    `entropy_coef * H` is subtracted, so minimising the loss keeps the policy from collapsing early.
 
     Worked example: one token, A = 1, engine logprob log 0.5, trainer logprob log 0.6 (first epoch, so
     r = 1): w = min(0.6/0.5, 2) = 1.2, L = -1.2 * 1 * 1 = -1.2, and dL/dlogp = -1.2.
@@ -112,6 +118,8 @@ def policy_loss(
         delta = logp_ref - logp_new
         kl = torch.exp(delta) - delta - 1.0  # k3
         per_token = per_token + kl_coef * kl
+    if entropy is not None:
+        per_token = per_token - entropy_coef * entropy
 
     if weights is None:
         weights = aggregation_weights(mask, loss_agg)
@@ -122,6 +130,7 @@ def policy_loss(
         clip_frac=float(((clipped > unclipped).float() * mask).sum() / n),
         kl=float((kl.detach() * mask).sum() / n),
         tis_frac=float(((raw_w > tis_cap).float() * mask).sum() / n),
+        entropy=float((entropy.detach() * mask).sum() / n) if entropy is not None else 0.0,
     )
 
 
@@ -151,7 +160,7 @@ def aggregation_weights(mask: torch.Tensor, loss_agg: str, seq_ids: torch.Tensor
 
 def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    temperature: float | torch.Tensor = 1.0, first: int = 1, past: Any = None,
-                   images: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                   images: tuple[torch.Tensor, torch.Tensor] | None = None, entropy: bool = False) -> Any:
     """log pi_T(x_t | x_<t) for t = 1..T-1: [B, T] -> [B, T-1] (fp32 log-softmax, as the engine does).
 
     `temperature` is a number or [B, T-1] (per predicted token: each call's own temperature).
@@ -160,7 +169,9 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     time and memory, so the model is asked for the last T - first + 1 positions' logits only.
     `past` is a cache holding the K/V of a prefix these rows continue (trainer/prefix.py).
     `images` = (pixel_values, image_grid_thw) of the rows' images, in row order (trainer/vision.py):
-    the vision tower runs on them and M-RoPE positions come from the model's get_rope_index."""
+    the vision tower runs on them and M-RoPE positions come from the model's get_rope_index.
+    With `entropy`, returns (logprobs, entropies), both [B, T-1]: each position's entropy of the
+    same tempered distribution, H = logsumexp(z) - sum softmax(z) * z (the bonus of `entropy_coef`)."""
     T = input_ids.shape[1]
     keep = T - max(first, 1) + 1
     if past is not None:  # the mask covers the prefix too; positions continue after it
@@ -183,8 +194,12 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
         logits = logits / temperature
     targets = input_ids[:, T - keep + 1:]
     # log softmax at the target only: gather - logsumexp, without a [B, T, V] log-prob tensor.
-    out = logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    return torch.nn.functional.pad(out, (T - keep, 0))
+    lse = torch.logsumexp(logits, dim=-1)
+    out = torch.nn.functional.pad(logits.gather(-1, targets[..., None]).squeeze(-1) - lse, (T - keep, 0))
+    if not entropy:
+        return out
+    ent = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return out, torch.nn.functional.pad(ent, (T - keep, 0))
 
 
 @dataclass
@@ -196,6 +211,7 @@ class StepConfig:
     clip_eps_high: float | None = None
     tis_cap: float = 2.0
     kl_coef: float = 0.0
+    entropy_coef: float = 0.0
     loss_agg: str = "token-mean"
     max_grad_norm: float = 1.0
     epochs: int = 1
@@ -204,19 +220,19 @@ class StepConfig:
     @classmethod
     def from_trainer(cls, config: TrainerConfig, autocast_dtype: torch.dtype | None) -> StepConfig:
         return cls(clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high, tis_cap=config.tis_cap,
-                   kl_coef=config.kl_coef, loss_agg=config.loss_agg, max_grad_norm=config.max_grad_norm,
-                   epochs=config.epochs_per_step, autocast_dtype=autocast_dtype)
+                   kl_coef=config.kl_coef, entropy_coef=config.entropy_coef, loss_agg=config.loss_agg,
+                   max_grad_norm=config.max_grad_norm, epochs=config.epochs_per_step, autocast_dtype=autocast_dtype)
 
 
-def _forward(model: Any, mb: dict[str, torch.Tensor], cfg: StepConfig, past: PastFactory | None = None
-             ) -> torch.Tensor:
+def _forward(model: Any, mb: dict[str, torch.Tensor], cfg: StepConfig, past: PastFactory | None = None,
+             entropy: bool = False) -> Any:
     # each sampled token at its call's temperature (trainer/data.py); 1.0 for hand-built micro-batches
     temperature = mb.get("temperature", 1.0)
     cache = past(mb["input_ids"].shape[0]) if past is not None else None
     with autocast(mb["input_ids"].device.type, cfg.autocast_dtype):
         images = (mb["pixel_values"], mb["image_grid_thw"]) if "pixel_values" in mb else None
         return token_logprobs(model, mb["input_ids"], mb["attention_mask"], temperature, int(mb["first"]), cache,
-                              images)
+                              images, entropy=entropy)
 
 
 @torch.no_grad()
@@ -269,7 +285,7 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, micro_batches: list[
     refs: list[torch.Tensor | None] = list(_reference_logprobs(model, micro_batches, cfg)) if cfg.kl_coef > 0 \
         else [None] * len(micro_batches)
 
-    sums = {"loss": 0.0, "clip": 0.0, "kl": 0.0, "tis": 0.0, "mm_sum": 0.0, "mm_max": 0.0, "tok": 0.0}
+    sums = {"loss": 0.0, "clip": 0.0, "kl": 0.0, "tis": 0.0, "ent": 0.0, "mm_sum": 0.0, "mm_max": 0.0, "tok": 0.0}
     grad_norm = 0.0
     for epoch in range(cfg.epochs):
         optimizer.zero_grad(set_to_none=True)
@@ -287,18 +303,20 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, micro_batches: list[
         "loss": sums["loss"], "clip_frac": sums["clip"] / tok, "kl": sums["kl"] / tok,
         "tis_frac": sums["tis"] / tok, "mismatch_mean": sums["mm_sum"] / tok, "mismatch_max": sums["mm_max"],
         "grad_norm": grad_norm, "n_tokens": int(sums["tok"]),
+        **({"entropy": sums["ent"] / tok} if cfg.entropy_coef > 0 else {}),
     }
 
 
 def _accumulate(model: Any, mb: dict[str, torch.Tensor], cfg: StepConfig, past: PastFactory | None,
                 proximal: torch.Tensor | None, ref: torch.Tensor | None, sums: dict[str, float] | None) -> None:
     """One micro-batch: forward, loss, backward (gradients accumulate); metrics into `sums` if given."""
-    logp = _forward(model, mb, cfg, past)
+    logp, entropy = _forward(model, mb, cfg, past, entropy=True) if cfg.entropy_coef > 0 \
+        else (_forward(model, mb, cfg, past), None)
     mask = mb["mask"]
     parts = policy_loss(
         logp, mb["old_logp"], mb["advantages"], mask, logp_proximal=proximal, logp_ref=ref,
         kl_coef=cfg.kl_coef, clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
-        tis_cap=cfg.tis_cap, weights=mb["weights"],
+        tis_cap=cfg.tis_cap, weights=mb["weights"], entropy=entropy, entropy_coef=cfg.entropy_coef,
     )
     parts.loss.backward()
     if sums is None:
@@ -310,6 +328,7 @@ def _accumulate(model: Any, mb: dict[str, torch.Tensor], cfg: StepConfig, past: 
     sums["clip"] += parts.clip_frac * n
     sums["kl"] += parts.kl * n
     sums["tis"] += parts.tis_frac * n
+    sums["ent"] += parts.entropy * n
     sums["mm_sum"] += float(gap.sum())
     sums["mm_max"] = max(sums["mm_max"], float(gap.max()) if gap.numel() else 0.0)
     sums["tok"] += n
