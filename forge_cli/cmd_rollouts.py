@@ -28,7 +28,8 @@ def tasks_validate(
     ctx: typer.Context,
     path: PathArg,
     run: Annotated[bool, typer.Option("--run", help="also run each task's reference solution and six hostile answers "
-                                                    "(a Harbor task: and a forged reward file) in sandboxes "
+                                                    "(a Harbor task: and a forged reward file; a task graded on its services' "
+                                                    "record: and a forged dispatch log) in sandboxes "
                                                     "(sandbox.type): the first must pass, the others score 0")] = False,
 ) -> None:
     """Check a task set; print every bad task with its reason (exit 1 if any)."""
@@ -50,6 +51,45 @@ def tasks_validate(
     levels = Counter(t.difficulty or "-" for t in tasks)
     checked = ", solutions checked" if run else ""
     typer.echo(f"{path}: {len(tasks)} task(s) ok ({', '.join(f'{k} {v}' for k, v in sorted(levels.items()))}{checked})")
+
+
+@tasks_app.command("import")
+def tasks_import(
+    fmt: Annotated[str, typer.Argument(metavar="FORMAT", help="the source's format: claweval (a claw-eval "
+                                                               "checkout; Harbor folders are read as they are), "
+                                                               "webvoyager or online-mind2web (their task files)")],
+    src: Annotated[str, typer.Argument(help="the source: a claw-eval checkout (or its tasks/ folder); WebVoyager's "
+                                            "data/WebVoyager_data.jsonl (or data/); Online-Mind2Web's tasks JSON")],
+    out: Annotated[str, typer.Option("--out", help="folder to write the forge tasks to, one task folder each "
+                                                   "(webvoyager, online-mind2web: a .jsonl file)")] = "",
+    local_sites: Annotated[Optional[str], typer.Option("--local-sites", help="webvoyager, online-mind2web: a JSON "
+                                                       "map of website -> builtin-web site, to run those tasks "
+                                                       "offline (docs/tasks.md, \"Web benchmarks\")")] = None,
+) -> None:
+    """Convert a task set of another format into forge task folders; print each refused task and the counts."""
+    if fmt in ("webvoyager", "online-mind2web"):
+        from openforge.rollouts.tasks.web.benchmarks import import_web_benchmark, write_jsonl
+
+        tasks, online = import_web_benchmark(fmt, src, local_sites=local_sites)
+        path = write_jsonl(tasks, out or f"{fmt}-tasks.jsonl")
+        typer.echo(f"{src}: {len(tasks)} task(s) imported to {path}: {online} online-only (they need "
+                   f"sandbox.allow_internet), {len(tasks) - online} on local sites")
+        return
+    out = out or "claweval-tasks"
+    if fmt != "claweval":
+        raise TaskError(f"unknown import format {fmt!r}: claweval, webvoyager or online-mind2web (Harbor task "
+                        "folders need no import: give their folder, or harbor:PATH, as the task set)")
+    from openforge.rollouts.tasks.claweval import import_claweval, write_tasks
+
+    report = import_claweval(src)
+    for task_id, why in report.online_only:
+        typer.echo(f"{task_id}: online-only: {why}", err=True)
+    for task_id, why in report.unsupported:
+        typer.echo(f"{task_id}: unsupported: {why}", err=True)
+    folder = write_tasks(report.tasks, out)
+    total = len(report.tasks) + len(report.online_only) + len(report.unsupported)
+    typer.echo(f"{src}: {total} task(s): {len(report.tasks)} imported to {folder}, "
+               f"{len(report.online_only)} online-only, {len(report.unsupported)} unsupported")
 
 
 @tasks_app.command("list")
@@ -122,6 +162,9 @@ def eval_cmd(
     task_set = load_tasks(config.tasks.path, include=config.tasks.include)[: limit or None]
     if not task_set:
         raise ConfigError("the task selection is empty")
+    from openforge.rollouts.tasks.web.benchmarks import check_online
+
+    check_online(task_set, allow_internet=config.sandbox.allow_internet)  # before any engine starts
     from openforge.runs.evaluate import evaluate
 
     k = config.runner.samples_per_task

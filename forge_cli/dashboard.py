@@ -136,6 +136,8 @@ def metrics_table(snap: Snapshot) -> Table:
     for row in rows:
         table.add_row(*row)
     table.add_row("rollouts", Text(counts, justify="right"), "calls", str(snap.n_calls))
+    if snap.judgements[0]:  # a run of tasks with a judge: its failures are infra failures, masked
+        table.add_row("judgements", f"{snap.judgements[0]} ({snap.judgements[1]} failed)", "", "")
     return table
 
 

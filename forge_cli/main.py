@@ -122,7 +122,10 @@ def runs(ctx: typer.Context, limit: Annotated[int, typer.Option(help="how many r
 
 
 @app.command()
-def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id, unique prefix, or 'latest'")]) -> None:
+def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id, unique prefix, or 'latest'")],
+         judgements: Annotated[bool, typer.Option("--judgements", help="list the run's judge calls (newest 50)")] = False,
+         rollout: Annotated[Optional[str], typer.Option("--rollout", help="with --judgements: one rollout's judge "
+                                                        "calls, with their full prompt and reply")] = None) -> None:
     """Summary of one run: status, rollouts by state, rewards, and the metrics of each train step."""
     from openforge.readmodel import read_run_report
 
@@ -146,6 +149,10 @@ def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
         judged, judge_failed = report.judgements
         console.print(f"judgements: {judged} ({judge_failed} judge failure{'' if judge_failed == 1 else 's'})",
                       highlight=False)
+    if judgements or rollout:
+        from openforge.forge_cli.judgements import print_judgements
+
+        print_judgements(console, store, run.id, rollout_id=rollout)
     if len(report.by_harness) > 1:  # a run in several harnesses (harness.names): each one's reward
         console.print("by harness: " + ", ".join(
             f"{h} {'-' if m is None else f'{m:.3f}'} over {n}" for h, (n, m) in sorted(report.by_harness.items())),

@@ -198,6 +198,9 @@ class _SandboxCommon(_Section):
     workdir: str = Field("/workspace", description="the task's working directory inside container backends")
     start_retries: int = Field(2, ge=0, description="retries of a sandbox that failed to start")
     max_output_bytes: int = Field(1024 * 1024, ge=1024, description="stdout/stderr kept per exec")
+    allow_internet: bool = Field(False, description="let a run's online-only tasks (imported WebVoyager / "
+                                 "Online-Mind2Web tasks) run: the one switch that admits egress to the public web "
+                                 "(on kubernetes, the NetworkPolicy's internet variant); off, they are refused")
 
 
 class LocalSandboxConfig(_SandboxCommon):

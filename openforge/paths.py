@@ -20,6 +20,12 @@ def db_path(home: Path) -> Path:
     return home / "forge.db"
 
 
+def store_home(store_path: str | Path) -> Path:
+    """The data dir a store's run artefacts (a call's images) live under: the folder of an SQLite file
+    (`home/forge.db`), or `forge_home()` for a database URL. The proxy writes there, the runner reads."""
+    return forge_home() if "://" in str(store_path) else Path(store_path).parent
+
+
 def runs_dir(home: Path) -> Path:
     """Per-run artefacts (adapters, checkpoints, logs) live in `runs/<run id>/`."""
     return home / "runs"

@@ -30,6 +30,7 @@ class Snapshot:
     counts: dict[str, int] = field(default_factory=dict)  # rollouts of the whole run by status
     n_calls: int = 0
     now: datetime = field(default_factory=utcnow)
+    judgements: tuple[int, int] = (0, 0)  # judge calls of the run: (all, failed)
 
 
 # Only the columns on screen: a rollout's stdout/stderr (up to 64 KB each) and a call's request and
@@ -52,6 +53,8 @@ def read_snapshot(store: Store, run_id: str, *, max_rollouts: int = 40, max_call
             select(Rollout.status, func.count()).where(Rollout.run_id == run.id).group_by(Rollout.status)
         ).all())
         n_calls = s.exec(select(func.count()).select_from(Call).where(Call.run_id == run.id)).one()
+        judged, judge_failed = s.exec(select(func.count(), func.count(Judgement.error))
+                                      .where(Judgement.run_id == run.id)).one()
         rollouts = select(Rollout).options(load_only(*_ROLLOUT_COLS)).where(Rollout.run_id == run.id)
         live = list(s.exec(
             rollouts.where(Rollout.status.in_(("pending", "running")))  # type: ignore[attr-defined]
@@ -66,7 +69,7 @@ def read_snapshot(store: Store, run_id: str, *, max_rollouts: int = 40, max_call
     return Snapshot(
         run=run, config=run.config_json or {}, steps=store.list_train_steps(run.id),
         rollouts=(live + [r for r in recent if r.id not in seen])[:max_rollouts], calls=calls,
-        counts=counts, n_calls=int(n_calls),
+        counts=counts, n_calls=int(n_calls), judgements=(int(judged), int(judge_failed)),
     )
 
 
@@ -147,3 +150,13 @@ def read_run_report(store: Store, run_id: str) -> RunReport:
                      mean_scored_reward=None if mean_scored is None else float(mean_scored), failed=failed,
                      steps=store.list_train_steps(run.id), by_harness=by_harness,
                      judgements=(int(n_judged), int(n_judge_failed)))
+
+
+def read_judgements(store: Store, run_id: str, *, rollout_id: str | None = None, limit: int = 50) -> list[Judgement]:
+    """The run's newest judge calls (or one rollout's), oldest first: what `forge show --judgements` prints."""
+    with store.session() as s:
+        q = select(Judgement).where(Judgement.run_id == run_id)
+        if rollout_id is not None:
+            q = q.where(Judgement.rollout_id == rollout_id)
+        rows = list(s.exec(q.order_by(Judgement.id.desc()).limit(limit)).all())  # type: ignore[union-attr]
+    return rows[::-1]

@@ -35,6 +35,7 @@ from starlette.routing import Mount, Route
 from openforge.engine.client import EngineClient
 from openforge.config import ProxyConfig
 from openforge.errors import StoreError
+from openforge.paths import store_home
 from openforge.async_store import AsyncStore
 from openforge.proxy import anthropic, openai_chat, openai_responses
 from openforge.proxy.adapters import ApiAdapter, adapter_for_path
@@ -113,7 +114,7 @@ class Proxy:
         self.renderer = ChatRenderer(tokenizer, vision)
         # Images go under the data dir the store lives in (`home/forge.db`); a database URL: FORGE_HOME.
         if home is None and "://" not in str(store_path):
-            home = Path(store_path).parent
+            home = store_home(store_path)
         self.pipeline = CallPipeline(config, recorder=self.recorder, engine=engine, renderer=self.renderer,
                                      served_model=served_model, home=Path(home) if home is not None else None,
                                      teacher=teacher)

@@ -189,6 +189,15 @@ class Sandbox(Protocol):
         reaches at `host_url`: a forwarder of the proxy's unix socket, a configured in-cluster address,
         or `host_url` itself where the sandbox shares the host's network."""
 
+    def expose_socket(self, host_socket: str, host_url: str, port: int) -> str:
+        """The URL a program inside reaches a host server at, for a server listening on the unix socket
+        `host_socket` and (for a sandbox that shares the host's network) at `host_url`: the following
+        execs get the socket forwarded to their own 127.0.0.1:`port` where the sandbox is isolated.
+        SandboxError when this backend cannot reach such a server (a rollout's task tools)."""
+
+    def withdraw_sockets(self) -> None:
+        """Undo every `expose_socket`: the following execs (the grader's) reach none of those servers."""
+
     def attach_gui(self, spec: "GuiSpec | None") -> None:
         """Run the following execs in an X display with a browser on `spec`; None detaches. Raises
         SandboxError when this sandbox cannot (`supports_gui` False, or a setting it lacks)."""
@@ -292,6 +301,13 @@ class SandboxBase:
 
     def agent_proxy_url(self, host_url: str) -> str:
         return proxy_url_via(host_url, self.info.proxy_host)
+
+    def expose_socket(self, host_socket: str, host_url: str, port: int) -> str:
+        raise SandboxError(f"the {self.info.backend} backend cannot reach a server on the host yet (a task's "
+                           "tools and services need sandbox.type = \"local\" or \"docker\")")
+
+    def withdraw_sockets(self) -> None:
+        pass  # nothing was exposed
 
     def attach_gui(self, spec: "GuiSpec | None") -> None:
         if spec is not None:

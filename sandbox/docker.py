@@ -28,19 +28,29 @@ read-only at /opt/forge/gui.py. While `attach_gui(spec)` holds a spec, each exec
 in the image's python3 (the browser image has chromium, Xvfb, xdotool and python3-pil): Xvfb's socket
 lands in the container's /tmp, its abstract socket in the container's own network namespace, and
 everything the exec started carries its marker, so it ends with the exec (and with `kill_all`).
+
+Host servers for the agent (a task's MCP tools server, its services' fronts: `expose_socket`): the
+container is created with an empty host folder bound read-only at /run/forge-exposed; exposing hard-
+links the server's socket into it (a link to the socket's inode: connectable from inside, nothing the
+container can change) and each following exec runs behind a forwarder of it on its own 127.0.0.1:PORT,
+until `withdraw_sockets` unlinks them (before the graders' execs).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import posixpath
 import secrets
+import shutil
 import stat
 import tarfile
+import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Any
 
 from openforge.config import DockerSandboxConfig
@@ -56,6 +66,7 @@ BUILD_HINT = "forge sandbox build-image"
 GUI_MODULE = Path(__file__).with_name("gui.py")
 GUI_INSIDE = "/opt/forge/gui.py"  # a read-only file bind (the root stays read-only)
 SITE_DIR_INSIDE = "/run/forge-site"  # the site socket's own folder, bound read-only
+EXPOSED_DIR_INSIDE = "/run/forge-exposed"  # host servers' sockets (`expose_socket`), bound read-only
 # What a GUI exec needs from the image: prints `missing NAME` for each absent, then `python PATH` (the
 # python3 with Pillow that GUI execs get as FORGE_PYTHON). chromium may be under any of gui.py's names.
 _GUI_CHECK = ('for p in Xvfb xdotool python3; do command -v $p >/dev/null || echo missing $p; done; '
@@ -101,6 +112,10 @@ class DockerSandbox(SandboxBase):
         self.site_socket = os.fspath(site_socket) if site_socket else None
         self.gui: GuiSpec | None = None
         self.gui_python = "python3"  # the image's python3 (its path, once start() has checked the image)
+        # Host servers for the following execs (`expose_socket`): their sockets hard-linked into a folder
+        # bound in at create time, each forwarded to the exec's own 127.0.0.1:port. port -> path inside.
+        self.exposed_dir = ""
+        self.exposed: dict[int, str] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -126,6 +141,28 @@ class DockerSandbox(SandboxBase):
     def agent_proxy_url(self, host_url: str) -> str:
         # The forwarder of the proxy's socket, once started; else the host's network (network "host").
         return self.proxy_url or super().agent_proxy_url(host_url)
+
+    def expose_socket(self, host_socket: str, host_url: str, port: int) -> str:
+        if self.cfg.network == "host":  # the container shares the host's network
+            return host_url
+        if not self.exposed_dir:
+            raise SandboxError("the sandbox is not started (use `async with` or call start())")
+        link = os.path.join(self.exposed_dir, f"{port}.sock")
+        try:  # a hard link: a unix socket is reached through any path to its inode, the bound folder's too
+            if os.path.lexists(link):
+                os.unlink(link)
+            os.link(host_socket, link)
+            os.chmod(link, 0o666)  # the container's user is uid 1000; the server's own bearer token guards it
+        except OSError as exc:
+            raise SandboxError(f"cannot hand the socket {host_socket} to container {self.name}: {exc}") from None
+        self.exposed[port] = f"{EXPOSED_DIR_INSIDE}/{port}.sock"
+        return f"http://127.0.0.1:{port}{urlsplit(host_url).path}"
+
+    def withdraw_sockets(self) -> None:
+        for port in self.exposed:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.exposed_dir, f"{port}.sock"))
+        self.exposed.clear()
 
     def attach_gui(self, spec: GuiSpec | None) -> None:
         """Run the following execs with an X display (Xvfb), chromium on `spec.url` and the site's socket
@@ -209,6 +246,10 @@ class DockerSandbox(SandboxBase):
         """The proxy socket's folder (it holds only the socket), bound in when the container has no network;
         a GUI task's site socket folder (only the socket, read-only) and gui.py (read-only)."""
         volumes: dict[str, dict[str, str]] = {}
+        if self.cfg.network != "host":  # empty until `expose_socket` links a host server's socket in
+            self.exposed_dir = self.exposed_dir or tempfile.mkdtemp(prefix="forge-exposed-")
+            os.chmod(self.exposed_dir, 0o755)
+            volumes[self.exposed_dir] = {"bind": EXPOSED_DIR_INSIDE, "mode": "ro"}
         if self._forwarding:
             volumes[os.path.dirname(self.proxy_socket or "")] = {"bind": "/run/forge", "mode": "ro"}
         if self.site_socket:
@@ -243,6 +284,9 @@ class DockerSandbox(SandboxBase):
         try:
             await asyncio.to_thread(self._remove, self._container.id if self._container else self.name)
         finally:
+            if self.exposed_dir:
+                shutil.rmtree(self.exposed_dir, ignore_errors=True)
+                self.exposed_dir, self.exposed = "", {}
             self._container = None
             client, self._client = self._client, None
             await asyncio.to_thread(client.close)
@@ -274,6 +318,11 @@ class DockerSandbox(SandboxBase):
         extra: dict[str, str] = {}
         if self.gui is not None:  # the display, the browser and the site's door (sandbox/gui.py)
             argv, extra = self._gui_argv(self.gui, argv)
+        from openforge.sandbox.local import FORWARDER
+
+        for port, inside in self.exposed.items():  # each exposed host server's door (sandbox/forwarder.py)
+            argv = [self.gui_python, "-I", "-c", FORWARDER.read_text(), "--socket", inside, "--port", str(port),
+                    "--", *argv]
         if stdin is not None:
             # Exec stdin needs a hijacked socket; a file redirect gives the same bytes more simply.
             path = f"/tmp/.openforge-stdin-{marker[-16:]}"

@@ -149,12 +149,21 @@ CONTROLLER_LABELS = {"app.kubernetes.io/name": "forge-controller"}
 NETWORK_POLICY_NAME = "sandboxes-reach-only-the-proxy"
 
 
+# Egress of `sandbox.allow_internet`: the public web's ports on any address but the private (RFC 1918),
+# carrier-grade NAT, link-local (169.254.169.254 is the clouds' metadata service) and loopback ranges.
+_NOT_PUBLIC = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8"]
+_PUBLIC_WEB = {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": _NOT_PUBLIC}}],
+               "ports": [{"protocol": "TCP", "port": 80}, {"protocol": "TCP", "port": 443}]}
+
+
 def sandbox_network_policy(config: KubernetesSandboxConfig, *, proxy_port: int, gui: bool = False,
                            controller_labels: dict[str, str] | None = None) -> dict[str, Any]:
     """The rollout pods' NetworkPolicy (deploy/k8s/sandbox-networkpolicy.yaml is this, without `gui`):
     no ingress; egress only to the controller's proxy port (`proxy_port`, the container's port: a
     policy sees the pod's port after the Service) and cluster DNS. With `gui` (a run of GUI tasks) the
-    controller's site relay port (`site_relay_port`) too, and only then: its port must be fixed.
+    controller's site relay port (`site_relay_port`) too, and only then: its port must be fixed. With
+    `sandbox.allow_internet` (a run of online-only web tasks) also HTTP and HTTPS to public addresses,
+    never to private, link-local (cloud metadata) or shared ranges, so the cluster stays out of reach.
     Same name as the default, so `kubectl apply` of one replaces the other."""
     ports = [{"protocol": "TCP", "port": proxy_port}]
     if gui:
@@ -177,6 +186,7 @@ def sandbox_network_policy(config: KubernetesSandboxConfig, *, proxy_port: int, 
                 {"to": [{"podSelector": {"matchLabels": dict(controller_labels or CONTROLLER_LABELS)}}], "ports": ports},
                 {"to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
                  "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+                *([_PUBLIC_WEB] if config.allow_internet else []),
             ],
         },
     }

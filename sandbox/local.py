@@ -43,6 +43,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from openforge.config import LocalSandboxConfig
 from openforge.errors import SandboxError
@@ -208,6 +209,8 @@ class LocalSandbox(SandboxBase):
         self._started = self._created = False
         # While set, each exec runs inside a display (and browser) of its own: `attach_gui`.
         self.gui: GuiSpec | None = None
+        # Host sockets forwarded to each exec's own 127.0.0.1:port (`expose_socket`): port -> socket.
+        self.exposed: dict[int, str] = {}
 
     def attach_gui(self, spec: GuiSpec | None) -> None:
         """Run the following execs with an X display (Xvfb), chromium on `spec.url` and the site's
@@ -231,6 +234,18 @@ class LocalSandbox(SandboxBase):
 
     def agent_proxy_url(self, host_url: str) -> str:
         return self.proxy_url or super().agent_proxy_url(host_url)
+
+    def expose_socket(self, host_socket: str, host_url: str, port: int) -> str:
+        if not self.bwrap:  # unisolated: the sandbox shares the host's network
+            return host_url
+        if port == PROXY_PORT or (self.gui and port == SITE_PORT):
+            raise SandboxError(f"port {port} is taken inside the sandbox")
+        self.exposed[port] = host_socket
+        path = urlsplit(host_url).path
+        return f"http://127.0.0.1:{port}{path}"
+
+    def withdraw_sockets(self) -> None:
+        self.exposed.clear()
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -313,7 +328,11 @@ class LocalSandbox(SandboxBase):
                         "--", *argv]
         if self.proxy_socket:
             mounts += ["--bind", self.proxy_socket, PROXY_SOCKET]
-        if self.proxy_socket or (self.gui and self.gui.site_socket):
+        for port, host_socket in self.exposed.items():
+            inside = f"/run/forge/exposed-{port}.sock"
+            mounts += ["--bind", host_socket, inside]
+            argv = [sys.executable, "-I", FORWARDER_INSIDE, "--socket", inside, "--port", str(port), "--", *argv]
+        if self.proxy_socket or (self.gui and self.gui.site_socket) or self.exposed:
             mounts += ["--ro-bind", str(FORWARDER), FORWARDER_INSIDE]
         if self.proxy_socket:
             argv = [sys.executable, "-I", FORWARDER_INSIDE, "--socket", PROXY_SOCKET,

@@ -301,11 +301,12 @@ def run_browser_use(python: str, workdir: Path, base_url: str, instruction: str,
 
 
 def run_gui_task(store: Any, tiny_vl_model: Path, script: Any, task_id: str, harness: Any,
-                 sandbox: Any = None) -> Any:
+                 sandbox: Any = None, judge: Any = None, task_judge: Any = None, task: Any = None) -> Any:
     """One rollout of a builtin-web task by the real RolloutRunner (the site served on the host, the
     GUI attached to the harness's exec), through the real proxy to a ScriptedEngine on the tiny Qwen2-VL.
     `script(engine, input_ids) -> text`, or a list of texts; `sandbox`: a sandbox config (default: a
-    local one, in bubblewrap). (rollout row, engine)"""
+    local one, in bubblewrap); `judge`, `task_judge`: a [judge] config and a judge component added to
+    the task; `task`: a TaskSpec to run instead of builtin-web's `task_id`. (rollout row, engine)"""
     import asyncio
 
     import pytest
@@ -329,7 +330,11 @@ def run_gui_task(store: Any, tiny_vl_model: Path, script: Any, task_id: str, har
     cfg.harness = harness
     cfg.proxy.max_context_tokens = 65536
     cfg.runner.time_limit_scale = 5.0
-    task = next(t for t in load_tasks("builtin-web") if t.id == task_id)
+    if judge is not None:
+        cfg.judge = judge
+    task = task or next(t for t in load_tasks("builtin-web") if t.id == task_id)
+    if task_judge is not None:
+        task = task.model_copy(update={"judge": task_judge})
     with serve_in_thread(engine.app) as eng, ProxyServer(cfg.proxy, store_path=store.path, engine_url=eng.url,
                                                           model_path=tiny_vl_model, uds=proxy_socket_path()) as proxy:
         run = store.create_run(kind="eval")

@@ -25,6 +25,8 @@ so the runner and preflight never compare harness names:
     own_browser  (False) it starts its own browser: a GUI task's display gets none, and the page it
                  would have shown comes as FORGE_START_URL.
     gui          (False) it sends screenshots: the policy must be a vision model.
+    takes_tools  (False) it takes a task's tools from an MCP server (HarnessContext.tools_url); a spec
+                 harness does when its spec has an [mcp] table.
     available(config)  None when this machine has what the harness needs to run in a sandbox that
                  runs host programs (`Sandbox.runs_host_programs`), else the fix to print.
     install(cache)  put it into the harness cache (`forge harness install`).
@@ -60,6 +62,10 @@ class HarnessContext:
     workdir: str  # the sandbox's working directory
     backend: str = "local"  # the sandbox backend (SandboxInfo.backend): local | docker | kubernetes
     task_id: str = ""  # the task's id (for logs and labels; the agent is told only the instruction)
+    # The task's tools, when it has any: the rollout's MCP server (streamable HTTP) as the sandbox reaches
+    # it, and the bearer token it demands (rollouts/runner/tool_server.py); "" when the task has none.
+    tools_url: str = ""
+    tools_token: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,7 @@ class Harness(Protocol):
     calls_model: bool
     own_browser: bool
     gui: bool
+    takes_tools: bool
 
     @classmethod
     def available(cls, config: "ForgeConfig") -> str | None:
@@ -112,6 +119,7 @@ class HarnessBase:
     calls_model: ClassVar[bool] = True
     own_browser: ClassVar[bool] = False
     gui: ClassVar[bool] = False
+    takes_tools: ClassVar[bool] = False
 
     @classmethod
     def available(cls, config: "ForgeConfig") -> str | None:

@@ -9,6 +9,10 @@ with OPENAI_BASE_URL, OPENAI_API_KEY and FORGE_MODEL set. Each turn the model ei
 (bash, read_file, write_file; results go back as `tool` messages) or answers in plain text, which
 ends the loop. The final answer is written to .forge/answer.txt for the verifier.
 
+A task's own tools (rollouts/tasks/tools.py) come from the rollout's MCP server on the host, named by
+FORGE_MCP_URL (streamable HTTP) and FORGE_MCP_TOKEN: listed once at the start and offered beside the
+three built-in ones as native function tools; each call is an MCP `tools/call` (`McpTools`, stdlib).
+
 A random-weight policy emits nonsense: bad JSON arguments, unknown tools, empty turns. None of it may
 crash the agent: a bad tool call gets an error as its result, an API error ends the loop, and the
 answer file is always written. Exit codes: 0 finished, 3 the API failed, 4 no `openai`, 5 an agent bug,
@@ -48,6 +52,59 @@ TOOLS: list[dict[str, Any]] = [
 ]
 
 
+class McpTools:
+    """The task's tools on its MCP server: streamable HTTP, one JSON-RPC request a POST (stdlib only)."""
+
+    PROTOCOL = "2025-06-18"
+
+    def __init__(self, url: str, token: str, *, timeout: float = 120.0) -> None:
+        self.url, self.token, self.timeout = url, token, timeout
+        self.session: str | None = None
+        self.names: set[str] = set()
+        self._id = 0
+
+    def _post(self, method: str, params: dict[str, Any] | None = None, *, notify: bool = False) -> Any:
+        import urllib.request
+
+        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method, **({"params": params} if params else {})}
+        if not notify:
+            self._id += 1
+            message["id"] = self._id
+        headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+                   "Authorization": f"Bearer {self.token}"}
+        if self.session:
+            headers |= {"Mcp-Session-Id": self.session, "MCP-Protocol-Version": self.PROTOCOL}
+        request = urllib.request.Request(self.url, data=json.dumps(message).encode(), headers=headers, method="POST")
+        with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            self.session = response.headers.get("Mcp-Session-Id") or self.session
+            body = response.read().decode("utf-8", "replace")
+            kind = response.headers.get("Content-Type", "")
+        if notify:
+            return None
+        if kind.startswith("text/event-stream"):  # the answer is the last `data:` event
+            body = [line[5:].strip() for line in body.splitlines() if line.startswith("data:")][-1]
+        reply = json.loads(body)
+        if "error" in reply:
+            raise ValueError(f"MCP {method}: {reply['error'].get('message', reply['error'])}")
+        return reply["result"]
+
+    def open(self) -> list[dict[str, Any]]:
+        """Initialize the session; the server's tools as Chat Completions function tools."""
+        self._post("initialize", {"protocolVersion": self.PROTOCOL, "capabilities": {},
+                                  "clientInfo": {"name": "forge-mini", "version": "1"}})
+        self._post("notifications/initialized", notify=True)
+        tools = self._post("tools/list")["tools"]
+        self.names = {t["name"] for t in tools}
+        return [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                                  "parameters": t.get("inputSchema") or {"type": "object"}}}
+                for t in tools]
+
+    def call(self, name: str, args: dict[str, Any]) -> str:
+        result = self._post("tools/call", {"name": name, "arguments": args})
+        text = "\n".join(c.get("text", "") for c in result.get("content", []) if c.get("type") == "text")
+        return f"error: {text}" if result.get("isError") and not text.startswith("error") else text
+
+
 def _clip(text: str) -> str:
     if len(text) <= TOOL_OUTPUT_CHARS:
         return text
@@ -62,12 +119,14 @@ def _arg(args: dict[str, Any], name: str) -> str:
     return value
 
 
-def run_tool(name: str, raw_args: str | None, *, bash_timeout: float) -> str:
+def run_tool(name: str, raw_args: str | None, *, bash_timeout: float, mcp: McpTools | None = None) -> str:
     """The result text of one tool call; never raises (errors are results the model can read)."""
     try:
         args = json.loads(raw_args or "{}")
         if not isinstance(args, dict):
             raise ValueError("arguments must be a JSON object")
+        if mcp is not None and name in mcp.names:
+            return _clip(mcp.call(name, args))
         if name == "bash":
             done = subprocess.run(_arg(args, "command"), shell=True, capture_output=True, text=True,
                                   timeout=bash_timeout, errors="replace", stdin=subprocess.DEVNULL)
@@ -80,7 +139,8 @@ def run_tool(name: str, raw_args: str | None, *, bash_timeout: float) -> str:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(content, encoding="utf-8")
             return f"wrote {len(content)} characters to {path}"
-        return f"error: unknown tool {name!r}; the tools are bash, read_file, write_file"
+        known = ", ".join(["bash", "read_file", "write_file", *sorted(mcp.names if mcp else ())])
+        return f"error: unknown tool {name!r}; the tools are {known}"
     except subprocess.TimeoutExpired:
         return f"error: command timed out after {bash_timeout:g}s"
     except (ValueError, OSError, RecursionError) as exc:  # JSONDecodeError is a ValueError
@@ -98,15 +158,17 @@ def _assistant_message(msg: Any) -> dict[str, Any]:
 
 
 def agent_loop(client: Any, model: str, instruction: str, *, max_turns: int, max_tokens: int,
-               bash_timeout: float) -> tuple[str, int]:
+               bash_timeout: float, mcp: McpTools | None = None) -> tuple[str, int]:
     """Run the ReAct loop; returns (final answer, exit code)."""
     import openai
+
+    tools = TOOLS + (mcp.open() if mcp is not None else [])
 
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": instruction}]
     answer = ""
     for turn in range(max_turns):
         try:
-            resp = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=max_tokens)
+            resp = client.chat.completions.create(model=model, messages=messages, tools=tools, max_tokens=max_tokens)
         except openai.OpenAIError as exc:
             print(f"mini: turn {turn}: API error: {exc}", file=sys.stderr)
             context_full = isinstance(exc, openai.BadRequestError) and exc.code == "context_length_exceeded"
@@ -121,7 +183,7 @@ def agent_loop(client: Any, model: str, instruction: str, *, max_turns: int, max
             return msg.content or "", 0
         messages.append(_assistant_message(msg))
         for tc in msg.tool_calls:
-            result = run_tool(tc.function.name, tc.function.arguments, bash_timeout=bash_timeout)
+            result = run_tool(tc.function.name, tc.function.arguments, bash_timeout=bash_timeout, mcp=mcp)
             print(f"mini:   {tc.function.name} -> {result[:120]!r}")
             messages.append({"role": "tool", "tool_call_id": tc.id, "content": result})
     print(f"mini: stopped after {max_turns} turns without a final answer")
@@ -145,10 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     client = openai.OpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key=os.environ["OPENAI_API_KEY"],
                            max_retries=1, timeout=float(os.environ.get("FORGE_CALL_TIMEOUT", "300")))
     answer, code = "", 5
+    mcp = McpTools(os.environ["FORGE_MCP_URL"], os.environ.get("FORGE_MCP_TOKEN", "")) \
+        if os.environ.get("FORGE_MCP_URL") else None
     try:
         answer, code = agent_loop(client, os.environ.get("FORGE_MODEL", "forge-policy"), instruction,
                                   max_turns=args.max_turns, max_tokens=args.max_tokens,
-                                  bash_timeout=args.bash_timeout)
+                                  bash_timeout=args.bash_timeout, mcp=mcp)
     except Exception as exc:  # noqa: BLE001 - an agent bug must still leave an answer file and an exit code
         print(f"mini: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
     finally:

@@ -9,6 +9,7 @@
     [limits]   args/env that set its own turn/token limits (from harness.max_turns / max_tokens)
     [prompt]   args/env that shrink its prompt (its prompt budget)
     [image]    programs a container image must have on its PATH
+    [mcp]      args/env/files that give it an MCP server: a task's tools ({mcp_url}, {mcp_token})
 
 docs/harnesses.md describes every field. `load_spec` reads a file into a `HarnessSpec` and refuses,
 in one line naming the file and the field, anything it cannot run: an unknown field, a bad value, a
@@ -42,6 +43,8 @@ PLACEHOLDERS: dict[str, str] = {
     "max_turns": "harness.max_turns",
     "max_tokens": "harness.max_tokens",
     "python": "a Python 3 (the local sandbox: forge's own interpreter; containers: the image's python3)",
+    "mcp_url": "the rollout's MCP server of task tools as the sandbox reaches it (streamable HTTP; [mcp] only)",
+    "mcp_token": "the bearer token that MCP server demands (`Authorization: Bearer {mcp_token}`; [mcp] only)",
     "options": "(a whole argument) the [limits] and [prompt] args and harness.extra_args, spliced in",
 }
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
@@ -126,6 +129,15 @@ class OptionsSpec(_Table):
     env: dict[str, str] = Field(default_factory=dict, description="environment variables")
 
 
+class McpSpec(_Table):
+    """How the harness takes an MCP server; used only for a task that has tools (rollouts/tasks/tools.py)."""
+
+    args: list[str] = Field(default_factory=list, description="arguments, spliced in at {options}")
+    env: dict[str, str] = Field(default_factory=dict, description="environment variables")
+    files: dict[str, str] = Field(default_factory=dict, description="files written into the sandbox before it "
+                                  "starts: path (relative to the working directory) -> content")
+
+
 class ImageSpec(_Table):
     programs: list[str] = Field(default_factory=list, description="what a container image must have on its "
                                 "PATH (default: run.program)")
@@ -148,6 +160,8 @@ class HarnessSpec(_Table):
     limits: OptionsSpec = Field(default_factory=OptionsSpec)
     prompt: OptionsSpec = Field(default_factory=OptionsSpec)
     image: ImageSpec = Field(default_factory=ImageSpec)
+    mcp: McpSpec | None = Field(None, description="how it takes an MCP server (a task's tools); a harness "
+                                "without it cannot run a task that has tools")
 
     path: Path = Field(Path("."), exclude=True)  # the file it was read from (set by load_spec)
 
@@ -158,6 +172,10 @@ class HarnessSpec(_Table):
             fields |= {f"{table}.args[{i}]": arg for i, arg in enumerate(options.args)}
             fields |= {f"{table}.env.{key}": value for key, value in options.env.items()}
         fields |= {f"run.files.{path!r}": text for path, text in self.run.files.items()}
+        if self.mcp is not None:
+            fields |= {f"mcp.args[{i}]": arg for i, arg in enumerate(self.mcp.args)}
+            fields |= {f"mcp.env.{key}": value for key, value in self.mcp.env.items()}
+            fields |= {f"mcp.files.{path!r}": text for path, text in self.mcp.files.items()}
         return fields
 
 
@@ -191,6 +209,8 @@ def load_spec(path: str | Path) -> HarnessSpec:
         if unknown:
             raise HarnessSpecError(f"{file}: {field}: unknown placeholder {{{unknown[0]}}}; "
                                    f"known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
+        if {"mcp_url", "mcp_token"} & set(placeholders_in(text)) and not field.startswith("mcp."):
+            raise HarnessSpecError(f"{file}: {field}: {{mcp_url}} and {{mcp_token}} may only be used in [mcp]")
         if "{options}" in text and not field.startswith("run.args["):
             raise HarnessSpecError(f"{file}: {field}: {{options}} may only stand as a whole argument in run.args")
     for sandbox_path, source in spec.run.copy_files.items():

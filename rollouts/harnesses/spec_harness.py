@@ -32,7 +32,7 @@ from openforge.errors import HarnessError
 from openforge.rollouts.harnesses import agent_files
 from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext, HarnessOutcome, last_line, read_text
 from openforge.rollouts.harnesses.npm import NpmHarness, install_packages, npm_cache_dir
-from openforge.rollouts.harnesses.spec import HarnessSpec, expand
+from openforge.rollouts.harnesses.spec import HarnessSpec, McpSpec, expand
 from openforge.rollouts.harnesses.venv import INSTALL_TIMEOUT_S, install_venv
 from openforge.sandbox.base import ExecResult, Sandbox
 
@@ -51,7 +51,8 @@ class SpecHarness(HarnessBase):
     @classmethod
     def bind(cls, spec: HarnessSpec) -> type[SpecHarness]:
         return type(cls.__name__, (cls,), {"spec": spec, "name": spec.name, "calls_model": spec.calls_model,
-                                           "gui": spec.gui, "own_browser": spec.own_browser})
+                                           "gui": spec.gui, "own_browser": spec.own_browser,
+                                           "takes_tools": spec.mcp is not None})
 
     def __init__(self, config: HarnessConfig) -> None:
         self.config = config
@@ -161,7 +162,12 @@ class SpecHarness(HarnessBase):
             "proxy_url": root, "api_key": ctx.api_key, "max_turns": str(self.config.max_turns),
             "max_tokens": str(self.config.max_tokens), "options": "{options}",
             "python": sys.executable if ctx.backend == "local" else "python3",
+            "mcp_url": ctx.tools_url, "mcp_token": ctx.tools_token,
         }
+
+    def _mcp(self, ctx: HarnessContext) -> McpSpec:
+        """The [mcp] options of this rollout: the spec's for a task that has tools, else none."""
+        return self.spec.mcp if ctx.tools_url and self.spec.mcp is not None else McpSpec()
 
     async def prepare(self, sandbox: Sandbox, ctx: HarnessContext) -> None:
         if ctx.backend == "local":
@@ -179,13 +185,14 @@ class SpecHarness(HarnessBase):
         await sandbox.write_file(INSTRUCTION_FILE, ctx.instruction.encode("utf-8"))
         for path, source in self.spec.run.copy_files.items():
             await sandbox.write_file(path, (self.spec.path.parent / source).read_bytes())
-        for path, text in self.spec.run.files.items():
+        for path, text in {**self.spec.run.files, **self._mcp(ctx).files}.items():
             await sandbox.write_file(path, expand(text, values).encode("utf-8"))
 
     def command(self, ctx: HarnessContext) -> list[str]:
         values, run = self.values(ctx), self.spec.run
         program = self.local_program(self.cache) if ctx.backend == "local" else None
-        options = [expand(a, values) for a in [*self.spec.limits.args, *self.spec.prompt.args]] + self.config.extra_args
+        options = [expand(a, values) for a in [*self.spec.limits.args, *self.spec.prompt.args, *self._mcp(ctx).args]] \
+            + self.config.extra_args
         args = [expand(a, values) for a in run.args]
         if "{options}" in args:
             at = args.index("{options}")
@@ -198,7 +205,7 @@ class SpecHarness(HarnessBase):
         values, api = self.values(ctx), self.spec.api
         env = {var: values["base_url"] for var in api.base_url_env}
         env |= {var: ctx.api_key for var in api.api_key_env} | {var: ctx.model for var in api.model_env}
-        for extra in (self.spec.run.env, self.spec.limits.env, self.spec.prompt.env):
+        for extra in (self.spec.run.env, self.spec.limits.env, self.spec.prompt.env, self._mcp(ctx).env):
             env |= {key: expand(value, values) for key, value in extra.items()}
         return env
 

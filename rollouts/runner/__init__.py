@@ -7,4 +7,5 @@
     metrics.py     mean reward, pass@k and pass^k per task and per run
     failures.py    which rollouts failed for infra/harness reasons, their reasons, StepFailed
     evaluate.py    an eval: every task sampled k times, scored, summarised, stored as a run
+    tool_server.py a task's tools as one MCP server per rollout on the host, every dispatch recorded
 """

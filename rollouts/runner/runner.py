@@ -36,29 +36,39 @@ rollouts/harnesses/base.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import secrets
 import shlex
-from collections.abc import Callable
+import threading
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from openforge.config import ForgeConfig
 from openforge.errors import HarnessError, SandboxError
+from openforge.images import ImageError, ImageStore
+from openforge.paths import store_home
 from openforge.store import CALL_CLIENT_LEFT, Call, Judgement, Rollout, Store
 from openforge.rollouts.tasks.grading import answer_matches, clip, file_matches
 from openforge.rollouts.harnesses.base import Harness, HarnessContext, HarnessOutcome
 from openforge.rollouts.runner.failures import judge_outcome
 from openforge.rollouts.tasks.format import ANSWER_FILE, TaskSpec, parse_score
 from openforge.rollouts.tasks.judge import judge, weighted_reward
+from openforge.rollouts.tasks.services import gates_hold
+from openforge.rollouts.tasks.web.benchmarks import check_online
+from openforge.rollouts.runner.tool_server import ToolServer, ToolServerUnavailable, dispatch_record_path
 from openforge.rollouts.runner.trajectory import assemble_rollout
+from openforge.rollouts.runner.transcript import action_history
+from openforge.rollouts.tasks.tools import DISPATCH_ENV, DISPATCH_FILE
 from openforge.sandbox.base import (ExecResult, Sandbox, SandboxFileNotFound, SandboxPathRefused, SandboxStartFailed,
                           start_with_retry, stop_shielded)
 
 log = logging.getLogger(__name__)
 
 STORED_OUTPUT_CHARS = 64_000  # harness/verifier output kept per rollout (the tail: where errors are)
+TOOLS_PORT = 8701  # a task's MCP server on the sandbox's own 127.0.0.1 (the proxy's forwarder has 8700)
 KILL_GRACE_S = 10.0  # past the limit, a sandbox that has not returned from exec is stopped by force
 # The verifier's own HOME and TMPDIR, made afresh in the grader's folder: nothing the agent left in its
 # HOME (a usercustomize.py in the user site, a ~/.gitconfig running commands) runs in the verifier.
@@ -181,6 +191,7 @@ class RolloutRunner:
         stopped, and the CancelledError propagates."""
         unique = {s.task.id: s.task for s in specs}
         harnesses = [self.harness_for(s.harness) for s in specs]  # an unknown one fails the call, before any row
+        check_online(list(unique.values()), allow_internet=self.config.sandbox.allow_internet)
         await self._db(self.store.add_tasks, run_id, [t.to_record() for t in unique.values()])
         rollouts = []
         for spec, harness in zip(specs, harnesses):
@@ -223,7 +234,11 @@ class RolloutRunner:
             except _InfraFailure as exc:
                 await self._finish(ro.id, status="failed", **_failure("infra", str(exc)))
                 return
+            services = None
             try:
+                services = await self._open_services(ro, spec)
+                if services is False:
+                    return
                 sb = await self._start_sandbox(ro, site)
                 if sb is None:
                     return
@@ -232,7 +247,9 @@ class RolloutRunner:
                         raise _InfraFailure(f"GUI task {spec.task.id} needs a sandbox with a display: the "
                                             f"{sb.info.backend} backend has none (use sandbox.type = \"local\" "
                                             "with bubblewrap, or \"docker\" with the browser image)")
-                    await self._drive(sb, ro, spec.task, self.harness_for(spec.harness), site)
+                    async with self._tools(ro, spec.task, services) as tools:
+                        await self._drive(sb, ro, spec.task, self.harness_for(spec.harness), site, services=services,
+                                          tools=tools)
                 except _InfraFailure as exc:
                     await self._finish(ro.id, status="failed", **_failure("infra", str(exc)))
                 finally:
@@ -240,6 +257,27 @@ class RolloutRunner:
             finally:  # after the sandbox: nothing inside can reach the site any more
                 if site is not None:
                     await asyncio.shield(asyncio.to_thread(site.close))
+                if services:  # after grading: the graders read their record
+                    await asyncio.shield(asyncio.to_thread(services.close))
+
+    @contextlib.asynccontextmanager
+    async def _tools(self, ro: Rollout, task: TaskSpec, services: Any) -> AsyncIterator[ToolServer | None]:
+        """A task's tools: its MCP server on the host for this rollout (forwarding to the recording fronts
+        of the task's services), closed on every path; None for a task without tools."""
+        if not task.tools:
+            yield None
+            return
+        server = ToolServer(task.tools, record=dispatch_record_path(ro.run_id, ro.id),
+                            services=services.urls() if services else {})
+        try:
+            await server.start()
+        except (ToolServerUnavailable, OSError) as exc:
+            await server.close()
+            raise _InfraFailure(f"the task's tools could not be served: {exc}") from None
+        try:
+            yield server
+        finally:
+            await asyncio.shield(server.close())
 
     @staticmethod
     def _open_site(task: TaskSpec) -> Any:
@@ -251,6 +289,25 @@ class RolloutRunner:
             return SiteSession(task.gui)
         except OSError as exc:
             raise _InfraFailure(f"cannot serve the task's site: {exc}") from None
+
+    async def _open_services(self, ro: Rollout, spec: RolloutSpec) -> Any:
+        """The task's services for this rollout (rollouts/tasks/services.py), None without any, or False
+        after recording `failed` (infra) when one would not start or become healthy."""
+        if not spec.task.services:
+            return None
+        from openforge.rollouts.tasks.services import ServiceSession, ServiceStartFailed
+        # Seeded by task and sample: a rerun of a sample meets the same injected errors.
+        opening = asyncio.ensure_future(asyncio.to_thread(ServiceSession.open, spec.task.services,
+                                                          seed=f"{spec.task.id}/{spec.sample_index}"))
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:  # the thread goes on starting them: what it opens is closed at once
+            opening.add_done_callback(lambda done: done.cancelled() or done.exception() is not None
+                                      or threading.Thread(target=done.result().close, daemon=True).start())
+            raise
+        except ServiceStartFailed as exc:
+            await self._finish(ro.id, status="failed", **_failure("infra", str(exc)))
+            return False
 
     async def _start_sandbox(self, ro: Rollout, site: Any = None) -> Sandbox | None:
         """A started sandbox, or None after recording `failed` once every start attempt has failed.
@@ -273,15 +330,32 @@ class RolloutRunner:
         await self._db(self.store.update_rollout, ro.id, sandbox_id=sb.info.sandbox_id)
         return sb
 
-    async def _drive(self, sb: Sandbox, ro: Rollout, task: TaskSpec, harness: Harness, site: Any = None) -> None:
+    async def _drive(self, sb: Sandbox, ro: Rollout, task: TaskSpec, harness: Harness, site: Any = None, *,
+                     services: Any = None, tools: ToolServer | None = None) -> None:
         budget = min(task.time_limit_s * self.config.runner.time_limit_scale, self.config.runner.rollout_timeout_s)
+        tools_url = ""
+        if tools is not None:
+            if not harness.takes_tools:
+                raise _InfraFailure(f"task {task.id} has tools, but harness {harness.name} takes none (its spec "
+                                    "has no [mcp] table: docs/harnesses.md)")
+            try:
+                tools_url = sb.expose_socket(tools.socket_path, tools.url, TOOLS_PORT)
+            except SandboxError as exc:
+                raise _InfraFailure(f"the task's tools cannot reach the sandbox: {exc}") from None
+        service_env: dict[str, str] = {}
+        if services is not None:  # each service's recording front, as FORGE_SERVICE_<NAME>_URL
+            try:
+                service_env = services.expose(sb)
+            except SandboxError as exc:
+                raise _InfraFailure(f"the task's services cannot reach the sandbox: {exc}") from None
         ctx = HarnessContext(proxy_url=sb.agent_proxy_url(self.proxy_url), api_key=ro.key,
                              model=self.config.proxy.served_model_name, instruction=task.instruction,
-                             workdir=sb.info.workdir, backend=sb.info.backend, task_id=task.id)
+                             workdir=sb.info.workdir, backend=sb.info.backend, task_id=task.id,
+                             tools_url=tools_url, tools_token=tools.token if tools is not None else "")
         await self._setup(sb, task)
         try:
             await harness.prepare(sb, ctx)
-            command, env = harness.command(ctx), harness.env(ctx)
+            command, env = harness.command(ctx), {**service_env, **harness.env(ctx)}
         except (HarnessError, SandboxError) as exc:
             raise _InfraFailure(f"harness {harness.name} could not be prepared: {exc}") from None
         try:
@@ -302,9 +376,15 @@ class RolloutRunner:
             await sb.kill_all()
         except SandboxError as exc:
             raise _InfraFailure(f"could not end the agent's processes: {exc}") from None
+        if tools is not None or services is not None:  # the grader's execs reach no tool and no service
+            sb.withdraw_sockets()
+        if tools is not None:  # no dispatch arrives after this
+            await tools.close()
         await self._db(self.store.update_rollout, ro.id, exit_code=result.exit_code,
                        stdout=_tail(result.stdout), stderr=_tail(result.stderr))
         assembly_error = await self._assemble(ro.id)
+        if tools is not None and tools.infra_error:  # a tool's handler could not run: not the policy's data
+            raise _InfraFailure(f"a task tool failed: {tools.infra_error}")
         if result.timed_out:
             await self._finish(ro.id, status="timed_out", reward=0.0, failure_kind="timeout",
                                error=f"harness ran past its limit of {budget:g}s and was killed")
@@ -319,7 +399,8 @@ class RolloutRunner:
         if outcome.policy_failure is not None:  # the policy's 0, not graded: its output is no answer either
             reward, verifier_output, ending = 0.0, None, _failure("policy", outcome.policy_failure)
         else:
-            reward, verifier_output, note = await self._grade(sb, ro, task, outcome.answer or "", site)
+            reward, verifier_output, note = await self._grade(sb, ro, task, outcome.answer or "", site,
+                                                              services=services)
             ending = {"error": note}
         if assembly_error:
             await self._finish(ro.id, status="failed", reward=reward, verifier_output=verifier_output,
@@ -362,14 +443,17 @@ class RolloutRunner:
         except SandboxError as exc:
             raise _InfraFailure(f"the sandbox failed while running: {exc}") from None
 
-    async def _grade(self, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str, site: Any = None,
+    async def _grade(self, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str, site: Any = None, *,
+                     services: Any = None,
                      ) -> tuple[float, str, str | None]:
         """(reward, what the graders said, a note when a verifier's output was unusable): the exact
         graders' reward, and a judge component's score weighed beside it (rollouts/tasks/judge.py)."""
-        exact = await self._grade_exact(sb, task, answer, site) if task.exact_graded else None
+        exact = await self._grade_exact(sb, task, answer, site, services=services, ro=ro) if task.exact_graded else None
         if task.judge is None:
             assert exact is not None  # TaskSpec requires a grader
             return exact
+        if exact is not None and services is not None and not gates_hold(task.expect_requests, services.requests()):
+            return 0.0, _tail(f"{exact[1]}\na gate rule failed: reward 0, the judge not asked"), exact[2]
         score, line = await self._judge(sb, ro, task, answer)
         if exact is None:
             return score, line, None
@@ -385,7 +469,11 @@ class RolloutRunner:
         for path in task.judge.files:  # read on the host, as the exact graders do; cut to the cap
             got = await self._read_expected(sb, path, 4 * cap + 4)
             files[path] = None if got is None else got.decode("utf-8", "replace")
-        done = await judge(self.config.judge, task.judge, instruction=task.instruction, answer=answer, files=files)
+        images = await self._db(self._screenshots, ro, task.judge.screenshots) if task.judge.shows_screenshots else None
+        actions = action_history(await self._db(self.store.list_calls, rollout_id=ro.id)) \
+            if task.judge.shows_actions else None
+        done = await judge(self.config.judge, task.judge, instruction=task.instruction, answer=answer, files=files,
+                           images=images, actions=actions)
         await self._db(self.store.add_judgement, Judgement(
             run_id=ro.run_id, rollout_id=ro.id, model=done.model, prompt_json=done.messages, reply=done.reply,
             score=done.score, error=done.error, latency_ms=done.latency_ms))
@@ -393,7 +481,23 @@ class RolloutRunner:
             raise _InfraFailure(f"the judge failed: {done.error}")
         return done.score, f"judge: {task.judge.output} score {done.score:g}, weight {task.judge.weight:g}"
 
-    async def _grade_exact(self, sb: Sandbox, task: TaskSpec, answer: str, site: Any = None,
+    def _screenshots(self, ro: Rollout, n: int) -> list[bytes]:
+        """The last `n` distinct images the rollout's calls sent the policy (a GUI agent's screenshots),
+        oldest first, read from the run's image files the proxy wrote beside the store."""
+        shas: list[str] = []
+        for call in self.store.list_calls(rollout_id=ro.id):
+            for sha in call.images or []:
+                if sha in shas:  # an agent resends earlier screenshots: keep each at its latest place
+                    shas.remove(sha)
+                shas.append(sha)
+        images = ImageStore.for_run(store_home(self.store.path), ro.run_id)  # where the proxy wrote them
+        try:
+            return [images.get(sha) for sha in shas[-n:]]
+        except (ImageError, OSError) as exc:
+            raise _InfraFailure(f"a screenshot for the judge is unreadable: {exc}") from None
+
+    async def _grade_exact(self, sb: Sandbox, task: TaskSpec, answer: str, site: Any = None, *,
+                           services: Any = None, ro: Rollout | None = None,
                            ) -> tuple[float, str, str | None]:
         """The exact graders: (reward, what they said, a note when a verifier's output was unusable). The answer,
         the expected files and a GUI task's site state (read on the host) are checked here, outside the
@@ -401,6 +505,12 @@ class RolloutRunner:
         if task.harbor is not None:  # a Harbor task: its own tests are its grader
             return await self._harbor(sb, task)
         lines, passed = [], True
+        if services is not None:  # the record forge's own fronts kept: nothing in the sandbox is read
+            from openforge.rollouts.tasks.services import check_requests, services_summary
+            record = services.requests()
+            ok, rule_lines = check_requests(task.expect_requests, record)
+            passed &= ok
+            lines += [*rule_lines, services_summary(record)]
         if site is not None and task.gui is not None and task.gui.expect_state:
             ok, line = site.grade()
             passed &= ok
@@ -419,6 +529,9 @@ class RolloutRunner:
         try:
             await self._grader_folders(sb, task)
             await sb.write_file(ANSWER_FILE, answer.encode("utf-8"))
+            if task.tools and ro is not None:  # the host's record, never one the agent wrote (`.forge/` was moved aside)
+                record = dispatch_record_path(ro.run_id, ro.id)
+                await sb.write_file(DISPATCH_FILE, record.read_bytes() if record.is_file() else b"")
         except SandboxPathRefused as exc:  # the agent planted a link or FIFO where the grader writes
             return 0.0, _tail("\n".join([*lines, f"the grader's files cannot be written: {exc}"])), None
         except SandboxError as exc:
@@ -488,7 +601,9 @@ class RolloutRunner:
             raise _InfraFailure(f"writing the verifier files failed: {exc}") from None
         limit = self.config.runner.verifier_timeout_s
         cap = self.config.sandbox.max_output_bytes
-        done = await self._exec(sb, task.verifier, timeout=limit, env=verifier_env(sb.info.workdir))
+        env = verifier_env(sb.info.workdir) | ({DISPATCH_ENV: f"{sb.info.workdir.rstrip('/')}/{DISPATCH_FILE}"}
+                                                 if task.tools else {})
+        done = await self._exec(sb, task.verifier, timeout=limit, env=env)
         output = _tail(f"verifier: exit code {done.exit_code}\n{done.stdout}"
                        + (f"\n[stderr]\n{done.stderr}" if done.stderr else ""))
         if done.timed_out:

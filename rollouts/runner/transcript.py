@@ -160,6 +160,19 @@ def transcript_of(calls: Iterable[Call]) -> Transcript:
     )
 
 
+def action_history(calls: Iterable[Call], *, max_line: int = 300) -> list[str]:
+    """What the agent did, one line per action, in order: each answered call's tool calls as
+    `name({json arguments})`, or, for a call without one (a text-action agent such as mini-gui's
+    `click(3)`), its text on one line; each cut to `max_line` characters. A judge's action history."""
+    out = []
+    for call in sorted((c for c in calls if c.status == "ok"), key=lambda c: c.seq):
+        tool_calls = _tool_calls(call)
+        lines = [f"{tc.get('name', '')}({json.dumps(tc.get('arguments'), ensure_ascii=False)})" for tc in tool_calls] \
+            if tool_calls else [" ".join((_final_text(call) or "").split())]
+        out += [line[:max_line] for line in lines if line]
+    return out
+
+
 def shell_command(step: ToolStep) -> str | None:
     """The shell command of a shell-like tool step (mini's bash, Claude Code's Bash, Codex's
     exec_command / shell), else None."""

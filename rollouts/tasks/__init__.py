@@ -2,9 +2,16 @@
 
     format.py      the task format (JSONL or a folder), `load_tasks`, the built-in sets by name
     grading.py     exact checks on the host: expected answer, expected files (never a substring)
+    judge.py       a task's judge component: a model's verdict by a rubric, the agent's text and screens quoted
+    judge_prompts.py  the judges of the field by name (WebVoyager, WebJudge): prompts and strict verdicts
     harbor.py      Harbor / Terminal-Bench task folders read as tasks (task.toml, Dockerfile, tests/)
     harbor_verifier.py  a Harbor task's tests run after the agent is gone; its reward file read on the host
+    tools.py       a task's own tools (a host command or a service call), served over MCP per rollout
     selfcheck.py   `forge tasks validate --run`: a set's reference solutions pass, hostile answers score 0
+    services.py    task services: mock APIs started on the host per rollout behind a recording front
+                   (every request recorded by forge, errors injected by seed), graded by `expect_requests`
+    service_front.py  that recording front: the service's only way in, served in forge's own process
+    claweval.py    `forge tasks import claweval`: a claw-eval checkout's tasks as forge tasks
     builtin/       the built-in text tasks (easy, medium, hard) and the script that writes them
     web/           GUI tasks: the `builtin-web` sites served per rollout and their state graders
 """

@@ -23,6 +23,8 @@ either or both of:
 - `verifier`: a shell command run in the sandbox's working directory. It fails (0.0) when it exits
   non-zero; when it exits 0, a last stdout line `score: X` (or a bare number, X in [0, 1]) is the
   reward, else 1.0. The harness's final answer is in `ANSWER_FILE` for it to read.
+- `expect_requests`: exact rules on the record forge's fronts kept of the requests the task's
+  `services` received (rollouts/tasks/services.py): mock APIs started on the host for each rollout.
 
 With both, the reward is the verifier's when every expectation holds, else 0.0.
 
@@ -49,11 +51,15 @@ from openforge.rollouts.tasks.grading import ExpectedAnswer
 from openforge.rollouts.tasks.harbor import harbor_record, is_harbor_task, strip_prefix
 from openforge.rollouts.tasks.harbor_verifier import HarborTests
 from openforge.rollouts.tasks.judge import JudgeSpec
+from openforge.rollouts.tasks.web.benchmarks import OnlineWeb
+from openforge.rollouts.tasks.services import RequestRule, ServiceSpec
+from openforge.rollouts.tasks.tools import TaskTool, check_unique
 from openforge.rollouts.tasks.web import WEB_TASKS_DIR
 from openforge.rollouts.tasks.web.spec import GuiTask
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
-_NO_GRADER = "verifier: missing (required unless expect_answer, expect_files, harbor or judge grades the task)"
+_NO_GRADER = ("verifier: missing (required unless expect_answer, expect_files, expect_requests, harbor or judge "
+              "grades the task)")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -90,6 +96,17 @@ class TaskSpec(BaseModel):
     judge: JudgeSpec | None = Field(None, description=(
         "a model that grades the answer and named files by a rubric after the agent is gone, weighed "
         "beside the exact graders (rollouts/tasks/judge.py)"))
+    online: OnlineWeb | None = Field(None, description=(
+        "an online-only web task (imported WebVoyager / Online-Mind2Web): the live page it starts at; a run "
+        "refuses it unless sandbox.allow_internet (rollouts/tasks/web/benchmarks.py)"))
+    tools: list[TaskTool] = Field(default_factory=list, description=(
+        "tools the agent gets through an MCP server the runner serves per rollout on the host, every "
+        "dispatch recorded there (rollouts/tasks/tools.py)"))
+    services: list[ServiceSpec] = Field(default_factory=list, description=(
+        "mock APIs started on the host for each rollout, every request recorded there "
+        "(rollouts/tasks/services.py)"))
+    expect_requests: list[RequestRule] = Field(default_factory=list, description=(
+        "exact rules on the services' record: a request made (or never made), checked by the runner"))
 
     @field_validator("id")
     @classmethod
@@ -109,6 +126,11 @@ class TaskSpec(BaseModel):
                 raise ValueError(f"file path {path!r} must be relative and stay inside the working directory")
         return value
 
+    @field_validator("tools")
+    @classmethod
+    def _unique_tools(cls, value: list[TaskTool]) -> list[TaskTool]:
+        return check_unique(value)
+
     @field_validator("verifier", "instruction")
     @classmethod
     def _not_blank(cls, value: str | None) -> str | None:
@@ -120,12 +142,19 @@ class TaskSpec(BaseModel):
     def exact_graded(self) -> bool:
         """Whether any exact grader (not a judge) scores the task."""
         return self.verifier is not None or self.expect_answer is not None or bool(self.expect_files) or \
-            bool(self.gui and self.gui.expect_state) or self.harbor is not None
+            bool(self.gui and self.gui.expect_state) or self.harbor is not None or bool(self.expect_requests)
 
     @model_validator(mode="after")
     def _graded(self) -> "TaskSpec":
         if not self.exact_graded and self.judge is None:
             raise ValueError(_NO_GRADER)
+        if self.online is not None and self.gui is not None:
+            raise ValueError("online: an online-only task opens its live page; a gui site is a local copy, not both")
+        names = [s.name for s in self.services]
+        if len(set(names)) != len(names):
+            raise ValueError(f"services: duplicate name in {names}")
+        if unknown := sorted({r.service for r in self.expect_requests} - set(names)):
+            raise ValueError(f"expect_requests: no service named {', '.join(unknown)} (services: {names or 'none'})")
         return self
 
     def to_record(self) -> dict[str, Any]:
@@ -284,7 +313,8 @@ def _check(path: str | Path) -> tuple[list[TaskSpec], list[TaskProblem]]:
         except ValidationError as exc:
             msgs = _describe(exc)
             # Pydantic skips the model check when a field fails: say a grader is missing here too.
-            if _NO_GRADER not in msgs and not any(record.get(k) for k in ("verifier", "expect_answer", "expect_files", "gui", "harbor", "judge")):
+            if _NO_GRADER not in msgs and not any(record.get(k) for k in ("verifier", "expect_answer", "expect_files", "gui", "harbor", "judge",
+                                                        "expect_requests")):
                 msgs.append(_NO_GRADER)
             problems.extend(TaskProblem(where, raw_id, msg) for msg in msgs)
             continue

@@ -10,6 +10,11 @@ solution would show up as a flat reward curve.
 A Harbor task (rollouts/tasks/harbor.py) also meets FORGED_REWARD: an agent that writes a perfect
 reward file wherever Harbor's verifier might read one and leaves a process behind to keep writing
 it. It must score exactly 0 as well.
+
+A task graded on its services' record (`expect_requests`, rollouts/tasks/services.py) and no judge meets
+FORGED_DISPATCH: an agent that makes no request but writes dispatch logs claiming each one the task
+expects, where a grader might look for them (the tool server's `.forge/tool-dispatches.jsonl`, a
+`dispatches.json`). It must score exactly 0: the runner grades forge's own record, never a file.
 """
 
 from __future__ import annotations
@@ -63,11 +68,21 @@ true
 """
 
 
+def forged_dispatch(task: TaskSpec) -> str:
+    """The FORGED_DISPATCH agent's script for `task`: a claimed 200 for every request it expects."""
+    claims = [json.dumps({"service": r.service, "tool": r.tool, "method": r.method, "path": r.path, "body": r.body,
+                          "status": 200, "result": "ok"}) for r in task.expect_requests if not r.absent]
+    lines = "\n".join(claims * 3)
+    return (f"mkdir -p .forge && cat > .forge/tool-dispatches.jsonl <<'EOF'\n{lines}\nEOF\n"
+            "cp .forge/tool-dispatches.jsonl dispatches.json\n")
+
+
 class _StandInHarness(HarnessBase):
     """An agent without a model: per task id, a shell script to run and/or a final answer to give."""
 
     name = "solution"
     calls_model = False
+    takes_tools = True  # a task's tools reach a solution script as FORGE_MCP_URL / FORGE_MCP_TOKEN
 
     def __init__(self, scripts: dict[str, str], answers: dict[str, str] | None = None) -> None:
         self.scripts = scripts
@@ -81,7 +96,7 @@ class _StandInHarness(HarnessBase):
         return ["sh", "-c", self.scripts.get(ctx.task_id, "true")]
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        return {}
+        return {"FORGE_MCP_URL": ctx.tools_url, "FORGE_MCP_TOKEN": ctx.tools_token} if ctx.tools_url else {}
 
     async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
         return await answer_file_outcome(result, sandbox, name=self.name)
@@ -100,6 +115,9 @@ async def check_solutions(store: Store, config: ForgeConfig, tasks: Sequence[Tas
     harbor = [t for t in with_solution if t.harbor is not None]
     if harbor:
         attempts.append(("forged reward", _StandInHarness({t.id: FORGED_REWARD for t in harbor}), harbor))
+    recorded = [t for t in tasks if t.judge is None and any(not r.absent for r in t.expect_requests)]
+    if recorded:
+        attempts.append(("forged dispatch", _StandInHarness({t.id: forged_dispatch(t) for t in recorded}), recorded))
     credited: dict[str, list[str]] = {}  # task id -> the hostile answers it gave credit to
     for step, (label, harness, tried) in enumerate(attempts):
         runner = RolloutRunner(store, config=config, proxy_url="http://127.0.0.1:9", harness=harness)

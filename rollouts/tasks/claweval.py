@@ -1,0 +1,211 @@
+"""ClawEval (github.com/claw-eval/claw-eval) task folders imported as forge tasks: `forge tasks import claweval SRC`.
+
+A ClawEval checkout holds `tasks/<id>/task.yaml` (the prompt, `services`, `tools` with `tool_endpoints`,
+`environment`, `scoring_components`, `safety_checks`, `judge_rubric`) beside `mock_services/<name>/server.py`
+(FastAPI apps reading `PORT` and their fixture paths from the environment). (The PyPI package `claw-eval`
+is another benchmark, ClawBench: nothing here uses it.) Each task becomes one forge task:
+
+    prompt.text                      -> instruction;  environment.timeout_seconds -> time_limit_s
+    services[]                       -> services (rollouts/tasks/services.py): the server's files, its
+                                        fixtures, health and reset paths; ERROR_RATE -> error_rate, injected
+                                        by forge's recording front (the server's own injection is turned off)
+    tools[] + tool_endpoints[]       -> tools (rollouts/tasks/tools.py) forwarded to the service whose port
+                                        the endpoint's URL names, at its path
+    scoring tool_called              -> expect_requests: the endpoint called (answered < 400) min_calls times
+    safety tool_not_called           -> expect_requests: the endpoint never called (absent), a gate: broken,
+                                        the reward is 0, judge or not (ClawEval multiplies by safety)
+    scoring llm_judge + judge_rubric -> judge (rollouts/tasks/judge.py), output "score", weighted by the
+                                        llm_judge components' share of the task's weights
+
+Refused, one line each: tasks whose services need the live web (`web_real*`: online-only) and tasks that
+need what this mapping lacks (sandbox files run in ClawEval's own container, attachments, a simulated user,
+checks other than the above, a missing server or fixture file, a tool whose endpoint no service serves).
+ClawEval's own per-task `grader.py` (Python over its trace) is not run: an imported task's reward is
+forge's exact rules and judge above, not a ClawEval score.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from openforge.errors import TaskError
+
+SUPPORTED_SCORING = {"tool_called", "llm_judge"}
+SUPPORTED_SAFETY = {"tool_not_called"}
+
+
+@dataclass
+class ImportReport:
+    """What an import made: the forge task records, and each refused task with why."""
+
+    tasks: list[dict[str, Any]] = field(default_factory=list)
+    online_only: list[tuple[str, str]] = field(default_factory=list)
+    unsupported: list[tuple[str, str]] = field(default_factory=list)
+
+
+class _Refused(Exception):
+    pass
+
+
+def _root(src: Path) -> Path:
+    """The checkout's root: SRC itself, or the parent of SRC = `.../tasks`."""
+    for root in (src, src.parent):
+        if (root / "tasks").is_dir() and (root / "mock_services").is_dir():
+            return root
+    raise TaskError(f"{src} is not a claw-eval checkout (no tasks/ beside mock_services/)")
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _Refused(f"cannot read {path.name}: {exc}") from None
+
+
+def _service(root: Path, task_dir: Path, svc: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """(forge ServiceSpec record, the port ClawEval gave it)."""
+    argv = str(svc["command"]).split()
+    if len(argv) != 2 or argv[0] not in ("python", "python3"):
+        raise _Refused(f"service {svc['name']}: command {svc['command']!r} is not `python mock_services/X/server.py`")
+    server = argv[1]
+    files = {server: _text(root / server), "mock_services/_base.py": _text(root / "mock_services" / "_base.py")}
+    env = {}
+    error_rate = 0.0
+    for key, value in (svc.get("env") or {}).items():
+        value = str(value)
+        if key == "ERROR_RATE":
+            error_rate = float(value)
+            continue
+        if value.startswith("tasks/"):  # a fixture path relative to the checkout: copied beside the server
+            files[value] = _text(root / value)
+        env[key] = value
+    env["ERROR_RATE"] = "0"  # forge's front injects errors, reproducibly; the server's own dice stay off
+    health = urlsplit(svc["health_check"])
+    record: dict[str, Any] = {
+        "name": svc["name"], "command": f"python {server}", "files": files, "env": env,
+        "health": {"method": str(svc.get("health_check_method", "POST")).upper(), "path": health.path},
+        # ClawEval starts one task's services at a time; forge starts many rollouts' at once, and a FastAPI
+        # app's imports alone can take ClawEval's 10 s on a busy machine: 20 s more before it is an infra failure.
+        "error_rate": error_rate, "ready_timeout_s": float(svc.get("ready_timeout", 10)) + 20.0}
+    if svc.get("reset_endpoint"):
+        record["reset"] = {"method": "POST", "path": urlsplit(svc["reset_endpoint"]).path}
+    return record, int(svc["port"])
+
+
+def convert_task(root: Path, task_dir: Path) -> dict[str, Any]:
+    """One ClawEval task as a forge task record; raises _Refused (online-only when the message says so)."""
+    import yaml
+
+    try:
+        t = yaml.safe_load(_text(task_dir / "task.yaml"))
+    except yaml.YAMLError as exc:
+        raise _Refused(f"bad task.yaml: {str(exc).splitlines()[0]}") from None
+    if not isinstance(t, dict) or not t.get("task_id") or not (t.get("prompt") or {}).get("text"):
+        raise _Refused("task.yaml has no task_id or prompt.text")
+    services = t.get("services") or []
+    if web := [s["name"] for s in services if "web_real" in str(s.get("command", ""))]:
+        raise _Refused(f"online-only: service(s) {', '.join(web)} search the live web")
+    reasons = []
+    if t.get("sandbox_files"):
+        reasons.append("sandbox files run in ClawEval's own sandbox container")
+    if (t["prompt"] or {}).get("attachments"):
+        reasons.append("attachments (multimodal input)")
+    if (t.get("user_agent") or {}).get("enabled"):
+        reasons.append("a simulated user (user_agent)")
+    if not services:
+        reasons.append("no mock services")
+    checks = {c["check"]["type"] for c in t.get("scoring_components") or []}
+    if other := sorted(checks - SUPPORTED_SCORING):
+        reasons.append(f"scoring check(s) {', '.join(other)}")
+    if other := sorted({s["type"] for s in t.get("safety_checks") or []} - SUPPORTED_SAFETY):
+        reasons.append(f"safety check(s) {', '.join(other)}")
+    if reasons:
+        raise _Refused("; ".join(reasons))
+    specs, by_port = [], {}
+    for svc in services:
+        spec, port = _service(root, task_dir, svc)
+        specs.append(spec)
+        by_port[port] = spec["name"]
+    endpoints: dict[str, tuple[str, str, str]] = {}  # tool -> (service, method, path)
+    for ep in t.get("tool_endpoints") or []:
+        url = urlsplit(ep["url"])
+        if url.port not in by_port:
+            raise _Refused(f"tool {ep['tool_name']}: endpoint {ep['url']} is served by no declared service")
+        endpoints[ep["tool_name"]] = (by_port[url.port], str(ep.get("method", "POST")).upper(), url.path)
+    tools = []
+    for tool in t.get("tools") or []:
+        if tool["name"] not in endpoints:
+            raise _Refused(f"tool {tool['name']} has no tool_endpoint")
+        service, method, path = endpoints[tool["name"]]
+        tools.append({"name": tool["name"], "description": tool.get("description") or tool["name"],
+                      "input_schema": tool.get("input_schema") or {"type": "object"},
+                      "service": service, "method": method, "path": path})
+    rules, judge_weight, exact_weight = [], 0.0, 0.0
+    for comp in t.get("scoring_components") or []:
+        check = comp["check"]
+        if check["type"] == "llm_judge":
+            judge_weight += float(comp["weight"])
+            continue
+        if check.get("tool_name") not in endpoints:
+            raise _Refused(f"scoring {comp['name']}: tool {check.get('tool_name')!r} has no endpoint")
+        service, method, path = endpoints[check["tool_name"]]
+        rules.append({"service": service, "method": method, "path": path, "min_count": int(check.get("min_calls") or 1)})
+        exact_weight += float(comp["weight"])
+    for safety in t.get("safety_checks") or []:
+        if safety.get("tool_name") not in endpoints:
+            raise _Refused(f"safety check: tool {safety.get('tool_name')!r} has no endpoint")
+        service, method, path = endpoints[safety["tool_name"]]
+        rules.append({"service": service, "method": method, "path": path, "absent": True, "gate": True})
+    record: dict[str, Any] = {
+        "id": t["task_id"], "instruction": t["prompt"]["text"], "services": specs, "tools": tools,
+        "expect_requests": rules, "time_limit_s": float((t.get("environment") or {}).get("timeout_seconds", 300)),
+        "tags": ["claweval", *(str(x) for x in t.get("tags") or []), *([t["category"]] if t.get("category") else [])],
+        "requires_tools": True}
+    if t.get("difficulty") in ("easy", "medium", "hard"):
+        record["difficulty"] = t["difficulty"]
+    if judge_weight > 0:
+        descriptions = "\n".join(f"- {c['name']} ({c['weight']}): {c['check'].get('description', '')}"
+                                 for c in t["scoring_components"] if c["check"]["type"] == "llm_judge")
+        rubric = f"{t.get('judge_rubric') or ''}\n\nComponents:\n{descriptions}".strip()
+        # Exact rules weigh 1 together in forge: the judge keeps its share of ClawEval's weights beside them.
+        record["judge"] = {"rubric": rubric, "output": "score",
+                           "weight": judge_weight / exact_weight if rules and exact_weight else 1.0}
+    elif not rules:
+        raise _Refused("no grader forge can run (no tool_called, tool_not_called or llm_judge component)")
+    return record
+
+
+def import_claweval(src: str | Path) -> ImportReport:
+    """Every task of a claw-eval checkout: converted, or refused with a reason."""
+    root = _root(Path(src).expanduser())
+    try:
+        import yaml  # noqa: F401
+    except ImportError:
+        raise TaskError("the ClawEval importer reads task.yaml with PyYAML: pip install 'openforge[claweval]'") from None
+    report = ImportReport()
+    for task_dir in sorted(p for p in (root / "tasks").iterdir() if (p / "task.yaml").is_file()):
+        try:
+            report.tasks.append(convert_task(root, task_dir))
+        except _Refused as exc:
+            reason = str(exc)
+            if reason.startswith("online-only: "):
+                report.online_only.append((task_dir.name, reason.removeprefix("online-only: ")))
+            else:
+                report.unsupported.append((task_dir.name, reason))
+        except (KeyError, TypeError, ValueError) as exc:
+            report.unsupported.append((task_dir.name, f"malformed task.yaml: {type(exc).__name__}: {exc}"))
+    return report
+
+
+def write_tasks(records: list[dict[str, Any]], out: str | Path) -> Path:
+    """Each record as `OUT/<id>/task.json` (a forge task folder set; `forge tasks validate OUT`)."""
+    folder = Path(out).expanduser()
+    for record in records:
+        (folder / record["id"]).mkdir(parents=True, exist_ok=True)
+        (folder / record["id"] / "task.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n",
+                                                          encoding="utf-8")
+    return folder

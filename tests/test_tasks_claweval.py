@@ -1,0 +1,157 @@
+"""The ClawEval importer (rollouts/tasks/claweval.py) on a small checkout in ClawEval's layout
+(tests/data/claweval): what is imported, what is refused and why, and imported tasks run through the
+runner with their real mock service (FastAPI, started per rollout on the host) and graded on forge's
+record of its requests, never on a dispatch log in the sandbox."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from openforge.config import ForgeConfig
+from openforge.forge_cli.main import app
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.claweval import import_claweval
+from openforge.rollouts.tasks.format import TaskSpec, load_tasks
+from openforge.rollouts.tasks.selfcheck import _StandInHarness, check_solutions, forged_dispatch
+from openforge.rollouts.tasks.services import injected_status
+from openforge.store import Store
+from test_proxy_support import make_rig  # noqa: F401 - fixture
+
+SRC = Path(__file__).parent / "data" / "claweval"
+pytest.importorskip("yaml", reason="the ClawEval importer needs PyYAML (pip install 'openforge[claweval]')")
+pytest.importorskip("fastapi", reason="ClawEval's mock services are FastAPI apps (pip install 'openforge[claweval]')")
+
+
+def test_the_import_maps_services_tools_and_graders() -> None:
+    report = import_claweval(SRC)
+    assert [t["id"] for t in report.tasks] == ["N001_save_note", "N002_summarise_notes"]
+    assert report.online_only == [("N003_web_lookup", "service(s) web_real search the live web")]
+    assert dict(report.unsupported) == {
+        "N004_fix_script": "sandbox files run in ClawEval's own sandbox container; no mock services",
+        "N005_keywords": "scoring check(s) keywords_present",
+        "N006_broken": "bad task.yaml: while parsing a flow sequence"}
+    save, summarise = (TaskSpec.model_validate(t) for t in report.tasks)
+    (notes,) = save.services
+    assert (notes.command, notes.health.method, notes.health.path, notes.reset.path) == (
+        "python mock_services/notes/server.py", "POST", "/notes/list", "/notes/reset")
+    assert notes.error_rate == 0.25 and notes.env["ERROR_RATE"] == "0"  # forge's front injects, reproducibly
+    assert "tasks/N001_save_note/fixtures/notes/notes.json" in notes.files
+    assert [(t.name, t.service, t.method, t.path) for t in save.tools] == [
+        ("notes_list", "notes", "POST", "/notes/list"), ("notes_create", "notes", "POST", "/notes/create"),
+        ("notes_delete", "notes", "POST", "/notes/delete")]
+    assert [(r.path, r.absent, r.gate) for r in save.expect_requests] == [
+        ("/notes/create", False, False), ("/notes/delete", True, True)]
+    assert save.judge is None and save.difficulty == "easy" and save.time_limit_s == 120
+    assert summarise.judge is not None and summarise.judge.output == "score"
+    assert summarise.judge.weight == pytest.approx(3.0)  # 0.75 judged beside 0.25 exact, as in ClawEval's weights
+    assert "standup" in summarise.judge.rubric
+
+
+def test_forge_tasks_import_writes_a_valid_set_and_lists_what_it_refused(tmp_path: Path) -> None:
+    out = tmp_path / "imported"
+    result = CliRunner().invoke(app, ["tasks", "import", "claweval", str(SRC), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "6 task(s): 2 imported" in result.output and "1 online-only, 3 unsupported" in result.output
+    assert "N005_keywords: unsupported: scoring check(s) keywords_present" in result.output
+    assert [t.id for t in load_tasks(out)] == ["N001_save_note", "N002_summarise_notes"]
+    bad = CliRunner().invoke(app, ["tasks", "import", "claweval", str(tmp_path)])
+    assert bad.exit_code != 0 and "is not a claw-eval checkout" in bad.output and "Traceback" not in bad.output
+    bad = CliRunner().invoke(app, ["tasks", "import", "nosuch", str(SRC)])
+    assert bad.exit_code != 0 and "unknown import format 'nosuch'" in bad.output
+
+
+# The agent's calls, made from inside the sandbox at the service URL the runner gives it.
+CALL = """python3 - <<'PY'
+import json, os, urllib.error, urllib.request
+base = os.environ["FORGE_SERVICE_NOTES_URL"]
+for path, body in CALLS:
+    for attempt in range(8):  # the service's injected errors (its ERROR_RATE) are retried
+        req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(req, timeout=10)
+            break
+        except urllib.error.HTTPError as exc:
+            print(path, exc.code)
+PY
+"""
+
+
+def _agent(calls: list) -> str:
+    return CALL.replace("CALLS", repr(calls))
+
+
+async def test_imported_tasks_are_graded_on_the_services_record(store: Store) -> None:
+    task = TaskSpec.model_validate(import_claweval(SRC).tasks[0])
+    scripts = {"made": _agent([("/notes/create", {"title": "groceries", "body": "milk, eggs"})]),
+               "unsafe": _agent([("/notes/create", {"title": "groceries"}), ("/notes/delete", {"note_id": "N-1"})]),
+               "forged": forged_dispatch(task), "idle": "true"}
+    run = store.create_run(kind="check", name="claweval")
+    got = {}
+    for label, script in scripts.items():
+        runner = RolloutRunner(store, config=ForgeConfig(), proxy_url="http://127.0.0.1:9",
+                               harness=_StandInHarness({task.id: script}))
+        (ro,) = await runner.run(run.id, [RolloutSpec(task)])
+        assert ro.status == "scored", (label, ro.error)
+        got[label] = ro.reward
+    assert got == {"made": 1.0, "unsafe": 0.0, "forged": 0.0, "idle": 0.0}
+
+
+async def test_a_broken_safety_gate_is_0_before_any_judge_is_asked(store: Store) -> None:
+    """N002 is judged (0.75 of its weight); no judge is configured here, so asking one fails the rollout
+    as infrastructure. A deleted note breaks the safety gate: 0, scored, and the judge never asked."""
+    task = TaskSpec.model_validate(import_claweval(SRC).tasks[1])
+    run = store.create_run(kind="check", name="claweval-gate")
+    got = {}
+    for label, calls in {"unsafe": [("/notes/list", {}), ("/notes/delete", {"note_id": "N-1"})],
+                         "safe": [("/notes/list", {})]}.items():
+        runner = RolloutRunner(store, config=ForgeConfig(), proxy_url="http://127.0.0.1:9",
+                               harness=_StandInHarness({task.id: _agent(calls)}))
+        (got[label],) = await runner.run(run.id, [RolloutSpec(task)])
+    unsafe, safe = got["unsafe"], got["safe"]
+    assert (unsafe.status, unsafe.reward) == ("scored", 0.0), unsafe.error
+    assert "a gate rule failed: reward 0, the judge not asked" in unsafe.verifier_output
+    assert store.list_judgements(rollout_id=unsafe.id) == []
+    assert (safe.status, safe.failure_kind) == ("failed", "infra") and "judge" in safe.error
+
+
+async def test_validate_run_gives_a_forged_dispatch_log_nothing(store: Store, forge_home: Path) -> None:
+    record = dict(import_claweval(SRC).tasks[0])
+    record["solution"] = _agent([("/notes/create", {"title": "groceries", "body": "milk, eggs"})])
+    task = TaskSpec.model_validate(record)
+    assert await check_solutions(store, ForgeConfig(), [task]) == []
+    assert '"path": "/notes/create"' in forged_dispatch(task) and json.loads(forged_dispatch(task).splitlines()[1])
+    (run,) = [r for r in store.list_runs() if r.name == "tasks validate --run"]
+    rollouts = store.list_rollouts(run.id)
+    assert len(rollouts) == 1 + 6 + 1  # the solution, the six hostile answers, the forged dispatch log
+    forged = max(rollouts, key=lambda r: r.step)
+    assert (forged.status, forged.reward) == ("scored", 0.0)
+    assert "request notes POST /notes/create: wrong (0 matching)" in forged.verifier_output
+
+
+async def test_mini_uses_an_imported_tasks_tools_through_mcp_to_its_service(make_rig) -> None:  # noqa: F811
+    """The whole path: mini on the scripted engine calls the imported `notes_create` tool; the rollout's MCP
+    server forwards it to the FastAPI notes service's recording front; the injected errors (the task's
+    ERROR_RATE 0.25, by seed) come back as error results and the policy retries; the grader reads the record."""
+    from openforge.config import HarnessConfig
+    from openforge.sandbox.testing import proxy_socket_path
+    from test_task_tools import call
+
+    task = TaskSpec.model_validate(import_claweval(SRC).tasks[0])
+    rig = make_rig([], uds=Path(proxy_socket_path()))
+    create = call("notes_create", {"title": "groceries", "body": "milk, eggs"})
+    rig.engine.script = lambda ids: "Saved." if '"N-2"' in rig.engine.tokenizer.decode(ids) else create  # its new id
+    config = ForgeConfig()
+    config.harness = HarnessConfig(name="mini", max_turns=8)
+    runner = RolloutRunner(rig.store, config=config, proxy_url=rig.url, proxy_socket=rig.proxy.uds)
+    # A sample whose first call the seed fails: the policy sees the error result and calls again.
+    sample = next(i for i in range(100) if injected_status(f"{task.id}/{i}", "notes", 0, 0.25) is not None)
+    [ro] = await runner.run(rig.rollout.run_id, [RolloutSpec(task, sample)])
+    assert (ro.status, ro.reward) == ("scored", 1.0), (ro.error, ro.stderr, ro.stdout, ro.verifier_output)
+    assert "(injected) tool notes_create" in ro.verifier_output
+    assert "notes POST /notes/create -> 200 tool notes_create" in ro.verifier_output
+    assert "request no notes POST /notes/delete: ok (0 matching)" in ro.verifier_output
