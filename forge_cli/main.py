@@ -182,6 +182,10 @@ def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
                           str((s.metrics_json or {}).get("infra_failures", "-")),
                           *([" ".join(f"{h} {v:.2f}" for h, v in sorted(per.items()))] if mixed else []))
         console.print(table)
+        from openforge.forge_cli.staleness import staleness_line
+
+        if (line := staleness_line(steps)) is not None:
+            console.print(line, highlight=False)
     summary = run.summary_json
     if summary:
         console.print_json(json.dumps(summary))

@@ -431,8 +431,18 @@ class TrainerConfig(_Section):
     device: str = Field("auto", description="torch device for training: auto, cpu, cuda")
     seed: int = Field(0, description="seed of the LoRA init and the task order")
     overlap: bool = Field(False, description="one-step-off-policy: sample step t+1 while training step t")
+    max_staleness: int = Field(0, ge=0, description="asynchronous training (trainer/buffer.py): groups are sampled "
+                               "continuously and trained at most this many adapter versions after the one that "
+                               "sampled them; 0 = synchronous (overlap aside)")
     nproc: int = Field(1, ge=1, description="trainer processes on this machine: > 1 runs `forge train` / `forge up` "
                        "under torchrun with FSDP2 (gloo on CPU, NCCL on GPUs, one GPU per rank); rank 0 owns the run")
+
+
+class SftConfig(_Section):
+    """`forge sft`: supervised fine-tuning on kept rollouts, with the optimizer and LoRA of [trainer]."""
+
+    max_tokens: int = Field(4096, ge=16, description="tokens of one packed row: short sequences share a row "
+                            "(attention kept within each), one row per optimizer step; a longer one is a row alone")
 
 
 class TrackingConfig(_Section):

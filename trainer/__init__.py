@@ -10,6 +10,7 @@
     launch.py       starting the trainer under torchrun
     checkpoint.py   atomic checkpoints and resume
     samplers.py     the Sampler interface; RolloutSampler (real harnesses), EngineSampler (engine only)
+    buffer.py       GroupBuffer: asynchronous sampling with bounded staleness (trainer.max_staleness)
     adapters.py     AdapterSync: each saved adapter into the engine
     bridge.py       BackgroundLoop: the async engine client from the synchronous loop
     cancel.py       CancelToken: stop sampling from another thread

@@ -33,6 +33,11 @@ class AdapterSync:
         while len(self.loaded) > self.keep:
             self.bridge.run(self.client.unload_lora_adapter(self.loaded.pop(0)))
 
+    def retain(self, n: int) -> None:
+        """Keep at least the newest `n` adapters loaded (asynchronous training: groups sampled by
+        older versions are still running)."""
+        self.keep = max(self.keep, n)
+
     def update_weights(self, path: str) -> None:
         """Full fine-tuning: the engine reloads its base weights from the saved model folder."""
         self.bridge.run(self.client.update_weights_from_disk(path))

@@ -15,6 +15,9 @@ starts from that adapter (an SFT result), and the engine serves it to step 0's r
 
 With `overlap`, the rollouts of step N+1 are sampled (with the adapter of step N-1) while step N
 trains: one step off-policy, which TIS corrects for along with the engine/trainer mismatch.
+With `max_staleness` K > 0 a `GroupBuffer` (trainer/buffer.py) samples groups continuously, each under
+the adapter served when it starts, and phase 1 takes the next batch of finished groups instead; a
+group is trained at most K adapter versions after the one that sampled it (K = 1 subsumes overlap).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from openforge.trainer.vision import TrajectoryImages
 from openforge.trainer.grpo import StepConfig, grpo_step
 from openforge.trainer.model import autocast_dtype, build_optimizer, build_policy, pad_token_id, pick_device
 from openforge.trainer.adapters import AdapterSync
+from openforge.trainer.buffer import GroupBuffer
 from openforge.trainer.samplers import Sampler
 
 
@@ -161,14 +165,23 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
     store.set_run_status(run_id, "running")
     result = TrainResult(run_id=run_id, adapter=adapter)
     vision = TrajectoryImages.for_run(home, run_id, model_path)  # loads its processor on the first image only
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forge-overlap") if config.overlap else None
+    buffer = _buffer(config, sampler, run_id, stream, position, start, adapter, engine)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forge-overlap") \
+        if config.overlap and buffer is None else None
     pending: Future | None = None
     try:
         for step in range(start, config.steps):
-            # 1. sample: this step's groups, with the adapter the engine serves now
+            # 1. sample: this step's groups, with the adapter the engine serves now (async: the next
+            #    finished groups, each sampled by an adapter at most max_staleness versions old)
             t0 = time.perf_counter()
-            step_tasks = stream.take(position, config.tasks_per_step)
-            rollouts = pending.result() if pending else sampler.sample(run_id, step_tasks, step=step, adapter=adapter)
+            extra: dict[str, Any] = {}
+            if buffer is not None:
+                taken = buffer.take(step)
+                rollouts, step_tasks, extra = taken.rollouts, taken.tasks, taken.stats
+            else:
+                step_tasks = stream.take(position, config.tasks_per_step)
+                rollouts = pending.result() if pending else sampler.sample(run_id, step_tasks, step=step,
+                                                                           adapter=adapter)
             pending = None
             if pool is not None and step + 1 < config.steps:  # overlap: the next step samples while this trains
                 nxt = stream.take(position + len(step_tasks), config.tasks_per_step)
@@ -181,8 +194,8 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
                                 std_normalize=config.std_normalize, vision=vision)
             metrics = pi.update(batch.samples, config, trajectories, vision)
             t2 = time.perf_counter()
-            position += len(step_tasks)
-            metrics.update(_reward_metrics(batch, step_tasks), **_harness_rewards(rollouts), step=step,
+            position = buffer.position if buffer is not None else position + len(step_tasks)
+            metrics.update(_reward_metrics(batch, step_tasks), **_harness_rewards(rollouts), **extra, step=step,
                            n_rollouts=len(rollouts), t_rollout_s=t1 - t0, t_train_s=t2 - t1,
                            tokens_per_s=metrics["n_tokens"] / max(t2 - t1, 1e-9))
             # 3. save (the step is done once its checkpoint exists), 4. hot-load, 5. record
@@ -190,6 +203,8 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
             path = save_checkpoint(home, run_id, step, model=model, optimizer=optimizer, scheduler=pi.scheduler,
                                    state={"position": position, "metrics": metrics, "fingerprint": stream.fingerprint})
             adapter = result.adapter = _publish(store, run_id, step, path, engine, config)
+            if buffer is not None:
+                buffer.publish(step + 1, adapter)  # groups starting from now sample with it
             metrics["t_sync_s"] = time.perf_counter() - t2
             _record_step(store, run_id, metrics, adapter)
             result.steps.append(metrics)
@@ -201,11 +216,26 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
         store.interrupt_unfinished(run_id)
         raise
     finally:
+        if buffer is not None:
+            buffer.close()
         if pool is not None:  # an unfinished prefetch is abandoned; its rollouts end up interrupted
             pool.shutdown(wait=pending is None, cancel_futures=True)
         pi.close()
     store.set_run_status(run_id, "finished")
     return result
+
+
+def _buffer(config: TrainerConfig, sampler: Sampler, run_id: str, stream: TaskStream, position: int, start: int,
+            adapter: str | None, engine: AdapterSync | None) -> GroupBuffer | None:
+    """The asynchronous sampler when `max_staleness` > 0: groups of up to K + 1 versions run at once, so
+    the engine keeps that many adapters (and the newest) loaded."""
+    if config.max_staleness == 0:
+        return None
+    if engine is not None:
+        engine.retain(config.max_staleness + 2)
+    return GroupBuffer(sampler, run_id, stream, groups_per_step=config.tasks_per_step,
+                       max_staleness=config.max_staleness, position=position, version=start, adapter=adapter,
+                       end=config.steps * config.tasks_per_step)
 
 
 def _restore(store: Store, run_id: str, found: Any, pi: _Policy, stream: TaskStream,
