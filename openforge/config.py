@@ -496,6 +496,7 @@ class ForgeConfig(_Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="[trainer]: the GRPO trainer")
     judge: JudgeConfig = Field(default_factory=JudgeConfig, description="[judge]: the model that grades tasks' "
                                "judge components")
+    sft: SftConfig = Field(default_factory=SftConfig, description="[sft]: supervised fine-tuning (forge sft)")
     store: StoreConfig = Field(default_factory=StoreConfig, description="[store]: where runs are recorded")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="[tracking]: experiment trackers "
                                      "(W&B, TensorBoard, MLflow) each train step is logged to")

@@ -40,7 +40,7 @@ def run_sft(store: Store, home: Path, config: ForgeConfig, *, sources: Sequence[
     try:
         examples = [e for rid, bar in thresholds.items() for e in select_examples(store, [rid], min_reward=bar)]
         result = train_sft(store, home, run.id, model_path=model, examples=examples, cfg=config.trainer,
-                           epochs=epochs, val_tasks=val_tasks, on_step=on_step)
+                           epochs=epochs, max_tokens=config.sft.max_tokens, val_tasks=val_tasks, on_step=on_step)
     except (ForgeError, KeyboardInterrupt) as exc:
         store.set_run_status(run.id, "stopped" if isinstance(exc, KeyboardInterrupt) else "failed",
                              error=str(exc) or type(exc).__name__)

@@ -38,10 +38,10 @@ def test_sft_lowers_the_loss_on_kept_trajectories_and_the_adapter_loads(store, t
     assert sorted(e.task_id for e in examples) == sorted(q for q, _ in QA[:4])  # the failed one is never kept
     assert all(sum(e.loss_mask) == len(e.loss_mask) - e.loss_mask.index(1) for e in examples)  # answer tokens only
 
-    cfg = TrainerConfig(lr=1e-2, lora_r=8, device="cpu", micro_batch_tokens=256)
+    cfg = TrainerConfig(lr=1e-2, lora_r=8, device="cpu")
     run = store.create_run(kind="sft")
     result = train_sft(store, forge_home, run.id, model_path=tiny_model, examples=examples, cfg=cfg, epochs=15,
-                       val_tasks=1)
+                       max_tokens=256, val_tasks=1)
     assert result.n_train == 3 and result.n_val == 1
     steps = store.list_train_steps(run.id)
     assert len(steps) == result.steps > 0 and steps[-1].loss < steps[0].loss - 0.4
@@ -53,10 +53,10 @@ def test_sft_lowers_the_loss_on_kept_trajectories_and_the_adapter_loads(store, t
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
-    before = evaluate_loss(base, examples, token_budget=256, pad_id=0, device=torch.device("cpu"))
+    before = evaluate_loss(base, examples, max_tokens=256, device=torch.device("cpu"))
     tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32),
                                       str(result.adapter_path))
-    after = evaluate_loss(tuned, examples, token_budget=256, pad_id=0, device=torch.device("cpu"))
+    after = evaluate_loss(tuned, examples, max_tokens=256, device=torch.device("cpu"))
     assert after < before - 0.4
 
 

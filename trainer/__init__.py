@@ -17,5 +17,6 @@
     export.py       forge export: veRL parquet and JSONL
     model_export.py forge export --format peft|merged: the adapter folder, or the merged weights
     sft.py          forge sft: supervised fine-tuning on the kept rollouts of earlier runs
+    packing.py      SFT sequences packed into rows, attention kept within each sequence
     warmup/         the demo warm-ups
 """

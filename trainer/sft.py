@@ -5,12 +5,13 @@ calls re-tokenised for the student) or any earlier run - kept when their reward 
 `min_reward` (rejection sampling). Each rollout's trajectory rows (rollouts/runner/trajectory.py, the
 same rows RL trains on) give the tokens and the loss mask: the loss is on the assistant's tokens only.
 
-    loss = - sum_t mask_t * log pi(x_t | x_<t) / sum_t mask_t          (token mean over a batch)
+    loss = - sum_t mask_t * log pi(x_t | x_<t) / sum_t mask_t          (token mean over a packed row)
 
 Tasks are split, not rollouts: `val_tasks` of the kept tasks are held out, and their loss is the
-validation loss after every epoch. One step is one optimizer step over up to `micro_batch_tokens`
-tokens; each is a train_step row of the run (kind `sft`), and the adapter is saved at the end
-(trainer/checkpoint.py: `runs/<run>/adapters/step-N`, the folder `forge up --init-from` loads).
+validation loss after every epoch. Sequences are packed (trainer/packing.py) into rows of at most
+`sft.max_tokens` tokens, attention kept within each; one row is one optimizer step and a train_step
+row of the run (kind `sft`), and the adapter is saved at the end (trainer/checkpoint.py:
+`runs/<run>/adapters/step-N`, the folder `forge up --init-from` loads).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from openforge.errors import TrainerError
 from openforge.rollouts.runner.trajectory import assemble_rollout
 from openforge.store import Store, TrainStep
 from openforge.trainer.checkpoint import save_checkpoint
-from openforge.trainer.grpo import token_logprobs
-from openforge.trainer.model import build_optimizer, build_policy, pad_token_id, pick_device
+from openforge.trainer.model import build_optimizer, build_policy, pick_device
+from openforge.trainer.packing import pack, packed_nll, packed_row
 
 
 @dataclass
@@ -84,53 +85,36 @@ def split_by_task(examples: Sequence[Example], val_tasks: int, seed: int) -> tup
     return [e for e in examples if e.task_id not in held], [e for e in examples if e.task_id in held]
 
 
-def batches(examples: Sequence[Example], token_budget: int) -> list[list[Example]]:
-    """Consecutive groups of at most `token_budget` padded tokens (a longer example alone)."""
-    out: list[list[Example]] = []
-    for e in examples:
-        if out and (len(out[-1]) + 1) * max(len(e.token_ids), *(len(x.token_ids) for x in out[-1])) <= token_budget:
-            out[-1].append(e)
-        else:
-            out.append([e])
-    return out
+def packed_rows(examples: Sequence[Example], max_tokens: int) -> list[list[Example]]:
+    """`examples` packed into rows of at most `max_tokens` tokens (trainer/packing.py), in order."""
+    return [[examples[i] for i in row] for row in pack(examples, max_tokens)]
 
 
-def batch_loss(model: Any, rows: Sequence[Example], *, pad_id: int, device: torch.device) -> torch.Tensor:
-    """The token-mean negative log-likelihood of `rows`' masked tokens (right-padded)."""
-    T = max(len(e.token_ids) for e in rows)
-    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(rows), T), dtype=torch.long)
-    mask = torch.zeros((len(rows), T), dtype=torch.float32)
-    for i, e in enumerate(rows):
-        n = len(e.token_ids)
-        ids[i, :n] = torch.tensor(e.token_ids)
-        attn[i, :n] = 1
-        mask[i, :n] = torch.tensor(e.loss_mask, dtype=torch.float32)
-    first = int(mask.nonzero()[:, 1].min())  # no logits before the first supervised token
-    lp = token_logprobs(model, ids.to(device), attn.to(device), first=max(first, 1))  # [B, T-1]
-    m = mask[:, 1:].to(device)
-    return -(lp * m).sum() / m.sum().clamp(min=1.0)
+def row_loss(model: Any, rows: Sequence[Example], *, device: torch.device) -> tuple[torch.Tensor, int]:
+    """(summed NLL, supervised tokens) of `rows` packed into one row, attention kept within each."""
+    row = packed_row(rows)
+    return packed_nll(model, row, device), row.n_targets
 
 
 @torch.no_grad()
-def evaluate_loss(model: Any, examples: Sequence[Example], *, token_budget: int, pad_id: int,
-                  device: torch.device) -> float:
+def evaluate_loss(model: Any, examples: Sequence[Example], *, max_tokens: int, device: torch.device) -> float:
     """The token-mean loss over `examples` (every masked token weighs the same)."""
     total = tokens = 0.0
     model.eval()
-    for rows in batches(examples, token_budget):
-        n = sum(sum(e.loss_mask[1:]) for e in rows)
-        total += float(batch_loss(model, rows, pad_id=pad_id, device=device)) * n
+    for rows in packed_rows(examples, max_tokens):
+        nll, n = row_loss(model, rows, device=device)
+        total += float(nll)
         tokens += n
     model.train()
     return total / max(tokens, 1.0)
 
 
 def train_sft(store: Store, home: Path, run_id: str, *, model_path: Path, examples: Sequence[Example],
-              cfg: TrainerConfig, epochs: int, val_tasks: int = 0,
+              cfg: TrainerConfig, epochs: int, max_tokens: int, val_tasks: int = 0,
               on_step: Callable[[TrainStep], Any] | None = None) -> SftResult:
-    """SFT of the policy at `model_path` (LoRA, or full with `trainer.full_finetune`) on `examples`;
-    every step recorded as a train_step row of `run_id`, the adapter saved at the end."""
+    """SFT of the policy at `model_path` (LoRA, or full with `trainer.full_finetune`) on `examples`,
+    packed into rows of `max_tokens` (one row, one optimizer step); every step recorded as a train_step
+    row of `run_id`, the adapter saved at the end."""
     train, val = split_by_task(examples, val_tasks, cfg.seed)
     if not train:
         raise TrainerError("no trajectories to train on: no rollout of the given runs reached the reward threshold")
@@ -138,18 +122,20 @@ def train_sft(store: Store, home: Path, run_id: str, *, model_path: Path, exampl
     device = pick_device(cfg.device)
     model = build_policy(model_path, cfg, device=device)
     model.train()
-    per_epoch = len(batches(train, cfg.micro_batch_tokens))
-    optimizer, scheduler = build_optimizer(model, cfg.model_copy(update={"steps": per_epoch * epochs,
-                                                                          "epochs_per_step": 1}))
-    pad_id = pad_token_id(model)
-    result = SftResult(steps=0, adapter_path=Path(), n_train=len(train), n_val=len(val))
     order = random.Random(cfg.seed)
-    for epoch in range(epochs):
+    epoch_rows = []  # every epoch's rows up front: the LR schedule needs the number of steps
+    for _ in range(epochs):
         shuffled = list(train)
         order.shuffle(shuffled)
-        for rows in batches(shuffled, cfg.micro_batch_tokens):
+        epoch_rows.append(packed_rows(shuffled, max_tokens))
+    optimizer, scheduler = build_optimizer(model, cfg.model_copy(update={
+        "steps": sum(len(rows) for rows in epoch_rows), "epochs_per_step": 1}))
+    result = SftResult(steps=0, adapter_path=Path(), n_train=len(train), n_val=len(val))
+    for epoch, packed in enumerate(epoch_rows):
+        for rows in packed:
             started = time.perf_counter()
-            loss = batch_loss(model, rows, pad_id=pad_id, device=device)
+            nll, n_targets = row_loss(model, rows, device=device)
+            loss = nll / max(n_targets, 1)  # token mean over the row
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
@@ -160,16 +146,16 @@ def train_sft(store: Store, home: Path, run_id: str, *, model_path: Path, exampl
             value = float(loss.detach())
             result.train_losses.append(value)
             n_tokens = sum(len(e.token_ids) for e in rows)
+            elapsed = time.perf_counter() - started
             row = store.add_train_step(TrainStep(
                 run_id=run_id, step=result.steps, loss=value, grad_norm=float(grad_norm), n_tokens=n_tokens,
-                n_rollouts=len({e.rollout_id for e in rows}), t_train_s=time.perf_counter() - started,
-                tokens_per_s=n_tokens / max(time.perf_counter() - started, 1e-9),
-                metrics_json={"epoch": epoch, "lr": scheduler.get_last_lr()[0]}))
+                n_rollouts=len({e.rollout_id for e in rows}), t_train_s=elapsed,
+                tokens_per_s=n_tokens / max(elapsed, 1e-9),
+                metrics_json={"epoch": epoch, "lr": scheduler.get_last_lr()[0], "sequences": len(rows)}))
             if on_step is not None:
                 on_step(row)
         if val:
-            result.val_losses.append(evaluate_loss(model, val, token_budget=cfg.micro_batch_tokens, pad_id=pad_id,
-                                                   device=device))
+            result.val_losses.append(evaluate_loss(model, val, max_tokens=max_tokens, device=device))
     result.adapter_path = save_checkpoint(home, run_id, result.steps, model=model, optimizer=optimizer,
                                           scheduler=scheduler, state={"kind": "sft", "val_losses": result.val_losses})
     return result
