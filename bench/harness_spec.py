@@ -11,76 +11,33 @@ the tiny model), once building FORGE_HOME's tiny model and once with it there.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
-
-WRITE_HELLO = ('<tool_call>\n{"name": "write_file", "arguments": {"path": "hello.txt", '
-               '"content": "hello world\\n"}}\n</tool_call>')
-
-
-def _rollout_seconds(store, runner, task) -> float:  # noqa: ANN001
-    from openforge.rollouts.runner.runner import RolloutSpec
-
-    run = store.create_run(kind="eval")
-    t0 = time.perf_counter()
-    [ro] = asyncio.run(runner.run(run.id, [RolloutSpec(task)]))
-    elapsed = time.perf_counter() - t0
-    assert (ro.status, ro.reward) == ("scored", 1.0), (ro.status, ro.error, ro.stderr)
-    return elapsed
 
 
 def run(quick: bool = False) -> dict:
-    from transformers import AutoTokenizer
-
-    from openforge.config import ForgeConfig
-    from openforge.engine.scripted import ScriptedEngine
-    from openforge.engine.serve import serve_in_thread
-    from openforge.engine.tiny import build_tiny_model
-    from openforge.proxy.server import ProxyServer
     from openforge.rollouts.harnesses import get_harness
     from openforge.rollouts.harnesses.mini import MiniHarness
     from openforge.rollouts.runner.runner import RolloutRunner
     from openforge.rollouts.tasks.format import load_tasks
-    from openforge.sandbox.testing import proxy_socket_path
-    from openforge.store import Store
+
+    from bench.mini_rig import alternate, mini_rig, rollout_seconds
 
     rounds, per_round = (3, 2) if quick else (7, 4)
-    with tempfile.TemporaryDirectory() as home:
-        os.environ["FORGE_HOME"] = home
-        model = build_tiny_model(Path(home) / "tiny")
-        tokenizer = AutoTokenizer.from_pretrained(str(model))
-
-        def script(prompt_ids: list[int]) -> str:  # the tool call, then the answer once its result is in
-            return "Done: hello world" if "wrote 12 characters" in tokenizer.decode(prompt_ids[-200:]) else WRITE_HELLO
-
-        store = Store(Path(home) / "forge.db")
-        engine = serve_in_thread(ScriptedEngine(model, script).app)
-        config = ForgeConfig()
-        proxy = ProxyServer(config.proxy, store_path=store.path, engine_url=engine.url, model_path=model,
-                            uds=proxy_socket_path())
-        proxy.start()
-        try:
-            task = next(t for t in load_tasks("builtin") if t.id == "med-create-file")
-            spec_harness, python_harness = get_harness(config.harness), MiniHarness(config.harness)
-            assert type(spec_harness).__name__ != "MiniHarness", "harness 'mini' is not spec-driven"
-            runners = {name: RolloutRunner(store, config=config, proxy_url=proxy.url, proxy_socket=proxy.uds,
-                                           harness=harness)
-                       for name, harness in (("spec", spec_harness), ("python", python_harness))}
-            _rollout_seconds(store, runners["spec"], task)  # warm: imports, the first sandbox
-            times: dict[str, list[float]] = {"spec": [], "python": []}
-            for i in range(rounds):
-                for name in (("spec", "python") if i % 2 == 0 else ("python", "spec")):
-                    times[name] += [_rollout_seconds(store, runners[name], task) for _ in range(per_round)]
-        finally:
-            proxy.stop()
-            engine.stop()
-            store.close()
+    with mini_rig() as rig:
+        task = next(t for t in load_tasks("builtin") if t.id == "med-create-file")
+        spec_harness, python_harness = get_harness(rig.config.harness), MiniHarness(rig.config.harness)
+        assert type(spec_harness).__name__ != "MiniHarness", "harness 'mini' is not spec-driven"
+        runners = {name: RolloutRunner(rig.store, config=rig.config, proxy_url=rig.proxy.url,
+                                       proxy_socket=rig.proxy.uds, harness=harness)
+                   for name, harness in (("spec", spec_harness), ("python", python_harness))}
+        rollout_seconds(rig.store, runners["spec"], task)  # warm: imports, the first sandbox
+        times = alternate({name: (lambda r=r: rollout_seconds(rig.store, r, task)) for name, r in runners.items()},
+                          rounds=rounds, per_round=per_round)
+        home = str(rig.home)
         check_s = []  # the first builds and warms up FORGE_HOME's tiny model; the second is the check alone
         for _ in range(2):
             t0 = time.perf_counter()

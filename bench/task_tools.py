@@ -15,25 +15,10 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
-
-WRITE_HELLO = ('<tool_call>\n{"name": "write_file", "arguments": {"path": "hello.txt", '
-               '"content": "hello world\\n"}}\n</tool_call>')
-
-
-def _rollout_seconds(store, runner, task) -> float:  # noqa: ANN001
-    from openforge.rollouts.runner.runner import RolloutSpec
-
-    run = store.create_run(kind="eval")
-    t0 = time.perf_counter()
-    [ro] = asyncio.run(runner.run(run.id, [RolloutSpec(task)]))
-    elapsed = time.perf_counter() - t0
-    assert (ro.status, ro.reward) == ("scored", 1.0), (ro.status, ro.error, ro.stderr)
-    return elapsed
 
 
 async def _dispatch_ms(calls: int) -> tuple[list[float], list[float]]:
@@ -64,51 +49,24 @@ async def _dispatch_ms(calls: int) -> tuple[list[float], list[float]]:
 
 
 def run(quick: bool = False) -> dict:
-    from transformers import AutoTokenizer
-
-    from openforge.config import ForgeConfig
-    from openforge.engine.scripted import ScriptedEngine
-    from openforge.engine.serve import serve_in_thread
-    from openforge.engine.tiny import build_tiny_model
-    from openforge.proxy.server import ProxyServer
     from openforge.rollouts.runner.runner import RolloutRunner
     from openforge.rollouts.tasks.format import load_tasks
     from openforge.rollouts.tasks.tools import TaskTool
     from openforge.sandbox.local import bwrap_usable
-    from openforge.sandbox.testing import proxy_socket_path
-    from openforge.store import Store
+
+    from bench.mini_rig import alternate, mini_rig, rollout_seconds
 
     rounds, per_round = (3, 2) if quick else (7, 4)
-    with tempfile.TemporaryDirectory() as home:
-        os.environ["FORGE_HOME"] = home
-        model = build_tiny_model(Path(home) / "tiny")
-        tokenizer = AutoTokenizer.from_pretrained(str(model))
-
-        def script(prompt_ids: list[int]) -> str:  # the tool call, then the answer once its result is in
-            return "Done: hello world" if "wrote 12 characters" in tokenizer.decode(prompt_ids[-200:]) else WRITE_HELLO
-
-        store = Store(Path(home) / "forge.db")
-        engine = serve_in_thread(ScriptedEngine(model, script).app)
-        config = ForgeConfig()
-        proxy = ProxyServer(config.proxy, store_path=store.path, engine_url=engine.url, model_path=model,
-                            uds=proxy_socket_path())
-        proxy.start()
-        try:
-            plain = next(t for t in load_tasks("builtin") if t.id == "med-create-file")
-            lookup = TaskTool(name="lookup", description="look a key up", command="cat",
-                              input_schema={"type": "object", "properties": {"key": {"type": "string"}}})
-            tasks = {"plain": plain, "tools": plain.model_copy(update={"tools": [lookup]})}
-            runner = RolloutRunner(store, config=config, proxy_url=proxy.url, proxy_socket=proxy.uds)
-            for task in tasks.values():  # warm: imports, the first sandbox, the first MCP server
-                _rollout_seconds(store, runner, task)
-            times: dict[str, list[float]] = {"plain": [], "tools": []}
-            for i in range(rounds):
-                for name in (("plain", "tools") if i % 2 == 0 else ("tools", "plain")):
-                    times[name] += [_rollout_seconds(store, runner, tasks[name]) for _ in range(per_round)]
-        finally:
-            proxy.stop()
-            engine.stop()
-            store.close()
+    with mini_rig() as rig:
+        plain = next(t for t in load_tasks("builtin") if t.id == "med-create-file")
+        lookup = TaskTool(name="lookup", description="look a key up", command="cat",
+                          input_schema={"type": "object", "properties": {"key": {"type": "string"}}})
+        tasks = {"plain": plain, "tools": plain.model_copy(update={"tools": [lookup]})}
+        runner = RolloutRunner(rig.store, config=rig.config, proxy_url=rig.proxy.url, proxy_socket=rig.proxy.uds)
+        for task in tasks.values():  # warm: imports, the first sandbox, the first MCP server
+            rollout_seconds(rig.store, runner, task)
+        times = alternate({name: (lambda t=task: rollout_seconds(rig.store, runner, t)) for name, task in tasks.items()},
+                          rounds=rounds, per_round=per_round)
     dispatch, handler = asyncio.run(_dispatch_ms(30 if quick else 200))
     plain_ms, tools_ms = (statistics.median(times[n]) * 1000 for n in ("plain", "tools"))
     result = {
