@@ -310,14 +310,18 @@ def test_openclaw_and_zeroclaw_configs_name_the_proxy():
     import tomllib
 
     from openforge.rollouts.harnesses.openclaw import openclaw_config
-    from openforge.rollouts.harnesses.zeroclaw import zeroclaw_config
+    from openforge.rollouts.harnesses.spec import expand
 
     provider = openclaw_config(ctx_for())["models"]["providers"]["forge"]
     assert provider["baseUrl"] == "http://127.0.0.1:8700/v1" and provider["apiKey"] == "sk-rollout"
     assert provider["api"] == "openai-completions" and provider["models"][0]["id"] == "forge-policy"
-    zc = tomllib.loads(zeroclaw_config(ctx_for(), 5))
+    zeroclaw = get_harness(HarnessConfig(name="zeroclaw", max_turns=5))  # specs/zeroclaw.toml
+    values = zeroclaw.values(ctx_for())
+    zc = tomllib.loads(expand(zeroclaw.spec.run.files[".forge/zeroclaw/config.toml"], values))
     assert zc["default_provider"] == "custom:http://127.0.0.1:8700/v1" and zc["api_key"] == "sk-rollout"
     assert zc["autonomy"]["level"] == "full" and zc["agent"]["max_tool_iterations"] == 5
+    assert zeroclaw.command(ctx_for()) == ["zeroclaw", "agent", "-m", "-v is not a flag here"]  # not on the PATH here
+    assert zeroclaw.env(ctx_for())["ZEROCLAW_WORKSPACE"].endswith("/.forge/zeroclaw")
 
 
 def test_cache_lookup_prefers_native_binaries(tmp_path):

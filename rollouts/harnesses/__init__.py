@@ -3,7 +3,8 @@
     ./harnesses/<name>.toml             a project's own specs
     $FORGE_HOME/harnesses/<name>.toml   a user's specs
     entry points `openforge.harnesses`  installed packages: an adapter class, or a spec file's path
-    specs/<name>.toml                   the built-in specs (mini, claude-code, codex, mini-swe-agent, opencode)
+    specs/<name>.toml                   the built-in specs (mini, claude-code, codex, mini-swe-agent, opencode,
+                                        zeroclaw)
     HARNESSES                           the built-in Python adapters a spec cannot express yet
 
 A name that ends in `.toml` or holds a `/` is a spec file's path. Adapter modules are imported only
@@ -31,7 +32,6 @@ ENTRY_POINT_GROUP = "openforge.harnesses"
 # name -> (module, class): the adapters that are still Python only
 HARNESSES: dict[str, tuple[str, str]] = {
     "openclaw": ("openforge.rollouts.harnesses.openclaw", "OpenClawHarness"),
-    "zeroclaw": ("openforge.rollouts.harnesses.zeroclaw", "ZeroClawHarness"),
     "mini-gui": ("openforge.rollouts.harnesses.mini_gui", "MiniGuiHarness"),
     "browser-use": ("openforge.rollouts.harnesses.browseruse", "BrowserUseHarness"),
 }

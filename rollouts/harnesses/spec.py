@@ -70,6 +70,8 @@ class InstallSpec(_Table):
                          "($FORGE_HARNESS_CACHE names the folder)")
     imports: list[str] = Field(default_factory=list, description="Python modules {python} must import here "
                                "(checked before a local run)")
+    hint: str = Field("", description="how to get the program when forge cannot install it (no npm, pip or "
+                      "command): shown where it is missing")
 
 
 class ApiSpec(_Table):

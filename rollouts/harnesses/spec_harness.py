@@ -95,6 +95,9 @@ class SpecHarness(HarnessBase):
         default = npm_cache_dir(None) == cache
         fix = f"forge harness install {cls.spec.name}" + ("" if default else f" --cache {cache}")
         if cls.local_program(cache) is None:
+            if not cls.installs_anything():
+                return (f"harness {cls.spec.name!r}: `{cls.spec.run.program}` is not on the PATH: "
+                        f"{cls.spec.install.hint or 'put it there'}")
             return f"harness {cls.spec.name!r} is not installed in {cache}: run `{fix}`"
         import importlib.util
 
@@ -108,11 +111,20 @@ class SpecHarness(HarnessBase):
         return cls.missing(npm_cache_dir(config.harness))
 
     @classmethod
+    def installs_anything(cls) -> bool:
+        """Whether `forge harness install` has something to do for it (npm, pip or a command)."""
+        install = cls.spec.install
+        return bool(install.npm or install.pip or install.command)
+
+    @classmethod
     def install(cls, cache: Path, *, timeout: float = INSTALL_TIMEOUT_S,
                 on_line: Callable[[str], None] | None = None) -> str:
         """Install the spec's packages into `cache` (a no-op when they are there); the program's path.
         HarnessError, naming the step, when one fails."""
         install, name = cls.spec.install, cls.spec.name
+        if cls.local_program(cache) is None and not cls.installs_anything():
+            raise HarnessError(f"harness {name!r} has nothing `forge harness install` can install: "
+                               f"{install.hint or f'put {cls.spec.run.program} on the PATH'}")
         if cls.local_program(cache) is None:
             if install.npm:
                 install_packages(install.npm, cache, timeout=timeout, on_line=on_line)
