@@ -10,6 +10,7 @@ import ast
 import inspect
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ from openforge.config import ForgeConfig, HarnessConfig, LocalSandboxConfig
 from openforge.errors import SandboxError
 from openforge.rollouts.harnesses import HARNESSES, get_harness, harness_available, harness_class, harness_names
 from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext, HarnessOutcome, answer_file_outcome
+from openforge.rollouts.runner import grader as grader_module
 from openforge.rollouts.runner import runner as runner_module
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks
@@ -127,9 +129,10 @@ def _task(**kw: object) -> TaskSpec:
 
 # -- the runner asks nothing -----------------------------------------------------------------------------
 
-def test_the_runner_never_asks_what_it_has() -> None:
-    """No hasattr/getattr, and no comparison with a backend's or a harness's name, in the runner."""
-    tree = ast.parse(Path(inspect.getsourcefile(runner_module) or "").read_text())
+@pytest.mark.parametrize("module", [runner_module, grader_module])
+def test_the_runner_never_asks_what_it_has(module: Any) -> None:
+    """No hasattr/getattr, and no comparison with a backend's or a harness's name, in the runner or its grader."""
+    tree = ast.parse(Path(inspect.getsourcefile(module) or "").read_text())
     names = {*BACKENDS, *harness_names()}
     probes = [n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
               and n.func.id in ("hasattr", "getattr")]

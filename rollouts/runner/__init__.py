@@ -2,6 +2,8 @@
 
     runner.py      RolloutRunner: (task, sample) pairs, each in its own sandbox, bounded, retried on
                    infrastructure failures only, graded on the host, recorded in the store
+    grader.py      RolloutGrader: the exact graders, the verifier, a Harbor task's tests and a judge, after the
+                   agent is gone
     trajectory.py  a rollout's recorded calls as training sequences (token ids, masks, logprobs)
     transcript.py  a rollout's recorded calls as what the agent did: tool steps, results, answer
     metrics.py     mean reward, pass@k and pass^k per task and per run

@@ -7,9 +7,10 @@ A spec may name one of the run's harnesses (`harness.names`); each rollout runs 
 
 One rollout: pending -> running -> start a sandbox (retried: infrastructure) -> setup files and
 command -> harness prepare + run under the time limit (the sandbox kills it) -> assemble the
-trajectory from the proxy's recorded calls -> the harness's outcome (answer or failure) -> the
-answer and expected files checked exactly, then the shell verifier, then a judge component
-(rollouts/tasks/judge.py) -> scored. The final states say who failed:
+trajectory from the proxy's recorded calls -> the harness's outcome (answer or failure) -> graded
+(rollouts/runner/grader.py: the answer and expected files checked exactly, then the shell verifier,
+then a judge component) -> scored. A task's services and tools run on the host around the sandbox
+(rollouts/tasks/services.py, rollouts/runner/tool_server.py). The final states say who failed:
 
     scored     graded; `reward` is the policy's data (0.0 for an agent that did nothing). With
                failure_kind "policy" the harness stopped on the policy's own failure (its turn limit, a
@@ -39,8 +40,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import secrets
-import shlex
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -48,36 +47,19 @@ from typing import Any
 
 from openforge.config import ForgeConfig
 from openforge.errors import HarnessError, SandboxError
-from openforge.images import ImageError, ImageStore
-from openforge.paths import store_home
-from openforge.store import CALL_CLIENT_LEFT, Call, Judgement, Rollout, Store
-from openforge.rollouts.tasks.grading import answer_matches, clip, file_matches
+from openforge.store import CALL_CLIENT_LEFT, Call, Rollout, Store
 from openforge.rollouts.harnesses.base import Harness, HarnessContext, HarnessOutcome
 from openforge.rollouts.runner.failures import judge_outcome
-from openforge.rollouts.tasks.format import ANSWER_FILE, TaskSpec, parse_score
-from openforge.rollouts.tasks.judge import judge, weighted_reward
-from openforge.rollouts.tasks.services import gates_hold
-from openforge.rollouts.tasks.web.benchmarks import check_online
+from openforge.rollouts.runner.grader import InfraFailure, RolloutGrader, run_in_sandbox, tail
 from openforge.rollouts.runner.tool_server import ToolServer, ToolServerUnavailable, dispatch_record_path
 from openforge.rollouts.runner.trajectory import assemble_rollout
-from openforge.rollouts.runner.transcript import action_history
-from openforge.rollouts.tasks.tools import DISPATCH_ENV, DISPATCH_FILE
-from openforge.sandbox.base import (ExecResult, Sandbox, SandboxFileNotFound, SandboxPathRefused, SandboxStartFailed,
-                          start_with_retry, stop_shielded)
+from openforge.rollouts.tasks.format import TaskSpec
+from openforge.rollouts.tasks.web.benchmarks import check_online
+from openforge.sandbox.base import ExecResult, Sandbox, SandboxStartFailed, start_with_retry, stop_shielded
 
 log = logging.getLogger(__name__)
 
-STORED_OUTPUT_CHARS = 64_000  # harness/verifier output kept per rollout (the tail: where errors are)
 TOOLS_PORT = 8701  # a task's MCP server on the sandbox's own 127.0.0.1 (the proxy's forwarder has 8700)
-KILL_GRACE_S = 10.0  # past the limit, a sandbox that has not returned from exec is stopped by force
-# The verifier's own HOME and TMPDIR, made afresh in the grader's folder: nothing the agent left in its
-# HOME (a usercustomize.py in the user site, a ~/.gitconfig running commands) runs in the verifier.
-VERIFIER_HOME = ".forge/verifier-home"
-
-
-def verifier_env(workdir: str) -> dict[str, str]:
-    home = f"{workdir.rstrip('/')}/{VERIFIER_HOME}"
-    return {"HOME": home, "TMPDIR": home, "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 SandboxFactory = Callable[..., Sandbox]  # (SandboxConfig, *, run_id, rollout_id) -> Sandbox
 
 
@@ -89,10 +71,6 @@ class RolloutSpec:
     task: TaskSpec
     sample_index: int = 0
     harness: str = ""
-
-
-class _InfraFailure(Exception):
-    """A failure of the machinery, not the policy's: recorded as status `failed`, failure_kind infra."""
 
 
 def _failure(kind: str, reason: str) -> dict[str, Any]:
@@ -107,10 +85,6 @@ def _engine_fault(call: Call | None) -> str | None:
     if call is None or call.status not in ("error", "interrupted") or call.error == CALL_CLIENT_LEFT:
         return None
     return (call.error or call.status)[:500]
-
-
-def _tail(text: str, limit: int = STORED_OUTPUT_CHARS) -> str:
-    return text if len(text) <= limit else f"[... {len(text) - limit} characters cut ...]\n" + text[-limit:]
 
 
 def _default_factory() -> SandboxFactory:
@@ -147,6 +121,7 @@ class RolloutRunner:
         self._harnesses: dict[str, Harness] = {"": self.harness}
         self.sandbox_factory = sandbox_factory or _default_factory()
         self.on_progress = on_progress
+        self.grader = RolloutGrader(store, config)
         self._gate = asyncio.Event()
         self._gate.set()
         self._sem = asyncio.Semaphore(config.runner.concurrency)
@@ -231,7 +206,7 @@ class RolloutRunner:
             self._progress(ro.id)
             try:  # a GUI task's site first: a container binds its socket when it is created
                 site = self._open_site(spec.task)
-            except _InfraFailure as exc:
+            except InfraFailure as exc:
                 await self._finish(ro.id, status="failed", **_failure("infra", str(exc)))
                 return
             services = None
@@ -244,13 +219,13 @@ class RolloutRunner:
                     return
                 try:
                     if site is not None and not sb.supports_gui:
-                        raise _InfraFailure(f"GUI task {spec.task.id} needs a sandbox with a display: the "
+                        raise InfraFailure(f"GUI task {spec.task.id} needs a sandbox with a display: the "
                                             f"{sb.info.backend} backend has none (use sandbox.type = \"local\" "
                                             "with bubblewrap, or \"docker\" with the browser image)")
                     async with self._tools(ro, spec.task, services) as tools:
                         await self._drive(sb, ro, spec.task, self.harness_for(spec.harness), site, services=services,
                                           tools=tools)
-                except _InfraFailure as exc:
+                except InfraFailure as exc:
                     await self._finish(ro.id, status="failed", **_failure("infra", str(exc)))
                 finally:
                     await stop_shielded(sb)
@@ -273,7 +248,7 @@ class RolloutRunner:
             await server.start()
         except (ToolServerUnavailable, OSError) as exc:
             await server.close()
-            raise _InfraFailure(f"the task's tools could not be served: {exc}") from None
+            raise InfraFailure(f"the task's tools could not be served: {exc}") from None
         try:
             yield server
         finally:
@@ -288,7 +263,7 @@ class RolloutRunner:
         try:
             return SiteSession(task.gui)
         except OSError as exc:
-            raise _InfraFailure(f"cannot serve the task's site: {exc}") from None
+            raise InfraFailure(f"cannot serve the task's site: {exc}") from None
 
     async def _open_services(self, ro: Rollout, spec: RolloutSpec) -> Any:
         """The task's services for this rollout (rollouts/tasks/services.py), None without any, or False
@@ -336,18 +311,18 @@ class RolloutRunner:
         tools_url = ""
         if tools is not None:
             if not harness.takes_tools:
-                raise _InfraFailure(f"task {task.id} has tools, but harness {harness.name} takes none (its spec "
+                raise InfraFailure(f"task {task.id} has tools, but harness {harness.name} takes none (its spec "
                                     "has no [mcp] table: docs/harnesses.md)")
             try:
                 tools_url = sb.expose_socket(tools.socket_path, tools.url, TOOLS_PORT)
             except SandboxError as exc:
-                raise _InfraFailure(f"the task's tools cannot reach the sandbox: {exc}") from None
+                raise InfraFailure(f"the task's tools cannot reach the sandbox: {exc}") from None
         service_env: dict[str, str] = {}
         if services is not None:  # each service's recording front, as FORGE_SERVICE_<NAME>_URL
             try:
                 service_env = services.expose(sb)
             except SandboxError as exc:
-                raise _InfraFailure(f"the task's services cannot reach the sandbox: {exc}") from None
+                raise InfraFailure(f"the task's services cannot reach the sandbox: {exc}") from None
         ctx = HarnessContext(proxy_url=sb.agent_proxy_url(self.proxy_url), api_key=ro.key,
                              model=self.config.proxy.served_model_name, instruction=task.instruction,
                              workdir=sb.info.workdir, backend=sb.info.backend, task_id=task.id,
@@ -357,7 +332,7 @@ class RolloutRunner:
             await harness.prepare(sb, ctx)
             command, env = harness.command(ctx), {**service_env, **harness.env(ctx)}
         except (HarnessError, SandboxError) as exc:
-            raise _InfraFailure(f"harness {harness.name} could not be prepared: {exc}") from None
+            raise InfraFailure(f"harness {harness.name} could not be prepared: {exc}") from None
         try:
             if site is not None:  # the harness (only) runs in the display, the browser on the site
                 spec = site.gui_spec()
@@ -366,32 +341,32 @@ class RolloutRunner:
                     spec = dataclasses.replace(spec, url=None)
                 sb.attach_gui(spec)
         except SandboxError as exc:
-            raise _InfraFailure(str(exc)) from None
+            raise InfraFailure(str(exc)) from None
         try:
-            result = await self._exec(sb, command, timeout=budget, env=env)
+            result = await run_in_sandbox(self.config, sb, command, timeout=budget, env=env)
         finally:
             if site is not None:
                 sb.attach_gui(None)
         try:  # nothing the agent started may still run (and rewrite files) while it is graded
             await sb.kill_all()
         except SandboxError as exc:
-            raise _InfraFailure(f"could not end the agent's processes: {exc}") from None
+            raise InfraFailure(f"could not end the agent's processes: {exc}") from None
         if tools is not None or services is not None:  # the grader's execs reach no tool and no service
             sb.withdraw_sockets()
         if tools is not None:  # no dispatch arrives after this
             await tools.close()
         await self._db(self.store.update_rollout, ro.id, exit_code=result.exit_code,
-                       stdout=_tail(result.stdout), stderr=_tail(result.stderr))
+                       stdout=tail(result.stdout), stderr=tail(result.stderr))
         assembly_error = await self._assemble(ro.id)
         if tools is not None and tools.infra_error:  # a tool's handler could not run: not the policy's data
-            raise _InfraFailure(f"a task tool failed: {tools.infra_error}")
+            raise InfraFailure(f"a task tool failed: {tools.infra_error}")
         if result.timed_out:
             await self._finish(ro.id, status="timed_out", reward=0.0, failure_kind="timeout",
                                error=f"harness ran past its limit of {budget:g}s and was killed")
             return
         answered, last_call = await self._db(self._call_record, ro.id)
         if broken_call := _engine_fault(last_call):  # the engine/proxy failed the harness: not the policy's data
-            raise _InfraFailure(f"the rollout's last model call failed: {broken_call}")
+            raise InfraFailure(f"the rollout's last model call failed: {broken_call}")
         outcome = await self._outcome(harness, sb, result, answered=answered, last_call=last_call)
         if outcome.failure is not None:  # never scored: its error text is not an answer
             await self._finish(ro.id, status="failed", **_failure("harness", outcome.failure))
@@ -399,7 +374,7 @@ class RolloutRunner:
         if outcome.policy_failure is not None:  # the policy's 0, not graded: its output is no answer either
             reward, verifier_output, ending = 0.0, None, _failure("policy", outcome.policy_failure)
         else:
-            reward, verifier_output, note = await self._grade(sb, ro, task, outcome.answer or "", site,
+            reward, verifier_output, note = await self.grader.grade(sb, ro, task, outcome.answer or "", site,
                                                               services=services)
             ending = {"error": note}
         if assembly_error:
@@ -414,7 +389,7 @@ class RolloutRunner:
         try:
             outcome = await harness.outcome(result, sb)
         except SandboxError as exc:
-            raise _InfraFailure(f"reading the harness's result failed: {exc}") from None
+            raise InfraFailure(f"reading the harness's result failed: {exc}") from None
         return judge_outcome(outcome, harness=harness.name, exit_code=result.exit_code,
                              calls_model=harness.calls_model, answered=answered, last_call=last_call)
 
@@ -425,195 +400,9 @@ class RolloutRunner:
             if task.setup:
                 done = await sb.exec(task.setup, timeout=self.config.runner.verifier_timeout_s)
                 if done.exit_code != 0:
-                    raise _InfraFailure(f"task setup exited {done.exit_code}: {_tail(done.stderr, 500)}")
+                    raise InfraFailure(f"task setup exited {done.exit_code}: {tail(done.stderr, 500)}")
         except SandboxError as exc:
-            raise _InfraFailure(f"task setup failed: {exc}") from None
-
-    async def _exec(self, sb: Sandbox, command: list[str] | str, *, timeout: float,
-                    env: dict[str, str] | None = None) -> ExecResult:
-        """`sb.exec` with a backstop: a sandbox that does not return shortly after the limit is stopped."""
-        try:
-            return await asyncio.wait_for(
-                sb.exec(command, timeout=timeout, env=env, max_output=self.config.sandbox.max_output_bytes),
-                timeout=timeout + KILL_GRACE_S)
-        except TimeoutError:
-            await stop_shielded(sb)
-            return ExecResult(exit_code=124, stdout="", stderr="killed: the sandbox did not return at its limit",
-                              timed_out=True, duration_s=timeout + KILL_GRACE_S)
-        except SandboxError as exc:
-            raise _InfraFailure(f"the sandbox failed while running: {exc}") from None
-
-    async def _grade(self, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str, site: Any = None, *,
-                     services: Any = None,
-                     ) -> tuple[float, str, str | None]:
-        """(reward, what the graders said, a note when a verifier's output was unusable): the exact
-        graders' reward, and a judge component's score weighed beside it (rollouts/tasks/judge.py)."""
-        exact = await self._grade_exact(sb, task, answer, site, services=services, ro=ro) if task.exact_graded else None
-        if task.judge is None:
-            assert exact is not None  # TaskSpec requires a grader
-            return exact
-        if exact is not None and services is not None and not gates_hold(task.expect_requests, services.requests()):
-            return 0.0, _tail(f"{exact[1]}\na gate rule failed: reward 0, the judge not asked"), exact[2]
-        score, line = await self._judge(sb, ro, task, answer)
-        if exact is None:
-            return score, line, None
-        reward, output, note = exact
-        return weighted_reward(reward, score, task.judge.weight), _tail(f"{output}\n{line}"), note
-
-    async def _judge(self, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str) -> tuple[float, str]:
-        """The judge's score and a line saying it; every call is recorded. A judge that gave no score
-        (a timeout, an HTTP error, an unparseable reply) makes the rollout an infra failure, never a 0."""
-        assert task.judge is not None
-        cap = self.config.judge.max_answer_chars
-        files: dict[str, str | None] = {}
-        for path in task.judge.files:  # read on the host, as the exact graders do; cut to the cap
-            got = await self._read_expected(sb, path, 4 * cap + 4)
-            files[path] = None if got is None else got.decode("utf-8", "replace")
-        images = await self._db(self._screenshots, ro, task.judge.screenshots) if task.judge.shows_screenshots else None
-        actions = action_history(await self._db(self.store.list_calls, rollout_id=ro.id)) \
-            if task.judge.shows_actions else None
-        done = await judge(self.config.judge, task.judge, instruction=task.instruction, answer=answer, files=files,
-                           images=images, actions=actions)
-        await self._db(self.store.add_judgement, Judgement(
-            run_id=ro.run_id, rollout_id=ro.id, model=done.model, prompt_json=done.messages, reply=done.reply,
-            score=done.score, error=done.error, latency_ms=done.latency_ms))
-        if done.score is None:
-            raise _InfraFailure(f"the judge failed: {done.error}")
-        return done.score, f"judge: {task.judge.output} score {done.score:g}, weight {task.judge.weight:g}"
-
-    def _screenshots(self, ro: Rollout, n: int) -> list[bytes]:
-        """The last `n` distinct images the rollout's calls sent the policy (a GUI agent's screenshots),
-        oldest first, read from the run's image files the proxy wrote beside the store."""
-        shas: list[str] = []
-        for call in self.store.list_calls(rollout_id=ro.id):
-            for sha in call.images or []:
-                if sha in shas:  # an agent resends earlier screenshots: keep each at its latest place
-                    shas.remove(sha)
-                shas.append(sha)
-        images = ImageStore.for_run(store_home(self.store.path), ro.run_id)  # where the proxy wrote them
-        try:
-            return [images.get(sha) for sha in shas[-n:]]
-        except (ImageError, OSError) as exc:
-            raise _InfraFailure(f"a screenshot for the judge is unreadable: {exc}") from None
-
-    async def _grade_exact(self, sb: Sandbox, task: TaskSpec, answer: str, site: Any = None, *,
-                           services: Any = None, ro: Rollout | None = None,
-                           ) -> tuple[float, str, str | None]:
-        """The exact graders: (reward, what they said, a note when a verifier's output was unusable). The answer,
-        the expected files and a GUI task's site state (read on the host) are checked here, outside the
-        sandbox; then the shell verifier."""
-        if task.harbor is not None:  # a Harbor task: its own tests are its grader
-            return await self._harbor(sb, task)
-        lines, passed = [], True
-        if services is not None:  # the record forge's own fronts kept: nothing in the sandbox is read
-            from openforge.rollouts.tasks.services import check_requests, services_summary
-            record = services.requests()
-            ok, rule_lines = check_requests(task.expect_requests, record)
-            passed &= ok
-            lines += [*rule_lines, services_summary(record)]
-        if site is not None and task.gui is not None and task.gui.expect_state:
-            ok, line = site.grade()
-            passed &= ok
-            lines.append(line)
-        if task.expect_answer is not None:
-            ok = answer_matches(task.expect_answer, answer)
-            passed &= ok
-            lines.append(f"answer: {'ok' if ok else 'wrong'}: expected {task.expect_answer.describe()}, "
-                         f"got {clip(answer)}")
-        for path, want in task.expect_files.items():
-            got = await self._read_expected(sb, path, len(want.encode("utf-8")) + 2)
-            ok = file_matches(want, got)
-            passed &= ok
-            lines.append(f"{path}: {'ok' if ok else 'missing' if got is None else 'wrong'}"
-                         + ("" if ok or got is None else f": got {clip(got.decode('utf-8', 'replace'))}"))
-        try:
-            await self._grader_folders(sb, task)
-            await sb.write_file(ANSWER_FILE, answer.encode("utf-8"))
-            if task.tools and ro is not None:  # the host's record, never one the agent wrote (`.forge/` was moved aside)
-                record = dispatch_record_path(ro.run_id, ro.id)
-                await sb.write_file(DISPATCH_FILE, record.read_bytes() if record.is_file() else b"")
-        except SandboxPathRefused as exc:  # the agent planted a link or FIFO where the grader writes
-            return 0.0, _tail("\n".join([*lines, f"the grader's files cannot be written: {exc}"])), None
-        except SandboxError as exc:
-            raise _InfraFailure(f"writing the answer file failed: {exc}") from None
-        reward, note = (1.0 if passed else 0.0), None
-        if task.verifier is not None:
-            v_reward, v_output, note = await self._verify(sb, task)
-            lines.append(v_output)
-            reward = v_reward if passed else 0.0
-        return reward, _tail("\n".join(lines)), note
-
-    async def _harbor(self, sb: Sandbox, task: TaskSpec) -> tuple[float, str, str | None]:
-        """A Harbor task's tests, copied in now (the agent is gone) and run; the reward file read on the
-        host (rollouts/tasks/harbor_verifier.py). A verifier that could not run is the infrastructure's."""
-        from openforge.rollouts.tasks.harbor_verifier import VerifierUnavailable, run_harbor_tests
-
-        assert task.harbor is not None
-        try:
-            await self._grader_folders(sb, task)
-        except SandboxPathRefused as exc:  # the agent planted a link or FIFO where the grader writes
-            return 0.0, f"the grader's files cannot be written: {exc}", None
-        try:
-            reward, output, note = await run_harbor_tests(
-                sb, task.harbor, lambda cmd, timeout, env: self._exec(sb, cmd, timeout=timeout, env=env),
-                verifier_env(sb.info.workdir))
-        except VerifierUnavailable as exc:
-            raise _InfraFailure(f"the task's verifier could not run: {exc}") from None
-        return reward, _tail(output), note
-
-    async def _grader_folders(self, sb: Sandbox, task: TaskSpec) -> None:
-        """Move aside what the agent left where the grader writes: `.forge/` (the answer file's folder)
-        and each hidden top-level folder of the verifier's files (`.verify/`: a planted `json.py` there
-        would be on a Python verifier's import path), then make the verifier's fresh HOME. A rename, not
-        `rm -rf`: it takes no time however many files the agent made there, and it moves a link itself,
-        never what it points at. Raises SandboxPathRefused when that failed (the agent's doing)."""
-        folders = sorted({".forge", *(p.split("/", 1)[0] for p in task.verifier_files if p.startswith(".")
-                                      and "/" in p)})
-        aside = f".forge-left-{secrets.token_hex(4)}"
-        script = " && ".join(f"{{ ! [ -e {q} ] && ! [ -L {q} ] || mv -- {q} {aside}-{i}; }}"
-                             for i, q in enumerate(map(shlex.quote, folders)))
-        done = await self._exec(sb, f"{script} && mkdir -p {shlex.quote(VERIFIER_HOME)}",
-                                timeout=self.config.runner.verifier_timeout_s)
-        if done.exit_code != 0:
-            raise SandboxPathRefused(f"clearing {', '.join(folders)} failed (exit {done.exit_code}): "
-                                     f"{_tail(done.stderr, 300)}")
-
-    async def _read_expected(self, sb: Sandbox, path: str, limit: int) -> bytes | None:
-        """A file the task expects, read up to `limit` bytes (a longer one is wrong anyway)."""
-        try:
-            return await sb.read_file(path, max_bytes=limit)
-        except (SandboxFileNotFound, SandboxPathRefused):  # a link out, a FIFO, a folder: not the file
-            return None
-        except SandboxError as exc:
-            if "directory" in str(exc).lower() or "not a regular" in str(exc).lower():
-                return None  # the agent left a folder (or worse) where the file should be: not there
-            raise _InfraFailure(f"reading {path} from the sandbox failed: {exc}") from None
-
-    async def _verify(self, sb: Sandbox, task: TaskSpec) -> tuple[float, str, str | None]:
-        """(reward, verifier output, a note when the verifier's output was unusable)."""
-        assert task.verifier is not None
-        try:
-            for path, content in task.verifier_files.items():
-                await sb.write_file(path, content.encode("utf-8"))
-        except SandboxPathRefused as exc:  # a folder of the verifier's made a link out by the agent
-            return 0.0, f"verifier: its files cannot be written: {exc}", None
-        except SandboxError as exc:
-            raise _InfraFailure(f"writing the verifier files failed: {exc}") from None
-        limit = self.config.runner.verifier_timeout_s
-        cap = self.config.sandbox.max_output_bytes
-        env = verifier_env(sb.info.workdir) | ({DISPATCH_ENV: f"{sb.info.workdir.rstrip('/')}/{DISPATCH_FILE}"}
-                                                 if task.tools else {})
-        done = await self._exec(sb, task.verifier, timeout=limit, env=env)
-        output = _tail(f"verifier: exit code {done.exit_code}\n{done.stdout}"
-                       + (f"\n[stderr]\n{done.stderr}" if done.stderr else ""))
-        if done.timed_out:
-            return 0.0, output, f"verifier ran past {limit:g}s"
-        if done.truncated and len(done.stdout.encode("utf-8")) >= cap - 3:
-            # Only the head was kept: the last line is not the verifier's last line, and without a
-            # score line an exit 0 would read as 1.0 (the agent's output can push the score line off).
-            return 0.0, output, f"verifier printed more than {cap} bytes: its score line was cut off"
-        reward, note = parse_score(done.exit_code, done.stdout)
-        return reward, output, note
+            raise InfraFailure(f"task setup failed: {exc}") from None
 
     async def _assemble(self, rollout_id: str) -> str | None:
         """Write the rollout's trajectory rows; returns why it failed, or None."""
