@@ -151,7 +151,8 @@ def test_forge_sandbox_build_image_refuses_browser_use_with_npm_harnesses() -> N
     from openforge.forge_cli.main import app
 
     out = CliRunner().invoke(app, ["sandbox", "build-image", "--harness", "browser-use,codex"])
-    assert out.exit_code == 1 and "build them separately" in out.output and "Traceback" not in out.output
+    assert out.exit_code == 1 and "build it alone (--harness browser-use)" in out.output, out.output
+    assert "Traceback" not in out.output
 
 
 # -- the real image, in real containers -------------------------------------------------------------
