@@ -34,7 +34,8 @@ def gc(ctx: typer.Context,
        dry_run: Annotated[bool, typer.Option("--dry-run", help="list what would be removed, remove nothing")] = False,
        kubernetes: Annotated[bool, typer.Option("--kubernetes", help="also sweep pods when sandbox.type is not kubernetes")] = False,
        ) -> None:
-    """Remove sandboxes (folders, processes, cgroups, containers, pods) that crashed runs left, by label."""
+    """Remove sandboxes (folders, processes, cgroups, containers, pods) that crashed runs left, by label, and
+    the host-side folders (task services, tool servers) whose maker died."""
     from openforge.sandbox.gc import collect_all
 
     st = state(ctx)

@@ -44,10 +44,8 @@ import io
 import os
 import posixpath
 import secrets
-import shutil
 import stat
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -60,6 +58,7 @@ from openforge.sandbox.base import (KILL_ALL_SH, KILL_MARKED_SH, LABEL_HOME, con
                           IsolationReport, SandboxBase, SandboxFileNotFound, SandboxInfo, SandboxPathRefused, TransientSandboxError, sandbox_labels)
 from openforge.sandbox.gui import CHROMIUM_NAMES, SITE_PORT, SITE_URL, GuiSpec
 from openforge.sandbox.docker_engine import connect
+from openforge.sandbox.gc import owned_tempdir, remove_owned
 from openforge.sandbox.images import SANDBOX_HOME, SANDBOX_UID, image_tag
 
 BUILD_HINT = "forge sandbox build-image"
@@ -247,7 +246,7 @@ class DockerSandbox(SandboxBase):
         a GUI task's site socket folder (only the socket, read-only) and gui.py (read-only)."""
         volumes: dict[str, dict[str, str]] = {}
         if self.cfg.network != "host":  # empty until `expose_socket` links a host server's socket in
-            self.exposed_dir = self.exposed_dir or tempfile.mkdtemp(prefix="forge-exposed-")
+            self.exposed_dir = self.exposed_dir or owned_tempdir("forge-exposed-")
             os.chmod(self.exposed_dir, 0o755)
             volumes[self.exposed_dir] = {"bind": EXPOSED_DIR_INSIDE, "mode": "ro"}
         if self._forwarding:
@@ -285,7 +284,7 @@ class DockerSandbox(SandboxBase):
             await asyncio.to_thread(self._remove, self._container.id if self._container else self.name)
         finally:
             if self.exposed_dir:
-                shutil.rmtree(self.exposed_dir, ignore_errors=True)
+                remove_owned(self.exposed_dir)
                 self.exposed_dir, self.exposed = "", {}
             self._container = None
             client, self._client = self._client, None

@@ -6,13 +6,19 @@ the store says running/paused and its owner process is alive). `run_id` narrows 
 and removes its sandboxes even if it looks live (the user asked for it).
 
 `collect_all` sweeps local and docker here, and calls the kubernetes backend's `gc_pods` when that
-backend is configured (or asked for) and importable.
+backend is configured (or asked for) and importable. It also sweeps the host-side folders a rollout
+makes outside any sandbox (a task's services, its MCP tool server, a container's exposed sockets:
+`owned_tempdir`), with whatever still runs in them, once the process that made them is gone.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
+import shutil
+import signal
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +41,65 @@ class Leftover:
 
 def _wanted(run: str, run_id: str | None, is_live: Callable[[str], bool]) -> bool:
     return run == run_id if run_id else not is_live(run)
+
+
+OWNER_SUFFIX = ".owner"  # beside an owned temp folder (not in it: a container may see the folder): who made it
+
+
+def owned_tempdir(prefix: str, dir: str | Path | None = None) -> str:
+    """A private temp folder (0700) that `forge gc` removes, killing what still runs in it, once the
+    process that made it is gone (a crashed run leaves no service or tool server behind for good).
+    Its maker removes it with `remove_owned`."""
+    folder = tempfile.mkdtemp(prefix=prefix, dir=dir)
+    me = psutil.Process()
+    Path(folder + OWNER_SUFFIX).write_text(json.dumps({"pid": me.pid, "started": me.create_time()}))
+    return folder
+
+
+def remove_owned(folder: str | Path) -> None:
+    """An owned temp folder and its owner record, gone."""
+    shutil.rmtree(folder, ignore_errors=True)
+    Path(f"{folder}{OWNER_SUFFIX}").unlink(missing_ok=True)
+
+
+def _made_by_a_live_process(owner: Path) -> bool:
+    try:
+        made = json.loads(owner.read_text())
+        return abs(psutil.Process(int(made["pid"])).create_time() - float(made["started"])) < 1.0
+    except (OSError, ValueError, KeyError, TypeError, psutil.Error):  # gone, or its pid reused since
+        return False
+
+
+def collect_owned_folders(*, dry_run: bool = False, root: Path | None = None) -> list[Leftover]:
+    """Owned temp folders (`owned_tempdir`) whose maker is gone: the processes whose working directory
+    is inside one are killed (with their process groups), then the folder is removed."""
+    found: list[Leftover] = []
+    base = root or Path(tempfile.gettempdir())
+    for owner in sorted(base.glob(f"forge-*{OWNER_SUFFIX}")):
+        folder = Path(str(owner)[:-len(OWNER_SUFFIX)])
+        if _made_by_a_live_process(owner):
+            continue
+        if not dry_run:
+            inside = str(folder.resolve()) + os.sep
+            for proc in psutil.process_iter(["cwd"]):
+                cwd = proc.info.get("cwd")
+                if cwd and (cwd + os.sep).startswith(inside):
+                    _kill_group_of(proc.pid)
+            remove_owned(folder)
+        found.append(Leftover("host", str(folder), "", not dry_run))
+    return found
+
+
+def _kill_group_of(pid: int) -> None:
+    """SIGKILL a leftover and its process group (services and tool handlers start a session of their own),
+    never the group gc itself runs in."""
+    try:
+        group = os.getpgid(pid)
+        if group != os.getpgrp():
+            os.killpg(group, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _owner_alive(meta: Path) -> bool:
@@ -107,6 +172,7 @@ def collect_all(config: SandboxConfig, *, home: Path, run_id: str | None, is_liv
     from openforge.sandbox.local import sandboxes_root
 
     found = collect_local(sandboxes_root(home), run_id=run_id, is_live=is_live, dry_run=dry_run, run_of=run_of)
+    found += collect_owned_folders(dry_run=dry_run)
     notes: list[str] = []
     try:
         found += collect_docker(config, home=home, run_id=run_id, is_live=is_live, dry_run=dry_run)

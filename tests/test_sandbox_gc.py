@@ -227,3 +227,39 @@ async def test_a_forged_sandbox_json_cannot_make_gc_kill_another_sandbox(store: 
         victim_proc.wait()
         await victim.stop()
         await attacker.stop()
+
+
+# A maker that dies leaving its owned folder and a process working in it (a task service, a tool handler).
+_MAKER = """
+import subprocess, sys
+from openforge.sandbox.gc import owned_tempdir
+folder = owned_tempdir("forge-services-", dir=sys.argv[1])
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], cwd=folder, start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(folder, child.pid, flush=True)
+"""
+
+
+def test_gc_sweeps_host_folders_whose_maker_died(tmp_path: Path) -> None:
+    """`forge gc` after a crash: a rollout's host-side folder (services, MCP server, exposed sockets) is
+    removed with what still runs in it once its maker is gone; a live maker's folder is left alone."""
+    from openforge.sandbox.gc import OWNER_SUFFIX, collect_owned_folders, owned_tempdir, remove_owned
+
+    out = subprocess.run([sys.executable, "-c", _MAKER, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    folder, pid = out.stdout.split()
+    orphan = psutil.Process(int(pid))
+    assert orphan.is_running() and Path(folder).is_dir()
+    mine = owned_tempdir("forge-mcp-", dir=tmp_path)  # this process is alive: not a leftover
+    try:
+        assert [f.ident for f in collect_owned_folders(root=tmp_path, dry_run=True)] == [folder]
+        assert orphan.is_running() and Path(folder).is_dir()  # a dry run removes nothing
+        [found] = collect_owned_folders(root=tmp_path)
+        assert (found.backend, found.ident, found.removed) == ("host", folder, True)
+        orphan.wait(timeout=10)  # killed (SIGKILL), reaped by init
+        assert not Path(folder).exists() and not Path(folder + OWNER_SUFFIX).exists()
+        assert Path(mine).is_dir() and collect_owned_folders(root=tmp_path) == []
+    finally:
+        if orphan.is_running():
+            orphan.kill()
+        remove_owned(mine)
+    assert not Path(mine).exists() and not Path(mine + OWNER_SUFFIX).exists()

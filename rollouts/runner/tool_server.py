@@ -26,15 +26,14 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from openforge.rollouts.tasks.tools import TaskTool
+from openforge.sandbox.gc import owned_tempdir, remove_owned
 
 RESULT_CHARS = 64_000  # what one result may carry back to the agent (and into the record)
 MCP_PATH = "/mcp"
@@ -70,7 +69,7 @@ class ToolServer:
         self.dispatches: list[dict[str, Any]] = []
         self.infra_error: str | None = None
         # A short folder: a unix socket's path must fit in 108 bytes.
-        self._folder = Path(tempfile.mkdtemp(prefix="forge-mcp-", dir=folder))
+        self._folder = Path(owned_tempdir("forge-mcp-", dir=folder))  # `forge gc` sweeps it after a crash
         self.socket_path = str(self._folder / "mcp.sock")
         self.url = ""
         self._server: Any = None
@@ -140,7 +139,7 @@ class ToolServer:
                 self._task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await self._task
-        shutil.rmtree(self._folder, ignore_errors=True)
+        remove_owned(self._folder)
 
     # -- MCP handlers ---------------------------------------------------------------------------------
 

@@ -33,12 +33,10 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -48,6 +46,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from openforge.errors import TaskError
+from openforge.sandbox.gc import owned_tempdir, remove_owned
 from openforge.rollouts.tasks.service_front import TOOL_HEADER, RecordingFront, ServiceRequest, injected_status
 
 __all__ = ["TOOL_HEADER", "RequestRule", "ServiceRequest", "ServiceSession", "ServiceSpec", "ServiceStartFailed",
@@ -212,7 +211,7 @@ class ServiceSession:
 
     def __init__(self, seed: str) -> None:
         self.seed = seed
-        self.folder = tempfile.mkdtemp(prefix="forge-services-")  # 0700: ours only
+        self.folder = owned_tempdir("forge-services-")  # 0700: ours only; `forge gc` sweeps it after a crash
         self._lock = threading.Lock()
         self._record: list[ServiceRequest] = []
         self._running: list[_Running] = []
@@ -323,7 +322,7 @@ class ServiceSession:
                 os.killpg(running.proc.pid, signal.SIGKILL)
                 running.proc.wait(timeout=5)
         self._running.clear()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        remove_owned(self.folder)
 
 
 def services_summary(record: list[ServiceRequest], limit: int = 50) -> str:
