@@ -40,14 +40,14 @@ import math
 import re
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from openforge.errors import TaskError
 from openforge.rollouts.harnesses.agent_files import ANSWER_FILE
-from openforge.rollouts.tasks.grading import ExpectedAnswer
+from openforge.rollouts.tasks.grading import ExpectedAnswer, check_relative_paths
 from openforge.rollouts.tasks.harbor import harbor_record, is_harbor_task, strip_prefix
 from openforge.rollouts.tasks.harbor_verifier import HarborTests
 from openforge.rollouts.tasks.judge import JudgeSpec
@@ -118,12 +118,7 @@ class TaskSpec(BaseModel):
     @field_validator("files", "verifier_files", "expect_files")
     @classmethod
     def _check_paths(cls, value: dict[str, str]) -> dict[str, str]:
-        for path in value:
-            if "\0" in path:  # no file system takes one: the sandbox's write would fail mid-rollout
-                raise ValueError(f"file path {path!r} contains a NUL byte, which no file name can hold")
-            p = PurePosixPath(path)
-            if not path or p.is_absolute() or ".." in p.parts:
-                raise ValueError(f"file path {path!r} must be relative and stay inside the working directory")
+        check_relative_paths(value, "the working directory")
         return value
 
     @field_validator("tools")

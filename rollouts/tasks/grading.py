@@ -24,7 +24,9 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
+from collections.abc import Iterable
 from decimal import Decimal, InvalidOperation
+from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -35,6 +37,17 @@ _WORD_RE = re.compile(r"\w+")  # a word in any script: one the expected words la
 _ALLOWED_CONTROLS = "\t\n\r"
 _WRAPPERS = ("**", "`", '"', "'")
 
+
+
+def check_relative_paths(paths: Iterable[str], inside: str) -> None:
+    """ValueError (for a pydantic validator) unless every path is relative and stays `inside` its folder:
+    no NUL byte (no file system takes one: a write would fail mid-rollout), not absolute, no `..`."""
+    for path in paths:
+        if "\0" in path:
+            raise ValueError(f"file path {path!r} contains a NUL byte, which no file name can hold")
+        p = PurePosixPath(path)
+        if not path or p.is_absolute() or ".." in p.parts:
+            raise ValueError(f"file path {path!r} must be relative and stay inside {inside}")
 
 class ExpectedAnswer(BaseModel):
     """Exactly one of `number`, `words`, `text`."""

@@ -33,7 +33,6 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any, Literal
 
 import httpx
@@ -41,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from openforge.config import JudgeConfig
 from openforge.images import image_format, image_id
+from openforge.rollouts.tasks.grading import check_relative_paths
 from openforge.rollouts.tasks.judge_prompts import NAMED_JUDGES, NamedJudge, VerdictError
 
 # A line that starts like a verdict or a score: the reply must hold exactly one, as its last line.
@@ -107,10 +107,7 @@ class JudgeSpec(BaseModel):
     @field_validator("files")
     @classmethod
     def _relative(cls, value: list[str]) -> list[str]:
-        for path in value:
-            p = PurePosixPath(path)
-            if not path or "\0" in path or p.is_absolute() or ".." in p.parts:
-                raise ValueError(f"file path {path!r} must be relative and stay inside the working directory")
+        check_relative_paths(value, "the working directory")
         return value
 
 

@@ -40,13 +40,13 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from openforge.errors import TaskError
 from openforge.sandbox.gc import owned_tempdir, remove_owned
+from openforge.rollouts.tasks.grading import check_relative_paths
 from openforge.rollouts.tasks.service_front import TOOL_HEADER, RecordingFront, ServiceRequest, injected_status
 
 __all__ = ["TOOL_HEADER", "RequestRule", "ServiceRequest", "ServiceSession", "ServiceSpec", "ServiceStartFailed",
@@ -98,10 +98,7 @@ class ServiceSpec(BaseModel):
     @field_validator("files")
     @classmethod
     def _check_files(cls, value: dict[str, str]) -> dict[str, str]:
-        for path in value:
-            p = PurePosixPath(path)
-            if not path or "\0" in path or p.is_absolute() or ".." in p.parts:
-                raise ValueError(f"file path {path!r} must be relative and stay inside the service's folder")
+        check_relative_paths(value, "the service's folder")
         return value
 
 
