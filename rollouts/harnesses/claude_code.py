@@ -70,7 +70,7 @@ class ClaudeCodeHarness(SpecHarness):
 
     @classmethod
     def local_program(cls, cache: Path) -> str | None:
-        found = find_package_bin(cache, "claude-code")  # None while .bin/claude is still npm's stub
+        found = find_package_bin(cache, "claude-code", cls.npm_harness())  # None while .bin/claude is npm's stub
         return str(found) if found else None
 
     async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:

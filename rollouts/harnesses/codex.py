@@ -61,7 +61,7 @@ class CodexHarness(SpecHarness):
 
     @classmethod
     def local_program(cls, cache: Path) -> str | None:
-        found = find_package_bin(cache, "codex")  # the native binary, not the Node launcher around it
+        found = find_package_bin(cache, "codex", cls.npm_harness())  # the native binary, not its Node launcher
         return str(found) if found else None
 
     async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:

@@ -102,12 +102,13 @@ def node_binary(cache: Path) -> Path | None:
     return node if os.access(node, os.X_OK) else None
 
 
-def find_package_bin(cache: Path, name: str) -> Path | None:
-    """The executable to run for harness `name` from the cache, or None if it is not installed.
+def find_package_bin(cache: Path, name: str, spec: NpmHarness | None = None) -> Path | None:
+    """The executable to run for harness `name` from the cache, or None if it is not installed. An adapter
+    that knows its own `npm_harness()` passes it as `spec` (no lookup of the harness by name).
 
     For Claude Code `.bin/claude` is already the native binary (the postinstall replaced the stub);
     for Codex we skip the Node launcher and return the native binary it would exec."""
-    spec = npm_harness(name)
+    spec = spec or npm_harness(name)
     if name == "codex":
         native = codex_native_binary(cache)
         if native:
