@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -46,6 +45,7 @@ from openforge.engine.serve import KEEP_ALIVE_S
 from openforge.engine.sglang_api import API_KEY_ENV, ApiKeyMiddleware
 from openforge.config import RouterEngineConfig, embedded_engine_config
 from openforge.errors import EngineError, ForgeError
+from openforge.ports import free_port
 
 WORKER_KEY_ENV = "FORGE_WORKER_API_KEY"
 _FAN_OUT = ("/load_lora_adapter", "/unload_lora_adapter", "/update_weights_from_disk")
@@ -77,12 +77,6 @@ def _die_with_parent() -> None:
 
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Fleet:
@@ -120,7 +114,7 @@ class Fleet:
             for worker in self.workers:  # one at a time: each loads the model
                 worker.start()
             self.worker_urls = [w.url for w in self.workers]
-        port = _free_port()
+        port = free_port()
         self.router_url = f"http://127.0.0.1:{port}"
         cmd = router_command(port, self.worker_urls, policy=self.config.policy, api_key=self.worker_key)
         log = open(self.log_dir / "router.log", "ab")  # noqa: SIM115 - the child holds it

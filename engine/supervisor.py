@@ -26,7 +26,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +40,7 @@ from openforge.engine.sglang_api import API_KEY_ENV
 from openforge.config import EngineConfig, UrlEngineConfig
 from openforge.errors import EngineError
 from openforge.paths import forge_home
+from openforge.ports import free_port
 
 log = logging.getLogger("openforge.engine")
 
@@ -61,12 +61,6 @@ def engine_api_key(config: EngineConfig) -> str:
     if config.api_key or config.kind == "url":
         return config.api_key
     return secrets.token_urlsafe(32)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, lines: int = 8) -> str:
@@ -143,7 +137,7 @@ class EngineProcess:
         if self._proc is not None:
             raise EngineError("this engine process is already started")
         if not self.port:
-            self.port = _free_port(self.config.host)
+            self.port = free_port(self.config.host)
         self._stopping.clear()
         atexit.register(self.stop)
         self._launch()

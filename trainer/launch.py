@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import uuid
 from collections.abc import Sequence
 
 from openforge.errors import TrainerError
+from openforge.ports import free_port
 
 
 def under_torchrun() -> bool:
@@ -39,16 +39,10 @@ def follow() -> None:
     run()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun_args(nproc: int, argv: Sequence[str], *, port: int | None = None) -> list[str]:
     """torchrun's own arguments for `python -m openforge.forge_cli.main ARGV` on `nproc` local ranks."""
     return ["--nproc_per_node", str(nproc), "--nnodes", "1", "--max_restarts", "0", "--rdzv_backend", "static",
-            "--master_addr", "127.0.0.1", "--master_port", str(port or _free_port()), "--rdzv_id", uuid.uuid4().hex[:8],
+            "--master_addr", "127.0.0.1", "--master_port", str(port or free_port()), "--rdzv_id", uuid.uuid4().hex[:8],
             "-m", "openforge.forge_cli.main", *argv]
 
 

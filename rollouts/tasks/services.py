@@ -34,7 +34,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -48,6 +47,7 @@ from openforge.errors import TaskError
 from openforge.sandbox.gc import owned_tempdir, remove_owned
 from openforge.rollouts.tasks.grading import check_relative_paths
 from openforge.rollouts.tasks.service_front import TOOL_HEADER, RecordingFront, ServiceRequest, injected_status
+from openforge.ports import free_port
 
 __all__ = ["TOOL_HEADER", "RequestRule", "ServiceRequest", "ServiceSession", "ServiceSpec", "ServiceStartFailed",
            "check_requests", "gates_hold", "injected_status", "services_summary"]
@@ -166,13 +166,6 @@ def gates_hold(rules: list[RequestRule], record: list[ServiceRequest]) -> bool:
     return check_requests([r for r in rules if r.gate], record)[0]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-
 @dataclass
 class _Running:
     spec: ServiceSpec
@@ -236,7 +229,7 @@ class ServiceSession:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             with open(target, "w", encoding="utf-8") as f:
                 f.write(content)
-        port = _free_port()
+        port = free_port()
         env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
         env.update(spec.env, PORT=str(port), FORGE_SERVICE_DIR=folder)
         stderr_path = os.path.join(self.folder, f"{spec.name}.stderr")
