@@ -75,7 +75,12 @@ def test_router_spreads_rollouts_keeps_each_on_one_worker_and_survives_a_dead_wo
     async def scenario() -> None:
         client = EngineClient(fleet.url, timeout=120, api_key=KEY)
         try:
-            placed = {f"r{i}": await _rollout_turns(client, f"r{i}", 3, urls) for i in range(6)}
+            # the manual policy gives a new routing key a random worker: place rollouts until both
+            # workers hold some (6 may all land on one, 1 run in 32; 20 all on one is 1 in 500,000)
+            placed: dict[str, list[int]] = {}
+            while len(placed) < 6 or ({w[0] for w in placed.values()} != {0, 1} and len(placed) < 20):
+                key = f"r{len(placed)}"
+                placed[key] = await _rollout_turns(client, key, 3, urls)
             assert all(len(set(w)) == 1 for w in placed.values()), placed  # a rollout's turns on one worker
             assert {w[0] for w in placed.values()} == {0, 1}, placed  # rollouts spread over both
 
@@ -94,9 +99,9 @@ def test_router_spreads_rollouts_keeps_each_on_one_worker_and_survives_a_dead_wo
             # SIGKILL the worker that holds r0: every rollout is still served, r0 moved to the other
             dead = placed["r0"][0]
             os.kill(info["workers"][dead]["pid"], signal.SIGKILL)
-            for i in range(6):
-                out = await client.generate([5, 6, 7, 8], {"max_new_tokens": 2}, lora_path="a1", rid=f"r{i}_{'f' * 24}",
-                                            routing_key=f"r{i}")
+            for key in placed:
+                out = await client.generate([5, 6, 7, 8], {"max_new_tokens": 2}, lora_path="a1", rid=f"{key}_{'f' * 24}",
+                                            routing_key=key)
                 assert len(out.output_ids) == 2
         finally:
             await client.aclose()
