@@ -279,7 +279,10 @@ def browser_use_button_policy(body: dict[str, Any]) -> dict[str, Any]:
 def run_browser_use(python: str, workdir: Path, base_url: str, instruction: str, *args: str,
                     timeout: float = 240) -> tuple[subprocess.CompletedProcess, dict[str, Any]]:
     """Run browser_use_agent.py with the harness venv's python, as the adapter does."""
-    from openforge.rollouts.harnesses.browseruse import QUIET_ENV, find_chromium
+    from openforge.rollouts.harnesses import harness_class
+    from openforge.sandbox.gui import find_chromium
+
+    spec_env = harness_class("browser-use").spec.run.env  # its quiet switches, as the harness sets them
     agent = Path(__file__).resolve().parents[1] / "rollouts" / "harnesses" / "browser_use_agent.py"
     (workdir / ".forge").mkdir(parents=True, exist_ok=True)
     (workdir / ".forge" / "instruction.txt").write_text(instruction)
@@ -287,7 +290,7 @@ def run_browser_use(python: str, workdir: Path, base_url: str, instruction: str,
     # browser-use leaves an agent and a downloads folder in $TMPDIR: one of ours, short (chromium's
     # singleton socket goes there too, and a unix socket's path has at most 107 bytes)
     tmp = tempfile.mkdtemp(prefix="forge-bu-")
-    env = {**QUIET_ENV, "PATH": os.environ["PATH"], "HOME": str(workdir / "home"), "TMPDIR": tmp,
+    env = {**spec_env, "PATH": os.environ["PATH"], "HOME": str(workdir / "home"), "TMPDIR": tmp,
            "OPENAI_BASE_URL": base_url,
            "OPENAI_API_KEY": "sk-rollout-test", "FORGE_MODEL": "forge-policy", "FORGE_CHROMIUM": find_chromium() or "",
            "PYTHONUNBUFFERED": "1"}

@@ -257,7 +257,7 @@ def test_container_backends_say_how_the_agent_reaches_the_proxy() -> None:
 def test_a_registered_harness_is_checked_by_its_own_available(registered: None) -> None:
     assert harness_available(_config(harness="probe", npm_cache="/opt/c")) == "probe needs its tool in /opt/c"
     assert harness_available(_config("tunnel", harness="probe")) is None  # its image's install: prepare checks
-    assert harness_available(_config(harness="nope")).startswith("unknown harness 'nope'; known: claude-code, codex, mini, ")
+    assert harness_available(_config(harness="nope")).startswith("unknown harness 'nope'; known: browser-use, claude-code, codex, mini, ")
 
 
 async def test_a_registered_harness_runs_by_name_and_calls_model_holds(store: Store, registered: None) -> None:

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from openforge.config import ForgeConfig, HarnessConfig, LocalSandboxConfig
 from openforge.errors import HarnessError
 from openforge.forge_cli.main import app
-from openforge.rollouts.harnesses import get_harness, harness_available, harness_class, harness_names
+from openforge.rollouts.harnesses import HARNESSES, get_harness, harness_available, harness_class, harness_names
 from openforge.rollouts.harnesses.base import HarnessContext
 from openforge.rollouts.harnesses.spec import HarnessSpecError, load_spec
 from openforge.rollouts.harnesses.spec_harness import SpecHarness
@@ -73,8 +73,12 @@ def test_a_bad_spec_is_one_line_naming_file_and_field(tmp_path: Path, text: str,
 
 
 def test_every_shipped_spec_loads() -> None:
-    for name in ("mini", "claude-code", "codex", "mini-swe-agent", "opencode"):
+    for name in ("mini", "claude-code", "codex", "mini-swe-agent", "opencode", "openclaw", "browser-use", "mini-gui"):
         assert issubclass(harness_class(name), SpecHarness)
+    assert HARNESSES == {}  # every built-in harness is a spec (what needs code: the hook it names)
+    hooks = {name: harness_class(name).__mro__[1] for name in ("openclaw", "browser-use", "mini-gui")}
+    assert {name: f"{cls.__module__}:{cls.__name__}" for name, cls in hooks.items()} == \
+        {name: harness_class(name).spec.hook for name in hooks}
     assert load_spec(EXAMPLE).name == "hello-agent"
 
 
@@ -97,7 +101,7 @@ def test_specs_are_found_in_the_project_then_forge_home_then_built_in(tmp_path: 
 
 
 def test_an_unknown_harness_names_the_known_ones() -> None:
-    with pytest.raises(HarnessError, match=r"^unknown harness 'nope'; known: claude-code, codex, mini, "):
+    with pytest.raises(HarnessError, match=r"^unknown harness 'nope'; known: browser-use, claude-code, codex, mini, "):
         harness_class("nope")
     config = ForgeConfig()
     config.harness = HarnessConfig(name="nope")

@@ -324,6 +324,41 @@ def test_openclaw_and_zeroclaw_configs_name_the_proxy():
     assert zeroclaw.env(ctx_for())["ZEROCLAW_WORKSPACE"].endswith("/.forge/zeroclaw")
 
 
+async def test_openclaw_runs_its_mjs_on_the_caches_node_with_its_config(tmp_path):
+    """specs/openclaw.toml + its hook, without the 1 GB install: a cache laid out as npm lays it out."""
+    from openforge.rollouts.harnesses import harness_class
+
+    cache = tmp_path / "cache"
+    mjs = cache / "node_modules" / "openclaw" / "openclaw.mjs"
+    node = cache / "node_modules" / "node-{}-{}".format(*node_platform()) / "bin" / "node"
+    for exe in (mjs, node):
+        exe.parent.mkdir(parents=True)
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
+    (cache / "node_modules" / ".bin").mkdir()
+    (cache / "node_modules" / ".bin" / "openclaw").symlink_to("../openclaw/openclaw.mjs")
+    adapter = get_harness(HarnessConfig(name="openclaw", npm_cache=str(cache), extra_args=["--verbose"]))
+    async with make_sandbox(LocalSandboxConfig(read_only_paths=[str(cache)]), run_id="run-x", rollout_id="ro-oc") as sb:
+        ctx = HarnessContext(proxy_url="http://127.0.0.1:8700/", api_key="sk-rollout", model="forge-policy",
+                             instruction="-v is not a flag here", workdir=sb.info.workdir, backend=sb.info.backend)
+        await adapter.prepare(sb, ctx)
+        cmd = adapter.command(ctx)
+        assert cmd[cmd.index(str(node)):] == [
+            str(node), str(mjs), "agent", "exec", "--config", ".forge/openclaw.json", "--cwd", sb.info.workdir, "--json",
+            "--model", "forge/forge-policy", "--message-file", ".forge/instruction.txt", "--verbose"]
+        tmp_writable = (await sb.exec(["/bin/sh", "-c", "test -w /tmp"], timeout=30)).exit_code == 0
+        assert (cmd[:2] == ["/bin/sh", "-c"] and "--bind \"$TMPDIR\" /tmp" in cmd[2]) is not tmp_writable
+        config = json.loads(await sb.read_file(".forge/openclaw.json"))
+        mode = await sb.exec(["stat", "-c", "%a", ".forge/openclaw.json"], timeout=30)
+        assert (config["models"]["providers"]["forge"]["apiKey"], mode.stdout.strip()) == ("sk-rollout", "600")
+        assert await sb.read_file(".forge/instruction.txt") == b"-v is not a flag here"
+    assert adapter.env(ctx) == {"NO_COLOR": "1", "FORCE_COLOR": "0"}
+    assert harness_class("openclaw").npm_harness().needs_node == ">=24.16"  # what its image layer copies a Node for
+    node.unlink()
+    assert harness_class("openclaw").missing(cache) == \
+        f"harness 'openclaw' needs Node >=24.16 in {cache}: run `forge harness install openclaw --cache {cache}`"
+
+
 def test_cache_lookup_prefers_native_binaries(tmp_path):
     modules = tmp_path / "node_modules"
     (modules / ".bin").mkdir(parents=True)

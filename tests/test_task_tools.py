@@ -329,7 +329,7 @@ async def test_opencode_calls_a_task_tool_over_mcp(make_rig) -> None:  # noqa: F
 
 
 async def test_a_harness_that_takes_no_tools_fails_a_tool_task_as_infrastructure(store) -> None:  # noqa: ANN001
-    """The Python `MiniHarness` adapter (mini-gui's base) declares no [mcp]: the task could never be done
+    """The Python `MiniHarness` adapter (bench's reference) declares no [mcp]: the task could never be done
     there, so the rollout is masked with the reason, never scored 0."""
     from openforge.rollouts.harnesses.mini import MiniHarness
 

@@ -3,9 +3,12 @@
     ./harnesses/<name>.toml             a project's own specs
     $FORGE_HOME/harnesses/<name>.toml   a user's specs
     entry points `openforge.harnesses`  installed packages: an adapter class, or a spec file's path
-    specs/<name>.toml                   the built-in specs (mini, claude-code, codex, mini-swe-agent, opencode,
-                                        zeroclaw)
-    HARNESSES                           the built-in Python adapters a spec cannot express yet
+    specs/<name>.toml                   the built-in specs (mini, claude-code, codex, openclaw, browser-use,
+                                        mini-gui, mini-swe-agent, opencode, zeroclaw); what a file cannot say
+                                        is a hook class the spec names (claude_code.py, codex.py, openclaw.py,
+                                        browseruse.py, mini_gui.py)
+    HARNESSES                           Python adapters registered by name (none built in: every built-in
+                                        harness is a spec)
 
 A name that ends in `.toml` or holds a `/` is a spec file's path. Adapter modules are imported only
 when asked for, so `forge` starts fast and an adapter's missing dependency only matters to whoever
@@ -29,12 +32,8 @@ from openforge.rollouts.harnesses.spec import HarnessSpec, load_spec
 BUILTIN_SPECS = Path(__file__).with_name("specs")
 ENTRY_POINT_GROUP = "openforge.harnesses"
 
-# name -> (module, class): the adapters that are still Python only
-HARNESSES: dict[str, tuple[str, str]] = {
-    "openclaw": ("openforge.rollouts.harnesses.openclaw", "OpenClawHarness"),
-    "mini-gui": ("openforge.rollouts.harnesses.mini_gui", "MiniGuiHarness"),
-    "browser-use": ("openforge.rollouts.harnesses.browseruse", "BrowserUseHarness"),
-}
+# name -> (module, class): Python adapters registered by name, looked up after the specs
+HARNESSES: dict[str, tuple[str, str]] = {}
 
 
 def spec_folders() -> list[Path]:

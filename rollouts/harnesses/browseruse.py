@@ -1,7 +1,9 @@
-"""browser-use (PyPI `browser-use`, pinned) as a harness: it starts the sandbox's Chromium, drives it
-over CDP and asks the proxy's Chat Completions API (with the rollout's key) for its next actions,
-with a screenshot each step. docs/harnesses.md describes what it sends. (This module is not named
-browser_use.py: beside browser_use_agent.py that would shadow the package when the agent runs from here.)
+"""browser-use (PyPI `browser-use`, pinned) as a harness: the spec specs/browser-use.toml says how it runs
+(browser_use_agent.py, copied into the sandbox, starts the sandbox's Chromium, drives it over CDP and asks
+the proxy's Chat Completions API, with the rollout's key, for its next actions, with a screenshot each
+step); this hook holds what a spec cannot say. docs/harnesses.md describes what it sends. (This module is
+not named browser_use.py: beside browser_use_agent.py that would shadow the package when the agent runs
+from here.)
 
 Installed into its own venv inside the harness cache (beside the npm harnesses, so local sandboxes
 see it read-only exactly as they see those):
@@ -21,46 +23,29 @@ empty answer (a state-graded task is graded by the state it left).
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from openforge.config import ForgeConfig, HarnessConfig
+from openforge.config import ForgeConfig
 from openforge.errors import HarnessError
-from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext, HarnessOutcome, last_line, read_text
-from openforge.rollouts.harnesses import agent_files
+from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome, last_line, read_text
 from openforge.rollouts.harnesses.npm import npm_cache_dir
-from openforge.rollouts.harnesses.venv import INSTALL_TIMEOUT_S, install_venv
+from openforge.rollouts.harnesses.spec_harness import SpecHarness
 from openforge.sandbox.base import ExecResult, Sandbox
+from openforge.sandbox.gui import find_chromium
 
 if TYPE_CHECKING:
     from openforge.sandbox.harness_image import VenvLayer
 
-BROWSER_USE_VERSION = "0.13.14"
-AGENT_SOURCE = Path(__file__).with_name("browser_use_agent.py")
-AGENT_PATH = ".forge/browser_use_agent.py"
-INSTRUCTION_PATH = ".forge/instruction.txt"
-RESULT_PATH = ".forge/browser_use_result.json"  # browser_use_agent.RESULT_FILE
+RESULT_PATH = ".forge/browser_use_result.json"  # browser_use_agent.RESULT_FILE (the spec's answer.path)
 VENV_NAME = "browser-use-venv"
 IMAGE_PREFIX = "opt/forge/browser-use"  # the venv's place in the browser-use image
-IMAGE_PYTHON = f"/{IMAGE_PREFIX}/bin/python3"  # -> the image's /usr/bin/python3, as a venv
+IMAGE_PYTHON = f"/{IMAGE_PREFIX}/bin/python3"  # -> the image's /usr/bin/python3, as a venv (the spec's run.program)
 # What the image's check imports (besides every compiled module): what browser_use_agent.py uses.
 IMAGE_IMPORTS = ("browser_use.agent.service", "browser_use.browser.session", "browser_use.llm.openai.chat")
 BUILD_COMMAND = "forge sandbox build-image --harness browser-use"
-CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-
-# browser-use phones home unless told not to (PostHog telemetry, cloud sync, a version check, the
-# default extensions' downloads): all off, so the proxy is the only address it talks to.
-QUIET_ENV = {
-    "ANONYMIZED_TELEMETRY": "false",
-    "BROWSER_USE_CLOUD_SYNC": "false",
-    "BROWSER_USE_VERSION_CHECK": "false",
-    "BROWSER_USE_DISABLE_EXTENSIONS": "1",
-    "BROWSER_USE_CALCULATE_COST": "false",
-    "BROWSER_USE_LOGGING_LEVEL": "info",
-}
+NO_CHROMIUM = "browser-use needs a Chromium on this machine: apt-get install chromium"
 
 
 def venv_dir(cache: Path) -> Path:
@@ -73,28 +58,6 @@ def venv_python(cache: Path) -> Path | None:
     marker = venv_dir(cache) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / \
         "site-packages" / "browser_use"
     return python if python.exists() and marker.is_dir() else None
-
-
-def find_chromium() -> str | None:
-    for name in CHROMIUM_NAMES:
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
-def install_browser_use(cache: Path, *, timeout: float = INSTALL_TIMEOUT_S,
-                        on_line: Callable[[str], None] | None = None) -> Path:
-    """A venv with browser-use==BROWSER_USE_VERSION in the harness cache (a no-op if present); its python."""
-    found = venv_python(cache)
-    if found is not None:
-        return found
-    install_venv(venv_dir(cache), [f"browser-use=={BROWSER_USE_VERSION}"], what="browser-use", timeout=timeout,
-                 on_line=on_line)
-    found = venv_python(cache)
-    if found is None:
-        raise HarnessError(f"pip installed browser-use but {venv_dir(cache)} has no browser_use package")
-    return found
 
 
 def image_layer(cache: Path) -> VenvLayer:
@@ -137,66 +100,51 @@ def browser_use_outcome(result: ExecResult, record_text: str | None) -> HarnessO
     return HarnessOutcome(answer="", turns=steps)  # the step limit (or its failure limit) without done
 
 
-class BrowserUseHarness(HarnessBase):
-    name = "browser-use"
-    gui = True  # it sends screenshots: the policy must see images
-    # It starts and drives its own Chromium: a GUI task's display gets no browser of the sandbox's, and
-    # the page it would have shown comes as FORGE_START_URL (rollouts/runner/runner.py).
-    own_browser = True
+class BrowserUseHarness(SpecHarness):
+    """The hook specs/browser-use.toml names: its venv (in the cache, in the image), the Chromium a local
+    sandbox runs, its history record."""
+
+    @classmethod
+    def venv(cls, cache: Path) -> Path:
+        return venv_dir(cache)
+
+    @classmethod
+    def local_program(cls, cache: Path) -> str | None:
+        python = venv_python(cache)  # the venv's python, once browser_use is in it
+        return str(python) if python else None
+
+    @classmethod
+    def missing(cls, cache: Path) -> str | None:
+        # Its own venv marker (the browser_use package, not just bin/python); the fix as preflight has
+        # always printed it.
+        return None if venv_python(cache) else \
+            f"browser-use is not installed in {cache}: run `forge harness install browser-use`"
 
     @classmethod
     def available(cls, config: ForgeConfig) -> str | None:
-        cache = npm_cache_dir(config.harness)
-        if venv_python(cache) is None:
-            return f"browser-use is not installed in {cache}: run `forge harness install browser-use`"
-        return None if find_chromium() else "browser-use needs a Chromium on this machine: apt-get install chromium"
+        return cls.missing(npm_cache_dir(config.harness)) or (None if find_chromium() else NO_CHROMIUM)
 
     @classmethod
     def venv_layer(cls, cache: Path) -> VenvLayer:
-        return image_layer(cache)
-
-    @classmethod
-    def install(cls, cache: Path, *, on_line: Callable[[str], None] | None = None) -> str:
-        return str(install_browser_use(cache, on_line=on_line))  # a pinned pip install into its own venv
-
-    def __init__(self, config: HarnessConfig) -> None:
-        self.config = config
-        self.cache = npm_cache_dir(config)
+        return image_layer(cache)  # on the browser image, checked by importing what the agent uses
 
     async def prepare(self, sandbox: Sandbox, ctx: HarnessContext) -> None:
-        if ctx.backend == "local":
-            if venv_python(self.cache) is None:
-                raise HarnessError(f"browser-use is not installed in {self.cache}: run `forge harness install browser-use`")
-            if find_chromium() is None:
-                raise HarnessError("browser-use needs a Chromium on this machine: apt-get install chromium")
-        else:
+        if ctx.backend != "local":
             # The image is the user's choice (sandbox.image): one without the venv is named, with the fix.
             found = await sandbox.exec([IMAGE_PYTHON, "-c", "import browser_use"], timeout=60)
             if found.exit_code != 0:
                 why = last_line(found.stderr) or last_line(found.stdout) or f"exit {found.exit_code}"
                 raise HarnessError(f"browser-use is not installed in the {ctx.backend} sandbox image ({IMAGE_PYTHON}: "
                                    f"{why}): build one with `{BUILD_COMMAND}` and set sandbox.image to its tag")
-        await sandbox.write_file(AGENT_PATH, AGENT_SOURCE.read_bytes())
-        await sandbox.write_file(agent_files.SANDBOX_PATH, agent_files.SOURCE.read_bytes())
-        await sandbox.write_file(INSTRUCTION_PATH, ctx.instruction.encode("utf-8"))
-
-    def command(self, ctx: HarnessContext) -> list[str]:
-        python = str(venv_python(self.cache) or venv_dir(self.cache) / "bin" / "python") \
-            if ctx.backend == "local" else IMAGE_PYTHON
-        return [python, AGENT_PATH, "--instruction-file", INSTRUCTION_PATH,
-                "--max-steps", str(self.config.max_turns), *self.config.extra_args]
+        await super().prepare(sandbox, ctx)
+        if ctx.backend == "local" and find_chromium() is None:
+            raise HarnessError(NO_CHROMIUM)
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        chromium = (find_chromium() or "chromium") if ctx.backend == "local" else "chromium"
-        return {
-            **QUIET_ENV,
-            "OPENAI_BASE_URL": ctx.proxy_url.rstrip("/") + "/v1",
-            "OPENAI_API_KEY": ctx.api_key,
-            "FORGE_MODEL": ctx.model,
-            "FORGE_CHROMIUM": chromium,
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
+        env = super().env(ctx)
+        if ctx.backend == "local":
+            env["FORGE_CHROMIUM"] = find_chromium() or "chromium"
+        return env
 
     async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
         return browser_use_outcome(result, await read_text(sandbox, RESULT_PATH))

@@ -1,7 +1,7 @@
 """The `mini` agent's Python adapter: copies mini_agent.py into the sandbox and runs it with a python that
 has the `openai` package (the local backend: this venv's interpreter; container backends: the image's
 `python3`). The harness named `mini` runs from its spec (specs/mini.toml) instead; this class stays as
-mini-gui's base (mini_gui.py) and as the reference bench/ compares the spec-driven mini against."""
+the reference bench/ compares the spec-driven mini against."""
 
 from __future__ import annotations
 
@@ -21,13 +21,9 @@ INSTRUCTION_PATH = ".forge/instruction.txt"  # a file, not argv: instructions ca
 
 
 class MiniHarness(HarnessBase):
-    """Copies an agent script into the sandbox and runs it against the proxy's Chat Completions API;
-    mini-gui (mini_gui.py) is the same with another script and its own outcome."""
+    """Copies mini_agent.py into the sandbox and runs it against the proxy's Chat Completions API."""
 
     name = "mini"
-    agent_source = AGENT_SOURCE
-    agent_path = AGENT_PATH
-    turns_flag = "--max-turns"
 
     @classmethod
     def available(cls, config: ForgeConfig) -> str | None:
@@ -39,14 +35,14 @@ class MiniHarness(HarnessBase):
         self.config = config
 
     async def prepare(self, sandbox: Sandbox, ctx: HarnessContext) -> None:
-        await sandbox.write_file(self.agent_path, self.agent_source.read_bytes())
+        await sandbox.write_file(AGENT_PATH, AGENT_SOURCE.read_bytes())
         await sandbox.write_file(agent_files.SANDBOX_PATH, agent_files.SOURCE.read_bytes())
         await sandbox.write_file(INSTRUCTION_PATH, ctx.instruction.encode("utf-8"))
 
     def command(self, ctx: HarnessContext) -> list[str]:
         python = sys.executable if ctx.backend == "local" else "python3"
-        return [python, self.agent_path, "--instruction-file", INSTRUCTION_PATH,
-                self.turns_flag, str(self.config.max_turns), "--max-tokens", str(self.config.max_tokens),
+        return [python, AGENT_PATH, "--instruction-file", INSTRUCTION_PATH,
+                "--max-turns", str(self.config.max_turns), "--max-tokens", str(self.config.max_tokens),
                 *self.config.extra_args]
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:

