@@ -56,17 +56,33 @@ def tasks_validate(
 @tasks_app.command("import")
 def tasks_import(
     fmt: Annotated[str, typer.Argument(metavar="FORMAT", help="the source's format: claweval (a claw-eval "
-                                                               "checkout; Harbor folders are read as they are), "
+                                                               "checkout), harbor (task folders, their Dockerfiles "
+                                                               "built into images), "
                                                                "webvoyager or online-mind2web (their task files)")],
-    src: Annotated[str, typer.Argument(help="the source: a claw-eval checkout (or its tasks/ folder); WebVoyager's "
+    src: Annotated[str, typer.Argument(help="the source: a claw-eval checkout (or its tasks/ folder); a Harbor dataset folder or task; WebVoyager's "
                                             "data/WebVoyager_data.jsonl (or data/); Online-Mind2Web's tasks JSON")],
     out: Annotated[str, typer.Option("--out", help="folder to write the forge tasks to, one task folder each "
                                                    "(webvoyager, online-mind2web: a .jsonl file)")] = "",
     local_sites: Annotated[Optional[str], typer.Option("--local-sites", help="webvoyager, online-mind2web: a JSON "
                                                        "map of website -> builtin-web site, to run those tasks "
                                                        "offline (docs/tasks.md, \"Web benchmarks\")")] = None,
+    base: Annotated[Optional[list[str]], typer.Option("--base", help="harbor: FROM=IMAGE, build a task whose "
+                                                      "Dockerfile says FROM FROM on the local IMAGE instead "
+                                                      "(builds are offline; repeatable)")] = None,
 ) -> None:
     """Convert a task set of another format into forge task folders; print each refused task and the counts."""
+    if fmt == "harbor":
+        from openforge.rollouts.tasks.claweval import write_tasks
+        from openforge.rollouts.tasks.harbor_image import import_harbor, parse_base_map
+
+        report = import_harbor(src, bases=parse_base_map(base or []))
+        for task_id, why in report.refused:
+            typer.echo(f"{task_id}: {why}", err=True)
+        folder = write_tasks(report.tasks, out or "harbor-tasks")
+        typer.echo(f"{src}: {len(report.tasks) + len(report.refused)} task(s): {len(report.tasks)} imported to "
+                   f"{folder} ({len(report.built)} image(s) built, {len(report.cached)} cached), "
+                   f"{len(report.refused)} refused")
+        return
     if fmt in ("webvoyager", "online-mind2web"):
         from openforge.rollouts.tasks.web.benchmarks import import_web_benchmark, write_jsonl
 
@@ -77,8 +93,7 @@ def tasks_import(
         return
     out = out or "claweval-tasks"
     if fmt != "claweval":
-        raise TaskError(f"unknown import format {fmt!r}: claweval, webvoyager or online-mind2web (Harbor task "
-                        "folders need no import: give their folder, or harbor:PATH, as the task set)")
+        raise TaskError(f"unknown import format {fmt!r}: claweval, harbor, webvoyager or online-mind2web")
     from openforge.rollouts.tasks.claweval import import_claweval, write_tasks
 
     report = import_claweval(src)

@@ -299,12 +299,19 @@ class SandboxBase:
         runs host programs binds them; one that carries its own install returns `config` as it is."""
         return config
 
+    @classmethod
+    def with_image(cls, config: Any, image: str, workdir: str) -> Any:
+        """`config` running a task's own image (`TaskSpec.image`, a Harbor environment built by `forge tasks
+        import harbor`) in its working directory; SandboxError where this backend runs no such image."""
+        raise SandboxError(f"this task runs in its own image {image} (built by `forge tasks import harbor`): the "
+                           f"{config.type} backend cannot run it; use sandbox.type = \"docker\"")
+
     def agent_proxy_url(self, host_url: str) -> str:
         return proxy_url_via(host_url, self.info.proxy_host)
 
     def expose_socket(self, host_socket: str, host_url: str, port: int) -> str:
         raise SandboxError(f"the {self.info.backend} backend cannot reach a server on the host yet (a task's "
-                           "tools and services need sandbox.type = \"local\" or \"docker\")")
+                           "tools and services need sandbox.type = \"local\", \"docker\" or \"kubernetes\")")
 
     def withdraw_sockets(self) -> None:
         pass  # nothing was exposed

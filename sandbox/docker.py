@@ -90,6 +90,10 @@ class DockerSandbox(SandboxBase):
     def check_isolation(cls, config: DockerSandboxConfig) -> IsolationReport:
         return IsolationReport("docker", f"containers with network {config.network!r}")
 
+    @classmethod
+    def with_image(cls, config: DockerSandboxConfig, image: str, workdir: str) -> DockerSandboxConfig:
+        return config.model_copy(update={"image": image, "workdir": workdir})
+
     def __init__(self, config: DockerSandboxConfig, *, run_id: str, rollout_id: str,
                  proxy_socket: str | Path | None = None, site_socket: str | Path | None = None) -> None:
         self.config = config

@@ -270,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m openforge.sandbox.k8s_manifests")
     parser.add_argument("what", choices=["network-policy"])
     parser.add_argument("--config", default="forge.toml", help="the run's forge.toml (sandbox.type = kubernetes)")
-    parser.add_argument("--gui", action="store_true", help="a run of GUI tasks: allow the site relay's port too")
+    parser.add_argument("--gui", action="store_true", help="a run of GUI tasks, or of tasks with tools or services: "
+                                                               "allow the site relay's port too")
     args = parser.parse_args(argv)
     try:
         config = load_config(Path(args.config))

@@ -4,6 +4,8 @@
     create -> shared watch until Running   # sandbox/k8s_client.py: one client, executor, watch, limits
     exec   -> pods/exec over WebSocket     # sandbox/k8s_exec.py: one frame loop, output capped in the pod
     kill_all -> every process but PID 1    # before the verifier: nothing the agent started survives
+    expose_socket -> a task's tools and services the same way: the host socket registered with the
+                  relay, each exec behind a forwarder on the pod's 127.0.0.1:PORT presenting its token
     attach_gui -> the execs run in a display (gui.py, written into the pod), the task's site at
                   127.0.0.1:8080 through forwarder.py -> the host's site relay (sandbox/site_relay.py)
     stop   -> graceful delete (delete_grace_s), wait for DELETED on the watch
@@ -46,6 +48,9 @@ _FILE_UNREADABLE = 46  # ... when it is one the pod's user cannot read
 GUI_MODULE = Path(__file__).with_name("gui.py")
 FORWARDER = Path(__file__).with_name("forwarder.py")
 GUI_IN_POD = "/tmp/.forge-gui/gui.py"  # written at each attach: the launcher and the primitives
+# Written before each exec that has host servers exposed: its source in argv, once per server, would
+# make the exec's URL too long for an API server's request line.
+FORWARDER_IN_POD = "/tmp/.forge-exposed/forwarder.py"
 
 
 def _client_module():
@@ -112,6 +117,8 @@ class KubernetesSandbox(SandboxBase):
         self._relay_token = self._relay_dial = ""
         self._gui_ready: GuiSpec | None = None  # the spec whose gui.py and forwarder the pod has
         self._forwarder_token = ""  # the token of the forwarder running in the pod, if any
+        # expose_socket: port in the pod -> (the relay, the server's token on it, the host pods dial)
+        self._exposed: dict[int, tuple[SiteRelay, str, str]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -227,15 +234,37 @@ class KubernetesSandbox(SandboxBase):
             self._relay, self._relay_token = relay, relay.register(spec.site_socket)
         self._gui = spec
 
-    def _relay_address(self) -> tuple[str, str]:
+    def _relay_address(self, what: str = "a GUI task") -> tuple[str, str]:
         """(the address the relay listens on, the host a pod dials for it): pods dial the host they
         reach the proxy at; the relay listens there too unless `site_relay_host` says where (as
         proxy.host does for the proxy: 0.0.0.0 in a controller pod behind a Service)."""
         proxy_host = urlparse(self.proxy_url).hostname or ""
         if not proxy_host:
-            raise SandboxError("a GUI task on the kubernetes backend needs sandbox.proxy_url: its host is where "
+            raise SandboxError(f"{what} on the kubernetes backend needs sandbox.proxy_url: its host is where "
                                "pods reach the site relay")
         return self.k8s.site_relay_host or proxy_host, proxy_host
+
+    # -- host servers (a task's tools and services) ------------------------------------------------
+    def expose_socket(self, host_socket: str, host_url: str, port: int) -> str:
+        """A host server (a task's MCP tools, a service's recording front) for the following execs, the
+        way a GUI task's site reaches a pod: its socket registered with the process's site relay under
+        a fresh token, and each exec run behind a forwarder (sandbox/forwarder.py --connect) on the
+        pod's own 127.0.0.1:`port` that presents that token. `withdraw_sockets` unregisters it."""
+        bind, dial = self._relay_address("a task's tools or services")
+        if port in self._exposed:
+            self._withdraw(port)
+        relay = acquire_relay(bind, self.k8s.site_relay_port)
+        self._exposed[port] = (relay, relay.register(host_socket), dial)
+        return f"http://127.0.0.1:{port}{urlparse(host_url).path}"
+
+    def withdraw_sockets(self) -> None:
+        for port in list(self._exposed):
+            self._withdraw(port)
+
+    def _withdraw(self, port: int) -> None:
+        relay, token, _ = self._exposed.pop(port)
+        relay.unregister(token)  # the relay closes the token's open connections and refuses new ones
+        release_relay(relay)
 
     def _detach_gui(self) -> None:
         relay, token = self._relay, self._relay_token
@@ -276,6 +305,7 @@ class KubernetesSandbox(SandboxBase):
 
     async def stop(self) -> None:
         self._detach_gui()
+        self.withdraw_sockets()
         self._stopped.set()
         cluster, waiter = self._cluster, self._waiter
         if cluster is None:
@@ -317,6 +347,12 @@ class KubernetesSandbox(SandboxBase):
         if (spec := self._gui) is not None:
             await self._prepare_gui(spec)
             command, env = self._gui_command(spec, command, env)
+        if self._exposed:  # each exposed host server's door, in front of the command
+            await self.write_file(FORWARDER_IN_POD, FORWARDER.read_bytes())
+        for port, (relay, token, dial) in self._exposed.items():
+            inner = ["sh", "-c", command] if isinstance(command, str) else list(command)
+            command = ["python3", "-I", FORWARDER_IN_POD, "--connect", f"{dial}:{relay.port}",
+                       "--token", token, "--port", str(port), "--", *inner]
         argv = wrap_command(command, cwd=self._resolve(cwd or "."), env=env, timeout=timeout,
                             stdin_len=None if stdin is None else len(stdin), limit=limit)
         raw = await self._stream(argv, timeout, stdin, limit)

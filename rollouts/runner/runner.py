@@ -214,7 +214,7 @@ class RolloutRunner:
                 services = await self._open_services(ro, spec)
                 if services is False:
                     return
-                sb = await self._start_sandbox(ro, site)
+                sb = await self._start_sandbox(ro, site, spec.task)
                 if sb is None:
                     return
                 try:
@@ -284,9 +284,10 @@ class RolloutRunner:
             await self._finish(ro.id, status="failed", **_failure("infra", str(exc)))
             return False
 
-    async def _start_sandbox(self, ro: Rollout, site: Any = None) -> Sandbox | None:
+    async def _start_sandbox(self, ro: Rollout, site: Any = None, task: TaskSpec | None = None) -> Sandbox | None:
         """A started sandbox, or None after recording `failed` once every start attempt has failed.
-        A GUI task's site socket goes to the factory (a container binds it at creation)."""
+        A GUI task's site socket goes to the factory (a container binds it at creation); a task with an
+        image of its own (a built Harbor environment) runs in it where the backend can."""
 
         async def record(attempt: int, error: BaseException | None) -> None:
             await self._db(self.store.update_rollout, ro.id, attempts=attempt)
@@ -296,7 +297,8 @@ class RolloutRunner:
             extra["site_socket"] = site.socket_path
         try:
             sb = await start_with_retry(
-                lambda: self.sandbox_factory(self.sandbox_config, run_id=ro.run_id, rollout_id=ro.id, **extra),
+                lambda: self.sandbox_factory(self._sandbox_config_for(task), run_id=ro.run_id, rollout_id=ro.id,
+                                             **extra),
                 retries=self.config.sandbox.start_retries, timeout=self.config.runner.rollout_timeout_s,
                 on_attempt=record)
         except SandboxStartFailed as exc:
@@ -304,6 +306,14 @@ class RolloutRunner:
             return None
         await self._db(self.store.update_rollout, ro.id, sandbox_id=sb.info.sandbox_id)
         return sb
+
+    def _sandbox_config_for(self, task: TaskSpec | None) -> Any:
+        if task is None or task.image is None:
+            return self.sandbox_config
+        from openforge.sandbox.factory import sandbox_class
+
+        return sandbox_class(self.config.sandbox.type).with_image(self.sandbox_config, task.image.tag,
+                                                                  task.image.workdir)
 
     async def _drive(self, sb: Sandbox, ro: Rollout, task: TaskSpec, harness: Harness, site: Any = None, *,
                      services: Any = None, tools: ToolServer | None = None) -> None:

@@ -49,6 +49,7 @@ from openforge.errors import TaskError
 from openforge.rollouts.harnesses.agent_files import ANSWER_FILE
 from openforge.rollouts.tasks.grading import ExpectedAnswer, check_relative_paths
 from openforge.rollouts.tasks.harbor import harbor_record, is_harbor_task, strip_prefix
+from openforge.rollouts.tasks.harbor_image import TaskImage
 from openforge.rollouts.tasks.harbor_verifier import HarborTests
 from openforge.rollouts.tasks.judge import JudgeSpec
 from openforge.rollouts.tasks.web.benchmarks import OnlineWeb
@@ -93,6 +94,9 @@ class TaskSpec(BaseModel):
     harbor: HarborTests | None = Field(None, description=(
         "a Harbor task's tests: copied in after the agent is gone, test.sh run, its reward file read "
         "(rollouts/tasks/harbor_verifier.py)"))
+    image: TaskImage | None = Field(None, description=(
+        "the sandbox image the task runs in, instead of sandbox.image (a Harbor environment built by `forge "
+        "tasks import harbor`, rollouts/tasks/harbor_image.py); the Docker backend runs it, others refuse"))
     judge: JudgeSpec | None = Field(None, description=(
         "a model that grades the answer and named files by a rubric after the agent is gone, weighed "
         "beside the exact graders (rollouts/tasks/judge.py)"))

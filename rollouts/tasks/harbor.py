@@ -17,7 +17,8 @@ agent is gone). The `harbor` package parses task.toml with pydantic models, but 
 
 What forge cannot run yet is refused here with one line per task, never run half-way: a Dockerfile
 with steps other than FROM/WORKDIR/COPY/ADD of its own files and those that build nothing (RUN installs
-software: building Harbor images is not supported yet), docker-compose environments (services),
+software: `forge tasks import harbor` builds such a task into an image, rollouts/tasks/harbor_image.py,
+and the task runs there on the Docker backend), docker-compose environments (services),
 [[environment.mcp_servers]], multi-step tasks, separate verifier environments, Windows and GPUs.
 The base image is not pulled: the task runs with the sandbox's tools (the host's, on a local
 sandbox), so a test.sh that needs a tool the host lacks ends as an infrastructure failure.
@@ -141,8 +142,9 @@ def local_environment(env_dir: Path, workdir: str | None) -> tuple[str, dict[str
             for src in srcs:
                 files.update(_copied(env_dir, src, dest, wd, where))
         else:  # RUN and anything else that builds software
-            raise ValueError(f"{where}: {word} needs an image build, which forge cannot do for Harbor tasks yet "
-                             "(only FROM/WORKDIR/COPY/ENV Dockerfiles run, with the sandbox's own tools)")
+            raise ValueError(f"{where}: {word} needs an image build: `forge tasks import harbor SRC --out DIR` "
+                             "builds it with Docker (as read here, only FROM/WORKDIR/COPY/ENV Dockerfiles run, "
+                             "with the sandbox's own tools)")
     return wd, files
 
 
@@ -182,8 +184,10 @@ def _unsupported(config: HarborConfig, folder: Path) -> list[str]:
     return reasons
 
 
-def harbor_record(folder: Path) -> tuple[dict[str, Any] | None, list[str]]:
-    """The TaskSpec record of the Harbor task in `folder`, or None and the reasons it cannot be one."""
+def harbor_record(folder: Path, *, image: Any = None) -> tuple[dict[str, Any] | None, list[str]]:
+    """The TaskSpec record of the Harbor task in `folder`, or None and the reasons it cannot be one.
+    With `image` (a TaskImage its Dockerfile was built into, rollouts/tasks/harbor_image.py) the task
+    runs in that image, its files already there; without, its Dockerfile must build nothing."""
     try:
         config = HarborConfig.model_validate(tomllib.loads(_read(folder / "task.toml")))
     except (OSError, UnicodeDecodeError) as exc:
@@ -198,7 +202,8 @@ def harbor_record(folder: Path) -> tuple[dict[str, Any] | None, list[str]]:
     if not script.is_file():
         return None, ["tests/test.sh: missing (Harbor's verifier writes the reward from it)"]
     try:
-        workdir, files = local_environment(folder / "environment", config.environment.workdir)
+        workdir, files = ((image.workdir, {}) if image is not None
+                          else local_environment(folder / "environment", config.environment.workdir))
         tests = _text_tree(folder / "tests")
         instruction = _read(folder / "instruction.md")
         solve = folder / "solution" / "solve.sh"
@@ -221,6 +226,8 @@ def harbor_record(folder: Path) -> tuple[dict[str, Any] | None, list[str]]:
         "harbor": {"files": tests, "timeout_s": config.verifier.timeout_sec, "env": config.verifier.env,
                    "workdir": workdir},
     }
+    if image is not None:
+        record["image"] = image.model_dump()
     difficulty = str(meta.get("difficulty", "")).lower()
     if difficulty in ("easy", "medium", "hard"):
         record["difficulty"] = difficulty
