@@ -103,8 +103,10 @@ def tasks_import(
         typer.echo(f"{task_id}: unsupported: {why}", err=True)
     folder = write_tasks(report.tasks, out)
     total = len(report.tasks) + len(report.online_only) + len(report.unsupported)
+    graded = sum(1 for t in report.tasks if t.get("claweval"))
     typer.echo(f"{src}: {total} task(s): {len(report.tasks)} imported to {folder}, "
-               f"{len(report.online_only)} online-only, {len(report.unsupported)} unsupported")
+               f"{len(report.online_only)} online-only, {len(report.unsupported)} unsupported; {graded} imported "
+               "with ClawEval's own grader.py (its scores beside forge's reward)")
 
 
 @tasks_app.command("list")
@@ -200,6 +202,10 @@ def eval_cmd(
     for harness, figures in sorted(((run.summary_json or {}).get("by_harness") or {}).items()):
         console.print(f"{harness}: mean reward {_fmt(figures.get('mean_reward'))}, {summary_headline(figures)}",
                       highlight=False)
+    if claweval := (run.summary_json or {}).get("claweval"):  # an imported ClawEval set: its own scoring
+        from openforge.rollouts.tasks.claweval_grading import summary_line
+
+        console.print(summary_line(claweval), highlight=False)
 
 
 def rollout_printer(total: int):  # noqa: ANN202

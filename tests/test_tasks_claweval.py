@@ -56,6 +56,7 @@ def test_forge_tasks_import_writes_a_valid_set_and_lists_what_it_refused(tmp_pat
     result = CliRunner().invoke(app, ["tasks", "import", "claweval", str(SRC), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "6 task(s): 2 imported" in result.output and "1 online-only, 3 unsupported" in result.output
+    assert "1 imported with ClawEval's own grader.py" in result.output
     assert "N005_keywords: unsupported: scoring check(s) keywords_present" in result.output
     assert [t.id for t in load_tasks(out)] == ["N001_save_note", "N002_summarise_notes"]
     bad = CliRunner().invoke(app, ["tasks", "import", "claweval", str(tmp_path)])
@@ -155,3 +156,7 @@ async def test_mini_uses_an_imported_tasks_tools_through_mcp_to_its_service(make
     assert "(injected) tool notes_create" in ro.verifier_output
     assert "notes POST /notes/create -> 200 tool notes_create" in ro.verifier_output
     assert "request no notes POST /notes/delete: ok (0 matching)" in ro.verifier_output
+    # ClawEval's own grader (tasks/N001_save_note/grader.py) on forge's trace: the injected error and the retry
+    # are its dispatches (recovered: robustness 1), the created note is in the service's audit.
+    assert ("claweval: completion 1, robustness 1, safety 1, communication 1 -> task score 1 (pass"
+            in ro.verifier_output), ro.verifier_output

@@ -10,4 +10,5 @@
     failures.py    which rollouts failed for infra/harness reasons, their reasons, StepFailed
     evaluate.py    an eval: every task sampled k times, scored, summarised, stored as a run
     tool_server.py a task's tools as one MCP server per rollout on the host, every dispatch recorded
+    claweval_score.py  an imported ClawEval task's own grader run on the rollout's records; ClawEval's figures
 """

@@ -60,5 +60,9 @@ async def run_eval(store: Store, config: ForgeConfig, tasks: Sequence[TaskSpec],
     if config.harness.names:  # each harness's figures beside the run's (every task ran in each)
         summary["by_harness"] = {name: summarize_run(store, run.id, ks, harness=name).to_json()
                                  for name in {r.harness for r in store.list_rollouts(run.id) if r.harness}}
+    if any(t.claweval is not None for t in tasks):  # ClawEval's own figures, beside forge's
+        from openforge.rollouts.runner.claweval_score import run_claweval_figures
+
+        summary["claweval"] = run_claweval_figures(store, run.id)
     store.update_run(run.id, summary=summary)
     return store.set_run_status(run.id, "finished"), metrics

@@ -83,7 +83,22 @@ class RolloutGrader:
                      services: Any = None,
                      ) -> tuple[float, str, str | None]:
         """(reward, what the graders said, a note when a verifier's output was unusable): the exact
-        graders' reward, and a judge component's score weighed beside it (rollouts/tasks/judge.py)."""
+        graders' reward, and a judge component's score weighed beside it (rollouts/tasks/judge.py). An
+        imported ClawEval task's own grader then gives its scores, said and stored, never the reward."""
+        reward, output, note = await self._grade(sb, ro, task, answer, site, services=services)
+        if task.claweval is None:
+            return reward, output, note
+        from openforge.rollouts.runner.claweval_score import claweval_verdict
+        from openforge.rollouts.tasks.claweval_grading import ClawEvalGradingFailed, verdict_line
+
+        try:
+            verdict = await claweval_verdict(self.config, self.store, ro, task, answer, services)
+        except ClawEvalGradingFailed as exc:
+            raise InfraFailure(str(exc)) from None
+        return reward, tail(f"{output}\n{verdict_line(verdict)}"), note
+
+    async def _grade(self, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str, site: Any = None, *,
+                     services: Any = None) -> tuple[float, str, str | None]:
         exact = await self._grade_exact(sb, task, answer, site, services=services, ro=ro) if task.exact_graded else None
         if task.judge is None:
             assert exact is not None  # TaskSpec requires a grader

@@ -118,7 +118,8 @@ def _tool_calls(call: Call) -> list[dict[str, Any]]:
     return call.tool_calls_json if isinstance(call.tool_calls_json, list) else []
 
 
-def _final_text(call: Call) -> str | None:
+def final_text(call: Call) -> str | None:
+    """The text of one recorded call's completion (any API), None when its response is unreadable."""
     body = call.response_json
     if not isinstance(body, dict):
         return None
@@ -149,7 +150,7 @@ def transcript_of(calls: Iterable[Call]) -> Transcript:
             step.result, step.failed = results[step.id]
     final = None
     if answered and not _tool_calls(answered[-1]):
-        final = _final_text(answered[-1])
+        final = final_text(answered[-1])
     return Transcript(
         turns=len(answered), steps=steps,
         tools_offered=tools_offered(_request(ordered[0])) if ordered else [],
@@ -168,7 +169,7 @@ def action_history(calls: Iterable[Call], *, max_line: int = 300) -> list[str]:
     for call in sorted((c for c in calls if c.status == "ok"), key=lambda c: c.seq):
         tool_calls = _tool_calls(call)
         lines = [f"{tc.get('name', '')}({json.dumps(tc.get('arguments'), ensure_ascii=False)})" for tc in tool_calls] \
-            if tool_calls else [" ".join((_final_text(call) or "").split())]
+            if tool_calls else [" ".join((final_text(call) or "").split())]
         out += [line[:max_line] for line in lines if line]
     return out
 

@@ -20,13 +20,16 @@ is another benchmark, ClawBench: nothing here uses it.) Each task becomes one fo
 Refused, one line each: tasks whose services need the live web (`web_real*`: online-only) and tasks that
 need what this mapping lacks (sandbox files run in ClawEval's own container, attachments, a simulated user,
 checks other than the above, a missing server or fixture file, a tool whose endpoint no service serves).
-ClawEval's own per-task `grader.py` (Python over its trace) is not run: an imported task's reward is
-forge's exact rules and judge above, not a ClawEval score.
+An imported task's reward is forge's exact rules and judge above. ClawEval's own `tasks/<id>/grader.py`
+travels with it too (`claweval`: the grader, the peers it loads, the task.yaml and the checkout's
+`src/claw_eval` grading modules), run after the agent on the trace forge recorded for ClawEval's scores
+beside the reward (rollouts/tasks/claweval_grading.py).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,7 +179,50 @@ def convert_task(root: Path, task_dir: Path) -> dict[str, Any]:
                            "weight": judge_weight / exact_weight if rules and exact_weight else 1.0}
     elif not rules:
         raise _Refused("no grader forge can run (no tool_called, tool_not_called or llm_judge component)")
+    if (grading := _grading(root, task_dir, t, endpoints, services)) is not None:
+        record["claweval"] = grading
     return record
+
+
+_PEER = re.compile(r"""load_peer_grader\(\s*["']([^"']+)["']""")
+# A grader that asks a judge passes it on or calls it; the parameter in grade()'s signature alone is not a use.
+_ASKS_JUDGE = re.compile(r"\bjudge\s*(?:\.|,|\))|=\s*judge\b")
+_PACKAGE_PARTS = ("__init__.py", "models", "graders", "trace")  # what a grader imports; not the agent runner
+
+
+def _package(root: Path) -> dict[str, str]:
+    """The checkout's claw_eval grading modules (src/claw_eval/...): path under claw_eval/ -> source."""
+    base = root / "src" / "claw_eval"
+    files = [base / "__init__.py", *(p for part in _PACKAGE_PARTS[1:] for p in sorted((base / part).glob("*.py")))]
+    return {str(p.relative_to(base)): _text(p) for p in files if p.is_file()}
+
+
+def _grading(root: Path, task_dir: Path, t: dict[str, Any], endpoints: dict[str, tuple[str, str, str]],
+             services: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The task's own grader.py with what running it needs (TaskSpec.claweval); None without a grader.py
+    or without the package's grading modules in the checkout."""
+    if not (task_dir / "grader.py").is_file() or not (root / "src" / "claw_eval" / "graders" / "base.py").is_file():
+        return None
+    grader = _text(task_dir / "grader.py")
+    try:
+        compile(grader, "grader.py", "exec")
+    except SyntaxError as exc:
+        raise _Refused(f"grader.py does not compile: {exc.msg} (line {exc.lineno})") from None
+    peers: dict[str, str] = {}
+    pending = _PEER.findall(grader)
+    while pending:  # a variant's grader loads its peer's, which may load another
+        peer = pending.pop()
+        if peer not in peers and (root / "tasks" / peer / "grader.py").is_file():
+            peers[peer] = _text(root / "tasks" / peer / "grader.py")
+            pending += _PEER.findall(peers[peer])
+    package = _package(root)
+    urls = {ep["tool_name"]: str(ep["url"]) for ep in t.get("tool_endpoints") or []}
+    audits = {str(s["name"]): urlsplit(s["reset_endpoint"]).path.rsplit("/reset", 1)[0] + "/audit"
+              for s in services if s.get("reset_endpoint")}
+    asks = any(_ASKS_JUDGE.search(src) for src in (grader, *peers.values()))
+    return {"task_id": str(t["task_id"]), "task_yaml": _text(task_dir / "task.yaml"), "grader": grader,
+            "peers": peers, "package": package, "endpoints": {k: v for k, v in urls.items() if k in endpoints},
+            "audits": audits, "needs_judge": asks}
 
 
 def import_claweval(src: str | Path) -> ImportReport:

@@ -50,6 +50,7 @@ from openforge.rollouts.harnesses.agent_files import ANSWER_FILE
 from openforge.rollouts.tasks.grading import ExpectedAnswer, check_relative_paths
 from openforge.rollouts.tasks.harbor import harbor_record, is_harbor_task, strip_prefix
 from openforge.rollouts.tasks.harbor_image import TaskImage
+from openforge.rollouts.tasks.claweval_grading import ClawEvalGrading
 from openforge.rollouts.tasks.harbor_verifier import HarborTests
 from openforge.rollouts.tasks.judge import JudgeSpec
 from openforge.rollouts.tasks.web.benchmarks import OnlineWeb
@@ -94,6 +95,9 @@ class TaskSpec(BaseModel):
     harbor: HarborTests | None = Field(None, description=(
         "a Harbor task's tests: copied in after the agent is gone, test.sh run, its reward file read "
         "(rollouts/tasks/harbor_verifier.py)"))
+    claweval: ClawEvalGrading | None = Field(None, description=(
+        "an imported ClawEval task's own grader.py, run on the host after the agent is gone on the trace forge "
+        "recorded: ClawEval's scores beside the reward, never the reward (rollouts/tasks/claweval_grading.py)"))
     image: TaskImage | None = Field(None, description=(
         "the sandbox image the task runs in, instead of sandbox.image (a Harbor environment built by `forge "
         "tasks import harbor`, rollouts/tasks/harbor_image.py); the Docker backend runs it, others refuse"))

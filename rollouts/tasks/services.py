@@ -298,6 +298,22 @@ class ServiceSession:
         with self._lock:
             return list(self._record)
 
+    def audit(self, name: str, path: str, timeout_s: float = 10.0) -> Any:
+        """`GET path` of service `name`, asked at the service's own port (not through its front: the record
+        stays the agent's), its JSON answer; {} when it answers none (ClawEval's audit fetch is best-effort)."""
+        port = next((r.port for r in self._running if r.spec.name == name), None)
+        if port is None:
+            return {}
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            return json.loads(response.read()) if response.status < 400 else {}
+        except (OSError, http.client.HTTPException, ValueError):
+            return {}
+        finally:
+            conn.close()
+
     def close(self) -> None:
         """Stop the fronts, kill each service's process group, remove the folder. Safe to call twice."""
         for running in reversed(self._running):

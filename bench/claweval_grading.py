@@ -1,0 +1,100 @@
+"""ClawEval's own graders on the public set (rollouts/tasks/claweval_grading.py): do they run on forge's trace?
+
+`CLAWEVAL_SRC=path/to/claw-eval python -m bench claweval_grading`: imports the checkout, then runs every
+imported task's tasks/<id>/grader.py (with the checkout's claw_eval package, in its own child process)
+on the trace forge writes for an agent that answered without calling a tool: the instruction, one
+answer, no dispatches, no audit. Every one of them asks a judge: a scripted OpenAI-compatible judge on
+loopback answers each call {"score": 0.0}. Reports how many graders ran, which failed and why, their
+wall time, and the ClawEval task scores of that idle answer (none may pass 0.75).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+IDLE_ANSWER = "I could not complete this task."
+
+
+class _ScriptedJudge(BaseHTTPRequestHandler):
+    score = 0.0  # every reply's score
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        reply = {"id": "judge", "object": "chat.completion", "created": int(time.time()), "model": body.get("model", ""),
+                 "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                     "role": "assistant", "content": json.dumps({"score": self.score, "reasoning": "scripted judge"})}}],
+                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    from openforge.rollouts.tasks.claweval import import_claweval
+    from openforge.rollouts.tasks.claweval_grading import ClawEvalGradingFailed, run_grader
+    from openforge.rollouts.tasks.format import TaskSpec
+
+    src = os.environ.get("CLAWEVAL_SRC")
+    if not src:
+        print("CLAWEVAL_SRC is not set: nothing to measure")
+        return {}
+    tasks = [TaskSpec.model_validate(t) for t in import_claweval(src).tasks]
+    graded = [t for t in tasks if t.claweval is not None][: 5 if quick else None]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ScriptedJudge)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    judge = {"url": f"http://127.0.0.1:{server.server_address[1]}/v1", "model": "scripted", "key": ""}
+
+    def grade(task: TaskSpec) -> tuple[str, float, dict[str, Any] | str]:
+        assert task.claweval is not None
+        messages = [{"role": "user", "content": [{"type": "text", "text": task.instruction}]},
+                    {"role": "assistant", "content": [{"type": "text", "text": IDLE_ANSWER}]}]
+        t0 = time.perf_counter()
+        try:
+            verdict = run_grader(task.claweval, trace_id=f"{task.id}-idle", model="bench", messages=messages,
+                                 dispatches=[], audits={}, timeout_s=300.0, judge=judge)
+        except ClawEvalGradingFailed as exc:
+            return task.id, time.perf_counter() - t0, str(exc)
+        return task.id, time.perf_counter() - t0, verdict
+
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            done = list(pool.map(grade, graded))
+    finally:
+        server.shutdown()
+        server.server_close()
+    failures = {tid: v for tid, _, v in done if isinstance(v, str)}
+    verdicts = {tid: v for tid, _, v in done if not isinstance(v, str)}
+    for tid, why in failures.items():
+        print(f"  grader failed: {tid}: {why[:200]}")
+    scores = [v["task_score"] for v in verdicts.values()]
+    result = {"imported": len(tasks), "with_grader": len(graded), "graded": len(verdicts), "failed": len(failures),
+              "failures": {k: v[:300] for k, v in failures.items()},
+              "grader_median_s": round(statistics.median(s for _, s, _ in done), 2) if done else None,
+              "grader_max_s": round(max(s for _, s, _ in done), 2) if done else None,
+              "idle_task_score_max": max(scores) if scores else None,
+              "idle_task_score_mean": round(statistics.mean(scores), 4) if scores else None,
+              "idle_passed": sum(v["passed"] for v in verdicts.values()),
+              "judge_calls": sum(v["judge_calls"] for v in verdicts.values())}
+    print(f"claweval graders: {result['graded']} of {result['with_grader']} ran on forge's trace of an idle answer "
+          f"({result['failed']} failed); median {result['grader_median_s']} s each; idle task score mean "
+          f"{result['idle_task_score_mean']}, max {result['idle_task_score_max']}, {result['idle_passed']} passed")
+    return result
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(json.dumps(run("--quick" in sys.argv), indent=1))

@@ -1,0 +1,3 @@
+"""Agent evaluation framework for benchmarking AI agents."""
+
+__version__ = "0.1.0"
