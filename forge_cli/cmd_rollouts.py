@@ -29,7 +29,8 @@ def tasks_validate(
     path: PathArg,
     run: Annotated[bool, typer.Option("--run", help="also run each task's reference solution and six hostile answers "
                                                     "(a Harbor task: and a forged reward file; a task graded on its services' "
-                                                    "record: and a forged dispatch log) in sandboxes "
+                                                    "record: and a forged dispatch log; an OSWorld-format task: junk planted "
+                                                    "where its getters read) in sandboxes "
                                                     "(sandbox.type): the first must pass, the others score 0")] = False,
 ) -> None:
     """Check a task set; print every bad task with its reason (exit 1 if any)."""
@@ -57,7 +58,8 @@ def tasks_validate(
 def tasks_import(
     fmt: Annotated[str, typer.Argument(metavar="FORMAT", help="the source's format: claweval (a claw-eval "
                                                                "checkout), harbor (task folders, their Dockerfiles "
-                                                               "built into images), "
+                                                               "built into images), osworld (OSWorld-format JSON "
+                                                               "tasks), "
                                                                "webvoyager or online-mind2web (their task files)")],
     src: Annotated[str, typer.Argument(help="the source: a claw-eval checkout (or its tasks/ folder); a Harbor dataset folder or task; WebVoyager's "
                                             "data/WebVoyager_data.jsonl (or data/); Online-Mind2Web's tasks JSON")],
@@ -69,8 +71,13 @@ def tasks_import(
     base: Annotated[Optional[list[str]], typer.Option("--base", help="harbor: FROM=IMAGE, build a task whose "
                                                       "Dockerfile says FROM FROM on the local IMAGE instead "
                                                       "(builds are offline; repeatable)")] = None,
+    cache: Annotated[Optional[str], typer.Option("--cache", help="osworld: an OSWorld cache folder holding local "
+                                                 "copies of the tasks' downloads (CACHE/<task id>/...)")] = None,
 ) -> None:
     """Convert a task set of another format into forge task folders; print each refused task and the counts."""
+    if fmt == "osworld":
+        _import_osworld(src, out or "osworld-tasks", cache)
+        return
     if fmt == "harbor":
         from openforge.rollouts.tasks.claweval import write_tasks
         from openforge.rollouts.tasks.harbor_image import import_harbor, parse_base_map
@@ -93,7 +100,7 @@ def tasks_import(
         return
     out = out or "claweval-tasks"
     if fmt != "claweval":
-        raise TaskError(f"unknown import format {fmt!r}: claweval, harbor, webvoyager or online-mind2web")
+        raise TaskError(f"unknown import format {fmt!r}: claweval, harbor, osworld, webvoyager or online-mind2web")
     from openforge.rollouts.tasks.claweval import import_claweval, write_tasks
 
     report = import_claweval(src)
@@ -107,6 +114,23 @@ def tasks_import(
     typer.echo(f"{src}: {total} task(s): {len(report.tasks)} imported to {folder}, "
                f"{len(report.online_only)} online-only, {len(report.unsupported)} unsupported; {graded} imported "
                "with ClawEval's own grader.py (its scores beside forge's reward)")
+
+
+def _import_osworld(src: str, out: str, cache: str | None) -> None:
+    from openforge.rollouts.tasks.claweval import write_tasks
+    from openforge.rollouts.tasks.osworld import import_osworld
+
+    report = import_osworld(src, cache=cache)
+    for kind, refused in (("online-only", report.online_only), ("unsupported", report.unsupported),
+                          ("imported, not runnable here", report.not_here), ("imported, note", report.notes)):
+        for task_id, why in refused:
+            typer.echo(f"{task_id}: {kind}: {why}", err=True)
+    folder = write_tasks(report.tasks, out)
+    total = len(report.tasks) + len(report.online_only) + len(report.unsupported)
+    typer.echo(f"{src}: {total} OSWorld-format task(s): {len(report.tasks)} imported to {folder} "
+               f"({len(report.tasks) - len(report.not_here)} runnable here, {len(report.not_here)} need a desktop "
+               f"application or root), {len(report.online_only)} online-only, "
+               f"{len(report.unsupported)} unsupported")
 
 
 @tasks_app.command("list")

@@ -155,6 +155,8 @@ class RolloutGrader:
         sandbox; then the shell verifier."""
         if task.harbor is not None:  # a Harbor task: its own tests are its grader
             return await self._harbor(sb, task)
+        if task.osworld is not None:  # an OSWorld-format task: its evaluator is its grader
+            return await self._osworld(sb, task, answer)
         lines, passed = [], True
         if services is not None:  # the record forge's own fronts kept: nothing in the sandbox is read
             from openforge.rollouts.tasks.services import check_requests, services_summary
@@ -211,6 +213,25 @@ class RolloutGrader:
         except VerifierUnavailable as exc:
             raise InfraFailure(f"the task's verifier could not run: {exc}") from None
         return reward, tail(output), note
+
+    async def _osworld(self, sb: Sandbox, task: TaskSpec, answer: str) -> tuple[float, str, str | None]:
+        """An OSWorld-format evaluator: its getters in the sandbox (the agent gone), OSWorld's metric on the
+        host (rollouts/tasks/osworld_eval.py). A metric that cannot run is the infrastructure's failure."""
+        from openforge.rollouts.tasks.osworld_eval import OSWorldUnavailable, grade_osworld
+
+        assert task.osworld is not None
+        try:
+            await self._grader_folders(sb, task)
+        except SandboxPathRefused as exc:  # the agent planted a link or FIFO where the grader writes
+            return 0.0, f"the grader's files cannot be written: {exc}", None
+        limit, env = self.config.runner.verifier_timeout_s, verifier_env(sb.info.workdir)
+        try:
+            reward, output = await grade_osworld(
+                task.osworld, answer, read_file=lambda path, cap: self.read_expected(sb, path, cap),
+                run=lambda line: run_in_sandbox(self.config, sb, line, timeout=limit, env=env))
+        except OSWorldUnavailable as exc:
+            raise InfraFailure(f"the task's OSWorld evaluator could not run: {exc}") from None
+        return reward, tail(output), None
 
     async def _grader_folders(self, sb: Sandbox, task: TaskSpec) -> None:
         """Move aside what the agent left where the grader writes: `.forge/` (the answer file's folder)

@@ -12,6 +12,9 @@
                    (every request recorded by forge, errors injected by seed), graded by `expect_requests`
     service_front.py  that recording front: the service's only way in, served in forge's own process
     claweval.py    `forge tasks import claweval`: a claw-eval checkout's tasks as forge tasks
+    osworld.py     `forge tasks import osworld`: OSWorld-format JSON tasks (config steps, evaluator) as forge tasks
+    osworld_eval.py  their evaluator after the agent: getters in the sandbox, OSWorld's metric on the host
+    osworld_metric.py  one OSWorld metric function (the desktop-env package's own) in a child process
     claweval_grading.py  ClawEval's own grader.py and scoring (safety x (0.8 completion + 0.2 robustness), pass^N)
                    run on the host on the trace forge recorded
     builtin/       the built-in text tasks (easy, medium, hard) and the script that writes them

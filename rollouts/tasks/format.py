@@ -53,6 +53,7 @@ from openforge.rollouts.tasks.harbor_image import TaskImage
 from openforge.rollouts.tasks.claweval_grading import ClawEvalGrading
 from openforge.rollouts.tasks.harbor_verifier import HarborTests
 from openforge.rollouts.tasks.judge import JudgeSpec
+from openforge.rollouts.tasks.osworld_eval import OSWorldEval
 from openforge.rollouts.tasks.web.benchmarks import OnlineWeb
 from openforge.rollouts.tasks.services import RequestRule, ServiceSpec
 from openforge.rollouts.tasks.tools import TaskTool, check_unique
@@ -60,8 +61,8 @@ from openforge.rollouts.tasks.web import WEB_TASKS_DIR
 from openforge.rollouts.tasks.web.spec import GuiTask
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
-_NO_GRADER = ("verifier: missing (required unless expect_answer, expect_files, expect_requests, harbor or judge "
-              "grades the task)")
+_NO_GRADER = ("verifier: missing (required unless expect_answer, expect_files, expect_requests, harbor, osworld "
+              "or judge grades the task)")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -101,6 +102,9 @@ class TaskSpec(BaseModel):
     image: TaskImage | None = Field(None, description=(
         "the sandbox image the task runs in, instead of sandbox.image (a Harbor environment built by `forge "
         "tasks import harbor`, rollouts/tasks/harbor_image.py); the Docker backend runs it, others refuse"))
+    osworld: OSWorldEval | None = Field(None, description=(
+        "an OSWorld-format evaluator: its getters run in the sandbox after the agent is gone, OSWorld's metric "
+        "on the host (rollouts/tasks/osworld_eval.py)"))
     judge: JudgeSpec | None = Field(None, description=(
         "a model that grades the answer and named files by a rubric after the agent is gone, weighed "
         "beside the exact graders (rollouts/tasks/judge.py)"))
@@ -145,7 +149,8 @@ class TaskSpec(BaseModel):
     def exact_graded(self) -> bool:
         """Whether any exact grader (not a judge) scores the task."""
         return self.verifier is not None or self.expect_answer is not None or bool(self.expect_files) or \
-            bool(self.gui and self.gui.expect_state) or self.harbor is not None or bool(self.expect_requests)
+            bool(self.gui and self.gui.expect_state) or self.harbor is not None or bool(self.expect_requests) or \
+            self.osworld is not None
 
     @model_validator(mode="after")
     def _graded(self) -> "TaskSpec":
@@ -317,7 +322,7 @@ def _check(path: str | Path) -> tuple[list[TaskSpec], list[TaskProblem]]:
             msgs = _describe(exc)
             # Pydantic skips the model check when a field fails: say a grader is missing here too.
             if _NO_GRADER not in msgs and not any(record.get(k) for k in ("verifier", "expect_answer", "expect_files", "gui", "harbor", "judge",
-                                                        "expect_requests")):
+                                                        "expect_requests", "osworld")):
                 msgs.append(_NO_GRADER)
             problems.extend(TaskProblem(where, raw_id, msg) for msg in msgs)
             continue

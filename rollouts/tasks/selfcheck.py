@@ -15,11 +15,17 @@ A task graded on its services' record (`expect_requests`, rollouts/tasks/service
 FORGED_DISPATCH: an agent that makes no request but writes dispatch logs claiming each one the task
 expects, where a grader might look for them (the tool server's `.forge/tool-dispatches.jsonl`, a
 `dispatches.json`). It must score exactly 0: the runner grades forge's own record, never a file.
+
+An OSWorld-format task (rollouts/tasks/osworld.py) meets `planted_files`, with or without a solution: junk
+written where its getters read and at its expected files' names, the task left undone. It must score
+exactly 0: the expected files live in the task record on the host (and an idle agent that passes shows
+a task whose check this sandbox does not reproduce).
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable, Sequence
 
 from openforge.config import ForgeConfig
@@ -66,6 +72,15 @@ nohup sh -c 'while :; do for d in .harbor-*/logs/verifier /logs/verifier; do
   >/dev/null 2>&1 &
 true
 """
+
+
+def planted_files(task: TaskSpec) -> str:
+    """The planted-files agent's script for an OSWorld-format task: junk where its getters read a result
+    file and at the names of its expected files, the task left undone."""
+    assert task.osworld is not None
+    paths = [p for g in [*task.osworld.result, *task.osworld.expected] if g is not None and g.type != "rule"
+             for p in g.paths]
+    return "".join(f"mkdir -p \"$(dirname {shlex.quote(p)})\" && printf 'PK planted' > {shlex.quote(p)}\n" for p in paths)
 
 
 def forged_dispatch(task: TaskSpec) -> str:
@@ -118,6 +133,9 @@ async def check_solutions(store: Store, config: ForgeConfig, tasks: Sequence[Tas
     recorded = [t for t in tasks if t.judge is None and any(not r.absent for r in t.expect_requests)]
     if recorded:
         attempts.append(("forged dispatch", _StandInHarness({t.id: forged_dispatch(t) for t in recorded}), recorded))
+    osworld = [t for t in tasks if t.osworld is not None and not t.osworld.infeasible]
+    if osworld:  # also those without a solution: a grader that credits planted junk is a bug either way
+        attempts.append(("planted files", _StandInHarness({t.id: planted_files(t) for t in osworld}), osworld))
     credited: dict[str, list[str]] = {}  # task id -> the hostile answers it gave credit to
     for step, (label, harness, tried) in enumerate(attempts):
         runner = RolloutRunner(store, config=config, proxy_url="http://127.0.0.1:9", harness=harness)

@@ -1,0 +1,92 @@
+"""`forge tasks import osworld` and `forge tasks validate --run` on OSWorld's evaluation_examples.
+
+On request (`OSWORLD_SRC=PATH python -m bench osworld_import`): PATH is an OSWorld checkout (or its
+evaluation_examples/examples); OSWORLD_LABEL names it in the results (repository@commit), OSWORLD_CACHE
+an OSWorld cache folder of local copies, if any. Figures:
+
+1. The import's counts: tasks read, imported, runnable here (imported, and this machine has what their
+   setup starts), online-only, unsupported, and the unsupported by their first reason (a metric, a
+   getter, a config step, a postconfig step, a command driving the GUI, a Windows task, malformed).
+2. `validate --run` over the imported tasks in the local sandbox: the wall time; the tasks whose
+   reference (an infeasible task's FAIL) scored its marks; tasks with no reference; tasks that credited a
+   hostile answer or the planted files (must be none; an idle agent passing shows up here); tasks whose
+   attempts failed as infrastructure (their setup needs root or an application this machine lacks).
+
+These are OSWorld-format tasks run by forge, never an OSWorld score.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+_KINDS = [("metric", r"^metric "), ("getter", r"^getter "), ("postconfig step", r"^postconfig step"),
+          ("command driving the GUI", r"^a command drives the GUI"), ("config step", r"^config step"),
+          ("Windows task", r"^a Windows task"), ("path outside the home folder", r"^path "),
+          ("malformed", r"^malformed"), ("duplicate id", r"^duplicate id")]
+
+
+def _kind(reason: str) -> str:
+    return next((name for name, pattern in _KINDS if re.match(pattern, reason)), "other")
+
+
+def run(quick: bool = False) -> dict:
+    src = os.environ.get("OSWORLD_SRC")
+    if not src:
+        raise RuntimeError("set OSWORLD_SRC to an OSWorld checkout (github.com/xlang-ai/OSWorld)")
+    from openforge.rollouts.tasks.osworld import _task_files, import_osworld
+
+    files = _task_files(Path(src))
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
+    t0 = time.perf_counter()
+    report = import_osworld(src, cache=os.environ.get("OSWORLD_CACHE"))
+    import_s = time.perf_counter() - t0
+    total = len(report.tasks) + len(report.online_only) + len(report.unsupported)
+    counts = {"tasks read": total, "imported": len(report.tasks),
+              "runnable here": len(report.tasks) - len(report.not_here),
+              "imported, not runnable here": len(report.not_here), "online-only": len(report.online_only),
+              "unsupported": len(report.unsupported), "GUI-only setup steps skipped (noted)": len(report.notes)}
+    unsupported = dict(Counter(_kind(why) for _, why in report.unsupported).most_common())
+    metrics = Counter(name for _, why in report.unsupported if _kind(why) == "metric"
+                      for name in re.match(r"metric (.*?) is not supported", why).group(1).split(", "))
+    print(f"OSWorld-format import of {src}: {counts}; unsupported by first reason: {unsupported}")
+    results = {"source": os.environ.get("OSWORLD_LABEL", src), "task_files_sha256": digest, "import_s": round(import_s, 2),
+               "import": counts, "unsupported by first reason": unsupported,
+               "metrics of those refused for a metric (top 10)": dict(metrics.most_common(10))}
+    results["validate --run"] = asyncio.run(_validate(report.tasks))
+    print(f"validate --run: {results['validate --run']}")
+    return results
+
+
+async def _validate(records: list[dict]) -> dict:
+    from openforge.config import ForgeConfig
+    from openforge.rollouts.tasks.format import TaskSpec
+    from openforge.rollouts.tasks.selfcheck import check_solutions
+    from openforge.store import Store
+
+    tasks = [TaskSpec.model_validate(r) for r in records]
+    with tempfile.TemporaryDirectory() as home:
+        os.environ["FORGE_HOME"] = home
+        store = Store(Path(home) / "forge.db")
+        t0 = time.perf_counter()
+        problems = await check_solutions(store, ForgeConfig(), tasks)
+        wall = time.perf_counter() - t0
+        store.close()
+    by_task: dict[str, list[str]] = {}
+    for p in problems:
+        by_task.setdefault(p.task_id or "", []).append(p.message)
+    with_solution = [t for t in tasks if t.solution]
+    infra = {tid for tid, msgs in by_task.items() if any("attempt ended failed" in m for m in msgs)}
+    return {"tasks": len(tasks), "wall_s": round(wall, 1), "with a reference (infeasible: FAIL)": len(with_solution),
+            "reference scored its marks": sum(1 for t in with_solution if not any(
+                m.startswith(("solved attempt", "the reference solution")) for m in by_task.get(t.id, []))),
+            "no reference": sum(1 for t in tasks if not t.solution),
+            "credited a hostile answer or planted files": sorted(
+                tid for tid, msgs in by_task.items() if any(m.startswith("gives credit") for m in msgs)),
+            "infrastructure failures (setup: root or an application missing here)": len(infra)}

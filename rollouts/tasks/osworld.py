@@ -1,0 +1,315 @@
+"""`forge tasks import osworld SRC`: OSWorld-format JSON tasks as forge tasks.
+
+SRC is an OSWorld checkout, its `evaluation_examples/examples/` (one folder per domain of `<id>.json`),
+one domain folder, or one task file. Each task's `config` steps become the forge task's setup, its
+`evaluator` an `OSWorldEval` graded after the agent is gone (rollouts/tasks/osworld_eval.py):
+
+    download          only from a local copy, in OSWorld's own cache layout: CACHE/<task id>/
+                      <uuid5(URL)>_<file name> (`--cache`); without one the task is online-only
+    execute, command  a shell line (OSWorld's /home/user and ~/ are the sandbox's working directory);
+                      one that drives the GUI (pyautogui, xdotool, wmctrl) is unsupported
+    sleep             sleep
+    launch, open      start the named desktop application: the task needs it (and a display)
+    googledrive, login, chrome_open_tabs, update_browse_history   online-only
+    anything else     unsupported (activate_window, close_window, ...)
+
+A task is imported, online-only (it needs the internet: a download or an expected file with no local
+copy, a web step) or unsupported (a step, getter or metric forge does not run), each refused one with
+its reason; an imported task that starts a desktop application not installed here is counted apart
+(`needs_app`). Nothing is dropped without a line saying so. The result is OSWorld-format tasks run on
+forge, never an OSWorld score.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shlex
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import ValidationError
+
+from openforge.errors import TaskError
+from openforge.rollouts.harnesses.agent_files import ANSWER_FILE
+from openforge.rollouts.tasks.grading import check_relative_paths
+from openforge.rollouts.tasks.osworld_eval import OSWorldEval
+from openforge.rollouts.tasks.osworld_metric import METRIC_MODULES
+
+SETUP_DIR = ".forge-osworld"  # the downloads' local copies, decoded to their places by setup and removed
+TIME_LIMIT_S = 600.0
+ONLINE_STEPS = {"googledrive", "login", "chrome_open_tabs", "chrome_close_tabs", "update_browse_history"}
+GUI_WORDS = ("pyautogui", "xdotool", "wmctrl")
+# a launched program or an opened file's type -> (the application, the binary that must be on PATH)
+APPS = {"libreoffice": ("LibreOffice", "soffice"), "soffice": ("LibreOffice", "soffice"), "gimp": ("GIMP", "gimp"),
+        "vlc": ("VLC", "vlc"), "thunderbird": ("Thunderbird", "thunderbird"), "code": ("VS Code", "code"),
+        "google-chrome": ("Chromium", "chromium"), "chromium": ("Chromium", "chromium"),
+        "nautilus": ("a file manager", "nautilus")}
+OPEN_WITH = {**dict.fromkeys((".xlsx", ".xls", ".ods", ".csv", ".docx", ".doc", ".odt", ".pptx", ".ppt", ".odp"),
+                             "libreoffice"),
+             **dict.fromkeys((".png", ".jpg", ".jpeg", ".xcf"), "gimp"), **dict.fromkeys((".mp4", ".mp3"), "vlc")}
+HOME_NOTE = ("\n\n(OSWorld-format task: the task's home folder, /home/user or ~ above, is your current working "
+             "directory. If the task cannot be done, answer FAIL.)")
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # forge's task ids; a folder name in the cache
+
+
+@dataclass
+class OSWorldImport:
+    """What an import made: forge task records and each refused task with why (task id, reason)."""
+
+    tasks: list[dict[str, Any]] = field(default_factory=list)
+    online_only: list[tuple[str, str]] = field(default_factory=list)
+    unsupported: list[tuple[str, str]] = field(default_factory=list)
+    not_here: list[tuple[str, str]] = field(default_factory=list)  # imported, but this machine lacks what it needs
+    notes: list[tuple[str, str]] = field(default_factory=list)  # imported, a GUI-only setup step skipped
+
+
+class _Refused(Exception):
+    def __init__(self, reason: str, *, online: bool = False) -> None:
+        super().__init__(reason)
+        self.online = online
+
+
+def _home_path(path: str) -> str:
+    """OSWorld's /home/user/x, ~/x or x (the VM server's folder is the home) as a path relative to the
+    working directory."""
+    for prefix in ("/home/user/", "~/", ""):
+        rel = path[len(prefix):] if path.startswith(prefix) else None
+        if rel and not rel.startswith(("/", "~")) and ":" not in rel and "\\" not in rel:
+            try:
+                check_relative_paths({rel: ""}, "the home folder")
+            except ValueError:
+                break
+            return rel
+    raise _Refused(f"path {path!r} is outside /home/user (forge maps only the home folder)")
+
+
+def _shell(command: Any, shell: bool) -> str:
+    """A shell line for OSWorld's command (a list, or a string with shell=True); /home/user and a
+    leading ~/ become "$OSW_HOME" (osworld_eval.HOME_PRELUDE sets it)."""
+    if isinstance(command, str) and shell:
+        line = command.replace("/home/user", "$OSW_HOME").replace("~/", "$OSW_HOME/")
+    else:
+        args = shlex.split(command) if isinstance(command, str) else command
+        if not isinstance(args, list) or not args or not all(isinstance(a, str) for a in args):
+            raise _Refused(f"malformed command {command!r}")
+        quoted = []
+        for arg in args:
+            arg = "/home/user/" + arg[2:] if arg.startswith("~/") else arg
+            quoted.append('"$OSW_HOME"'.join(shlex.quote(p) if p else "" for p in arg.split("/home/user")) or "''")
+        line = " ".join(quoted)
+    return line
+
+
+def _local_copy(cache: Path | None, task_id: str, name: str, url: str) -> bytes:
+    if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):  # never a path
+        raise _Refused(f"malformed file name {name!r:.80}")
+    if cache is not None and (cache / task_id / name).is_file():
+        return (cache / task_id / name).read_bytes()
+    raise _Refused(f"{url} has no local copy ({'no --cache given' if cache is None else f'{cache}/{task_id}/{name}'})",
+                   online=True)
+
+
+def _app(name: str, apps: dict[str, str]) -> str:
+    label, binary = APPS.get(PurePosixPath(name).name, (name, PurePosixPath(name).name))
+    apps[label] = binary
+    return (f'command -v {shlex.quote(binary)} >/dev/null 2>&1 && [ -n "${{DISPLAY:-}}" ] || '
+            f'{{ echo "this OSWorld-format task needs {label} on a desktop" >&2; exit 1; }}')
+
+
+def _step(step: Any, task_id: str, cache: Path | None, files: dict[str, str], apps: dict[str, str],
+          notes: list[str] | None = None) -> list[str]:
+    """A config step's shell lines. `notes` is given for the steps before the agent: there a command that
+    only drives the GUI (OSWorld's click that opens a terminal) is skipped and noted, since a forge agent
+    has its shell already; after the agent (postconfig) such a command is unsupported."""
+    if not isinstance(step, dict) or not isinstance(step.get("type"), str):
+        raise _Refused(f"malformed config step {step!r:.80}")
+    kind, params = step["type"], step.get("parameters") or {}
+    if kind in ONLINE_STEPS:
+        raise _Refused(f"config step {kind} needs the internet", online=True)
+    if kind == "sleep":
+        return [f"sleep {float(params.get('seconds', 0)):g}"]
+    if kind in ("execute", "command"):
+        if params.get("until"):
+            raise _Refused(f"config step {kind} with `until` (polling the output) is not supported")
+        line = _shell(params.get("command"), bool(params.get("shell", False)))
+        if any(word in line for word in GUI_WORDS):
+            if notes is None or not line.startswith(("python -c 'import pyautogui", "python3 -c 'import pyautogui")):
+                raise _Refused("a command drives the GUI (pyautogui, xdotool, wmctrl)")
+            notes.append(f"skipped a setup step that only drives the GUI: {line[:100]}")
+            return []
+        return [line]
+    if kind == "download":
+        lines = []
+        for f in params.get("files") or []:
+            dest = _home_path(f["path"])
+            name = f"{uuid.uuid5(uuid.NAMESPACE_URL, f['url'])}_{PurePosixPath(f['path']).name}"
+            key = f"{SETUP_DIR}/{len(files)}.b64"
+            files[key] = base64.b64encode(_local_copy(cache, task_id, name, f["url"])).decode()
+            lines.append(f'mkdir -p "$OSW_HOME"/{shlex.quote(str(PurePosixPath(dest).parent))} && base64 -d {key} > '
+                         f'"$OSW_HOME"/{shlex.quote(dest)} && rm {key}')
+        return lines
+    if kind == "launch":
+        command = params.get("command")
+        args = command.split() if isinstance(command, str) else command
+        if not args:
+            raise _Refused("launch: no command")
+        return [_app(args[0], apps), f"( {_shell(command, bool(params.get('shell', False)))} >/dev/null 2>&1 & )"]
+    if kind == "open":
+        path = _home_path(params.get("path", ""))
+        app = OPEN_WITH.get(PurePosixPath(path).suffix.lower(), "xdg-open")
+        return [_app(app, apps), f'( xdg-open "$OSW_HOME"/{shlex.quote(path)} >/dev/null 2>&1 & )']
+    raise _Refused(f"config step {kind} is not supported")
+
+
+def _getter(g: Any, task_id: str, cache: Path | None, files: dict[str, str]) -> dict[str, Any] | None:
+    if not g:
+        return None
+    if not isinstance(g, dict):
+        raise _Refused(f"malformed getter {g!r:.80}")
+    kind = g.get("type")
+    if kind == "rule":
+        return {"type": "rule", "rules": g.get("rules")}
+    if kind == "vm_command_line":
+        return {"type": "vm_command_line", "command": _shell(g.get("command"), bool(g.get("shell", False)))}
+    if kind in ("vm_file", "cloud_file"):
+        paths, dests = (g.get("path"), g.get("dest")) if g.get("multi") else ([g.get("path")], [g.get("dest")])
+        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            raise _Refused(f"{kind}: malformed path {g.get('path')!r:.80}")
+        if g.get("time_suffix"):
+            raise _Refused(f"{kind} with time_suffix is not supported")
+        if kind == "vm_file":
+            return {"type": "vm_file", "paths": [_home_path(p) for p in paths], "gives": g.get("gives", [0])}
+        for url, dest in zip(paths, dests or []):
+            files.setdefault(dest, base64.b64encode(_local_copy(cache, task_id, dest, url)).decode())
+        return {"type": "cloud_file", "paths": list(dests or []), "gives": g.get("gives", [0])}
+    raise _Refused(f"getter {kind} is not supported (supported: vm_file, vm_command_line, rule, cloud_file)")
+
+
+def _as_list(value: Any, n: int) -> list[Any]:
+    return value if isinstance(value, list) else [value] * n if n == 1 else value
+
+
+def _evaluator(ev: Any, task_id: str, cache: Path | None, apps: dict[str, str]) -> dict[str, Any]:
+    if not isinstance(ev, dict) or "func" not in ev:
+        raise _Refused("malformed: no evaluator with a func")
+    funcs = ev["func"] if isinstance(ev["func"], list) else [ev["func"]]
+    if not funcs or not all(isinstance(f, str) and f for f in funcs):
+        raise _Refused(f"malformed: evaluator func {ev['func']!r}")
+    if funcs == ["infeasible"]:
+        return {"funcs": funcs}
+    if unknown := sorted({f for f in funcs if f not in METRIC_MODULES}):
+        raise _Refused(f"metric {', '.join(map(str, unknown))} is not supported (supported: "
+                       f"{', '.join(sorted(METRIC_MODULES))}, infeasible)")
+    n, files, post = len(funcs), {}, []
+    for step in ev.get("postconfig") or []:
+        if isinstance(step, dict) and step.get("type") not in ("execute", "command", "sleep"):
+            raise _Refused(f"postconfig step {step.get('type')} drives an application after the agent "
+                           "(forge grades once every agent process is gone)")
+        post += _step(step, task_id, cache, files, apps)
+    results = _as_list(ev.get("result"), n)
+    expected = _as_list(ev.get("expected"), n) if ev.get("expected") else []
+    options = _as_list(ev.get("options") or ({} if n == 1 else [{}] * n), n)
+    if not isinstance(results, list) or not isinstance(options, list) or not isinstance(expected, list):
+        raise _Refused("malformed evaluator: result / expected / options do not match func")
+    return {"funcs": funcs, "conj": ev.get("conj", "and"), "postconfig": post,
+            "result": [_getter(g, task_id, cache, files) for g in results],
+            "expected": [_getter(g, task_id, cache, files) for g in expected],
+            "options": [o or {} for o in options], "files": files}
+
+
+def convert_task(raw: Any, where: str, cache: Path | None = None) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """(the forge task record, the applications its setup starts: name -> binary, notes on skipped GUI-only
+    setup steps); raises _Refused with every reason, unsupported before online-only: a task the internet
+    would not make runnable is unsupported."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("id"), str) or not isinstance(raw.get("instruction"), str):
+        raise _Refused("malformed: an OSWorld task is a JSON object with id, instruction, config, evaluator")
+    domain = PurePosixPath(where).parent.name
+    if "windows" in (part.lower() for part in PurePosixPath(where).parts[:-1]):
+        raise _Refused("a Windows task (forge's sandboxes are Linux)")
+    task_id, files, apps = raw["id"], {}, {}
+    if not _ID_RE.match(task_id):
+        raise _Refused(f"malformed: id {task_id!r:.80} (letters, digits, . _ -)")
+    refused: list[_Refused] = []
+    ev: dict[str, Any] = {}
+    try:
+        ev = _evaluator(raw.get("evaluator"), task_id, cache, apps)
+    except _Refused as exc:
+        refused.append(exc)
+    lines: list[str] = []
+    notes: list[str] = []
+    for step in raw.get("config") or []:
+        try:
+            lines += _step(step, task_id, cache, files, apps, notes)
+        except _Refused as exc:
+            refused.append(exc)
+    if refused:
+        first = sorted(refused, key=lambda e: e.online)[0]  # an unsupported reason before an online one
+        reasons = list(dict.fromkeys(str(e) for e in sorted(refused, key=lambda e: e.online)))
+        raise _Refused("; ".join(reasons), online=first.online)
+    ev["source"] = f"{domain}/{task_id}"
+    try:
+        OSWorldEval.model_validate(ev)
+    except ValidationError as exc:
+        raise _Refused(f"malformed evaluator: {exc.errors()[0]['msg']}") from None
+    # OSWorld ships no reference solutions; an infeasible task's is its answer, FAIL (`forge tasks validate --run`)
+    solution = (f"mkdir -p {PurePosixPath(ANSWER_FILE).parent} && printf FAIL > {ANSWER_FILE}"
+                if ev["funcs"] == ["infeasible"] else None)
+    record = {"id": task_id, "instruction": raw["instruction"].replace("/home/user/", "") + HOME_NOTE,
+              "files": files, "setup": "\n".join(["set -e", 'export OSW_HOME="$PWD"', *lines]) if lines else None,
+              "osworld": ev, "solution": solution, "time_limit_s": TIME_LIMIT_S, "requires_tools": True,
+              "tags": ["osworld", domain, *(f"needs:{a}" for a in sorted(apps))]}
+    return {k: v for k, v in record.items() if v is not None}, apps, notes
+
+
+def _task_files(src: Path) -> list[Path]:
+    if src.is_file():
+        return [src]
+    for root in (src / "evaluation_examples" / "examples", src / "examples", src):
+        if root.is_dir():
+            found = sorted(p for p in root.rglob("*.json") if p.name != "template.json")
+            if found:
+                return found
+    raise TaskError(f"{src} holds no OSWorld task files (evaluation_examples/examples/<domain>/<id>.json)")
+
+
+def import_osworld(src: str | Path, *, cache: str | Path | None = None) -> OSWorldImport:
+    """Every OSWorld-format task under SRC: converted, or refused with a reason."""
+    src_path = Path(src).expanduser()
+    if not src_path.exists():
+        raise TaskError(f"no such OSWorld task file or folder: {src}")
+    cache_path = Path(cache).expanduser() if cache else None
+    report = OSWorldImport()
+    seen: dict[str, Path] = {}
+    for path in _task_files(src_path):
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            report.unsupported.append((path.stem, f"malformed: {exc}"))
+            continue
+        task_id = raw.get("id", path.stem) if isinstance(raw, dict) else path.stem
+        if isinstance(task_id, str) and task_id in seen:
+            report.unsupported.append((task_id, f"duplicate id (first at {seen[task_id]})"))
+            continue
+        try:
+            record, apps, notes = convert_task(raw, str(path), cache_path)
+        except _Refused as exc:
+            (report.online_only if exc.online else report.unsupported).append((str(task_id), str(exc)))
+            continue
+        except (KeyError, TypeError, ValueError) as exc:
+            report.unsupported.append((str(task_id), f"malformed: {type(exc).__name__}: {exc}"))
+            continue
+        report.tasks.append(record)
+        seen[task_id] = path
+        report.notes += [(task_id, note) for note in notes]
+        if apps:  # forge starts a display only for a GUI task on a builtin-web site (docs/tasks.md)
+            missing = sorted(label for label, binary in apps.items() if shutil.which(binary) is None)
+            report.not_here.append((task_id, f"needs {', '.join(sorted(apps))} on a desktop"
+                                    + (f" (not installed here: {', '.join(missing)})" if missing else "")))
+        elif "sudo " in json.dumps(record.get("setup", "")) + json.dumps(record["osworld"].get("postconfig", [])):
+            report.not_here.append((task_id, "needs root in the sandbox (sudo)"))
+    return report

@@ -1,0 +1,251 @@
+"""The OSWorld-format importer (rollouts/tasks/osworld.py) on small task files in OSWorld's layout
+(evaluation_examples/examples/<domain>/<id>.json) made here: what is imported, what is refused and why;
+and imported tasks run through the runner in a local sandbox, graded after the agent by the getters in
+the sandbox and OSWorld's own metric functions (the desktop-env package) on the host."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from openforge.config import ForgeConfig
+from openforge.forge_cli.main import app
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.format import TaskSpec, load_tasks
+from openforge.rollouts.tasks.osworld import import_osworld
+from openforge.rollouts.tasks.selfcheck import _StandInHarness, check_solutions, planted_files
+from openforge.store import Store
+from required import requires
+
+
+def _metrics_missing() -> str | None:
+    try:
+        from openforge.rollouts.tasks.osworld_metric import load_metric
+        load_metric("compare_table")
+        load_metric("check_include_exclude")
+    except Exception as exc:  # noqa: BLE001 - the reason is the skip message
+        return str(exc)
+    return None
+
+
+needs_osworld = requires("osworld", _metrics_missing())
+
+INPUT_URL = "https://drive.google.com/uc?id=input-sheet"
+EXPECTED_URL = "https://drive.google.com/uc?id=gold-sheet"
+
+
+def _xlsx(rows: list[list[object]]) -> bytes:
+    import openpyxl
+
+    wb = openpyxl.Workbook()
+    for row in rows:
+        wb.active.append(row)
+    buf = io.BytesIO()
+    wb.save(buf)
+    return buf.getvalue()
+
+
+def _task(task_id: str, instruction: str, config: list, evaluator: dict) -> dict:
+    return {"id": task_id, "snapshot": "os", "instruction": instruction, "source": "test", "config": config,
+            "trajectory": "trajectories/", "related_apps": ["os"], "evaluator": evaluator}
+
+
+TASKS = {
+    "os/shout": _task("shout", "Write the words of ~/in.txt in capitals to /home/user/out.txt.", [
+        {"type": "execute", "parameters": {"command": ["python", "-c", "import pyautogui; pyautogui.click(960, 540)"]}},
+        {"type": "execute", "parameters": {"command": ["sh", "-c", "printf 'hello world' > /home/user/in.txt"]}},
+        {"type": "sleep", "parameters": {"seconds": 0}}],
+        {"func": "check_include_exclude",
+         "result": {"type": "vm_command_line", "command": "cat ~/out.txt", "shell": True},
+         "expected": {"type": "rule", "rules": {"include": ["HELLO WORLD"], "exclude": ["hello"]}}}),
+    "libreoffice_calc/total": _task("total", "Add a row TOTAL with the sum of column B to /home/user/sheet.xlsx.", [
+        {"type": "download", "parameters": {"files": [{"url": INPUT_URL, "path": "/home/user/sheet.xlsx"}]}},
+        {"type": "open", "parameters": {"path": "/home/user/sheet.xlsx"}}],
+        {"func": "compare_table", "result": {"type": "vm_file", "path": "/home/user/sheet.xlsx", "dest": "sheet.xlsx"},
+         "expected": {"type": "cloud_file", "path": EXPECTED_URL, "dest": "gold.xlsx"},
+         "options": {"rules": [{"type": "sheet_data", "sheet_idx0": 0, "sheet_idx1": "EI0"}]}}),
+    "gimp/impossible": _task("impossible", "Make this photo into a working car.", [],
+                             {"func": "infeasible"}),
+    "chrome/tabs": _task("tabs", "Close the second tab.", [
+        {"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["https://example.com"]}}],
+        {"func": "exact_match", "result": {"type": "rule", "rules": {"expected": "x"}},
+         "expected": {"type": "rule", "rules": {"expected": "x"}}}),
+    "libreoffice_impress/slides": _task("slides", "Fix the slides.", [],
+        {"func": "compare_pptx_files", "result": {"type": "vm_file", "path": "/home/user/a.pptx", "dest": "a.pptx"},
+         "expected": {"type": "vm_file", "path": "/home/user/b.pptx", "dest": "b.pptx"}}),
+    "vlc/playing": _task("playing", "Play the video.", [],
+        {"func": "exact_match", "result": {"type": "vlc_playing_info"}, "expected": {"type": "rule", "rules": {}}}),
+    "os/saved": _task("saved", "Save the file.", [],
+        {"postconfig": [{"type": "activate_window", "parameters": {"window_name": "gedit"}}],
+         "func": "exact_match", "result": {"type": "vm_command_line", "command": ["cat", "/home/user/x"]},
+         "expected": {"type": "rule", "rules": {"expected": "x"}}}),
+}
+
+
+def _write_set(root: Path) -> Path:
+    examples = root / "evaluation_examples" / "examples"
+    for name, task in TASKS.items():
+        (examples / name).parent.mkdir(parents=True, exist_ok=True)
+        (examples / f"{name}.json").write_text(json.dumps(task), encoding="utf-8")
+    (examples / "os" / "broken.json").write_text('{"id": "broken", ', encoding="utf-8")
+    return root
+
+
+def _cache(root: Path) -> Path:
+    """OSWorld's cache layout: CACHE/<task id>/<uuid5(url)>_<name> for downloads, CACHE/<task id>/<dest>
+    for an expected (cloud) file."""
+    task = root / "cache" / "total"
+    task.mkdir(parents=True)
+    (task / f"{uuid.uuid5(uuid.NAMESPACE_URL, INPUT_URL)}_sheet.xlsx").write_bytes(_xlsx([["item", "cost"], ["a", 2], ["b", 3]]))
+    (task / "gold.xlsx").write_bytes(_xlsx([["item", "cost"], ["a", 2], ["b", 3], ["TOTAL", 5]]))
+    return root / "cache"
+
+
+def test_the_import_maps_steps_and_getters_and_says_why_it_refused(tmp_path: Path) -> None:
+    src = _write_set(tmp_path)
+    offline = import_osworld(src)  # no local copies: the downloads make `total` online-only
+    assert sorted(t["id"] for t in offline.tasks) == ["impossible", "shout"]
+    assert dict(offline.online_only) == {
+        "tabs": "config step chrome_open_tabs needs the internet",
+        "total": f"{EXPECTED_URL} has no local copy (no --cache given); {INPUT_URL} has no local copy (no --cache given)"}
+    unsupported = dict(offline.unsupported)
+    assert unsupported["slides"].startswith("metric compare_pptx_files is not supported")
+    assert unsupported["playing"].startswith("getter vlc_playing_info is not supported")
+    assert unsupported["saved"].startswith("postconfig step activate_window drives an application")
+    assert unsupported["broken"].startswith("malformed:")
+    assert offline.notes == [("shout", "skipped a setup step that only drives the GUI: python -c 'import pyautogui; "
+                                       "pyautogui.click(960, 540)'")]
+
+    report = import_osworld(src, cache=_cache(tmp_path))
+    total = TaskSpec.model_validate(next(t for t in report.tasks if t["id"] == "total"))
+    assert total.osworld is not None and total.osworld.funcs == ["compare_table"]
+    assert (total.osworld.result[0].type, total.osworld.result[0].paths) == ("vm_file", ["sheet.xlsx"])
+    assert base64.b64decode(total.osworld.files["gold.xlsx"]).startswith(b"PK")  # on the host, in the record
+    assert "gold.xlsx" not in json.dumps(total.files)  # never among the files the agent's sandbox gets
+    assert "needs:LibreOffice" in total.tags and total.setup and "base64 -d .forge-osworld/0.b64" in total.setup
+    assert total.instruction.startswith("Add a row TOTAL with the sum of column B to sheet.xlsx.\n\n(OSWorld-format")
+    shout = TaskSpec.model_validate(next(t for t in report.tasks if t["id"] == "shout"))
+    assert shout.osworld is not None and shout.osworld.result[0].command == "cat $OSW_HOME/out.txt"
+    home = tmp_path / "home"  # the setup line, run as the sandbox runs it: OSWorld's /home/user is its folder
+    home.mkdir()
+    assert shout.setup and subprocess.run(["sh", "-c", shout.setup], cwd=home).returncode == 0
+    assert (home / "in.txt").read_text() == "hello world"
+    # a task file cannot reach outside the cache folder for its "local copy"
+    escape = tmp_path / "escape.json"
+    escape.write_text(json.dumps({**TASKS["libreoffice_calc/total"], "id": "../../etc"}), encoding="utf-8")
+    assert import_osworld(escape, cache=tmp_path / "cache").unsupported == [
+        ("../../etc", "malformed: id '../../etc' (letters, digits, . _ -)")]
+    impossible = TaskSpec.model_validate(next(t for t in report.tasks if t["id"] == "impossible"))
+    assert impossible.osworld is not None and impossible.osworld.infeasible and impossible.solution
+
+
+def test_forge_tasks_import_osworld_writes_a_valid_set(tmp_path: Path) -> None:
+    src, out = _write_set(tmp_path), tmp_path / "imported"
+    result = CliRunner().invoke(app, ["tasks", "import", "osworld", str(src), "--out", str(out),
+                                      "--cache", str(_cache(tmp_path))])
+    assert result.exit_code == 0, result.output
+    assert "8 OSWorld-format task(s): 3 imported" in result.output
+    assert "1 online-only, 4 unsupported" in result.output
+    assert "slides: unsupported: metric compare_pptx_files" in result.output
+    assert sorted(t.id for t in load_tasks(out)) == ["impossible", "shout", "total"]
+    bad = CliRunner().invoke(app, ["tasks", "import", "osworld", str(tmp_path / "nowhere")])
+    assert bad.exit_code != 0 and "no such OSWorld task file or folder" in bad.output
+    assert "Traceback" not in bad.output
+
+
+async def _run(store: Store, task: TaskSpec, scripts: dict[str, str], answers: dict[str, str] | None = None,
+               ) -> dict[str, tuple[str, float | None, str]]:
+    run = store.create_run(kind="check", name=f"osworld-{task.id}")
+    got = {}
+    for label, script in scripts.items():
+        harness = _StandInHarness({task.id: script}, {task.id: (answers or {})[label]} if label in (answers or {}) else {})
+        runner = RolloutRunner(store, config=ForgeConfig(), proxy_url="http://127.0.0.1:9", harness=harness)
+        (ro,) = await runner.run(run.id, [RolloutSpec(task)])
+        got[label] = (ro.status, ro.reward, f"{ro.error}\n{ro.verifier_output}")
+    return got
+
+
+@needs_osworld
+async def test_a_command_line_task_is_graded_by_osworlds_metric(store: Store, tmp_path: Path) -> None:
+    report = import_osworld(_write_set(tmp_path))
+    task = TaskSpec.model_validate(next(t for t in report.tasks if t["id"] == "shout"))
+    got = await _run(store, task, {
+        "done": "tr a-z A-Z < in.txt > out.txt",
+        "lower": "cp in.txt out.txt",  # the exclude rule: the original words must be gone
+        "idle": "true",
+        "gave up": "tr a-z A-Z < in.txt > out.txt"}, answers={"gave up": "FAIL"})
+    assert {k: v[:2] for k, v in got.items()} == {
+        "done": ("scored", 1.0), "lower": ("scored", 0.0), "idle": ("scored", 0.0), "gave up": ("scored", 0.0)}, got
+    assert "check_include_exclude: 1" in got["done"][2]
+    assert "answered FAIL on a feasible task" in got["gave up"][2]
+
+
+@needs_osworld
+async def test_a_spreadsheet_task_is_graded_on_the_file_read_out_after_the_agent(store: Store, tmp_path: Path) -> None:
+    report = import_osworld(_write_set(tmp_path), cache=_cache(tmp_path))
+    record = next(t for t in report.tasks if t["id"] == "total")
+    # forge runs no LibreOffice here: the setup's `open` step is taken out, the sheet is still put in place
+    record["setup"] = record["setup"].split("\ncommand -v soffice")[0]
+    task = TaskSpec.model_validate(record)
+    right = base64.b64encode(_xlsx([["item", "cost"], ["a", 2], ["b", 3], ["TOTAL", 5]])).decode()
+    wrong = base64.b64encode(_xlsx([["item", "cost"], ["a", 2], ["b", 3], ["TOTAL", 6]])).decode()
+    got = await _run(store, task, {
+        "right": f"echo {right} | base64 -d > sheet.xlsx",
+        "wrong": f"echo {wrong} | base64 -d > sheet.xlsx",
+        # the gold file planted beside the result and as the result's name in other folders: still graded
+        # on the sheet itself, against the host's copy
+        "planted": f"echo {right} | base64 -d > gold.xlsx && mkdir -p .forge-osworld && cp gold.xlsx .forge-osworld/",
+        "junk": planted_files(task),
+        "link out": "rm sheet.xlsx && ln -s /etc/passwd sheet.xlsx",
+        "untouched": "true"})
+    assert {k: v[:2] for k, v in got.items()} == {
+        "right": ("scored", 1.0), "wrong": ("scored", 0.0), "planted": ("scored", 0.0), "junk": ("scored", 0.0),
+        "link out": ("scored", 0.0), "untouched": ("scored", 0.0)}, got
+    assert "compare_table: 1" in got["right"][2] and "compare_table: 0" in got["wrong"][2]
+
+
+@needs_osworld
+async def test_validate_run_passes_the_infeasible_answer_and_credits_no_hostile_one(store: Store, tmp_path: Path) -> None:
+    report = import_osworld(_write_set(tmp_path))
+    tasks = [TaskSpec.model_validate(t) for t in report.tasks]  # impossible (infeasible), shout (no solution)
+    problems = await check_solutions(store, ForgeConfig(), tasks)
+    assert [(p.task_id, p.message) for p in problems] == [
+        ("shout", "no reference solution: its verifier is unchecked (add `solution`)")]
+    (run,) = [r for r in store.list_runs() if r.name == "tasks validate --run"]
+    rollouts = store.list_rollouts(run.id)
+    assert len(rollouts) == 1 + 6 + 1  # FAIL for `impossible`, the six hostile answers, planted files in `shout`
+    assert sorted((r.status, r.reward) for r in rollouts) == [("scored", 0.0)] * 7 + [("scored", 1.0)]
+
+
+def test_a_bad_osworld_record_is_one_line_per_problem_from_validate(tmp_path: Path) -> None:
+    good = import_osworld(_write_set(tmp_path)).tasks[0]
+    bad = {**good, "id": "bad", "osworld": {**good["osworld"], "funcs": ["compare_docx_files"]}}
+    (tmp_path / "set.jsonl").write_text(json.dumps(bad) + "\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["tasks", "validate", str(tmp_path / "set.jsonl")])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "osworld: metric compare_docx_files is not supported" in result.output
+
+
+async def test_a_metric_that_cannot_run_is_an_infrastructure_failure(store: Store, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """OSWorld's package missing (or a metric process that dies) is the machinery's failure, never a 0."""
+    import sys
+
+    from openforge.rollouts.tasks import osworld_eval
+
+    monkeypatch.setattr(osworld_eval, "METRIC_COMMAND", [sys.executable, "-c", "import sys; sys.exit(3)"])
+    report = import_osworld(_write_set(tmp_path))
+    task = TaskSpec.model_validate(next(t for t in report.tasks if t["id"] == "shout"))
+    run = store.create_run(kind="check", name="osworld-infra")
+    runner = RolloutRunner(store, config=ForgeConfig(), proxy_url="http://127.0.0.1:9",
+                           harness=_StandInHarness({task.id: "tr a-z A-Z < in.txt > out.txt"}))
+    (ro,) = await runner.run(run.id, [RolloutSpec(task)])
+    assert (ro.status, ro.failure_kind, ro.reward) == ("failed", "infra", None), ro.error
+    assert "OSWorld metric check_include_exclude died (exit 3)" in ro.error
