@@ -379,8 +379,13 @@ class RunnerConfig(_Section):
 
 class JudgeConfig(_Section):
     """The model that grades a task's judge component (rollouts/tasks/judge.py): any OpenAI-compatible
-    chat endpoint, called by the runner after the agent is gone."""
+    chat endpoint, or the run's own engine with its base weights, called by the runner after the agent
+    is gone."""
 
+    endpoint: Literal["url", "policy-base"] = Field(
+        "url", description="url: the OpenAI-compatible endpoint at `url`; policy-base: the run's own engine "
+        "with its base weights (no LoRA adapter), through the proxy's judge route, recorded as judgements and "
+        "never as policy calls: no second model (`url`, `model`, `api_key_env` stay empty)")
     url: str = Field("", description="the endpoint's base URL (…/v1); empty = no judge (a task with a judge "
                      "component then fails as an infra failure)")
     model: str = Field("", description="the model name sent in each request")
@@ -389,6 +394,13 @@ class JudgeConfig(_Section):
     timeout_s: float = Field(60.0, gt=0, description="one judge call's limit; past it the rollout is an infra failure")
     max_answer_chars: int = Field(8000, ge=100, description="the agent's answer (and each file) is cut to this "
                                   "many characters before the judge sees it")
+
+    @model_validator(mode="after")
+    def _one_endpoint(self) -> JudgeConfig:
+        if self.endpoint == "policy-base" and (self.url or self.model or self.api_key_env):
+            raise ValueError("judge.url, judge.model and judge.api_key_env name an endpoint of its own: leave them "
+                             "empty with judge.endpoint = \"policy-base\" (the run's own engine)")
+        return self
 
 
 class TrainerConfig(_Section):
@@ -517,6 +529,13 @@ class ForgeConfig(_Section):
                 raise ValueError(f"sandbox.{name}.{key}: the [sandbox] table now holds the chosen backend's keys "
                                  f"directly: write sandbox.{key} (with sandbox.type = \"{name}\")")
         return data
+
+    @model_validator(mode="after")
+    def _judge_has_an_engine(self) -> ForgeConfig:
+        if self.judge.endpoint == "policy-base" and self.engine.kind == "remote":
+            raise ValueError("judge.endpoint = \"policy-base\" judges with the run's own engine, and engine.kind = "
+                             "\"remote\" has none: set judge.endpoint = \"url\" with judge.url")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -54,8 +54,13 @@ from openforge.tables import (  # noqa: F401 - re-exported: callers import the t
     Task,
     TrainStep,
     Trajectory,
+    JUDGE_DEADLINE_HEADER,
+    JUDGE_KEY_PREFIX,
+    JUDGE_ROUTE,
+    JUDGEMENT_HEADER,
     hash_key,
     new_id,
+    new_judge_key,
     new_rollout_key,
     utcnow,
 )
@@ -92,6 +97,7 @@ class RolloutPatch(TypedDict, total=False):
     verifier_output: str | None
     error: str | None
     failure_kind: str | None
+    key_hash: str | None  # replaced by a judge key's once the agent is gone (rollouts/runner/grader.py)
     n_calls: int
     n_tokens: int
     n_segments: int
@@ -409,13 +415,24 @@ class Store:
             return call
 
     # ------------------------------------------------------------------------------------------
-    # Judgements (the runner writes one per judge call)
+    # Judgements (one per judge call: the runner writes it, or the proxy's judge route and the
+    # runner then adds the parsed score)
 
     def add_judgement(self, judgement: Judgement) -> Judgement:
         with self.session() as s:
             s.add(judgement)
             s.commit()
             return judgement
+
+    def score_judgement(self, judgement_id: int, *, score: float | None, error: str | None) -> None:
+        """The parsed score of a judgement the proxy recorded, or why there is none (a proxy's error stays)."""
+        with self.session() as s:
+            row = s.get(Judgement, judgement_id)
+            if row is None:
+                raise NotFoundError(f"no judgement {judgement_id}")
+            row.score, row.error = score, row.error or error
+            s.add(row)
+            s.commit()
 
     def list_judgements(self, *, run_id: str | None = None, rollout_id: str | None = None) -> list[Judgement]:
         with self.session() as s:

@@ -55,6 +55,20 @@ def new_rollout_key() -> str:
     return f"forge-{secrets.token_urlsafe(24)}"
 
 
+# The proxy's judge route (proxy/judge.py), as the runner (rollouts/tasks/judge.py) calls it: a judge key
+# (never a policy route's), the caller's limit in a header, the judgement row's id in the response's.
+JUDGE_KEY_PREFIX = "forge-judge-"
+JUDGE_ROUTE = "/judge/v1"
+JUDGEMENT_HEADER = "x-forge-judgement"
+JUDGE_DEADLINE_HEADER = "x-forge-timeout-s"
+
+
+def new_judge_key() -> str:
+    """A rollout's judge credential, made by the runner once the agent is gone (the rollout's key is
+    replaced by it): 192 random bits the agent never saw, which the proxy takes on its judge route only."""
+    return f"{JUDGE_KEY_PREFIX}{secrets.token_urlsafe(24)}"
+
+
 def hash_key(key: str) -> str:
     """What the store keeps of a credential: sha256 hex. Keys are random, so no salt or slow hash
     is needed: a hash cannot be turned back into a key that works."""

@@ -9,9 +9,11 @@ Routes (also under `/r/<key>/...` for harnesses that can set a base URL but not 
     POST /v1/messages              Anthropic Messages          (proxy.anthropic)
     POST /v1/messages/count_tokens Anthropic token counting
     GET  /v1/models, /health
+    POST /judge/v1/chat/completions the run's own engine as a task's judge, base weights (proxy.judge)
 
 A request's credential (`Authorization: Bearer KEY`, `x-api-key: KEY`, or the path prefix) names its
 rollout; unknown keys and rollouts that are no longer pending/running get a 401 in the API's shape.
+A judge key (made by the runner once the agent is gone) works on the judge route only, and only it does.
 Every error, an unknown path or method included, answers in the shape of the API it was meant for.
 """
 
@@ -35,11 +37,13 @@ from starlette.routing import Mount, Route
 from openforge.engine.client import EngineClient
 from openforge.config import ProxyConfig
 from openforge.errors import StoreError
+from openforge.store import JUDGE_DEADLINE_HEADER, JUDGE_KEY_PREFIX, JUDGE_ROUTE
 from openforge.paths import store_home
 from openforge.async_store import AsyncStore
 from openforge.proxy import anthropic, openai_chat, openai_responses
 from openforge.proxy.adapters import ApiAdapter, adapter_for_path
 from openforge.proxy.calls import APIError, bad_request
+from openforge.proxy.judge import JudgeRoute
 from openforge.proxy.pipeline import CallPipeline
 from openforge.proxy.recorder import Recorder
 from openforge.proxy.teacher import Teacher
@@ -120,6 +124,7 @@ class Proxy:
                                      teacher=teacher)
         # Other worker processes serve this store's rollouts too: check a rollout's turns are current.
         self.pipeline.prompts.shared_store = shared_store
+        self.judge = JudgeRoute(self.pipeline, store_path=store_path)
 
     async def ensure_started(self) -> None:
         # Lazily, inside the serving loop: httpx.ASGITransport runs no lifespan events.
@@ -127,6 +132,7 @@ class Proxy:
 
     async def aclose(self) -> None:
         await self.pipeline.aclose()
+        await asyncio.to_thread(self.judge.close)
         await self.recorder.stop()
         await self.store.close()
 
@@ -157,6 +163,8 @@ class Proxy:
         if not key:
             raise APIError("authentication", "missing API key: send the rollout's key as "
                            "'Authorization: Bearer KEY' or 'x-api-key: KEY'")
+        if key.startswith(JUDGE_KEY_PREFIX):  # a judge's calls are never the policy's
+            raise APIError("authentication", "a judge key works on /judge/v1/chat/completions only")
         rollout = await self.store.rollout_by_key(key)
         if rollout is None:
             raise APIError("authentication", "invalid API key: no live rollout has this key "
@@ -178,6 +186,36 @@ class Proxy:
         except Exception as exc:  # noqa: BLE001 - a bug must still answer in the API's shape, never hang
             log.exception("proxy: unexpected error in a %s call", adapter.API)
             return error_response(adapter, APIError("server", f"internal proxy error: {type(exc).__name__}: {exc}"))
+
+    async def handle_judge(self, request: Request) -> Response:
+        """A judge call on the run's engine with its base weights (proxy/judge.py)."""
+        try:
+            await self.ensure_started()
+            key = credential(request)
+            if not key or not key.startswith(JUDGE_KEY_PREFIX):
+                raise APIError("authentication", "the judge route takes a rollout's judge key, which the runner "
+                               "makes once the agent is gone")
+            rollout = await self.store.rollout_by_key(key)
+            if rollout is None:
+                raise APIError("authentication", "invalid judge key: no live rollout has it")
+            raw, body = await self.read_body(request)
+            return await self.judge.serve(rollout, body, raw, timeout_s=self._judge_deadline(request))
+        except APIError as exc:
+            err = exc
+        except StoreError as exc:
+            err = APIError("server", f"the proxy could not read the store: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a bug must still answer in the API's shape, never hang
+            log.exception("proxy: unexpected error in a judge call")
+            err = APIError("server", f"internal proxy error: {type(exc).__name__}: {exc}")
+        return error_response(openai_chat, err)  # type: ignore[arg-type]
+
+    def _judge_deadline(self, request: Request) -> float:
+        """The caller's limit (the runner's judge.timeout_s) within proxy.call_timeout_s."""
+        try:
+            asked = float(request.headers.get(JUDGE_DEADLINE_HEADER, ""))
+        except ValueError:
+            return self.config.call_timeout_s
+        return min(asked, self.config.call_timeout_s) if asked > 0 else self.config.call_timeout_s
 
     async def count_tokens(self, request: Request) -> Response:
         try:
@@ -259,6 +297,7 @@ def create_app(config: ProxyConfig, *, store_path: str | Path, engine: EngineCli
         return error_response(adapter_for_path(request.url.path), APIError(kind, message))
 
     app = Starlette(routes=[*api_routes, Route("/health", health, methods=["GET"]),
+                            Route(f"{JUDGE_ROUTE}/chat/completions", proxy.handle_judge, methods=["POST"]),
                             Route("/", health, methods=["GET", "HEAD"]),
                             Mount("/r/{key}", routes=api_routes)], lifespan=lifespan,
                     exception_handlers={404: no_route, 405: no_route})

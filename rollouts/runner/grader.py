@@ -26,11 +26,11 @@ from openforge.rollouts.runner.tool_server import dispatch_record_path
 from openforge.rollouts.runner.transcript import action_history
 from openforge.rollouts.tasks.format import ANSWER_FILE, TaskSpec, parse_score
 from openforge.rollouts.tasks.grading import answer_matches, clip, file_matches
-from openforge.rollouts.tasks.judge import judge, weighted_reward
+from openforge.rollouts.tasks.judge import PolicyBaseJudge, judge, weighted_reward
 from openforge.rollouts.tasks.services import gates_hold
 from openforge.rollouts.tasks.tools import DISPATCH_ENV, DISPATCH_FILE
 from openforge.sandbox.base import ExecResult, Sandbox, SandboxFileNotFound, SandboxPathRefused, stop_shielded
-from openforge.store import Judgement, Rollout, Store
+from openforge.store import Judgement, Rollout, Store, hash_key, new_judge_key
 
 STORED_OUTPUT_CHARS = 64_000  # harness/verifier output kept per rollout (the tail: where errors are)
 KILL_GRACE_S = 10.0  # past the limit, a sandbox that has not returned from exec is stopped by force
@@ -73,11 +73,13 @@ async def _db(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 class RolloutGrader:
-    """The graders of one runner's rollouts (its store records the judgements)."""
+    """The graders of one runner's rollouts (its store records the judgements; `proxy_url` serves the
+    policy-base judge)."""
 
-    def __init__(self, store: Store, config: ForgeConfig) -> None:
+    def __init__(self, store: Store, config: ForgeConfig, *, proxy_url: str = "") -> None:
         self.store = store
         self.config = config
+        self.proxy_url = proxy_url
 
     async def grade(self, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str, site: Any = None, *,
                      services: Any = None,
@@ -123,14 +125,25 @@ class RolloutGrader:
         images = await _db(self._screenshots, ro, task.judge.screenshots) if task.judge.shows_screenshots else None
         actions = action_history(await _db(self.store.list_calls, rollout_id=ro.id)) \
             if task.judge.shows_actions else None
+        policy_base = await self._policy_base(ro) if self.config.judge.endpoint == "policy-base" else None
         done = await judge(self.config.judge, task.judge, instruction=task.instruction, answer=answer, files=files,
-                           images=images, actions=actions)
-        await _db(self.store.add_judgement, Judgement(
-            run_id=ro.run_id, rollout_id=ro.id, model=done.model, prompt_json=done.messages, reply=done.reply,
-            score=done.score, error=done.error, latency_ms=done.latency_ms))
+                           images=images, actions=actions, policy_base=policy_base)
+        if done.judgement_id is not None:  # the proxy's judge route recorded the call: the score is ours
+            await _db(self.store.score_judgement, done.judgement_id, score=done.score, error=done.error)
+        else:
+            await _db(self.store.add_judgement, Judgement(
+                run_id=ro.run_id, rollout_id=ro.id, model=done.model, prompt_json=done.messages, reply=done.reply,
+                score=done.score, error=done.error, latency_ms=done.latency_ms))
         if done.score is None:
             raise InfraFailure(f"the judge failed: {done.error}")
         return done.score, f"judge: {task.judge.output} score {done.score:g}, weight {task.judge.weight:g}"
+
+    async def _policy_base(self, ro: Rollout) -> PolicyBaseJudge:
+        """The proxy's judge route with a judge key that replaces the rollout's key: the agent is gone (its
+        key now works nowhere) and never saw this one, which the proxy takes on its judge route only."""
+        key = new_judge_key()
+        await _db(self.store.update_rollout, ro.id, key_hash=hash_key(key))
+        return PolicyBaseJudge(self.proxy_url, key)
 
     def _screenshots(self, ro: Rollout, n: int) -> list[bytes]:
         """The last `n` distinct images the rollout's calls sent the policy (a GUI agent's screenshots),

@@ -121,7 +121,7 @@ class RolloutRunner:
         self._harnesses: dict[str, Harness] = {"": self.harness}
         self.sandbox_factory = sandbox_factory or _default_factory()
         self.on_progress = on_progress
-        self.grader = RolloutGrader(store, config)
+        self.grader = RolloutGrader(store, config, proxy_url=proxy_url)
         self._gate = asyncio.Event()
         self._gate.set()
         self._sem = asyncio.Semaphore(config.runner.concurrency)

@@ -5,8 +5,10 @@ instruction, the agent's final answer, the last N screenshots of a GUI rollout, 
 files the task names), the output it must give (a verdict PASS/FAIL or a score in [0, 1]) and its
 weight beside the task's exact graders. Or, instead of a rubric, a judge of the field by name (`name = "webvoyager"` or
 `"webjudge"`, rollouts/tasks/judge_prompts.py) with its own prompt and verdict format. The judge is any
-OpenAI-compatible chat endpoint (`[judge]`, openforge/config.py `JudgeConfig`); the runner calls it
-(rollouts/runner/runner.py `_grade`) and records every call in the store's `judgement` table: the
+OpenAI-compatible chat endpoint (`[judge]`, openforge/config.py `JudgeConfig`), or the run's own engine
+with its base weights (`judge.endpoint = "policy-base"`: the proxy's judge route, proxy/judge.py, called
+with the rollout's judge key, `PolicyBaseJudge`); the runner calls it (rollouts/runner/grader.py) and
+every call is recorded in the store's `judgement` table (by the proxy on its judge route): the
 messages as sent, except that each screenshot's base64 is replaced by `forge-image:<sha256>`, a
 reference to the run's image file (openforge/images.py), the same file the policy's call recorded.
 
@@ -40,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from openforge.config import JudgeConfig
 from openforge.images import image_format, image_id
+from openforge.store import JUDGE_DEADLINE_HEADER, JUDGE_ROUTE, JUDGEMENT_HEADER
 from openforge.rollouts.tasks.grading import check_relative_paths
 from openforge.rollouts.tasks.judge_prompts import NAMED_JUDGES, NamedJudge, VerdictError
 
@@ -50,6 +53,7 @@ _SCORE_RE = re.compile(r"SCORE: (0(?:\.\d{1,6})?|1(?:\.0{1,6})?)")
 _FORMATS = {"verdict": "VERDICT: PASS or VERDICT: FAIL",
             "score": "SCORE: X, with X a number from 0 to 1 (for example SCORE: 0.5)"}
 JUDGE_MAX_TOKENS = 1024
+PROXY_GRACE_S = 10.0  # past judge.timeout_s the proxy has ended and recorded the call: this bounds a stuck proxy
 IMAGE_REFERENCE = "forge-image:"  # a recorded image's stand-in for its base64, as proxy/images.py records one
 
 
@@ -125,6 +129,16 @@ class JudgeCall:
     error: str | None = None
     latency_ms: float | None = None
     model: str = ""
+    judgement_id: int | None = None  # the row the proxy's judge route recorded (policy-base); None: record it
+
+
+@dataclass(frozen=True)
+class PolicyBaseJudge:
+    """`judge.endpoint = "policy-base"`: the proxy's judge route, called with a rollout's judge key
+    (`openforge.store.new_judge_key`, made once the agent is gone)."""
+
+    proxy_url: str
+    key: str
 
 
 def _quote(label: str, text: str, token: str, limit: int) -> str:
@@ -238,15 +252,24 @@ def parse_reply(reply: str, output: Literal["verdict", "score"], named: NamedJud
 async def ask(config: JudgeConfig, messages: list[dict[str, Any]], *, api_key: str | None) -> str:
     """The judge's reply text to `messages`; JudgeFailed on a timeout, an HTTP error or a reply that is
     not a chat completion."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    body = {"model": config.model, "messages": messages, "temperature": 0, "max_tokens": JUDGE_MAX_TOKENS}
+    return reply_text(await _post(config.url, config.model, messages, api_key=api_key, timeout_s=config.timeout_s))
+
+
+async def _post(url: str, model: str, messages: list[dict[str, Any]], *, api_key: str | None, timeout_s: float,
+                headers: dict[str, str] | None = None) -> httpx.Response:
+    headers = {**(headers or {}), **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    body = {"model": model, "messages": messages, "temperature": 0, "max_tokens": JUDGE_MAX_TOKENS}
     try:  # httpx's timeout bounds each read; the whole call has the same limit
-        async with asyncio.timeout(config.timeout_s), httpx.AsyncClient(timeout=config.timeout_s) as client:
-            response = await client.post(f"{config.url.rstrip('/')}/chat/completions", json=body, headers=headers)
+        async with asyncio.timeout(timeout_s), httpx.AsyncClient(timeout=timeout_s) as client:
+            return await client.post(f"{url.rstrip('/')}/chat/completions", json=body, headers=headers)
     except (httpx.TimeoutException, TimeoutError):
-        raise JudgeFailed(f"the judge did not answer within {config.timeout_s:g}s") from None
+        raise JudgeFailed(f"the judge did not answer within {timeout_s:g}s") from None
     except httpx.HTTPError as exc:
         raise JudgeFailed(f"the judge could not be reached: {type(exc).__name__}: {exc}") from None
+
+
+def reply_text(response: httpx.Response) -> str:
+    """The text of a chat completion response; JudgeFailed on an HTTP error or another shape."""
     if response.status_code != 200:
         raise JudgeFailed(f"the judge answered HTTP {response.status_code}: {response.text[:200]}")
     try:
@@ -260,13 +283,16 @@ async def ask(config: JudgeConfig, messages: list[dict[str, Any]], *, api_key: s
 
 async def judge(config: JudgeConfig, spec: JudgeSpec, *, instruction: str, answer: str,
                 files: dict[str, str | None], images: list[bytes] | None = None,
-                actions: list[str] | None = None) -> JudgeCall:
+                actions: list[str] | None = None, policy_base: PolicyBaseJudge | None = None) -> JudgeCall:
     """One judgement of the agent's work (`images`: its last screenshots, oldest first; `actions`: its
     action history); never raises: a failure is its `error` (and no score). The API key is read from
-    the environment variable `config.api_key_env` names."""
+    the environment variable `config.api_key_env` names; with `policy_base`, the proxy's judge route
+    serves and records the call (`judgement_id`: its row)."""
     messages = build_messages(spec, instruction=instruction, answer=answer, files=files,
                               max_chars=config.max_answer_chars, images=images, actions=actions)
     out = JudgeCall(messages=recorded(messages), model=config.model)
+    if policy_base is not None:
+        return await _judge_on_policy_base(config, spec, messages, policy_base, out)
     api_key = os.environ.get(config.api_key_env) if config.api_key_env else None
     if not config.url:
         out.error = "the task has a judge component and [judge] url is not set"
@@ -288,3 +314,23 @@ def weighted_reward(exact: float | None, score: float, weight: float) -> float:
     """The task's reward: the weighted mean of the exact graders' reward (weight 1; None when the task
     has none) and the judge's score (`weight`)."""
     return score if exact is None else (exact + weight * score) / (1.0 + weight)
+
+
+async def _judge_on_policy_base(config: JudgeConfig, spec: JudgeSpec, messages: list[dict[str, Any]],
+                                route: PolicyBaseJudge, out: JudgeCall) -> JudgeCall:
+    """`judge` through the proxy's judge route: the proxy ends the call within `config.timeout_s` (and
+    records it, its row id in a header); the grace past it only bounds a proxy that is stuck."""
+    out.model = "policy-base"
+    start = time.monotonic()
+    try:
+        response = await _post(route.proxy_url.rstrip("/") + JUDGE_ROUTE, "policy-base", messages, api_key=route.key,
+                               timeout_s=config.timeout_s + PROXY_GRACE_S,
+                               headers={JUDGE_DEADLINE_HEADER: f"{config.timeout_s:g}"})
+        found = response.headers.get(JUDGEMENT_HEADER, "")
+        out.judgement_id = int(found) if found.isdigit() else None
+        out.reply = reply_text(response)
+        out.score = parse_reply(out.reply, spec.output, spec.named)
+    except JudgeFailed as exc:
+        out.error = str(exc)
+    out.latency_ms = (time.monotonic() - start) * 1000
+    return out
