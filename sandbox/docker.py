@@ -15,7 +15,9 @@ Kubernetes pods); docker-init and the keeper `sleep` run as uid 0, so the agent 
 and a read-only root: the working directory, $HOME and /tmp are anonymous volumes (seeded from the
 image, which gives the user those folders; removed with the container). The network is `none` by
 default: the proxy's unix socket is bound in and a forwarder serves it on the container's 127.0.0.1
-(`proxy_url`).
+(`proxy_url`). With `sandbox.allow_internet` a `none` container is on forge's egress bridge instead
+(`openforge-egress`, made once and kept: a network namespace of its own with a route out through the
+host's NAT, and no traffic between the containers on it); the proxy is still reached through its socket.
 
 GUI tasks (sandbox/gui.py, docs/gui.md "Docker"): created with a task site's `site_socket`, the
 container gets the socket's own private folder bound read-only at /run/forge-site (a unix socket stays
@@ -46,6 +48,7 @@ import posixpath
 import secrets
 import stat
 import tarfile
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -81,6 +84,36 @@ _FOREVER = "2147483647"  # `sleep infinity` is GNU-only; a big number works in b
 # Runs the command, then kills what it left in the background, in the same exec (no extra round trip),
 # so background processes end with their exec as on the local backend.
 _RUN_THEN_REAP = '"$@"; rc=$?; set -- "OPENFORGE_EXEC=$OPENFORGE_EXEC"; ' + KILL_MARKED_SH + '; exit $rc'
+# sandbox.allow_internet: a bridge with inter-container traffic off (`enable_icc`), so a rollout with the
+# internet still cannot reach another rollout's container; Docker's default bridge lets them talk.
+EGRESS_NETWORK = "openforge-egress"
+_EGRESS_OPTIONS = {"com.docker.network.bridge.enable_icc": "false"}
+_egress_lock = threading.Lock()  # containers start on threads: the network is made once
+
+
+def container_network(config: DockerSandboxConfig) -> str:
+    """The container's network mode: `sandbox.network`, or forge's egress bridge in place of "none"
+    when `sandbox.allow_internet` lets the run's tasks reach the internet."""
+    return EGRESS_NETWORK if config.allow_internet and config.network == "none" else config.network
+
+
+def ensure_egress_network(client: Any) -> None:
+    """Make forge's egress bridge on the engine unless it is there (it is kept for later runs)."""
+    import docker.errors
+
+    def found() -> bool:
+        return any(n.name == EGRESS_NETWORK for n in client.networks.list(names=[EGRESS_NETWORK]))
+
+    with _egress_lock:
+        if found():
+            return
+        try:
+            client.networks.create(EGRESS_NETWORK, driver="bridge", options=_EGRESS_OPTIONS,
+                                   labels={"openforge.network": "egress"})
+        except docker.errors.APIError as exc:
+            if not found():  # another process made it meanwhile: fine; else a real failure
+                raise SandboxError(f"cannot create the Docker network {EGRESS_NETWORK} for sandbox.allow_internet: "
+                                   f"{exc.explanation or exc}") from None
 
 
 class DockerSandbox(SandboxBase):
@@ -88,7 +121,7 @@ class DockerSandbox(SandboxBase):
 
     @classmethod
     def check_isolation(cls, config: DockerSandboxConfig) -> IsolationReport:
-        return IsolationReport("docker", f"containers with network {config.network!r}")
+        return IsolationReport("docker", f"containers with network {container_network(config)!r}")
 
     @classmethod
     def with_image(cls, config: DockerSandboxConfig, image: str, workdir: str) -> DockerSandboxConfig:
@@ -227,10 +260,13 @@ class DockerSandbox(SandboxBase):
             _open_socket_to(self.proxy_socket or "", "the proxy")
         if self.site_socket:
             _open_socket_to(self.site_socket, "the task site")
+        network = container_network(self.cfg)
+        if network == EGRESS_NETWORK:
+            ensure_egress_network(self._client)
         try:
             container = self._client.containers.run(
                 self.cfg.image, ["sleep", _FOREVER], name=self.name, detach=True, init=True,
-                labels=self.labels, working_dir=self.config.workdir, network_mode=self.cfg.network,
+                labels=self.labels, working_dir=self.config.workdir, network_mode=network,
                 user="0:0", cap_drop=["ALL"], security_opt=["no-new-privileges"],
                 read_only=True, environment={"HOME": SANDBOX_HOME, "TMPDIR": "/tmp"},
                 # Anonymous volumes: seeded from the image (ownership included), removed with the container.

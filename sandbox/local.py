@@ -181,6 +181,10 @@ class LocalSandbox(SandboxBase):
     def check_isolation(cls, config: LocalSandboxConfig) -> IsolationReport:
         if config.isolation == "none":
             return IsolationReport("none", 'sandbox.isolation = "none": rollouts run as plain host processes')
+        if config.allow_internet:  # bubblewrap gives an empty network namespace or the host's own, nothing between
+            raise IsolationUnavailable(
+                "sandbox.allow_internet: a local sandbox cannot open the internet without the host's own network "
+                "(its loopback: the engine's and the proxy's ports); use sandbox.type = \"docker\" or \"kubernetes\"")
         path = bwrap_usable()
         if not path:
             raise IsolationUnavailable(ISOLATION_FIX)

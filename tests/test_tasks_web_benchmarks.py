@@ -89,7 +89,7 @@ def test_a_malformed_source_is_one_clear_line(tmp_path: Path, fmt: str, content:
 
 @pytest.mark.parametrize(("allow", "message"), [
     (False, "set sandbox.allow_internet = true"),
-    (True, "no sandbox backend opens the live web yet"),
+    (True, "no rollout opens a live start page in its browser yet"),
 ])
 async def test_a_run_refuses_online_only_tasks(tmp_path: Path, store: Store, allow: bool, message: str) -> None:
     (tmp_path / "tasks.json").write_text(json.dumps(MIND2WEB))

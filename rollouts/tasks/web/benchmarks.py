@@ -168,7 +168,8 @@ def write_jsonl(tasks: list[dict[str, Any]], out: str | Path) -> Path:
 
 def check_online(tasks: list[Any], *, allow_internet: bool) -> None:
     """ConfigError (one line) when a run holds online-only tasks it may not run: without
-    `sandbox.allow_internet`, or (for now) with it, since no sandbox backend opens the live web yet."""
+    `sandbox.allow_internet`, or (for now) with it: the Docker and Kubernetes sandboxes then have a route
+    to the internet, but no rollout opens a task's live start page in its browser yet."""
     online = [t.id for t in tasks if t.online is not None]
     if not online:
         return
@@ -176,5 +177,5 @@ def check_online(tasks: list[Any], *, allow_internet: bool) -> None:
     if not allow_internet:
         raise ConfigError(f"task(s) {shown} are online-only (they need the live web): set "
                           "sandbox.allow_internet = true to run them, or import them with --local-sites")
-    raise ConfigError(f"task(s) {shown} are online-only, and no sandbox backend opens the live web yet "
-                      "(docs/tasks.md, \"Web benchmarks\"): import them with --local-sites to run them offline")
+    raise ConfigError(f"task(s) {shown} are online-only, and no rollout opens a live start page in its browser "
+                      "yet (docs/tasks.md, \"Web benchmarks\"): import them with --local-sites to run them offline")
