@@ -27,6 +27,7 @@ from textual.widgets import DataTable, Footer, RichLog, Static
 from textual_plotext import PlotextPlot
 
 from openforge.forge_cli.snapshot import conversation
+from openforge.forge_cli.staleness import async_panel
 from openforge.errors import ForgeError
 from openforge.images import ImageInfo, ImageStore
 from openforge.paths import forge_home
@@ -309,6 +310,7 @@ class Dashboard(App[None]):
             with Vertical(id="side"):
                 yield RewardChart(id="chart")
                 yield Static(id="metrics")
+                yield Static(id="async")  # shown for an asynchronous run only (trainer.max_staleness > 0)
                 yield Static(id="behaviour")
         with Horizontal(id="bottom"):
             yield DataTable(id="calls", cursor_type="row", zebra_stripes=True)
@@ -324,6 +326,7 @@ class Dashboard(App[None]):
         calls.add_columns("call", "rollout", "api", "state", "prompt", "compl", "ms", "finish")
         calls.border_title = "latest calls (enter opens)"
         self.query_one("#metrics", Static).border_title = "last step"
+        self.query_one("#async", Static).border_title = "asynchronous: versions in flight, staleness, buffer"
         self.query_one("#behaviour", Static).border_title = "behaviour by step (forge analyze)"
         self.query_one("#log", RichLog).border_title = "log"
         self.refresh_state()
@@ -352,6 +355,11 @@ class Dashboard(App[None]):
         self.query_one("#header", Static).update(header_text(snap, paused=paused))
         self.query_one("#metrics", Static).update(metrics_table(snap))
         self.query_one(RewardChart).show(snap)
+        panel = async_panel(snap)
+        box = self.query_one("#async", Static)
+        box.display = panel is not None
+        if panel is not None:
+            box.update(panel)
         sync_table(self.query_one("#rollouts", DataTable), [
             (r.id, [r.id, r.task_id, str(r.step + 1), _status(r.status), _duration(r.started_at, r.ended_at, snap.now),
                     str(r.n_calls), str(r.n_tokens), _fmt(r.reward, ".2f")])
@@ -395,7 +403,10 @@ class Dashboard(App[None]):
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.data_table.id == "rollouts" and event.row_key.value is not None:
-            detail = self.query_one("#rollout-detail", Static)
+            try:
+                detail = self.query_one("#rollout-detail", Static)
+            except NoMatches:  # the app is closing and its widgets are already gone
+                return
             try:
                 text = rollout_detail(self.store.get_rollout(str(event.row_key.value)))
             except ForgeError as exc:  # e.g. the store locked past its busy timeout

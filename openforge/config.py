@@ -446,6 +446,14 @@ class TrainerConfig(_Section):
     max_staleness: int = Field(0, ge=0, description="asynchronous training (trainer/buffer.py): groups are sampled "
                                "continuously and trained at most this many adapter versions after the one that "
                                "sampled them; 0 = synchronous (overlap aside)")
+    rollout_versions: int = Field(1, ge=1, description="asynchronous training: how many adapter versions one "
+                                  "rollout's calls may span. 1 = a rollout keeps the adapter it started with; N > 1 "
+                                  "= partial rollouts: a rollout still running moves onto each newly published "
+                                  "adapter, every call recording the one that served it, up to N versions")
+    rollout_versions_policy: Literal["finish_old", "drop_group"] = Field(
+        "finish_old", description="a rollout at the rollout_versions cap when a newer adapter is published: "
+        "finish_old = it finishes under the version it has; drop_group = it moves on and its group is dropped "
+        "from training (counted: version_capped, version_dropped_groups)")
     nproc: int = Field(1, ge=1, description="trainer processes on this machine: > 1 runs `forge train` / `forge up` "
                        "under torchrun with FSDP2 (gloo on CPU, NCCL on GPUs, one GPU per rank); rank 0 owns the run")
 

@@ -31,6 +31,7 @@ class Snapshot:
     n_calls: int = 0
     now: datetime = field(default_factory=utcnow)
     judgements: tuple[int, int] = (0, 0)  # judge calls of the run: (all, failed)
+    live_by_adapter: dict[str | None, int] = field(default_factory=dict)  # pending + running rollouts by adapter
 
 
 # Only the columns on screen: a rollout's stdout/stderr (up to 64 KB each) and a call's request and
@@ -55,9 +56,13 @@ def read_snapshot(store: Store, run_id: str, *, max_rollouts: int = 40, max_call
         n_calls = s.exec(select(func.count()).select_from(Call).where(Call.run_id == run.id)).one()
         judged, judge_failed = s.exec(select(func.count(), func.count(Judgement.error))
                                       .where(Judgement.run_id == run.id)).one()
+        is_live = Rollout.status.in_(("pending", "running"))  # type: ignore[attr-defined]
+        live_by_adapter = dict(s.exec(
+            select(Rollout.adapter, func.count()).where(Rollout.run_id == run.id, is_live).group_by(Rollout.adapter)
+        ).all())
         rollouts = select(Rollout).options(load_only(*_ROLLOUT_COLS)).where(Rollout.run_id == run.id)
         live = list(s.exec(
-            rollouts.where(Rollout.status.in_(("pending", "running")))  # type: ignore[attr-defined]
+            rollouts.where(is_live)
             .order_by(newest).limit(max_rollouts)
         ).all())
         recent = list(s.exec(rollouts.order_by(newest.desc()).limit(max_rollouts)).all())  # type: ignore[attr-defined]
@@ -70,6 +75,7 @@ def read_snapshot(store: Store, run_id: str, *, max_rollouts: int = 40, max_call
         run=run, config=run.config_json or {}, steps=store.list_train_steps(run.id),
         rollouts=(live + [r for r in recent if r.id not in seen])[:max_rollouts], calls=calls,
         counts=counts, n_calls=int(n_calls), judgements=(int(judged), int(judge_failed)),
+        live_by_adapter={a: int(n) for a, n in live_by_adapter.items()},
     )
 
 

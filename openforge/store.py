@@ -371,6 +371,36 @@ class Store:
             s.commit()
             return rollout
 
+    def move_live_rollouts(self, run_id: str, adapter: str | None, *, max_adapters: int,
+                           past_cap: bool) -> tuple[int, int]:
+        """Partial rollouts (`trainer.rollout_versions`): the run's pending and running rollouts are
+        served with `adapter` from their next call on (the proxy reads `Rollout.adapter` per call; each
+        call records the adapter that served it). A rollout whose calls and current adapter already
+        span `max_adapters` adapters is at the cap: it keeps its adapter unless `past_cap`.
+        Returns (moved, kept at the cap)."""
+        moved = capped = 0
+        with self.session() as s:
+            conn = s.connection()
+            live = conn.execute(text("SELECT id, adapter FROM rollout WHERE run_id=:r AND status IN ('pending','running')"),
+                                {"r": run_id}).all()
+            spans: dict[str, set[str | None]] = {rid: {current} for rid, current in live}
+            for rid, served in conn.execute(text(
+                    "SELECT DISTINCT call.rollout_id, call.adapter FROM call JOIN rollout ON rollout.id = call.rollout_id "
+                    "WHERE rollout.run_id=:r AND rollout.status IN ('pending','running')"), {"r": run_id}).all():
+                if rid in spans:
+                    spans[rid].add(served)
+            for rid, current in live:
+                if current == adapter:
+                    continue
+                if len(spans[rid]) >= max_adapters and not past_cap:
+                    capped += 1
+                    continue
+                # only while it is live: a rollout that ended meanwhile keeps the adapter it ended with
+                moved += conn.execute(text("UPDATE rollout SET adapter=:a WHERE id=:i AND status IN ('pending','running')"),
+                                      {"a": adapter, "i": rid}).rowcount
+            s.commit()
+        return moved, capped
+
     def list_rollouts(self, run_id: str, *, step: int | None = None, status: str | None = None,
                       limit: int | None = None, newest_first: bool = False) -> list[Rollout]:
         with self.session() as s:

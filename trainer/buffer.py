@@ -26,6 +26,17 @@ ends the run as a failed step does. Any other sampling error ends it from the tr
 
 K = 0 admits one step's groups under the current version and waits for all of them: the synchronous
 loop's batches, group for group (tests/test_async.py).
+
+Partial rollouts (`trainer.rollout_versions` N > 1). On each `publish` the run's rollouts still
+running move onto the new adapter (`Store.move_live_rollouts`): their next calls are served by it and
+record it, so a long rollout samples its later turns from a newer policy instead of finishing under
+one K versions old. A group still counts by the version it started under (its oldest tokens), so the
+staleness bound holds for every token. The cap on versions per rollout has a declared policy
+(`trainer.rollout_versions_policy`): `finish_old` leaves a rollout that has spanned N versions on the
+last of them (counted per step: `version_capped`, rollouts held back at a publish); `drop_group`
+moves it on anyway and the trainer drops its group (`version_dropped_groups`, trainer/data.py).
+Counted per step as well: `rollouts_moved`, and from the trained tokens themselves `token_staleness`
+(sampled tokens by versions behind) and `spanning_rollouts` (trainer/data.py `version_metrics`).
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from openforge.rollouts.runner.failures import StepFailed
-from openforge.store import Rollout
+from openforge.store import Rollout, Store
 from openforge.trainer.samplers import Sampler
 
 
@@ -53,6 +64,15 @@ class Group:
     rollouts: list[Rollout] | None = None  # None while in flight
     t_done: float | None = None
     failed: StepFailed | None = None  # every rollout of the group failed for infrastructure reasons
+
+
+@dataclass(frozen=True)
+class PartialRollouts:
+    """Move running rollouts onto each published adapter, up to `max_versions` per rollout (module doc)."""
+
+    store: Store
+    max_versions: int
+    drop_group: bool  # the policy at the cap: False = finish under the old version, True = drop the group
 
 
 @dataclass
@@ -73,13 +93,16 @@ class GroupBuffer:
     (a `Cancelled`, an engine gone) is raised from the next `take`."""
 
     def __init__(self, sampler: Sampler, run_id: str, stream: Any, *, groups_per_step: int, max_staleness: int,
-                 position: int, version: int, adapter: str | None, end: int) -> None:
+                 position: int, version: int, adapter: str | None, end: int,
+                 partial: PartialRollouts | None = None) -> None:
         self.sampler, self.run_id, self.stream = sampler, run_id, stream
         self.end = end  # no group starts at or after this stream position (the run's last step's end)
         self.B, self.K = groups_per_step, max_staleness
         self.position, self.version, self.adapter = position, version, adapter
         self.groups: list[Group] = []  # admitted and not yet taken, in admission order
         self.error: BaseException | None = None
+        self.partial = partial
+        self.moved = self.capped = 0  # partial rollouts since the last take: moved on, held at the cap
         self.closed = False
         self.cond = threading.Condition()
         with self.cond:
@@ -153,11 +176,20 @@ class GroupBuffer:
                 "stale_waits": int(waited_on_due and self.K > 0),
                 "failed_groups": len(failed),  # every rollout an infrastructure failure: dropped
             }
+            if self.partial is not None:
+                stats |= {"rollouts_moved": self.moved, "version_capped": self.capped}
+                self.moved = self.capped = 0
         rollouts = [r for g in batch for r in g.rollouts or []]
         return Taken(rollouts, [g.task for g in batch], time.perf_counter() - t0, stats)
 
     def publish(self, version: int, adapter: str | None) -> None:
-        """The engine serves `adapter` (version `version`) now: new groups start with it."""
+        """The engine serves `adapter` (version `version`) now: new groups start with it (and, with
+        partial rollouts, the running ones go on with it)."""
+        if self.partial is not None:
+            moved, capped = self.partial.store.move_live_rollouts(
+                self.run_id, adapter, max_adapters=self.partial.max_versions, past_cap=self.partial.drop_group)
+            with self.cond:
+                self.moved, self.capped = self.moved + moved, self.capped + capped
         with self.cond:
             self.version, self.adapter = version, adapter
             self._admit()

@@ -43,6 +43,20 @@ def adapter_name(run_id: str, step: int) -> str:
     return f"{run_id}-step-{step}"
 
 
+def adapter_version(run_id: str, name: str | None) -> int | None:
+    """The version of the adapter the engine knows as `name`: the adapter after step s is version s + 1,
+    the base model or the run's starting adapter (trainer.init_from) version 0; None for a name that
+    is none of the run's adapters (a call served outside a train loop).
+
+    >>> [adapter_version("run-1", n) for n in (None, "run-1-init", "run-1-step-0", "run-1-step-4", "other")]
+    [0, 0, 1, 5, None]
+    """
+    if name is None or name == init_adapter_name(run_id):
+        return 0
+    m = _STEP_RE.match(name.removeprefix(f"{run_id}-")) if name.startswith(f"{run_id}-") else None
+    return None if m is None else int(m.group(1)) + 1
+
+
 def init_adapter_name(run_id: str) -> str:
     """The name the engine knows a run's starting adapter by (trainer.init_from), served before step 0."""
     return f"{run_id}-init"

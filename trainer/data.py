@@ -7,6 +7,12 @@ Each sampled token is scored at the temperature its call was sampled at (`Call.t
 through the trajectory's `call_ids`): harnesses send their own settings, and the engine's logprob is
 of the temperature-scaled distribution (see `logprob_temperature`).
 
+Versions per token. Each call records the adapter that served it (`Call.adapter`); with partial
+rollouts (`trainer.rollout_versions` > 1) one rollout's calls may come from several adapter versions.
+Each sampled token keeps its own call's logprob as its behaviour logprob (the loss's TIS weight
+pi_old / mu is taken against it, token by token) and its own version (`Sample.versions`); a group
+with a rollout spanning more versions than the cap is dropped and counted (`version_dropped_groups`).
+
 Group rule (SkyRL's): if any rollout of a group failed for infrastructure reasons (no reward: the
 sandbox died, the engine failed its call, the harness broke, the run was interrupted, ...), the whole
 group is dropped, because the remaining rewards would be normalised against a biased group. A rollout
@@ -26,6 +32,7 @@ import torch
 from openforge.engine.sampling import return_original_logprob
 from openforge.errors import TrainerError
 from openforge.store import Rollout, Store, Trajectory
+from openforge.trainer.checkpoint import adapter_version
 from openforge.trainer.grpo import aggregation_weights, group_advantages
 from openforge.trainer.prefix import shared_prefixes
 
@@ -43,6 +50,7 @@ class Sample:
     advantage: float
     reward: float
     temperatures: list[float] | None = None  # per token: the temperature its logprob is taken at; None = 1.0
+    versions: list[int] | None = None  # per token: the adapter version that sampled it (-1 on prompt tokens)
     # a vision-language row: its images' pixel values [patches, D] and grids [n, 3], re-created from
     # the run's stored images (trainer/vision.py); None for text
     pixel_values: torch.Tensor | None = None
@@ -56,6 +64,7 @@ class CallSampling:
     temperature: float | None  # None: the harness sent none and the engine used its default (1.0)
     top_k: int | None
     n_completion: int
+    version: int | None = 0  # the version of the adapter that served it (`adapter_version`; None: not the run's)
 
 
 def logprob_temperature(temperature: float | None, top_k: int | None) -> float:
@@ -81,32 +90,44 @@ def call_sampling(store: Store, rollout_ids: Sequence[str]) -> dict[int, CallSam
         for c in store.list_calls(rollout_id=rid):
             if c.id is not None:
                 out[c.id] = CallSampling(c.temperature, c.top_k,
-                                         len(c.completion_ids or []))
+                                         len(c.completion_ids or []), adapter_version(c.run_id, c.adapter))
     return out
 
 
-def _token_temperatures(traj: Trajectory, mask: list[int], sampling: Mapping[int, CallSampling] | None
-                        ) -> list[float] | None:
-    """Per token of a segment, the temperature of the call that sampled it (1.0 on prompt tokens).
+def _per_token(traj: Trajectory, mask: list[int], sampling: Mapping[int, CallSampling] | None
+               ) -> tuple[list[float] | None, list[int] | None]:
+    """Per token of a segment, the temperature (1.0 on prompt tokens) and the adapter version (-1 on
+    prompt tokens) of the call that sampled it; temperatures None when all are 1.0.
 
     A segment's mask-1 tokens are its calls' completions, in `call_ids` order (rollouts/runner/trajectory.py
     builds it so); a count that does not add up is an error, never a silent default."""
     call_ids = traj.call_ids or []
     if sampling is None or not call_ids:  # rows written without calls (tests, direct sampling)
-        return None
-    per_sampled: list[float] = []
+        return None, None
+    temps: list[float] = []
+    versions: list[int | None] = []
     for cid in call_ids:
         cs = sampling.get(cid)
         if cs is None:
             raise TrainerError(f"trajectory {traj.rollout_id}/{traj.segment} lists call {cid}, which is not recorded")
-        per_sampled += [logprob_temperature(cs.temperature, cs.top_k)] * cs.n_completion
-    if len(per_sampled) != sum(mask):
+        temps += [logprob_temperature(cs.temperature, cs.top_k)] * cs.n_completion
+        versions += [cs.version] * cs.n_completion
+    if len(temps) != sum(mask):
         raise TrainerError(f"trajectory {traj.rollout_id}/{traj.segment} has {sum(mask)} sampled tokens but its "
-                           f"calls completed {len(per_sampled)}")
-    if all(t == 1.0 for t in per_sampled):
-        return None
-    it = iter(per_sampled)
-    return [next(it) if m else 1.0 for m in mask]
+                           f"calls completed {len(temps)}")
+    it_v = iter(versions)
+    per_version = None if None in versions else [next(it_v) if m else -1 for m in mask]  # type: ignore[misc]
+    if all(t == 1.0 for t in temps):
+        return None, per_version
+    it = iter(temps)
+    return [next(it) if m else 1.0 for m in mask], per_version
+
+
+def _rollout_versions(trajs: Sequence[Trajectory], sampling: Mapping[int, CallSampling] | None) -> set[int]:
+    """The adapter versions that served a rollout's trained calls."""
+    if sampling is None:
+        return set()
+    return {v for t in trajs for c in (t.call_ids or []) if c in sampling and (v := sampling[c].version) is not None}
 
 
 @dataclass
@@ -119,6 +140,8 @@ class Batch:
     dropped_rollouts: list[str] = field(default_factory=list)
     infra_failures: int = 0  # rollouts without a reward (infra, harness, interrupted): their groups dropped
     policy_failures: int = 0  # rollouts the harness ended on the policy's failure: scored 0, kept
+    version_dropped_groups: int = 0  # groups with a rollout over the cap on versions per rollout: dropped
+    spanning_rollouts: int = 0  # rollouts of kept groups whose calls were served by more than one version
 
 
 def is_usable(rollout: Rollout) -> bool:
@@ -142,13 +165,15 @@ def _parse(traj: Trajectory) -> tuple[list[int], list[int], list[float]]:
 
 def build_batch(rollouts: Sequence[Rollout], trajectories: Sequence[Trajectory], *,
                 sampling: Mapping[int, CallSampling] | None = None, std_normalize: bool = True,
-                eps: float = 1e-6, vision: Any = None) -> Batch:
+                eps: float = 1e-6, vision: Any = None, max_versions: int | None = None) -> Batch:
     """Group rollouts by task, drop groups with an infrastructure failure, attach advantages (a policy
     failure is a member like any other, with its reward 0).
 
     `sampling` (from `call_sampling`) gives each sampled token its call's temperature; without it
     every token is taken at temperature 1. `vision` (trainer/vision.py TrajectoryImages) re-creates
-    the pixel inputs of segments with images; a segment with images and no `vision` is an error."""
+    the pixel inputs of segments with images; a segment with images and no `vision` is an error.
+    `max_versions` (trainer.rollout_versions): a group with a rollout whose calls span more adapter
+    versions is dropped (`version_dropped_groups`)."""
     groups: dict[tuple[str, int], list[Rollout]] = defaultdict(list)
     for r in rollouts:
         groups[(r.task_id, r.step)].append(r)
@@ -163,6 +188,11 @@ def build_batch(rollouts: Sequence[Rollout], trajectories: Sequence[Trajectory],
             batch.dropped_groups += 1
             batch.dropped_rollouts += [r.id for r in members]
             continue
+        spans = [len(_rollout_versions(by_rollout.get(r.id, []), sampling)) for r in members]
+        if max_versions is not None and max(spans, default=0) > max_versions:
+            batch.version_dropped_groups += 1
+            continue
+        batch.spanning_rollouts += sum(1 for n in spans if n > 1)
         batch.n_groups += 1
         rewards = torch.tensor([float(r.reward) for r in members])  # type: ignore[arg-type]
         adv = group_advantages(rewards, std_normalize=std_normalize, eps=eps)
@@ -173,8 +203,9 @@ def build_batch(rollouts: Sequence[Rollout], trajectories: Sequence[Trajectory],
                 ids, mask, logp = _parse(t)
                 if sum(mask) == 0:
                     continue
-                temps = _token_temperatures(t, mask, sampling)
-                sample = Sample(r.id, r.task_id, t.segment, ids, mask, logp, a, float(r.reward), temps)  # type: ignore[arg-type]
+                temps, versions = _per_token(t, mask, sampling)
+                sample = Sample(r.id, r.task_id, t.segment, ids, mask, logp, a, float(r.reward), temps,  # type: ignore[arg-type]
+                                versions)
                 if getattr(t, "images", None):
                     if vision is None:
                         raise TrainerError(f"trajectory {t.rollout_id}/{t.segment} holds images but this trainer "
@@ -182,6 +213,19 @@ def build_batch(rollouts: Sequence[Rollout], trajectories: Sequence[Trajectory],
                     sample.pixel_values, sample.image_grid_thw = vision.inputs(t, ids)
                 batch.samples.append(sample)
     return batch
+
+
+def version_metrics(batch: Batch, step: int) -> dict[str, Any]:
+    """An asynchronous step's per-token view: sampled tokens by how many versions behind the trained
+    policy their sampler was (`token_staleness`, step - version: the adapter trained at step s is
+    version s), rollouts that spanned versions, groups dropped at the cap."""
+    behind: dict[int, int] = defaultdict(int)
+    for s in batch.samples:
+        for v in s.versions or []:
+            if v >= 0:
+                behind[step - v] += 1
+    return {"token_staleness": dict(sorted(behind.items())), "spanning_rollouts": batch.spanning_rollouts,
+            "version_dropped_groups": batch.version_dropped_groups}
 
 
 def micro_batches(samples: Sequence[Sample], *, token_budget: int, pad_id: int, loss_agg: str,

@@ -42,12 +42,12 @@ from openforge.store import Checkpoint, Store, TrainStep
 from openforge.trainer import distributed
 from openforge.trainer.checkpoint import (adapter_name, init_adapter_name, latest_checkpoint, save_checkpoint,
                                          set_rng_state)
-from openforge.trainer.data import build_batch, call_sampling, micro_batches
+from openforge.trainer.data import build_batch, call_sampling, micro_batches, version_metrics
 from openforge.trainer.vision import TrajectoryImages
 from openforge.trainer.grpo import StepConfig, grpo_step
 from openforge.trainer.model import autocast_dtype, build_optimizer, build_policy, pad_token_id, pick_device
 from openforge.trainer.adapters import AdapterSync
-from openforge.trainer.buffer import GroupBuffer
+from openforge.trainer.buffer import GroupBuffer, PartialRollouts
 from openforge.trainer.samplers import Sampler
 
 
@@ -121,6 +121,9 @@ class _Policy:
 def _build(config: TrainerConfig, model_path: str | Path, found: Any) -> _Policy:
     if config.kl_coef > 0 and config.full_finetune:
         raise TrainerError("kl_coef > 0 needs LoRA: the reference is the base model with the adapter disabled")
+    if config.rollout_versions > 1 and config.max_staleness == 0:
+        raise TrainerError("trainer.rollout_versions > 1 moves running rollouts onto each new adapter: it needs "
+                           "asynchronous training (trainer.max_staleness > 0)")
     d = distributed.init() if distributed.launched() else None
     if d is not None and config.full_finetune:
         raise TrainerError("trainer.nproc > 1 trains a LoRA adapter; full fine-tuning runs in one process")
@@ -165,7 +168,7 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
     store.set_run_status(run_id, "running")
     result = TrainResult(run_id=run_id, adapter=adapter)
     vision = TrajectoryImages.for_run(home, run_id, model_path)  # loads its processor on the first image only
-    buffer = _buffer(config, sampler, run_id, stream, position, start, adapter, engine)
+    buffer = _buffer(config, sampler, run_id, stream, position, start, adapter, engine, store)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forge-overlap") \
         if config.overlap and buffer is None else None
     pending: Future | None = None
@@ -191,7 +194,11 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
             ids = [r.id for r in rollouts]
             trajectories = store.list_trajectories(rollout_ids=ids)
             batch = build_batch(rollouts, trajectories, sampling=call_sampling(store, ids),
-                                std_normalize=config.std_normalize, vision=vision)
+                                std_normalize=config.std_normalize, vision=vision,
+                                max_versions=config.rollout_versions if buffer is not None else None)
+            # versions per token (partial rollouts span several); a full fine-tune has no adapter names to count by
+            if buffer is not None and not config.full_finetune:
+                extra = extra | version_metrics(batch, step)
             metrics = pi.update(batch.samples, config, trajectories, vision)
             t2 = time.perf_counter()
             position = buffer.position if buffer is not None else position + len(step_tasks)
@@ -226,7 +233,7 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
 
 
 def _buffer(config: TrainerConfig, sampler: Sampler, run_id: str, stream: TaskStream, position: int, start: int,
-            adapter: str | None, engine: AdapterSync | None) -> GroupBuffer | None:
+            adapter: str | None, engine: AdapterSync | None, store: Store) -> GroupBuffer | None:
     """The asynchronous sampler when `max_staleness` > 0: groups of up to K + 1 versions run at once, so
     the engine keeps that many adapters (and the newest) loaded."""
     if config.max_staleness == 0:
@@ -235,7 +242,10 @@ def _buffer(config: TrainerConfig, sampler: Sampler, run_id: str, stream: TaskSt
         engine.retain(config.max_staleness + 2)
     return GroupBuffer(sampler, run_id, stream, groups_per_step=config.tasks_per_step,
                        max_staleness=config.max_staleness, position=position, version=start, adapter=adapter,
-                       end=config.steps * config.tasks_per_step)
+                       end=config.steps * config.tasks_per_step,
+                       partial=PartialRollouts(store, config.rollout_versions,
+                                               config.rollout_versions_policy == "drop_group")
+                       if config.rollout_versions > 1 else None)
 
 
 def _restore(store: Store, run_id: str, found: Any, pi: _Policy, stream: TaskStream,
