@@ -146,6 +146,7 @@ def test_verl_worker_runs_mini_rollouts_through_veRLs_server_and_accepts_the_out
     engine = ScriptedEngine(tiny_model, answer)
     with serve_in_thread(engine.app) as eng:
         server = EmbeddedVerlServer(eng.url, prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN)
+        server.global_steps = 3  # veRL's weights after its trainer's step 3
         worker = worker_for(tiny_model, tmp_path, server, temperature=0.7)
         # easy-sum twice: veRL runs a task's n samples (a GRPO group) at once
         out = generate(worker, batch_of(["med-create-file", "easy-sum", "easy-sum", "easy-count-words"]), server)
@@ -161,6 +162,8 @@ def test_verl_worker_runs_mini_rollouts_through_veRLs_server_and_accepts_the_out
     info = list(out.non_tensor_batch["openforge"])
     assert [i["n_calls"] for i in info] == [2, 1, 1, 1] and all(i["status"] == "scored" for i in info)
     assert len({i["rollout_id"] for i in info}) == 4
+    # each trajectory's weight versions as veRL's own loops hand them on (its fully-async trainer reads both)
+    assert list(out.non_tensor_batch["min_global_steps"]) == list(out.non_tensor_batch["max_global_steps"]) == [3] * 4
     # the file task: two sampled spans with the tool result (mask 0) between them, logprobs the engine's
     _, response, mask, lps = unpad(out, 0)
     (s0, e0), (s1, e1) = runs_of(mask)

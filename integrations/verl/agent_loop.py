@@ -35,7 +35,9 @@ returns veRL's `AgentLoopOutput`, built from the rollout's recorded trajectory:
   `prompt_ids` = the segment up to its first sampled token; `response_ids` = the rest (sampled tokens,
   then tool results and the next turns' template tokens, ...); `response_mask` = 1 on sampled tokens;
   `response_logprobs` = the sampling log probs (0.0 where the mask is 0); `num_turns` = 2 x the segment's
-  calls (each: the user/tool message before it, the assistant's answer). A response longer than
+  calls (each: the user/tool message before it, the assistant's answer); `extra_fields`
+  `min_global_steps` / `max_global_steps` = the weight versions veRL's server reported for the rollout's
+  calls (veRL's fully-async trainer reads them for every batch). A response longer than
   `rollout.response_length` is cut to it (as veRL's own loops do); a prompt longer than
   `rollout.prompt_length` is left-truncated by veRL's `_cap_text_prompt_length`.
 - **Images** (a vision-language policy; GUI harnesses send screenshots): `multi_modal_data = {"images": [...]}`,
@@ -149,6 +151,8 @@ class VerlServerBackend(StaticInfo):
         self.owner_loop = owner_loop
         self.params_for = params_for
         self.eos_ids = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+        # rollout id -> (min, max) of the weight versions (veRL's `global_steps`) that served its calls
+        self.weight_versions: dict[str, tuple[int, int]] = {}
 
     async def _on_owner_loop(self, coro: Any) -> Any:
         if asyncio.get_running_loop() is self.owner_loop:
@@ -173,6 +177,7 @@ class VerlServerBackend(StaticInfo):
         out = await self._on_owner_loop(self.server_manager.generate(
             request_id=rid.rsplit("_", 1)[0], prompt_ids=input_ids,
             sampling_params=verl_sampling_params(engine_params, verl_params), image_data=_pil_images(body)))
+        self._note_versions(rid.rsplit("_", 1)[0], out.extra_fields or {})
         ids = [int(t) for t in out.token_ids]
         lps = [float(x) for x in out.log_probs] if out.log_probs else [float("nan")] * len(ids)
         if len(lps) != len(ids):
@@ -187,6 +192,23 @@ class VerlServerBackend(StaticInfo):
             state.finish = (finish_json("abort", message="veRL's server aborted the request")
                             if out.stop_reason == "aborted" else finish_json("length", length=len(ids)))
         return _Answered(rid, len(input_ids), state)
+
+    def _note_versions(self, rollout_id: str, fields: dict[str, Any]) -> None:
+        """veRL's LLMServerClient reports the weight version of each answer (`min_global_steps` ..
+        `max_global_steps`: a partial rollout aborted by a weight sync and resumed spans two); its own
+        agent loops hand the trajectory's span to the trainer, and its fully-async trainer reads it."""
+        lo, hi = fields.get("min_global_steps", fields.get("global_steps")), \
+            fields.get("max_global_steps", fields.get("global_steps"))
+        if lo is None or hi is None:
+            return
+        seen = self.weight_versions.get(rollout_id)
+        self.weight_versions[rollout_id] = (int(lo), int(hi)) if seen is None else \
+            (min(seen[0], int(lo)), max(seen[1], int(hi)))
+
+    def versions_of(self, rollout_id: str) -> dict[str, int]:
+        """AgentLoopOutput's `min_global_steps` / `max_global_steps` of a finished rollout (forgotten here)."""
+        span = self.weight_versions.pop(rollout_id, None)
+        return {} if span is None else {"min_global_steps": span[0], "max_global_steps": span[1]}
 
     def loaded_adapters(self) -> dict[str, str]:
         return {}
@@ -250,6 +272,7 @@ class EmbeddedVerlServer:
         self.prompt_length, self.response_length = prompt_length, response_length
         self.max_model_len = max_model_len or prompt_length + response_length
         self.calls: list[tuple[str, list[int], TokenOutput]] = []
+        self.global_steps = 0  # the weight version veRL's server reports (its trainer's step)
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
                        image_data: list[Any] | None = None, video_data: list[Any] | None = None,
@@ -276,7 +299,10 @@ class EmbeddedVerlServer:
                                          image_data=[_data_url(x) for x in image_data] if image_data else None)
         result = TokenOutput(token_ids=list(out.output_ids), log_probs=list(out.logprobs) if return_logprob else None,
                              stop_reason="aborted" if out.finish_reason == "abort" else "completed", num_preempted=0,
-                             extra_fields={"global_steps": 0})
+                             extra_fields={"global_steps": self.global_steps})
+        # as LLMServerClient.generate: a turn's span is its own version unless the server said otherwise
+        result.extra_fields.setdefault("min_global_steps", self.global_steps)
+        result.extra_fields.setdefault("max_global_steps", self.global_steps)
         self.calls.append((request_id, prompt_ids, result))
         return result
 
@@ -297,6 +323,7 @@ class OpenForgeBridge:
         self.server_manager, self.tokenizer, self.config = server_manager, tokenizer, config
         self.model_path, self.context_length, self.home = model_path, context_length, home
         self.store: Any = None
+        self.backend: VerlServerBackend | None = None
         self._engine_url, self._engine_key = "", ""
         self._lanes: dict[str, tuple[str, Any]] = {}  # sampling params (json) -> (run id, its runner)
         self._run_params: dict[str, dict[str, Any]] = {}  # run id -> sampling params
@@ -316,9 +343,9 @@ class OpenForgeBridge:
             self.store = Store(self.home / "forge.db")
             self._stop.append(self.store.close)
             self._engine_key = secrets.token_hex(24)
-            backend = VerlServerBackend(self.server_manager, self.tokenizer, model_path=self.model_path,
-                                        context_length=self.context_length, owner_loop=owner_loop,
-                                        params_for=self.params_for)
+            backend = self.backend = VerlServerBackend(
+                self.server_manager, self.tokenizer, model_path=self.model_path, context_length=self.context_length,
+                owner_loop=owner_loop, params_for=self.params_for)
             engine = serve_in_thread(create_sglang_app(backend, api_key=self._engine_key))
             self._stop.append(engine.stop)
             self._engine_url = engine.url
@@ -581,7 +608,12 @@ class OpenForgeAgentLoop(AgentLoopBase):
         from openforge.images import ImageStore
 
         vision = _vision_tokens(self.processor)
-        return await asyncio.get_running_loop().run_in_executor(None, lambda: output_of(
+        out = await asyncio.get_running_loop().run_in_executor(None, lambda: output_of(
             bridge.store, rollout, response_length=self.rollout_config.response_length, segment=self.segment,
             cap_prompt=self._cap_text_prompt_length, images=ImageStore.for_run(bridge.home, rollout.run_id),
             vision=vision, prompt_length=self.rollout_config.prompt_length))
+        # the weight versions that served the rollout, as veRL's own loops report them (the rollout's span:
+        # its segments' calls all lie within it); veRL's fully-async trainer needs both
+        if bridge.backend is not None:
+            out.extra_fields.update(bridge.backend.versions_of(rollout.id))
+        return out
