@@ -17,6 +17,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 IDLE_ANSWER = "I could not complete this task."
@@ -42,6 +43,40 @@ class _ScriptedJudge(BaseHTTPRequestHandler):
         pass
 
 
+# The reasons the importer gives (rollouts/tasks/claweval.py), by kind; a task counts under each of its own.
+_KINDS = {"sandbox file missing": " is missing", "sandbox file binary": " is binary",
+          "sandbox file outside the task folder": " is outside the task folder",
+          "container steps (commands, grader files, host files, snapshot globs)": (
+              "env_snapshot_commands", "sandbox_grader_files", "local_grader_files", "env_snapshot_files"),
+          "no mock services": "no mock services", "scoring or safety checks forge does not run": (
+              "scoring check", "safety check", "no grader forge can run", "no scoring component"),
+          "attachments": "attachments", "simulated user": "user_agent"}
+
+
+def _refusals(src: str, unsupported: list[tuple[str, str]]) -> dict[str, Any]:
+    """The unsupported tasks by reason kind, and how many of those with sandbox files each kind blocks."""
+    import yaml
+
+    def kinds(why: str) -> set[str]:
+        return {k for k, marks in _KINDS.items() for m in ((marks,) if isinstance(marks, str) else marks) if m in why}
+
+    root = next(r for r in (Path(src), Path(src).parent) if (r / "tasks").is_dir())
+    with_files = {tid for tid, _ in unsupported if (yaml.safe_load((root / "tasks" / tid / "task.yaml").read_text(
+        encoding="utf-8")) or {}).get("sandbox_files")} if (root / "tasks").is_dir() else set()
+    by_kind: dict[str, int] = {}
+    files_by_kind: dict[str, int] = {}
+    for tid, why in unsupported:
+        for kind in kinds(why) or {"other"}:
+            by_kind[kind] = by_kind.get(kind, 0) + 1
+            files_by_kind[kind] = files_by_kind.get(kind, 0) + (tid in with_files)
+    left = sum(1 for tid, why in unsupported if tid in with_files and not kinds(why) - {"scoring or safety checks forge "
+                                                                                      "does not run"})
+    return {"unsupported": len(unsupported), "unsupported_by_reason": dict(sorted(by_kind.items())),
+            "unsupported_with_sandbox_files": len(with_files),
+            "sandbox_file_tasks_by_reason": dict(sorted(files_by_kind.items())),
+            "sandbox_file_tasks_refused_only_for_checks": left}
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     from openforge.rollouts.tasks.claweval import import_claweval
     from openforge.rollouts.tasks.claweval_grading import ClawEvalGradingFailed, run_grader
@@ -51,7 +86,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     if not src:
         print("CLAWEVAL_SRC is not set: nothing to measure")
         return {}
-    tasks = [TaskSpec.model_validate(t) for t in import_claweval(src).tasks]
+    report = import_claweval(src)
+    tasks = [TaskSpec.model_validate(t) for t in report.tasks]
     graded = [t for t in tasks if t.claweval is not None][: 5 if quick else None]
     server = ThreadingHTTPServer(("127.0.0.1", 0), _ScriptedJudge)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -87,7 +123,8 @@ def run(quick: bool = False) -> dict[str, Any]:
               "idle_task_score_max": max(scores) if scores else None,
               "idle_task_score_mean": round(statistics.mean(scores), 4) if scores else None,
               "idle_passed": sum(v["passed"] for v in verdicts.values()),
-              "judge_calls": sum(v["judge_calls"] for v in verdicts.values())}
+              "judge_calls": sum(v["judge_calls"] for v in verdicts.values()),
+              "with_sandbox_files": sum(bool(t.files) for t in tasks), **_refusals(src, report.unsupported)}
     print(f"claweval graders: {result['graded']} of {result['with_grader']} ran on forge's trace of an idle answer "
           f"({result['failed']} failed); median {result['grader_median_s']} s each; idle task score mean "
           f"{result['idle_task_score_mean']}, max {result['idle_task_score_max']}, {result['idle_passed']} passed")

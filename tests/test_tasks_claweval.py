@@ -31,7 +31,7 @@ def test_the_import_maps_services_tools_and_graders() -> None:
     assert [t["id"] for t in report.tasks] == ["N001_save_note", "N002_summarise_notes"]
     assert report.online_only == [("N003_web_lookup", "service(s) web_real search the live web")]
     assert dict(report.unsupported) == {
-        "N004_fix_script": "sandbox files run in ClawEval's own sandbox container; no mock services",
+        "N004_fix_script": "sandbox file fixtures/run.sh is missing; no mock services",
         "N005_keywords": "scoring check(s) keywords_present",
         "N006_broken": "bad task.yaml: while parsing a flow sequence"}
     save, summarise = (TaskSpec.model_validate(t) for t in report.tasks)

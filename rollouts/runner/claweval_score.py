@@ -5,7 +5,9 @@
 The trace is built from what forge kept on the host: the proxy's calls (the messages), the services'
 recording fronts (the dispatches) with the tool server's dispatch record (their response bodies), and
 each service's audit asked now, straight at the service's port (not through its front, so the record
-the exact graders read is not touched). The verdict is stored beside the run
+the exact graders read is not touched). For a task whose grader reads the files the agent left, the
+runner's grader passes the named workspace files it copied out of the sandbox after the agent was gone
+(`env_snapshot`, RolloutGrader._claweval_snapshot). The verdict is stored beside the run
 (`$FORGE_HOME/runs/<run>/claweval/<rollout>.json`) for `forge eval`'s ClawEval figures, and each call the
 grader made to its judge (ClawEval's LLMJudge on forge's [judge] endpoint) as a judgement row; it is never
 the rollout's reward.
@@ -71,8 +73,9 @@ def _judge(config: ForgeConfig) -> dict[str, str] | None:
 
 
 async def claweval_verdict(config: ForgeConfig, store: Store, ro: Rollout, task: TaskSpec, answer: str,
-                           services: Any) -> dict[str, Any]:
-    """Run the task's ClawEval grader on this rollout's records; store and return its verdict. Raises
+                           services: Any, env_snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run the task's ClawEval grader on this rollout's records (and the files copied out of the sandbox
+    after the agent, `env_snapshot`, for a task that names them); store and return its verdict. Raises
     ClawEvalGradingFailed (an infrastructure failure)."""
     spec = task.claweval
     assert spec is not None
@@ -84,7 +87,8 @@ async def claweval_verdict(config: ForgeConfig, store: Store, ro: Rollout, task:
     timeout = config.runner.verifier_timeout_s + (4 * config.judge.timeout_s if spec.needs_judge else 0.0)
     verdict = await asyncio.to_thread(
         run_grader, spec, trace_id=ro.id, model=config.proxy.served_model_name, messages=messages,
-        dispatches=dispatches, audits=audits, timeout_s=timeout, judge=_judge(config))
+        dispatches=dispatches, audits=audits, timeout_s=timeout, judge=_judge(config),
+        env_snapshot=env_snapshot)
     for call in verdict.pop("judge_log", None) or []:  # `forge show --judgements` lists them beside forge's judge's
         await asyncio.to_thread(store.add_judgement, Judgement(
             run_id=ro.run_id, rollout_id=ro.id, model=config.judge.model,

@@ -33,6 +33,7 @@ from openforge.sandbox.base import ExecResult, Sandbox, SandboxFileNotFound, San
 from openforge.store import Judgement, Rollout, Store, hash_key, new_judge_key
 
 STORED_OUTPUT_CHARS = 64_000  # harness/verifier output kept per rollout (the tail: where errors are)
+SNAPSHOT_MAX_BYTES = 16 << 20  # a file copied out for a ClawEval grader (env_snapshot); past it, an error entry
 KILL_GRACE_S = 10.0  # past the limit, a sandbox that has not returned from exec is stopped by force
 # The verifier's own HOME and TMPDIR, made afresh in the grader's folder: nothing the agent left in its
 # HOME (a usercustomize.py in the user site, a ~/.gitconfig running commands) runs in the verifier.
@@ -87,6 +88,9 @@ class RolloutGrader:
         """(reward, what the graders said, a note when a verifier's output was unusable): the exact
         graders' reward, and a judge component's score weighed beside it (rollouts/tasks/judge.py). An
         imported ClawEval task's own grader then gives its scores, said and stored, never the reward."""
+        # The files a ClawEval grader reads, copied out first: the agent is gone, and nothing forge writes
+        # for its own graders (the answer file, verifier folders) can stand in for them.
+        snapshot = await self._claweval_snapshot(sb, task) if task.claweval and task.claweval.snapshot_files else None
         reward, output, note = await self._grade(sb, ro, task, answer, site, services=services)
         if task.claweval is None:
             return reward, output, note
@@ -94,10 +98,23 @@ class RolloutGrader:
         from openforge.rollouts.tasks.claweval_grading import ClawEvalGradingFailed, verdict_line
 
         try:
-            verdict = await claweval_verdict(self.config, self.store, ro, task, answer, services)
+            verdict = await claweval_verdict(self.config, self.store, ro, task, answer, services, snapshot)
         except ClawEvalGradingFailed as exc:
             raise InfraFailure(str(exc)) from None
         return reward, tail(f"{output}\n{verdict_line(verdict)}"), note
+
+    async def _claweval_snapshot(self, sb: Sandbox, task: TaskSpec) -> dict[str, Any]:
+        """ClawEval's env_snapshot of the files the task names (its /workspace paths), read from the sandbox's
+        working directory: a missing file, a link out or a folder is ClawEval's "not found" entry."""
+        from openforge.rollouts.tasks.claweval_grading import snapshot_entry
+
+        assert task.claweval is not None
+        snapshot = {}
+        for name, rel in task.claweval.snapshot_files.items():
+            data = await self.read_expected(sb, rel, SNAPSHOT_MAX_BYTES + 1)
+            snapshot[f"file:{name}"] = snapshot_entry(name, data) if data is None or len(data) <= SNAPSHOT_MAX_BYTES \
+                else {"error": f"{name} is larger than {SNAPSHOT_MAX_BYTES} bytes"}
+        return snapshot
 
     async def _grade(self, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str, site: Any = None, *,
                      services: Any = None) -> tuple[float, str, str | None]:

@@ -16,10 +16,16 @@ is another benchmark, ClawBench: nothing here uses it.) Each task becomes one fo
                                         the reward is 0, judge or not (ClawEval multiplies by safety)
     scoring llm_judge + judge_rubric -> judge (rollouts/tasks/judge.py), output "score", weighted by the
                                         llm_judge components' share of the task's weights
+    sandbox_files                    -> files: written into the sandbox's working directory, ClawEval's
+                                        /workspace (its SandboxRunner.inject_files); /workspace/ in the
+                                        prompt becomes ./
+    env_snapshot_files               -> claweval.snapshot_files: copied out of the working directory after the
+                                        agent is gone, for the grader's env_snapshot (cli._collect_env_snapshot)
 
 Refused, one line each: tasks whose services need the live web (`web_real*`: online-only) and tasks that
-need what this mapping lacks (sandbox files run in ClawEval's own container, attachments, a simulated user,
-checks other than the above, a missing server or fixture file, a tool whose endpoint no service serves).
+need what this mapping lacks (a binary or missing sandbox file, a snapshot glob, commands or grader files
+run in ClawEval's container before grading, attachments, a simulated user, checks other than the above,
+a missing server or fixture file, a tool whose endpoint no service serves, only safety gates to score).
 An imported task's reward is forge's exact rules and judge above. ClawEval's own `tasks/<id>/grader.py`
 travels with it too (`claweval`: the grader, the peers it loads, the task.yaml and the checkout's
 `src/claw_eval` grading modules), run after the agent on the trace forge recorded for ClawEval's scores
@@ -113,8 +119,7 @@ def convert_task(root: Path, task_dir: Path) -> dict[str, Any]:
     if web := [s["name"] for s in services if "web_real" in str(s.get("command", ""))]:
         raise _Refused(f"online-only: service(s) {', '.join(web)} search the live web")
     reasons = []
-    if t.get("sandbox_files"):
-        reasons.append("sandbox files run in ClawEval's own sandbox container")
+    files, snapshot = _workspace(task_dir, t, reasons)
     if (t["prompt"] or {}).get("attachments"):
         reasons.append("attachments (multimodal input)")
     if (t.get("user_agent") or {}).get("enabled"):
@@ -163,11 +168,16 @@ def convert_task(root: Path, task_dir: Path) -> dict[str, Any]:
             raise _Refused(f"safety check: tool {safety.get('tool_name')!r} has no endpoint")
         service, method, path = endpoints[safety["tool_name"]]
         rules.append({"service": service, "method": method, "path": path, "absent": True, "gate": True})
+    if rules and all(r.get("absent") for r in rules) and judge_weight == 0:
+        raise _Refused("no scoring component forge can run (only tool_not_called safety gates)")
     record: dict[str, Any] = {
-        "id": t["task_id"], "instruction": t["prompt"]["text"], "services": specs, "tools": tools,
+        "id": t["task_id"], "instruction": _instruction(t["prompt"]["text"], bool(files or snapshot)),
+        "services": specs, "tools": tools,
         "expect_requests": rules, "time_limit_s": float((t.get("environment") or {}).get("timeout_seconds", 300)),
         "tags": ["claweval", *(str(x) for x in t.get("tags") or []), *([t["category"]] if t.get("category") else [])],
         "requires_tools": True}
+    if files:
+        record["files"] = files
     if t.get("difficulty") in ("easy", "medium", "hard"):
         record["difficulty"] = t["difficulty"]
     if judge_weight > 0:
@@ -179,9 +189,61 @@ def convert_task(root: Path, task_dir: Path) -> dict[str, Any]:
                            "weight": judge_weight / exact_weight if rules and exact_weight else 1.0}
     elif not rules:
         raise _Refused("no grader forge can run (no tool_called, tool_not_called or llm_judge component)")
-    if (grading := _grading(root, task_dir, t, endpoints, services)) is not None:
-        record["claweval"] = grading
+    grading = _grading(root, task_dir, t, endpoints, services)
+    if snapshot and grading is None:
+        raise _Refused("env_snapshot_files are read only by a grader.py, and the task or checkout has none")
+    if grading is not None:
+        record["claweval"] = {**grading, "snapshot_files": snapshot} if snapshot else grading
     return record
+
+
+WORKSPACE = "/workspace/"  # ClawEval's sandbox container: sandbox_files land in /workspace/<path>
+_WORKSPACE_PATH = re.compile(r"(?<![\w/:])/workspace(?:/|\b)")  # a path in the prompt, not a file:// URL
+# What ClawEval's container steps forge does not take: commands run in the agent's sandbox before grading,
+# files written for the grader into it, the grader's host files.
+_CONTAINER_STEPS = {"env_snapshot_commands": "commands run in the sandbox before grading (env_snapshot_commands)",
+                    "sandbox_grader_files": "grader files written into the sandbox (sandbox_grader_files)",
+                    "local_grader_files": "the grader's host files (local_grader_files)"}
+
+
+def _workspace(task_dir: Path, t: dict[str, Any], reasons: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(setup files, snapshot): ClawEval's SandboxRunner.inject_files writes each `sandbox_files` path (relative
+    to the task folder; else `environment.fixtures`) to /workspace/<path> before the agent starts, and
+    cli._collect_env_snapshot reads each `env_snapshot_files` path from the container after it. In forge
+    /workspace is the sandbox's working directory: the files become the task's setup files, and the snapshot
+    maps each ClawEval path to the workdir path read out of the sandbox after the agent is gone."""
+    names = [str(p) for p in t.get("sandbox_files") or (t.get("environment") or {}).get("fixtures") or []]
+    files: dict[str, str] = {}
+    for name in names:
+        rel = name.removeprefix(WORKSPACE).removeprefix("./")
+        path = task_dir / rel
+        if rel.startswith("/") or ".." in Path(rel).parts or not path.resolve().is_relative_to(task_dir.resolve()):
+            reasons.append(f"sandbox file {name} is outside the task folder")
+        elif not path.is_file():
+            reasons.append(f"sandbox file {name} is missing")
+        else:
+            try:
+                files[rel] = path.read_bytes().decode("utf-8")
+            except UnicodeDecodeError:
+                reasons.append(f"sandbox file {name} is binary (forge setup files are UTF-8 text)")
+    snapshot: dict[str, str] = {}
+    for pattern in (str(p) for p in t.get("env_snapshot_files") or []):
+        rel = pattern.removeprefix(WORKSPACE)
+        if not pattern.startswith(WORKSPACE) or any(c in rel for c in "*?[") or ".." in Path(rel).parts \
+                or rel.startswith("."):
+            reasons.append(f"env_snapshot_files {pattern}: only files named under {WORKSPACE} are read back")
+        else:
+            snapshot[pattern] = rel
+    reasons += [why for key, why in _CONTAINER_STEPS.items() if t.get(key)]
+    return files, snapshot
+
+
+def _instruction(text: str, workspace: bool) -> str:
+    """The prompt with ClawEval's /workspace/ paths made relative to the working directory the agent starts
+    in (where forge writes the sandbox files); unchanged for a task that uses no workspace files."""
+    if not workspace:
+        return text
+    return _WORKSPACE_PATH.sub("./", text)
 
 
 _PEER = re.compile(r"""load_peer_grader\(\s*["']([^"']+)["']""")

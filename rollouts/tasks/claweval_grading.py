@@ -19,7 +19,11 @@ does all of that, in a child process on the host, over a trace forge writes from
     message          the instruction, then each answered model call from the proxy's record: its text and
                      tool uses, and the tool results the harness sent back; the harness's answer last.
 
-Nothing is read from the sandbox: a dispatch log or a grader file the agent planted changes nothing.
+Nothing else is read from the sandbox: a dispatch log or a grader file the agent planted changes nothing.
+The one exception is ClawEval's own evidence model for tasks that work on files: the task's
+`env_snapshot_files` (named /workspace/ paths, ClawEval's `_collect_env_snapshot`) are copied out of the
+sandbox's working directory after every agent process is gone and given to the grader as `env_snapshot`,
+in the shape ClawEval's sandbox `/read` answers (`snapshot_entry`); no other path is read.
 The grader, its peers (`load_peer_grader`), the task.yaml and the package's grading modules travel
 in the task record (`TaskSpec.claweval`), copied from the checkout at import. A grader that raises,
 runs past its limit or returns nothing is the infrastructure's failure (`ClawEvalGradingFailed`), never
@@ -29,7 +33,9 @@ no `[judge]` set such a task cannot be graded (an infrastructure failure saying 
 
 from __future__ import annotations
 
+import base64
 import json
+import mimetypes
 import os
 import subprocess
 import sys
@@ -65,8 +71,13 @@ if os.environ.get("FORGE_JUDGE_URL"):
                      base_url=os.environ["FORGE_JUDGE_URL"])
 grader = get_grader(task_id, tasks_dir=os.path.join(root, "tasks"), task_dir=task_dir)
 kwargs = {"audit_data": audit_data, "judge": judge}
-if "media_events" in inspect.signature(grader.grade).parameters:
+params = inspect.signature(grader.grade).parameters
+if "media_events" in params:
     kwargs["media_events"] = media_events
+snapshot = os.path.join(root, "env_snapshot.json")
+if "env_snapshot" in params and os.path.isfile(snapshot):
+    with open(snapshot, encoding="utf-8") as f:
+        kwargs["env_snapshot"] = json.load(f)
 scores = grader.grade(messages, dispatches, task, **kwargs)
 score = compute_task_score(scores)
 calls = judge.get_call_log() if judge is not None and hasattr(judge, "get_call_log") else []
@@ -94,6 +105,9 @@ class ClawEvalGrading(BaseModel):
     endpoints: dict[str, str] = Field(default_factory=dict, description="tool -> its ClawEval endpoint URL")
     audits: dict[str, str] = Field(default_factory=dict, description="service -> its audit path")
     needs_judge: bool = Field(False, description="the grader (or a peer) asks a judge")
+    snapshot_files: dict[str, str] = Field(default_factory=dict, description=(
+        "env_snapshot_files: ClawEval's /workspace path -> the workdir path copied out of the sandbox after the "
+        "agent is gone, for a grader that reads the files the agent left (env_snapshot)"))
 
     @field_validator("grader")
     @classmethod
@@ -174,9 +188,30 @@ def _lay_out(root: Path, spec: ClawEvalGrading) -> None:
     (root / "tasks" / spec.task_id / "task.yaml").write_text(spec.task_yaml, encoding="utf-8")
 
 
+# What ClawEval's sandbox `/read` answers as text (sandbox/server.py); everything else is base64.
+_TEXT_MIMES = {"application/json", "application/xml", "application/yaml", "application/x-yaml", "application/javascript"}
+_TEXT_EXTENSIONS = {".txt", ".md", ".csv", ".json", ".yaml", ".yml", ".xml", ".html", ".htm", ".js", ".ts", ".py",
+                    ".sh", ".bash", ".cfg", ".ini", ".toml", ".log", ".sql", ".r", ".rmd"}
+
+
+def snapshot_entry(path: str, data: bytes | None) -> dict[str, Any]:
+    """One `file:<path>` entry of ClawEval's env_snapshot, as its sandbox's `/read` answers: a text file (by its
+    MIME type or extension) as UTF-8, anything else base64 with its MIME type (ClawEval re-renders an image
+    or a PDF's first page as PNG; here the file's own bytes are given), a file the agent did not leave an error."""
+    if data is None:
+        return {"error": f"File not found: {path}"}
+    mime = mimetypes.guess_type(path)[0]
+    if mime in _TEXT_MIMES or (mime or "").startswith("text/") or (mime is None and
+                                                                   Path(path).suffix.lower() in _TEXT_EXTENSIONS):
+        return {"content": data.decode("utf-8", errors="replace"), "mime_type": mime or "text/plain",
+                "encoding": "utf-8"}
+    return {"content": base64.b64encode(data).decode("ascii"), "mime_type": mime or "application/octet-stream",
+            "encoding": "base64", "size_bytes": len(data)}
+
+
 def run_grader(spec: ClawEvalGrading, *, trace_id: str, model: str, messages: list[dict[str, Any]],
                dispatches: list[dict[str, Any]], audits: Mapping[str, Any], timeout_s: float,
-               judge: Mapping[str, str] | None = None) -> dict[str, Any]:
+               judge: Mapping[str, str] | None = None, env_snapshot: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The grader's verdict: {"scores": DimensionScores, "task_score", "passed", "judge_calls", "judge_log": the
     package's LLMJudge call log (method, rubric preview, score, reasoning)}. `judge`:
     {"url", "model", "key"} of forge's [judge], or None. Raises ClawEvalGradingFailed."""
@@ -188,6 +223,8 @@ def run_grader(spec: ClawEvalGrading, *, trace_id: str, model: str, messages: li
         write_trace(root / "trace.jsonl", trace_id=trace_id, spec=spec, model=model, messages=messages,
                     dispatches=dispatches, audits=audits)
         (root / "grade.py").write_text(_GRADE_PY, encoding="utf-8")
+        if env_snapshot is not None:
+            (root / "env_snapshot.json").write_text(json.dumps(env_snapshot, ensure_ascii=False), encoding="utf-8")
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8",
                "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "NO_PROXY": "localhost,127.0.0.1"}
         if judge:
