@@ -215,6 +215,8 @@ class LocalSandboxConfig(_SandboxCommon):
     memory_mb: int = Field(2048, ge=16, description="memory limit of the sandbox, in MB")
     max_processes: int = Field(256, ge=1, description="processes the sandbox may run at once")
     max_file_mb: int = Field(512, ge=1, description="largest file a sandboxed process may write")
+    cpus: int = Field(0, ge=0, description="cores the sandbox's processes may run on (CPU affinity); 0 = every "
+                      "core this process may use")
     read_only_paths: list[str] = Field(
         default_factory=list, description="host folders bound read-only into each sandbox besides the system, "
                                           "this Python, node and the npm harness cache")
@@ -231,6 +233,7 @@ class DockerSandboxConfig(_SandboxCommon):
     memory_mb: int = Field(2048, ge=16, description="memory limit of each container")
     cpus: float = Field(1.0, gt=0, description="CPU limit of each container (cores, fractions allowed)")
     pids_limit: int = Field(256, ge=1, description="processes a container may run at once")
+    max_file_mb: int = Field(0, ge=0, description="largest file a process may write (ulimit fsize); 0 = no limit")
 
 
 class KubernetesSandboxConfig(_SandboxCommon):

@@ -300,6 +300,12 @@ class SandboxBase:
         return config
 
     @classmethod
+    def with_limits(cls, config: Any, limits: Any) -> Any:
+        """`config` sized to a task's own needs (`TaskSpec.limits`, sandbox/limits.py: Harbor's `[environment]`
+        cpus / memory_mb / storage_mb), each as this backend can honour it; SandboxError where it cannot."""
+        raise SandboxError(f"this task declares its own resource limits; the {config.type} backend cannot apply them")
+
+    @classmethod
     def with_image(cls, config: Any, image: str, workdir: str) -> Any:
         """`config` running a task's own image (`TaskSpec.image`, a Harbor environment built by `forge tasks
         import harbor`) in its working directory; SandboxError where this backend runs no such image."""

@@ -63,6 +63,7 @@ from openforge.sandbox.gui import CHROMIUM_NAMES, SITE_PORT, SITE_URL, GuiSpec
 from openforge.sandbox.docker_engine import connect
 from openforge.sandbox.gc import owned_tempdir, remove_owned
 from openforge.sandbox.images import SANDBOX_HOME, SANDBOX_UID, image_tag
+from openforge.sandbox.limits import TaskLimits, host_cpus
 
 BUILD_HINT = "forge sandbox build-image"
 GUI_MODULE = Path(__file__).with_name("gui.py")
@@ -122,6 +123,17 @@ class DockerSandbox(SandboxBase):
     @classmethod
     def check_isolation(cls, config: DockerSandboxConfig) -> IsolationReport:
         return IsolationReport("docker", f"containers with network {container_network(config)!r}")
+
+    @classmethod
+    def with_limits(cls, config: DockerSandboxConfig, limits: TaskLimits) -> DockerSandboxConfig:
+        update: dict[str, float | int] = {}
+        if limits.cpus is not None:  # the engine refuses more CPUs than the host has
+            update["cpus"] = min(limits.cpus, float(host_cpus()))
+        if limits.memory_mb is not None:
+            update["memory_mb"] = limits.memory_mb
+        if limits.storage_mb is not None:  # volumes have no size: no file may outgrow the task's disk
+            update["max_file_mb"] = limits.storage_mb
+        return config.model_copy(update=update)
 
     @classmethod
     def with_image(cls, config: DockerSandboxConfig, image: str, workdir: str) -> DockerSandboxConfig:
@@ -272,7 +284,8 @@ class DockerSandbox(SandboxBase):
                 # Anonymous volumes: seeded from the image (ownership included), removed with the container.
                 mounts=[Mount(path, None, type="volume") for path in self.writable],
                 mem_limit=f"{self.cfg.memory_mb}m", memswap_limit=f"{self.cfg.memory_mb}m",
-                nano_cpus=int(self.cfg.cpus * 1e9), pids_limit=self.cfg.pids_limit, volumes=self._volumes())
+                nano_cpus=int(self.cfg.cpus * 1e9), pids_limit=self.cfg.pids_limit, volumes=self._volumes(),
+                **self._file_limit())
         except docker.errors.APIError as exc:
             if exc.status_code == 409:  # a leftover container of the same rollout (crashed run)
                 self._remove(self.name)
@@ -280,6 +293,14 @@ class DockerSandbox(SandboxBase):
             raise TransientSandboxError(f"docker could not start a container from {self.cfg.image}: "
                                         f"{exc.explanation or exc}") from None
         return container
+
+    def _file_limit(self) -> dict[str, Any]:
+        if not self.cfg.max_file_mb:
+            return {}
+        from docker.types import Ulimit
+
+        size = self.cfg.max_file_mb << 20
+        return {"ulimits": [Ulimit(name="fsize", soft=size, hard=size)]}
 
     def _volumes(self) -> dict[str, dict[str, str]]:
         """The proxy socket's folder (it holds only the socket), bound in when the container has no network;

@@ -39,6 +39,7 @@ from openforge.sandbox.k8s_exec import (
 )
 from openforge.sandbox.k8s_manifests import CONTAINER_NAME, build_pod_manifest, check_pod_manifest, managed_selector, pod_labels, pod_name
 from openforge.sandbox.k8s_status import death_reason, pod_state, transient_failure, waiting_reason
+from openforge.sandbox.limits import TaskLimits
 from openforge.sandbox.site_relay import SiteRelay, acquire_relay, release_relay
 
 FILE_OP_TIMEOUT_S = 120.0
@@ -92,6 +93,18 @@ class KubernetesSandbox(SandboxBase):
     @classmethod
     def check_isolation(cls, config: KubernetesSandboxConfig) -> IsolationReport:
         return IsolationReport("kubernetes", f"pods in namespace {config.namespace}")
+
+    @classmethod
+    def with_limits(cls, config: KubernetesSandboxConfig, limits: TaskLimits) -> KubernetesSandboxConfig:
+        # The task's need is both what the scheduler reserves and the cap, as Harbor's cluster backends size pods.
+        update: dict[str, str] = {}
+        if limits.cpus is not None:
+            update["cpu_request"] = update["cpu_limit"] = f"{round(limits.cpus * 1000)}m"
+        if limits.memory_mb is not None:
+            update["memory_request"] = update["memory_limit"] = f"{limits.memory_mb}Mi"
+        if limits.storage_mb is not None:
+            update["ephemeral_storage_request"] = update["ephemeral_storage_limit"] = f"{limits.storage_mb}Mi"
+        return config.model_copy(update=update)
 
     def __init__(self, config: KubernetesSandboxConfig, *, run_id: str, rollout_id: str,
                  proxy_socket: str | Path | None = None, site_socket: str | Path | None = None) -> None:

@@ -51,6 +51,7 @@ from openforge.paths import forge_home
 from openforge.sandbox.base import (ExecResult, IsolationReport, IsolationUnavailable, SandboxBase, SandboxFileNotFound,
                           SandboxInfo, SandboxPathRefused, sandbox_labels)
 from openforge.sandbox.gui import SITE_PORT, SITE_URL, GuiSpec
+from openforge.sandbox.limits import TaskLimits, affinity_cores
 from openforge.sandbox.procs import Cgroup, Limits, cgroup_name, kill_pids, kill_tree, limit_argv, nproc_budget, preexec
 
 SANDBOX_ENV = "OPENFORGE_SANDBOX"
@@ -191,6 +192,17 @@ class LocalSandbox(SandboxBase):
         return IsolationReport("bwrap-userns", f"{path}: user, pid, net, ipc, uts, cgroup namespaces, no capabilities")
 
     @classmethod
+    def with_limits(cls, config: LocalSandboxConfig, limits: TaskLimits) -> LocalSandboxConfig:
+        update: dict[str, int] = {}
+        if limits.cpus is not None:
+            update["cpus"] = affinity_cores(limits.cpus)
+        if limits.memory_mb is not None:
+            update["memory_mb"] = limits.memory_mb
+        if limits.storage_mb is not None:  # no disk quota on a folder: no file may outgrow the task's disk
+            update["max_file_mb"] = limits.storage_mb
+        return config.model_copy(update=update)
+
+    @classmethod
     def with_host_folders(cls, config: LocalSandboxConfig, folders: list[str]) -> LocalSandboxConfig:
         # An isolated local sandbox sees only the host folders it is given.
         return config.model_copy(update={"read_only_paths": [*config.read_only_paths, *folders]})
@@ -206,7 +218,9 @@ class LocalSandbox(SandboxBase):
         self.labels = sandbox_labels(run_id, rollout_id)
         self.info = SandboxInfo(backend="local", sandbox_id=rollout_id, workdir=str(self.dir / "work"),
                                 home=str(self.dir / "home"), labels=self.labels)
-        self.limits = Limits(self.cfg.cpu_time_s, self.cfg.memory_mb, self.cfg.max_processes, self.cfg.max_file_mb)
+        ours = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self.limits = Limits(self.cfg.cpu_time_s, self.cfg.memory_mb, self.cfg.max_processes, self.cfg.max_file_mb,
+                             cores=tuple(ours[:self.cfg.cpus]) if self.cfg.cpus and self.cfg.cpus < len(ours) else ())
         self.bwrap: str | None = None
         self.proxy_socket = str(proxy_socket) if proxy_socket else None
         self.cgroup: Cgroup | None = None

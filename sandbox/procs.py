@@ -4,6 +4,8 @@ Limits, and why each is set the way it is:
 
 - CPU time: `RLIMIT_CPU` per process (SIGXCPU, then SIGKILL at the hard limit).
 - File size: `RLIMIT_FSIZE`: a write past it fails with SIGXFSZ/EFBIG, so a disk-filler stops.
+- Cores (`sandbox.cpus`, a task's `limits.cpus`): CPU affinity, inherited by every child; `nproc` and
+  thread pools sized by `sched_getaffinity` see the task's count.
 - Memory and process count: a cgroup per sandbox (`memory.limit_in_bytes`, `pids.max`) where this
   process may create one (root on cgroup v1, or a delegated v2 subtree). That is the only exact
   answer: `RLIMIT_NPROC` counts *all* processes of the real uid, not of one sandbox, and is not
@@ -40,6 +42,7 @@ class Limits:
     memory_mb: int
     max_processes: int
     max_file_mb: int
+    cores: tuple[int, ...] = ()  # the CPUs the sandbox's processes may run on; () = all of ours
 
 
 class Cgroup:
@@ -153,7 +156,13 @@ def limit_argv(limits: Limits, cgroup_dirs: list[str], *, nproc: int | None, mem
     if nproc is not None:
         opts.append(f"--nproc={nproc}:{nproc}")
     joins = "".join(f"echo $$ > {shlex.quote(os.path.join(d, 'cgroup.procs'))} || exit 125; " for d in cgroup_dirs)
-    return ["/bin/sh", "-c", f'{joins}exec {shlex.quote(prlimit)} {" ".join(opts)} -- "$@"', "sh"]
+    pin = ""
+    if limits.cores:  # taskset is util-linux too; without it the preexec path pins
+        taskset = shutil.which("taskset")
+        if not taskset:
+            return None
+        pin = f"{shlex.quote(taskset)} --cpu-list {','.join(map(str, limits.cores))} "
+    return ["/bin/sh", "-c", f'{joins}exec {pin}{shlex.quote(prlimit)} {" ".join(opts)} -- "$@"', "sh"]
 
 
 def preexec(limits: Limits, cgroup_dirs: list[str], *, nproc: int | None, mem_fallback: bool):  # type: ignore[no-untyped-def]
@@ -174,6 +183,8 @@ def preexec(limits: Limits, cgroup_dirs: list[str], *, nproc: int | None, mem_fa
             resource.setrlimit(resource.RLIMIT_DATA, (mem, mem))
         if nproc is not None:
             resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        if limits.cores:
+            os.sched_setaffinity(0, limits.cores)
 
     return child
 

@@ -59,6 +59,7 @@ from openforge.rollouts.tasks.services import RequestRule, ServiceSpec
 from openforge.rollouts.tasks.tools import TaskTool, check_unique
 from openforge.rollouts.tasks.web import WEB_TASKS_DIR
 from openforge.rollouts.tasks.web.spec import GuiTask
+from openforge.sandbox.limits import TaskLimits
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 _NO_GRADER = ("verifier: missing (required unless expect_answer, expect_files, expect_requests, harbor, osworld "
@@ -102,6 +103,9 @@ class TaskSpec(BaseModel):
     image: TaskImage | None = Field(None, description=(
         "the sandbox image the task runs in, instead of sandbox.image (a Harbor environment built by `forge "
         "tasks import harbor`, rollouts/tasks/harbor_image.py); the Docker backend runs it, others refuse"))
+    limits: TaskLimits | None = Field(None, description=(
+        "the task's own cpus / memory_mb / storage_mb (Harbor's [environment]): they replace the run's sandbox "
+        "limits for its rollouts, as each backend can honour them (sandbox/limits.py)"))
     osworld: OSWorldEval | None = Field(None, description=(
         "an OSWorld-format evaluator: its getters run in the sandbox after the agent is gone, OSWorld's metric "
         "on the host (rollouts/tasks/osworld_eval.py)"))

@@ -10,8 +10,9 @@ A Harbor task is a folder (harbor-framework/harbor, `harbor/models/task/paths.py
 
 `harbor_record` turns one into the record `TaskSpec` validates: the instruction, the files the
 agent starts with (those the Dockerfile COPYs into its WORKDIR), the agent's time limit, the
-reference solution, and `harbor` (rollouts/tasks/harbor_verifier.py: the tests, run only after the
-agent is gone). The `harbor` package parses task.toml with pydantic models, but it needs Python 3.12
+reference solution, `harbor` (rollouts/tasks/harbor_verifier.py: the tests, run only after the
+agent is gone), and `limits`: the `[environment]` cpus / memory_mb / storage_mb it declares (Harbor's
+deprecated "4G" forms too), which replace the run's sandbox limits for it (sandbox/limits.py). The `harbor` package parses task.toml with pydantic models, but it needs Python 3.12
 (forge runs on 3.11): `HarborConfig` below is the subset of its `TaskConfig`
 (`harbor/models/task/config.py`, harbor 0.26.0) forge reads, with the same names and defaults.
 
@@ -32,7 +33,7 @@ import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from openforge.rollouts.tasks.harbor_verifier import rewrite_paths
 
@@ -60,13 +61,44 @@ class AgentSection(_Section):
 class EnvironmentSection(_Section):
     docker_image: str | None = None
     os: str = "linux"
-    cpus: float | None = None
-    memory_mb: int | None = None
+    # Harbor's defaults (1 core, 2048 MB, 10240 MB) are left out: a task that declares none keeps the run's limits.
+    cpus: float | None = Field(None, gt=0)
+    memory_mb: int | None = Field(None, ge=16)
+    storage_mb: int | None = Field(None, ge=1)
+    memory: str | None = None  # Harbor's deprecated "4G" / "512M" forms of memory_mb and storage_mb
+    storage: str | None = None
+    build_timeout_sec: float | None = Field(None, gt=0)
     gpus: int | None = None
     mcp_servers: list[dict[str, Any]] = Field(default_factory=list)
     workdir: str | None = None
     allow_internet: bool | None = None
     network_mode: str | None = None
+
+    @model_validator(mode="after")
+    def _sizes(self) -> "EnvironmentSection":
+        """The deprecated size strings as Harbor maps them (`EnvironmentConfig.handle_deprecated_fields`)."""
+        if self.memory is not None:
+            self.memory_mb, self.memory = _size_mb(self.memory, "memory"), None
+        if self.storage is not None:
+            self.storage_mb, self.storage = _size_mb(self.storage, "storage"), None
+        return self
+
+    def limits(self) -> dict[str, float | int] | None:
+        """The TaskSpec.limits record of what the task declares, None when it declares nothing."""
+        declared = {"cpus": self.cpus, "memory_mb": self.memory_mb, "storage_mb": self.storage_mb}
+        return {k: v for k, v in declared.items() if v is not None} or None
+
+
+def _size_mb(size: str, name: str) -> int:
+    """Harbor's `_parse_size_to_mb`: "4G" -> 4096, "512M" -> 512, "2048K" -> 2."""
+    text = size.strip().upper()
+    scale = {"G": 1024.0, "M": 1.0, "K": 1 / 1024}.get(text[-1:])
+    try:
+        if scale is None:
+            raise ValueError
+        return int(float(text[:-1]) * scale)
+    except ValueError:
+        raise ValueError(f"{name} = {size!r}: expected a size like '1G' or '512M'") from None
 
 
 class HarborConfig(_Section):
@@ -228,6 +260,8 @@ def harbor_record(folder: Path, *, image: Any = None) -> tuple[dict[str, Any] | 
     }
     if image is not None:
         record["image"] = image.model_dump()
+    if limits := config.environment.limits():
+        record["limits"] = limits
     difficulty = str(meta.get("difficulty", "")).lower()
     if difficulty in ("easy", "medium", "hard"):
         record["difficulty"] = difficulty

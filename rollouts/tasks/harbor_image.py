@@ -40,6 +40,7 @@ RECIPE_VERSION = 1  # bump when forge's layer below changes
 BUILD_DOCKERFILE = ".forge.Dockerfile"  # written into a copy of the build context, never into the task
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STEP = re.compile(r"^Step (\d+)/(\d+) : ")
+_HEREDOC = re.compile(r"(?<!<)<<-?\s*(['\"]?)[A-Za-z_]\w*\1")  # `RUN python3 << 'PY'`, not `<<<` here-strings
 
 
 class TaskImage(BaseModel):
@@ -128,6 +129,10 @@ def _prepare(text: str, bases: dict[str, str], client: Any, default_workdir: str
                 args = " ".join(local if w == name else w for w in args.split())
         elif word == "WORKDIR":
             workdir = args if args.startswith("/") else f"{workdir.rstrip('/')}/{args}"
+        elif word in ("RUN", "COPY") and _HEREDOC.search(args):
+            raise ImageBuildFailed(f"environment/Dockerfile line {n}: {word} {args[:60]} is a heredoc (BuildKit syntax); "
+                                   "forge builds with the engine's classic builder (the docker SDK), which does not "
+                                   "read heredocs: move its text into a file the Dockerfile COPYs")
         out.append(f"{word} {args}")
     return steps, "\n".join(out) + "\n" + _forge_layer(workdir), workdir, ids
 
@@ -206,10 +211,12 @@ def import_harbor(src: str | Path, *, bases: dict[str, str] | None = None) -> Ha
     from openforge.rollouts.tasks.harbor import DEFAULT_WORKDIR, HarborConfig, harbor_record, is_harbor_task, local_environment
 
     root = Path(src).expanduser()
-    if is_harbor_task(root):
+    # Every folder with a task.toml is a task: a multi-step one (steps/*/instruction.md) is refused by
+    # name, not passed over.
+    if (root / "task.toml").is_file():
         folders = [root]
     elif root.is_dir():
-        folders = sorted(p for p in root.iterdir() if p.is_dir() and is_harbor_task(p))
+        folders = sorted(p for p in root.iterdir() if p.is_dir() and (p / "task.toml").is_file())
     else:
         folders = []
     if not folders:
@@ -218,6 +225,10 @@ def import_harbor(src: str | Path, *, bases: dict[str, str] | None = None) -> Ha
     try:
         for folder in folders:
             image = None
+            if not is_harbor_task(folder):
+                report.refused.append((folder.name, "multi-step tasks (steps/*/instruction.md) are not supported yet"
+                                       if (folder / "steps").is_dir() else "no instruction.md beside task.toml"))
+                continue
             try:
                 config = HarborConfig.model_validate(tomllib.loads(folder.joinpath("task.toml").read_text("utf-8")))
                 workdir = config.environment.workdir or DEFAULT_WORKDIR
