@@ -21,8 +21,10 @@ host's NAT, and no traffic between the containers on it); the proxy is still rea
 
 GUI tasks (sandbox/gui.py, docs/gui.md "Docker"): created with a task site's `site_socket`, the
 container gets the socket's own private folder bound read-only at /run/forge-site (a unix socket stays
-connectable on a read-only mount; nothing can be added to or removed from the folder) and gui.py bound
-read-only at /opt/forge/gui.py. While `attach_gui(spec)` holds a spec, each exec runs as
+connectable on a read-only mount; nothing can be added to or removed from the folder); every container
+has gui.py bound read-only at /opt/forge/gui.py. An online task's GUI (its live start page, under
+`sandbox.allow_internet`) has no site: no forwarder, the image checked at the first GUI exec instead of
+at start. While `attach_gui(spec)` holds a spec, each exec runs as
 
     python3 -I -c <forwarder.py> --socket /run/forge-site/site.sock --port 8080 --
       python3 -I /opt/forge/gui.py run --size WxH --kiosk URL -- CMD
@@ -118,7 +120,7 @@ def ensure_egress_network(client: Any) -> None:
 
 
 class DockerSandbox(SandboxBase):
-    supports_gui = True  # with the browser image and a site socket bound at creation (attach_gui)
+    supports_gui = True  # with the browser image (attach_gui); a task site's socket is bound at creation
 
     @classmethod
     def check_isolation(cls, config: DockerSandboxConfig) -> IsolationReport:
@@ -160,6 +162,7 @@ class DockerSandbox(SandboxBase):
         self.site_socket = os.fspath(site_socket) if site_socket else None
         self.gui: GuiSpec | None = None
         self.gui_python = "python3"  # the image's python3 (its path, once start() has checked the image)
+        self.gui_image_checked = False  # `_check_gui_image` passed: at start with a site, else at the first GUI exec
         # Host servers for the following execs (`expose_socket`): their sockets hard-linked into a folder
         # bound in at create time, each forwarded to the exec's own 127.0.0.1:port. port -> path inside.
         self.exposed_dir = ""
@@ -238,6 +241,7 @@ class DockerSandbox(SandboxBase):
             raise SandboxError(f"image {self.cfg.image} cannot run GUI tasks: no {', '.join(missing)}; build the "
                                f"browser image with `{BUILD_HINT} --variant browser` and set sandbox.image = "
                                f"\"{image_tag('browser')}\"")
+        self.gui_image_checked = True
 
     async def kill_all(self) -> None:
         """Kill every process in the container but docker-init and the keeper: `kill -9 -1` as the
@@ -304,7 +308,8 @@ class DockerSandbox(SandboxBase):
 
     def _volumes(self) -> dict[str, dict[str, str]]:
         """The proxy socket's folder (it holds only the socket), bound in when the container has no network;
-        a GUI task's site socket folder (only the socket, read-only) and gui.py (read-only)."""
+        a GUI task's site socket folder (only the socket, read-only); gui.py (read-only) in every container,
+        since an online task's GUI has no site to tell its container apart at creation."""
         volumes: dict[str, dict[str, str]] = {}
         if self.cfg.network != "host":  # empty until `expose_socket` links a host server's socket in
             self.exposed_dir = self.exposed_dir or owned_tempdir("forge-exposed-")
@@ -314,7 +319,7 @@ class DockerSandbox(SandboxBase):
             volumes[os.path.dirname(self.proxy_socket or "")] = {"bind": "/run/forge", "mode": "ro"}
         if self.site_socket:
             volumes[os.path.dirname(self.site_socket)] = {"bind": SITE_DIR_INSIDE, "mode": "ro"}
-            volumes[str(GUI_MODULE)] = {"bind": GUI_INSIDE, "mode": "ro"}
+        volumes[str(GUI_MODULE)] = {"bind": GUI_INSIDE, "mode": "ro"}
         return volumes
 
     @property
@@ -376,6 +381,12 @@ class DockerSandbox(SandboxBase):
         marker = f"OPENFORGE_EXEC={secrets.token_hex(8)}"
         argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
         extra: dict[str, str] = {}
+        if self.gui is not None and not self.gui_image_checked:  # a GUI without a site (an online task's
+            gui, self.gui = self.gui, None  # live page): its image is checked at its first exec, without it
+            try:
+                await self._check_gui_image()
+            finally:
+                self.gui = gui
         if self.gui is not None:  # the display, the browser and the site's door (sandbox/gui.py)
             argv, extra = self._gui_argv(self.gui, argv)
         from openforge.sandbox.local import FORWARDER

@@ -1,7 +1,8 @@
 """`forge tasks import webvoyager|online-mind2web`: the benchmarks' own task formats (files written here
 in their published shapes) become online-only tasks graded by their named judge; a run refuses them
-without `sandbox.allow_internet`; the NetworkPolicy's internet variant; and, offline, tasks mapped onto a
-builtin-web site run through the real runner, proxy and sandbox, graded by the scripted WebJudge."""
+without `sandbox.allow_internet` (with it, tests/test_tasks_web_online.py runs one in a container); the
+NetworkPolicy's internet variant; and, offline, tasks mapped onto a builtin-web site run through the
+real runner, proxy and sandbox, graded by the scripted WebJudge."""
 
 from __future__ import annotations
 
@@ -87,25 +88,22 @@ def test_a_malformed_source_is_one_clear_line(tmp_path: Path, fmt: str, content:
     assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output, result.output
 
 
-@pytest.mark.parametrize(("allow", "message"), [
-    (False, "set sandbox.allow_internet = true"),
-    (True, "no rollout opens a live start page in its browser yet"),
-])
-async def test_a_run_refuses_online_only_tasks(tmp_path: Path, store: Store, allow: bool, message: str) -> None:
+async def test_a_run_refuses_online_only_tasks_without_allow_internet(tmp_path: Path, store: Store) -> None:
     (tmp_path / "tasks.json").write_text(json.dumps(MIND2WEB))
     _import("online-mind2web", str(tmp_path / "tasks.json"), "--out", str(tmp_path / "om2w.jsonl"))
     tasks = load_tasks(tmp_path / "om2w.jsonl")
-    config = ForgeConfig()
-    config.sandbox.allow_internet = allow
-    runner = RolloutRunner(store, config=config, proxy_url="http://127.0.0.1:9", harness=_StandInHarness({}, {}))
+    runner = RolloutRunner(store, config=ForgeConfig(), proxy_url="http://127.0.0.1:9", harness=_StandInHarness({}, {}))
     run = store.create_run(kind="check")
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match="set sandbox.allow_internet = true"):
         await runner.run(run.id, [RolloutSpec(t) for t in tasks])
     assert store.list_rollouts(run.id) == []  # refused before any rollout
-    # `forge eval` refuses before it starts an engine: one line, an exit code
-    result = CliRunner().invoke(app, ["--set", f"sandbox.allow_internet={str(allow).lower()}", "eval", "--tasks",
-                                      str(tmp_path / "om2w.jsonl")])
-    assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output, result.output
+    # `forge eval` refuses before it starts an engine: one line, an exit code; with the switch on, the
+    # local backend (the default) refuses it at preflight: bubblewrap has no network but none or the host's
+    for allow, message in (("false", "set sandbox.allow_internet = true"),
+                           ("true", "a local sandbox cannot open the internet")):
+        result = CliRunner().invoke(app, ["--set", f"sandbox.allow_internet={allow}", "eval", "--tasks",
+                                          str(tmp_path / "om2w.jsonl")])
+        assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output, result.output
 
 
 def test_the_network_policy_admits_the_public_web_only_with_allow_internet() -> None:

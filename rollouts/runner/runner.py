@@ -54,7 +54,7 @@ from openforge.rollouts.runner.grader import InfraFailure, RolloutGrader, run_in
 from openforge.rollouts.runner.tool_server import ToolServer, ToolServerUnavailable, dispatch_record_path
 from openforge.rollouts.runner.trajectory import assemble_rollout
 from openforge.rollouts.tasks.format import TaskSpec
-from openforge.rollouts.tasks.web.benchmarks import check_online
+from openforge.rollouts.tasks.web.benchmarks import LivePage, check_online
 from openforge.sandbox.base import ExecResult, Sandbox, SandboxStartFailed, start_with_retry, stop_shielded
 
 log = logging.getLogger(__name__)
@@ -256,7 +256,10 @@ class RolloutRunner:
 
     @staticmethod
     def _open_site(task: TaskSpec) -> Any:
-        """A GUI task's site, served on the host for this rollout (rollouts/tasks/web/server.py); None otherwise."""
+        """A GUI task's site, served on the host for this rollout (rollouts/tasks/web/server.py), an online
+        task's live start page (`LivePage`: the browser opens it over the sandbox's egress); None otherwise."""
+        if task.online is not None:
+            return LivePage(task.online)
         if task.gui is None:
             return None
         from openforge.rollouts.tasks.web.server import SiteSession

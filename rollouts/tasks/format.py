@@ -114,7 +114,8 @@ class TaskSpec(BaseModel):
         "beside the exact graders (rollouts/tasks/judge.py)"))
     online: OnlineWeb | None = Field(None, description=(
         "an online-only web task (imported WebVoyager / Online-Mind2Web): the live page it starts at; a run "
-        "refuses it unless sandbox.allow_internet (rollouts/tasks/web/benchmarks.py)"))
+        "refuses it unless sandbox.allow_internet, with which its rollout's browser opens that page "
+        "(rollouts/tasks/web/benchmarks.py)"))
     tools: list[TaskTool] = Field(default_factory=list, description=(
         "tools the agent gets through an MCP server the runner serves per rollout on the host, every "
         "dispatch recorded there (rollouts/tasks/tools.py)"))

@@ -11,7 +11,8 @@
 Each task becomes an online-only task (`online`: its start URL, site, and the reference answer where
 the benchmark gives one, kept for people: no judge of the field was shown one) graded by the
 benchmark's judge (`judge.name`, rollouts/tasks/judge_prompts.py). Online tasks need the live web:
-a run refuses them unless `sandbox.allow_internet` (`check_online`).
+a run refuses them unless `sandbox.allow_internet` (`check_online`); with it, a rollout's browser opens
+the task's start page (`LivePage`, in place of a builtin-web site's session) and the judge grades it.
 
 Offline, `--local-sites MAP.json` maps a benchmark's sites onto local copies, the builtin-web sites
 (rollouts/tasks/web/sites.py): `{"Allrecipes": {"site": "wiki", "params": {...}, "path": "/"}}`, keyed
@@ -32,6 +33,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from openforge.errors import ConfigError, TaskError
+from openforge.sandbox.gui import GuiSpec
 
 Benchmark = Literal["webvoyager", "online-mind2web"]
 JUDGE_OF: dict[str, str] = {"webvoyager": "webvoyager", "online-mind2web": "webjudge"}
@@ -166,16 +168,30 @@ def write_jsonl(tasks: list[dict[str, Any]], out: str | Path) -> Path:
     return path
 
 
+class LivePage:
+    """An online task's page for one rollout, where a builtin-web task has its site session
+    (rollouts/tasks/web/server.py): nothing served by forge, no socket to bind; the browser opens the
+    task's start URL through the sandbox's own network (the egress of `sandbox.allow_internet`). Nothing
+    of it is graded on the host: the task's judge grades the rollout from its screens."""
+
+    socket_path = None  # a container binds no site socket
+
+    def __init__(self, online: OnlineWeb) -> None:
+        self.online = online
+
+    def gui_spec(self) -> GuiSpec:
+        return GuiSpec(url=self.online.start_url, mode="kiosk")
+
+    def close(self) -> None:
+        """Nothing to end: the page lives on its own server."""
+
+
 def check_online(tasks: list[Any], *, allow_internet: bool) -> None:
-    """ConfigError (one line) when a run holds online-only tasks it may not run: without
-    `sandbox.allow_internet`, or (for now) with it: the Docker and Kubernetes sandboxes then have a route
-    to the internet, but no rollout opens a task's live start page in its browser yet."""
+    """ConfigError (one line) when a run holds online-only tasks without `sandbox.allow_internet`. With it,
+    the backend's isolation check decides (a local sandbox refuses it at preflight: runs/prepare.py)."""
     online = [t.id for t in tasks if t.online is not None]
-    if not online:
+    if not online or allow_internet:
         return
     shown = ", ".join(online[:3]) + (f" (and {len(online) - 3} more)" if len(online) > 3 else "")
-    if not allow_internet:
-        raise ConfigError(f"task(s) {shown} are online-only (they need the live web): set "
-                          "sandbox.allow_internet = true to run them, or import them with --local-sites")
-    raise ConfigError(f"task(s) {shown} are online-only, and no rollout opens a live start page in its browser "
-                      "yet (docs/tasks.md, \"Web benchmarks\"): import them with --local-sites to run them offline")
+    raise ConfigError(f"task(s) {shown} are online-only (they need the live web): set "
+                      "sandbox.allow_internet = true to run them, or import them with --local-sites")
