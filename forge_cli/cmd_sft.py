@@ -1,5 +1,5 @@
-"""`forge sft --from RUN [--from RUN2] --min-reward 1.0 --epochs N`: supervised fine-tuning on recorded
-rollouts (docs/trainer.md, "SFT before RL")."""
+"""`forge sft --from RUN [--from RUN2] --min-reward 1.0 --epochs N [--nproc N]`: supervised fine-tuning on
+recorded rollouts (docs/trainer.md, "SFT before RL"); `forge sft --resume RUN` continues one."""
 
 from __future__ import annotations
 
@@ -7,32 +7,43 @@ from typing import Annotated, Optional
 
 import typer
 
-from openforge.forge_cli.context import state
-from openforge.runs.sft import run_sft
+from openforge.errors import ConfigError
+from openforge.forge_cli.context import rank_argv, state
+from openforge.forge_cli.overrides import flag_overrides
+from openforge.runs.sft import run_sft, sft_elsewhere
 from openforge.store import TrainStep
 
 
 def sft_cmd(
     ctx: typer.Context,
-    sources: Annotated[list[str], typer.Option("--from", help="a run whose rollouts are the data (repeatable; "
-                                                "unique prefixes or 'latest')")],
+    sources: Annotated[Optional[list[str]], typer.Option("--from", help="a run whose rollouts are the data "
+                                                          "(repeatable; unique prefixes or 'latest')")] = None,
     min_reward: Annotated[Optional[float], typer.Option("--min-reward", help="keep rollouts scored at least this "
                                                         "(rejection sampling; default: a forge collect run's own "
                                                         "--min-reward, else 1.0)")] = None,
     epochs: Annotated[int, typer.Option("--epochs", min=1, help="passes over the kept trajectories")] = 3,
     val_tasks: Annotated[int, typer.Option("--val-tasks", min=0, help="tasks held out for the validation "
                                            "loss")] = 1,
+    nproc: Annotated[Optional[int], typer.Option("--nproc", min=1, help="trainer processes under torchrun, "
+                                                 "sharded with FSDP2; one GPU each on GPUs (trainer.nproc)")] = None,
+    resume: Annotated[Optional[str], typer.Option("--resume", metavar="RUN", help="continue an sft run from its "
+                                                  "last checkpoint, with its own sources and epochs")] = None,
 ) -> None:
     """Fine-tune the student (engine.model, LoRA per [trainer]) on the assistant tokens of the kept
     rollouts of earlier runs; a run of kind sft whose adapter `forge up --init-from` can start RL from."""
+    if (resume is None) == (not sources):
+        raise ConfigError("give the data with --from RUN, or continue an sft run with --resume RUN (not both)")
     app = state(ctx)
-    config = app.config()
+    config = app.config(flag_overrides({"trainer.nproc": nproc}))
+    code = sft_elsewhere(config.trainer.nproc, lambda n: rank_argv(ctx, nproc=n))
+    if code is not None:
+        raise typer.Exit(code)
 
     def show(step: TrainStep) -> None:
         typer.echo(f"step {step.step}  loss {step.loss:.4f}  tokens {step.n_tokens}")
 
-    run_id, result = run_sft(app.store(), app.home, config, sources=sources, min_reward=min_reward, epochs=epochs,
-                             val_tasks=val_tasks, on_step=show)
+    run_id, result = run_sft(app.store(), app.home, config, sources=sources or [], min_reward=min_reward,
+                             epochs=epochs, val_tasks=val_tasks, on_step=show, resume=resume)
     val = f", validation loss {result.val_losses[0]:.4f} -> {result.val_losses[-1]:.4f}" if result.val_losses else ""
     typer.echo(f"run {run_id}: {result.steps} steps on {result.n_train} sequences, train loss "
                f"{result.train_losses[0]:.4f} -> {result.train_losses[-1]:.4f}{val}")

@@ -507,6 +507,16 @@ class Store:
         with self.session() as s:
             return list(s.exec(select(TrainStep).where(TrainStep.run_id == run_id).order_by(TrainStep.step)).all())
 
+    def drop_train_steps_after(self, run_id: str, step: int) -> int:
+        """Delete the run's train_step rows past `step` (a resumed run redoes the steps its last
+        checkpoint does not hold); returns how many."""
+        with self.session() as s:
+            rows = list(s.exec(select(TrainStep).where(TrainStep.run_id == run_id, TrainStep.step > step)).all())
+            for row in rows:
+                s.delete(row)
+            s.commit()
+            return len(rows)
+
     def add_checkpoint(self, checkpoint: Checkpoint) -> Checkpoint:
         with self.session() as s:
             s.add(checkpoint)

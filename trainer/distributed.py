@@ -248,7 +248,7 @@ class _Setup:
     resumed: bool
 
 
-def _shard_and_sync(model: Any, config: Any, d: Dist, resumed: bool,
+def shard_and_sync(model: Any, config: Any, d: Dist, resumed: bool,
                     optimizer_state: dict[str, Any] | None) -> tuple[Any, Any, Any]:
     """Shard `model`, give every rank rank 0's trainable weights (its fresh or resumed adapter) and,
     when resuming, rank 0's optimizer state. Collective."""
@@ -283,7 +283,7 @@ class Group:
         `resumed` is the checkpoint's trainer state. Returns (model, optimizer, scheduler)."""
         sched = resumed.get("scheduler") if resumed else None
         self._announce("setup", _Setup(config.model_dump(), str(model_path), step_cfg, pad_id, sched, resumed is not None))
-        model, optimizer, scheduler = _shard_and_sync(model, config, self.d, resumed is not None,
+        model, optimizer, scheduler = shard_and_sync(model, config, self.d, resumed is not None,
                                                       resumed["optimizer"] if resumed else None)
         if sched is not None:
             scheduler.load_state_dict(sched)
@@ -299,7 +299,7 @@ class Group:
 
     def gather(self, model: Any, optimizer: Any) -> Gathered:
         self._announce("gather")
-        return _gather(model, optimizer, self.d)
+        return gather(model, optimizer, self.d)
 
     def close(self) -> None:
         """Let the followers exit (rank 0 is done, or failed outside a collective)."""
@@ -359,7 +359,8 @@ def _with_own_pixels(samples: list[Any], images: StepImages, pixels: Any, config
     return mbs
 
 
-def _gather(model: Any, optimizer: Any, d: Dist) -> Gathered:
+def gather(model: Any, optimizer: Any, d: Dist) -> Gathered:
+    """The sharded trainable weights and optimizer state, whole on rank 0 (a collective: every rank calls it)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     full = get_model_state_dict(model, options=_full_options(cpu_offload=True))
@@ -390,7 +391,7 @@ def follow() -> None:
                 config = TrainerConfig(**setup.config)
                 torch.manual_seed(config.seed)
                 model = build_policy(setup.model_path, config, device=d.device)
-                model, optimizer, scheduler = _shard_and_sync(model, config, d, setup.resumed, None)
+                model, optimizer, scheduler = shard_and_sync(model, config, d, setup.resumed, None)
                 if setup.scheduler is not None:
                     scheduler.load_state_dict(setup.scheduler)
                 # the processor loads on the first image row only
@@ -400,7 +401,7 @@ def follow() -> None:
                 samples, images = payload
                 _step(model, optimizer, scheduler, samples, setup.step_cfg, config, setup.pad_id, d, images, pixels)
             elif op == "gather":
-                _gather(model, optimizer, d)
+                gather(model, optimizer, d)
             elif op == "stop":
                 leave()  # with rank 0's Group.close, after the last message
                 return

@@ -29,9 +29,11 @@ from openforge.config import TrainerConfig
 from openforge.errors import TrainerError
 from openforge.rollouts.runner.trajectory import assemble_rollout
 from openforge.store import Store, TrainStep
-from openforge.trainer.checkpoint import save_checkpoint
+from openforge.trainer.checkpoint import Resumed, save_checkpoint
+from openforge.trainer.distributed import gather, init, launched, leave, shard_and_sync
 from openforge.trainer.model import build_optimizer, build_policy, pick_device
 from openforge.trainer.packing import pack, packed_nll, packed_row
+from openforge.trainer.sft_ranks import Ranks, Resumption, SftJob, announce
 
 
 @dataclass
@@ -96,14 +98,36 @@ def row_loss(model: Any, rows: Sequence[Example], *, device: torch.device) -> tu
     return packed_nll(model, row, device), row.n_targets
 
 
+def _step_loss(model: Any, rows: Sequence[Example], ranks: Ranks | None, *,
+               device: torch.device) -> tuple[torch.Tensor, float]:
+    """(the loss to backpropagate, the row's token-mean loss): on N ranks, this rank's share of the
+    row weighed so that FSDP's average of the N gradients is the one-process gradient
+    (trainer/sft_ranks.py), the value summed over the ranks."""
+    if ranks is None:
+        nll, n_targets = row_loss(model, rows, device=device)
+        loss = nll / max(n_targets, 1)  # token mean over the row
+        return loss, float(loss.detach())
+    n_targets = packed_row(rows).n_targets
+    mine, weight = ranks.part(rows)
+    nll, _ = row_loss(model, mine, device=device)
+    return nll * (weight / max(n_targets, 1)), ranks.total(nll * (weight > 0)) / max(n_targets, 1)
+
+
 @torch.no_grad()
-def evaluate_loss(model: Any, examples: Sequence[Example], *, max_tokens: int, device: torch.device) -> float:
+def evaluate_loss(model: Any, examples: Sequence[Example], *, max_tokens: int, device: torch.device,
+                  ranks: Ranks | None = None) -> float:
     """The token-mean loss over `examples` (every masked token weighs the same)."""
     total = tokens = 0.0
     model.eval()
     for rows in packed_rows(examples, max_tokens):
-        nll, n = row_loss(model, rows, device=device)
-        total += float(nll)
+        if ranks is None:
+            nll, n = row_loss(model, rows, device=device)
+            total += float(nll)
+        else:
+            mine, weight = ranks.part(rows)
+            nll, _ = row_loss(model, mine, device=device)
+            total += ranks.total(nll * (weight > 0))
+            n = packed_row(rows).n_targets
         tokens += n
     model.train()
     return total / max(tokens, 1.0)
@@ -111,31 +135,85 @@ def evaluate_loss(model: Any, examples: Sequence[Example], *, max_tokens: int, d
 
 def train_sft(store: Store, home: Path, run_id: str, *, model_path: Path, examples: Sequence[Example],
               cfg: TrainerConfig, epochs: int, max_tokens: int, val_tasks: int = 0,
-              on_step: Callable[[TrainStep], Any] | None = None) -> SftResult:
+              on_step: Callable[[TrainStep], Any] | None = None, resumed: Resumed | None = None) -> SftResult:
     """SFT of the policy at `model_path` (LoRA, or full with `trainer.full_finetune`) on `examples`,
     packed into rows of `max_tokens` (one row, one optimizer step); every step recorded as a train_step
-    row of `run_id`, the adapter saved at the end."""
+    row of `run_id`, a checkpoint saved after each epoch. `resumed` (the run's latest checkpoint)
+    continues after its step: the same rows (the seed shuffles them), none trained twice. Under
+    torchrun (`forge sft --nproc N`) this is rank 0: the other ranks run `sft_ranks.follow()` and
+    train with it, sharded with FSDP2."""
     train, val = split_by_task(examples, val_tasks, cfg.seed)
-    if not train:
+    job = SftJob(str(model_path), cfg.model_dump(), train, val, epochs, max_tokens,
+                 resumption(resumed)) if train else None
+    ranks = Ranks(init()) if launched() else None
+    if ranks is not None:
+        announce(ranks.d, job)
+    if job is None:
+        if ranks is not None:
+            leave()
         raise TrainerError("no trajectories to train on: no rollout of the given runs reached the reward threshold")
+
+    def record(step: int, value: float, grad_norm: float, rows: Sequence[Example], metrics: dict[str, Any],
+               elapsed: float) -> None:
+        n_tokens = sum(len(e.token_ids) for e in rows)
+        row = store.add_train_step(TrainStep(
+            run_id=run_id, step=step, loss=value, grad_norm=grad_norm, n_tokens=n_tokens,
+            n_rollouts=len({e.rollout_id for e in rows}), t_train_s=elapsed,
+            tokens_per_s=n_tokens / max(elapsed, 1e-9), metrics_json={**metrics, "sequences": len(rows)}))
+        if on_step is not None:
+            on_step(row)
+
+    def save(model: Any, optimizer: Any, scheduler: Any, result: SftResult) -> Path:
+        return save_checkpoint(home, run_id, result.steps, model=model, optimizer=optimizer, scheduler=scheduler,
+                               state={"kind": "sft", "val_losses": result.val_losses,
+                                      "train_losses": result.train_losses})
+
+    result = fit(job, cfg, ranks, record=record, save=save)
+    if ranks is not None:
+        leave()
+    return result
+
+
+def fit(job: SftJob, cfg: TrainerConfig, ranks: Ranks | None, *,
+        record: Callable[[int, float, float, Sequence[Example], dict[str, Any], float], None] | None = None,
+        save: Callable[[Any, Any, Any, SftResult], Path] | None = None) -> SftResult:
+    """The SFT loop, the same on every rank (rank 0 alone has `record` and `save`): the policy, the
+    epochs' packed rows (shuffled with `trainer.seed`: the same rows on every rank), one optimizer step
+    a row, the validation loss and a checkpoint after each epoch (from `job.resumed`'s step on)."""
     torch.manual_seed(cfg.seed)
-    device = pick_device(cfg.device)
-    model = build_policy(model_path, cfg, device=device)
+    device = ranks.d.device if ranks is not None else pick_device(cfg.device)
+    back = job.resumed
+    # rank 0 loads a resumed run's adapter; the other ranks get its weights from rank 0 (shard_and_sync)
+    load = back is not None and (ranks is None or ranks.d.is_main)
+    model = build_policy(job.model_path, cfg, device=device, resume_from=Path(back.adapter_path) if load else None)
     model.train()
     order = random.Random(cfg.seed)
     epoch_rows = []  # every epoch's rows up front: the LR schedule needs the number of steps
-    for _ in range(epochs):
-        shuffled = list(train)
+    for _ in range(job.epochs):
+        shuffled = list(job.train)
         order.shuffle(shuffled)
-        epoch_rows.append(packed_rows(shuffled, max_tokens))
-    optimizer, scheduler = build_optimizer(model, cfg.model_copy(update={
-        "steps": sum(len(rows) for rows in epoch_rows), "epochs_per_step": 1}))
-    result = SftResult(steps=0, adapter_path=Path(), n_train=len(train), n_val=len(val))
+        epoch_rows.append(packed_rows(shuffled, job.max_tokens))
+    schedule = cfg.model_copy(update={"steps": sum(len(rows) for rows in epoch_rows), "epochs_per_step": 1})
+    if ranks is None:
+        optimizer, scheduler = build_optimizer(model, schedule)
+        if back is not None:
+            optimizer.load_state_dict(back.optimizer)
+    else:
+        model, optimizer, scheduler = shard_and_sync(model, schedule, ranks.d, back is not None,
+                                                     back.optimizer if back else None)
+    if back is not None:
+        scheduler.load_state_dict(back.scheduler)
+    result = SftResult(steps=0, adapter_path=Path(back.adapter_path) if back else Path(), n_train=len(job.train),
+                       n_val=len(job.val),
+                       train_losses=list(back.train_losses) if back else [],
+                       val_losses=list(back.val_losses) if back else [])
     for epoch, packed in enumerate(epoch_rows):
+        if back is not None and result.steps + len(packed) <= back.step:  # trained before the checkpoint
+            result.steps += len(packed)
+            continue
         for rows in packed:
             started = time.perf_counter()
-            nll, n_targets = row_loss(model, rows, device=device)
-            loss = nll / max(n_targets, 1)  # token mean over the row
+            loss, value = _step_loss(model, rows, ranks, device=device)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
@@ -143,19 +221,26 @@ def train_sft(store: Store, home: Path, run_id: str, *, model_path: Path, exampl
             optimizer.step()
             scheduler.step()
             result.steps += 1
-            value = float(loss.detach())
             result.train_losses.append(value)
-            n_tokens = sum(len(e.token_ids) for e in rows)
-            elapsed = time.perf_counter() - started
-            row = store.add_train_step(TrainStep(
-                run_id=run_id, step=result.steps, loss=value, grad_norm=float(grad_norm), n_tokens=n_tokens,
-                n_rollouts=len({e.rollout_id for e in rows}), t_train_s=elapsed,
-                tokens_per_s=n_tokens / max(elapsed, 1e-9),
-                metrics_json={"epoch": epoch, "lr": scheduler.get_last_lr()[0], "sequences": len(rows)}))
-            if on_step is not None:
-                on_step(row)
-        if val:
-            result.val_losses.append(evaluate_loss(model, val, max_tokens=max_tokens, device=device))
-    result.adapter_path = save_checkpoint(home, run_id, result.steps, model=model, optimizer=optimizer,
-                                          scheduler=scheduler, state={"kind": "sft", "val_losses": result.val_losses})
+            if record is not None:
+                record(result.steps, value, float(grad_norm), rows,
+                       {"epoch": epoch, "lr": scheduler.get_last_lr()[0]}, time.perf_counter() - started)
+        if job.val:
+            result.val_losses.append(evaluate_loss(model, job.val, max_tokens=job.max_tokens, device=device,
+                                                   ranks=ranks))
+        # every rank gathers (a collective); rank 0's copy is the whole, in the one-process format
+        whole = gather(model, optimizer, ranks.d) if ranks is not None else None
+        if save is not None:
+            result.adapter_path = save(whole or model, whole or optimizer, scheduler, result)
     return result
+
+
+def resumption(resumed: Resumed | None) -> Resumption | None:
+    """A run's latest checkpoint as the job's starting point (None: from the start)."""
+    if resumed is None:
+        return None
+    state = resumed.state
+    if state.get("kind") != "sft":
+        raise TrainerError(f"checkpoint {resumed.adapter_path} is not an SFT run's")
+    return Resumption(resumed.step, str(resumed.adapter_path), state["scheduler"], list(state.get("train_losses", [])),
+                      list(state.get("val_losses", [])), optimizer=state["optimizer"])
