@@ -11,9 +11,16 @@ default, forge sft has none).
     tokens/s      tokens of the packed rows per second of an optimizer step (forward, backward, clip,
                   step): ours = TrainStep.tokens_per_s's tokens over t_train_s; TRL = the batch's tokens
                   over the time from on_step_begin to on_step_end.
-    peak memory   what training adds at its peak over the moment the first step ended (model loaded,
-                  LoRA wrapped, optimizer state made), each trainer in a fresh process; bench/trainer.py's
-                  PeakMeter (CUDA max allocated, or CPU peak RSS via VmHWM).
+    peak memory   what the trainer adds at its peak over the moment before it loads the model (the same
+                  model and LoRA in both, then the optimizer state and the steps' working set), each
+                  trainer in a fresh process with the data made and the libraries both use (transformers,
+                  peft) imported, so that neither counts an import; bench/trainer.py's PeakMeter
+                  (CUDA max allocated, or CPU peak RSS via VmHWM). Also `at_first_step_end_mib`, what the
+                  process holds when its first step ends, and `peak_over_first_step_mib`, the peak over
+                  that moment: the measure this bench used until 2026-12-05, which on CPU counts the
+                  memory a trainer's process happens to hold after its first step (freed tensors the
+                  allocator kept, the trainer's own state) as free, and TRL's process holds more then:
+                  it made forge sft look 1.62x TRL (this file's result at commit 2e4865f).
 
 Medians over the steps after the first. Needs the `bench` extra (`pip install -e .[bench]`: trl).
 """
@@ -27,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.trainer import ALPHA, LR, R, TARGETS, PeakMeter, _in_child
+from bench.trainer import ALPHA, LR, R, TARGETS, PeakMeter, _in_child, _status_kb
 
 MAX_TOKENS, N_CHATS, EPOCHS = 2048, 48, 2
 WORDS = ("file", "line", "test", "error", "count", "the", "sum", "folder", "script", "value", "print", "run")
@@ -56,18 +63,23 @@ def ours(model_dir: str, data: list[dict], device: str, out: Any) -> None:
     home = Path(tempfile.mkdtemp(prefix="bench-sft-"))
     store = Store(home / "forge.db")
     run = store.create_run(kind="sft")
-    meter = PeakMeter(device)
     examples = [Example(f"r{i}", f"t{i}", d["input_ids"], d["assistant_masks"]) for i, d in enumerate(data)]
+    import peft  # noqa: F401 - imported before the meter starts, as trl() imports it (trainer/model.py: lazily)
+    from transformers import AutoModelForCausalLM  # noqa: F401
+
+    meter = PeakMeter(device)
+    meter.reset()  # before train_sft loads the model
+    first: list[float] = []
 
     def on_step(row: Any) -> None:
         if row.step == 1:
-            meter.reset()
+            first.append(_held_mib(meter))
 
     cfg = TrainerConfig(lr=LR, lora_r=R, lora_alpha=ALPHA, lora_target_modules=TARGETS, device=device)
     train_sft(store, home, run.id, model_path=Path(model_dir), examples=examples, cfg=cfg, epochs=EPOCHS,
               max_tokens=MAX_TOKENS, on_step=on_step)
     steps = store.list_train_steps(run.id)[1:]
-    out.put({"steps": len(steps) + 1, "peak_mib": meter.peak_mib(), "memory_method": meter.method,
+    out.put({"steps": len(steps) + 1, **_memory(meter, first[0]),
              "tokens_per_s": statistics.median(s.n_tokens / s.t_train_s for s in steps),
              "tokens_per_row": statistics.median(s.n_tokens for s in steps)})
 
@@ -80,8 +92,10 @@ def trl(model_dir: str, data: list[dict], device: str, out: Any) -> None:
     from trl import SFTConfig, SFTTrainer
 
     meter = PeakMeter(device)
+    meter.reset()  # before the model loads
     times: list[float] = []
     tokens: list[int] = []
+    first: list[float] = []
 
     class Timed(SFTTrainer):
         def compute_loss(self, model, inputs, *args, **kwargs):  # noqa: ANN001, ANN201
@@ -95,7 +109,7 @@ def trl(model_dir: str, data: list[dict], device: str, out: Any) -> None:
         def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
             times.append(time.perf_counter() - self.t0)
             if len(times) == 1:
-                meter.reset()
+                first.append(_held_mib(meter))
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     args = SFTConfig(output_dir=tempfile.mkdtemp(prefix="bench-trl-sft-"), num_train_epochs=EPOCHS,
@@ -110,9 +124,25 @@ def trl(model_dir: str, data: list[dict], device: str, out: Any) -> None:
                     peft_config=LoraConfig(r=R, lora_alpha=ALPHA, target_modules=TARGETS, task_type="CAUSAL_LM"))
     trainer.train()
     steps = list(zip(tokens, times))[1:]
-    out.put({"steps": len(times), "peak_mib": meter.peak_mib(), "memory_method": meter.method,
+    out.put({"steps": len(times), **_memory(meter, first[0]),
              "tokens_per_s": statistics.median(n / t for n, t in steps),
              "tokens_per_row": statistics.median(n for n, _ in steps)})
+
+
+def _held_mib(meter: PeakMeter) -> float:
+    """What the process holds now over the meter's reset (CUDA allocated, or CPU RSS)."""
+    import torch
+
+    now = torch.cuda.memory_allocated() if meter.device == "cuda" else _status_kb("VmRSS") * 1024
+    return (now - meter.base) / 2**20
+
+
+def _memory(meter: PeakMeter, at_first_step_end: float) -> dict[str, Any]:
+    peak = meter.peak_mib()
+    method = ("CUDA max allocated - allocated" if meter.device == "cuda" else "peak RSS (VmHWM) - RSS") + \
+        " before the model loads"
+    return {"peak_mib": peak, "memory_method": method if "refused" not in meter.method else meter.method,
+            "at_first_step_end_mib": at_first_step_end, "peak_over_first_step_mib": peak - at_first_step_end}
 
 
 def run(quick: bool = False) -> dict:
@@ -142,8 +172,9 @@ def run(quick: bool = False) -> dict:
     print(f"SFT, {result['model']} on {device}, {len(data)} chats ({result['tokens']} tokens) packed in rows of "
           f"{MAX_TOKENS}, {EPOCHS} epochs")
     for name, r in (("openforge", mine), ("trl", theirs)):
-        print(f"  {name:10} {r['tokens_per_s']:10.0f} tok/s   peak {r['peak_mib']:8.1f} MiB   {r['steps']} steps, "
-              f"{r['tokens_per_row']:.0f} tokens a row")
+        print(f"  {name:10} {r['tokens_per_s']:10.0f} tok/s   peak {r['peak_mib']:8.1f} MiB (at the first step's "
+              f"end {r['at_first_step_end_mib']:.1f}, peak over that {r['peak_over_first_step_mib']:.1f})   "
+              f"{r['steps']} steps, {r['tokens_per_row']:.0f} tokens a row")
     print(f"  ratio      {result['ratio_tokens_per_s']:10.2f}x throughput   "
           f"{result['ratio_peak_memory'] or float('nan'):.2f}x memory (lower is better)")
     return result
