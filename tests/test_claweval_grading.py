@@ -22,6 +22,7 @@ from openforge.rollouts.tasks.claweval_grading import PASS_THRESHOLD, claweval_s
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.selfcheck import _StandInHarness, forged_dispatch
 from openforge.store import Store
+from test_judge_policy_base import serve  # noqa: F401 - the real proxy in front of a scripted engine
 
 SRC = Path(__file__).parent / "data" / "claweval"
 pytest.importorskip("yaml", reason="the ClawEval importer needs PyYAML (pip install 'openforge[claweval]')")
@@ -202,6 +203,56 @@ async def test_a_grader_that_asks_a_judge_gets_forges_judge_endpoint(store: Stor
     (row,) = store.list_judgements(rollout_id=ro.id)
     assert (row.model, row.score, row.reply) == ("scripted", 0.9, "scripted judge")
     assert row.prompt_json[0]["content"].startswith("ClawEval evaluate: r")
+
+
+async def test_under_policy_base_the_graders_judge_is_the_proxys_judge_route(serve, tiny_model: Path,  # noqa: ANN001
+                                                                            store: Store, tmp_path: Path) -> None:
+    """judge.endpoint = "policy-base": ClawEval's LLMJudge calls the proxy's judge route with a judge key made
+    once the agent is gone, so the run's engine serves every call without the rollout's adapter and the proxy
+    records each one once, as a judgement and never a call; the scores LLMJudge parsed go on those rows and
+    into the verdict. Its first call runs past judge.timeout_s (the route ends it: the limit travels in the
+    deadline header), a later reply holds no score: LLMJudge asks again each time, and those rows keep why."""
+    from openforge.config import JudgeConfig
+    from openforge.engine.scripted import ScriptedEngine
+    from openforge.rollouts.runner.claweval_score import RETRIED
+
+    judged = (SRC / "tasks" / "N001_save_note" / "grader.py").read_text().replace(
+        "scores = DimensionScores()", "scores = DimensionScores(completion=judge.evaluate('', '', '', 'tone').score, "
+        "communication=judge.evaluate('', '', '', 'facts').score)"
+    ).replace("scores.completion = 0.5 * bool(created) + 0.3 * bool(saved) + 0.2 * body_ok", "pass")
+    task = TaskSpec.model_validate(import_claweval(_checkout(tmp_path, judged)).tasks[0])
+    facts_asked = []
+
+    def script(ids: list[int]) -> str:
+        text = engine.tokenizer.decode(ids)
+        assert "evaluation judge" in text  # a stand-in agent: every engine call is the grader's judge's
+        if "## Rubric\ntone" in text:
+            return '{"score": 0.9, "reasoning": "polite"}'
+        facts_asked.append(text)
+        return "no score here" if len(facts_asked) == 1 else '{"score": 0.5, "reasoning": "half right"}'
+
+    engine = ScriptedEngine(tiny_model, script)
+    engine.adapters["step-1"] = "/adapters/step-1"
+    engine.fail_next("delay", seconds=20)  # the first call: far past the judge's limit, however loaded the machine
+    proxy = serve(engine)
+    config = ForgeConfig(judge=JudgeConfig(endpoint="policy-base", timeout_s=5))
+    runner = RolloutRunner(store, config=config, proxy_url=proxy.url, proxy_socket=proxy.uds,
+                           harness=_StandInHarness({task.id: "true"}))
+    run = store.create_run(kind="eval", name="claweval-policy-base")
+    (ro,) = await runner.run(run.id, [RolloutSpec(task)], adapter="step-1")
+    assert ro.status == "scored", (ro.error, ro.verifier_output)
+
+    assert len(engine.requests) == 4 and all(r.get("lora_path") is None for r in engine.requests)
+    rows = store.list_judgements(rollout_id=ro.id)
+    assert [(r.score, r.error) for r in rows] == [(None, "the judge's call took over 5s"), (0.9, None),
+                                                  (None, RETRIED), (0.5, None)]
+    assert all(r.model == "policy-base (forge-policy)" for r in rows)
+    assert rows[1].reply == '{"score": 0.9, "reasoning": "polite"}' and rows[2].reply == "no score here"
+    assert rows[3].prompt_json[0]["content"].startswith("You are an evaluation judge")
+    assert store.list_calls(rollout_id=ro.id) == []  # the judge's calls are no calls of the rollout
+    verdict = json.loads(verdict_path(run.id, ro.id).read_text())
+    assert (verdict["scores"]["completion"], verdict["scores"]["communication"]) == (0.9, 0.5)
+    assert verdict["task_score"] == round(0.8 * 0.9 + 0.2, 4) and verdict["judge_calls"] == 2
 
 
 def test_clawevals_figures_are_its_formula_and_its_pass_hat_3() -> None:

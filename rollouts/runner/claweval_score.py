@@ -10,7 +10,9 @@ runner's grader passes the named workspace files it copied out of the sandbox af
 (`env_snapshot`, RolloutGrader._claweval_snapshot). The verdict is stored beside the run
 (`$FORGE_HOME/runs/<run>/claweval/<rollout>.json`) for `forge eval`'s ClawEval figures, and each call the
 grader made to its judge (ClawEval's LLMJudge on forge's [judge] endpoint) as a judgement row; it is never
-the rollout's reward.
+the rollout's reward. With `judge.endpoint = "policy-base"` the LLMJudge calls the proxy's judge route with
+a judge key the runner's grader made (the agent gone): the proxy records each call as a row, and the
+score the LLMJudge parsed is added to that row (a call it made again, to the retried one's error).
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from openforge.rollouts.runner.tool_server import dispatch_record_path
 from openforge.rollouts.runner.transcript import final_text, transcript_of
 from openforge.rollouts.tasks.claweval_grading import run_grader, trace_dispatches
 from openforge.rollouts.tasks.format import TaskSpec
-from openforge.store import Call, Judgement, Rollout, Store
+from openforge.rollouts.tasks.judge import PROXY_GRACE_S, PolicyBaseJudge
+from openforge.store import JUDGE_DEADLINE_HEADER, JUDGE_ROUTE, JUDGEMENT_HEADER, Call, Judgement, Rollout, Store
+
+RETRIED = "ClawEval's LLMJudge took no score from this call and asked again"
 
 
 def verdict_path(run_id: str, rollout_id: str) -> Path:
@@ -65,18 +70,24 @@ def _tool_record(run_id: str, rollout_id: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def _judge(config: ForgeConfig) -> dict[str, str] | None:
+def _judge(config: ForgeConfig, policy_base: PolicyBaseJudge | None) -> dict[str, Any] | None:
     j = config.judge
+    if policy_base is not None:  # the proxy ends each call at judge.timeout_s (the header) and records it
+        return {"url": policy_base.proxy_url.rstrip("/") + JUDGE_ROUTE, "model": "policy-base", "key": policy_base.key,
+                "headers": {JUDGE_DEADLINE_HEADER: f"{j.timeout_s:g}"}, "row_header": JUDGEMENT_HEADER,
+                "timeout_s": j.timeout_s + PROXY_GRACE_S}
     if not (j.url and j.model):
         return None
     return {"url": j.url, "model": j.model, "key": os.environ.get(j.api_key_env, "") if j.api_key_env else ""}
 
 
 async def claweval_verdict(config: ForgeConfig, store: Store, ro: Rollout, task: TaskSpec, answer: str,
-                           services: Any, env_snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
+                           services: Any, env_snapshot: dict[str, Any] | None = None,
+                           policy_base: PolicyBaseJudge | None = None) -> dict[str, Any]:
     """Run the task's ClawEval grader on this rollout's records (and the files copied out of the sandbox
-    after the agent, `env_snapshot`, for a task that names them); store and return its verdict. Raises
-    ClawEvalGradingFailed (an infrastructure failure)."""
+    after the agent, `env_snapshot`, for a task that names them); store and return its verdict. `policy_base`:
+    the proxy's judge route and a judge key, for a grader that asks a judge under judge.endpoint =
+    "policy-base". Raises ClawEvalGradingFailed (an infrastructure failure)."""
     spec = task.claweval
     assert spec is not None
     audits = {name: services.audit(name, path) for name, path in spec.audits.items()} if services else {}
@@ -87,9 +98,18 @@ async def claweval_verdict(config: ForgeConfig, store: Store, ro: Rollout, task:
     timeout = config.runner.verifier_timeout_s + (4 * config.judge.timeout_s if spec.needs_judge else 0.0)
     verdict = await asyncio.to_thread(
         run_grader, spec, trace_id=ro.id, model=config.proxy.served_model_name, messages=messages,
-        dispatches=dispatches, audits=audits, timeout_s=timeout, judge=_judge(config),
+        dispatches=dispatches, audits=audits, timeout_s=timeout, judge=_judge(config, policy_base),
         env_snapshot=env_snapshot)
-    for call in verdict.pop("judge_log", None) or []:  # `forge show --judgements` lists them beside forge's judge's
+    log, retried = verdict.pop("judge_log", None) or [], verdict.pop("judge_retried", None) or []
+    if policy_base is not None:  # the proxy's rows: the grader's parsed score goes on each, no second row
+        for call in log:
+            if call.get("judgement_id") is not None:
+                await asyncio.to_thread(store.score_judgement, call["judgement_id"], score=call.get("score"),
+                                        error=None)
+        for judgement_id in retried:
+            await asyncio.to_thread(store.score_judgement, judgement_id, score=None, error=RETRIED)
+        log = []
+    for call in log:  # `forge show --judgements` lists them beside forge's judge's
         await asyncio.to_thread(store.add_judgement, Judgement(
             run_id=ro.run_id, rollout_id=ro.id, model=config.judge.model,
             prompt_json=[{"role": "user", "content": f"ClawEval {call.get('method', 'judge')}: "

@@ -97,8 +97,11 @@ class RolloutGrader:
         from openforge.rollouts.runner.claweval_score import claweval_verdict
         from openforge.rollouts.tasks.claweval_grading import ClawEvalGradingFailed, verdict_line
 
+        policy_base = await self._policy_base(ro) \
+            if task.claweval.needs_judge and self.config.judge.endpoint == "policy-base" else None
         try:
-            verdict = await claweval_verdict(self.config, self.store, ro, task, answer, services, snapshot)
+            verdict = await claweval_verdict(self.config, self.store, ro, task, answer, services, snapshot,
+                                             policy_base=policy_base)
         except ClawEvalGradingFailed as exc:
             raise InfraFailure(str(exc)) from None
         return reward, tail(f"{output}\n{verdict_line(verdict)}"), note

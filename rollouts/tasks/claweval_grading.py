@@ -27,8 +27,10 @@ in the shape ClawEval's sandbox `/read` answers (`snapshot_entry`); no other pat
 The grader, its peers (`load_peer_grader`), the task.yaml and the package's grading modules travel
 in the task record (`TaskSpec.claweval`), copied from the checkout at import. A grader that raises,
 runs past its limit or returns nothing is the infrastructure's failure (`ClawEvalGradingFailed`), never
-a score. A grader that asks a judge gets ClawEval's own `LLMJudge` on forge's `[judge]` endpoint; with
-no `[judge]` set such a task cannot be graded (an infrastructure failure saying so).
+a score. A grader that asks a judge gets ClawEval's own `LLMJudge` on forge's `[judge]` endpoint, or with
+`judge.endpoint = "policy-base"` on the proxy's judge route (its limit in the deadline header, each
+response's judgement row noted, so the score LLMJudge parsed goes on that row); with no `[judge]` set
+such a task cannot be graded (an infrastructure failure saying so).
 """
 
 from __future__ import annotations
@@ -69,6 +71,15 @@ if os.environ.get("FORGE_JUDGE_URL"):
     from claw_eval.graders.llm_judge import LLMJudge
     judge = LLMJudge(model_id=os.environ["FORGE_JUDGE_MODEL"], api_key=os.environ.get("FORGE_JUDGE_KEY") or None,
                      base_url=os.environ["FORGE_JUDGE_URL"])
+rows = []  # (judge calls logged when a response came, the judgement row the proxy's judge route recorded)
+if judge is not None and os.environ.get("FORGE_JUDGE_ROW_HEADER"):
+    import openai
+    def _row(response, header=os.environ["FORGE_JUDGE_ROW_HEADER"]):
+        rows.append((len(judge.get_call_log()), response.headers.get(header, "")))
+    judge.client = judge.client.with_options(
+        default_headers=json.loads(os.environ["FORGE_JUDGE_HEADERS"]), max_retries=0,
+        timeout=float(os.environ["FORGE_JUDGE_TIMEOUT_S"]),
+        http_client=openai.DefaultHttpxClient(event_hooks={"response": [_row]}))
 grader = get_grader(task_id, tasks_dir=os.path.join(root, "tasks"), task_dir=task_dir)
 kwargs = {"audit_data": audit_data, "judge": judge}
 params = inspect.signature(grader.grade).parameters
@@ -81,9 +92,14 @@ if "env_snapshot" in params and os.path.isfile(snapshot):
 scores = grader.grade(messages, dispatches, task, **kwargs)
 score = compute_task_score(scores)
 calls = judge.get_call_log() if judge is not None and hasattr(judge, "get_call_log") else []
+for i, call in enumerate(calls):  # a logged call is the last response before it was logged (earlier: retries)
+    got = [row for n, row in rows if n == i]
+    call["judgement_id"] = int(got[-1]) if got and got[-1].isdigit() else None
+logged = {call["judgement_id"] for call in calls}
+retried = [int(row) for _n, row in rows if row.isdigit() and int(row) not in logged]
 with open(os.path.join(root, "result.json"), "w") as f:
     json.dump({"scores": scores.model_dump(), "task_score": score, "passed": is_pass(score),
-               "judge_calls": len(calls), "judge_log": calls}, f, default=str)
+               "judge_calls": len(calls), "judge_log": calls, "judge_retried": retried}, f, default=str)
 '''
 
 
@@ -211,12 +227,17 @@ def snapshot_entry(path: str, data: bytes | None) -> dict[str, Any]:
 
 def run_grader(spec: ClawEvalGrading, *, trace_id: str, model: str, messages: list[dict[str, Any]],
                dispatches: list[dict[str, Any]], audits: Mapping[str, Any], timeout_s: float,
-               judge: Mapping[str, str] | None = None, env_snapshot: Mapping[str, Any] | None = None) -> dict[str, Any]:
+               judge: Mapping[str, Any] | None = None, env_snapshot: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The grader's verdict: {"scores": DimensionScores, "task_score", "passed", "judge_calls", "judge_log": the
-    package's LLMJudge call log (method, rubric preview, score, reasoning)}. `judge`:
-    {"url", "model", "key"} of forge's [judge], or None. Raises ClawEvalGradingFailed."""
+    package's LLMJudge call log (method, rubric preview, score, reasoning, judgement_id), "judge_retried"}.
+    `judge`: {"url", "model", "key"} of forge's [judge], or None; for the proxy's judge route also
+    {"headers" sent with each call, "row_header": the response header naming the judgement row the route
+    recorded, "timeout_s" per call}: each logged call then carries its row's id, and "judge_retried" lists the
+    rows of the calls LLMJudge made again (an error, or a reply it took no score from). Raises
+    ClawEvalGradingFailed."""
     if spec.needs_judge and not judge:
-        raise ClawEvalGradingFailed(f"task {spec.task_id}'s ClawEval grader asks a judge: set [judge] url and model")
+        raise ClawEvalGradingFailed(f"task {spec.task_id}'s ClawEval grader asks a judge: set [judge] url and model "
+                                    "(or judge.endpoint = \"policy-base\")")
     with tempfile.TemporaryDirectory(prefix="forge-claweval-") as tmp:
         root = Path(tmp)
         _lay_out(root, spec)
@@ -230,6 +251,10 @@ def run_grader(spec: ClawEvalGrading, *, trace_id: str, model: str, messages: li
         if judge:
             env |= {"FORGE_JUDGE_URL": judge["url"], "FORGE_JUDGE_MODEL": judge["model"],
                     "FORGE_JUDGE_KEY": judge.get("key", "")}
+            if judge.get("row_header"):
+                env |= {"FORGE_JUDGE_ROW_HEADER": judge["row_header"],
+                        "FORGE_JUDGE_HEADERS": json.dumps(judge["headers"]),
+                        "FORGE_JUDGE_TIMEOUT_S": f"{judge['timeout_s']:g}"}
         try:
             done = subprocess.run([sys.executable, "grade.py", tmp, spec.task_id], cwd=tmp, env=env,
                                   capture_output=True, text=True, timeout=timeout_s)
