@@ -271,17 +271,31 @@ async def test_codex_runs_exec_command_through_the_proxy(make_rig):
 @pytest.mark.skipif(os.environ.get("FORGE_TEST_OPENCLAW") != "1", reason="OpenClaw takes 20-90 s to start on this "
                     "machine: opt in with FORGE_TEST_OPENCLAW=1 (after rollouts.npm.install_harness('openclaw', cache))")
 @needs("openclaw")
-async def test_openclaw_runs_exec_through_the_proxy(make_rig):
+@pytest.mark.parametrize("tools", [None, {"allow": ["exec"], "deny": ["tool_search", "tool_call", "tool_describe"]}],
+                         ids=["built-in", "exec-only"])
+async def test_openclaw_runs_exec_through_the_proxy(make_rig, tmp_path, tools):
     rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
     rig.engine.script = tool_then_answer(rig.engine.tokenizer, "exec", {"command": COMMAND})
-    result, proof = await run_harness(rig, "openclaw", timeout=300)
+    name = "openclaw"
+    if tools is not None:  # the prompt budget: a user's copy of the spec whose [prompt] config trims its tools
+        from openforge.rollouts.harnesses import BUILTIN_SPECS
+
+        name = str(tmp_path / "openclaw-exec.toml")
+        Path(name).write_text((BUILTIN_SPECS / "openclaw.toml").read_text()
+                              + f"\n[prompt]\nconfig = {{ tools = {json.dumps(tools).replace(':', ' =')} }}\n")
+    result, proof = await run_harness(rig, name, timeout=300)
     assert result.exit_code == 0, result.stderr[-3000:] + result.stdout[-2000:]
     assert proof == b"forge-ok\n"
     final = json.loads(result.stdout[result.stdout.index("{"):])
     assert final["ok"] is True and final["final"] == ANSWER
-    # OpenClaw rewrites its history between calls (an internal-context user message moves behind the
-    # tool result; tool-call ids and argument JSON are re-serialised): each call is its own segment.
-    assert check_recording(rig, "openai_chat")["n_segments"] == 2
+    sent = sorted(t["function"]["name"] for t in rig.calls()[0].request_json["tools"])
+    # Built-in: its headless run's 11 tools (20,638 prompt tokens in docs/harnesses.md); trimmed: exec alone.
+    assert sent == ["exec"] if tools else {"exec", "read", "write", "tool_search"} <= set(sent)
+    # With its built-in tools OpenClaw rewrites its history between calls (an internal-context user message
+    # moves behind the tool result; tool-call ids and argument JSON are re-serialised): each call is its own
+    # segment. With exec alone it sends the second call as an extension of the first: one sequence.
+    stats = check_recording(rig, "openai_chat")
+    assert (stats["n_segments"], stats["n_extends"]) == ((2, 0) if tools is None else (1, 1))
 
 
 # -- adapters without the packages: what they run, and how they fail -----------------------------
@@ -324,11 +338,8 @@ def test_openclaw_and_zeroclaw_configs_name_the_proxy():
     assert zeroclaw.env(ctx_for())["ZEROCLAW_WORKSPACE"].endswith("/.forge/zeroclaw")
 
 
-async def test_openclaw_runs_its_mjs_on_the_caches_node_with_its_config(tmp_path):
-    """specs/openclaw.toml + its hook, without the 1 GB install: a cache laid out as npm lays it out."""
-    from openforge.rollouts.harnesses import harness_class
-
-    cache = tmp_path / "cache"
+def openclaw_cache(cache: Path) -> tuple[Path, Path]:
+    """A harness cache laid out as npm lays out OpenClaw's (without the 1 GB install): its mjs and Node."""
     mjs = cache / "node_modules" / "openclaw" / "openclaw.mjs"
     node = cache / "node_modules" / "node-{}-{}".format(*node_platform()) / "bin" / "node"
     for exe in (mjs, node):
@@ -337,6 +348,15 @@ async def test_openclaw_runs_its_mjs_on_the_caches_node_with_its_config(tmp_path
         exe.chmod(0o755)
     (cache / "node_modules" / ".bin").mkdir()
     (cache / "node_modules" / ".bin" / "openclaw").symlink_to("../openclaw/openclaw.mjs")
+    return mjs, node
+
+
+async def test_openclaw_runs_its_mjs_on_the_caches_node_with_its_config(tmp_path):
+    """specs/openclaw.toml + its hook, without the 1 GB install: a cache laid out as npm lays it out."""
+    from openforge.rollouts.harnesses import harness_class
+
+    cache = tmp_path / "cache"
+    mjs, node = openclaw_cache(cache)
     adapter = get_harness(HarnessConfig(name="openclaw", npm_cache=str(cache), extra_args=["--verbose"]))
     async with make_sandbox(LocalSandboxConfig(read_only_paths=[str(cache)]), run_id="run-x", rollout_id="ro-oc") as sb:
         ctx = HarnessContext(proxy_url="http://127.0.0.1:8700/", api_key="sk-rollout", model="forge-policy",
@@ -357,6 +377,37 @@ async def test_openclaw_runs_its_mjs_on_the_caches_node_with_its_config(tmp_path
     node.unlink()
     assert harness_class("openclaw").missing(cache) == \
         f"harness 'openclaw' needs Node >=24.16 in {cache}: run `forge harness install openclaw --cache {cache}`"
+
+
+async def test_a_users_openclaw_spec_sets_its_tool_profile_in_the_config_file(tmp_path):
+    """The prompt budget: a user's copy of specs/openclaw.toml with a [prompt] config, which the hook lays
+    over the config file it writes (OpenClaw sends only the tools its profile and allow list leave)."""
+    from openforge.errors import HarnessError
+    from openforge.rollouts.harnesses import BUILTIN_SPECS
+
+    cache = tmp_path / "cache"
+    openclaw_cache(cache)
+    builtin = (BUILTIN_SPECS / "openclaw.toml").read_text()
+    assert "[prompt]" not in builtin  # the built-in sends every tool, as before
+    spec = tmp_path / "openclaw-coding.toml"
+    spec.write_text(builtin.replace('name = "openclaw"', 'name = "openclaw-coding"', 1) + '\n[prompt]\n'
+                    'config = { tools = { profile = "coding", allow = ["exec"] }, models = { mode = "merge" } }\n')
+    adapter = get_harness(HarnessConfig(name=str(spec), npm_cache=str(cache)))
+    async with make_sandbox(LocalSandboxConfig(read_only_paths=[str(cache)]), run_id="run-x", rollout_id="ro-oc2") as sb:
+        ctx = HarnessContext(proxy_url="http://127.0.0.1:8700/", api_key="sk-rollout", model="forge-policy",
+                             instruction="hi", workdir=sb.info.workdir, backend=sb.info.backend)
+        await adapter.prepare(sb, ctx)
+        config = json.loads(await sb.read_file(".forge/openclaw.json"))
+    assert config["tools"] == {"profile": "coding", "allow": ["exec"]}
+    # Tables are merged key by key: the spec's models.mode replaced, the proxy provider kept.
+    assert config["models"]["mode"] == "merge" and config["models"]["providers"]["forge"]["apiKey"] == "sk-rollout"
+    assert config["agents"]["defaults"]["model"]["primary"] == "forge/forge-policy"
+    # A spec whose harness writes no config file cannot take one: refused in one line naming the field.
+    plain = tmp_path / "plain.toml"
+    plain.write_text('name = "plain"\n[api]\nflavour = "openai-chat"\n[run]\nprogram = "sh"\n'
+                     '[prompt]\nconfig = { tools = { profile = "coding" } }\n')
+    with pytest.raises(HarnessError, match=r"plain\.toml: prompt\.config: SpecHarness writes no config file"):
+        get_harness(HarnessConfig(name=str(plain)))
 
 
 def test_cache_lookup_prefers_native_binaries(tmp_path):

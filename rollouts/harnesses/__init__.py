@@ -79,6 +79,9 @@ def spec_class(spec: HarnessSpec) -> type[HarnessBase]:
         if not (isinstance(hook, type) and issubclass(hook, SpecHarness)):
             raise HarnessError(f"{spec.path}: hook: {spec.hook!r} is not a SpecHarness subclass")
         base = hook
+    if spec.prompt.config and not base.writes_config:
+        raise HarnessError(f"{spec.path}: prompt.config: {base.__name__} writes no config file to merge it into "
+                           f"(a hook with writes_config does: OpenClaw's); use prompt.args or prompt.env")
     return base.bind(spec)
 
 

@@ -15,6 +15,11 @@ There the command runs under a nested `bwrap` that binds the sandbox's own $TMPD
 
 With `--json` it prints one object `{"ok": true, "final": "<answer>", ...}` after its logs; `outcome`
 takes `final` only when `ok` is true, else its `error` is the failure.
+
+Its prompt budget: the spec's [prompt] config is deep-merged into the config file, e.g. `tools.profile`
+("minimal", "coding", "messaging"; unset = every tool) and `tools.allow` / `tools.deny` (deny wins).
+OpenClaw filters its tool list by them before it builds a request, so a tool left out is never sent to the
+model (docs/harnesses.md has the prompt tokens each setting gave).
 """
 
 from __future__ import annotations
@@ -52,6 +57,14 @@ def openclaw_config(ctx: HarnessContext, *, context_window: int = 32768, max_tok
     }
 
 
+def merged(base: dict, over: dict) -> dict:
+    """`base` with `over` laid on it: tables merged key by key, any other value replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def openclaw_outcome(result: ExecResult) -> HarnessOutcome:
     """OpenClaw's verdict from the JSON object it prints last (its logs come before it)."""
     start = result.stdout.find("{")
@@ -73,6 +86,8 @@ def openclaw_outcome(result: ExecResult) -> HarnessOutcome:
 
 class OpenClawHarness(SpecHarness):
     """The hook specs/openclaw.toml names: its config file, its Node, a writable /tmp, its result JSON."""
+
+    writes_config = True  # the spec's [prompt] config is merged into .forge/openclaw.json
 
     def __init__(self, config: HarnessConfig) -> None:
         super().__init__(config)
@@ -112,7 +127,8 @@ class OpenClawHarness(SpecHarness):
                 raise HarnessError(f"openclaw needs a writable /tmp (its lock files ignore TMPDIR); the "
                                    f"{ctx.backend} sandbox's /tmp is read-only and no bwrap can remount it")
             self.private_tmp = bwrap
-        await sandbox.write_file(CONFIG_PATH, json.dumps(openclaw_config(ctx), indent=2).encode(), mode=0o600)
+        config = merged(openclaw_config(ctx), self.spec.prompt.config)  # the spec's prompt budget laid over it
+        await sandbox.write_file(CONFIG_PATH, json.dumps(config, indent=2).encode(), mode=0o600)
 
     def command(self, ctx: HarnessContext) -> list[str]:
         argv = super().command(ctx)

@@ -7,7 +7,7 @@
     [answer]   source = "file" | "stdout" | "json" | "none"; path; key
     [failures] policy_exit_codes, policy_output                    which endings are the policy's (reward 0)
     [limits]   args/env that set its own turn/token limits (from harness.max_turns / max_tokens)
-    [prompt]   args/env that shrink its prompt (its prompt budget)
+    [prompt]   args/env that shrink its prompt (its prompt budget); config, merged into a hook's config file
     [image]    programs a container image must have on its PATH
     [mcp]      args/env/files that give it an MCP server: a task's tools ({mcp_url}, {mcp_token})
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -131,6 +131,12 @@ class OptionsSpec(_Table):
     env: dict[str, str] = Field(default_factory=dict, description="environment variables")
 
 
+class PromptSpec(OptionsSpec):
+    config: dict[str, Any] = Field(default_factory=dict, description="settings deep-merged into the config file "
+                                   "the spec's hook writes for the harness (OpenClaw: {\"tools\": {\"profile\": "
+                                   "\"coding\"}}); only a hook that writes one takes it")
+
+
 class McpSpec(_Table):
     """How the harness takes an MCP server; used only for a task that has tools (rollouts/tasks/tools.py)."""
 
@@ -160,7 +166,7 @@ class HarnessSpec(_Table):
     answer: AnswerSpec = Field(default_factory=AnswerSpec)
     failures: FailureSpec = Field(default_factory=FailureSpec)
     limits: OptionsSpec = Field(default_factory=OptionsSpec)
-    prompt: OptionsSpec = Field(default_factory=OptionsSpec)
+    prompt: PromptSpec = Field(default_factory=PromptSpec)
     image: ImageSpec = Field(default_factory=ImageSpec)
     mcp: McpSpec | None = Field(None, description="how it takes an MCP server (a task's tools); a harness "
                                 "without it cannot run a task that has tools")

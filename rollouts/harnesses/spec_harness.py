@@ -47,6 +47,9 @@ class SpecHarness(HarnessBase):
     """A harness run from its spec; `bind` makes the class for one spec."""
 
     spec: ClassVar[HarnessSpec]
+    # A hook that writes the harness's own config file sets this and merges the spec's [prompt] config
+    # into it; a spec run by any other class that sets [prompt] config is refused (spec_class).
+    writes_config: ClassVar[bool] = False
 
     @classmethod
     def bind(cls, spec: HarnessSpec) -> type[SpecHarness]:
