@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import sys
 from pathlib import Path
 
 import pytest
-from k8s_double import IMAGE_ENV, KubeDouble, bwrap_available
-from k8s_double.network import NODE_IP
-from test_kubernetes import make_config
+from k8s_double import KubeDouble, bwrap_available
+from test_gui_kubernetes import _gui_config as _config, pods, relay_port  # noqa: F401 - fixtures
 from test_task_services import _mail, _task
 
 import openforge.sandbox.site_relay as site_relay
@@ -32,30 +29,6 @@ from openforge.store import Store
 
 pytestmark = pytest.mark.skipif(not bwrap_available(), reason="the API double runs pods under bubblewrap and "
                                                               "nsenter as root; not available here")
-
-
-@pytest.fixture
-def relay_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def pods(tmp_path: Path, relay_port: int):  # type: ignore[no-untyped-def]
-    venv = tuple(sorted({sys.prefix, sys.base_prefix}))
-    path = f"PATH={sys.prefix}/bin:" + IMAGE_ENV[0].removeprefix("PATH=")  # the image's python3: the venv's
-    double = KubeDouble(tmp_path / "pods", ro_binds=venv, image_env=(path, *IMAGE_ENV[1:]), pod_network=True,
-                        node_ports=(relay_port,))
-    double.start()
-    yield double
-    double.stop()
-
-
-def _config(double: KubeDouble, tmp_path: Path, relay_port: int):  # type: ignore[no-untyped-def]
-    """Pods dial the node (proxy_url's host) at the relay's port; the relay listens on the host's loopback."""
-    return make_config(double, tmp_path, proxy_url=f"http://{NODE_IP}:9", start_timeout_s=60,
-                       site_relay_host="127.0.0.1", site_relay_port=relay_port)
 
 
 # In a pod: GET each URL in argv; one JSON line {url: status or the error's name}.
