@@ -21,10 +21,11 @@ import asyncio
 import hashlib
 import os
 import re
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+
+from bench.selfcheck_rig import validate_run
 
 _KINDS = [("base image not on this machine", r".*is not on this machine"),
           ("a step failed offline (downloads, or a tool the base lacks)", r".*failed in forge's offline build"),
@@ -81,21 +82,8 @@ def run(quick: bool = False) -> dict:
 
 async def _validate(records: list[dict]) -> dict:
     from openforge.config import ForgeConfig
-    from openforge.rollouts.tasks.format import TaskSpec
-    from openforge.rollouts.tasks.selfcheck import check_solutions
-    from openforge.store import Store
 
-    tasks = [TaskSpec.model_validate(r) for r in records]
-    with tempfile.TemporaryDirectory() as home:
-        os.environ["FORGE_HOME"] = home
-        store = Store(Path(home) / "forge.db")
-        t0 = time.perf_counter()
-        problems = await check_solutions(store, ForgeConfig.model_validate({"sandbox": {"type": "docker"}}), tasks)
-        wall = time.perf_counter() - t0
-        store.close()
-    by_task: dict[str, list[str]] = {}
-    for p in problems:
-        by_task.setdefault(p.task_id or "", []).append(p.message)
+    tasks, wall, by_task = await validate_run(records, ForgeConfig.model_validate({"sandbox": {"type": "docker"}}))
     with_solution = [t for t in tasks if t.solution]
     return {"tasks": len(tasks), "wall_s": round(wall, 1), "with a reference solution": len(with_solution),
             "reference scored full marks": sorted(t.id for t in with_solution if not any(
