@@ -90,7 +90,7 @@ class JudgeRoute:
         if pipeline.engine is None:
             raise APIError("server", "the policy-base judge needs the run's own engine, and this proxy has none "
                                      "(engine.kind = \"remote\")")
-        pipeline._check_images(req)
+        pipeline.check_images(req)
         try:  # the whole call, a wait for a slot included, ends within the caller's limit (and is recorded)
             async with asyncio.timeout(timeout_s):
                 return await self._generate_in_slot(rollout, req, body_chars)
@@ -106,7 +106,7 @@ class JudgeRoute:
             prompt = await self._prompt(req, body_chars)
             if limit is not None and len(prompt.ids) + 1 >= limit:
                 raise too_long(len(prompt.ids), limit)
-            await pipeline._store_images(rollout["run_id"], prompt)  # the record's forge-image references
+            await pipeline.store_images(rollout["run_id"], prompt)  # the record's forge-image references
             max_new = req.max_tokens or pipeline.config.default_max_tokens
             if pipeline.config.max_tokens_cap is not None:
                 max_new = min(max_new, pipeline.config.max_tokens_cap)

@@ -189,7 +189,7 @@ class CallPipeline:
         return min(found) if found else None
 
     async def count_tokens(self, rollout_id: str, req: CallRequest, body_chars: int) -> int:
-        self._check_images(req)
+        self.check_images(req)
         return len((await self.prompts.build(rollout_id, req, limit=None, body_chars=body_chars)).ids)
 
     async def aclose(self) -> None:
@@ -198,12 +198,12 @@ class CallPipeline:
 
     # -- the call's start and end --------------------------------------------------------------
 
-    def _check_images(self, req: CallRequest) -> None:
+    def check_images(self, req: CallRequest) -> None:
         if self.renderer.vision is None and any(m.images for m in req.messages):
             raise bad_request(f"the model {self.served_model} does not take images (it has no image processor): "
                               "send text only, or serve a vision-language model", "messages")
 
-    async def _store_images(self, run_id: str, prompt: Prompt) -> list[str]:
+    async def store_images(self, run_id: str, prompt: Prompt) -> list[str]:
         """Each image of the prompt stored once under the run (content-addressed); their ids in order."""
         if not prompt.images:
             return []
@@ -215,10 +215,10 @@ class CallPipeline:
         return [im.sha for im in prompt.images]
 
     async def _begin(self, adapter: ApiAdapter, rollout: dict[str, Any], req: CallRequest, raw_body: str) -> LiveCall:
-        self._check_images(req)
+        self.check_images(req)
         limit = await self.context_limit()
         prompt = await self.prompts.build(rollout["id"], req, limit=limit, body_chars=len(raw_body))
-        image_ids = await self._store_images(rollout["run_id"], prompt)
+        image_ids = await self.store_images(rollout["run_id"], prompt)
         max_new = req.max_tokens or self.config.default_max_tokens
         if self.config.max_tokens_cap is not None:
             max_new = min(max_new, self.config.max_tokens_cap)
