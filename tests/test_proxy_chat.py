@@ -128,7 +128,7 @@ def test_a_rollout_cannot_reuse_or_write_another_rollouts_records(make_rig):
 
 
 def test_engine_failure_is_a_retryable_error_not_a_hang(make_rig):
-    rig = make_rig(["recovered", "recovered", "late"], call_timeout_s=0.5)
+    rig = make_rig(["recovered", "recovered", "late"], call_timeout_s=2.0)  # the ok call fits 2 s under load
     msgs = [{"role": "user", "content": "hi"}]
     rig.engine.fail_next("http_500")
     with pytest.raises(openai.InternalServerError) as err:
@@ -137,7 +137,7 @@ def test_engine_failure_is_a_retryable_error_not_a_hang(make_rig):
     rig.engine.fail_next("http_500")  # the SDK's own retry recovers
     out = client(rig, max_retries=2).chat.completions.create(model="m", messages=msgs)
     assert out.choices[0].message.content == "recovered"
-    rig.engine.fail_next("delay", seconds=1.5)
+    rig.engine.fail_next("delay", seconds=6)
     with pytest.raises(openai.APIStatusError) as slow:
         client(rig).chat.completions.create(model="m", messages=msgs)
     assert slow.value.status_code == 504
