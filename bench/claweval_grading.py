@@ -5,7 +5,9 @@ imported task's tasks/<id>/grader.py (with the checkout's claw_eval package, in 
 on the trace forge writes for an agent that answered without calling a tool: the instruction, one
 answer, no dispatches, no audit. Every one of them asks a judge: a scripted OpenAI-compatible judge on
 loopback answers each call {"score": 0.0}. Reports how many graders ran, which failed and why, their
-wall time, and the ClawEval task scores of that idle answer (none may pass 0.75).
+wall time, and the ClawEval task scores of that idle answer (none may pass 0.75); and the import's counts:
+the unsupported tasks by reason, those with sandbox files, and those with a binary sandbox file (written
+byte-exact since rollouts/tasks/setup_files.py) with what else keeps them out.
 """
 
 from __future__ import annotations
@@ -26,11 +28,15 @@ IDLE_ANSWER = "I could not complete this task."
 class _ScriptedJudge(BaseHTTPRequestHandler):
     score = 0.0  # every reply's score
 
+    def content(self) -> str:
+        """The reply's text: ClawEval's LLMJudge reads a JSON object's "score"."""
+        return json.dumps({"score": self.score, "reasoning": "scripted judge"})
+
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
         reply = {"id": "judge", "object": "chat.completion", "created": int(time.time()), "model": body.get("model", ""),
                  "choices": [{"index": 0, "finish_reason": "stop", "message": {
-                     "role": "assistant", "content": json.dumps({"score": self.score, "reasoning": "scripted judge"})}}],
+                     "role": "assistant", "content": self.content()}}],
                  "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
         data = json.dumps(reply).encode()
         self.send_response(200)
@@ -44,13 +50,28 @@ class _ScriptedJudge(BaseHTTPRequestHandler):
 
 
 # The reasons the importer gives (rollouts/tasks/claweval.py), by kind; a task counts under each of its own.
-_KINDS = {"sandbox file missing": " is missing", "sandbox file binary": " is binary",
+_KINDS = {"sandbox file missing": " is missing",
           "sandbox file outside the task folder": " is outside the task folder",
           "container steps (commands, grader files, host files, snapshot globs)": (
               "env_snapshot_commands", "sandbox_grader_files", "local_grader_files", "env_snapshot_files"),
           "no mock services": "no mock services", "scoring or safety checks forge does not run": (
               "scoring check", "safety check", "no grader forge can run", "no scoring component"),
           "attachments": "attachments", "simulated user": "user_agent"}
+
+
+def _has_binary_file(task_dir: Path) -> bool:
+    """Whether a task names a sandbox file the checkout holds that is not UTF-8 text (rollouts/tasks/claweval.py)."""
+    import yaml
+
+    t = yaml.safe_load((task_dir / "task.yaml").read_text(encoding="utf-8")) or {}
+    for name in t.get("sandbox_files") or (t.get("environment") or {}).get("fixtures") or []:
+        path = task_dir / str(name).removeprefix("/workspace/").removeprefix("./")
+        if path.is_file():
+            try:
+                path.read_bytes().decode("utf-8")
+            except UnicodeDecodeError:
+                return True
+    return False
 
 
 def _refusals(src: str, unsupported: list[tuple[str, str]]) -> dict[str, Any]:
@@ -71,9 +92,16 @@ def _refusals(src: str, unsupported: list[tuple[str, str]]) -> dict[str, Any]:
             files_by_kind[kind] = files_by_kind.get(kind, 0) + (tid in with_files)
     left = sum(1 for tid, why in unsupported if tid in with_files and not kinds(why) - {"scoring or safety checks forge "
                                                                                       "does not run"})
+    binary = {tid: why for tid, why in unsupported if _has_binary_file(root / "tasks" / tid)}
+    binary_by_kind: dict[str, int] = {}
+    for why in binary.values():  # what still keeps out a task whose binary sandbox files are written now
+        for kind in kinds(why) or {"other"}:
+            binary_by_kind[kind] = binary_by_kind.get(kind, 0) + 1
     return {"unsupported": len(unsupported), "unsupported_by_reason": dict(sorted(by_kind.items())),
             "unsupported_with_sandbox_files": len(with_files),
             "sandbox_file_tasks_by_reason": dict(sorted(files_by_kind.items())),
+            "unsupported_with_binary_sandbox_files": len(binary),
+            "binary_sandbox_file_tasks_by_reason": dict(sorted(binary_by_kind.items())),
             "sandbox_file_tasks_refused_only_for_checks": left}
 
 
@@ -116,7 +144,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     for tid, why in failures.items():
         print(f"  grader failed: {tid}: {why[:200]}")
     scores = [v["task_score"] for v in verdicts.values()]
-    result = {"imported": len(tasks), "with_grader": len(graded), "graded": len(verdicts), "failed": len(failures),
+    result = {"imported": len(tasks), "online_only": len(report.online_only),
+              "with_grader": len(graded), "graded": len(verdicts), "failed": len(failures),
               "failures": {k: v[:300] for k, v in failures.items()},
               "grader_median_s": round(statistics.median(s for _, s, _ in done), 2) if done else None,
               "grader_max_s": round(max(s for _, s, _ in done), 2) if done else None,
@@ -124,7 +153,9 @@ def run(quick: bool = False) -> dict[str, Any]:
               "idle_task_score_mean": round(statistics.mean(scores), 4) if scores else None,
               "idle_passed": sum(v["passed"] for v in verdicts.values()),
               "judge_calls": sum(v["judge_calls"] for v in verdicts.values()),
-              "with_sandbox_files": sum(bool(t.files) for t in tasks), **_refusals(src, report.unsupported)}
+              "with_sandbox_files": sum(bool(t.files or t.binary_files) for t in tasks),
+              "with_binary_sandbox_files": sum(bool(t.binary_files) for t in tasks),
+              **_refusals(src, report.unsupported)}
     print(f"claweval graders: {result['graded']} of {result['with_grader']} ran on forge's trace of an idle answer "
           f"({result['failed']} failed); median {result['grader_median_s']} s each; idle task score mean "
           f"{result['idle_task_score_mean']}, max {result['idle_task_score_max']}, {result['idle_passed']} passed")

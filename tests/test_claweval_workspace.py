@@ -6,6 +6,7 @@ tests/data/claweval (its notes service and claw_eval grading modules)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -114,11 +115,59 @@ def test_snapshot_entries_take_the_shape_of_clawevals_sandbox_read() -> None:
     assert snapshot_entry("/workspace/gone.txt", None) == {"error": "File not found: /workspace/gone.txt"}
 
 
-def test_a_binary_sandbox_file_is_refused(tmp_path: Path) -> None:
-    root = _checkout(tmp_path, sandbox_files=["fixtures/todo.txt", "fixtures/logo.png"])
-    (root / "tasks" / "N007_extend_list" / "fixtures" / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\xff\x00")
-    why = dict(import_claweval(root).unsupported)["N007_extend_list"]
-    assert why == "sandbox file fixtures/logo.png is binary (forge setup files are UTF-8 text)"
+# A binary sandbox file (every byte value) that the grader reads back from env_snapshot, base64 as ClawEval's
+# sandbox `/read` gives a PNG: completion 1 only for exactly the bytes forge wrote.
+LOGO = bytes(range(256))
+LOGO_GRADER = f'''import base64
+from claw_eval.graders.base import AbstractGrader
+from claw_eval.models.trace import DimensionScores
+
+
+class LogoGrader(AbstractGrader):
+    def grade(self, messages, dispatches, task, audit_data=None, judge=None, media_events=None, env_snapshot=None):
+        scores = DimensionScores()
+        entry = (env_snapshot or {{}}).get("file:/workspace/fixtures/logo.png", {{}})
+        same = entry.get("encoding") == "base64" and base64.b64decode(entry.get("content", "")) == {LOGO!r}
+        scores.completion = 1.0 if same else 0.0
+        scores.robustness = self.compute_robustness(dispatches)
+        return scores
+'''
+
+
+def test_a_binary_sandbox_file_is_written_byte_exact_and_its_grader_reads_the_bytes(tmp_path: Path,
+                                                                                    store: Store) -> None:
+    """Imported to a task folder (the PNG beside task.json, not base64 in it), validated by `forge tasks validate`,
+    run: the grader's env_snapshot holds exactly the bytes forge wrote (task score 1); one byte changed by the
+    agent, completion 0."""
+    from typer.testing import CliRunner
+
+    from openforge.forge_cli.main import app
+    from openforge.rollouts.tasks.claweval import write_tasks
+    from openforge.rollouts.tasks.format import load_tasks
+
+    root = _checkout(tmp_path, sandbox_files=["fixtures/todo.txt", "fixtures/logo.png"],
+                     env_snapshot_files=["/workspace/fixtures/logo.png"])
+    (root / "tasks" / "N007_extend_list" / "fixtures" / "logo.png").write_bytes(LOGO)
+    (root / "tasks" / "N007_extend_list" / "grader.py").write_text(LOGO_GRADER, encoding="utf-8")
+    report = import_claweval(root)
+    assert "N007_extend_list" not in dict(report.unsupported)
+    out = write_tasks(report.tasks, tmp_path / "imported")
+    assert (out / "N007_extend_list" / "files" / "fixtures" / "logo.png").read_bytes() == LOGO
+    assert "binary_files" not in json.loads((out / "N007_extend_list" / "task.json").read_text())
+    done = CliRunner().invoke(app, ["tasks", "validate", str(out)])
+    assert done.exit_code == 0 and f"{len(report.tasks)} task(s) ok" in done.output, done.output
+    task = next(t for t in load_tasks(out) if t.id == "N007_extend_list")
+    assert task.setup_files() == {"fixtures/todo.txt": b"milk\n", "fixtures/logo.png": LOGO}
+    run = store.create_run(kind="eval", name="claweval-binary")
+    got = {}
+    flip = "printf '\\001' | dd of=fixtures/logo.png bs=1 seek=0 conv=notrunc 2>/dev/null\n"
+    for label, script in {"untouched": NOTE, "changed": flip + NOTE}.items():
+        runner = RolloutRunner(store, config=ForgeConfig(), proxy_url="http://127.0.0.1:9",
+                               harness=_StandInHarness({task.id: script}, {task.id: "Done."}))
+        (ro,) = asyncio.run(runner.run(run.id, [RolloutSpec(task)]))
+        assert ro.status == "scored", (label, ro.error, ro.stderr)
+        got[label] = json.loads(verdict_path(run.id, ro.id).read_text())["scores"]["completion"]
+    assert got == {"untouched": 1.0, "changed": 0.0}
 
 
 async def test_the_grader_reads_the_file_the_agent_left_and_nothing_planted_elsewhere(tmp_path: Path,
@@ -138,3 +187,20 @@ async def test_the_grader_reads_the_file_the_agent_left_and_nothing_planted_else
         got[label] = (ro.reward, verdict["scores"]["completion"], verdict["task_score"])
     assert got["edited"] == (1.0, 1.0, 1.0)
     assert got["idle"] == got["planted"] == (1.0, 0.0, 0.2)
+
+
+def test_the_public_sets_binary_sandbox_files_are_no_longer_a_reason() -> None:
+    """The real set, where a claw-eval checkout is at hand offline (CLAWEVAL_SRC; bench/claweval_grading.py
+    counts it): its PNGs, PDF, JPEGs, SQLite databases and packet capture refuse no task; the tasks holding
+    them are refused for what else they need, each reason given."""
+    import os
+
+    src = os.environ.get("CLAWEVAL_SRC")
+    if not src or not Path(src, "tasks").is_dir():
+        pytest.skip("CLAWEVAL_SRC names no claw-eval checkout (git clone github.com/claw-eval/claw-eval)")
+    from bench.claweval_grading import _has_binary_file
+
+    report = import_claweval(src)
+    binary = {tid: why for tid, why in report.unsupported if _has_binary_file(Path(src, "tasks", tid))}
+    assert binary and all("binary" not in why and why for why in binary.values()), binary
+    assert not any("binary" in why for _, why in report.unsupported)

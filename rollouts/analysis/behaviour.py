@@ -144,7 +144,7 @@ def plan_completion(declared: list[str], verifier_output: str | None) -> float |
 def requires_tools(task: dict[str, Any]) -> bool:
     """A task needs tools when it says so (`requires_tools`), else when it gives the agent files to work on."""
     flag = task.get("requires_tools")
-    return bool(task.get("files")) if flag is None else bool(flag)
+    return bool(task.get("files") or task.get("binary_files")) if flag is None else bool(flag)
 
 
 def behaviour_of(rollout: Any, transcript: Transcript, task: dict[str, Any]) -> Behaviour:

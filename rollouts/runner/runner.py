@@ -410,8 +410,8 @@ class RolloutRunner:
 
     async def _setup(self, sb: Sandbox, task: TaskSpec) -> None:
         try:
-            for path, content in task.files.items():
-                await sb.write_file(path, content.encode("utf-8"))
+            for path, data in task.setup_files().items():  # text and binary, byte-exact on every backend
+                await sb.write_file(path, data)
             if task.setup:
                 done = await sb.exec(task.setup, timeout=self.config.runner.verifier_timeout_s)
                 if done.exit_code != 0:

@@ -1,6 +1,7 @@
 """Tasks: what an agent is asked to do, what its sandbox starts with, and how it is scored.
 
     format.py      the task format (JSONL or a folder), `load_tasks`, the built-in sets by name
+    setup_files.py a task's setup files as bytes: text `files`, base64 `binary_files`, a folder's files/
     grading.py     exact checks on the host: expected answer, expected files (never a substring)
     judge.py       a task's judge component: a model's verdict by a rubric, the agent's text and screens quoted
     judge_prompts.py  the judges of the field by name (WebVoyager, WebJudge): prompts and strict verdicts

@@ -16,14 +16,16 @@ is another benchmark, ClawBench: nothing here uses it.) Each task becomes one fo
                                         the reward is 0, judge or not (ClawEval multiplies by safety)
     scoring llm_judge + judge_rubric -> judge (rollouts/tasks/judge.py), output "score", weighted by the
                                         llm_judge components' share of the task's weights
-    sandbox_files                    -> files: written into the sandbox's working directory, ClawEval's
+    sandbox_files                    -> files (UTF-8 text) or binary_files (an image, a PDF, a database:
+                                        written beside task.json under files/, rollouts/tasks/setup_files.py):
+                                        written byte-exact into the sandbox's working directory, ClawEval's
                                         /workspace (its SandboxRunner.inject_files); /workspace/ in the
                                         prompt becomes ./
     env_snapshot_files               -> claweval.snapshot_files: copied out of the working directory after the
                                         agent is gone, for the grader's env_snapshot (cli._collect_env_snapshot)
 
 Refused, one line each: tasks whose services need the live web (`web_real*`: online-only) and tasks that
-need what this mapping lacks (a binary or missing sandbox file, a snapshot glob, commands or grader files
+need what this mapping lacks (a missing sandbox file, a snapshot glob, commands or grader files
 run in ClawEval's container before grading, attachments, a simulated user, checks other than the above,
 a missing server or fixture file, a tool whose endpoint no service serves, only safety gates to score).
 An imported task's reward is forge's exact rules and judge above. ClawEval's own `tasks/<id>/grader.py`
@@ -42,6 +44,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from openforge.errors import TaskError
+from openforge.rollouts.tasks.setup_files import encode, write_binary_files
 
 SUPPORTED_SCORING = {"tool_called", "llm_judge"}
 SUPPORTED_SAFETY = {"tool_not_called"}
@@ -119,7 +122,7 @@ def convert_task(root: Path, task_dir: Path) -> dict[str, Any]:
     if web := [s["name"] for s in services if "web_real" in str(s.get("command", ""))]:
         raise _Refused(f"online-only: service(s) {', '.join(web)} search the live web")
     reasons = []
-    files, snapshot = _workspace(task_dir, t, reasons)
+    files, binary, snapshot = _workspace(task_dir, t, reasons)
     if (t["prompt"] or {}).get("attachments"):
         reasons.append("attachments (multimodal input)")
     if (t.get("user_agent") or {}).get("enabled"):
@@ -171,13 +174,15 @@ def convert_task(root: Path, task_dir: Path) -> dict[str, Any]:
     if rules and all(r.get("absent") for r in rules) and judge_weight == 0:
         raise _Refused("no scoring component forge can run (only tool_not_called safety gates)")
     record: dict[str, Any] = {
-        "id": t["task_id"], "instruction": _instruction(t["prompt"]["text"], bool(files or snapshot)),
+        "id": t["task_id"], "instruction": _instruction(t["prompt"]["text"], bool(files or binary or snapshot)),
         "services": specs, "tools": tools,
         "expect_requests": rules, "time_limit_s": float((t.get("environment") or {}).get("timeout_seconds", 300)),
         "tags": ["claweval", *(str(x) for x in t.get("tags") or []), *([t["category"]] if t.get("category") else [])],
         "requires_tools": True}
     if files:
         record["files"] = files
+    if binary:
+        record["binary_files"] = binary
     if t.get("difficulty") in ("easy", "medium", "hard"):
         record["difficulty"] = t["difficulty"]
     if judge_weight > 0:
@@ -206,14 +211,17 @@ _CONTAINER_STEPS = {"env_snapshot_commands": "commands run in the sandbox before
                     "local_grader_files": "the grader's host files (local_grader_files)"}
 
 
-def _workspace(task_dir: Path, t: dict[str, Any], reasons: list[str]) -> tuple[dict[str, str], dict[str, str]]:
-    """(setup files, snapshot): ClawEval's SandboxRunner.inject_files writes each `sandbox_files` path (relative
-    to the task folder; else `environment.fixtures`) to /workspace/<path> before the agent starts, and
-    cli._collect_env_snapshot reads each `env_snapshot_files` path from the container after it. In forge
-    /workspace is the sandbox's working directory: the files become the task's setup files, and the snapshot
+def _workspace(task_dir: Path, t: dict[str, Any],
+               reasons: list[str]) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """(text setup files, binary ones as base64, snapshot): ClawEval's SandboxRunner.inject_files writes each
+    `sandbox_files` path (relative to the task folder; else `environment.fixtures`) to /workspace/<path> before
+    the agent starts, and cli._collect_env_snapshot reads each `env_snapshot_files` path from the container
+    after it. In forge /workspace is the sandbox's working directory: the files become the task's setup files
+    (one that is not UTF-8, such as an image or a SQLite database, a binary one, byte-exact), and the snapshot
     maps each ClawEval path to the workdir path read out of the sandbox after the agent is gone."""
     names = [str(p) for p in t.get("sandbox_files") or (t.get("environment") or {}).get("fixtures") or []]
     files: dict[str, str] = {}
+    binary: dict[str, str] = {}
     for name in names:
         rel = name.removeprefix(WORKSPACE).removeprefix("./")
         path = task_dir / rel
@@ -222,10 +230,11 @@ def _workspace(task_dir: Path, t: dict[str, Any], reasons: list[str]) -> tuple[d
         elif not path.is_file():
             reasons.append(f"sandbox file {name} is missing")
         else:
+            data = path.read_bytes()
             try:
-                files[rel] = path.read_bytes().decode("utf-8")
+                files[rel] = data.decode("utf-8")
             except UnicodeDecodeError:
-                reasons.append(f"sandbox file {name} is binary (forge setup files are UTF-8 text)")
+                binary[rel] = encode(data)
     snapshot: dict[str, str] = {}
     for pattern in (str(p) for p in t.get("env_snapshot_files") or []):
         rel = pattern.removeprefix(WORKSPACE)
@@ -235,7 +244,7 @@ def _workspace(task_dir: Path, t: dict[str, Any], reasons: list[str]) -> tuple[d
         else:
             snapshot[pattern] = rel
     reasons += [why for key, why in _CONTAINER_STEPS.items() if t.get(key)]
-    return files, snapshot
+    return files, binary, snapshot
 
 
 def _instruction(text: str, workspace: bool) -> str:
@@ -310,10 +319,14 @@ def import_claweval(src: str | Path) -> ImportReport:
 
 
 def write_tasks(records: list[dict[str, Any]], out: str | Path) -> Path:
-    """Each record as `OUT/<id>/task.json` (a forge task folder set; `forge tasks validate OUT`)."""
+    """Each record as `OUT/<id>/task.json` (a forge task folder set; `forge tasks validate OUT`), its binary setup
+    files beside it as the files themselves, `OUT/<id>/files/<path>`, not base64 in the JSON (setup_files.py)."""
     folder = Path(out).expanduser()
     for record in records:
-        (folder / record["id"]).mkdir(parents=True, exist_ok=True)
-        (folder / record["id"] / "task.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n",
-                                                          encoding="utf-8")
+        task = folder / record["id"]
+        task.mkdir(parents=True, exist_ok=True)
+        binary = record.get("binary_files") or {}
+        write_binary_files(task, binary)
+        record = {k: v for k, v in record.items() if k != "binary_files"}
+        (task / "task.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return folder

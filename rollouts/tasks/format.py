@@ -5,7 +5,7 @@ A task set is a JSONL file (one task per line) or a folder holding any mix of:
     easy.jsonl            one task per line
     make-config.json      one task per file (.json or .toml)
     fix-script/           one task per sub-folder: task.json or task.toml, plus optional
-        task.toml         files/ (copied into the sandbox as setup files) and
+        task.toml         files/ (copied into the sandbox as setup files, byte-exact: text or binary) and
         files/run.sh      verifier/ (written only after the agent stops, so it cannot read them)
 
 A folder whose task folders hold `task.toml` beside `instruction.md` is a Harbor / Terminal-Bench
@@ -56,6 +56,7 @@ from openforge.rollouts.tasks.judge import JudgeSpec
 from openforge.rollouts.tasks.osworld_eval import OSWorldEval
 from openforge.rollouts.tasks.web.benchmarks import OnlineWeb
 from openforge.rollouts.tasks.services import RequestRule, ServiceSpec
+from openforge.rollouts.tasks.setup_files import FILES_DIR, decode, read_tree
 from openforge.rollouts.tasks.tools import TaskTool, check_unique
 from openforge.rollouts.tasks.web import WEB_TASKS_DIR
 from openforge.rollouts.tasks.web.spec import GuiTask
@@ -75,6 +76,9 @@ class TaskSpec(BaseModel):
     id: str = Field(description="unique within the set: letters, digits, . _ -")
     instruction: str = Field(min_length=1, description="what the agent is told")
     files: dict[str, str] = Field(default_factory=dict, description="setup files: path -> content")
+    binary_files: dict[str, str] = Field(default_factory=dict, description=(
+        "setup files that are not UTF-8 text (an image, a PDF, a database): path -> base64 of the bytes; a task "
+        "folder's files/ fills it from the files themselves (rollouts/tasks/setup_files.py)"))
     setup: str | None = Field(None, description="shell command run before the agent starts")
     verifier: str | None = Field(None, min_length=1, description="shell command run after the agent stops")
     expect_answer: ExpectedAnswer | None = Field(None, description="the final answer, checked exactly by the runner")
@@ -138,6 +142,14 @@ class TaskSpec(BaseModel):
         check_relative_paths(value, "the working directory")
         return value
 
+    @field_validator("binary_files")
+    @classmethod
+    def _check_binary(cls, value: dict[str, str]) -> dict[str, str]:
+        check_relative_paths(value, "the working directory")
+        for path, content in value.items():
+            decode(content, path)
+        return value
+
     @field_validator("tools")
     @classmethod
     def _unique_tools(cls, value: list[TaskTool]) -> list[TaskTool]:
@@ -161,6 +173,8 @@ class TaskSpec(BaseModel):
     def _graded(self) -> "TaskSpec":
         if not self.exact_graded and self.judge is None:
             raise ValueError(_NO_GRADER)
+        if both := sorted(set(self.files) & set(self.binary_files)):
+            raise ValueError(f"binary_files: {', '.join(both)} also in files (a setup file is text or binary)")
         if self.online is not None and self.gui is not None:
             raise ValueError("online: an online-only task opens its live page; a gui site is a local copy, not both")
         names = [s.name for s in self.services]
@@ -169,6 +183,11 @@ class TaskSpec(BaseModel):
         if unknown := sorted({r.service for r in self.expect_requests} - set(names)):
             raise ValueError(f"expect_requests: no service named {', '.join(unknown)} (services: {names or 'none'})")
         return self
+
+    def setup_files(self) -> dict[str, bytes]:
+        """Every setup file's bytes, text and binary, as the runner writes them into the sandbox."""
+        return {**{p: c.encode("utf-8") for p, c in self.files.items()},
+                **{p: decode(c, p) for p, c in self.binary_files.items()}}
 
     def to_record(self) -> dict[str, Any]:
         """The JSON-ready dict the store keeps (Store.add_tasks wants `id` and `instruction`)."""
@@ -231,14 +250,10 @@ def _file_record(path: Path, problems: list[TaskProblem]) -> dict[str, Any] | No
     return record
 
 
-def _tree_files(root: Path, problems: list[TaskProblem]) -> dict[str, str]:
-    files: dict[str, str] = {}
-    for f in sorted(p for p in root.rglob("*") if p.is_file()):
-        try:
-            files[f.relative_to(root).as_posix()] = f.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            problems.append(TaskProblem(str(f), None, f"setup files must be UTF-8 text: {exc}"))
-    return files
+def _tree_files(root: Path, problems: list[TaskProblem], *, binary: bool) -> tuple[dict[str, str], dict[str, str]]:
+    text, raw, errors = read_tree(root, binary=binary)
+    problems.extend(TaskProblem(str(f), None, why) for f, why in errors)
+    return text, raw
 
 
 def _harbor_task(folder: Path, problems: list[TaskProblem]) -> dict[str, Any] | None:
@@ -258,9 +273,14 @@ def _folder_task(folder: Path, problems: list[TaskProblem]) -> dict[str, Any] | 
     if record is None:
         return None
     record.setdefault("id", folder.name)
-    for key, sub in (("files", "files"), ("verifier_files", "verifier")):
-        if (folder / sub).is_dir():
-            record[key] = {**_tree_files(folder / sub, problems), **(record.get(key) or {})}
+    if (folder / FILES_DIR).is_dir():  # text or binary, each file where its bytes say; the record's own win
+        text, raw = _tree_files(folder / FILES_DIR, problems, binary=True)
+        record["files"] = {**text, **(record.get("files") or {})}
+        if raw:
+            record["binary_files"] = {**raw, **(record.get("binary_files") or {})}
+    if (folder / "verifier").is_dir():
+        record["verifier_files"] = {**_tree_files(folder / "verifier", problems, binary=False)[0],
+                                    **(record.get("verifier_files") or {})}
     return record
 
 
