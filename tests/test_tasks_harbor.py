@@ -91,20 +91,22 @@ def test_what_cannot_run_yet_is_refused_per_task_in_one_line(tmp_path: Path) -> 
     _task(tmp_path, "bad-limit", toml="[agent]\ntimeout_sec = -1\n", test_sh=ok)
     _task(tmp_path, "fine", test_sh=ok)
     compose = _task(tmp_path, "services", test_sh=ok)
-    (compose / "environment" / "docker-compose.yaml").write_text("services: {}\n")
+    (compose / "environment" / "docker-compose.yaml").write_text("services:\n  db:\n    image: postgres:16\n")
     problems = {p.task_id: p.message for p in validate_tasks(tmp_path)}
     assert problems.keys() == {"builds", "tools", "no-tests", "bad-toml", "bad-limit", "services"}
     assert problems["builds"].startswith("environment/Dockerfile line 2: RUN needs an image build")
-    assert "mcp_servers" in problems["tools"] and "not supported yet" in problems["tools"]
+    assert "mcp_servers" in problems["tools"] and "forge runs no compose services yet" in problems["tools"]
     assert "tests/test.sh: missing" in problems["no-tests"]
     assert problems["bad-toml"].startswith("bad task.toml") and "timeout_sec" in problems["bad-limit"]
     assert "docker-compose" in problems["services"]
     assert all("\n" not in m for m in problems.values())
 
 
-async def _run(store: Store, scripts: dict[str, str], tasks: list[TaskSpec]) -> dict[str, tuple]:
+async def _run(store: Store, scripts: dict[str, str], tasks: list[TaskSpec], *, solved: bool = False) -> dict[str, tuple]:
+    """Each task run with its script; `solved`: as the reference run, its solution/ files in the sandbox."""
     run = store.create_run(kind="check")
-    runner = RolloutRunner(store, config=ForgeConfig(), proxy_url="http://127.0.0.1:9", harness=_StandInHarness(scripts))
+    harness = _StandInHarness(scripts, solutions={t.id: t for t in tasks} if solved else None)
+    runner = RolloutRunner(store, config=ForgeConfig(), proxy_url="http://127.0.0.1:9", harness=harness)
     out = await runner.run(run.id, [RolloutSpec(t) for t in tasks])
     return {ro.task_id: (ro.status, ro.reward, ro.error, ro.verifier_output) for ro in out}
 

@@ -10,5 +10,6 @@
     failures.py    which rollouts failed for infra/harness reasons, their reasons, StepFailed
     evaluate.py    an eval: every task sampled k times, scored, summarised, stored as a run
     tool_server.py a task's tools as one MCP server per rollout on the host, every dispatch recorded
+    mcp_upstream.py  its client sessions to the task's own MCP servers, whose tools it serves beside those
     claweval_score.py  an imported ClawEval task's own grader run on the rollout's records; ClawEval's figures
 """

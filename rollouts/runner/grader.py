@@ -215,7 +215,8 @@ class RolloutGrader:
         try:
             await self._grader_folders(sb, task)
             await sb.write_file(ANSWER_FILE, answer.encode("utf-8"))
-            if task.tools and ro is not None:  # the host's record, never one the agent wrote (`.forge/` was moved aside)
+            # The host's record, never one the agent wrote (`.forge/` was moved aside).
+            if (task.tools or task.mcp_servers) and ro is not None:
                 record = dispatch_record_path(ro.run_id, ro.id)
                 await sb.write_file(DISPATCH_FILE, record.read_bytes() if record.is_file() else b"")
         except SandboxPathRefused as exc:  # the agent planted a link or FIFO where the grader writes
@@ -307,7 +308,7 @@ class RolloutGrader:
         limit = self.config.runner.verifier_timeout_s
         cap = self.config.sandbox.max_output_bytes
         env = verifier_env(sb.info.workdir) | ({DISPATCH_ENV: f"{sb.info.workdir.rstrip('/')}/{DISPATCH_FILE}"}
-                                                 if task.tools else {})
+                                                 if task.tools or task.mcp_servers else {})
         done = await run_in_sandbox(self.config, sb, task.verifier, timeout=limit, env=env)
         output = tail(f"verifier: exit code {done.exit_code}\n{done.stdout}"
                        + (f"\n[stderr]\n{done.stderr}" if done.stderr else ""))

@@ -239,11 +239,11 @@ class RolloutRunner:
     async def _tools(self, ro: Rollout, task: TaskSpec, services: Any) -> AsyncIterator[ToolServer | None]:
         """A task's tools: its MCP server on the host for this rollout (forwarding to the recording fronts
         of the task's services), closed on every path; None for a task without tools."""
-        if not task.tools:
+        if not task.tools and not task.mcp_servers:
             yield None
             return
         server = ToolServer(task.tools, record=dispatch_record_path(ro.run_id, ro.id),
-                            services=services.urls() if services else {})
+                            services=services.urls() if services else {}, mcp_servers=task.mcp_servers)
         try:
             await server.start()
         except (ToolServerUnavailable, OSError) as exc:

@@ -16,7 +16,9 @@ arguments as JSON on stdin; its stdout is the result, a non-zero exit an error r
 or `service` (the arguments as the JSON body of a request to the task service's base URL for this
 rollout). A handler that cannot run at all (it would not start, it ran past `timeout_s`, its service
 is not there) is the infrastructure's failure: the agent gets an error result and `infra_error` is set,
-so the runner masks the rollout instead of scoring it.
+so the runner masks the rollout instead of scoring it. A task's own MCP servers (`mcp_servers`, Harbor's
+`[[environment.mcp_servers]]`) have their tools listed beside these and their calls carried out by
+mcp_upstream.py's client sessions: the same record (with the server's name), the same route in.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from openforge.rollouts.tasks.tools import TaskTool
+from openforge.rollouts.runner.mcp_upstream import McpUpstreams, UpstreamFailed
+from openforge.rollouts.tasks.mcp_servers import McpServerSpec
+from openforge.rollouts.tasks.tools import RESERVED_NAMES, TaskTool
 from openforge.sandbox.gc import owned_tempdir, remove_owned
 
 RESULT_CHARS = 64_000  # what one result may carry back to the agent (and into the record)
@@ -61,8 +65,10 @@ class ToolServer:
     """One rollout's MCP server; an async context manager (start, then close on every path)."""
 
     def __init__(self, tools: list[TaskTool], *, record: Path, services: Mapping[str, str] | None = None,
-                 folder: Path | None = None) -> None:
+                 folder: Path | None = None, mcp_servers: list[McpServerSpec] | None = None) -> None:
         self.tools = {tool.name: tool for tool in tools}
+        # The task's own MCP servers (Harbor's mcp_servers): their tools are offered here beside `tools`.
+        self.upstreams = McpUpstreams(mcp_servers, services=services, folder=folder) if mcp_servers else None
         self.record = record
         self.services = dict(services or {})
         self.token = secrets.token_urlsafe(32)
@@ -94,6 +100,14 @@ class ToolServer:
             from mcp.server.lowlevel import Server
         except ImportError as exc:
             raise ToolServerUnavailable(f"task tools need the `mcp` package: pip install 'openforge[tools]' ({exc})") from None
+        if self.upstreams is not None:
+            try:
+                await self.upstreams.start()
+            except UpstreamFailed as exc:
+                raise ToolServerUnavailable(str(exc)) from None
+            if clash := sorted(set(self.upstreams.tools) & (set(self.tools) | RESERVED_NAMES)):
+                raise ToolServerUnavailable(f"MCP server {self.upstreams.tools[clash[0]][0]}: its tool {clash[0]!r} "
+                                            "is also a task tool or one of mini's own")
 
         class _Server(uvicorn.Server):
             @contextlib.contextmanager
@@ -139,6 +153,8 @@ class ToolServer:
                 self._task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await self._task
+        if self.upstreams is not None:
+            await self.upstreams.close()
         remove_owned(self._folder)
 
     # -- MCP handlers ---------------------------------------------------------------------------------
@@ -146,9 +162,12 @@ class ToolServer:
     async def _list_tools(self, ctx: Any, params: Any) -> Any:
         import mcp_types as types
 
+        # An upstream tool's output schema is not passed on: the result reaches the agent as text only.
+        upstream = [types.Tool(name=t.name, description=t.description, input_schema=t.input_schema)
+                    for _, t in (self.upstreams.tools.values() if self.upstreams is not None else [])]
         return types.ListToolsResult(tools=[
             types.Tool(name=t.name, description=t.description, input_schema=t.input_schema)
-            for t in self.tools.values()])
+            for t in self.tools.values()] + upstream)
 
     async def _call_tool(self, ctx: Any, params: Any) -> Any:
         import mcp_types as types
@@ -161,9 +180,16 @@ class ToolServer:
         """Run one call's handler and record it: (result text, whether it is an error result)."""
         started = time.time()
         tool = self.tools.get(name)
-        infra = None
-        if tool is None:
-            result, is_error = f"error: unknown tool {name!r}; the tools are {', '.join(self.tools)}", True
+        infra, server = None, None
+        if tool is None and self.upstreams is not None and name in self.upstreams.tools:
+            server = self.upstreams.tools[name][0]
+            try:
+                result, is_error = await self.upstreams.call(name, arguments)
+            except UpstreamFailed as exc:
+                result, is_error, infra = "error: the tool's MCP server failed", True, str(exc)
+        elif tool is None:
+            names = [*self.tools, *(self.upstreams.tools if self.upstreams is not None else {})]
+            result, is_error = f"error: unknown tool {name!r}; the tools are {', '.join(names)}", True
         elif tool.command is not None:
             result, is_error, infra = await self._run_command(tool, arguments)
         else:
@@ -172,7 +198,7 @@ class ToolServer:
             self.infra_error = infra
         entry = {"seq": len(self.dispatches), "time": started, "tool": name, "arguments": arguments,
                  "result": _clip(result), "is_error": is_error, "infra_error": infra,
-                 "duration_s": round(time.time() - started, 4)}
+                 "duration_s": round(time.time() - started, 4), **({"server": server} if server else {})}
         self.dispatches.append(entry)
         with self.record.open("a", encoding="utf-8") as f:  # a line per dispatch: a crash keeps what came before
             f.write(json.dumps(entry) + "\n")

@@ -55,6 +55,8 @@ from openforge.rollouts.tasks.harbor_verifier import HarborTests
 from openforge.rollouts.tasks.judge import JudgeSpec
 from openforge.rollouts.tasks.osworld_eval import OSWorldEval
 from openforge.rollouts.tasks.web.benchmarks import OnlineWeb
+from openforge.rollouts.tasks.mcp_servers import McpServerSpec
+from openforge.rollouts.tasks.mcp_servers import check_unique as unique_servers
 from openforge.rollouts.tasks.services import RequestRule, ServiceSpec
 from openforge.rollouts.tasks.setup_files import FILES_DIR, decode, read_tree
 from openforge.rollouts.tasks.tools import TaskTool, check_unique
@@ -128,6 +130,9 @@ class TaskSpec(BaseModel):
         "(rollouts/tasks/services.py)"))
     expect_requests: list[RequestRule] = Field(default_factory=list, description=(
         "exact rules on the services' record: a request made (or never made), checked by the runner"))
+    mcp_servers: list[McpServerSpec] = Field(default_factory=list, description=(
+        "the task's own MCP servers (Harbor's [[environment.mcp_servers]]): their tools reach the agent "
+        "through the runner's tool server, every call recorded there (rollouts/tasks/mcp_servers.py)"))
 
     @field_validator("id")
     @classmethod
@@ -154,6 +159,11 @@ class TaskSpec(BaseModel):
     @classmethod
     def _unique_tools(cls, value: list[TaskTool]) -> list[TaskTool]:
         return check_unique(value)
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _unique_servers(cls, value: list[McpServerSpec]) -> list[McpServerSpec]:
+        return unique_servers(value)
 
     @field_validator("verifier", "instruction")
     @classmethod
@@ -182,6 +192,8 @@ class TaskSpec(BaseModel):
             raise ValueError(f"services: duplicate name in {names}")
         if unknown := sorted({r.service for r in self.expect_requests} - set(names)):
             raise ValueError(f"expect_requests: no service named {', '.join(unknown)} (services: {names or 'none'})")
+        if unknown := sorted({m.service for m in self.mcp_servers if m.service} - set(names)):
+            raise ValueError(f"mcp_servers: no service named {', '.join(unknown)} (services: {names or 'none'})")
         return self
 
     def setup_files(self) -> dict[str, bytes]:

@@ -16,11 +16,19 @@ deprecated "4G" forms too), which replace the run's sandbox limits for it (sandb
 (forge runs on 3.11): `HarborConfig` below is the subset of its `TaskConfig`
 (`harbor/models/task/config.py`, harbor 0.26.0) forge reads, with the same names and defaults.
 
+`[[environment.mcp_servers]]` (Harbor's MCPServerConfig, `HarborMcpServer`) become the task's
+`mcp_servers` (rollouts/tasks/harbor_mcp.py): a stdio server runs on the host per rollout from the
+environment/ files its image paths were COPYed from, its tools served to the agent through the
+rollout's own tool server, every call recorded there; the COPY that brings only its files gives the
+agent nothing.
+
 What forge cannot run yet is refused here with one line per task, never run half-way: a Dockerfile
 with steps other than FROM/WORKDIR/COPY/ADD of its own files and those that build nothing (RUN installs
 software: `forge tasks import harbor` builds such a task into an image, rollouts/tasks/harbor_image.py,
-and the task runs there on the Docker backend), docker-compose environments (services),
-[[environment.mcp_servers]], multi-step tasks, separate verifier environments, Windows and GPUs.
+and the task runs there on the Docker backend), MCP servers over HTTP (a compose service, or one
+inside the agent's container), environment/docker-compose.yaml services beside `main` or overrides of
+it (and a compose file that does not parse), multi-step tasks, separate verifier environments, Windows
+and GPUs.
 The base image is not pulled: the task runs with the sandbox's tools (the host's, on a local
 sandbox), so a test.sh that needs a tool the host lacks ends as an infrastructure failure.
 """
@@ -35,6 +43,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from openforge.rollouts.tasks.harbor_mcp import HarborMcpServer, compose_reasons, image_copies, mcp_server_records
 from openforge.rollouts.tasks.harbor_verifier import rewrite_paths
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0  # Harbor's [agent] timeout_sec has no default of its own
@@ -69,7 +78,7 @@ class EnvironmentSection(_Section):
     storage: str | None = None
     build_timeout_sec: float | None = Field(None, gt=0)
     gpus: int | None = None
-    mcp_servers: list[dict[str, Any]] = Field(default_factory=list)
+    mcp_servers: list[HarborMcpServer] = Field(default_factory=list)
     workdir: str | None = None
     allow_internet: bool | None = None
     network_mode: str | None = None
@@ -151,11 +160,13 @@ def _dockerfile_lines(text: str) -> list[tuple[int, str, str]]:
     return out
 
 
-def local_environment(env_dir: Path, workdir: str | None) -> tuple[str, dict[str, str]]:
+def local_environment(env_dir: Path, workdir: str | None,
+                      host_side: frozenset[str] = frozenset()) -> tuple[str, dict[str, str]]:
     """(WORKDIR, the files the agent starts with relative to it) of a plain Dockerfile: FROM,
     WORKDIR, COPY/ADD of the task's own files into the WORKDIR, and steps that build nothing (ENV
-    among them: the sandbox's environment is forge's). Raises ValueError with the one-line reason
-    otherwise."""
+    among them: the sandbox's environment is forge's). A COPY of only `host_side` files (image paths a
+    stdio MCP server runs from, on the host: harbor_mcp.py) brings the agent nothing. Raises ValueError
+    with the one-line reason otherwise."""
     dockerfile = env_dir / "Dockerfile"
     text = _read(dockerfile) if dockerfile.is_file() else "FROM scratch\n"
     wd, files = workdir or DEFAULT_WORKDIR, {}
@@ -171,6 +182,8 @@ def local_environment(env_dir: Path, workdir: str | None) -> tuple[str, dict[str
                 raise ValueError(f"{where}: {word} {args[:60]} fetches from outside the task (not supported)")
             *srcs, dest = parts
             dest = dest if dest.startswith("/") else f"{wd.rstrip('/')}/{dest}"
+            if host_side and (brought := set(image_copies(env_dir, [(n, word, args)], wd))) and brought <= host_side:
+                continue
             for src in srcs:
                 files.update(_copied(env_dir, src, dest, wd, where))
         else:  # RUN and anything else that builds software
@@ -200,10 +213,7 @@ def _unsupported(config: HarborConfig, folder: Path) -> list[str]:
     reasons = []
     if config.steps:
         reasons.append("multi-step tasks ([[steps]]) are not supported yet")
-    if env.mcp_servers:
-        reasons.append("[[environment.mcp_servers]] (task tools over MCP) are not supported yet")
-    if (folder / "environment" / "docker-compose.yaml").exists() or (folder / "environment" / "docker-compose.yml").exists():
-        reasons.append("environment/docker-compose.yaml (services beside the agent) is not supported yet")
+    reasons.extend(compose_reasons(folder / "environment"))
     if config.verifier.environment is not None or config.verifier.environment_mode == "separate":
         reasons.append("a separate verifier environment is not supported yet")
     if env.os.lower() != "linux":
@@ -214,6 +224,29 @@ def _unsupported(config: HarborConfig, folder: Path) -> list[str]:
         reasons.append(f"[environment] docker_image = {env.docker_image!r}: forge does not pull images; "
                        "tasks run from an environment/Dockerfile")
     return reasons
+
+
+def task_mcp_servers(folder: Path, config: HarborConfig) -> tuple[list[dict[str, Any]], frozenset[str], list[str]]:
+    """(the TaskSpec.mcp_servers records of the task's [[environment.mcp_servers]], the image paths they run
+    from, one line per server forge cannot run): rollouts/tasks/harbor_mcp.py."""
+    if not config.environment.mcp_servers:
+        return [], frozenset(), []
+    env_dir = folder / "environment"
+    dockerfile = env_dir / "Dockerfile"
+    steps = _dockerfile_lines(_read(dockerfile)) if dockerfile.is_file() else []
+    workdir = config.environment.workdir or DEFAULT_WORKDIR
+    for _, word, args in steps:  # the WORKDIR the server's relative paths are read from, as Harbor's exec
+        if word == "WORKDIR":
+            workdir = args if args.startswith("/") else f"{workdir.rstrip('/')}/{args}"
+    records, host_side, reasons = mcp_server_records(config.environment.mcp_servers,
+                                                     image_copies(env_dir, steps, workdir), workdir)
+    if records:
+        try:  # the server's folder on the host: the build context, as the image's COPYs read it
+            context = _text_tree(env_dir)
+        except ValueError as exc:
+            return [], frozenset(), [f"[[environment.mcp_servers]]: its files: {exc}"]
+        records = [{**r, "files": context} for r in records]
+    return records, frozenset(host_side), reasons
 
 
 def harbor_record(folder: Path, *, image: Any = None) -> tuple[dict[str, Any] | None, list[str]]:
@@ -228,14 +261,18 @@ def harbor_record(folder: Path, *, image: Any = None) -> tuple[dict[str, Any] | 
         return None, [f"bad task.toml: {exc}"]
     except ValidationError as exc:
         return None, [f"task.toml: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
-    if reasons := _unsupported(config, folder):
+    try:
+        mcp_servers, host_side, mcp_reasons = task_mcp_servers(folder, config)
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [f"[[environment.mcp_servers]]: {exc}"]
+    if reasons := _unsupported(config, folder) + mcp_reasons:
         return None, reasons
     script = folder / "tests" / "test.sh"
     if not script.is_file():
         return None, ["tests/test.sh: missing (Harbor's verifier writes the reward from it)"]
     try:
         workdir, files = ((image.workdir, {}) if image is not None
-                          else local_environment(folder / "environment", config.environment.workdir))
+                          else local_environment(folder / "environment", config.environment.workdir, host_side))
         tests = _text_tree(folder / "tests")
         instruction = _read(folder / "instruction.md")
         solve = folder / "solution" / "solve.sh"
@@ -260,6 +297,8 @@ def harbor_record(folder: Path, *, image: Any = None) -> tuple[dict[str, Any] | 
     }
     if image is not None:
         record["image"] = image.model_dump()
+    if mcp_servers:
+        record["mcp_servers"] = mcp_servers
     if limits := config.environment.limits():
         record["limits"] = limits
     difficulty = str(meta.get("difficulty", "")).lower()

@@ -208,7 +208,8 @@ class HarborImport:
 def import_harbor(src: str | Path, *, bases: dict[str, str] | None = None) -> HarborImport:
     """Every Harbor task under `src` (a dataset folder or one task) as a forge task record: a Dockerfile
     that builds nothing as today (its COPYs become the task's files), any other built into an image."""
-    from openforge.rollouts.tasks.harbor import DEFAULT_WORKDIR, HarborConfig, harbor_record, is_harbor_task, local_environment
+    from openforge.rollouts.tasks.harbor import (DEFAULT_WORKDIR, HarborConfig, harbor_record, is_harbor_task,
+                                                 local_environment, task_mcp_servers)
 
     root = Path(src).expanduser()
     # Every folder with a task.toml is a task: a multi-step one (steps/*/instruction.md) is refused by
@@ -233,7 +234,8 @@ def import_harbor(src: str | Path, *, bases: dict[str, str] | None = None) -> Ha
                 config = HarborConfig.model_validate(tomllib.loads(folder.joinpath("task.toml").read_text("utf-8")))
                 workdir = config.environment.workdir or DEFAULT_WORKDIR
                 try:
-                    local_environment(folder / "environment", config.environment.workdir)
+                    local_environment(folder / "environment", config.environment.workdir,
+                                      task_mcp_servers(folder, config)[1])
                 except ValueError:  # RUN, a COPY outside the WORKDIR, ...: the engine builds it
                     if client is None:
                         client = _connect()

@@ -172,13 +172,17 @@ class RecordingFront:
             resp = conn.getresponse()
             data, status = resp.read(), resp.status
             ctype = resp.getheader("Content-Type", "application/octet-stream")
+            # The service's own headers go back too (an MCP server's Mcp-Session-Id names the session).
+            passed = {k: v for k, v in resp.getheaders()
+                      if k.lower() not in _HOP_HEADERS | {"content-type", "date", "server"}}
         except (OSError, http.client.HTTPException) as exc:
             data, status, ctype = json.dumps({"error": f"service unreachable: {exc}"}).encode(), 502, "application/json"
+            passed = {}
         finally:
             conn.close()
         with self.lock:
             self._note(h, parts, text, status, False, tool)
-        self._reply(h, status, data, ctype)
+        self._reply(h, status, data, ctype, passed)
 
     def _note(self, h: BaseHTTPRequestHandler, parts: Any, body: str, status: int, injected: bool,
               tool: str | None) -> None:
