@@ -121,7 +121,8 @@ async def test_the_tests_grade_after_the_agent_and_a_forged_reward_scores_zero(s
         "snoop": "ls -a; ls -a .. ; test ! -e /tests && test ! -e /logs && echo 1 > hello.txt",
     }
     for label, script in scripts.items():
-        [(status, reward, error, output)] = (await _run(store, {hello.id: script}, [hello])).values()
+        [(status, reward, error, output)] = (await _run(store, {hello.id: script}, [hello],
+                                                        solved=label == "solved")).values()
         assert (status, reward) == ("scored", 1.0 if label == "solved" else 0.0), (label, error, output)
         assert "reward.txt: " in output, output  # the reward came from the file test.sh wrote, read on the host
     # partial credit through reward.json, from the task's own tests
@@ -173,3 +174,30 @@ def test_forge_tasks_validate_run_on_a_harbor_dataset(forge_home: Path, tmp_path
     out = CliRunner().invoke(app, ["tasks", "validate", str(broken), "--run"])
     assert out.exit_code == 1
     assert "solution check [hello-world]: the reference solution scores 0 < pass_threshold 1" in out.output
+
+
+async def test_the_reference_run_has_the_whole_solution_folder_and_an_agent_has_none(
+        store: Store, tmp_path: Path, forge_home: Path) -> None:
+    # Harbor's oracle uploads solution/ to /solution and runs /solution/solve.sh: a helper script and a
+    # data file beside it, reached by /solution paths and by $0, write the answer into the WORKDIR.
+    folder = _task(tmp_path / "set", "helper", test_sh="""
+        grep -qx "token-5b1d" /app/out.txt && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt
+        """, instruction="Write the token into /app/out.txt.")
+    (folder / "solution" / "lib").mkdir(parents=True)
+    (folder / "solution" / "solve.sh").write_text('#!/bin/bash\nbash "$(dirname "$0")/lib/write.sh" /app/out.txt\n')
+    (folder / "solution" / "lib" / "write.sh").write_text("#!/bin/bash\ncat /solution/token.txt > \"$1\"\n")
+    (folder / "solution" / "token.txt").write_text("token-5b1d\n")
+    [task] = load_tasks(tmp_path / "set")
+    assert task.solution_files.keys() == {"solve.sh", "lib/write.sh", "token.txt"}
+    assert "token-5b1d" not in task.instruction + "".join(task.files.values())
+    assert await check_solutions(store, ForgeConfig(), [task]) == []
+    [run] = store.list_runs()
+    assert [(r.status, r.reward) for r in store.list_rollouts(run.id, step=0)] == [("scored", 1.0)]
+    # An agent run (any harness but the reference run's) looks where the solution went: nothing is there.
+    snoop = ('for f in "$HOME/solution/token.txt" /solution/token.txt; do cat "$f" >> out.txt; done 2>/dev/null; '
+             'ls -a "$HOME" /solution >> listing.txt 2>&1; grep -rl token-5b1d "$HOME" . /tmp >> out.txt 2>/dev/null; true')
+    [(status, reward, error, output)] = (await _run(store, {task.id: snoop}, [task])).values()
+    assert (status, reward) == ("scored", 0.0), (error, output)
+    # The reference run without the folder: solve.sh is not there to run.
+    [problem] = await check_solutions(store, ForgeConfig(), [task.model_copy(update={"solution_files": {}})])
+    assert "/solution/solve.sh: No such file" in problem.message, problem

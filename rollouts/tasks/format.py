@@ -91,6 +91,10 @@ class TaskSpec(BaseModel):
     difficulty: Literal["easy", "medium", "hard"] | None = None
     tags: list[str] = Field(default_factory=list)
     solution: str | None = Field(None, description="a reference solution (shell); never shown to the agent")
+    solution_files: dict[str, str] = Field(default_factory=dict, description=(
+        "the reference solution's own folder (Harbor's solution/): path -> content, written to $HOME/solution "
+        "for the reference run of `forge tasks validate --run` only, `/solution` in them and in `solution` "
+        "pointing there (rollouts/tasks/selfcheck.py); never in an agent's sandbox"))
     checkpoints: list[str] = Field(default_factory=list, description=(
         "named steps of a multi-step task; the verifier prints `checkpoint NAME: ok` for each one reached "
         "(forge analyze's plan completion)"))
@@ -141,7 +145,7 @@ class TaskSpec(BaseModel):
             raise ValueError("must be 1-128 of letters, digits, '.', '_', '-' (starting with a letter or digit)")
         return value
 
-    @field_validator("files", "verifier_files", "expect_files")
+    @field_validator("files", "verifier_files", "expect_files", "solution_files")
     @classmethod
     def _check_paths(cls, value: dict[str, str]) -> dict[str, str]:
         check_relative_paths(value, "the working directory")

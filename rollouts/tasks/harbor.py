@@ -6,11 +6,12 @@ A Harbor task is a folder (harbor-framework/harbor, `harbor/models/task/paths.py
     instruction.md     what the agent is told
     environment/       Dockerfile (or docker_image in task.toml) and the files it COPYs
     tests/test.sh      run after the agent; writes /logs/verifier/reward.txt or reward.json
-    solution/solve.sh  the reference solution (optional)
+    solution/          solve.sh, the reference solution, and the files it uses (optional)
 
 `harbor_record` turns one into the record `TaskSpec` validates: the instruction, the files the
 agent starts with (those the Dockerfile COPYs into its WORKDIR), the agent's time limit, the
-reference solution, `harbor` (rollouts/tasks/harbor_verifier.py: the tests, run only after the
+reference solution (`bash /solution/solve.sh` and all of solution/ as `solution_files`, which only the
+reference run of `forge tasks validate --run` writes into its sandbox), `harbor` (rollouts/tasks/harbor_verifier.py: the tests, run only after the
 agent is gone), and `limits`: the `[environment]` cpus / memory_mb / storage_mb it declares (Harbor's
 deprecated "4G" forms too), which replace the run's sandbox limits for it (sandbox/limits.py). The `harbor` package parses task.toml with pydantic models, but it needs Python 3.12
 (forge runs on 3.11): `HarborConfig` below is the subset of its `TaskConfig`
@@ -44,7 +45,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from openforge.rollouts.tasks.harbor_mcp import HarborMcpServer, compose_reasons, image_copies, mcp_server_records
-from openforge.rollouts.tasks.harbor_verifier import rewrite_paths
+from openforge.rollouts.tasks.harbor_verifier import SOLUTION_DIR, rewrite_paths
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0  # Harbor's [agent] timeout_sec has no default of its own
 DEFAULT_WORKDIR = "/app"  # Terminal-Bench's images all work in /app
@@ -275,8 +276,8 @@ def harbor_record(folder: Path, *, image: Any = None) -> tuple[dict[str, Any] | 
                           else local_environment(folder / "environment", config.environment.workdir, host_side))
         tests = _text_tree(folder / "tests")
         instruction = _read(folder / "instruction.md")
-        solve = folder / "solution" / "solve.sh"
-        solution = _read(solve) if solve.is_file() else None
+        # Harbor's oracle copies all of solution/ to /solution and runs /solution/solve.sh there.
+        solution = _text_tree(folder / "solution") if (folder / "solution" / "solve.sh").is_file() else None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         return None, [str(exc)]
     to_workdir = {workdir.rstrip("/"): "."} if workdir.rstrip("/") else {}
@@ -304,8 +305,8 @@ def harbor_record(folder: Path, *, image: Any = None) -> tuple[dict[str, Any] | 
     difficulty = str(meta.get("difficulty", "")).lower()
     if difficulty in ("easy", "medium", "hard"):
         record["difficulty"] = difficulty
-    if solution is not None:  # solve.sh is a bash script run in the working directory
-        record["solution"] = f"bash -c {shlex.quote(rewrite_paths(solution, to_workdir))}"
+    if solution is not None:  # /solution and the WORKDIR are mapped into the sandbox by the reference run
+        record["solution"], record["solution_files"] = f"bash {SOLUTION_DIR}/solve.sh", solution
     return record, []
 
 

@@ -37,8 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from openforge.sandbox.base import ExecResult, Sandbox, SandboxError, SandboxFileNotFound, SandboxPathRefused
 
 REWARD_MAX_BYTES = 64 * 1024
-# Harbor's fixed paths inside its environments (harbor/models/trial/paths.py EnvironmentPaths).
-TESTS_DIR, LOGS_DIR = "/tests", "/logs"
+# Harbor's fixed paths inside its environments (harbor/models/trial/paths.py EnvironmentPaths); /solution
+# is uploaded by its oracle agent alone (harbor/agents/oracle.py), forge's reference run (selfcheck.py).
+TESTS_DIR, LOGS_DIR, SOLUTION_DIR = "/tests", "/logs", "/solution"
 _EXIT_CANNOT_RUN = (126, 127)  # the shell could not execute test.sh, or a command it names
 
 Exec = Callable[[str, float, dict[str, str]], Awaitable[ExecResult]]

@@ -5,7 +5,9 @@ a model: once with the solution as the "agent" (its reward must reach `pass_thre
 each of HOSTILE_ANSWERS, given as the final answer of an agent that touches nothing else (each must
 score exactly 0). A grader that passes an empty attempt, a digit string, the instruction echoed back
 or an error blob is a task bug that a policy would learn to exploit; one that fails the reference
-solution would show up as a flat reward curve.
+solution would show up as a flat reward curve. A task's `solution_files` (Harbor's `solution/`) are
+written to $HOME/solution for the reference run alone, `/solution` in them and in `solution` pointing
+there, as Harbor's oracle agent uploads the folder to /solution (`solution_paths`).
 
 A Harbor task (rollouts/tasks/harbor.py) also meets FORGED_REWARD: an agent that writes a perfect
 reward file wherever Harbor's verifier might read one and leaves a process behind to keep writing
@@ -34,6 +36,7 @@ from openforge.rollouts.harnesses.base import (ANSWER_FILE, HarnessBase, Harness
                                                 answer_file_outcome)
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskProblem, TaskSpec
+from openforge.rollouts.tasks.harbor_verifier import SOLUTION_DIR, rewrite_paths
 from openforge.sandbox.base import ExecResult, Sandbox
 
 WHERE = "solution check"
@@ -92,23 +95,45 @@ def forged_dispatch(task: TaskSpec) -> str:
             "cp .forge/tool-dispatches.jsonl dispatches.json\n")
 
 
+def solution_paths(task: TaskSpec, home: str, workdir: str) -> dict[str, str]:
+    """Where the reference run finds /solution (its files, under the sandbox's $HOME) and a Harbor task's
+    WORKDIR in this sandbox (a local sandbox has neither /solution nor /app)."""
+    mapping = {SOLUTION_DIR: f"{home.rstrip('/')}/solution"}
+    harbor_workdir = task.harbor.workdir.rstrip("/") if task.harbor is not None else ""
+    if harbor_workdir not in ("", workdir.rstrip("/")):
+        mapping[harbor_workdir] = workdir.rstrip("/")
+    return mapping
+
+
 class _StandInHarness(HarnessBase):
-    """An agent without a model: per task id, a shell script to run and/or a final answer to give."""
+    """An agent without a model: per task id, a shell script to run and/or a final answer to give. With
+    `solutions` (task id -> task), the task's `solution_files` are written first to $HOME/solution, as
+    Harbor's oracle uploads solution/ to /solution: only the reference run has them."""
 
     name = "solution"
     calls_model = False
     takes_tools = True  # a task's tools reach a solution script as FORGE_MCP_URL / FORGE_MCP_TOKEN
 
-    def __init__(self, scripts: dict[str, str], answers: dict[str, str] | None = None) -> None:
+    def __init__(self, scripts: dict[str, str], answers: dict[str, str] | None = None,
+                 solutions: dict[str, TaskSpec] | None = None) -> None:
         self.scripts = scripts
         self.answers = answers or {}
+        self.solutions = solutions or {}
 
     async def prepare(self, sandbox: Sandbox, ctx: HarnessContext) -> None:
         if ctx.task_id in self.answers:  # a file, not argv: 1 MB does not fit in one argument
             await sandbox.write_file(ANSWER_FILE, self.answers[ctx.task_id].encode("utf-8"))
+        if task := self.solutions.get(ctx.task_id):
+            mapping = solution_paths(task, sandbox.info.home, sandbox.info.workdir)
+            for path, content in task.solution_files.items():
+                await sandbox.write_file(f"{mapping[SOLUTION_DIR]}/{path}", rewrite_paths(content, mapping).encode(),
+                                         mode=0o755 if path.endswith(".sh") else 0o644)
 
     def command(self, ctx: HarnessContext) -> list[str]:
-        return ["sh", "-c", self.scripts.get(ctx.task_id, "true")]
+        script = self.scripts.get(ctx.task_id, "true")
+        if task := self.solutions.get(ctx.task_id):  # $HOME: a local sandbox's differs per rollout without bwrap
+            script = rewrite_paths(script, solution_paths(task, "$HOME", ctx.workdir))
+        return ["sh", "-c", script]
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         return {"FORGE_MCP_URL": ctx.tools_url, "FORGE_MCP_TOKEN": ctx.tools_token} if ctx.tools_url else {}
@@ -124,7 +149,9 @@ async def check_solutions(store: Store, config: ForgeConfig, tasks: Sequence[Tas
                 for t in tasks if not t.solution]
     run = store.create_run(kind="check", name="tasks validate --run")
     store.set_run_status(run.id, "running")
-    attempts = [("solved", _StandInHarness({t.id: t.solution or "true" for t in with_solution}), with_solution)]
+    solved = _StandInHarness({t.id: t.solution or "true" for t in with_solution},
+                             solutions={t.id: t for t in with_solution if t.solution_files})
+    attempts = [("solved", solved, with_solution)]
     attempts += [(label, _StandInHarness({}, {t.id: make(t) for t in with_solution}), with_solution)
                  for label, make in HOSTILE_ANSWERS.items()]
     harbor = [t for t in with_solution if t.harbor is not None]
