@@ -16,6 +16,7 @@ from openforge.config import ForgeConfig
 from openforge.errors import ConfigError, TaskError
 from openforge.rollouts.runner.metrics import RunMetrics, summary_headline
 from openforge.rollouts.tasks.format import load_tasks, validate_tasks
+from openforge.sandbox.limits import storage_notice
 
 console = Console()
 tasks_app = new_typer(help="Check and list task sets (a .jsonl file, a folder, or 'builtin').")
@@ -52,6 +53,8 @@ def tasks_validate(
     levels = Counter(t.difficulty or "-" for t in tasks)
     checked = ", solutions checked" if run else ""
     typer.echo(f"{path}: {len(tasks)} task(s) ok ({', '.join(f'{k} {v}' for k, v in sorted(levels.items()))}{checked})")
+    if sized := [t.id for t in tasks if t.limits is not None and t.limits.storage_mb is not None]:
+        typer.echo(storage_notice(sized, state(ctx).config().sandbox.type))
 
 
 @tasks_app.command("import")
@@ -86,6 +89,8 @@ def tasks_import(
         for task_id, why in report.refused:
             typer.echo(f"{task_id}: {why}", err=True)
         folder = write_tasks(report.tasks, out or "harbor-tasks")
+        if notice := storage_notice([t["id"] for t in report.tasks if (t.get("limits") or {}).get("storage_mb")], None):
+            typer.echo(notice)
         typer.echo(f"{src}: {len(report.tasks) + len(report.refused)} task(s): {len(report.tasks)} imported to "
                    f"{folder} ({len(report.built)} image(s) built, {len(report.cached)} cached), "
                    f"{len(report.refused)} refused")

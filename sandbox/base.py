@@ -286,6 +286,9 @@ class SandboxBase:
     start_retries: int = 0
     supports_gui: ClassVar[bool] = False
     runs_host_programs: ClassVar[bool] = False
+    # What a task's storage_mb (`with_limits`) is on this backend, in the words `storage_notice` prints
+    # (sandbox/limits.py): none is a quota on the total written yet, and forge says so rather than pretend.
+    storage_enforced_as: ClassVar[str] = "not applied (this backend takes no task limits)"
 
     @classmethod
     def check_isolation(cls, config: Any) -> IsolationReport:  # pragma: no cover - implemented by backends

@@ -126,6 +126,12 @@ class DockerSandbox(SandboxBase):
     def check_isolation(cls, config: DockerSandboxConfig) -> IsolationReport:
         return IsolationReport("docker", f"containers with network {container_network(config)!r}")
 
+    # Docker's own size cap (`storage_opt`) needs overlay2 on xfs with project quotas and would cover only
+    # the container's layer, which is read-only here; a tmpfs volume is not seeded from the image and
+    # its pages count against the memory limit.
+    storage_enforced_as = ("a cap on each file's size (--ulimit fsize), not on the total written: the writable "
+                           "folders are volumes with no size")
+
     @classmethod
     def with_limits(cls, config: DockerSandboxConfig, limits: TaskLimits) -> DockerSandboxConfig:
         update: dict[str, float | int] = {}

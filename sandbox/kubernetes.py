@@ -94,6 +94,9 @@ class KubernetesSandbox(SandboxBase):
     def check_isolation(cls, config: KubernetesSandboxConfig) -> IsolationReport:
         return IsolationReport("kubernetes", f"pods in namespace {config.namespace}")
 
+    storage_enforced_as = ("the pod's ephemeral-storage request and limit: the kubelet evicts a pod that has "
+                           "written past it at its next check, a write itself is not refused")
+
     @classmethod
     def with_limits(cls, config: KubernetesSandboxConfig, limits: TaskLimits) -> KubernetesSandboxConfig:
         # The task's need is both what the scheduler reserves and the cap, as Harbor's cluster backends size pods.

@@ -191,6 +191,9 @@ class LocalSandbox(SandboxBase):
             raise IsolationUnavailable(ISOLATION_FIX)
         return IsolationReport("bwrap-userns", f"{path}: user, pid, net, ipc, uts, cgroup namespaces, no capabilities")
 
+    storage_enforced_as = ("a cap on each file's size (RLIMIT_FSIZE), not on the total written: the sandbox's "
+                           "folders are host folders with no quota")
+
     @classmethod
     def with_limits(cls, config: LocalSandboxConfig, limits: TaskLimits) -> LocalSandboxConfig:
         update: dict[str, int] = {}

@@ -41,12 +41,13 @@ else echo 0 > /logs/verifier/reward.txt; fi
 """
 
 
-def _task(root: Path, name: str, dockerfile: str, *, base: str = BASE) -> Path:
+def _task(root: Path, name: str, dockerfile: str, *, base: str = BASE, build_timeout_s: float = 300) -> Path:
     folder = root / name
     (folder / "environment").mkdir(parents=True)
     (folder / "tests").mkdir()
     (folder / "solution").mkdir()
-    (folder / "task.toml").write_text('[verifier]\ntimeout_sec = 60\n[agent]\ntimeout_sec = 60\n')
+    (folder / "task.toml").write_text('[verifier]\ntimeout_sec = 60\n[agent]\ntimeout_sec = 60\n'
+                                      f'[environment]\nbuild_timeout_sec = {build_timeout_s}\n')
     (folder / "instruction.md").write_text("Copy the number in /app/data/answer.txt to /app/out.txt.\n")
     (folder / "environment" / "Dockerfile").write_text(dockerfile.format(base=base))
     (folder / "environment" / "seed.txt").write_text("7\n")
@@ -128,3 +129,23 @@ async def test_a_task_image_on_a_backend_that_cannot_run_it_is_infrastructure(st
     [ro] = await runner.run(store.create_run(kind="check", name="image").id, [RolloutSpec(task)])
     assert (ro.status, ro.failure_kind, ro.reward) == ("failed", "infra", None)
     assert "the local backend cannot run it; use sandbox.type = \"docker\"" in ro.error, ro.error
+
+
+def test_a_build_past_build_timeout_sec_is_stopped_and_leaves_nothing(tmp_path: Path, python_image: str,
+                                                                      forge_home: Path) -> None:
+    token = secrets.token_hex(4)  # names this build's step and task among other builds on the engine
+    src = tmp_path / "set"
+    _task(src, f"slow-{token}", f"FROM {{base}}\nWORKDIR /app\nRUN echo {token} && sleep 30\n", build_timeout_s=2)
+    code, output = _import(src, tmp_path / "out", python_image)
+    assert code == 0 and "1 task(s): 0 imported" in output and "1 refused" in output, output
+    [line] = [ln for ln in output.splitlines() if ln.startswith(f"slow-{token}:")]
+    assert line == (f"slow-{token}: environment/Dockerfile: the build ran past [environment] build_timeout_sec = 2s "
+                    "and was stopped (no image tagged, its containers removed); a longer build needs a larger "
+                    "build_timeout_sec in task.toml")
+    client = connect()
+    try:
+        steps = [c for c in client.containers.list(all=True) if token in " ".join(c.attrs["Config"]["Cmd"] or [])]
+        tags = [t for image in client.images.list() for t in image.tags if token in t]
+    finally:
+        client.close()
+    assert (steps, tags) == ([], [])

@@ -18,7 +18,7 @@ from openforge.rollouts.tasks.harbor_image import ImageBuildFailed, build_task_i
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.sandbox.docker import DockerSandbox
 from openforge.sandbox.kubernetes import KubernetesSandbox
-from openforge.sandbox.limits import TaskLimits, host_cpus
+from openforge.sandbox.limits import TaskLimits, host_cpus, storage_notice
 from openforge.sandbox.local import LocalSandbox
 from openforge.sandbox.testing import backend_config
 from openforge.store import Store
@@ -32,7 +32,8 @@ storage_mb = 2
 """
 
 # Each limit measured by what it stops, in the sandbox, after the agent: a single core (nproc under
-# affinity; the CFS quota of a container, v2 or v1), no 3 MB file under 2 MB of storage, no 600 MB under 256 MB.
+# affinity; the CFS quota of a container, v2 or v1), no 3 MB file under 2 MB of storage, no 600 MB under 256 MB;
+# and what storage_mb is not, as `storage_notice` says: three 1 MB files still fit (no quota on the total).
 MEASURE = """
 ok=1
 grep -qx hello /app/answer.txt || { ok=0; echo "no answer"; }
@@ -40,6 +41,7 @@ quota=$(cut -d' ' -f1 /sys/fs/cgroup/cpu.max 2>/dev/null || cat /sys/fs/cgroup/c
 [ "$(nproc)" = 1 ] || [ "$quota" = 100000 ] || { ok=0; echo "cores"; }
 head -c 1000000 /dev/zero > /tmp/small || { ok=0; echo "no 1 MB file"; }
 (head -c 3000000 /dev/zero > /tmp/big) 2>/dev/null && { ok=0; echo "a 3 MB file"; }
+for i in 1 2 3; do head -c 1000000 /dev/zero > /tmp/part$i || { ok=0; echo "a quota on the total"; }; done
 python3 -c "b = b'x' * (600 << 20)" 2>/dev/null && { ok=0; echo "600 MB"; }
 echo $ok > /logs/verifier/reward.txt
 """
@@ -127,3 +129,28 @@ def test_a_heredoc_is_refused_in_one_line_before_any_build(tmp_path: Path) -> No
     with pytest.raises(ImageBuildFailed) as err:
         build_task_image(folder, "/app")
     assert str(err.value).startswith("environment/Dockerfile line 3: RUN python3 << 'PY' is a heredoc (BuildKit syntax)")
+
+
+def test_forge_says_storage_mb_is_no_disk_quota_in_one_line(tmp_path: Path, forge_home: Path) -> None:
+    from typer.testing import CliRunner
+
+    from forge_cli.main import app
+
+    root = tmp_path / "set"
+    _task(root, "sized", toml=LIMITS)
+    _task(root, "plain")
+    out = CliRunner().invoke(app, ["--set", "sandbox.type=docker", "tasks", "validate", str(root)])
+    assert out.exit_code == 0, out.output
+    [note] = [line for line in out.output.splitlines() if line.startswith("note:")]
+    assert note == ("note: 1 task(s) declare storage_mb (sized); it is not a disk quota: on docker, a cap on each "
+                    "file's size (--ulimit fsize), not on the total written: the writable folders are volumes with no size")
+    imported = CliRunner().invoke(app, ["tasks", "import", "harbor", str(root), "--out", str(tmp_path / "out")])
+    assert imported.exit_code == 0, imported.output
+    [note] = [line for line in imported.output.splitlines() if line.startswith("note:")]
+    assert "on local, a cap on each file's size (RLIMIT_FSIZE)" in note and "on docker, " in note, note
+    shutil.rmtree(root / "sized")
+    quiet = CliRunner().invoke(app, ["tasks", "validate", str(root)])
+    assert quiet.exit_code == 0 and "note:" not in quiet.output, quiet.output
+    assert storage_notice(["a", "b", "c", "d"], "local") == (
+        "note: 4 task(s) declare storage_mb (a, b, c and 1 more); it is not a disk quota: on local, a cap on each "
+        "file's size (RLIMIT_FSIZE), not on the total written: the sandbox's folders are host folders with no quota")

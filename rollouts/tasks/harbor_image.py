@@ -10,6 +10,8 @@ builder) with `network_mode = "none"` and nothing pulled: each FROM must name an
 already holds, after `--base` mapped it (a task's `FROM ubuntu:24.04` onto a local image that has
 what its steps would download). A step that fails (most often one that downloads) is one line naming
 its Dockerfile line, the step and the way out: a local base that already holds what it fetches.
+A task's `[environment] build_timeout_sec` bounds its build (sandbox/timed_build.py): past it the build
+is stopped, nothing is tagged, its step's container is removed, and the task is refused in one line.
 
 forge's own layer goes last: the sandbox's user (uid/gid 1000, `forge`, as every sandbox image has,
 sandbox/images.py) owning /home/forge and the WORKDIR, so a container of it runs as the Docker
@@ -34,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from openforge.errors import TaskError
 from openforge.sandbox.images import SANDBOX_HOME, SANDBOX_UID
+from openforge.sandbox.timed_build import BuildTimedOut, build_image
 
 REPOSITORY = "openforge-harbor"
 RECIPE_VERSION = 1  # bump when forge's layer below changes
@@ -138,9 +141,10 @@ def _prepare(text: str, bases: dict[str, str], client: Any, default_workdir: str
 
 
 def build_task_image(folder: Path, default_workdir: str, *, bases: dict[str, str] | None = None,
-                     client: Any = None) -> tuple[TaskImage, bool]:
+                     client: Any = None, timeout_s: float | None = None) -> tuple[TaskImage, bool]:
     """(the task's image, whether it was built now): built from `folder/environment/Dockerfile` with no
-    network, or found by its content hash. ImageBuildFailed (one line) when it cannot be built offline."""
+    network, or found by its content hash. ImageBuildFailed (one line) when it cannot be built offline
+    or within `timeout_s` (the task's [environment] build_timeout_sec; sandbox/timed_build.py stops it)."""
     env_dir = folder / "environment"
     own = client is None
     client = client or _connect()
@@ -162,8 +166,13 @@ def build_task_image(folder: Path, default_workdir: str, *, bases: dict[str, str
             shutil.copytree(env_dir, context, symlinks=True)
             (context / BUILD_DOCKERFILE).write_text(dockerfile, encoding="utf-8")
             try:
-                client.images.build(path=str(context), dockerfile=BUILD_DOCKERFILE, tag=tag, network_mode="none",
-                                    pull=False, rm=True, forcerm=True, labels={"openforge.harbor.task": folder.name})
+                build_image(client, timeout_s=timeout_s, path=str(context), dockerfile=BUILD_DOCKERFILE, tag=tag,
+                            network_mode="none", pull=False, rm=True, forcerm=True,
+                            labels={"openforge.harbor.task": folder.name})
+            except BuildTimedOut:
+                raise ImageBuildFailed(f"environment/Dockerfile: the build ran past [environment] build_timeout_sec = "
+                                       f"{timeout_s:g}s and was stopped (no image tagged, its containers removed); "
+                                       "a longer build needs a larger build_timeout_sec in task.toml") from None
             except docker.errors.BuildError as exc:
                 raise ImageBuildFailed(_build_failure(steps, exc)) from None
             except docker.errors.APIError as exc:
@@ -239,7 +248,8 @@ def import_harbor(src: str | Path, *, bases: dict[str, str] | None = None) -> Ha
                 except ValueError:  # RUN, a COPY outside the WORKDIR, ...: the engine builds it
                     if client is None:
                         client = _connect()
-                    image, built = build_task_image(folder, workdir, bases=bases, client=client)
+                    image, built = build_task_image(folder, workdir, bases=bases, client=client,
+                                                    timeout_s=config.environment.build_timeout_sec)
                     (report.built if built else report.cached).append(image.tag)
             except ImageBuildFailed as exc:
                 report.refused.append((folder.name, str(exc)))
