@@ -24,7 +24,7 @@ from pathlib import Path
 BENCHES = ["proxy", "recording", "store_backends", "engine", "prefix_cache", "vl_engine", "trainer", "trainer_dist", "async_rl", "sft_trainer", "sft_stages", "vl_dist", "cluster_capacity", "router", "verl_bridge", "sandboxes", "k8s_sandbox", "rollouts", "harness_spec", "task_tools", "dashboard"]
 # Run only when named (they need Docker, the browser images, the Kubernetes double or the npm harnesses):
 # `python -m bench gui_docker`.
-ON_REQUEST = ["gui_docker", "gui_kubernetes", "browser_use_docker", "parsers", "parsers_harnesses", "task_services", "judge",
+ON_REQUEST = ["gui_docker", "gui_kubernetes", "gui_first_click", "browser_use_docker", "parsers", "parsers_harnesses", "task_services", "judge",
               "claweval_grading", "osworld_import", "harbor_import", "async_harness"]
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"

@@ -50,10 +50,13 @@ DEFAULT_SIZE = (1024, 768)
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 # --test-type: without it chromium shows an infobar about --no-sandbox across the top of an --app window,
 # which moves the page down 57 pixels (kiosk windows do not show it).
+# PaintHolding off: with it, chromium drops every pointer event (moves too) for a moment after a page
+# first shows (0.3 s past `wait_painted` here), so an agent's click that came early never reached the
+# page (`python -m bench gui_first_click`; docs/gui.md). Only one --disable-features: the last one wins.
 CHROMIUM_FLAGS = ("--no-sandbox", "--no-first-run", "--no-default-browser-check", "--disable-gpu",
                   "--disable-extensions", "--disable-sync", "--disable-background-networking",
                   "--disable-component-update", "--disable-default-apps", "--disable-translate",
-                  "--disable-features=Translate,MediaRouter,OptimizationHints", "--disable-dev-shm-usage",
+                  "--disable-features=Translate,MediaRouter,OptimizationHints,PaintHolding", "--disable-dev-shm-usage",
                   "--password-store=basic", "--use-mock-keychain", "--no-pings", "--noerrdialogs",
                   "--disable-infobars", "--test-type", "--force-device-scale-factor=1", "--hide-scrollbars")
 

@@ -133,15 +133,15 @@ async def test_an_online_task_on_an_image_without_a_browser_is_an_infra_failure_
 def test_an_online_task_opens_its_start_page_and_is_judged(tiny_vl_model: Path, store: Store,
                                                            page_judge_url: str) -> None:
     """mini-gui (grid mode) through the real runner, proxy and a Docker sandbox with allow_internet, on
-    a scripted engine over the tiny Qwen2-VL: `click(0)` (the quadrant that takes the click) twice, `done()`.
+    a scripted engine over the tiny Qwen2-VL: `click(0)` (the quadrant that takes the click) once, `done()`.
     The browser opened the start URL (the first screen is the start page, served in the container only),
     the click acted on it (the last screen is green), and the WebVoyager judge, shown those screens,
     scored 1: one recorded judgement, the rollout's reward."""
     _PageJudge.seen.clear()
     sandbox = DockerSandboxConfig(image=browser_image(), allow_internet=True)
-    # Clicked twice (a click on the green page changes nothing): on 2 loaded cores a chromium just started
-    # sometimes drops the first click; a policy that sees the page unchanged tries again.
-    ro, _ = run_gui_task(store, tiny_vl_model, ["click(0)", "click(0)", "done()"], "",
+    # Once: with PaintHolding on (before sandbox/gui.py disabled it) chromium dropped a click that came
+    # just after its first paint, and this one click was lost in 5 runs of 5 (docs/gui.md).
+    ro, _ = run_gui_task(store, tiny_vl_model, ["click(0)", "done()"], "",
                          sandbox=sandbox, harness=HarnessConfig(name="mini-gui", max_turns=4, max_tokens=8,
                                                extra_args=["--grid", "2x2", "--no-tools", "--max-side", "512"]),
                          judge=JudgeConfig(url=page_judge_url, model="judge"), task=online_task())
@@ -149,7 +149,7 @@ def test_an_online_task_opens_its_start_page_and_is_judged(tiny_vl_model: Path, 
     assert (ro.status, ro.reward, ro.sandbox) == ("scored", 1.0, "docker"), (ro.error, ro.verifier_output, ro.stdout,
                                                                            shown)
     calls = store.list_calls(rollout_id=ro.id)
-    assert len(calls) == 3 and all(c.status == "ok" and len(c.images) == 1 for c in calls)
+    assert len(calls) == 2 and all(c.status == "ok" and len(c.images) == 1 for c in calls)
     assert shown == [[RED, GREEN]]  # the judge saw the start page, then the page after the click
     [row] = store.list_judgements(rollout_id=ro.id)
     assert row.score == 1.0 and row.reply.endswith("SUCCESS") and not row.error
