@@ -123,8 +123,20 @@ def xdotool(*args: str, display: str | None = None, timeout: float = 30.0) -> st
     return done.stdout
 
 
+def pointer(*, display: str | None = None) -> tuple[int, int] | None:
+    """Where the pointer is, or None when xdotool cannot say."""
+    fields = dict(line.split("=", 1) for line in xdotool("getmouselocation", "--shell", display=display).splitlines()
+                  if "=" in line)
+    try:
+        return int(fields["X"]), int(fields["Y"])
+    except (KeyError, ValueError):
+        return None
+
+
 def click(x: int, y: int, *, button: int = 1, display: str | None = None) -> None:
-    xdotool("mousemove", "--sync", str(int(x)), str(int(y)), "click", str(button), display=display)
+    # `mousemove --sync` to where the pointer already is waits ~15 s for a motion that never comes
+    move = [] if pointer(display=display) == (int(x), int(y)) else ["mousemove", "--sync", str(int(x)), str(int(y))]
+    xdotool(*move, "click", str(button), display=display)
 
 
 def type_text(text: str, *, display: str | None = None) -> None:

@@ -361,12 +361,28 @@ def xdotool(display: str, *args: str) -> None:
         raise XdotoolFailed(f"xdotool {' '.join(args[:2])} failed: {(done.stderr or done.stdout).strip()[-200:]}")
 
 
+def _pointer(display: str) -> tuple[int, int] | None:
+    """Where the pointer is (xdotool getmouselocation), or None when xdotool cannot say."""
+    try:
+        done = subprocess.run(["xdotool", "getmouselocation", "--shell"], env={**os.environ, "DISPLAY": display},
+                              capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    fields = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    try:
+        return int(fields["X"]), int(fields["Y"])
+    except (KeyError, ValueError):
+        return None
+
+
 def execute(action: Action, screen: Screen) -> str:
     """Run one action in the display; its result line for the history. BadAction: the policy's mistake."""
     d = screen.display
     if action.name == "click":
         x, y = screen.cell_point(action.args[0]) if screen.grid else screen.to_screen(*action.args)
-        xdotool(d, "mousemove", "--sync", str(x), str(y), "click", "1")
+        # `mousemove --sync` to where the pointer already is waits ~15 s for a motion that never comes
+        move = [] if _pointer(d) == (x, y) else ["mousemove", "--sync", str(x), str(y)]
+        xdotool(d, *move, "click", "1")
         return f"clicked the screen at ({x}, {y})"
     if action.name in ("type", "key"):
         try:
