@@ -324,6 +324,10 @@ class RolloutRunner:
                      services: Any = None, tools: ToolServer | None = None) -> None:
         budget = min(task.time_limit_s * self.config.runner.time_limit_scale, self.config.runner.rollout_timeout_s)
         tools_url = ""
+        if harness.gui and site is None:  # a display is started only around a site: there is no desktop yet
+            raise InfraFailure(f"harness {harness.name} acts on a display, and forge starts one only for a GUI "
+                               f"task's site; task {task.id} has none (a task done with a shell, an OSWorld-format "
+                               "one say, takes a shell harness: mini, claude-code)")
         if tools is not None:
             if not harness.takes_tools:
                 raise InfraFailure(f"task {task.id} has tools, but harness {harness.name} takes none (its spec "
