@@ -128,6 +128,21 @@ async def test_an_online_task_on_an_image_without_a_browser_is_an_infra_failure_
     assert "forge sandbox build-image --variant browser" in ro.error and ro.exit_code is None
 
 
+async def test_a_start_page_that_cannot_be_fetched_is_an_infra_failure_never_a_zero(store: Store) -> None:
+    """Nothing serves the start page (no setup here): the runner's fetch of it, before the agent, fails, and
+    the rollout is masked. Unprobed, the agent would act on chromium's error page and the judge grade it:
+    a 0 charged to the policy for a network's failure (no route, no DNS, a closed egress)."""
+    config = ForgeConfig()
+    config.sandbox = DockerSandboxConfig(image=browser_image(), allow_internet=True)
+    task = online_task().model_copy(update={"setup": None})
+    runner = RolloutRunner(store, config=config, proxy_url="http://127.0.0.1:9",
+                           harness=_StandInHarness({task.id: "touch agent-ran"}))
+    [ro] = await runner.run(store.create_run(kind="check").id, [RolloutSpec(task)])
+    assert (ro.status, ro.failure_kind, ro.reward) == ("failed", "infra", None), ro.error
+    assert f"the start page {START_URL} could not be fetched from the sandbox" in ro.error, ro.error
+    assert "Connection refused" in ro.error and ro.exit_code is None, ro.error  # the agent never ran
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_an_online_task_opens_its_start_page_and_is_judged(tiny_vl_model: Path, store: Store,

@@ -54,7 +54,7 @@ from openforge.rollouts.runner.grader import InfraFailure, RolloutGrader, run_in
 from openforge.rollouts.runner.tool_server import ToolServer, ToolServerUnavailable, dispatch_record_path
 from openforge.rollouts.runner.trajectory import assemble_rollout
 from openforge.rollouts.tasks.format import TaskSpec
-from openforge.rollouts.tasks.web.benchmarks import LivePage, check_online
+from openforge.rollouts.tasks.web.benchmarks import PROBE_TIMEOUT_S, LivePage, check_online
 from openforge.sandbox.base import ExecResult, Sandbox, SandboxStartFailed, start_with_retry, stop_shielded
 
 log = logging.getLogger(__name__)
@@ -347,6 +347,12 @@ class RolloutRunner:
                              workdir=sb.info.workdir, backend=sb.info.backend, task_id=task.id,
                              tools_url=tools_url, tools_token=tools.token if tools is not None else "")
         await self._setup(sb, task)
+        if isinstance(site, LivePage):  # a start page that cannot load is the network's failure, never the policy's 0
+            probe = await sb.exec(site.probe_command(), timeout=PROBE_TIMEOUT_S + 15)
+            if probe.exit_code != 0:
+                why = (probe.stderr or probe.stdout).strip().splitlines()[-1:] or [f"exit code {probe.exit_code}"]
+                raise InfraFailure(f"the start page {site.online.start_url} could not be fetched from the sandbox "
+                                   f"(is its egress open? docs/tasks.md): {why[0][-300:]}")
         try:
             await harness.prepare(sb, ctx)
             command, env = harness.command(ctx), {**service_env, **harness.env(ctx)}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -38,6 +39,7 @@ from openforge.sandbox.gui import GuiSpec
 Benchmark = Literal["webvoyager", "online-mind2web"]
 JUDGE_OF: dict[str, str] = {"webvoyager": "webvoyager", "online-mind2web": "webjudge"}
 _BAD_ID_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+PROBE_TIMEOUT_S = 20  # how long an online task's start page may take to answer before the agent starts
 
 
 class OnlineWeb(BaseModel):
@@ -181,6 +183,19 @@ class LivePage:
 
     def gui_spec(self) -> GuiSpec:
         return GuiSpec(url=self.online.start_url, mode="kiosk")
+
+    def probe_command(self) -> str:
+        """A shell command, run in the sandbox before the agent, that exits non-zero (its reason on stderr)
+        when the start page cannot be fetched at all: no route, no DNS, refused, no answer in
+        PROBE_TIMEOUT_S. Any HTTP answer, an error status too, is the page the agent meets."""
+        script = ("import sys, urllib.error, urllib.request\n"
+                  "try:\n"
+                  f"    urllib.request.urlopen(sys.argv[1], timeout={PROBE_TIMEOUT_S})\n"
+                  "except urllib.error.HTTPError:\n"
+                  "    pass\n"
+                  "except Exception as exc:\n"
+                  "    sys.exit(f'{type(exc).__name__}: {exc}')\n")
+        return f"python3 -c {shlex.quote(script)} {shlex.quote(self.online.start_url)}"
 
     def close(self) -> None:
         """Nothing to end: the page lives on its own server."""
