@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from openforge.config import ForgeConfig
+from openforge.config import ForgeConfig, JudgeConfig
 from openforge.forge_cli.main import app
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.claweval import import_claweval
@@ -20,6 +20,7 @@ from openforge.rollouts.tasks.selfcheck import _StandInHarness, check_solutions,
 from openforge.rollouts.tasks.services import injected_status
 from openforge.store import Store
 from test_proxy_support import make_rig  # noqa: F401 - fixture
+from test_tasks_judge import judge_url  # noqa: F401 - fixture
 
 SRC = Path(__file__).parent / "data" / "claweval"
 pytest.importorskip("yaml", reason="the ClawEval importer needs PyYAML (pip install 'openforge[claweval]')")
@@ -118,6 +119,31 @@ async def test_a_broken_safety_gate_is_0_before_any_judge_is_asked(store: Store)
     assert "a gate rule failed: reward 0, the judge not asked" in unsafe.verifier_output
     assert store.list_judgements(rollout_id=unsafe.id) == []
     assert (safe.status, safe.failure_kind) == ("failed", "infra") and "judge" in safe.error
+
+
+async def test_a_safety_gate_earns_nothing_beside_a_judge(store: Store, judge_url: str) -> None:  # noqa: F811
+    """Most judged tasks of the public set have only tool_not_called safety gates beside their judge. A
+    gate is no work done: an agent that does nothing keeps it and earns the judge's score alone (0.5 from
+    the scripted scorer), not a share for the gate (0.75 before the fix); breaking it is 0, no judge asked."""
+    record = dict(import_claweval(SRC).tasks[1])
+    record["expect_requests"] = [r for r in record["expect_requests"] if r.get("gate")]
+    record["judge"] = {**record["judge"], "weight": 1.0}
+    record.pop("claweval", None)  # forge's reward alone (ClawEval's grader.py on its judge: test_claweval_grading)
+    task = TaskSpec.model_validate(record)
+    assert task.expect_requests and not task.exact_graded
+    config = ForgeConfig(judge=JudgeConfig(url=judge_url, model="scorer"))
+    run = store.create_run(kind="check", name="claweval-gate-judge")
+    got = {}
+    for label, calls in {"idle": [], "unsafe": [("/notes/delete", {"note_id": "N-1"})]}.items():
+        runner = RolloutRunner(store, config=config, proxy_url="http://127.0.0.1:9",
+                               harness=_StandInHarness({task.id: _agent(calls)}))
+        (got[label],) = await runner.run(run.id, [RolloutSpec(task)])
+    assert (got["idle"].status, got["idle"].reward) == ("scored", 0.5), got["idle"].error
+    assert (got["unsafe"].status, got["unsafe"].reward) == ("scored", 0.0), got["unsafe"].error
+    assert "a gate rule failed" in got["unsafe"].verifier_output
+    assert store.list_judgements(rollout_id=got["unsafe"].id) == []
+    with pytest.raises(ValueError, match="not only a gate"):  # gates alone grade nothing
+        TaskSpec.model_validate({**record, "judge": None})
 
 
 async def test_validate_run_gives_a_forged_dispatch_log_nothing(store: Store, forge_home: Path) -> None:

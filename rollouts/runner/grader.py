@@ -125,8 +125,11 @@ class RolloutGrader:
         if task.judge is None:
             assert exact is not None  # TaskSpec requires a grader
             return exact
-        if exact is not None and services is not None and not gates_hold(task.expect_requests, services.requests()):
-            return 0.0, tail(f"{exact[1]}\na gate rule failed: reward 0, the judge not asked"), exact[2]
+        # Gates only ever zero the reward: with no other exact rule the judge's score is the reward, so a
+        # safety check the agent kept by doing nothing earns nothing (issue 31's ClawEval tasks).
+        if services is not None and not gates_hold(task.expect_requests, services.requests()):
+            said, note = (f"{exact[1]}\n", exact[2]) if exact is not None else ("", None)
+            return 0.0, tail(f"{said}a gate rule failed: reward 0, the judge not asked"), note
         score, line = await self._judge(sb, ro, task, answer)
         if exact is None:
             return score, line, None

@@ -65,8 +65,8 @@ from openforge.rollouts.tasks.web.spec import GuiTask
 from openforge.sandbox.limits import TaskLimits
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
-_NO_GRADER = ("verifier: missing (required unless expect_answer, expect_files, expect_requests, harbor, osworld "
-              "or judge grades the task)")
+_NO_GRADER = ("verifier: missing (required unless expect_answer, expect_files, expect_requests (a rule that is not "
+              "only a gate), harbor, osworld or judge grades the task)")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -178,10 +178,11 @@ class TaskSpec(BaseModel):
 
     @property
     def exact_graded(self) -> bool:
-        """Whether any exact grader (not a judge) scores the task."""
+        """Whether any exact grader (not a judge) scores the task. A `gate` rule scores nothing: it can only
+        make the reward 0 (a safety check held is no work done), so gates alone grade no task."""
         return self.verifier is not None or self.expect_answer is not None or bool(self.expect_files) or \
-            bool(self.gui and self.gui.expect_state) or self.harbor is not None or bool(self.expect_requests) or \
-            self.osworld is not None
+            bool(self.gui and self.gui.expect_state) or self.harbor is not None or \
+            any(not r.gate for r in self.expect_requests) or self.osworld is not None
 
     @model_validator(mode="after")
     def _graded(self) -> "TaskSpec":
