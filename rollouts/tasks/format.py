@@ -56,7 +56,6 @@ from openforge.rollouts.tasks.judge import JudgeSpec
 from openforge.rollouts.tasks.osworld_eval import OSWorldEval
 from openforge.rollouts.tasks.web.benchmarks import OnlineWeb
 from openforge.rollouts.tasks.mcp_servers import McpServerSpec
-from openforge.rollouts.tasks.mcp_servers import check_unique as unique_servers
 from openforge.rollouts.tasks.services import RequestRule, ServiceSpec
 from openforge.rollouts.tasks.setup_files import FILES_DIR, decode, read_tree
 from openforge.rollouts.tasks.tools import TaskTool, check_unique
@@ -167,7 +166,7 @@ class TaskSpec(BaseModel):
     @field_validator("mcp_servers")
     @classmethod
     def _unique_servers(cls, value: list[McpServerSpec]) -> list[McpServerSpec]:
-        return unique_servers(value)
+        return check_unique(value, "MCP server")
 
     @field_validator("verifier", "instruction")
     @classmethod

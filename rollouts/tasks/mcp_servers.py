@@ -22,14 +22,12 @@ service, so it is started per rollout and every request it gets is in the servic
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from openforge.rollouts.tasks.grading import check_relative_paths
-
-_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+from openforge.rollouts.tasks.services import check_name
 
 
 class McpServerSpec(BaseModel):
@@ -52,9 +50,7 @@ class McpServerSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _check_name(cls, value: str) -> str:
-        if not _NAME_RE.match(value):
-            raise ValueError("must be 1-64 of letters, digits, _ - (starting with a letter)")
-        return value
+        return check_name(value)
 
     @field_validator("files")
     @classmethod
@@ -74,10 +70,3 @@ class McpServerSpec(BaseModel):
             raise ValueError(f"MCP server {self.name!r}: path must start with '/'")
         return self
 
-
-def check_unique(servers: list[McpServerSpec]) -> list[McpServerSpec]:
-    """`servers`, or ValueError naming a server declared twice."""
-    names = [s.name for s in servers]
-    if dupes := sorted({n for n in names if names.count(n) > 1}):
-        raise ValueError(f"MCP server {dupes[0]!r} is declared twice")
-    return servers

@@ -56,6 +56,13 @@ SERVICE_PORT_BASE = 8710  # service i at 127.0.0.1:8710+i inside an isolated san
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 
 
+def check_name(value: str) -> str:
+    """A task service's name (or a task MCP server's, mcp_servers.py): it names env variables and folders."""
+    if not _NAME_RE.match(value):
+        raise ValueError("must be 1-64 of letters, digits, _ - (starting with a letter)")
+    return value
+
+
 class ServiceStartFailed(TaskError):
     """A task service did not start or never became healthy: the rollout's infrastructure failed."""
 
@@ -91,9 +98,7 @@ class ServiceSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _check_name(cls, value: str) -> str:
-        if not _NAME_RE.match(value):
-            raise ValueError("must be 1-64 of letters, digits, _ - (starting with a letter)")
-        return value
+        return check_name(value)
 
     @field_validator("files")
     @classmethod

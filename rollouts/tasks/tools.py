@@ -22,7 +22,7 @@ docs/harnesses.md). After the agent is gone the grader finds the host's record a
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -78,11 +78,19 @@ class TaskTool(BaseModel):
         return self
 
 
-def check_unique(tools: list[TaskTool]) -> list[TaskTool]:
-    """`tools`, or ValueError naming a tool declared twice."""
+class _HasName(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+_Named = TypeVar("_Named", bound=_HasName)
+
+
+def check_unique(items: list[_Named], what: str = "tool") -> list[_Named]:
+    """`items` (a task's tools, or its MCP servers), or ValueError naming the first one declared twice."""
     seen: set[str] = set()
-    for tool in tools:
-        if tool.name in seen:
-            raise ValueError(f"tool {tool.name!r} is declared twice")
-        seen.add(tool.name)
-    return tools
+    for item in items:
+        if item.name in seen:
+            raise ValueError(f"{what} {item.name!r} is declared twice")
+        seen.add(item.name)
+    return items
