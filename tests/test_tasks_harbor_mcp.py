@@ -99,6 +99,19 @@ def test_a_stdio_mcp_server_becomes_the_tasks_server_run_from_its_environment_fi
     assert task.files == {} and CODE not in task.instruction  # the agent gets neither the server nor its answer
 
 
+def test_a_server_copied_after_a_relative_workdir_is_found_and_kept_from_the_agent(tmp_path: Path) -> None:
+    """WORKDIR srv (from /app) then COPY into tools/: the server is /app/srv/tools/server.py, named relative
+    to the WORKDIR. Following the WORKDIR twice read it as /app/srv/srv/...: the server was not found and its
+    file, with the code, went to the agent."""
+    toml = MCP_TOML.replace('args = ["/opt/mcp/server.py"]', 'args = ["tools/server.py"]')
+    folder = _task(tmp_path / "set", "rel", toml=toml, test_sh=TEST_SH, instruction="x",
+                   dockerfile="FROM python:3.12-slim\nWORKDIR srv\nCOPY mcp/server.py tools/server.py\n")
+    (folder / "environment" / "mcp").mkdir()
+    (folder / "environment" / "mcp" / "server.py").write_text(SERVER)
+    [task] = load_tasks(tmp_path / "set")
+    assert task.mcp_servers[0].args == ["mcp/server.py"] and task.files == {}
+
+
 async def test_the_tests_pass_only_when_the_agent_called_the_mcp_servers_tool(store: Store, tmp_path: Path) -> None:
     [task] = load_tasks(_mcp_task(tmp_path))
     scripts = {"calls": _calls("get_code", {"team": "blue"}),

@@ -235,12 +235,13 @@ def task_mcp_servers(folder: Path, config: HarborConfig) -> tuple[list[dict[str,
     env_dir = folder / "environment"
     dockerfile = env_dir / "Dockerfile"
     steps = _dockerfile_lines(_read(dockerfile)) if dockerfile.is_file() else []
-    workdir = config.environment.workdir or DEFAULT_WORKDIR
+    start = workdir = config.environment.workdir or DEFAULT_WORKDIR
     for _, word, args in steps:  # the WORKDIR the server's relative paths are read from, as Harbor's exec
         if word == "WORKDIR":
             workdir = args if args.startswith("/") else f"{workdir.rstrip('/')}/{args}"
+    # The copies from the WORKDIR the build starts in: image_copies follows the Dockerfile's WORKDIRs itself.
     records, host_side, reasons = mcp_server_records(config.environment.mcp_servers,
-                                                     image_copies(env_dir, steps, workdir), workdir)
+                                                     image_copies(env_dir, steps, start), workdir)
     if records:
         try:  # the server's folder on the host: the build context, as the image's COPYs read it
             context = _text_tree(env_dir)
