@@ -76,11 +76,15 @@ def test_dispatches_follow_the_tool_servers_order_with_the_fronts_status_and_bod
                              "notes_create")]
     calls = [{"tool": "notes_create", "arguments": {"title": "a"}, "result": 'error (HTTP 429): {"detail": "slow"}'},
              {"tool": "nosuch", "arguments": {"x": 1}, "result": "error: unknown tool"},
+             # no answer in time: a 504 of its own, taking none of the front's requests
+             {"tool": "notes_create", "arguments": {"title": "hangs"}, "result": "error: service 'notes' did not answer",
+              "failure": "tool notes_create: service 'notes' failed: ReadTimeout"},
              {"tool": "notes_create", "arguments": {"title": "claimed"}, "result": '{"note_id": "N-2"}'}]
     got = [(d["tool_name"], d["response_status"], d["request_body"], d["response_body"])
            for d in trace_dispatches(spec, record, calls)]
     assert got == [("notes_create", 429, {"title": "a"}, {"detail": "slow"}),
                    ("nosuch", 404, {"x": 1}, {"error": "unknown tool 'nosuch'"}),
+                   ("notes_create", 504, {"title": "hangs"}, {"error": "tool notes_create: service 'notes' failed: ReadTimeout"}),
                    ("notes_create", 200, {"title": "a", "body": "b"}, {"note_id": "N-2"})]  # the front's body
 
 

@@ -111,15 +111,19 @@ async def test_the_mcp_server_serves_the_tools_and_records_every_dispatch(tmp_pa
     assert server.infra_error is None and not Path(server.socket_path).exists()
 
 
-async def test_a_failing_tool_is_the_agents_error_a_hung_one_the_infrastructures(tmp_path: Path) -> None:
+async def test_a_failing_or_hung_tool_is_the_agents_error_a_missing_one_the_infrastructures(tmp_path: Path) -> None:
+    """A call that fails or hangs on the agent's arguments is the tool's answer (scored): were it masked, a
+    policy could escape every failing rollout by hanging a tool. One that could never run is infrastructure."""
     failing = TaskTool(name="fails", description="d", command="echo bad input >&2; exit 3")
     hung = TaskTool(name="hangs", description="d", command="sleep 30", timeout_s=0.5)
     absent = TaskTool(name="mail", description="d", service="mail", path="/send")
     async with ToolServer([failing, hung, absent], record=tmp_path / "r.jsonl") as server:
         text, is_error = await server.dispatch("fails", {})
         assert is_error and "exit 3" in text and "bad input" in text and server.infra_error is None
-        _, is_error = await server.dispatch("hangs", {})
-        assert is_error and "ran past 0.5s" in (server.infra_error or "")
+        text, is_error = await server.dispatch("hangs", {})
+        assert (is_error, text, server.infra_error) == (True, "error: the tool timed out", None)
+    record = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [d.get("failure") for d in record] == [None, "tool hangs: its command ran past 0.5s"]
     async with ToolServer([absent], record=tmp_path / "s.jsonl") as server:
         _, is_error = await server.dispatch("mail", {"to": "x"})
         assert is_error and "service 'mail' is not running" in (server.infra_error or "")

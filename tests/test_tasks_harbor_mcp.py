@@ -148,6 +148,23 @@ async def test_an_mcp_server_that_cannot_start_masks_the_rollout(store: Store, t
     assert "MCP server codes" in (ro.error or "") and "the server crashed" in (ro.error or "")
 
 
+async def test_an_agent_that_crashes_the_mcp_server_is_scored_not_masked(store: Store, tmp_path: Path) -> None:
+    """The server listed its tools, then died on the agent's call: that is the tool's answer to the call.
+    Masking it would let a policy turn any failing rollout into one that teaches nothing: crash a tool."""
+    [task] = load_tasks(_mcp_task(tmp_path))
+    server = task.mcp_servers[0]
+    dies = SERVER.replace('    return {', '    if team == "crash":\n        import os\n        os._exit(1)\n    return {')
+    fragile = task.model_copy(update={"mcp_servers": [server.model_copy(update={"files": {"mcp/server.py": dies}})]})
+    run = store.create_run(kind="check")
+    runner = RolloutRunner(store, config=ForgeConfig(), proxy_url="http://127.0.0.1:9",
+                           harness=_StandInHarness({task.id: _calls("get_code", {"team": "crash"})}))
+    [ro] = await runner.run(run.id, [RolloutSpec(fragile)])
+    assert (ro.status, ro.reward) == ("scored", 0.0), (ro.error, ro.stderr, ro.verifier_output)
+    [dispatch] = [json.loads(x) for x in dispatch_record_path(ro.run_id, ro.id).read_text().splitlines()]
+    assert dispatch["is_error"] and dispatch["infra_error"] is None
+    assert dispatch["failure"].startswith("MCP server codes: tool get_code failed")
+
+
 async def test_an_mcp_server_over_http_is_reached_through_its_services_recording_front(tmp_path: Path) -> None:
     """The forge format's HTTP route: the server is a task service, so its requests are in the services'
     record as well as the tool server's."""

@@ -14,11 +14,15 @@ per rollout, so no other rollout (and nothing else on the host) can call this ro
 A dispatch runs the tool's handler here, outside the sandbox: `command` (a host shell command; the
 arguments as JSON on stdin; its stdout is the result, a non-zero exit an error result the agent sees)
 or `service` (the arguments as the JSON body of a request to the task service's base URL for this
-rollout). A handler that cannot run at all (it would not start, it ran past `timeout_s`, its service
-is not there) is the infrastructure's failure: the agent gets an error result and `infra_error` is set,
-so the runner masks the rollout instead of scoring it. A task's own MCP servers (`mcp_servers`, Harbor's
-`[[environment.mcp_servers]]`) have their tools listed beside these and their calls carried out by
-mcp_upstream.py's client sessions: the same record (with the server's name), the same route in.
+rollout). A handler that could never run (its command cannot start, its service is not there) is the
+infrastructure's failure: the agent gets an error result and `infra_error` is set, so the runner masks
+the rollout instead of scoring it. A call that fails on the agent's arguments (the command runs past
+`timeout_s`, the service or a task MCP server does not answer it or dies on it) is the tool's answer to
+that call: the agent gets an error result, the record keeps why (`failure`), and the rollout is scored.
+Masking those would hand the policy a way out of every failing rollout: hang or crash a tool. A task's
+own MCP servers (`mcp_servers`, Harbor's `[[environment.mcp_servers]]`) have their tools listed beside
+these and their calls carried out by mcp_upstream.py's client sessions: the same record (with the
+server's name), the same route in.
 """
 
 from __future__ import annotations
@@ -180,31 +184,33 @@ class ToolServer:
         """Run one call's handler and record it: (result text, whether it is an error result)."""
         started = time.time()
         tool = self.tools.get(name)
-        infra, server = None, None
+        infra, failure, server = None, None, None
         if tool is None and self.upstreams is not None and name in self.upstreams.tools:
             server = self.upstreams.tools[name][0]
             try:
                 result, is_error = await self.upstreams.call(name, arguments)
-            except UpstreamFailed as exc:
-                result, is_error, infra = "error: the tool's MCP server failed", True, str(exc)
+            except UpstreamFailed as exc:  # it listed its tools, then failed this call: its answer to it
+                result, is_error, failure = "error: the tool's MCP server failed", True, str(exc)
         elif tool is None:
             names = [*self.tools, *(self.upstreams.tools if self.upstreams is not None else {})]
             result, is_error = f"error: unknown tool {name!r}; the tools are {', '.join(names)}", True
         elif tool.command is not None:
-            result, is_error, infra = await self._run_command(tool, arguments)
+            result, is_error, infra, failure = await self._run_command(tool, arguments)
         else:
-            result, is_error, infra = await self._call_service(tool, arguments)
+            result, is_error, infra, failure = await self._call_service(tool, arguments)
         if infra is not None and self.infra_error is None:
             self.infra_error = infra
         entry = {"seq": len(self.dispatches), "time": started, "tool": name, "arguments": arguments,
                  "result": _clip(result), "is_error": is_error, "infra_error": infra,
+                 **({"failure": failure} if failure else {}),
                  "duration_s": round(time.time() - started, 4), **({"server": server} if server else {})}
         self.dispatches.append(entry)
         with self.record.open("a", encoding="utf-8") as f:  # a line per dispatch: a crash keeps what came before
             f.write(json.dumps(entry) + "\n")
         return _clip(result), is_error
 
-    async def _run_command(self, tool: TaskTool, arguments: dict[str, Any]) -> tuple[str, bool, str | None]:
+    async def _run_command(self, tool: TaskTool, arguments: dict[str, Any]) -> tuple[str, bool, str | None, str | None]:
+        """(result, is_error, why it could never run: infra, why this call failed: the agent's)."""
         assert tool.command is not None
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "FORGE_TOOL": tool.name}
         try:
@@ -212,39 +218,39 @@ class ToolServer:
                 "/bin/sh", "-c", tool.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, env=env, cwd=self._folder, start_new_session=True)
         except OSError as exc:
-            return "error: the tool could not run", True, f"tool {tool.name}: cannot start its command: {exc}"
+            return "error: the tool could not run", True, f"tool {tool.name}: cannot start its command: {exc}", None
         try:
             out, err = await asyncio.wait_for(proc.communicate(json.dumps(arguments).encode()), tool.timeout_s)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, 9)
             await proc.wait()
-            return "error: the tool timed out", True, f"tool {tool.name}: its command ran past {tool.timeout_s:g}s"
+            return "error: the tool timed out", True, None, f"tool {tool.name}: its command ran past {tool.timeout_s:g}s"
         text = out.decode("utf-8", "replace")
         if proc.returncode != 0:
             why = err.decode("utf-8", "replace").strip()[-2000:]
-            return f"error (exit {proc.returncode}): {text}{why}".strip(), True, None
-        return text, False, None
+            return f"error (exit {proc.returncode}): {text}{why}".strip(), True, None, None
+        return text, False, None, None
 
-    async def _call_service(self, tool: TaskTool, arguments: dict[str, Any]) -> tuple[str, bool, str | None]:
+    async def _call_service(self, tool: TaskTool, arguments: dict[str, Any]) -> tuple[str, bool, str | None, str | None]:
         import httpx
 
         assert tool.service is not None
         base = self.services.get(tool.service)
         if base is None:
             return (f"error: service {tool.service!r} is not available", True,
-                    f"tool {tool.name}: service {tool.service!r} is not running for this rollout")
+                    f"tool {tool.name}: service {tool.service!r} is not running for this rollout", None)
         try:
             async with httpx.AsyncClient(timeout=tool.timeout_s) as client:
                 response = await client.request(tool.method, base.rstrip("/") + tool.path,
                                                  headers={TOOL_HEADER: tool.name},
                                                  **({"params": arguments} if tool.method == "GET" else {"json": arguments}))
-        except httpx.HTTPError as exc:
-            return (f"error: service {tool.service!r} did not answer", True,
+        except httpx.HTTPError as exc:  # it passed its health check at the start: this call is what it failed
+            return (f"error: service {tool.service!r} did not answer", True, None,
                     f"tool {tool.name}: service {tool.service!r} failed: {type(exc).__name__}: {exc}")
         if response.status_code >= 400:
-            return f"error (HTTP {response.status_code}): {response.text}", True, None
-        return response.text, False, None
+            return f"error (HTTP {response.status_code}): {response.text}", True, None, None
+        return response.text, False, None, None
 
 
 class _BearerGate:

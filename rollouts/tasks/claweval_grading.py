@@ -149,8 +149,8 @@ def trace_dispatches(spec: ClawEvalGrading, record: Sequence[ServiceRequest],
     """ClawEval `ToolDispatch`es, in the order the tool server ran the calls (its host-side record): a call
     of a service tool is the front's record of the request it made (the next one carrying that tool: its
     JSON body, the status answered or injected), with the tool server's result as the response body; an
-    unknown tool is ClawEval's 404 dispatch. A call whose handler could not run is none (the rollout is
-    masked as infrastructure anyway)."""
+    unknown tool is ClawEval's 404 dispatch, a call that got no answer in time a 504 one. A call whose
+    handler could not run at all is none (the rollout is masked as infrastructure anyway)."""
     fronts: dict[str, list[ServiceRequest]] = {}
     for request in record:
         if request.tool:
@@ -159,6 +159,11 @@ def trace_dispatches(spec: ClawEvalGrading, record: Sequence[ServiceRequest],
     for i, entry in enumerate(tool_calls):
         tool = str(entry.get("tool"))
         if entry.get("infra_error"):
+            continue
+        if entry.get("failure"):  # no answer in time (its request, if the front ever saw it, still in flight)
+            out.append({"tool_use_id": f"forge-{i}", "tool_name": tool, "endpoint_url": spec.endpoints.get(tool, ""),
+                        "request_body": dict(entry.get("arguments") or {}), "response_status": 504,
+                        "response_body": {"error": str(entry["failure"])[:300]}})
             continue
         if tool not in spec.endpoints:
             out.append({"tool_use_id": f"forge-{i}", "tool_name": tool, "endpoint_url": "",

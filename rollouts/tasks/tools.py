@@ -51,7 +51,8 @@ class TaskTool(BaseModel):
     service: str | None = Field(None, min_length=1, description="a task service the call is forwarded to")
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
     path: str = Field("/", description="the service's path; the arguments are the JSON body")
-    timeout_s: float = Field(30.0, gt=0, le=600, description="one call's limit (past it: an infrastructure failure)")
+    timeout_s: float = Field(30.0, gt=0, le=600, description=(
+        "one call's limit (past it: an error result the agent sees, its `failure` recorded)"))
 
     @field_validator("name")
     @classmethod
