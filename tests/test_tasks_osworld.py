@@ -9,6 +9,7 @@ import base64
 import io
 import json
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -78,7 +79,7 @@ TASKS = {
         {"func": "exact_match", "result": {"type": "rule", "rules": {"expected": "x"}},
          "expected": {"type": "rule", "rules": {"expected": "x"}}}),
     "libreoffice_impress/slides": _task("slides", "Fix the slides.", [],
-        {"func": "compare_pptx_files", "result": {"type": "vm_file", "path": "/home/user/a.pptx", "dest": "a.pptx"},
+        {"func": "check_slide_orientation_Portrait", "result": {"type": "vm_file", "path": "/home/user/a.pptx", "dest": "a.pptx"},
          "expected": {"type": "vm_file", "path": "/home/user/b.pptx", "dest": "b.pptx"}}),
     "vlc/playing": _task("playing", "Play the video.", [],
         {"func": "exact_match", "result": {"type": "vlc_playing_info"}, "expected": {"type": "rule", "rules": {}}}),
@@ -116,7 +117,7 @@ def test_the_import_maps_steps_and_getters_and_says_why_it_refused(tmp_path: Pat
         "tabs": "config step chrome_open_tabs needs the internet",
         "total": f"{EXPECTED_URL} has no local copy (no --cache given); {INPUT_URL} has no local copy (no --cache given)"}
     unsupported = dict(offline.unsupported)
-    assert unsupported["slides"].startswith("metric compare_pptx_files is not supported")
+    assert unsupported["slides"].startswith("metric check_slide_orientation_Portrait is not supported")
     assert unsupported["playing"].startswith("getter vlc_playing_info is not supported")
     assert unsupported["saved"].startswith("postconfig step activate_window drives an application")
     assert unsupported["broken"].startswith("malformed:")
@@ -153,7 +154,7 @@ def test_forge_tasks_import_osworld_writes_a_valid_set(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "8 OSWorld-format task(s): 3 imported" in result.output
     assert "1 online-only, 4 unsupported" in result.output
-    assert "slides: unsupported: metric compare_pptx_files" in result.output
+    assert "slides: unsupported: metric check_slide_orientation_Portrait" in result.output
     assert sorted(t.id for t in load_tasks(out)) == ["impossible", "shout", "total"]
     bad = CliRunner().invoke(app, ["tasks", "import", "osworld", str(tmp_path / "nowhere")])
     assert bad.exit_code != 0 and "no such OSWorld task file or folder" in bad.output
@@ -226,11 +227,11 @@ async def test_validate_run_passes_the_infeasible_answer_and_credits_no_hostile_
 
 def test_a_bad_osworld_record_is_one_line_per_problem_from_validate(tmp_path: Path) -> None:
     good = import_osworld(_write_set(tmp_path)).tasks[0]
-    bad = {**good, "id": "bad", "osworld": {**good["osworld"], "funcs": ["compare_docx_files"]}}
+    bad = {**good, "id": "bad", "osworld": {**good["osworld"], "funcs": ["compare_pdfs"]}}
     (tmp_path / "set.jsonl").write_text(json.dumps(bad) + "\n", encoding="utf-8")
     result = CliRunner().invoke(app, ["tasks", "validate", str(tmp_path / "set.jsonl")])
     assert result.exit_code != 0 and "Traceback" not in result.output
-    assert "osworld: metric compare_docx_files is not supported" in result.output
+    assert "osworld: metric compare_pdfs is not supported" in result.output
 
 
 async def test_a_metric_that_cannot_run_is_an_infrastructure_failure(store: Store, tmp_path: Path,
@@ -249,3 +250,118 @@ async def test_a_metric_that_cannot_run_is_an_infrastructure_failure(store: Stor
     (ro,) = await runner.run(run.id, [RolloutSpec(task)])
     assert (ro.status, ro.failure_kind, ro.reward) == ("failed", "infra", None), ro.error
     assert "OSWorld metric check_include_exclude died (exit 3)" in ro.error
+
+
+def _office_missing() -> str | None:
+    import importlib.util
+
+    lacking = [m for m in ("desktop_env", "docx", "odf", "pptx") if importlib.util.find_spec(m) is None]
+    return f"OSWorld's docs.py / slides.py need {', '.join(lacking)} (pip install 'openforge[osworld]')" if lacking else None
+
+
+needs_office = requires("osworld", _metrics_missing() or _office_missing())
+DOC_URL, GOLD_DOC_URL = "https://drive.google.com/uc?id=input-doc", "https://drive.google.com/uc?id=gold-doc"
+
+
+def _docx(paragraphs: list[str]) -> bytes:
+    import docx
+
+    doc = docx.Document()
+    for text in paragraphs:
+        doc.add_paragraph(text)
+    buf = io.BytesIO()
+    doc.save(buf)
+    return buf.getvalue()
+
+
+def _pptx(titles: list[str]) -> bytes:
+    import pptx
+
+    deck = pptx.Presentation()
+    for title in titles:
+        deck.slides.add_slide(deck.slide_layouts[5]).shapes.title.text = title
+    buf = io.BytesIO()
+    deck.save(buf)
+    return buf.getvalue()
+
+
+async def _office_task(store: Store, tmp_path: Path, func: str, name: str, start: bytes, gold: bytes,
+                       wrong: bytes) -> tuple[TaskSpec, dict[str, tuple[str, float | None, str]]]:
+    """An OSWorld-format task whose file (downloaded at setup) must become the gold one, graded by
+    OSWorld's `func` against the host's copy; run with the right file, a wrong one, the gold copy planted
+    beside it, nothing done, and the file deleted."""
+    task_id = name.split(".")[0]
+    record = _task(task_id, f"Fix /home/user/{name}.", [
+        {"type": "download", "parameters": {"files": [{"url": DOC_URL, "path": f"/home/user/{name}"}]}}],
+        {"func": func, "result": {"type": "vm_file", "path": f"/home/user/{name}", "dest": name},
+         "expected": {"type": "cloud_file", "path": GOLD_DOC_URL, "dest": f"gold-{name}"}, "options": {}})
+    examples = tmp_path / "evaluation_examples" / "examples" / "office"
+    examples.mkdir(parents=True)
+    (examples / f"{task_id}.json").write_text(json.dumps(record), encoding="utf-8")
+    cache = tmp_path / "cache" / task_id
+    cache.mkdir(parents=True)
+    (cache / f"{uuid.uuid5(uuid.NAMESPACE_URL, DOC_URL)}_{name}").write_bytes(start)
+    (cache / f"gold-{name}").write_bytes(gold)
+    report = import_osworld(tmp_path, cache=tmp_path / "cache")
+    assert not report.unsupported and not report.online_only, (report.unsupported, report.online_only)
+    task = TaskSpec.model_validate(report.tasks[0])
+    right = base64.b64encode(gold).decode()
+    got = await _run(store, task, {
+        "right": f"echo {right} | base64 -d > {name}",
+        "wrong": f"echo {base64.b64encode(wrong).decode()} | base64 -d > {name}",
+        "planted": f"mkdir -p done && echo {right} | base64 -d > done/{name} && echo {right} | base64 -d > gold-{name}",
+        "untouched": "true",
+        "deleted": f"rm {name}"})  # the getter's None: python-pptx would open its default deck for it
+    return task, got
+
+
+@needs_office
+async def test_a_writer_task_is_graded_by_osworlds_compare_docx_files(store: Store, tmp_path: Path) -> None:
+    start, gold, wrong = (_docx(["Dear team,", text]) for text in (
+        "the meeting is on monday.", "The meeting is on Monday.", "The meeting is on Tuesday."))
+    task, got = await _office_task(store, tmp_path, "compare_docx_files", "memo.docx", start, gold, wrong)
+    assert task.osworld is not None and task.osworld.funcs == ["compare_docx_files"]
+    assert {k: v[:2] for k, v in got.items()} == {
+        "right": ("scored", 1.0), "wrong": ("scored", 0.0), "planted": ("scored", 0.0), "untouched": ("scored", 0.0),
+        "deleted": ("scored", 0.0)}, got
+    assert "compare_docx_files: 1" in got["right"][2] and "compare_docx_files: 0" in got["wrong"][2]
+
+
+@needs_office
+async def test_an_impress_task_is_graded_by_osworlds_compare_pptx_files(store: Store, tmp_path: Path) -> None:
+    start, gold, wrong = _pptx(["Plan", "Budget"]), _pptx(["Plan", "Budget 2027"]), _pptx(["Plan", "Budget 2026"])
+    _, got = await _office_task(store, tmp_path, "compare_pptx_files", "deck.pptx", start, gold, wrong)
+    assert {k: v[:2] for k, v in got.items()} == {
+        "right": ("scored", 1.0), "wrong": ("scored", 0.0), "planted": ("scored", 0.0), "untouched": ("scored", 0.0),
+        "deleted": ("scored", 0.0)}, got
+    assert "compare_pptx_files: 1" in got["right"][2] and "compare_pptx_files: 0" in got["untouched"][2]
+
+
+@needs_office
+def test_a_metric_that_touches_a_stood_in_import_is_unavailable_not_a_score(tmp_path: Path) -> None:
+    """docs.py's compare_image_text calls easyocr inside its own `except Exception: return 0`: with the
+    stand-in the call ends the metric as unavailable (exit 2), never the 0 that except would give."""
+    image = tmp_path / "shot.png"
+    image.write_bytes(b"\x89PNG\r\n\x1a\n")
+    script = ("import sys; from openforge.rollouts.tasks import osworld_metric as m; "
+              "m.METRIC_MODULES['compare_image_text'] = 'docs'; sys.exit(m.main())")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          input=json.dumps({"func": "compare_image_text", "result": str(image),
+                                            "expected": {"type": "text", "text": "hello"}}))
+    assert done.returncode == 2, done.stderr
+    assert "the metric used easyocr.Reader, which forge does not install" in json.loads(done.stdout)["unavailable"]
+
+
+@needs_office
+def test_every_metric_forge_names_loads_from_osworlds_package() -> None:
+    """Each METRIC_MODULES entry is OSWorld's function from its module (a child process: the stand-ins
+    stay out of this one)."""
+    script = ("from openforge.rollouts.tasks.osworld_metric import METRIC_MODULES, load_metric\n"
+              "for name, module in METRIC_MODULES.items():\n"
+              "    f = load_metric(name)\n"
+              "    assert (f.__name__, f.__module__) == (name, f'desktop_env.evaluators.metrics.{module}'), f\n"
+              "print(len(METRIC_MODULES))")
+    from openforge.rollouts.tasks.osworld_metric import METRIC_MODULES
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == str(len(METRIC_MODULES)), done.stderr
