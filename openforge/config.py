@@ -234,6 +234,9 @@ class DockerSandboxConfig(_SandboxCommon):
     cpus: float = Field(1.0, gt=0, description="CPU limit of each container (cores, fractions allowed)")
     pids_limit: int = Field(256, ge=1, description="processes a container may run at once")
     max_file_mb: int = Field(0, ge=0, description="largest file a process may write (ulimit fsize); 0 = no limit")
+    compose_services: list[dict[str, Any]] = Field(
+        default_factory=list, description="set per task, not here: a task's compose services started beside its "
+                                          "container (sandbox/compose.py)")
 
 
 class KubernetesSandboxConfig(_SandboxCommon):

@@ -315,6 +315,14 @@ class SandboxBase:
         raise SandboxError(f"this task runs in its own image {image} (built by `forge tasks import harbor`): the "
                            f"{config.type} backend cannot run it; use sandbox.type = \"docker\"")
 
+    @classmethod
+    def with_services(cls, config: Any, services: list[dict[str, Any]]) -> Any:
+        """`config` starting a task's compose services beside the agent (sandbox/compose.py: a Harbor task's
+        docker-compose.yaml services, reached by name); SandboxError where this backend cannot."""
+        raise SandboxError(f"this task runs compose services beside the agent ({', '.join(s['name'] for s in services)}"
+                           f"), each reached by its name: the {config.type} backend cannot run them; use "
+                           "sandbox.type = \"docker\"")
+
     def agent_proxy_url(self, host_url: str) -> str:
         return proxy_url_via(host_url, self.info.proxy_host)
 

@@ -59,8 +59,9 @@ from typing import Any
 from openforge.config import DockerSandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
-from openforge.sandbox.base import (KILL_ALL_SH, KILL_MARKED_SH, LABEL_HOME, container_path, ExecResult,
+from openforge.sandbox.base import (KILL_ALL_SH, KILL_MARKED_SH, LABEL_HOME, LABEL_ROLLOUT, container_path, ExecResult,
                           IsolationReport, SandboxBase, SandboxFileNotFound, SandboxInfo, SandboxPathRefused, TransientSandboxError, sandbox_labels)
+from openforge.sandbox.compose import ComposeService, remove_services, start_services
 from openforge.sandbox.gui import CHROMIUM_NAMES, SITE_PORT, SITE_URL, GuiSpec
 from openforge.sandbox.docker_engine import connect
 from openforge.sandbox.gc import owned_tempdir, remove_owned
@@ -146,6 +147,13 @@ class DockerSandbox(SandboxBase):
     @classmethod
     def with_image(cls, config: DockerSandboxConfig, image: str, workdir: str) -> DockerSandboxConfig:
         return config.model_copy(update={"image": image, "workdir": workdir})
+
+    @classmethod
+    def with_services(cls, config: DockerSandboxConfig, services: list[dict[str, Any]]) -> DockerSandboxConfig:
+        if config.network != "none":  # the agent joins the services' network in place of "none"
+            raise SandboxError(f"this task runs compose services beside the agent: they need sandbox.network = "
+                               f"\"none\" (the rollout's own network is made for them), not {config.network!r}")
+        return config.model_copy(update={"compose_services": [ComposeService(**s).model_dump() for s in services]})
 
     def __init__(self, config: DockerSandboxConfig, *, run_id: str, rollout_id: str,
                  proxy_socket: str | Path | None = None, site_socket: str | Path | None = None) -> None:
@@ -283,7 +291,13 @@ class DockerSandbox(SandboxBase):
         if self.site_socket:
             _open_socket_to(self.site_socket, "the task site")
         network = container_network(self.cfg)
-        if network == EGRESS_NETWORK:
+        if self.cfg.compose_services:  # the rollout's own network, its services on it (sandbox/compose.py)
+            network = start_services(self._client, [ComposeService(**s) for s in self.cfg.compose_services],
+                                     rollout_id=self.labels[LABEL_ROLLOUT], labels=self.labels,
+                                     internet=self.cfg.allow_internet,
+                                     limits={"mem_limit": f"{self.cfg.memory_mb}m", "pids_limit": self.cfg.pids_limit,
+                                             "nano_cpus": int(self.cfg.cpus * 1e9)})
+        elif network == EGRESS_NETWORK:
             ensure_egress_network(self._client)
         try:
             container = self._client.containers.run(
@@ -354,6 +368,8 @@ class DockerSandbox(SandboxBase):
             return
         try:
             await asyncio.to_thread(self._remove, self._container.id if self._container else self.name)
+            if self.cfg.compose_services:  # after the agent's container: it was on their network
+                await asyncio.to_thread(remove_services, self._client, self.labels[LABEL_ROLLOUT])
         finally:
             if self.exposed_dir:
                 remove_owned(self.exposed_dir)

@@ -13,6 +13,7 @@ makes outside any sandbox (a task's services, its MCP tool server, a container's
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -34,7 +35,7 @@ from openforge.sandbox.procs import kill_tree, orphan_cgroups, remove_cgroup_dir
 @dataclass
 class Leftover:
     backend: str  # local | docker | kubernetes
-    ident: str  # folder, container name, pod name
+    ident: str  # folder, container name, network name (compose services), pod name
     run_id: str
     removed: bool  # False in a dry run
 
@@ -158,6 +159,18 @@ def collect_docker(config: SandboxConfig, *, home: Path, run_id: str | None, is_
             if not dry_run:
                 c.remove(force=True, v=True)
             found.append(Leftover("docker", c.name, run, not dry_run))
+        import docker.errors
+
+        for n in client.networks.list(filters=filters):  # a rollout's compose services' network (sandbox/compose.py)
+            run = (n.attrs.get("Labels") or {}).get(LABEL_RUN, "")
+            if not _wanted(run, run_id, is_live):
+                continue
+            removed = False
+            if not dry_run:
+                with contextlib.suppress(docker.errors.APIError):  # still in use: left for the next sweep
+                    n.remove()
+                    removed = True
+            found.append(Leftover("docker", n.name, run, removed))
     finally:
         client.close()
     return found

@@ -98,6 +98,14 @@ class KubernetesSandbox(SandboxBase):
                            "written past it at its next check, a write itself is not refused")
 
     @classmethod
+    def with_services(cls, config: KubernetesSandboxConfig, services: list[dict[str, Any]]) -> Any:
+        # A pod's containers share one network namespace: services reached by their own names would need a
+        # pod, a Service and a NetworkPolicy each per rollout, which this backend does not make yet.
+        raise SandboxError(f"this task runs compose services beside the agent ({', '.join(s['name'] for s in services)}"
+                           "): the kubernetes backend does not run them yet (each would need a pod, a Service and a "
+                           "NetworkPolicy of its own per rollout); use sandbox.type = \"docker\"")
+
+    @classmethod
     def with_limits(cls, config: KubernetesSandboxConfig, limits: TaskLimits) -> KubernetesSandboxConfig:
         # The task's need is both what the scheduler reserves and the cap, as Harbor's cluster backends size pods.
         update: dict[str, str] = {}

@@ -91,11 +91,12 @@ def test_what_cannot_run_yet_is_refused_per_task_in_one_line(tmp_path: Path) -> 
     _task(tmp_path, "bad-limit", toml="[agent]\ntimeout_sec = -1\n", test_sh=ok)
     _task(tmp_path, "fine", test_sh=ok)
     compose = _task(tmp_path, "services", test_sh=ok)
-    (compose / "environment" / "docker-compose.yaml").write_text("services:\n  db:\n    image: postgres:16\n")
+    (compose / "environment" / "docker-compose.yaml").write_text("services:\n  db:\n    image: postgres:16\n"
+                                                                 "    ports: ['5432:5432']\n")
     problems = {p.task_id: p.message for p in validate_tasks(tmp_path)}
     assert problems.keys() == {"builds", "tools", "no-tests", "bad-toml", "bad-limit", "services"}
     assert problems["builds"].startswith("environment/Dockerfile line 2: RUN needs an image build")
-    assert "mcp_servers" in problems["tools"] and "forge runs no compose services yet" in problems["tools"]
+    assert "mcp_servers" in problems["tools"] and "on the agent's own network" in problems["tools"]
     assert "tests/test.sh: missing" in problems["no-tests"]
     assert problems["bad-toml"].startswith("bad task.toml") and "timeout_sec" in problems["bad-limit"]
     assert "docker-compose" in problems["services"]

@@ -1,8 +1,8 @@
 """Harbor's `[[environment.mcp_servers]]` and `environment/docker-compose.yaml` (rollouts/tasks/harbor_mcp.py):
 a stdio MCP server runs on the host beside the rollout, its tool reaches the agent through the rollout's own
 tool server and every call is in the host's record; a test.sh that needs the tool's answer scores 1 only when
-the agent called it. What forge cannot run (servers over HTTP, compose services, a bad compose file, an unknown
-transport) is refused with one line by `forge tasks validate` and `forge tasks import harbor`.
+the agent called it. What forge cannot run (servers over HTTP, a compose service it cannot build, a bad
+compose file, an unknown transport) is refused with one line by `forge tasks validate` and `forge tasks import harbor`.
 """
 
 from __future__ import annotations
@@ -112,6 +112,23 @@ def test_a_server_copied_after_a_relative_workdir_is_found_and_kept_from_the_age
     assert task.mcp_servers[0].args == ["mcp/server.py"] and task.files == {}
 
 
+
+def test_one_import_reads_a_tasks_mcp_servers_once_and_steps_keep_their_workdir(tmp_path: Path, monkeypatch) -> None:
+    """`forge tasks import harbor` decides whether to build and makes the record from one reading of the
+    task's servers (it read them twice); each step's WORKDIR is traced from the one the build starts in."""
+    import openforge.rollouts.tasks.harbor as harbor
+    from openforge.rollouts.tasks.harbor_dockerfile import final_workdir, traced_steps
+    from openforge.rollouts.tasks.harbor_image import import_harbor
+
+    steps = traced_steps("FROM x\nCOPY a a\nWORKDIR srv\nCOPY b b\nWORKDIR /abs\nWORKDIR rel\n", "/app")
+    assert [s.workdir for s in steps] == ["/app", "/app", "/app/srv", "/app/srv", "/abs", "/abs/rel"]
+    assert final_workdir(steps, "/app") == "/abs/rel" and final_workdir([], "/w") == "/w"
+    calls = []
+    real = harbor.task_mcp_servers
+    monkeypatch.setattr(harbor, "task_mcp_servers", lambda *a: calls.append(a) or real(*a))
+    report = import_harbor(_mcp_task(tmp_path))  # a Dockerfile that builds nothing: no engine needed
+    assert [t["id"] for t in report.tasks] == ["codes"] and report.built == [] and len(calls) == 1
+
 async def test_the_tests_pass_only_when_the_agent_called_the_mcp_servers_tool(store: Store, tmp_path: Path) -> None:
     [task] = load_tasks(_mcp_task(tmp_path))
     scripts = {"calls": _calls("get_code", {"team": "blue"}),
@@ -207,7 +224,7 @@ def test_what_forge_cannot_run_is_one_line_from_validate_and_import(tmp_path: Pa
     assert "inside the agent's own container" in problems["in-main"]
     assert "/srv/other.py is a path in the image that no COPY brings" in problems["not-copied"]
     assert problems["bad-compose"].startswith("environment/docker-compose.yaml: not valid YAML (line 4)")
-    assert "service api (build './api') runs beside the agent" in problems["sidecar"]
+    assert "service api: build './api': no Dockerfile in that folder of environment/" in problems["sidecar"]
     assert "service main sets network_mode" in problems["sidecar"]
     assert all("\n" not in m for m in problems.values())  # each reason one line
 

@@ -311,13 +311,15 @@ class RolloutRunner:
         return sb
 
     def _sandbox_config_for(self, task: TaskSpec | None) -> Any:
-        if task is None or (task.image is None and task.limits is None):
+        if task is None or (task.image is None and task.limits is None and not task.compose):
             return self.sandbox_config
         from openforge.sandbox.factory import sandbox_class
 
         backend, config = sandbox_class(self.config.sandbox.type), self.sandbox_config
         if task.image is not None:
             config = backend.with_image(config, task.image.tag, task.image.workdir)
+        if task.compose:
+            config = backend.with_services(config, [s.model_dump() for s in task.compose])
         return config if task.limits is None else backend.with_limits(config, task.limits)
 
     async def _drive(self, sb: Sandbox, ro: Rollout, task: TaskSpec, harness: Harness, site: Any = None, *,

@@ -7,8 +7,10 @@
     judge_prompts.py  the judges of the field by name (WebVoyager, WebJudge): prompts and strict verdicts
     harbor.py      Harbor / Terminal-Bench task folders read as tasks (task.toml, Dockerfile, tests/)
     harbor_verifier.py  a Harbor task's tests run after the agent is gone; its reward file read on the host
-    harbor_mcp.py  a Harbor task's [[environment.mcp_servers]] as task MCP servers; its docker-compose.yaml read
-                   (what forge cannot run refused in one line)
+    harbor_mcp.py  a Harbor task's [[environment.mcp_servers]] as task MCP servers (what forge cannot run
+                   refused in one line)
+    harbor_compose.py  its docker-compose.yaml services beside `main`, run by the Docker backend (sandbox/compose.py)
+    harbor_dockerfile.py  the one reading of its Dockerfile: steps, each step's WORKDIR, what each COPY brings
     tools.py       a task's own tools (a host command or a service call), served over MCP per rollout
     mcp_servers.py a task's own MCP servers (stdio on the host, or a service), their tools served beside those
     selfcheck.py   `forge tasks validate --run`: a set's reference solutions pass, hostile answers score 0

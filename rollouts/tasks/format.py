@@ -61,6 +61,7 @@ from openforge.rollouts.tasks.setup_files import FILES_DIR, decode, read_tree
 from openforge.rollouts.tasks.tools import TaskTool, check_unique
 from openforge.rollouts.tasks.web import WEB_TASKS_DIR
 from openforge.rollouts.tasks.web.spec import GuiTask
+from openforge.sandbox.compose import ComposeService
 from openforge.sandbox.limits import TaskLimits
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
@@ -112,6 +113,9 @@ class TaskSpec(BaseModel):
     image: TaskImage | None = Field(None, description=(
         "the sandbox image the task runs in, instead of sandbox.image (a Harbor environment built by `forge "
         "tasks import harbor`, rollouts/tasks/harbor_image.py); the Docker backend runs it, others refuse"))
+    compose: list[ComposeService] = Field(default_factory=list, description=(
+        "services started beside the agent's container, each reached by its name (a Harbor task's "
+        "docker-compose.yaml services): the Docker backend runs them per rollout, others refuse (sandbox/compose.py)"))
     limits: TaskLimits | None = Field(None, description=(
         "the task's own cpus / memory_mb / storage_mb (Harbor's [environment]): they replace the run's sandbox "
         "limits for its rollouts, as each backend can honour them (sandbox/limits.py)"))

@@ -27,9 +27,9 @@ What forge cannot run yet is refused here with one line per task, never run half
 with steps other than FROM/WORKDIR/COPY/ADD of its own files and those that build nothing (RUN installs
 software: `forge tasks import harbor` builds such a task into an image, rollouts/tasks/harbor_image.py,
 and the task runs there on the Docker backend), MCP servers over HTTP (a compose service, or one
-inside the agent's container), environment/docker-compose.yaml services beside `main` or overrides of
-it (and a compose file that does not parse), multi-step tasks, separate verifier environments, Windows
-and GPUs.
+inside the agent's container), what of environment/docker-compose.yaml forge does not run
+(rollouts/tasks/harbor_compose.py: services beside `main` run on the Docker backend, each reached by
+its name), multi-step tasks, separate verifier environments, Windows and GPUs.
 The base image is not pulled: the task runs with the sandbox's tools (the host's, on a local
 sandbox), so a test.sh that needs a tool the host lacks ends as an infrastructure failure.
 """
@@ -37,14 +37,15 @@ sandbox), so a test.sh that needs a tool the host lacks ends as an infrastructur
 from __future__ import annotations
 
 import re
-import shlex
 import tomllib
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from openforge.rollouts.tasks.harbor_mcp import HarborMcpServer, compose_reasons, image_copies, mcp_server_records
+from openforge.rollouts.tasks.harbor_dockerfile import copied_files, copy_parts, final_workdir, traced_steps
+from openforge.rollouts.tasks.harbor_compose import ServiceBuild, compose_services
+from openforge.rollouts.tasks.harbor_mcp import HarborMcpServer, image_copies, mcp_server_records
 from openforge.rollouts.tasks.harbor_verifier import SOLUTION_DIR, rewrite_paths
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0  # Harbor's [agent] timeout_sec has no default of its own
@@ -145,22 +146,6 @@ def _text_tree(root: Path) -> dict[str, str]:
     return files
 
 
-def _dockerfile_lines(text: str) -> list[tuple[int, str, str]]:
-    """(line number, INSTRUCTION, arguments) of a Dockerfile, continuation lines joined."""
-    out, buf, start = [], "", 0
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not buf and (not line.strip() or line.lstrip().startswith("#")):
-            continue
-        start = start or n
-        if line.rstrip().endswith("\\"):
-            buf += line.rstrip()[:-1] + " "
-            continue
-        word, _, args = (buf + line).strip().partition(" ")
-        out.append((start, word.upper(), args.strip()))
-        buf, start = "", 0
-    return out
-
-
 def local_environment(env_dir: Path, workdir: str | None,
                       host_side: frozenset[str] = frozenset()) -> tuple[str, dict[str, str]]:
     """(WORKDIR, the files the agent starts with relative to it) of a plain Dockerfile: FROM,
@@ -169,21 +154,20 @@ def local_environment(env_dir: Path, workdir: str | None,
     stdio MCP server runs from, on the host: harbor_mcp.py) brings the agent nothing. Raises ValueError
     with the one-line reason otherwise."""
     dockerfile = env_dir / "Dockerfile"
-    text = _read(dockerfile) if dockerfile.is_file() else "FROM scratch\n"
-    wd, files = workdir or DEFAULT_WORKDIR, {}
-    for n, word, args in _dockerfile_lines(text):
+    start = workdir or DEFAULT_WORKDIR
+    steps = traced_steps(_read(dockerfile), start) if dockerfile.is_file() else []
+    files: dict[str, str] = {}
+    for step in steps:
+        n, word, args, wd = step
         where = f"environment/Dockerfile line {n}"
-        if word == "FROM" or word in _INERT:
+        if word in ("FROM", "WORKDIR") or word in _INERT:
             continue
-        if word == "WORKDIR":
-            wd = args if args.startswith("/") else f"{wd.rstrip('/')}/{args}"
-        elif word in ("COPY", "ADD"):
-            parts = [p for p in shlex.split(args) if not p.startswith("--")]
-            if len(parts) < 2 or any("://" in p for p in parts):
+        if word in ("COPY", "ADD"):
+            parsed = copy_parts(step)
+            if parsed is None or any("://" in p for p in [*parsed[0], parsed[1]]):
                 raise ValueError(f"{where}: {word} {args[:60]} fetches from outside the task (not supported)")
-            *srcs, dest = parts
-            dest = dest if dest.startswith("/") else f"{wd.rstrip('/')}/{dest}"
-            if host_side and (brought := set(image_copies(env_dir, [(n, word, args)], wd))) and brought <= host_side:
+            srcs, dest = parsed
+            if host_side and (brought := set(copied_files(env_dir, step))) and brought <= host_side:
                 continue
             for src in srcs:
                 files.update(_copied(env_dir, src, dest, wd, where))
@@ -191,7 +175,7 @@ def local_environment(env_dir: Path, workdir: str | None,
             raise ValueError(f"{where}: {word} needs an image build: `forge tasks import harbor SRC --out DIR` "
                              "builds it with Docker (as read here, only FROM/WORKDIR/COPY/ENV Dockerfiles run, "
                              "with the sandbox's own tools)")
-    return wd, files
+    return final_workdir(steps, start), files
 
 
 def _copied(env_dir: Path, src: str, dest: str, wd: str, where: str) -> dict[str, str]:
@@ -214,7 +198,6 @@ def _unsupported(config: HarborConfig, folder: Path) -> list[str]:
     reasons = []
     if config.steps:
         reasons.append("multi-step tasks ([[steps]]) are not supported yet")
-    reasons.extend(compose_reasons(folder / "environment"))
     if config.verifier.environment is not None or config.verifier.environment_mode == "separate":
         reasons.append("a separate verifier environment is not supported yet")
     if env.os.lower() != "linux":
@@ -234,14 +217,11 @@ def task_mcp_servers(folder: Path, config: HarborConfig) -> tuple[list[dict[str,
         return [], frozenset(), []
     env_dir = folder / "environment"
     dockerfile = env_dir / "Dockerfile"
-    steps = _dockerfile_lines(_read(dockerfile)) if dockerfile.is_file() else []
-    start = workdir = config.environment.workdir or DEFAULT_WORKDIR
-    for _, word, args in steps:  # the WORKDIR the server's relative paths are read from, as Harbor's exec
-        if word == "WORKDIR":
-            workdir = args if args.startswith("/") else f"{workdir.rstrip('/')}/{args}"
-    # The copies from the WORKDIR the build starts in: image_copies follows the Dockerfile's WORKDIRs itself.
-    records, host_side, reasons = mcp_server_records(config.environment.mcp_servers,
-                                                     image_copies(env_dir, steps, start), workdir)
+    start = config.environment.workdir or DEFAULT_WORKDIR
+    steps = traced_steps(_read(dockerfile), start) if dockerfile.is_file() else []
+    # The server's relative paths are read from the final WORKDIR, as Harbor's exec runs in it.
+    records, host_side, reasons = mcp_server_records(config.environment.mcp_servers, image_copies(env_dir, steps),
+                                                     final_workdir(steps, start))
     if records:
         try:  # the server's folder on the host: the build context, as the image's COPYs read it
             context = _text_tree(env_dir)
@@ -251,10 +231,13 @@ def task_mcp_servers(folder: Path, config: HarborConfig) -> tuple[list[dict[str,
     return records, frozenset(host_side), reasons
 
 
-def harbor_record(folder: Path, *, image: Any = None) -> tuple[dict[str, Any] | None, list[str]]:
+def harbor_record(folder: Path, *, build: Callable[[HarborConfig], Any] | None = None,
+                  build_service: ServiceBuild | None = None) -> tuple[dict[str, Any] | None, list[str]]:
     """The TaskSpec record of the Harbor task in `folder`, or None and the reasons it cannot be one.
-    With `image` (a TaskImage its Dockerfile was built into, rollouts/tasks/harbor_image.py) the task
-    runs in that image, its files already there; without, its Dockerfile must build nothing."""
+    A Dockerfile that builds something is handed to `build` (rollouts/tasks/harbor_image.py: it returns
+    the TaskImage it was built into, or raises ImageBuildFailed) and the task runs in that image, its files
+    already there; without `build`, the Dockerfile must build nothing. A compose service's `build` goes to
+    `build_service` the same way (rollouts/tasks/harbor_compose.py)."""
     try:
         config = HarborConfig.model_validate(tomllib.loads(_read(folder / "task.toml")))
     except (OSError, UnicodeDecodeError) as exc:
@@ -269,12 +252,21 @@ def harbor_record(folder: Path, *, image: Any = None) -> tuple[dict[str, Any] | 
         return None, [f"[[environment.mcp_servers]]: {exc}"]
     if reasons := _unsupported(config, folder) + mcp_reasons:
         return None, reasons
+    compose, reasons = compose_services(folder / "environment", build_service)
+    if reasons:
+        return None, reasons
     script = folder / "tests" / "test.sh"
     if not script.is_file():
         return None, ["tests/test.sh: missing (Harbor's verifier writes the reward from it)"]
+    image = None
     try:
-        workdir, files = ((image.workdir, {}) if image is not None
-                          else local_environment(folder / "environment", config.environment.workdir, host_side))
+        try:
+            workdir, files = local_environment(folder / "environment", config.environment.workdir, host_side)
+        except ValueError:  # RUN, a COPY outside the WORKDIR, ...: the engine builds it, if there is one
+            if build is None:
+                raise
+            image = build(config)
+            workdir, files = image.workdir, {}
         tests = _text_tree(folder / "tests")
         instruction = _read(folder / "instruction.md")
         # Harbor's oracle copies all of solution/ to /solution and runs /solution/solve.sh there.
@@ -301,6 +293,8 @@ def harbor_record(folder: Path, *, image: Any = None) -> tuple[dict[str, Any] | 
         record["image"] = image.model_dump()
     if mcp_servers:
         record["mcp_servers"] = mcp_servers
+    if compose:
+        record["compose"] = compose
     if limits := config.environment.limits():
         record["limits"] = limits
     difficulty = str(meta.get("difficulty", "")).lower()

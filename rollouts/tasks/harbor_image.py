@@ -2,7 +2,7 @@
 
     bases = parse_base_map(["ubuntu:24.04=my-ubuntu-with-tools"])
     image = build_task_image(folder, "/app", bases=bases)   # TaskImage(tag, workdir), cached by content
-    record, reasons = harbor_record(folder, image=image)    # the task runs in that image (sandbox.type docker)
+    record, reasons = harbor_record(folder, build=...)      # calls it when the Dockerfile builds something
 
 `forge tasks import harbor SRC --out DIR [--base FROM=IMAGE ...]` calls this for every task whose
 Dockerfile builds something (RUN). The build is the docker SDK's (`images.build`, the engine's own
@@ -10,6 +10,8 @@ builder) with `network_mode = "none"` and nothing pulled: each FROM must name an
 already holds, after `--base` mapped it (a task's `FROM ubuntu:24.04` onto a local image that has
 what its steps would download). A step that fails (most often one that downloads) is one line naming
 its Dockerfile line, the step and the way out: a local base that already holds what it fetches.
+A compose service's `build` (rollouts/tasks/harbor_compose.py) is built the same way, without forge's
+layer (`build_service_image`: a service runs as its image says; the agent never execs in it).
 A task's `[environment] build_timeout_sec` bounds its build (sandbox/timed_build.py): past it the build
 is stopped, nothing is tagged, its step's container is removed, and the task is refused in one line.
 
@@ -35,6 +37,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from openforge.errors import TaskError
+from openforge.rollouts.tasks.harbor_dockerfile import dockerfile_lines
 from openforge.sandbox.images import SANDBOX_HOME, SANDBOX_UID
 from openforge.sandbox.timed_build import BuildTimedOut, build_image
 
@@ -70,13 +73,6 @@ def parse_base_map(items: list[str]) -> dict[str, str]:
     return bases
 
 
-def dockerfile_steps(text: str) -> list[tuple[int, str, str]]:
-    """(line number, INSTRUCTION, arguments) per step, continuation lines joined (harbor.py's reading)."""
-    from openforge.rollouts.tasks.harbor import _dockerfile_lines
-
-    return _dockerfile_lines(text)
-
-
 def _tag(task_id: str, digest: str) -> str:
     slug = re.sub(r"[^a-z0-9_.-]+", "-", task_id.lower()).strip(".-")[:80] or "task"
     return f"{REPOSITORY}:{slug}-{digest[:12]}"
@@ -97,12 +93,13 @@ def _forge_layer(workdir: str) -> str:
             f"WORKDIR {workdir}\n")
 
 
-def _prepare(text: str, bases: dict[str, str], client: Any, default_workdir: str
+def _prepare(text: str, bases: dict[str, str], client: Any, default_workdir: str, *, layer: bool = True
              ) -> tuple[list[tuple[int, str, str]], str, str, dict[str, str]]:
-    """(the task's steps, the Dockerfile to build with FROMs mapped, the final WORKDIR, {base: image id})."""
+    """(the task's steps, the Dockerfile to build with FROMs mapped (and forge's sandbox layer, with `layer`),
+    the final WORKDIR, {base: image id})."""
     import docker.errors
 
-    steps = dockerfile_steps(text)
+    steps = dockerfile_lines(text)
     if not any(word == "FROM" for _, word, _ in steps):
         raise ImageBuildFailed("environment/Dockerfile: no FROM")
     stages: set[str] = set()
@@ -137,7 +134,7 @@ def _prepare(text: str, bases: dict[str, str], client: Any, default_workdir: str
                                    "forge builds with the engine's classic builder (the docker SDK), which does not "
                                    "read heredocs: move its text into a file the Dockerfile COPYs")
         out.append(f"{word} {args}")
-    return steps, "\n".join(out) + "\n" + _forge_layer(workdir), workdir, ids
+    return steps, "\n".join(out) + "\n" + (_forge_layer(workdir) if layer else ""), workdir, ids
 
 
 def build_task_image(folder: Path, default_workdir: str, *, bases: dict[str, str] | None = None,
@@ -183,6 +180,49 @@ def build_task_image(folder: Path, default_workdir: str, *, bases: dict[str, str
             client.close()
 
 
+def build_service_image(folder: Path, service: str, context: Path, dockerfile: str, *,
+                        bases: dict[str, str] | None = None, client: Any, timeout_s: float | None = None
+                        ) -> tuple[str, bool]:
+    """(the tag of a compose service's image, whether it was built now): its `build` folder built as the task's
+    own image is (offline, FROMs local or mapped, cached by content), without forge's sandbox layer: a
+    service runs as its image says, the agent never execs in it."""
+    import docker.errors
+
+    where = f"compose service {service}: {context.relative_to(folder.resolve()).as_posix()}/{dockerfile}"
+    try:
+        text = (context / dockerfile).read_text(encoding="utf-8")
+        steps, built_file, _, ids = _prepare(text, bases or {}, client, "/", layer=False)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ImageBuildFailed(f"{where}: cannot read it: {exc}") from None
+    except ImageBuildFailed as exc:
+        raise ImageBuildFailed(f"{where}{str(exc).removeprefix('environment/Dockerfile')}") from None
+    recipe = {"v": RECIPE_VERSION, "service": service, "dockerfile": built_file, "bases": ids,
+              "context": _context_digest(context)}
+    tag = _tag(f"{folder.name}-{service}", hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest())
+    try:
+        client.images.get(tag)
+        return tag, False
+    except docker.errors.ImageNotFound:
+        pass
+    with tempfile.TemporaryDirectory(prefix="forge-harbor-build-") as tmp:
+        copy = Path(tmp) / "context"
+        shutil.copytree(context, copy, symlinks=True)
+        (copy / BUILD_DOCKERFILE).write_text(built_file, encoding="utf-8")
+        try:
+            build_image(client, timeout_s=timeout_s, path=str(copy), dockerfile=BUILD_DOCKERFILE, tag=tag,
+                        network_mode="none", pull=False, rm=True, forcerm=True,
+                        labels={"openforge.harbor.task": folder.name, "openforge.harbor.service": service})
+        except BuildTimedOut:
+            raise ImageBuildFailed(f"{where}: the build ran past [environment] build_timeout_sec = {timeout_s:g}s "
+                                   "and was stopped") from None
+        except docker.errors.BuildError as exc:
+            raise ImageBuildFailed(f"{where}{_build_failure(steps, exc).removeprefix('environment/Dockerfile')}"
+                                   ) from None
+        except docker.errors.APIError as exc:
+            raise ImageBuildFailed(f"{where}: the engine refused it: {exc.explanation or exc}") from None
+    return tag, True
+
+
 def _build_failure(steps: list[tuple[int, str, str]], exc: Any) -> str:
     """One line from the engine's build log: which of the task's steps failed, its last output, the fix."""
     step, output, code = 0, "", None
@@ -217,8 +257,7 @@ class HarborImport:
 def import_harbor(src: str | Path, *, bases: dict[str, str] | None = None) -> HarborImport:
     """Every Harbor task under `src` (a dataset folder or one task) as a forge task record: a Dockerfile
     that builds nothing as today (its COPYs become the task's files), any other built into an image."""
-    from openforge.rollouts.tasks.harbor import (DEFAULT_WORKDIR, HarborConfig, harbor_record, is_harbor_task,
-                                                 local_environment, task_mcp_servers)
+    from openforge.rollouts.tasks.harbor import DEFAULT_WORKDIR, HarborConfig, harbor_record, is_harbor_task
 
     root = Path(src).expanduser()
     # Every folder with a task.toml is a task: a multi-step one (steps/*/instruction.md) is refused by
@@ -234,29 +273,33 @@ def import_harbor(src: str | Path, *, bases: dict[str, str] | None = None) -> Ha
     report, client = HarborImport(), None
     try:
         for folder in folders:
-            image = None
             if not is_harbor_task(folder):
                 report.refused.append((folder.name, "multi-step tasks (steps/*/instruction.md) are not supported yet"
                                        if (folder / "steps").is_dir() else "no instruction.md beside task.toml"))
                 continue
+
+            def build(config: HarborConfig, folder: Path = folder) -> TaskImage:
+                nonlocal client
+                client = client or _connect()
+                image, built = build_task_image(folder, config.environment.workdir or DEFAULT_WORKDIR, bases=bases,
+                                                client=client, timeout_s=config.environment.build_timeout_sec)
+                (report.built if built else report.cached).append(image.tag)
+                return image
+
+            def build_service(service: str, context: Path, dockerfile: str, folder: Path = folder) -> str:
+                nonlocal client
+                client = client or _connect()
+                config = HarborConfig.model_validate(tomllib.loads((folder / "task.toml").read_text("utf-8")))
+                tag, built = build_service_image(folder, service, context, dockerfile, bases=bases, client=client,
+                                                 timeout_s=config.environment.build_timeout_sec)
+                (report.built if built else report.cached).append(tag)
+                return tag
+
             try:
-                config = HarborConfig.model_validate(tomllib.loads(folder.joinpath("task.toml").read_text("utf-8")))
-                workdir = config.environment.workdir or DEFAULT_WORKDIR
-                try:
-                    local_environment(folder / "environment", config.environment.workdir,
-                                      task_mcp_servers(folder, config)[1])
-                except ValueError:  # RUN, a COPY outside the WORKDIR, ...: the engine builds it
-                    if client is None:
-                        client = _connect()
-                    image, built = build_task_image(folder, workdir, bases=bases, client=client,
-                                                    timeout_s=config.environment.build_timeout_sec)
-                    (report.built if built else report.cached).append(image.tag)
+                record, reasons = harbor_record(folder, build=build, build_service=build_service)
             except ImageBuildFailed as exc:
                 report.refused.append((folder.name, str(exc)))
                 continue
-            except (OSError, ValueError, tomllib.TOMLDecodeError):
-                pass  # harbor_record says what is wrong with the task, in its own words
-            record, reasons = harbor_record(folder, image=image)
             if record is None:
                 report.refused.append((folder.name, "; ".join(reasons)))
             else:

@@ -1,4 +1,4 @@
-"""A Harbor task's `[[environment.mcp_servers]]` and `environment/docker-compose.yaml`, as forge maps them.
+"""A Harbor task's `[[environment.mcp_servers]]`, as forge maps them.
 
 Harbor (harbor 0.26.0, `harbor/models/task/config.py` `MCPServerConfig`) declares an MCP server as
 
@@ -17,22 +17,23 @@ agent's reach, in a copy of the task's environment/ folder, its tools offered th
 bearer-gated route and every call recorded there. Its command and arguments that name a file of the
 image are read through the Dockerfile's COPY lines back to the environment/ file they came from.
 
-What forge does not run is refused with one line: a server over HTTP (it would be a docker-compose
-service, or a process inside the agent's own container the agent could replace), a stdio server that
-names an image path no COPY brings from environment/, headers (credentials from the host's
-environment), and docker-compose services beside `main` (Harbor starts them with `docker compose up`
-on one network where each is reached by its name; forge runs no compose project yet).
+What forge does not run is refused with one line: a server over HTTP (a docker-compose service on the
+agent's own network, or a process inside the agent's own container: either one the agent can reach and
+change, where forge's task MCP servers run outside its reach and are recorded on the host), a stdio
+server that names an image path no COPY brings from environment/, and headers (credentials from the
+host's environment). The compose services themselves: rollouts/tasks/harbor_compose.py.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from openforge.rollouts.tasks.harbor_dockerfile import Step, copied_files
 
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # RFC 9110 token, as Harbor checks it
 
@@ -72,35 +73,12 @@ class HarborMcpServer(BaseModel):
         return self
 
 
-def image_copies(env_dir: Path, steps: list[tuple[int, str, str]], workdir: str) -> dict[str, str]:
-    """{absolute path in the image: the environment/ file it was copied from} for each file a COPY/ADD of
-    the build context brings (a folder's files each), the WORKDIR followed as the Dockerfile's `steps`
-    ((line, INSTRUCTION, arguments)) set it."""
+def image_copies(env_dir: Path, steps: list[Step]) -> dict[str, str]:
+    """{absolute path in the image: the environment/ file it was copied from} for each file the Dockerfile's
+    COPY/ADD `steps` bring from the build context (a folder's files each), each read in its own WORKDIR."""
     copies: dict[str, str] = {}
-    root = env_dir.resolve()
-    wd = workdir
-    for _, word, args in steps:
-        if word == "WORKDIR":
-            wd = args if args.startswith("/") else f"{wd.rstrip('/')}/{args}"
-        if word not in ("COPY", "ADD") or "--from" in args:
-            continue
-        parts = [p for p in shlex.split(args) if not p.startswith("--")]
-        if len(parts) < 2:
-            continue
-        *srcs, dest = parts
-        dest = dest if dest.startswith("/") else f"{wd.rstrip('/')}/{dest}"
-        for src in srcs:
-            source = (env_dir / src).resolve()
-            if not source.is_relative_to(root) or not source.exists():
-                continue
-            if source.is_dir():
-                for f in source.rglob("*"):
-                    if f.is_file():
-                        rel = f.relative_to(source).as_posix()
-                        copies[str(PurePosixPath(dest) / rel)] = f.relative_to(root).as_posix()
-            else:
-                target = str(PurePosixPath(dest) / source.name) if dest.endswith("/") or len(srcs) > 1 else dest
-                copies[str(PurePosixPath(target))] = source.relative_to(root).as_posix()
+    for step in steps:
+        copies.update(copied_files(env_dir, step))
     return copies
 
 
@@ -123,7 +101,9 @@ def mcp_server_records(servers: list[HarborMcpServer], copies: dict[str, str],
                                "could replace it; forge serves a task's MCP servers outside the sandbox (stdio ones)")
             else:
                 reasons.append(f"{where}: {server.transport} at {server.url}: an MCP server over HTTP is a "
-                               f"docker-compose service ({host or 'no host'}), and forge runs no compose services yet")
+                               f"docker-compose service ({host or 'no host'}) on the agent's own network, where the "
+                               "agent can reach and change it; forge serves a task's MCP servers from the host, "
+                               "outside the agent's reach, and records their calls there (stdio ones)")
             continue
         words, used = [server.command or "", *server.args], []
         for n, word in enumerate(words):
@@ -140,40 +120,3 @@ def mcp_server_records(servers: list[HarborMcpServer], copies: dict[str, str],
             records.append({"name": server.name, "command": resolve.get(words[0], words[0]),
                             "args": [resolve.get(a, a) for a in server.args]})
     return records, host_side, reasons
-
-
-def compose_reasons(env_dir: Path) -> list[str]:
-    """One line per part of environment/docker-compose.yaml forge cannot run (none: no such file, or one
-    that only names `main` with nothing to change)."""
-    path = next((p for p in (env_dir / "docker-compose.yaml", env_dir / "docker-compose.yml") if p.exists()), None)
-    if path is None:
-        return []
-    where = f"environment/{path.name}"
-    try:
-        import yaml
-    except ImportError:
-        return [f"{where}: reading it needs PyYAML (pip install 'openforge[claweval]')"]
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        return [f"{where}: cannot read it: {exc}"]
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1})" if mark is not None else ""
-        return [f"{where}: not valid YAML{at}: {getattr(exc, 'problem', None) or exc}"]
-    services = data.get("services") if isinstance(data, dict) else None
-    if not isinstance(services, dict) or not all(isinstance(v, dict | None) for v in services.values()):
-        return [f"{where}: expected a mapping `services:` of service name -> settings (Docker Compose's format)"]
-    reasons = []
-    for name, settings in services.items():
-        settings = settings or {}
-        if name == "main":
-            if settings:
-                reasons.append(f"{where}: service main sets {', '.join(sorted(map(str, settings)))}: forge runs the "
-                               "agent's container from the task's Dockerfile alone")
-            continue
-        source = (f"image {settings['image']!r}" if "image" in settings
-                  else f"build {settings['build']!r}" if "build" in settings else "no image or build")
-        reasons.append(f"{where}: service {name} ({source}) runs beside the agent, reached by its name: forge "
-                       "runs no compose services yet")
-    return reasons
