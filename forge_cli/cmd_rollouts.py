@@ -134,7 +134,7 @@ def _import_osworld(src: str, out: str, cache: str | None) -> None:
     total = len(report.tasks) + len(report.online_only) + len(report.unsupported)
     typer.echo(f"{src}: {total} OSWorld-format task(s): {len(report.tasks)} imported to {folder} "
                f"({len(report.tasks) - len(report.not_here)} runnable here, {len(report.not_here)} need a desktop "
-               f"application or root), {len(report.online_only)} online-only, "
+               f"application not installed here, or root), {len(report.online_only)} online-only, "
                f"{len(report.unsupported)} unsupported")
 
 

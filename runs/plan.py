@@ -155,6 +155,8 @@ def task_kind(task: Any) -> str:
         return "online-web"
     if task.gui is not None:
         return "gui"
+    if task.desktop is not None:
+        return "desktop"
     if task.harbor is not None:
         return "harbor"
     if task.judge is not None:

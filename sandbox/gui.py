@@ -3,11 +3,14 @@
 Interface (for harnesses, reference solutions and tests; stdlib, plus Pillow for screenshots):
 
     # the launcher: the sandbox wraps a command with it when a GUI is attached (sandbox/local.py)
-    python -I gui.py run [--size 1024x768] [--kiosk URL | --app URL] -- CMD ARGS...
+    python -I gui.py run [--size 1024x768] [--kiosk URL | --app URL] [--start SCRIPT] -- CMD ARGS...
         starts Xvfb on a display of its own (-displayfd: Xvfb picks the number), sets DISPLAY, starts
         chromium on URL (--kiosk: the page fills the screen, so screen pixels are page pixels; --app: a
         bare application window, the "desktop" tasks), waits until the page is painted, then runs CMD
-        and exits with CMD's exit code (Xvfb and chromium are ended with it).
+        and exits with CMD's exit code (Xvfb and chromium are ended with it). --start: a desktop task's
+        shell script, run on the display before CMD (what it starts in the background, the task's
+        applications, lives as long as the display); CMD starts once a window shows. The launcher's own
+        failures (no Xvfb, a start script that exits non-zero, nothing shown) exit 4 before CMD runs.
 
     # the primitives (DISPLAY from the environment unless given)
     python -I gui.py screenshot OUT.png          a PNG of the whole screen (Pillow's ImageGrab over XCB)
@@ -69,11 +72,14 @@ class GuiSpec:
     mode: str = "kiosk"  # kiosk | app
     size: tuple[int, int] = DEFAULT_SIZE
     site_socket: str | None = None  # a host unix socket served at 127.0.0.1:SITE_PORT inside
+    start: str | None = None  # a desktop task's script, run on the display before the command (--start)
 
     def launcher_args(self) -> list[str]:
         args = ["run", "--size", f"{self.size[0]}x{self.size[1]}"]
         if self.url:
             args += [f"--{self.mode}", self.url]
+        if self.start:
+            args += ["--start", self.start]
         return [*args, "--"]
 
 
@@ -152,9 +158,11 @@ def key(combo: str, *, display: str | None = None) -> None:
 BLANK = {(0, 0, 0), (255, 255, 255), (246, 245, 244)}
 
 
-def wait_painted(timeout: float = 30.0, display: str | None = None) -> None:
+def wait_painted(timeout: float = 30.0, display: str | None = None, *, blank: frozenset | set = frozenset(BLANK),
+                 what: str = "the browser did not draw the page") -> None:
     """Until the screen shows a colour other than black and white (a page is drawn: text is
-    anti-aliased to greys, a flat red page is red), or GuiError."""
+    anti-aliased to greys, a flat red page is red), or GuiError. `blank`: the colours that count as
+    nothing drawn (a desktop's: only the empty screen's black, since an X Toolkit editor is black on white)."""
     deadline, last = time.monotonic() + timeout, None
     while time.monotonic() < deadline:
         try:
@@ -162,13 +170,13 @@ def wait_painted(timeout: float = 30.0, display: str | None = None) -> None:
         except GuiError:
             shot = None
         colours = shot.getcolors(maxcolors=8) if shot is not None else []
-        if colours is None or any(c not in BLANK for _, c in colours):
+        if colours is None or any(c not in blank for _, c in colours):
             data = shot.tobytes() if shot is not None else None
             if data == last:  # and the same a moment later: not mid-paint
                 return
             last = data
         time.sleep(0.1)
-    raise GuiError(f"the screen stayed blank for {timeout:g}s (the browser did not draw the page)")
+    raise GuiError(f"the screen stayed blank for {timeout:g}s ({what})")
 
 
 def wait_colour(x: int, y: int, rgb: tuple[int, int, int], timeout: float = 30.0, display: str | None = None) -> None:
@@ -242,6 +250,22 @@ def start_chromium(display: str, url: str, *, mode: str, width: int, height: int
         env={**os.environ, "DISPLAY": display}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def start_desktop(script: str, display: str, timeout: float = 60.0) -> None:
+    """Run a desktop task's start script on `display` and wait until a window shows. Its output goes to a
+    file, not a pipe: an application it leaves running in the background keeps its output open."""
+    with tempfile.TemporaryFile() as out:
+        try:
+            done = subprocess.run(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                  env={**os.environ, "DISPLAY": display}, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise GuiError(f"the desktop's start script ran past {timeout:g}s") from None
+        if done.returncode:
+            out.seek(0)
+            said = out.read().decode(errors="replace").strip().splitlines()
+            raise GuiError(f"the desktop's start script exited {done.returncode}: {said[-1][-300:] if said else ''}")
+    wait_painted(timeout, display, blank={(0, 0, 0)}, what="no application window appeared on the desktop")
+
+
 def _end(proc: subprocess.Popen | None) -> None:
     if proc is None or proc.poll() is not None:
         return
@@ -257,7 +281,7 @@ def run(argv: list[str]) -> int:
     sep = argv.index("--") if "--" in argv else len(argv)
     opts, command = argv[:sep], argv[sep + 1:]
     width, height = DEFAULT_SIZE
-    url, mode = None, "kiosk"
+    url, mode, start = None, "kiosk", None
     i = 0
     while i < len(opts):
         name, value = opts[i], opts[i + 1] if i + 1 < len(opts) else ""
@@ -265,6 +289,8 @@ def run(argv: list[str]) -> int:
             width, height = (int(v) for v in value.lower().split("x"))
         elif name in ("--kiosk", "--app"):
             url, mode = value, name[2:]
+        elif name == "--start":
+            start = value
         else:
             raise GuiError(f"unknown option {name}")
         i += 2
@@ -275,6 +301,8 @@ def run(argv: list[str]) -> int:
         if url:
             browser = start_chromium(display, url, mode=mode, width=width, height=height)
             wait_painted(60.0, display)
+        if start:
+            start_desktop(start, display)
         if not command:
             return 0
         child = subprocess.Popen(command)

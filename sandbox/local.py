@@ -84,7 +84,9 @@ FORWARDER_INSIDE = "/run/forge/forwarder.py"
 GUI_MODULE = Path(__file__).with_name("gui.py")
 GUI_INSIDE = "/run/forge/gui.py"
 SITE_SOCKET = "/run/forge/site.sock"  # where a GUI task's site socket appears inside the sandbox
-GUI_ETC = ("/etc/fonts", "/etc/chromium", "/etc/chromium.d")
+# /etc/X11: the X Toolkit applications' app-defaults (/etc/X11/app-defaults): without its resources xedit
+# sizes its menus to nothing and exits (a desktop task's applications, rollouts/tasks/desktop.py).
+GUI_ETC = ("/etc/fonts", "/etc/chromium", "/etc/chromium.d", "/etc/X11")
 ISOLATION_FLAGS = ("--unshare-user", "--cap-drop", "ALL", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                    "--unshare-net", "--unshare-cgroup-try", "--new-session", "--die-with-parent")
 
@@ -341,7 +343,7 @@ class LocalSandbox(SandboxBase):
         if self.gui is not None:  # the display, the browser and the site's door (sandbox/gui.py)
             argv = [sys.executable, "-I", GUI_INSIDE, *self.gui.launcher_args(), *argv]
             mounts += ["--ro-bind", str(GUI_MODULE), GUI_INSIDE]
-            for etc in GUI_ETC:  # fonts and chromium's own config (/usr/bin/chromium sources it)
+            for etc in GUI_ETC:  # fonts, chromium's own config (/usr/bin/chromium sources it), X resources
                 mounts += ["--ro-bind-try", etc, etc]
             if self.gui.site_socket:
                 mounts += ["--bind", self.gui.site_socket, SITE_SOCKET]

@@ -17,7 +17,8 @@ import pytest
 
 REQUIRE_ENV = "FORGE_REQUIRE"
 # The tools .ci/run installs; FORGE_REQUIRE may name only these (a typo would silently require nothing).
-KNOWN_REQUIREMENTS = ("docker", "npm", "chromium", "browser-use", "verl", "postgres", "tracking", "osworld")
+KNOWN_REQUIREMENTS = ("docker", "npm", "chromium", "browser-use", "verl", "postgres", "tracking", "osworld",
+                      "desktop")
 
 
 class UnknownRequirement(ValueError):

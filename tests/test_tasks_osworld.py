@@ -192,8 +192,10 @@ async def test_a_command_line_task_is_graded_by_osworlds_metric(store: Store, tm
 async def test_a_spreadsheet_task_is_graded_on_the_file_read_out_after_the_agent(store: Store, tmp_path: Path) -> None:
     report = import_osworld(_write_set(tmp_path), cache=_cache(tmp_path))
     record = next(t for t in report.tasks if t["id"] == "total")
-    # forge runs no LibreOffice here: the setup's `open` step is taken out, the sheet is still put in place
-    record["setup"] = record["setup"].split("\ncommand -v soffice")[0]
+    # forge runs no LibreOffice here: the desktop (the `open` step) is taken out, the sheet is still put in place
+    assert record["desktop"] == {"apps": ["soffice"], "start": 'set -e\nexport OSW_HOME="$PWD"\n'
+                                 '( soffice "$OSW_HOME"/sheet.xlsx >/dev/null 2>&1 & )'}
+    del record["desktop"]
     task = TaskSpec.model_validate(record)
     right = base64.b64encode(_xlsx([["item", "cost"], ["a", 2], ["b", 3], ["TOTAL", 5]])).decode()
     wrong = base64.b64encode(_xlsx([["item", "cost"], ["a", 2], ["b", 3], ["TOTAL", 6]])).decode()

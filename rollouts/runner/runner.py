@@ -53,6 +53,7 @@ from openforge.rollouts.runner.failures import judge_outcome
 from openforge.rollouts.runner.grader import InfraFailure, RolloutGrader, run_in_sandbox, tail
 from openforge.rollouts.runner.tool_server import ToolServer, ToolServerUnavailable, dispatch_record_path
 from openforge.rollouts.runner.trajectory import assemble_rollout
+from openforge.rollouts.tasks.desktop import Desktop
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.web.benchmarks import PROBE_TIMEOUT_S, LivePage, check_online
 from openforge.sandbox.base import ExecResult, Sandbox, SandboxStartFailed, start_with_retry, stop_shielded
@@ -257,9 +258,12 @@ class RolloutRunner:
     @staticmethod
     def _open_site(task: TaskSpec) -> Any:
         """A GUI task's site, served on the host for this rollout (rollouts/tasks/web/server.py), an online
-        task's live start page (`LivePage`: the browser opens it over the sandbox's egress); None otherwise."""
+        task's live start page (`LivePage`: the browser opens it over the sandbox's egress), a desktop task's
+        display (`Desktop`: its applications started on it); None otherwise."""
         if task.online is not None:
             return LivePage(task.online)
+        if task.desktop is not None:
+            return Desktop(task.desktop)
         if task.gui is None:
             return None
         from openforge.rollouts.tasks.web.server import SiteSession
@@ -326,10 +330,10 @@ class RolloutRunner:
                      services: Any = None, tools: ToolServer | None = None) -> None:
         budget = min(task.time_limit_s * self.config.runner.time_limit_scale, self.config.runner.rollout_timeout_s)
         tools_url = ""
-        if harness.gui and site is None:  # a display is started only around a site: there is no desktop yet
+        if harness.gui and site is None:  # a display is started only around a site or a desktop
             raise InfraFailure(f"harness {harness.name} acts on a display, and forge starts one only for a GUI "
-                               f"task's site; task {task.id} has none (a task done with a shell, an OSWorld-format "
-                               "one say, takes a shell harness: mini, claude-code)")
+                               f"task's site or a desktop task; task {task.id} has none (a task done with a shell "
+                               "takes a shell harness: mini, claude-code)")
         if tools is not None:
             if not harness.takes_tools:
                 raise InfraFailure(f"task {task.id} has tools, but harness {harness.name} takes none (its spec "
@@ -355,6 +359,10 @@ class RolloutRunner:
                 why = (probe.stderr or probe.stdout).strip().splitlines()[-1:] or [f"exit code {probe.exit_code}"]
                 raise InfraFailure(f"the start page {site.online.start_url} could not be fetched from the sandbox "
                                    f"(is its egress open? docs/tasks.md): {why[0][-300:]}")
+        if isinstance(site, Desktop):  # a display or an application the sandbox lacks: never the policy's 0
+            probe = await sb.exec(site.probe_command(), timeout=60)
+            if probe.exit_code != 0:
+                raise InfraFailure(f"desktop task {task.id} cannot start: {tail(probe.stderr, 300).strip()}")
         try:
             await harness.prepare(sb, ctx)
             command, env = harness.command(ctx), {**service_env, **harness.env(ctx)}

@@ -21,6 +21,7 @@
     osworld.py     `forge tasks import osworld`: OSWorld-format JSON tasks (config steps, evaluator) as forge tasks
     osworld_eval.py  their evaluator after the agent: getters in the sandbox, OSWorld's metric on the host
     osworld_metric.py  one OSWorld metric function (the desktop-env package's own) in a child process
+    desktop.py     a desktop task: the programs it needs and the start script run on its display before the agent
     claweval_grading.py  ClawEval's own grader.py and scoring (safety x (0.8 completion + 0.2 robustness), pass^N)
                    run on the host on the trace forge recorded
     builtin/       the built-in text tasks (easy, medium, hard) and the script that writes them

@@ -61,6 +61,7 @@ from openforge.rollouts.tasks.setup_files import FILES_DIR, decode, read_tree
 from openforge.rollouts.tasks.tools import TaskTool, check_unique
 from openforge.rollouts.tasks.web import WEB_TASKS_DIR
 from openforge.rollouts.tasks.web.spec import GuiTask
+from openforge.rollouts.tasks.desktop import DesktopTask
 from openforge.sandbox.compose import ComposeService
 from openforge.sandbox.limits import TaskLimits
 
@@ -104,6 +105,9 @@ class TaskSpec(BaseModel):
     gui: GuiTask | None = Field(None, description=(
         "a GUI task: the site its sandbox's browser shows (served on the host) and the site state that "
         "passes (rollouts/tasks/web/spec.py)"))
+    desktop: DesktopTask | None = Field(None, description=(
+        "a desktop task: its sandbox starts an X display with no browser, runs `desktop.start` on it (the task's "
+        "applications) and then the agent (rollouts/tasks/desktop.py)"))
     harbor: HarborTests | None = Field(None, description=(
         "a Harbor task's tests: copied in after the agent is gone, test.sh run, its reward file read "
         "(rollouts/tasks/harbor_verifier.py)"))
@@ -195,6 +199,8 @@ class TaskSpec(BaseModel):
             raise ValueError(f"binary_files: {', '.join(both)} also in files (a setup file is text or binary)")
         if self.online is not None and self.gui is not None:
             raise ValueError("online: an online-only task opens its live page; a gui site is a local copy, not both")
+        if self.desktop is not None and (self.gui is not None or self.online is not None):
+            raise ValueError("desktop: a desktop task has no site and no start page (gui, online)")
         names = [s.name for s in self.services]
         if len(set(names)) != len(names):
             raise ValueError(f"services: duplicate name in {names}")

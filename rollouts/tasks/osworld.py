@@ -9,14 +9,16 @@ one domain folder, or one task file. Each task's `config` steps become the forge
     execute, command  a shell line (OSWorld's /home/user and ~/ are the sandbox's working directory);
                       one that drives the GUI (pyautogui, xdotool, wmctrl) is unsupported
     sleep             sleep
-    launch, open      start the named desktop application: the task needs it (and a display)
+    launch, open      start the named desktop application (`open`: the file's, as OSWorld's xdg-open would):
+                      the task becomes a desktop task (rollouts/tasks/desktop.py), this step and every
+                      one after it its start script, run on the sandbox's display before the agent
     googledrive, login, chrome_open_tabs, update_browse_history   online-only
     anything else     unsupported (activate_window, close_window, ...)
 
 A task is imported, online-only (it needs the internet: a download or an expected file with no local
 copy, a web step) or unsupported (a step, getter or metric forge does not run), each refused one with
 its reason; an imported task that starts a desktop application not installed here is counted apart
-(`needs_app`). Nothing is dropped without a line saying so. The result is OSWorld-format tasks run on
+(`not_here`). Nothing is dropped without a line saying so. The result is OSWorld-format tasks run on
 forge, never an OSWorld score.
 """
 
@@ -115,10 +117,10 @@ def _local_copy(cache: Path | None, task_id: str, name: str, url: str) -> bytes:
 
 
 def _app(name: str, apps: dict[str, str]) -> str:
+    """The application's binary, recorded in `apps` (label -> binary): the desktop checks it is installed."""
     label, binary = APPS.get(PurePosixPath(name).name, (name, PurePosixPath(name).name))
     apps[label] = binary
-    return (f'command -v {shlex.quote(binary)} >/dev/null 2>&1 && [ -n "${{DISPLAY:-}}" ] || '
-            f'{{ echo "this OSWorld-format task needs {label} on a desktop" >&2; exit 1; }}')
+    return binary
 
 
 def _step(step: Any, task_id: str, cache: Path | None, files: dict[str, str], apps: dict[str, str],
@@ -158,11 +160,12 @@ def _step(step: Any, task_id: str, cache: Path | None, files: dict[str, str], ap
         args = command.split() if isinstance(command, str) else command
         if not args:
             raise _Refused("launch: no command")
-        return [_app(args[0], apps), f"( {_shell(command, bool(params.get('shell', False)))} >/dev/null 2>&1 & )"]
+        _app(args[0], apps)
+        return [f"( {_shell(command, bool(params.get('shell', False)))} >/dev/null 2>&1 & )"]
     if kind == "open":
         path = _home_path(params.get("path", ""))
-        app = OPEN_WITH.get(PurePosixPath(path).suffix.lower(), "xdg-open")
-        return [_app(app, apps), f'( xdg-open "$OSW_HOME"/{shlex.quote(path)} >/dev/null 2>&1 & )']
+        binary = _app(OPEN_WITH.get(PurePosixPath(path).suffix.lower(), "xdg-open"), apps)
+        return [f'( {shlex.quote(binary)} "$OSW_HOME"/{shlex.quote(path)} >/dev/null 2>&1 & )']
     raise _Refused(f"config step {kind} is not supported")
 
 
@@ -241,12 +244,18 @@ def convert_task(raw: Any, where: str, cache: Path | None = None) -> tuple[dict[
     except _Refused as exc:
         refused.append(exc)
     lines: list[str] = []
+    start: list[str] = []  # from the first launch / open on: run on the desktop's display
     notes: list[str] = []
     for step in raw.get("config") or []:
         try:
-            lines += _step(step, task_id, cache, files, apps, notes)
+            got = _step(step, task_id, cache, files, apps, notes)
         except _Refused as exc:
             refused.append(exc)
+            continue
+        if start or (isinstance(step, dict) and step.get("type") in ("launch", "open")):
+            start += got
+        else:
+            lines += got
     if refused:
         first = sorted(refused, key=lambda e: e.online)[0]  # an unsupported reason before an online one
         reasons = list(dict.fromkeys(str(e) for e in sorted(refused, key=lambda e: e.online)))
@@ -262,6 +271,8 @@ def convert_task(raw: Any, where: str, cache: Path | None = None) -> tuple[dict[
     record = {"id": task_id, "instruction": raw["instruction"].replace("/home/user/", "") + HOME_NOTE,
               "files": files, "setup": "\n".join(["set -e", 'export OSW_HOME="$PWD"', *lines]) if lines else None,
               "osworld": ev, "solution": solution, "time_limit_s": TIME_LIMIT_S, "requires_tools": True,
+              "desktop": {"apps": list(dict.fromkeys(apps.values())),
+                          "start": "\n".join(["set -e", 'export OSW_HOME="$PWD"', *start])} if start else None,
               "tags": ["osworld", domain, *(f"needs:{a}" for a in sorted(apps))]}
     return {k: v for k, v in record.items() if v is not None}, apps, notes
 
@@ -306,10 +317,10 @@ def import_osworld(src: str | Path, *, cache: str | Path | None = None) -> OSWor
         report.tasks.append(record)
         seen[task_id] = path
         report.notes += [(task_id, note) for note in notes]
-        if apps:  # forge starts a display only for a GUI task on a builtin-web site (docs/tasks.md)
-            missing = sorted(label for label, binary in apps.items() if shutil.which(binary) is None)
-            report.not_here.append((task_id, f"needs {', '.join(sorted(apps))} on a desktop"
-                                    + (f" (not installed here: {', '.join(missing)})" if missing else "")))
+        # a desktop task runs here when its applications do (rollouts/tasks/desktop.py; docs/tasks.md)
+        if missing := sorted(label for label, binary in apps.items() if shutil.which(binary) is None):
+            report.not_here.append((task_id, f"needs {', '.join(sorted(apps))} on a desktop (not installed "
+                                             f"here: {', '.join(missing)})"))
         elif "sudo " in json.dumps(record.get("setup", "")) + json.dumps(record["osworld"].get("postconfig", [])):
             report.not_here.append((task_id, "needs root in the sandbox (sudo)"))
     return report
