@@ -8,8 +8,8 @@ by its service name. forge does the same with the docker SDK, per rollout (no co
               `internal` (no route out) and its bridge has no address on the host
               (`inhibit_ipv4`), so nothing on it reaches the host either
     services  one container each, from its image (the engine must hold it: forge pulls nothing), with
-              its `environment` and `command`, the service name as its alias on the network, and the
-              agent's container's memory, CPU and process limits
+              its `environment` and `command`, the service name as its alias on the network, the
+              agent's container's memory, CPU and process limits, and `no-new-privileges` (HARDENING)
     agent     the rollout's container joins that network (its proxy still comes through its socket)
 
 Services start before the agent's container and stay up through grading (Harbor's tests/test.sh may
@@ -33,6 +33,10 @@ from openforge.sandbox.base import TransientSandboxError
 NETWORK_PREFIX = "openforge-svc-"
 SERVICE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")  # Compose's service names, as DNS aliases
 _NO_HOST_ADDRESS = {"com.docker.network.bridge.inhibit_ipv4": "true"}  # the bridge gets no host IP
+# A service runs as its image says (a database's entrypoint starts as root and drops to its user, so the
+# agent's container's cap_drop=ALL would break it), but the agent talks to it: a service it takes over gains
+# no privilege through a setuid binary, and no raw sockets to forge traffic on the rollout's network.
+HARDENING = {"security_opt": ["no-new-privileges"], "cap_drop": ["NET_RAW", "MKNOD", "SYS_CHROOT", "AUDIT_WRITE"]}
 
 
 class ComposeService(BaseModel):
@@ -86,7 +90,7 @@ def start_services(client: Any, services: list[ComposeService], *, rollout_id: s
             cid = api.create_container(
                 service.image, command=service.command, environment=service.environment, labels=labels,
                 name=f"openforge-{rollout_id}-{service.name}", detach=True,
-                host_config=api.create_host_config(network_mode=name, init=True, **limits),
+                host_config=api.create_host_config(network_mode=name, init=True, **limits, **HARDENING),
                 networking_config=api.create_networking_config(
                     {name: api.create_endpoint_config(aliases=[service.name])}))["Id"]
             api.start(cid)

@@ -206,6 +206,7 @@ async def test_a_rollout_reaches_neither_another_rollouts_services_nor_the_host(
         gateway = net.attrs["IPAM"]["Config"][0]["Gateway"]
         host = a._client.api.inspect_container("openforge-c31-a-svc")["HostConfig"]
         assert (host["Memory"], host["PidsLimit"]) == (config.memory_mb << 20, config.pids_limit)  # the agent's
+        assert host["SecurityOpt"] == ["no-new-privileges"] and "NET_RAW" in host["CapDrop"]
         probe = textwrap.dedent("""\
             import sys, time, urllib.request
             for url in sys.argv[1:]:
