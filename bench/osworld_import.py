@@ -7,6 +7,9 @@ an OSWorld cache folder of local copies, if any. Figures:
 1. The import's counts: tasks read, imported, runnable here (imported, and this machine has what their
    setup starts), online-only, unsupported, and the unsupported by their first reason (a metric, a
    getter, a config step, a postconfig step, a command driving the GUI, a Windows task, malformed).
+   A postconfig that saves on the display after the agent (rollouts/tasks/osworld_finish.py) is the
+   desktop's finish script: the imported tasks with one, and those online-only for their downloads alone
+   with one (they import given OSWORLD_CACHE's local copies), are counted apart.
 2. `validate --run` over the imported tasks in the local sandbox: the wall time; the tasks whose
    reference (an infeasible task's FAIL) scored its marks; tasks with no reference; tasks that credited a
    hostile answer or the planted files (must be none; an idle agent passing shows up here); tasks whose
@@ -28,6 +31,8 @@ from pathlib import Path
 from bench.selfcheck_rig import validate_run
 
 _KINDS = [("metric", r"^metric "), ("getter", r"^getter "), ("postconfig step", r"^postconfig step"),
+          ("postconfig on the display, not mapped", r"^(postconfig close_window|postconfig drives|pyautogui|"
+                                                    r"the pyautogui script|activate_window|a postconfig command)"),
           ("command driving the GUI", r"^a command drives the GUI"), ("config step", r"^config step"),
           ("Windows task", r"^a Windows task"), ("path outside the home folder", r"^path "),
           ("malformed", r"^malformed"), ("duplicate id", r"^duplicate id")]
@@ -52,7 +57,10 @@ def run(quick: bool = False) -> dict:
     counts = {"tasks read": total, "imported": len(report.tasks),
               "runnable here": len(report.tasks) - len(report.not_here),
               "imported, not runnable here": len(report.not_here), "online-only": len(report.online_only),
-              "unsupported": len(report.unsupported), "GUI-only setup steps skipped (noted)": len(report.notes)}
+              "unsupported": len(report.unsupported), "GUI-only setup steps skipped (noted)": len(report.notes),
+              "imported with a save step after the agent (finish)": sum(
+                  1 for t in report.tasks if (t.get("desktop") or {}).get("finish")),
+              "online-only for downloads alone, with a mapped save step": _online_with_finish(files, report)}
     unsupported = dict(Counter(_kind(why) for _, why in report.unsupported).most_common())
     metrics = Counter(name for _, why in report.unsupported if _kind(why) == "metric"
                       for name in re.match(r"metric (.*?) is not supported", why).group(1).split(", "))
@@ -63,6 +71,20 @@ def run(quick: bool = False) -> dict:
     results["validate --run"] = asyncio.run(_validate(report.tasks))
     print(f"validate --run: {results['validate --run']}")
     return results
+
+
+def _online_with_finish(files: list[Path], report) -> int:  # type: ignore[no-untyped-def]
+    """Tasks online-only for their downloads alone whose postconfig drives the display (the mapping took
+    every step of it: a step it refuses makes the task unsupported): given local copies, they import."""
+    import json
+
+    from openforge.rollouts.tasks.osworld_finish import drives_gui
+
+    online = {tid for tid, why in report.online_only if all("has no local copy" in r for r in why.split("; "))}
+    raws = [json.loads(f.read_text(encoding="utf-8")) for f in files if "windows" not in (p.lower() for p in f.parts)]
+    return len({r["id"] for r in raws if isinstance(r, dict) and r.get("id") in online
+                and isinstance(r.get("evaluator"), dict)
+                and any(drives_gui(step) for step in r["evaluator"].get("postconfig") or [])})
 
 
 async def _validate(records: list[dict]) -> dict:

@@ -3,7 +3,7 @@
 Interface (for harnesses, reference solutions and tests; stdlib, plus Pillow for screenshots):
 
     # the launcher: the sandbox wraps a command with it when a GUI is attached (sandbox/local.py)
-    python -I gui.py run [--size 1024x768] [--kiosk URL | --app URL] [--start SCRIPT] -- CMD ARGS...
+    python -I gui.py run [--size 1024x768] [--kiosk URL | --app URL] [--start SCRIPT] [--finish SCRIPT] -- CMD...
         starts Xvfb on a display of its own (-displayfd: Xvfb picks the number), sets DISPLAY, starts
         chromium on URL (--kiosk: the page fills the screen, so screen pixels are page pixels; --app: a
         bare application window, the "desktop" tasks), waits until the page is painted, then runs CMD
@@ -11,6 +11,9 @@ Interface (for harnesses, reference solutions and tests; stdlib, plus Pillow for
         shell script, run on the display before CMD (what it starts in the background, the task's
         applications, lives as long as the display); CMD starts once a window shows. The launcher's own
         failures (no Xvfb, a start script that exits non-zero, nothing shown) exit 4 before CMD runs.
+        --finish: a desktop task's shell script run on the display once CMD has exited by itself (OSWorld's
+        save step), before the display ends; not after a TERM or a CMD killed by a signal. Its failure is
+        one line on stderr: the exit code stays CMD's.
 
     # the primitives (DISPLAY from the environment unless given)
     python -I gui.py screenshot OUT.png          a PNG of the whole screen (Pillow's ImageGrab over XCB)
@@ -73,6 +76,7 @@ class GuiSpec:
     size: tuple[int, int] = DEFAULT_SIZE
     site_socket: str | None = None  # a host unix socket served at 127.0.0.1:SITE_PORT inside
     start: str | None = None  # a desktop task's script, run on the display before the command (--start)
+    finish: str | None = None  # and one run on it after the command exits by itself (--finish)
 
     def launcher_args(self) -> list[str]:
         args = ["run", "--size", f"{self.size[0]}x{self.size[1]}"]
@@ -80,6 +84,8 @@ class GuiSpec:
             args += [f"--{self.mode}", self.url]
         if self.start:
             args += ["--start", self.start]
+        if self.finish:
+            args += ["--finish", self.finish]
         return [*args, "--"]
 
 
@@ -266,6 +272,25 @@ def start_desktop(script: str, display: str, timeout: float = 60.0) -> None:
     wait_painted(timeout, display, blank={(0, 0, 0)}, what="no application window appeared on the desktop")
 
 
+def finish_desktop(script: str, display: str, running: list[subprocess.Popen], timeout: float = 60.0) -> str | None:
+    """Run a desktop task's finish script on `display` (the launcher's environment: nothing CMD set reaches
+    it); None, or what went wrong in one line. `running` holds it while it runs, for the TERM handler."""
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                env={**os.environ, "DISPLAY": display})
+        running.append(proc)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _end(proc)
+            return f"the desktop's finish script ran past {timeout:g}s"
+        if code == 0:
+            return None
+        out.seek(0)
+        said = out.read().decode(errors="replace").strip().splitlines()
+        return f"the desktop's finish script exited {code}: {said[-1][-300:] if said else ''}"
+
+
 def _end(proc: subprocess.Popen | None) -> None:
     if proc is None or proc.poll() is not None:
         return
@@ -281,7 +306,7 @@ def run(argv: list[str]) -> int:
     sep = argv.index("--") if "--" in argv else len(argv)
     opts, command = argv[:sep], argv[sep + 1:]
     width, height = DEFAULT_SIZE
-    url, mode, start = None, "kiosk", None
+    url, mode, start, finish = None, "kiosk", None, None
     i = 0
     while i < len(opts):
         name, value = opts[i], opts[i + 1] if i + 1 < len(opts) else ""
@@ -291,6 +316,8 @@ def run(argv: list[str]) -> int:
             url, mode = value, name[2:]
         elif name == "--start":
             start = value
+        elif name == "--finish":
+            finish = value
         else:
             raise GuiError(f"unknown option {name}")
         i += 2
@@ -306,9 +333,22 @@ def run(argv: list[str]) -> int:
         if not command:
             return 0
         child = subprocess.Popen(command)
-        # The sandbox ends an exec with SIGTERM/SIGKILL to the whole tree; pass a TERM on to CMD.
-        signal.signal(signal.SIGTERM, lambda *_: child.terminate())
-        return child.wait()
+        running, stopped = [child], []
+
+        def stop(*_: object) -> None:  # the sandbox ends an exec with SIGTERM/SIGKILL to the whole tree
+            stopped.append(True)
+            for proc in running:
+                if proc.poll() is None:
+                    proc.terminate()
+
+        signal.signal(signal.SIGTERM, stop)
+        code = child.wait()
+        # A timed-out or killed harness gets no save step: its rollout ends as it would without one.
+        if finish and code >= 0 and not stopped:
+            said = finish_desktop(finish, display, running)
+            if said:  # the agent's outcome (the window it closed): the file is what it is, never a reward
+                print(f"gui.py run: {said}", file=sys.stderr)
+        return code
     finally:
         _end(browser)
         _end(xvfb)

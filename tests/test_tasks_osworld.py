@@ -119,7 +119,8 @@ def test_the_import_maps_steps_and_getters_and_says_why_it_refused(tmp_path: Pat
     unsupported = dict(offline.unsupported)
     assert unsupported["slides"].startswith("metric check_slide_orientation_Portrait is not supported")
     assert unsupported["playing"].startswith("getter vlc_playing_info is not supported")
-    assert unsupported["saved"].startswith("postconfig step activate_window drives an application")
+    assert unsupported["saved"] == ("postconfig drives an application after the agent, but the task starts none on "
+                                    "a desktop (no launch or open step)")
     assert unsupported["broken"].startswith("malformed:")
     assert offline.notes == [("shout", "skipped a setup step that only drives the GUI: python -c 'import pyautogui; "
                                        "pyautogui.click(960, 540)'")]

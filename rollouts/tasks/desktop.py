@@ -10,6 +10,11 @@ osworld.py) names the programs it needs and a start script. For each rollout the
    that display (each application started in the background), then the harness once a window shows.
    The applications live in the harness's exec, so they are gone with it: the grader (OSWorld's
    getters and metric) runs after every agent process, the applications included, has ended.
+   A task's `finish` script (OSWorld's postconfig that saves the open document,
+   rollouts/tasks/osworld_finish.py) runs on the display when the harness has exited by itself, before
+   the launcher ends the display: with the launcher's environment, not the agent's, on whatever the agent
+   left open. After a timeout or a kill it does not run; when it fails (the agent closed the window) the
+   launcher says so on stderr and still exits with the harness's code: the file is what the agent left.
 
 A desktop task is graded by the state its agent leaves (a file, a command's output), as OSWorld grades
 it: a harness with a shell of its own reaches that state without the display. mini-gui, which acts only
@@ -39,6 +44,10 @@ class DesktopTask(BaseModel):
     start: str = Field(min_length=1, description=(
         "a shell script run on the display, in the working directory, after `setup` and before the agent: it "
         "starts the applications in the background (a window must show within 60 s)"))
+    finish: str | None = Field(None, description=(
+        "a shell script run on the display after the harness exits by itself and before the display ends "
+        "(OSWorld's save step: activate the document's window, press ctrl+s); not run after a timeout or a "
+        "kill; its failure is logged, never scored (gui.py `run --finish`)"))
 
     @field_validator("apps")
     @classmethod
@@ -66,7 +75,7 @@ class Desktop:
         self.desktop = desktop
 
     def gui_spec(self) -> GuiSpec:
-        return GuiSpec(url=None, start=self.desktop.start)
+        return GuiSpec(url=None, start=self.desktop.start, finish=self.desktop.finish)
 
     def probe_command(self) -> str:
         """A shell command, run in the sandbox before the agent, that exits non-zero with what is missing on

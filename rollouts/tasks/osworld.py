@@ -13,7 +13,11 @@ one domain folder, or one task file. Each task's `config` steps become the forge
                       the task becomes a desktop task (rollouts/tasks/desktop.py), this step and every
                       one after it its start script, run on the sandbox's display before the agent
     googledrive, login, chrome_open_tabs, update_browse_history   online-only
-    anything else     unsupported (activate_window, close_window, ...)
+    anything else     unsupported (activate_window, close_window, ... before the agent)
+
+A `postconfig` (run after the agent, before the getters) of shell lines runs in the sandbox at grading; one
+that saves on the display (activate_window, pyautogui keys) becomes the desktop's finish script, every step
+of it (rollouts/tasks/osworld_finish.py), run on the display after the harness exits by itself.
 
 A task is imported, online-only (it needs the internet: a download or an expected file with no local
 copy, a web step) or unsupported (a step, getter or metric forge does not run), each refused one with
@@ -40,6 +44,7 @@ from openforge.errors import TaskError
 from openforge.rollouts.harnesses.agent_files import ANSWER_FILE
 from openforge.rollouts.tasks.grading import check_relative_paths
 from openforge.rollouts.tasks.osworld_eval import OSWorldEval
+from openforge.rollouts.tasks.osworld_finish import GUI_POSTCONFIG, NotMapped, drives_gui, finish_line, finish_script
 from openforge.rollouts.tasks.osworld_metric import METRIC_MODULES
 
 SETUP_DIR = ".forge-osworld"  # the downloads' local copies, decoded to their places by setup and removed
@@ -208,12 +213,27 @@ def _evaluator(ev: Any, task_id: str, cache: Path | None, apps: dict[str, str]) 
     if unknown := sorted({f for f in funcs if f not in METRIC_MODULES}):
         raise _Refused(f"metric {', '.join(map(str, unknown))} is not supported (supported: "
                        f"{', '.join(sorted(METRIC_MODULES))}, infeasible)")
-    n, files, post = len(funcs), {}, []
-    for step in ev.get("postconfig") or []:
-        if isinstance(step, dict) and step.get("type") not in ("execute", "command", "sleep"):
+    n, files, post, finish = len(funcs), {}, [], []
+    steps = ev.get("postconfig") or []
+    on_display = any(drives_gui(step) for step in steps)  # then every step is the desktop's finish script
+    for step in steps:
+        if isinstance(step, dict) and step.get("type") not in ("execute", "command", "sleep", *GUI_POSTCONFIG):
             raise _Refused(f"postconfig step {step.get('type')} drives an application after the agent "
                            "(forge grades once every agent process is gone)")
-        post += _step(step, task_id, cache, files, apps)
+        if not on_display:
+            post += _step(step, task_id, cache, files, apps)
+            continue
+        if step.get("type") == "sleep":
+            finish += _step(step, task_id, cache, files, apps)
+            continue
+        params = step.get("parameters") or {}
+        if params.get("until"):
+            raise _Refused(f"postconfig step {step['type']} with `until` (polling the output) is not supported")
+        try:
+            finish += finish_line(step, _shell(params.get("command"), bool(params.get("shell", False)))
+                                  if step["type"] in ("execute", "command") else None)
+        except NotMapped as exc:
+            raise _Refused(str(exc)) from None
     results = _as_list(ev.get("result"), n)
     expected = _as_list(ev.get("expected"), n) if ev.get("expected") else []
     options = _as_list(ev.get("options") or ({} if n == 1 else [{}] * n), n)
@@ -222,7 +242,7 @@ def _evaluator(ev: Any, task_id: str, cache: Path | None, apps: dict[str, str]) 
     return {"funcs": funcs, "conj": ev.get("conj", "and"), "postconfig": post,
             "result": [_getter(g, task_id, cache, files) for g in results],
             "expected": [_getter(g, task_id, cache, files) for g in expected],
-            "options": [o or {} for o in options], "files": files}
+            "options": [o or {} for o in options], "files": files, "finish": finish}
 
 
 def convert_task(raw: Any, where: str, cache: Path | None = None) -> tuple[dict[str, Any], dict[str, str], list[str]]:
@@ -256,11 +276,17 @@ def convert_task(raw: Any, where: str, cache: Path | None = None) -> tuple[dict[
             start += got
         else:
             lines += got
+    raw_ev = raw.get("evaluator") if isinstance(raw.get("evaluator"), dict) else {}
+    if not start and any(drives_gui(step) for step in raw_ev.get("postconfig") or []):
+        refused.append(_Refused("postconfig drives an application after the agent, but the task starts none on "
+                                "a desktop (no launch or open step)"))
     if refused:
         first = sorted(refused, key=lambda e: e.online)[0]  # an unsupported reason before an online one
         reasons = list(dict.fromkeys(str(e) for e in sorted(refused, key=lambda e: e.online)))
         raise _Refused("; ".join(reasons), online=first.online)
-    ev["source"] = f"{domain}/{task_id}"
+    ev["source"], finish = f"{domain}/{task_id}", ev.pop("finish", [])
+    if finish:  # OSWorld's save step, run on the display after the agent (rollouts/tasks/osworld_finish.py)
+        apps["xdotool"] = "xdotool"
     try:
         OSWorldEval.model_validate(ev)
     except ValidationError as exc:
@@ -272,7 +298,9 @@ def convert_task(raw: Any, where: str, cache: Path | None = None) -> tuple[dict[
               "files": files, "setup": "\n".join(["set -e", 'export OSW_HOME="$PWD"', *lines]) if lines else None,
               "osworld": ev, "solution": solution, "time_limit_s": TIME_LIMIT_S, "requires_tools": True,
               "desktop": {"apps": list(dict.fromkeys(apps.values())),
-                          "start": "\n".join(["set -e", 'export OSW_HOME="$PWD"', *start])} if start else None,
+                          "start": "\n".join(["set -e", 'export OSW_HOME="$PWD"', *start]),
+                          **({"finish": finish_script(finish)} if finish else {})}
+              if start else None,
               "tags": ["osworld", domain, *(f"needs:{a}" for a in sorted(apps))]}
     return {k: v for k, v in record.items() if v is not None}, apps, notes
 
@@ -321,6 +349,7 @@ def import_osworld(src: str | Path, *, cache: str | Path | None = None) -> OSWor
         if missing := sorted(label for label, binary in apps.items() if shutil.which(binary) is None):
             report.not_here.append((task_id, f"needs {', '.join(sorted(apps))} on a desktop (not installed "
                                              f"here: {', '.join(missing)})"))
-        elif "sudo " in json.dumps(record.get("setup", "")) + json.dumps(record["osworld"].get("postconfig", [])):
+        elif "sudo " in json.dumps([record.get("setup", ""), record["osworld"].get("postconfig", []),
+                                    record.get("desktop", {}).get("finish", "")]):
             report.not_here.append((task_id, "needs root in the sandbox (sudo)"))
     return report

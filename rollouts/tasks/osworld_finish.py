@@ -1,0 +1,168 @@
+"""OSWorld's save step after the agent: a postconfig that drives the application, as a desktop task's finish script.
+
+OSWorld's evaluator runs the task's `postconfig` after the agent's last action and before its getters read
+the result (desktop_env.py `evaluate`): typically `activate_window` on the document's window, a `python -c
+"import pyautogui; pyautogui.hotkey('ctrl', 's')"` and a `sleep`, so that the file the metric reads holds
+what the agent left open. forge grades once every agent process, the applications included, has ended;
+such a postconfig becomes the desktop's `finish` script instead (rollouts/tasks/desktop.py), which gui.py's
+launcher runs on the display after the harness exits by itself and before it ends the display:
+
+    activate_window   the first visible window whose title (`by_class`: WM_CLASS) holds `window_name`, any
+                      case, as OSWorld's `wmctrl -a` finds it; `strict`: the whole title, same case (`-F`).
+                      `xdotool windowactivate --sync`, or `windowfocus --sync` where the display has no
+                      window manager to activate with (forge's Xvfb has none)
+    execute, command  `python -c` of pyautogui `hotkey`, `press`, `typewrite` / `write` of plain text and
+                      `time.sleep` only: `xdotool key` / `xdotool type`; any other shell line as it is
+    sleep             sleep
+
+Anything else (a click, `close_window`: no window manager here to ask an application to close, a class
+given as instance.class) is refused with its reason. As in OSWorld a step that fails (no such window) does
+not stop the next: the keys go where the focus is, and the file is what it is.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+from typing import Any
+
+# pyautogui's key names (pyautogui/_pyautogui_x11.py) -> X keysyms, for the keys OSWorld's postconfigs press
+_KEYSYMS = {"enter": "Return", "return": "Return", "\n": "Return", "esc": "Escape", "escape": "Escape",
+            "tab": "Tab", "\t": "Tab", "space": "space", " ": "space", "backspace": "BackSpace",
+            "delete": "Delete", "del": "Delete", "insert": "Insert", "home": "Home", "end": "End",
+            "pageup": "Prior", "pgup": "Prior", "pagedown": "Next", "pgdn": "Next", "up": "Up", "down": "Down",
+            "left": "Left", "right": "Right", "ctrl": "Control_L", "ctrlleft": "Control_L",
+            "ctrlright": "Control_R", "shift": "Shift_L", "shiftleft": "Shift_L", "shiftright": "Shift_R",
+            "alt": "Alt_L", "altleft": "Alt_L", "altright": "Alt_R", "win": "Super_L", "winleft": "Super_L",
+            "winright": "Super_R", **{f"f{i}": f"F{i}" for i in range(1, 13)}}
+_PLAIN_KEY = re.compile(r"^[a-z0-9]$")
+_TEXT = re.compile(r"^[ -~]{1,200}$")  # printable ASCII: xdotool types it as written
+PRELUDE = r"""forge_window() {  # FLAG PATTERN [TITLE]: focus the first visible window FLAG (--name, --class) matches
+  for w in $(xdotool search --onlyvisible "$1" "$2" 2>/dev/null); do
+    [ -z "$3" ] || [ "$(xdotool getwindowname "$w")" = "$3" ] || continue
+    xdotool windowactivate --sync "$w" 2>/dev/null || xdotool windowfocus --sync "$w"; return
+  done
+  echo "no window matches $2" >&2; return 1
+}
+forge_status=0"""
+
+
+GUI_POSTCONFIG = ("activate_window", "close_window")  # steps that exist only to act on a window
+
+
+class NotMapped(ValueError):
+    """A postconfig step forge cannot run after the agent (the reason)."""
+
+
+def drives_gui(step: Any) -> bool:
+    """Whether OSWorld's postconfig step acts on the display (so it needs the desktop's finish script)."""
+    if not isinstance(step, dict):
+        return False
+    if step.get("type") in GUI_POSTCONFIG:
+        return True
+    text = str((step.get("parameters") or {}).get("command", ""))
+    return step.get("type") in ("execute", "command") and any(w in text for w in ("pyautogui", "xdotool", "wmctrl"))
+
+
+def _keysym(name: Any) -> str:
+    if not isinstance(name, str):
+        raise NotMapped(f"pyautogui key {name!r:.40} is not a key name")
+    low = name.lower() if len(name) > 1 else name
+    if low in _KEYSYMS:
+        return _KEYSYMS[low]
+    if _PLAIN_KEY.match(low):
+        return low
+    raise NotMapped(f"pyautogui key {name!r:.40} is not mapped to an X key")
+
+
+def _constants(call: ast.Call) -> list[Any]:
+    if call.keywords:
+        raise NotMapped(f"pyautogui call with {call.keywords[0].arg}= is not mapped")
+    try:
+        return [ast.literal_eval(a) for a in call.args]
+    except ValueError:
+        raise NotMapped("a pyautogui call with a computed argument is not mapped") from None
+
+
+def _call_line(call: ast.Call) -> str:
+    func = call.func
+    if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
+        raise NotMapped("the pyautogui script calls something other than pyautogui.* or time.sleep")
+    where, name, args = func.value.id, func.attr, _constants(call)
+    if (where, name) == ("time", "sleep") and len(args) == 1 and isinstance(args[0], (int, float)):
+        return f"sleep {float(args[0]):g}"
+    if where != "pyautogui":
+        raise NotMapped(f"{where}.{name} is not mapped")
+    if name == "hotkey":
+        keys = args[0] if len(args) == 1 and isinstance(args[0], list) else args
+        if not keys:
+            raise NotMapped("pyautogui.hotkey with no key")
+        return "xdotool key " + shlex.quote("+".join(_keysym(k) for k in keys))
+    if name == "press" and len(args) == 1:
+        keys = args[0] if isinstance(args[0], list) else [args[0]]
+        return "xdotool key " + " ".join(shlex.quote(_keysym(k)) for k in keys)
+    if name in ("write", "typewrite") and len(args) == 1:
+        if isinstance(args[0], list):
+            return "xdotool key " + " ".join(shlex.quote(_keysym(k)) for k in args[0])
+        if isinstance(args[0], str) and _TEXT.match(args[0]):
+            return "xdotool type -- " + shlex.quote(args[0])
+        raise NotMapped("pyautogui.write of other than plain printable text is not mapped")
+    raise NotMapped(f"pyautogui.{name} is not mapped (hotkey, press, write, typewrite and time.sleep are)")
+
+
+def pyautogui_lines(code: str) -> list[str]:
+    """A `python -c` pyautogui script's steps as xdotool lines, or NotMapped."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        raise NotMapped("the pyautogui script does not parse") from None
+    lines = []
+    for node in tree.body:
+        if isinstance(node, ast.Import) and all(a.name in ("pyautogui", "time") and not a.asname for a in node.names):
+            continue
+        if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
+            raise NotMapped("the pyautogui script does more than call pyautogui.* and time.sleep")
+        lines.append(_call_line(node.value))
+    return lines
+
+
+def _window_line(params: dict[str, Any]) -> str:
+    name = params.get("window_name")
+    if not isinstance(name, str) or not name or not _TEXT.match(name):
+        raise NotMapped(f"activate_window: window_name {name!r:.60} (plain text)")
+    by_class, strict = bool(params.get("by_class", False)), bool(params.get("strict", False))
+    if by_class and "." in name:
+        raise NotMapped(f"activate_window by_class on instance.class {name!r} is not mapped")
+    pattern = re.sub(r"([.\[\]()*+?{}|^$\\])", r"\\\1", name)  # a POSIX extended regex (xdotool's) of the name
+    pattern = f"^{pattern}$" if strict else pattern
+    exact = shlex.quote(name) if strict and not by_class else ""
+    return f"forge_window {'--class' if by_class else '--name'} {shlex.quote(pattern)} {exact}".rstrip()
+
+
+def finish_line(step: dict[str, Any], shell_line: str | None) -> list[str]:
+    """One GUI postconfig step as finish-script lines; `shell_line`: the step's command as osworld.py's shell
+    line (an execute step), whose pyautogui script is mapped and any other line is kept as it is."""
+    kind, params = step.get("type"), step.get("parameters") or {}
+    if kind == "activate_window":
+        return [_window_line(params)]
+    if kind == "close_window":
+        raise NotMapped("postconfig close_window: forge's display has no window manager to ask an application "
+                        "to close")
+    if shell_line is None:
+        raise NotMapped(f"postconfig step {kind} is not mapped")
+    command = params.get("command")
+    args = shlex.split(command) if isinstance(command, str) else command
+    if isinstance(args, list) and len(args) == 3 and args[0] in ("python", "python3") and args[1] == "-c" \
+            and "pyautogui" in args[2]:
+        return pyautogui_lines(args[2])
+    if any(w in shell_line for w in ("pyautogui", "xdotool", "wmctrl")):
+        raise NotMapped("a postconfig command drives the GUI other than with a `python -c` pyautogui script")
+    return [shell_line]
+
+
+def finish_script(lines: list[str]) -> str:
+    """The finish script: every step runs, as OSWorld's do; it exits with the last failure's code, so the
+    launcher can say what failed (no such window) in the rollout's stderr."""
+    steps = [f"(\n{line}\n) || forge_status=$?" for line in lines]  # a subshell each: OSWorld's are processes
+    return "\n".join([PRELUDE, 'export OSW_HOME="$PWD"', *steps, 'exit "$forge_status"'])

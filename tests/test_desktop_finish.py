@@ -1,0 +1,182 @@
+"""OSWorld's save step after the agent (rollouts/tasks/osworld_finish.py): a postconfig that activates the
+document's window and presses the save keys becomes the desktop task's finish script, which gui.py's launcher
+runs on the display after the harness exits by itself and before the display ends.
+
+The application is xedit (x11-apps, what CI installs for the desktop tests): it saves on Ctrl-X Ctrl-S (its
+app-defaults, /etc/X11/app-defaults/Xedit), so the task's postconfig is OSWorld's own shape with those keys:
+activate_window, `python -c "import pyautogui; pyautogui.hotkey('ctrl', 'x'); pyautogui.hotkey('ctrl', 's')"`,
+sleep; graded with vm_file + compare_text_file against the expected file."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.config import ForgeConfig
+from openforge.rollouts.tasks.format import TaskSpec
+from openforge.rollouts.tasks.osworld import import_osworld
+from openforge.rollouts.tasks.osworld_finish import NotMapped, pyautogui_lines
+from openforge.rollouts.tasks.selfcheck import _StandInHarness
+from openforge.sandbox.local import GUI_MODULE
+from openforge.store import Store
+from test_desktop_tasks import GUI, TEXT, WORDS, needs_desktop
+
+SAVE_KEYS = ("import pyautogui; import time; pyautogui.hotkey('ctrl', 'x'); pyautogui.hotkey('ctrl', 's'); "
+             "time.sleep(0.5);")
+SAVE_TASK = {
+    "id": "xedit-save", "instruction": f"In the editor, write '{WORDS}' in /home/user/note.txt.",
+    "config": [{"type": "launch", "parameters": {"command": ["xedit", "/home/user/note.txt"]}}],
+    "evaluator": {
+        "postconfig": [{"type": "activate_window", "parameters": {"window_name": "xedit", "strict": True}},
+                       {"type": "execute", "parameters": {"command": ["python", "-c", SAVE_KEYS]}},
+                       {"type": "sleep", "parameters": {"seconds": 0.5}}],
+        "func": "compare_text_file",
+        "result": {"type": "vm_file", "path": "/home/user/note.txt", "dest": "note.txt"},
+        "expected": {"type": "cloud_file", "path": "https://example.invalid/expected.txt", "dest": "expected.txt"}}}
+
+
+def _import(tmp_path: Path, *tasks: dict):  # type: ignore[no-untyped-def]
+    folder = tmp_path / "src" / "evaluation_examples" / "examples" / "os"
+    folder.mkdir(parents=True, exist_ok=True)
+    for raw in tasks:
+        (folder / f"{raw['id']}.json").write_text(json.dumps(raw))
+        (tmp_path / "cache" / raw["id"]).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "cache" / raw["id"] / "expected.txt").write_text(WORDS)
+    return import_osworld(tmp_path / "src", cache=tmp_path / "cache")
+
+
+def _post(*steps: dict) -> dict:
+    return {**SAVE_TASK, "id": f"t{zlib.crc32(json.dumps(steps).encode())}",
+            "evaluator": {**SAVE_TASK["evaluator"], "postconfig": list(steps)}}
+
+
+def test_a_save_postconfig_becomes_the_desktops_finish_script(tmp_path: Path) -> None:
+    report = _import(tmp_path, SAVE_TASK)
+    assert report.unsupported == [] and report.online_only == []
+    task = TaskSpec.model_validate(report.tasks[0])
+    assert task.osworld is not None and task.osworld.postconfig == []  # nothing left for the grader to drive
+    assert task.desktop is not None and task.desktop.apps == ["xedit", "xdotool"] and "needs:xdotool" in task.tags
+    finish = task.desktop.finish or ""
+    steps = finish.split('export OSW_HOME="$PWD"\n', 1)[1]
+    assert steps == ("(\nforge_window --name '^xedit$' xedit\n) || forge_status=$?\n"
+                     "(\nxdotool key Control_L+x\n) || forge_status=$?\n"
+                     "(\nxdotool key Control_L+s\n) || forge_status=$?\n"
+                     "(\nsleep 0.5\n) || forge_status=$?\n(\nsleep 0.5\n) || forge_status=$?\n"
+                     'exit "$forge_status"')
+
+
+def test_the_pyautogui_calls_osworld_uses_map_to_xdotool() -> None:
+    assert pyautogui_lines('import pyautogui; pyautogui.hotkey(["shift", "ctrl", "e"]); pyautogui.press(["enter"]);'
+                           'pyautogui.write("berry_mirror"); pyautogui.press("esc"); '
+                           'pyautogui.typewrite(["down", "F2"])'
+                           ) == ["xdotool key Shift_L+Control_L+e", "xdotool key Return",
+                                 "xdotool type -- berry_mirror", "xdotool key Escape", "xdotool key Down F2"]
+    for code, why in [("import pyautogui; pyautogui.click(10, 10)", "pyautogui.click is not mapped"),
+                      ("import pyautogui, os; pyautogui.press('enter')", "does more than call"),
+                      ("import pyautogui; pyautogui.press('enter', presses=3)", "presses= is not mapped"),
+                      ("import pyautogui; pyautogui.write('a\\nb')", "plain printable text"),
+                      ("import pyautogui; pyautogui.press('volumemute')", "'volumemute' is not mapped"),
+                      ("import pyautogui; k = 's'; pyautogui.hotkey('ctrl', k)", "does more than call")]:
+        with pytest.raises(NotMapped, match=why):
+            pyautogui_lines(code)
+
+
+def test_a_postconfig_forge_cannot_drive_stays_refused_with_its_reason(tmp_path: Path) -> None:
+    save = SAVE_TASK["evaluator"]["postconfig"][1]
+    close = _post({"type": "close_window", "parameters": {"window_name": "xedit"}})
+    click = _post({"type": "execute",
+                   "parameters": {"command": ["python", "-c", "import pyautogui; pyautogui.click(5, 5)"]}})
+    by_class = _post({"type": "activate_window", "parameters": {"window_name": "Mail.thunderbird", "by_class": True}},
+                     save)
+    no_desktop = {**_post(save), "id": "no-desktop", "config": []}
+    shell_gui = _post({"type": "execute", "parameters": {"command": "wmctrl -c xedit", "shell": True}})
+    report = _import(tmp_path, close, click, by_class, no_desktop, shell_gui)
+    assert report.tasks == [] and report.online_only == []
+    assert dict(report.unsupported) == {
+        close["id"]: "postconfig close_window: forge's display has no window manager to ask an application to close",
+        click["id"]: "pyautogui.click is not mapped (hotkey, press, write, typewrite and time.sleep are)",
+        by_class["id"]: "activate_window by_class on instance.class 'Mail.thunderbird' is not mapped",
+        "no-desktop": "postconfig drives an application after the agent, but the task starts none on a desktop "
+                      "(no launch or open step)",
+        shell_gui["id"]: "a postconfig command drives the GUI other than with a `python -c` pyautogui script"}
+    # shell lines beside the save keys run in the finish script too; without save keys they stay the grader's
+    zipped = _post(*SAVE_TASK["evaluator"]["postconfig"], {"type": "execute", "parameters": {
+        "command": ["/bin/bash", "-c", "cd /home/user && zip -qr n.zip note.txt"]}})
+    plain = _post({"type": "execute", "parameters": {"command": "chmod +x eval.sh", "shell": True}})
+    got = {t["id"]: t for t in _import(tmp_path / "2", zipped, plain).tasks}
+    assert "(\n/bin/bash -c 'cd '\"$OSW_HOME\"' && zip -qr n.zip note.txt'\n)" in got[zipped["id"]]["desktop"]["finish"]
+    assert got[plain["id"]]["osworld"]["postconfig"] == ["chmod +x eval.sh"]
+    assert "finish" not in got[plain["id"]]["desktop"]
+
+
+async def _run(store: Store, task: TaskSpec, scripts: dict[str, str]) -> dict[str, tuple]:
+    run = store.create_run(kind="check", name=f"finish-{task.id}")
+    got = {}
+    for label, script in scripts.items():
+        runner = RolloutRunner(store, config=ForgeConfig(), proxy_url="http://127.0.0.1:9",
+                               harness=_StandInHarness({task.id: script}, {}))
+        (ro,) = await runner.run(run.id, [RolloutSpec(task)])
+        got[label] = (ro.status, ro.reward, ro.failure_kind, f"{ro.error}\n{ro.stderr}\n{ro.verifier_output}")
+    return got
+
+
+@needs_desktop
+async def test_the_finish_saves_what_the_agent_left_open(store: Store, tmp_path: Path) -> None:
+    task = TaskSpec.model_validate(_import(tmp_path, SAVE_TASK).tasks[0])
+    typed = f"{GUI} click {TEXT} && {GUI} type"
+    got = await _run(store, task, {
+        # the words typed, never saved by the agent: the finish's Ctrl-X Ctrl-S saves them
+        "typed": f"{typed} '{WORDS}'",
+        "other words": f"{typed} 'made in a shell'",
+        "idle": "true",
+        # the words typed, then the editor closed unsaved: the finish finds no window; the file is what it is
+        "closed": f"{typed} '{WORDS}' && xdotool windowkill $(xdotool search --onlyvisible --class xedit)",
+        # the words typed, then the harness exits 3: the finish still saves, the exit code stays the harness's
+        "failed": f"{typed} '{WORDS}'; exit 3"})
+    assert {k: v[:3] for k, v in got.items()} == {
+        "typed": ("scored", 1.0, None), "other words": ("scored", 0.0, None), "idle": ("scored", 0.0, None),
+        "closed": ("scored", 0.0, None), "failed": ("failed", None, "harness")}, got
+    assert "compare_text_file: 1" in got["typed"][3]
+    assert "gui.py run: the desktop's finish script exited 1: no window matches ^xedit$" in got["closed"][3]
+    assert got["failed"][3].startswith("harness: solution exited 3"), got["failed"][3]
+
+
+@needs_desktop
+def test_the_launcher_runs_the_finish_only_after_a_harness_that_exited_by_itself(tmp_path: Path) -> None:
+    """gui.py run --finish directly: its environment is the launcher's (MARK, set by the command, is not
+    seen), its failure is one stderr line and the exit code stays the command's; after a TERM to the launcher
+    (the sandbox ending a timed-out exec) or a command killed by a signal the finish does not run. (Through
+    the runner a timed-out rollout is timed_out with 0.0 before any grading: runner.py.)"""
+    def launch(finish: str, command: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-I", str(GUI_MODULE), "run", "--finish", finish, "--", "sh", "-c",
+                                 command], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+
+    mark = 'echo "display=$DISPLAY mark=$MARK" > finished'
+    done = launch(mark, "export MARK=agent; exit 5")
+    assert done.wait(timeout=60) == 5
+    assert re.fullmatch(r"display=:\d+ mark=\n", (tmp_path / "finished").read_text())
+    (tmp_path / "finished").unlink()
+    failing = launch("echo no window matches xedit >&2; exit 2", "exit 0")
+    assert failing.wait(timeout=60) == 0
+    assert "gui.py run: the desktop's finish script exited 2: no window matches xedit" in failing.stderr.read()
+    killed = launch(mark, "kill -KILL $$")
+    assert killed.wait(timeout=60) == 256 - signal.SIGKILL  # the command killed by a signal: no finish
+    stopped = launch(mark, "touch started; exec sleep 60")
+    for _ in range(300):
+        if (tmp_path / "started").exists():
+            break
+        time.sleep(0.1)
+    stopped.send_signal(signal.SIGTERM)  # what the sandbox sends a timed-out exec's whole tree first
+    assert stopped.wait(timeout=60) == 256 - signal.SIGTERM
+    assert not (tmp_path / "finished").exists()
+    for proc in (done, failing, killed, stopped):
+        proc.stderr.close()
