@@ -258,15 +258,18 @@ async def test_a_dispatch_record_the_agent_forged_scores_0(make_rig) -> None:  #
     assert dispatch_record_path(ro.run_id, ro.id).read_text() == ""
 
 
-async def test_a_tool_that_cannot_run_masks_the_rollout(make_rig) -> None:  # noqa: F811
+async def test_a_tool_that_hangs_on_the_agents_call_is_scored_not_masked(make_rig) -> None:  # noqa: F811
+    """The agent sees the timeout as the tool's answer and the rollout is graded on what it then does: a
+    mask here would let a policy escape any failing rollout by hanging a tool."""
     rig = make_rig([], uds=Path(proxy_socket_path()))
     hung = TaskTool(name="lookup", description="d", command="sleep 30", timeout_s=0.5)
     task = TASK.model_copy(update={"tools": [hung]})
-    rig.engine.script = lambda ids: "7431" if "timed out" in rig.engine.tokenizer.decode(ids) else \
+    rig.engine.script = lambda ids: "0000" if "timed out" in rig.engine.tokenizer.decode(ids) else \
         call("lookup", {"key": "alpha"})
     ro = await _rollout(rig, task, name="mini", max_turns=4)
-    assert (ro.status, ro.failure_kind, ro.reward) == ("failed", "infra", None), (ro.error, ro.stdout)
-    assert "ran past 0.5s" in ro.error
+    assert (ro.status, ro.reward) == ("scored", 0.0), (ro.error, ro.stdout)
+    [dispatch] = [json.loads(x) for x in dispatch_record_path(ro.run_id, ro.id).read_text().splitlines()]
+    assert (dispatch["infra_error"], dispatch["failure"]) == (None, "tool lookup: its command ran past 0.5s")
 
 
 @pytest.mark.slow
