@@ -1,7 +1,7 @@
 """Harbor's `[environment]` cpus / memory / storage as the task's sandbox limits (sandbox/limits.py): read
 as Harbor reads them (its deprecated "4G" forms included), sized per backend, and honoured inside the
 sandbox on local (bubblewrap) and Docker, where the task's own test.sh measures them; and what
-`forge tasks import harbor` refuses by name rather than passing over (multi-step tasks, heredocs)."""
+`forge tasks import harbor` refuses by name rather than passing over (a step without tests, heredocs)."""
 
 from __future__ import annotations
 
@@ -115,8 +115,9 @@ def test_import_names_multi_step_tasks_it_cannot_run(tmp_path: Path) -> None:
     (steps / "task.toml").write_text('schema_version = "1.1"\n[[steps]]\nname = "1_first"\n')
     (steps / "steps" / "1_first" / "instruction.md").write_text("Do the first turn.\n")
     report = import_harbor(root)
-    assert (report.tasks, report.refused) == ([], [("turns", "multi-step tasks (steps/*/instruction.md) are not "
-                                                                "supported yet")])
+    # a multi-step task is imported (tests/test_tasks_harbor_steps.py); one whose step has no tests is refused
+    assert (report.tasks, report.refused) == ([], [("turns", "step '1_first': no steps/1_first/tests/test.sh "
+                                                                "nor tests/test.sh")])
 
 
 def test_a_heredoc_is_refused_in_one_line_before_any_build(tmp_path: Path) -> None:

@@ -66,6 +66,9 @@ class HarnessContext:
     # it, and the bearer token it demands (rollouts/runner/tool_server.py); "" when the task has none.
     tools_url: str = ""
     tools_token: str = ""
+    # A multi-step Harbor task's step being run (rollouts/runner/steps.py): each is a fresh harness run
+    # given that step's instruction; "" for a task of one step.
+    step: str = ""
 
 
 @dataclass(frozen=True)

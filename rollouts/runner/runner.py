@@ -10,7 +10,9 @@ command -> harness prepare + run under the time limit (the sandbox kills it) -> 
 trajectory from the proxy's recorded calls -> the harness's outcome (answer or failure) -> graded
 (rollouts/runner/grader.py: the answer and expected files checked exactly, then the shell verifier,
 then a judge component) -> scored. A task's services and tools run on the host around the sandbox
-(rollouts/tasks/services.py, rollouts/runner/tool_server.py). The final states say who failed:
+(rollouts/tasks/services.py, rollouts/runner/tool_server.py). A multi-step Harbor task runs a harness
+run per step in the one sandbox, each graded before the next (rollouts/runner/steps.py). The final
+states say who failed:
 
     scored     graded; `reward` is the policy's data (0.0 for an agent that did nothing). With
                failure_kind "policy" the harness stopped on the policy's own failure (its turn limit, a
@@ -363,6 +365,10 @@ class RolloutRunner:
             probe = await sb.exec(site.probe_command(), timeout=60)
             if probe.exit_code != 0:
                 raise InfraFailure(f"desktop task {task.id} cannot start: {tail(probe.stderr, 300).strip()}")
+        if task.harbor_steps is not None:  # a multi-step Harbor task: a harness run per step, each graded
+            from openforge.rollouts.runner.steps import drive_steps
+            await drive_steps(self, sb, ro, task, harness, ctx, service_env)
+            return
         try:
             await harness.prepare(sb, ctx)
             command, env = harness.command(ctx), {**service_env, **harness.env(ctx)}

@@ -51,6 +51,7 @@ from openforge.rollouts.tasks.grading import ExpectedAnswer, check_relative_path
 from openforge.rollouts.tasks.harbor import harbor_record, is_harbor_task, strip_prefix
 from openforge.rollouts.tasks.harbor_image import TaskImage
 from openforge.rollouts.tasks.claweval_grading import ClawEvalGrading
+from openforge.rollouts.tasks.harbor_steps import HarborSteps
 from openforge.rollouts.tasks.harbor_verifier import HarborTests
 from openforge.rollouts.tasks.judge import JudgeSpec
 from openforge.rollouts.tasks.osworld_eval import OSWorldEval
@@ -111,6 +112,9 @@ class TaskSpec(BaseModel):
     harbor: HarborTests | None = Field(None, description=(
         "a Harbor task's tests: copied in after the agent is gone, test.sh run, its reward file read "
         "(rollouts/tasks/harbor_verifier.py)"))
+    harbor_steps: HarborSteps | None = Field(None, description=(
+        "a multi-step Harbor task's [[steps]]: each step's instruction run by the harness in the same sandbox, "
+        "its tests after it, min_reward gating the next (rollouts/tasks/harbor_steps.py, rollouts/runner/steps.py)"))
     claweval: ClawEvalGrading | None = Field(None, description=(
         "an imported ClawEval task's own grader.py, run on the host after the agent is gone on the trace forge "
         "recorded: ClawEval's scores beside the reward, never the reward (rollouts/tasks/claweval_grading.py)"))

@@ -29,7 +29,9 @@ software: `forge tasks import harbor` builds such a task into an image, rollouts
 and the task runs there on the Docker backend), MCP servers over HTTP (a compose service, or one
 inside the agent's container), what of environment/docker-compose.yaml forge does not run
 (rollouts/tasks/harbor_compose.py: services beside `main` run on the Docker backend, each reached by
-its name), multi-step tasks, separate verifier environments, Windows and GPUs.
+its name), separate verifier environments, Windows and GPUs. A multi-step task (`[[steps]]`) keeps
+its steps in `harbor_steps` (rollouts/tasks/harbor_steps.py): the first step's instruction, tests and
+solution stand for the task's own, and the runner runs the rest in the same sandbox.
 The base image is not pulled: the task runs with the sandbox's tools (the host's, on a local
 sandbox), so a test.sh that needs a tool the host lacks ends as an infrastructure failure.
 """
@@ -46,7 +48,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from openforge.rollouts.tasks.harbor_dockerfile import copied_files, copy_parts, final_workdir, traced_steps
 from openforge.rollouts.tasks.harbor_compose import ServiceBuild, compose_services
 from openforge.rollouts.tasks.harbor_mcp import HarborMcpServer, image_copies, mcp_server_records
-from openforge.rollouts.tasks.harbor_verifier import SOLUTION_DIR, rewrite_paths
+from openforge.rollouts.tasks.harbor_steps import harbor_steps
+from openforge.rollouts.tasks.harbor_verifier import SOLUTION_DIR, HarborTests, rewrite_paths
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0  # Harbor's [agent] timeout_sec has no default of its own
 DEFAULT_WORKDIR = "/app"  # Terminal-Bench's images all work in /app
@@ -119,13 +122,14 @@ class HarborConfig(_Section):
     verifier: VerifierSection = Field(default_factory=VerifierSection)
     agent: AgentSection = Field(default_factory=AgentSection)
     environment: EnvironmentSection = Field(default_factory=EnvironmentSection)
-    steps: list[dict[str, Any]] | None = None
+    steps: list[dict[str, Any]] | None = None  # rollouts/tasks/harbor_steps.py reads them
+    multi_step_reward_strategy: str | None = None
 
 
 def is_harbor_task(folder: Path) -> bool:
-    """Whether `folder` is a Harbor task (task.toml beside instruction.md; forge's own task.toml holds
-    its instruction)."""
-    return (folder / "task.toml").is_file() and (folder / "instruction.md").is_file()
+    """Whether `folder` is a Harbor task (task.toml beside instruction.md, or beside steps/ for a multi-step
+    task, which has no instruction of its own; forge's own task.toml holds its instruction)."""
+    return (folder / "task.toml").is_file() and ((folder / "instruction.md").is_file() or (folder / "steps").is_dir())
 
 
 def _read(path: Path) -> str:
@@ -196,8 +200,8 @@ def _copied(env_dir: Path, src: str, dest: str, wd: str, where: str) -> dict[str
 def _unsupported(config: HarborConfig, folder: Path) -> list[str]:
     env = config.environment
     reasons = []
-    if config.steps:
-        reasons.append("multi-step tasks ([[steps]]) are not supported yet")
+    if config.steps and env.mcp_servers:
+        reasons.append("multi-step tasks ([[steps]]) with [[environment.mcp_servers]] are not supported yet")
     if config.verifier.environment is not None or config.verifier.environment_mode == "separate":
         reasons.append("a separate verifier environment is not supported yet")
     if env.os.lower() != "linux":
@@ -256,7 +260,7 @@ def harbor_record(folder: Path, *, build: Callable[[HarborConfig], Any] | None =
     if reasons:
         return None, reasons
     script = folder / "tests" / "test.sh"
-    if not script.is_file():
+    if not script.is_file() and not config.steps:  # a multi-step task's steps may each bring their own
         return None, ["tests/test.sh: missing (Harbor's verifier writes the reward from it)"]
     image = None
     try:
@@ -267,13 +271,24 @@ def harbor_record(folder: Path, *, build: Callable[[HarborConfig], Any] | None =
                 raise
             image = build(config)
             workdir, files = image.workdir, {}
-        tests = _text_tree(folder / "tests")
-        instruction = _read(folder / "instruction.md")
+        tests = _text_tree(folder / "tests") if (folder / "tests").is_dir() else {}
+        instruction = _read(folder / "instruction.md") if not config.steps else ""
         # Harbor's oracle copies all of solution/ to /solution and runs /solution/solve.sh there.
         solution = _text_tree(folder / "solution") if (folder / "solution" / "solve.sh").is_file() else None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         return None, [str(exc)]
     to_workdir = {workdir.rstrip("/"): "."} if workdir.rstrip("/") else {}
+    verifier = HarborTests(files=tests, timeout_s=config.verifier.timeout_sec, env=config.verifier.env, workdir=workdir)
+    steps = None
+    if config.steps:  # the first step's instruction, tests and solution stand for the task's own
+        steps, reasons = harbor_steps(folder, config.steps, config.multi_step_reward_strategy, shared_tests=tests,
+                                      verifier=verifier, to_workdir=to_workdir, text_tree=_text_tree,
+                                      agent_timeout_s=config.agent.timeout_sec or DEFAULT_AGENT_TIMEOUT_S)
+        if steps is None:
+            return None, reasons
+        first = steps.steps[0]
+        instruction, verifier = first.instruction, first.tests
+        solution = first.solution_files if all(s.solution_files for s in steps.steps) else None
     meta = config.metadata
     tags = ["harbor", *(str(t) for t in meta.get("tags", []) if isinstance(t, str))]
     if meta.get("category"):
@@ -281,14 +296,15 @@ def harbor_record(folder: Path, *, build: Callable[[HarborConfig], Any] | None =
     record: dict[str, Any] = {
         "id": folder.name,
         # The WORKDIR (/app) becomes the working directory the agent starts in: a local sandbox has no /app.
-        "instruction": rewrite_paths(instruction, to_workdir),
+        "instruction": instruction if steps is not None else rewrite_paths(instruction, to_workdir),
         "files": files,
         "time_limit_s": config.agent.timeout_sec or DEFAULT_AGENT_TIMEOUT_S,
         "tags": tags,
         "requires_tools": True,
-        "harbor": {"files": tests, "timeout_s": config.verifier.timeout_sec, "env": config.verifier.env,
-                   "workdir": workdir},
+        "harbor": verifier.model_dump(),
     }
+    if steps is not None:
+        record["harbor_steps"] = steps.model_dump()
     if image is not None:
         record["image"] = image.model_dump()
     if mcp_servers:

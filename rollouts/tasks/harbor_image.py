@@ -260,8 +260,7 @@ def import_harbor(src: str | Path, *, bases: dict[str, str] | None = None) -> Ha
     from openforge.rollouts.tasks.harbor import DEFAULT_WORKDIR, HarborConfig, harbor_record, is_harbor_task
 
     root = Path(src).expanduser()
-    # Every folder with a task.toml is a task: a multi-step one (steps/*/instruction.md) is refused by
-    # name, not passed over.
+    # Every folder with a task.toml is a task: one forge cannot run is refused by name, not passed over.
     if (root / "task.toml").is_file():
         folders = [root]
     elif root.is_dir():
@@ -274,8 +273,7 @@ def import_harbor(src: str | Path, *, bases: dict[str, str] | None = None) -> Ha
     try:
         for folder in folders:
             if not is_harbor_task(folder):
-                report.refused.append((folder.name, "multi-step tasks (steps/*/instruction.md) are not supported yet"
-                                       if (folder / "steps").is_dir() else "no instruction.md beside task.toml"))
+                report.refused.append((folder.name, "no instruction.md (nor steps/) beside task.toml"))
                 continue
 
             def build(config: HarborConfig, folder: Path = folder) -> TaskImage:

@@ -7,7 +7,8 @@ score exactly 0). A grader that passes an empty attempt, a digit string, the ins
 or an error blob is a task bug that a policy would learn to exploit; one that fails the reference
 solution would show up as a flat reward curve. A task's `solution_files` (Harbor's `solution/`) are
 written to $HOME/solution for the reference run alone, `/solution` in them and in `solution` pointing
-there, as Harbor's oracle agent uploads the folder to /solution (`solution_paths`).
+there, as Harbor's oracle agent uploads the folder to /solution (`solution_paths`); at each step of a
+multi-step Harbor task, that step's steps/<name>/solution/ (`HarnessContext.step`).
 
 A Harbor task (rollouts/tasks/harbor.py) also meets FORGED_REWARD: an agent that writes a perfect
 reward file wherever Harbor's verifier might read one and leaves a process behind to keep writing
@@ -105,6 +106,14 @@ def solution_paths(task: TaskSpec, home: str, workdir: str) -> dict[str, str]:
     return mapping
 
 
+def _solution_files(task: TaskSpec, step: str) -> dict[str, str]:
+    """The solution/ the reference run has at `step`: a multi-step Harbor task's steps/<name>/solution/, as
+    Harbor's oracle uploads it to /solution at each step (rollouts/tasks/harbor_steps.py)."""
+    if task.harbor_steps is not None and step:
+        return next(s.solution_files for s in task.harbor_steps.steps if s.name == step)
+    return task.solution_files
+
+
 class _StandInHarness(HarnessBase):
     """An agent without a model: per task id, a shell script to run and/or a final answer to give. With
     `solutions` (task id -> task), the task's `solution_files` are written first to $HOME/solution, as
@@ -125,7 +134,7 @@ class _StandInHarness(HarnessBase):
             await sandbox.write_file(ANSWER_FILE, self.answers[ctx.task_id].encode("utf-8"))
         if task := self.solutions.get(ctx.task_id):
             mapping = solution_paths(task, sandbox.info.home, sandbox.info.workdir)
-            for path, content in task.solution_files.items():
+            for path, content in _solution_files(task, ctx.step).items():
                 await sandbox.write_file(f"{mapping[SOLUTION_DIR]}/{path}", rewrite_paths(content, mapping).encode(),
                                          mode=0o755 if path.endswith(".sh") else 0o644)
 

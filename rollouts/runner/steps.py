@@ -1,0 +1,112 @@
+"""A multi-step Harbor task's rollout: one sandbox, one harness run per step, each step graded after it.
+
+    for each step (rollouts/tasks/harbor_steps.py):
+        the harness runs afresh in the same sandbox, given the step's instruction (HarnessContext.step
+          names it), under the step's time limit
+        kill_all: nothing the agent started still runs
+        the step's tests copied in and run, the reward read on the host (rollouts/tasks/harbor_verifier.py),
+          then their folder removed, as Harbor empties /tests and /logs/verifier before the next agent phase
+        a reward below the step's min_reward: the remaining steps are skipped
+    the rollout's reward: HarborSteps.combined of the graded steps' rewards (Harbor's mean, or final)
+
+Every model call of every step is made with the rollout's key, so the proxy records them all under
+the one rollout and the trajectory is assembled once, at the end (a fresh session starts a new
+segment: rollouts/runner/trajectory.py). The endings are a single run's (rollouts/runner/runner.py):
+a step whose harness failed fails the rollout ("harness", never scored); a step's policy failure or
+timeout ends it with reward 0.0 whatever earlier steps scored (a policy that stops working mid-task
+earns nothing, as one that times out on a task of one step); a verifier that cannot run is infra.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from openforge.errors import HarnessError, SandboxError
+from openforge.rollouts.harnesses.base import Harness, HarnessContext
+from openforge.rollouts.runner.grader import InfraFailure, run_in_sandbox, tail
+from openforge.sandbox.base import Sandbox
+from openforge.store import Rollout
+
+if TYPE_CHECKING:
+    from openforge.rollouts.runner.runner import RolloutRunner
+    from openforge.rollouts.tasks.format import TaskSpec
+
+_CLEAR_TESTS = "rm -rf ./.harbor-*"  # the verifier's folders (harbor_verifier.py names them .harbor-<random>)
+
+
+async def drive_steps(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, task: "TaskSpec", harness: Harness,
+                      ctx: HarnessContext, extra_env: dict[str, str]) -> None:
+    """Run every step of `task` (it has `harbor_steps`) in `sb`, grade each, and record the rollout's ending."""
+    from openforge.rollouts.runner.runner import _engine_fault, _failure
+
+    assert task.harbor_steps is not None
+    config = runner.config
+    rewards: list[float] = []
+    lines: list[str] = []
+    notes: list[str] = []
+    for step in task.harbor_steps.steps:
+        budget = min(step.time_limit_s * config.runner.time_limit_scale, config.runner.rollout_timeout_s)
+        step_ctx = dataclasses.replace(ctx, instruction=step.instruction, step=step.name)
+        try:
+            await harness.prepare(sb, step_ctx)
+            command, env = harness.command(step_ctx), {**extra_env, **harness.env(step_ctx)}
+        except (HarnessError, SandboxError) as exc:
+            raise InfraFailure(f"harness {harness.name} could not be prepared for step {step.name}: {exc}") \
+                from None
+        calls_before = len(await runner._db(runner.store.list_calls, rollout_id=ro.id))
+        result = await run_in_sandbox(config, sb, command, timeout=budget, env=env)
+        try:  # nothing the agent started may still run (and rewrite files) while the step is graded
+            await sb.kill_all()
+        except SandboxError as exc:
+            raise InfraFailure(f"could not end the agent's processes: {exc}") from None
+        await runner._db(runner.store.update_rollout, ro.id, exit_code=result.exit_code,
+                         stdout=tail(result.stdout), stderr=tail(result.stderr))
+        if result.timed_out:
+            await _end(runner, ro, lines, status="timed_out", reward=0.0, failure_kind="timeout",
+                       error=f"step {step.name}: harness ran past its limit of {budget:g}s and was killed")
+            return
+        calls = (await runner._db(runner.store.list_calls, rollout_id=ro.id))[calls_before:]
+        last_call = calls[-1] if calls else None
+        if broken_call := _engine_fault(last_call):
+            raise InfraFailure(f"step {step.name}: the last model call failed: {broken_call}")
+        outcome = await runner._outcome(harness, sb, result, answered=any(c.status == "ok" for c in calls),
+                                        last_call=last_call)
+        if outcome.failure is not None:
+            await _end(runner, ro, lines, status="failed",
+                       **_failure("harness", f"step {step.name}: {outcome.failure}"))
+            return
+        if outcome.policy_failure is not None:
+            await _end(runner, ro, lines, status="scored", reward=0.0,
+                       **_failure("policy", f"step {step.name}: {outcome.policy_failure}"))
+            return
+        reward, output, note = await runner.grader.grade(sb, ro, task.model_copy(update={"harbor": step.tests}),
+                                                         outcome.answer or "")
+        rewards.append(reward)
+        lines.append(f"== step {step.name}: reward {reward:g}\n{tail(output, 2000)}")
+        if note:
+            notes.append(f"step {step.name}: {note}")
+        if step.min_reward is not None and reward < step.min_reward:
+            lines.append(f"== step {step.name}: reward {reward:g} < min_reward {step.min_reward:g}: "
+                         "later steps skipped")
+            break
+        try:  # the next step's agent must not find these tests
+            cleared = await sb.exec(_CLEAR_TESTS, timeout=60, cwd=sb.info.workdir)
+        except SandboxError as exc:
+            raise InfraFailure(f"could not clear step {step.name}'s tests: {exc}") from None
+        if cleared.exit_code != 0:
+            raise InfraFailure(f"could not clear step {step.name}'s tests: {tail(cleared.stderr, 300)}")
+    reward = task.harbor_steps.combined(rewards)
+    lines.append(f"== {task.harbor_steps.reward} of {len(rewards)} graded step(s): {reward:g}")
+    await _end(runner, ro, lines, status="scored", reward=reward, error="; ".join(notes) or None)
+
+
+async def _end(runner: "RolloutRunner", ro: Rollout, lines: list[str], *, status: str, **fields: object) -> None:
+    """Assemble the trajectory of every step's calls, then record the ending (assembly failed: infra)."""
+    from openforge.rollouts.runner.runner import _failure
+
+    output = tail("\n".join(lines)) if lines else None
+    if assembly_error := await runner._assemble(ro.id):
+        fields = {**fields, **_failure("infra", f"trajectory assembly failed: {assembly_error}")}
+        status = "failed"
+    await runner._finish(ro.id, status=status, verifier_output=output, **fields)
