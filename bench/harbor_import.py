@@ -31,6 +31,7 @@ _KINDS = [("base image not on this machine", r".*is not on this machine"),
           ("a step failed offline (downloads, or a tool the base lacks)", r".*failed in forge's offline build"),
           ("heredoc in the Dockerfile (BuildKit syntax)", r".*is a heredoc"),
           ("multi-step task", r"^multi-step"),
+          ("a step forge cannot run yet", r"^step '"),
           ("the engine refused the Dockerfile", r".*the engine refused it"),
           ("malformed task.toml", r"^(bad )?task\.toml"),
           ("tests/test.sh missing", r"^tests/test\.sh")]
@@ -51,6 +52,7 @@ def _import(src: Path, bases: dict[str, str]) -> tuple[dict, list[dict]]:
               "imported, built into an image (or found by its hash)": images,
               "imported, no image needed": len(report.tasks) - images, "refused": len(report.refused),
               "imported with [environment] limits": sum(1 for r in report.tasks if r.get("limits")),
+              "imported, multi-step ([[steps]])": sum(1 for r in report.tasks if r.get("harbor_steps")),
               "wall_s": round(wall, 1)}
     refused = dict(Counter(_kind(why) for _, why in report.refused).most_common())
     print(f"  {counts}\n  refused by reason: {refused}")
