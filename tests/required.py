@@ -18,7 +18,7 @@ import pytest
 REQUIRE_ENV = "FORGE_REQUIRE"
 # The tools .ci/run installs; FORGE_REQUIRE may name only these (a typo would silently require nothing).
 KNOWN_REQUIREMENTS = ("docker", "npm", "chromium", "browser-use", "verl", "postgres", "tracking", "osworld",
-                      "desktop")
+                      "desktop", "libreoffice")  # libreoffice: a manual check, not installed by CI
 
 
 class UnknownRequirement(ValueError):
