@@ -104,7 +104,8 @@ def test_a_postconfig_forge_cannot_drive_stays_refused_with_its_reason(tmp_path:
     assert dict(report.unsupported) == {
         close["id"]: "postconfig close_window: forge's display has no window manager to ask an application to close",
         click["id"]: "pyautogui.click is not mapped (hotkey, press, write, typewrite and time.sleep are)",
-        by_class["id"]: "activate_window by_class on instance.class 'Mail.thunderbird' is not mapped",
+        by_class["id"]: "activate_window by_class on instance.class 'Mail.thunderbird' is mapped only strict (one "
+                        "instance, one class)",
         "no-desktop": "postconfig drives an application after the agent, but the task starts none on a desktop "
                       "(no launch or open step)",
         shell_gui["id"]: "a postconfig command drives the GUI other than with a `python -c` pyautogui script"}
@@ -116,6 +117,57 @@ def test_a_postconfig_forge_cannot_drive_stays_refused_with_its_reason(tmp_path:
     assert "(\n/bin/bash -c 'cd '\"$OSW_HOME\"' && zip -qr n.zip note.txt'\n)" in got[zipped["id"]]["desktop"]["finish"]
     assert got[plain["id"]]["osworld"]["postconfig"] == ["chmod +x eval.sh"]
     assert "finish" not in got[plain["id"]]["desktop"]
+
+
+def _configured(name: str, *steps: dict) -> dict:
+    """A task whose config launches two editors, the first with the instance name Mail (WM_CLASS "Mail",
+    "Xedit"; the other's "xedit", "Xedit"), then runs `steps`."""
+    return {"id": name, "instruction": "Answer FAIL.", "evaluator": {"func": "infeasible"}, "config": [
+        {"type": "launch", "parameters": {"command": ["xedit", "-name", "Mail", "/home/user/a.txt"]}},
+        {"type": "launch", "parameters": {"command": ["xedit", "/home/user/b.txt"]}}, *steps]}
+
+
+def _activate(name: str, **flags: bool) -> dict:
+    return {"type": "activate_window", "parameters": {"window_name": name, **flags}}
+
+
+def test_display_steps_after_the_launch_join_the_start_script(tmp_path: Path) -> None:
+    """OSWorld's activate_window and pyautogui keys in a task's config after its launch are start-script lines,
+    mapped as the finish script's are; before any launch, or a mapping that does not exist, they stay refused."""
+    keys = {"type": "execute", "parameters": {"command": ["python", "-c", "import pyautogui; import time; "
+                                                          "pyautogui.hotkey('alt', 'f10'); time.sleep(0.5);"]}}
+    click = {"type": "execute", "parameters": {"command": ["python", "-c", "import pyautogui; pyautogui.click(5, 5)"]}}
+    tasks = [_configured("mapped", _activate("Mail.Xedit", strict=True, by_class=True), keys, click),
+             _configured("loose", _activate("Mail.Xedit", by_class=True)),
+             {**_configured("first", keys), "config": [_activate("xedit"), *_configured("first")["config"]]}]
+    report = _import(tmp_path, *tasks)
+    assert dict(report.unsupported) == {
+        "loose": "config step activate_window by_class on instance.class 'Mail.Xedit' is mapped only strict (one "
+                 "instance, one class)",
+        "first": "config step activate_window is not supported"}
+    [task] = [TaskSpec.model_validate(t) for t in report.tasks]
+    assert task.desktop is not None and task.desktop.apps == ["xedit", "xdotool"] and "needs:xdotool" in task.tags
+    prelude, steps = task.desktop.start.split("forge_wait=20\n")
+    assert prelude.count("forge_window() {") == 1 and task.desktop.finish is None
+    assert steps.splitlines()[2:] == ["forge_window --classname '^Mail$' '' '^Xedit$' || true",
+                                      "xdotool key Alt_L+F10 || true", "sleep 0.5 || true"]
+    assert report.notes == [("mapped", "skipped a setup step that only drives the GUI: python -c 'import pyautogui; "
+                                       "pyautogui.click(5, 5)'")]  # a click, as before the launch
+
+
+@needs_desktop
+def test_the_start_script_activates_the_window_its_config_names(tmp_path: Path) -> None:
+    """gui.py run --start with the imported start script: the command starts with the focus on the window of
+    the instance.class named (wmctrl -x's "Mail.Xedit" or "xedit.Xedit"), whichever editor mapped first."""
+    tasks = [_configured("mail", _activate("Mail.Xedit", strict=True, by_class=True)),
+             _configured("plain", _activate("xedit.Xedit", strict=True, by_class=True))]
+    report = _import(tmp_path, *tasks)
+    focus = 'f=$(xdotool getwindowfocus); m=$(xdotool search --classname "^Mail$"); [ "$f" = "$m" ] && echo Mail ' \
+            '|| xdotool getwindowname "$f"'
+    for task, focused in zip(report.tasks, ["Mail", "xedit"]):
+        done = subprocess.run([sys.executable, "-I", str(GUI_MODULE), "run", "--start", task["desktop"]["start"], "--",
+                               "sh", "-c", focus], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert (done.returncode, done.stdout.strip()) == (0, focused), done.stderr
 
 
 async def _run(store: Store, task: TaskSpec, scripts: dict[str, str]) -> dict[str, tuple]:

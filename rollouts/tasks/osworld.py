@@ -13,7 +13,9 @@ one domain folder, or one task file. Each task's `config` steps become the forge
                       the task becomes a desktop task (rollouts/tasks/desktop.py), this step and every
                       one after it its start script, run on the sandbox's display before the agent
     googledrive, login, chrome_open_tabs, update_browse_history   online-only
-    anything else     unsupported (activate_window, close_window, ... before the agent)
+    activate_window,  after the launch / open step: start-script lines on the display, mapped as the
+    pyautogui         finish script's are (rollouts/tasks/osworld_finish.py; a window step waits for its window)
+    anything else     unsupported (activate_window before a launch, close_window, ... before the agent)
 
 A `postconfig` (run after the agent, before the getters) of shell lines runs in the sandbox at grading; one
 that saves on the display (activate_window, pyautogui keys) becomes the desktop's finish script, every step
@@ -44,7 +46,8 @@ from openforge.errors import TaskError
 from openforge.rollouts.harnesses.agent_files import ANSWER_FILE
 from openforge.rollouts.tasks.grading import check_relative_paths
 from openforge.rollouts.tasks.osworld_eval import OSWorldEval
-from openforge.rollouts.tasks.osworld_finish import GUI_POSTCONFIG, NotMapped, drives_gui, finish_line, finish_script
+from openforge.rollouts.tasks.osworld_finish import (GUI_POSTCONFIG, START_PRELUDE, NotMapped, drives_gui, finish_line,
+                                                     finish_script, start_lines)
 from openforge.rollouts.tasks.osworld_metric import METRIC_MODULES
 
 SETUP_DIR = ".forge-osworld"  # the downloads' local copies, decoded to their places by setup and removed
@@ -174,6 +177,25 @@ def _step(step: Any, task_id: str, cache: Path | None, files: dict[str, str], ap
     raise _Refused(f"config step {kind} is not supported")
 
 
+def _display_step(step: Any) -> list[str] | None:
+    """A config step after the launch / open that drives the display (activate_window, a pyautogui script) as
+    start-script lines, mapped as the finish script's steps are; None where `_step` decides: any other step,
+    and a pyautogui script the mapping refuses (a click: skipped and noted, as before the launch)."""
+    if not isinstance(step, dict) or step.get("type") == "close_window" or not drives_gui(step):
+        return None
+    params = step.get("parameters") or {}
+    if params.get("until"):
+        return None
+    try:
+        shell_line = (_shell(params.get("command"), bool(params.get("shell", False)))
+                      if step.get("type") in ("execute", "command") else None)
+        return start_lines(step, shell_line)
+    except NotMapped as exc:
+        if step.get("type") == "activate_window":
+            raise _Refused(f"config step {exc}") from None
+        return None
+
+
 def _getter(g: Any, task_id: str, cache: Path | None, files: dict[str, str]) -> dict[str, Any] | None:
     if not g:
         return None
@@ -266,9 +288,12 @@ def convert_task(raw: Any, where: str, cache: Path | None = None) -> tuple[dict[
     lines: list[str] = []
     start: list[str] = []  # from the first launch / open on: run on the desktop's display
     notes: list[str] = []
+    on_display = False  # a step after the launch drives the display (xdotool, START_PRELUDE's functions)
     for step in raw.get("config") or []:
         try:
-            got = _step(step, task_id, cache, files, apps, notes)
+            got = _display_step(step) if start else None
+            on_display = on_display or got is not None
+            got = got if got is not None else _step(step, task_id, cache, files, apps, notes)
         except _Refused as exc:
             refused.append(exc)
             continue
@@ -285,7 +310,7 @@ def convert_task(raw: Any, where: str, cache: Path | None = None) -> tuple[dict[
         reasons = list(dict.fromkeys(str(e) for e in sorted(refused, key=lambda e: e.online)))
         raise _Refused("; ".join(reasons), online=first.online)
     ev["source"], finish = f"{domain}/{task_id}", ev.pop("finish", [])
-    if finish:  # OSWorld's save step, run on the display after the agent (rollouts/tasks/osworld_finish.py)
+    if finish or on_display:  # OSWorld's steps on the display (rollouts/tasks/osworld_finish.py)
         apps["xdotool"] = "xdotool"
     try:
         OSWorldEval.model_validate(ev)
@@ -298,7 +323,8 @@ def convert_task(raw: Any, where: str, cache: Path | None = None) -> tuple[dict[
               "files": files, "setup": "\n".join(["set -e", 'export OSW_HOME="$PWD"', *lines]) if lines else None,
               "osworld": ev, "solution": solution, "time_limit_s": TIME_LIMIT_S, "requires_tools": True,
               "desktop": {"apps": list(dict.fromkeys(apps.values())),
-                          "start": "\n".join(["set -e", 'export OSW_HOME="$PWD"', *start]),
+                          "start": "\n".join(["set -e", 'export OSW_HOME="$PWD"',
+                                              *([START_PRELUDE] if on_display else []), *start]),
                           **({"finish": finish_script(finish)} if finish else {})}
               if start else None,
               "tags": ["osworld", domain, *(f"needs:{a}" for a in sorted(apps))]}

@@ -16,8 +16,11 @@ launcher runs on the display after the harness exits by itself and before it end
     sleep             sleep
 
 Anything else (a click, `close_window`: no window manager here to ask an application to close, a class
-given as instance.class) is refused with its reason. As in OSWorld a step that fails (no such window) does
-not stop the next: the keys go where the focus is, and the file is what it is.
+given as instance.class but not strict) is refused with its reason. As in OSWorld a step that fails (no such
+window) does not stop the next: the keys go where the focus is, and the file is what it is.
+
+The same mapping runs such steps in a task's `config` after its launch / open step (osworld.py): they are
+lines of the desktop's start script (`start_lines`), where a window step first waits for its window.
 """
 
 from __future__ import annotations
@@ -38,14 +41,25 @@ _KEYSYMS = {"enter": "Return", "return": "Return", "\n": "Return", "esc": "Escap
             "winright": "Super_R", **{f"f{i}": f"F{i}" for i in range(1, 13)}}
 _PLAIN_KEY = re.compile(r"^[a-z0-9]$")
 _TEXT = re.compile(r"^[ -~]{1,200}$")  # printable ASCII: xdotool types it as written
-PRELUDE = r"""forge_window() {  # FLAG PATTERN [TITLE]: focus the first visible window FLAG (--name, --class) matches
-  for w in $(xdotool search --onlyvisible "$1" "$2" 2>/dev/null); do
-    [ -z "$3" ] || [ "$(xdotool getwindowname "$w")" = "$3" ] || continue
-    xdotool windowactivate --sync "$w" 2>/dev/null || xdotool windowfocus --sync "$w"; return
+# forge_window FLAG PATTERN [TITLE] [CLASS]: focus the first visible window FLAG (--name, --class, --classname)
+# matches, whose title is TITLE and whose WM_CLASS class matches CLASS where given; $forge_wait: seconds to wait
+# for one (the start script's: the application it just launched has yet to map its window; OSWorld's VM is slow
+# enough between its steps, forge's script is not). xdotool's patterns ignore case.
+PRELUDE = r"""forge_window() {
+  forge_until=$(( $(date +%s) + ${forge_wait:-0} ))
+  while :; do
+    for w in $(xdotool search --onlyvisible "$1" "$2" 2>/dev/null); do
+      [ -z "$3" ] || [ "$(xdotool getwindowname "$w")" = "$3" ] || continue
+      [ -z "$4" ] || xdotool search --onlyvisible --class "$4" 2>/dev/null | grep -qx "$w" || continue
+      xdotool windowactivate --sync "$w" 2>/dev/null || xdotool windowfocus --sync "$w"; return
+    done
+    [ "$(date +%s)" -lt "$forge_until" ] || break
+    sleep 0.5
   done
-  echo "no window matches $2" >&2; return 1
+  echo "no window matches $2${4:+ (class $4)}" >&2; return 1
 }
 forge_status=0"""
+START_WAIT_S = 20  # how long a start script's activate_window waits for the window its launch opens
 
 
 GUI_POSTCONFIG = ("activate_window", "close_window")  # steps that exist only to act on a window
@@ -133,11 +147,22 @@ def _window_line(params: dict[str, Any]) -> str:
         raise NotMapped(f"activate_window: window_name {name!r:.60} (plain text)")
     by_class, strict = bool(params.get("by_class", False)), bool(params.get("strict", False))
     if by_class and "." in name:
-        raise NotMapped(f"activate_window by_class on instance.class {name!r} is not mapped")
-    pattern = re.sub(r"([.\[\]()*+?{}|^$\\])", r"\\\1", name)  # a POSIX extended regex (xdotool's) of the name
-    pattern = f"^{pattern}$" if strict else pattern
+        # wmctrl -x matches "instance.class" (WM_CLASS's two strings); xdotool searches each apart: the
+        # windows whose instance (--classname) is the first part and whose class (--class) is the second
+        instance, _, klass = name.partition(".")
+        if not strict or not instance or not klass or "." in klass:
+            raise NotMapped(f"activate_window by_class on instance.class {name!r} is mapped only strict "
+                            "(one instance, one class)")
+        return f"forge_window --classname {shlex.quote(_regex(instance, True))} '' {shlex.quote(_regex(klass, True))}"
+    pattern = _regex(name, strict)
     exact = shlex.quote(name) if strict and not by_class else ""
     return f"forge_window {'--class' if by_class else '--name'} {shlex.quote(pattern)} {exact}".rstrip()
+
+
+def _regex(text: str, whole: bool) -> str:
+    """A POSIX extended regex (xdotool's) matching `text` in a name, or (`whole`) the whole name."""
+    pattern = re.sub(r"([.\[\]()*+?{}|^$\\])", r"\\\1", text)
+    return f"^{pattern}$" if whole else pattern
 
 
 def finish_line(step: dict[str, Any], shell_line: str | None) -> list[str]:
@@ -166,3 +191,14 @@ def finish_script(lines: list[str]) -> str:
     launcher can say what failed (no such window) in the rollout's stderr."""
     steps = [f"(\n{line}\n) || forge_status=$?" for line in lines]  # a subshell each: OSWorld's are processes
     return "\n".join([PRELUDE, 'export OSW_HOME="$PWD"', *steps, 'exit "$forge_status"'])
+
+
+def start_lines(step: dict[str, Any], shell_line: str | None) -> list[str]:
+    """A config step after the launch that drives the display, as lines of the desktop's start script
+    (mapped as finish_line maps it; NotMapped likewise). The script stops at a failing line (`set -e`); as in
+    OSWorld a step that fails does not stop the next. The script starts with START_PRELUDE."""
+    return [f"{line} || true" for line in finish_line(step, shell_line)]
+
+
+# a window step in the start script waits for the window the launch before it opens
+START_PRELUDE = f"{PRELUDE}\nforge_wait={START_WAIT_S}"
