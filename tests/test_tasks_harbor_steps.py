@@ -122,3 +122,31 @@ async def test_steps_run_in_one_sandbox_and_score_as_harbor_does(store: Store, t
     # are gone before step two's agent runs, so it finds none and scores the full reward.
     snoop = "test -f a.txt || echo one > a.txt; echo two > b.txt; cat .harbor-*/tests/secret.txt >> b.txt 2>/dev/null; true"
     assert (await _run(store, task, snoop))[:2] == ("scored", 1.0)
+
+
+def test_a_task_refused_for_a_step_never_costs_its_build(tmp_path: Path, monkeypatch) -> None:
+    """Steps are checked before the image is built: a Dockerfile that RUNs something is built only for a task
+    whose steps forge can run (the engine is replaced at its edge: the build call is what is counted)."""
+    import openforge.rollouts.tasks.harbor_image as harbor_image
+
+    root = tmp_path / "set"
+    for name in ("staged", "runs"):
+        folder = _two_step_task(root, name)
+        (folder / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /app\nRUN touch /app/x\n")
+    (root / "staged" / "steps" / "2_step_two" / "workdir").mkdir()
+    built = []
+
+    def build_task_image(folder: Path, workdir: str, **_: object) -> tuple:
+        built.append(folder.name)
+        return harbor_image.TaskImage(tag=f"forge-test/{folder.name}:1", workdir=workdir), True
+
+    class Engine:
+        def close(self) -> None: ...
+
+    monkeypatch.setattr(harbor_image, "build_task_image", build_task_image)
+    monkeypatch.setattr(harbor_image, "_connect", Engine)
+    report = harbor_image.import_harbor(root)
+    assert built == ["runs"] and [t["id"] for t in report.tasks] == ["runs"]
+    assert [(tid, "workdir/" in why) for tid, why in report.refused] == [("staged", True)]
+    assert report.tasks[0]["image"]["tag"] == "forge-test/runs:1"
+    assert report.tasks[0]["harbor_steps"]["steps"][0]["instruction"] == "Write the word one into ./a.txt."

@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from openforge.rollouts.tasks.harbor_dockerfile import copied_files, copy_parts, final_workdir, traced_steps
 from openforge.rollouts.tasks.harbor_compose import ServiceBuild, compose_services
 from openforge.rollouts.tasks.harbor_mcp import HarborMcpServer, image_copies, mcp_server_records
-from openforge.rollouts.tasks.harbor_steps import harbor_steps
+from openforge.rollouts.tasks.harbor_steps import HarborSteps, harbor_steps
 from openforge.rollouts.tasks.harbor_verifier import SOLUTION_DIR, HarborTests, rewrite_paths
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0  # Harbor's [agent] timeout_sec has no default of its own
@@ -262,6 +262,21 @@ def harbor_record(folder: Path, *, build: Callable[[HarborConfig], Any] | None =
     script = folder / "tests" / "test.sh"
     if not script.is_file() and not config.steps:  # a multi-step task's steps may each bring their own
         return None, ["tests/test.sh: missing (Harbor's verifier writes the reward from it)"]
+    try:
+        tests = _text_tree(folder / "tests") if (folder / "tests").is_dir() else {}
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return None, [str(exc)]
+    agent_timeout_s = config.agent.timeout_sec or DEFAULT_AGENT_TIMEOUT_S
+
+    def parse_steps(verifier: HarborTests, to_workdir: dict[str, str]) -> tuple[HarborSteps | None, list[str]]:
+        return harbor_steps(folder, config.steps or [], config.multi_step_reward_strategy, shared_tests=tests,
+                            verifier=verifier, to_workdir=to_workdir, text_tree=_text_tree,
+                            agent_timeout_s=agent_timeout_s)
+
+    # A step forge cannot run refuses the task before its image is built (a build can take minutes); the
+    # steps are made again after it, with the WORKDIR the build gave (their paths are rewritten to it).
+    if config.steps and (reasons := parse_steps(HarborTests(files=tests), {})[1]):
+        return None, reasons
     image = None
     try:
         try:
@@ -271,7 +286,6 @@ def harbor_record(folder: Path, *, build: Callable[[HarborConfig], Any] | None =
                 raise
             image = build(config)
             workdir, files = image.workdir, {}
-        tests = _text_tree(folder / "tests") if (folder / "tests").is_dir() else {}
         instruction = _read(folder / "instruction.md") if not config.steps else ""
         # Harbor's oracle copies all of solution/ to /solution and runs /solution/solve.sh there.
         solution = _text_tree(folder / "solution") if (folder / "solution" / "solve.sh").is_file() else None
@@ -281,9 +295,7 @@ def harbor_record(folder: Path, *, build: Callable[[HarborConfig], Any] | None =
     verifier = HarborTests(files=tests, timeout_s=config.verifier.timeout_sec, env=config.verifier.env, workdir=workdir)
     steps = None
     if config.steps:  # the first step's instruction, tests and solution stand for the task's own
-        steps, reasons = harbor_steps(folder, config.steps, config.multi_step_reward_strategy, shared_tests=tests,
-                                      verifier=verifier, to_workdir=to_workdir, text_tree=_text_tree,
-                                      agent_timeout_s=config.agent.timeout_sec or DEFAULT_AGENT_TIMEOUT_S)
+        steps, reasons = parse_steps(verifier, to_workdir)
         if steps is None:
             return None, reasons
         first = steps.steps[0]
