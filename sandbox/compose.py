@@ -130,9 +130,17 @@ def remove_services(client: Any, rollout_id: str) -> None:
             c.remove(force=True, v=True)
         except docker.errors.NotFound:
             pass
-    try:
-        client.networks.get(name).remove()
-    except docker.errors.NotFound:
-        pass
-    except docker.errors.APIError as exc:
-        raise SandboxError(f"could not remove the network {name}: {exc.explanation or exc}") from None
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: its removal is already in progress (`forge gc`, a stop beside this)
+                raise SandboxError(f"could not remove {c.name}: {exc.explanation or exc}") from None
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client.networks.get(name).remove()
+            return
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError as exc:  # a container still leaving it: wait for its removal to end
+            if time.monotonic() > deadline:
+                raise SandboxError(f"could not remove the network {name}: {exc.explanation or exc}") from None
+            time.sleep(0.5)
