@@ -150,31 +150,11 @@ def build_task_image(folder: Path, default_workdir: str, *, bases: dict[str, str
         steps, dockerfile, workdir, ids = _prepare(text, bases or {}, client, default_workdir)
         recipe = {"v": RECIPE_VERSION, "dockerfile": dockerfile, "bases": ids, "context": _context_digest(env_dir)}
         tag = _tag(folder.name, hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest())
-        image = TaskImage(tag=tag, workdir=workdir)
-        import docker.errors
-
-        try:
-            client.images.get(tag)
-            return image, False
-        except docker.errors.ImageNotFound:
-            pass
-        with tempfile.TemporaryDirectory(prefix="forge-harbor-build-") as tmp:
-            context = Path(tmp) / "context"
-            shutil.copytree(env_dir, context, symlinks=True)
-            (context / BUILD_DOCKERFILE).write_text(dockerfile, encoding="utf-8")
-            try:
-                build_image(client, timeout_s=timeout_s, path=str(context), dockerfile=BUILD_DOCKERFILE, tag=tag,
-                            network_mode="none", pull=False, rm=True, forcerm=True,
-                            labels={"openforge.harbor.task": folder.name})
-            except BuildTimedOut:
-                raise ImageBuildFailed(f"environment/Dockerfile: the build ran past [environment] build_timeout_sec = "
-                                       f"{timeout_s:g}s and was stopped (no image tagged, its containers removed); "
-                                       "a longer build needs a larger build_timeout_sec in task.toml") from None
-            except docker.errors.BuildError as exc:
-                raise ImageBuildFailed(_build_failure(steps, exc)) from None
-            except docker.errors.APIError as exc:
-                raise ImageBuildFailed(f"environment/Dockerfile: the engine refused it: {exc.explanation or exc}") from None
-        return image, True
+        built = _build_once(client, env_dir, dockerfile, tag, steps, where="environment/Dockerfile",
+                            labels={"openforge.harbor.task": folder.name}, timeout_s=timeout_s,
+                            timeout_hint=" (no image tagged, its containers removed); a longer build needs a larger "
+                                         "build_timeout_sec in task.toml")
+        return TaskImage(tag=tag, workdir=workdir), built
     finally:
         if own:
             client.close()
@@ -186,8 +166,6 @@ def build_service_image(folder: Path, service: str, context: Path, dockerfile: s
     """(the tag of a compose service's image, whether it was built now): its `build` folder built as the task's
     own image is (offline, FROMs local or mapped, cached by content), without forge's sandbox layer: a
     service runs as its image says, the agent never execs in it."""
-    import docker.errors
-
     where = f"compose service {service}: {context.relative_to(folder.resolve()).as_posix()}/{dockerfile}"
     try:
         text = (context / dockerfile).read_text(encoding="utf-8")
@@ -199,28 +177,37 @@ def build_service_image(folder: Path, service: str, context: Path, dockerfile: s
     recipe = {"v": RECIPE_VERSION, "service": service, "dockerfile": built_file, "bases": ids,
               "context": _context_digest(context)}
     tag = _tag(f"{folder.name}-{service}", hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest())
+    return tag, _build_once(client, context, built_file, tag, steps, where=where, timeout_s=timeout_s,
+                            labels={"openforge.harbor.task": folder.name, "openforge.harbor.service": service})
+
+
+def _build_once(client: Any, source: Path, dockerfile: str, tag: str, steps: list[tuple[int, str, str]], *,
+                where: str, labels: dict[str, str], timeout_s: float | None, timeout_hint: str = "") -> bool:
+    """Build `dockerfile` over a copy of the folder `source` as `tag`, offline, unless the engine already holds
+    `tag` (tags are content hashes); whether it built. A failure is one ImageBuildFailed line starting `where`."""
+    import docker.errors
+
     try:
         client.images.get(tag)
-        return tag, False
+        return False
     except docker.errors.ImageNotFound:
         pass
     with tempfile.TemporaryDirectory(prefix="forge-harbor-build-") as tmp:
-        copy = Path(tmp) / "context"
-        shutil.copytree(context, copy, symlinks=True)
-        (copy / BUILD_DOCKERFILE).write_text(built_file, encoding="utf-8")
+        context = Path(tmp) / "context"
+        shutil.copytree(source, context, symlinks=True)
+        (context / BUILD_DOCKERFILE).write_text(dockerfile, encoding="utf-8")
         try:
-            build_image(client, timeout_s=timeout_s, path=str(copy), dockerfile=BUILD_DOCKERFILE, tag=tag,
-                        network_mode="none", pull=False, rm=True, forcerm=True,
-                        labels={"openforge.harbor.task": folder.name, "openforge.harbor.service": service})
+            build_image(client, timeout_s=timeout_s, path=str(context), dockerfile=BUILD_DOCKERFILE, tag=tag,
+                        network_mode="none", pull=False, rm=True, forcerm=True, labels=labels)
         except BuildTimedOut:
             raise ImageBuildFailed(f"{where}: the build ran past [environment] build_timeout_sec = {timeout_s:g}s "
-                                   "and was stopped") from None
-        except docker.errors.BuildError as exc:
+                                   f"and was stopped{timeout_hint}") from None
+        except docker.errors.BuildError as exc:  # _build_failure's line names environment/Dockerfile: `where` instead
             raise ImageBuildFailed(f"{where}{_build_failure(steps, exc).removeprefix('environment/Dockerfile')}"
                                    ) from None
         except docker.errors.APIError as exc:
             raise ImageBuildFailed(f"{where}: the engine refused it: {exc.explanation or exc}") from None
-    return tag, True
+    return True
 
 
 def _build_failure(steps: list[tuple[int, str, str]], exc: Any) -> str:
