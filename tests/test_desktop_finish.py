@@ -92,17 +92,15 @@ def test_the_pyautogui_calls_osworld_uses_map_to_xdotool() -> None:
 
 def test_a_postconfig_forge_cannot_drive_stays_refused_with_its_reason(tmp_path: Path) -> None:
     save = SAVE_TASK["evaluator"]["postconfig"][1]
-    close = _post({"type": "close_window", "parameters": {"window_name": "xedit"}})
     click = _post({"type": "execute",
                    "parameters": {"command": ["python", "-c", "import pyautogui; pyautogui.click(5, 5)"]}})
     by_class = _post({"type": "activate_window", "parameters": {"window_name": "Mail.thunderbird", "by_class": True}},
                      save)
     no_desktop = {**_post(save), "id": "no-desktop", "config": []}
     shell_gui = _post({"type": "execute", "parameters": {"command": "wmctrl -c xedit", "shell": True}})
-    report = _import(tmp_path, close, click, by_class, no_desktop, shell_gui)
+    report = _import(tmp_path, click, by_class, no_desktop, shell_gui)
     assert report.tasks == [] and report.online_only == []
     assert dict(report.unsupported) == {
-        close["id"]: "postconfig close_window: forge's display has no window manager to ask an application to close",
         click["id"]: "pyautogui.click is not mapped (hotkey, press, write, typewrite and time.sleep are)",
         by_class["id"]: "activate_window by_class on instance.class 'Mail.thunderbird' is mapped only strict (one "
                         "instance, one class)",
@@ -168,6 +166,54 @@ def test_the_start_script_activates_the_window_its_config_names(tmp_path: Path) 
         done = subprocess.run([sys.executable, "-I", str(GUI_MODULE), "run", "--start", task["desktop"]["start"], "--",
                                "sh", "-c", focus], cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert (done.returncode, done.stdout.strip()) == (0, focused), done.stderr
+
+
+def test_close_window_maps_as_activate_window_does(tmp_path: Path) -> None:
+    """OSWorld's close_window (its server's `wmctrl -c`, `-x` by_class, `-F` strict) finds its window as
+    activate_window does, in the finish script (Thunderbird's postconfig: close it so it writes its prefs)
+    and in the start script after a launch; before any launch it stays refused."""
+    close = {"type": "close_window", "parameters": {"window_name": "Mail.Xedit", "strict": True, "by_class": True}}
+    post = _post(close, {"type": "sleep", "parameters": {"seconds": 0.5}})
+    first = {**_configured("first"), "config": [close, *_configured("first")["config"]]}
+    loose = _configured("loose", {"type": "close_window", "parameters": {"window_name": "Mail.Xedit", "by_class": True}})
+    report = _import(tmp_path, post, _configured("started", close, _activate("xedit")), first, loose)
+    assert dict(report.unsupported) == {
+        "first": "config step close_window is not supported",
+        "loose": "config step close_window by_class on instance.class 'Mail.Xedit' is mapped only strict (one "
+                 "instance, one class)"}
+    got = {t["id"]: TaskSpec.model_validate(t) for t in report.tasks}
+    finish = got[post["id"]].desktop.finish or ""
+    assert finish.split('export OSW_HOME="$PWD"\n', 1)[1] == (
+        "(\nforge_close --classname '^Mail$' '' '^Xedit$'\n) || forge_status=$?\n(\nsleep 0.5\n) || forge_status=$?\n"
+        'exit "$forge_status"')
+    start = got["started"].desktop.start
+    assert start.split("forge_wait=20\n")[1].splitlines()[2:] == [
+        "forge_close --classname '^Mail$' '' '^Xedit$' || true", "forge_window --name xedit || true"]
+
+
+@needs_desktop
+def test_close_window_closes_only_the_window_it_names(tmp_path: Path) -> None:
+    """gui.py run --start with an imported config that launches two editors and closes one by instance.class:
+    the editor Mail (WM_DELETE_WINDOW: an unmodified xedit quits) is gone, the other still shows; a name no
+    window has closes nothing; Mail with words typed in stays open, as xedit answers a close (not a kill) with
+    unsaved changes, under OSWorld's window manager as here."""
+    close = {"type": "close_window", "parameters": {"window_name": "Mail.Xedit", "strict": True, "by_class": True}}
+    nothing = {"type": "close_window", "parameters": {"window_name": "Nobody.Xedit", "strict": True, "by_class": True}}
+    typed = {"type": "execute", "parameters": {"command": ["python", "-c", "import pyautogui; pyautogui.write('hi')"]}}
+    report = _import(tmp_path, _configured("close", close), _configured("none", nothing),
+                     _configured("modified", _activate("Mail.Xedit", strict=True, by_class=True), typed, close))
+    # the command lists the editors' instances ("close": once the closed editor's window is gone, up to 20 s)
+    gone = 'for i in $(seq 40); do [ -z "$(xdotool search --onlyvisible --classname "^Mail$")" ] && break; sleep 0.5; done; '
+    count = 'for n in Mail xedit; do printf "%s=%s " $n $(xdotool search --onlyvisible --classname "^$n$" | wc -l); done'
+    shown = {}
+    for task in report.tasks:
+        start = task["desktop"]["start"].replace("forge_wait=20", "forge_wait=2")  # the absent window's wait
+        done = subprocess.run([sys.executable, "-I", str(GUI_MODULE), "run", "--start", start, "--", "sh", "-c",
+                               {"close": gone, "modified": "sleep 1; "}.get(task["id"], "") + count], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr
+        shown[task["id"]] = done.stdout.strip()
+    assert shown == {"close": "Mail=0 xedit=1", "none": "Mail=1 xedit=1", "modified": "Mail=1 xedit=1"}
 
 
 async def _run(store: Store, task: TaskSpec, scripts: dict[str, str]) -> dict[str, tuple]:

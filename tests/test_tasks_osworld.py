@@ -230,11 +230,11 @@ async def test_validate_run_passes_the_infeasible_answer_and_credits_no_hostile_
 
 def test_a_bad_osworld_record_is_one_line_per_problem_from_validate(tmp_path: Path) -> None:
     good = import_osworld(_write_set(tmp_path)).tasks[0]
-    bad = {**good, "id": "bad", "osworld": {**good["osworld"], "funcs": ["compare_pdfs"]}}
+    bad = {**good, "id": "bad", "osworld": {**good["osworld"], "funcs": ["compare_pdf_images"]}}
     (tmp_path / "set.jsonl").write_text(json.dumps(bad) + "\n", encoding="utf-8")
     result = CliRunner().invoke(app, ["tasks", "validate", str(tmp_path / "set.jsonl")])
     assert result.exit_code != 0 and "Traceback" not in result.output
-    assert "osworld: metric compare_pdfs is not supported" in result.output
+    assert "osworld: metric compare_pdf_images is not supported" in result.output
 
 
 async def test_a_metric_that_cannot_run_is_an_infrastructure_failure(store: Store, tmp_path: Path,
@@ -258,8 +258,9 @@ async def test_a_metric_that_cannot_run_is_an_infrastructure_failure(store: Stor
 def _office_missing() -> str | None:
     import importlib.util
 
-    lacking = [m for m in ("desktop_env", "docx", "odf", "pptx") if importlib.util.find_spec(m) is None]
-    return f"OSWorld's docs.py / slides.py need {', '.join(lacking)} (pip install 'openforge[osworld]')" if lacking else None
+    lacking = [m for m in ("desktop_env", "docx", "odf", "pptx", "fitz", "bs4") if importlib.util.find_spec(m) is None]
+    return (f"OSWorld's docs.py / slides.py / chrome.py need {', '.join(lacking)} (pip install 'openforge[osworld]')"
+            if lacking else None)
 
 
 needs_office = requires("osworld", _metrics_missing() or _office_missing())

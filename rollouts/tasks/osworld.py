@@ -14,11 +14,12 @@ one domain folder, or one task file. Each task's `config` steps become the forge
                       one after it its start script, run on the sandbox's display before the agent
     googledrive, login, chrome_open_tabs, update_browse_history   online-only
     activate_window,  after the launch / open step: start-script lines on the display, mapped as the
-    pyautogui         finish script's are (rollouts/tasks/osworld_finish.py; a window step waits for its window)
-    anything else     unsupported (activate_window before a launch, close_window, ... before the agent)
+    close_window,     finish script's are (rollouts/tasks/osworld_finish.py; a window step waits for its window)
+    pyautogui
+    anything else     unsupported (activate_window or close_window before a launch, ... before the agent)
 
 A `postconfig` (run after the agent, before the getters) of shell lines runs in the sandbox at grading; one
-that saves on the display (activate_window, pyautogui keys) becomes the desktop's finish script, every step
+that saves on the display (activate_window, close_window, pyautogui keys) becomes the desktop's finish script, every step
 of it (rollouts/tasks/osworld_finish.py), run on the display after the harness exits by itself.
 
 A task is imported, online-only (it needs the internet: a download or an expected file with no local
@@ -181,7 +182,7 @@ def _display_step(step: Any) -> list[str] | None:
     """A config step after the launch / open that drives the display (activate_window, a pyautogui script) as
     start-script lines, mapped as the finish script's steps are; None where `_step` decides: any other step,
     and a pyautogui script the mapping refuses (a click: skipped and noted, as before the launch)."""
-    if not isinstance(step, dict) or step.get("type") == "close_window" or not drives_gui(step):
+    if not isinstance(step, dict) or not drives_gui(step):
         return None
     params = step.get("parameters") or {}
     if params.get("until"):
@@ -191,12 +192,26 @@ def _display_step(step: Any) -> list[str] | None:
                       if step.get("type") in ("execute", "command") else None)
         return start_lines(step, shell_line)
     except NotMapped as exc:
-        if step.get("type") == "activate_window":
+        if step.get("type") in GUI_POSTCONFIG:
             raise _Refused(f"config step {exc}") from None
         return None
 
 
-def _getter(g: Any, task_id: str, cache: Path | None, files: dict[str, str]) -> dict[str, Any] | None:
+def _kept_output(step: Any) -> dict[str, str]:
+    """An execute / command step's `stdout` / `stderr`: the names OSWorld writes its output under in its cache
+    dir, for a cache_file getter (plain file names)."""
+    if not isinstance(step, dict) or step.get("type") not in ("execute", "command"):
+        return {}
+    params = step.get("parameters") or {}
+    kept = {k: params[k] for k in ("stdout", "stderr") if params.get(k)}
+    for name in kept.values():
+        if not isinstance(name, str) or name in (".", "..") or any(c in name for c in "/\\\0"):
+            raise _Refused(f"malformed postconfig output name {name!r:.80}")
+    return kept
+
+
+def _getter(g: Any, task_id: str, cache: Path | None, files: dict[str, str],
+            post: list[Any]) -> dict[str, Any] | None:
     if not g:
         return None
     if not isinstance(g, dict):
@@ -217,7 +232,13 @@ def _getter(g: Any, task_id: str, cache: Path | None, files: dict[str, str]) -> 
         for url, dest in zip(paths, dests or []):
             files.setdefault(dest, base64.b64encode(_local_copy(cache, task_id, dest, url)).decode())
         return {"type": "cloud_file", "paths": list(dests or []), "gives": g.get("gives", [0])}
-    raise _Refused(f"getter {kind} is not supported (supported: vm_file, vm_command_line, rule, cloud_file)")
+    if kind == "cache_file":  # OSWorld's cache dir holds downloads too; forge maps a postconfig's kept output
+        kept = {name for step in post if isinstance(step, dict) for name in (step.get("stdout"), step.get("stderr"))}
+        if g.get("path") not in kept:
+            raise _Refused(f"cache_file {g.get('path')!r:.80}: only a postconfig step's stdout / stderr is mapped")
+        return {"type": "cache_file", "paths": [g["path"]]}
+    raise _Refused(f"getter {kind} is not supported (supported: vm_file, vm_command_line, rule, cloud_file, "
+                   "cache_file)")
 
 
 def _as_list(value: Any, n: int) -> list[Any]:
@@ -242,9 +263,14 @@ def _evaluator(ev: Any, task_id: str, cache: Path | None, apps: dict[str, str]) 
         if isinstance(step, dict) and step.get("type") not in ("execute", "command", "sleep", *GUI_POSTCONFIG):
             raise _Refused(f"postconfig step {step.get('type')} drives an application after the agent "
                            "(forge grades once every agent process is gone)")
+        kept = _kept_output(step)
         if not on_display:
-            post += _step(step, task_id, cache, files, apps)
+            got = _step(step, task_id, cache, files, apps)
+            post += [{"line": got[0], **kept}] if kept and got else got
             continue
+        if kept:
+            raise _Refused("a postconfig step's output kept for cache_file beside steps on the display is not "
+                           "supported")
         if step.get("type") == "sleep":
             finish += _step(step, task_id, cache, files, apps)
             continue
@@ -262,8 +288,8 @@ def _evaluator(ev: Any, task_id: str, cache: Path | None, apps: dict[str, str]) 
     if not isinstance(results, list) or not isinstance(options, list) or not isinstance(expected, list):
         raise _Refused("malformed evaluator: result / expected / options do not match func")
     return {"funcs": funcs, "conj": ev.get("conj", "and"), "postconfig": post,
-            "result": [_getter(g, task_id, cache, files) for g in results],
-            "expected": [_getter(g, task_id, cache, files) for g in expected],
+            "result": [_getter(g, task_id, cache, files, post) for g in results],
+            "expected": [_getter(g, task_id, cache, files, post) for g in expected],
             "options": [o or {} for o in options], "files": files, "finish": finish}
 
 

@@ -3,11 +3,12 @@
 OSWorld's `evaluator` {func, result, expected, options, conj, postconfig} becomes `OSWorldEval`
 (the importer, rollouts/tasks/osworld.py, maps it). After `kill_all`:
 
-    postconfig  shell lines run in the sandbox (OSWorld's `execute` / `command` steps after the episode)
+    postconfig  shell lines run in the sandbox (OSWorld's `execute` / `command` steps after the episode); a
+                step's `stdout` / `stderr` (OSWorld writes them into its cache dir) kept on the host by name
     getters     vm_file: the file read out of the sandbox (a link out, a FIFO, a folder: missing);
                 vm_command_line: the command run in the sandbox, its stdout (OSWorld's /execute `output`);
                 rule: the task's constants; cloud_file: the expected file, carried in the task record on
-                the host (the agent can plant nothing there)
+                the host (the agent can plant nothing there); cache_file: a postconfig step's kept output
     metric      OSWorld's own function (rollouts/tasks/osworld_metric.py) in a child process on the host
 
 The reward follows `DesktopEnv.evaluate`: an `infeasible` task scores 1 when the agent's final answer is
@@ -50,16 +51,17 @@ class OSWorldGetter(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    type: Literal["vm_file", "vm_command_line", "rule", "cloud_file"]
+    type: Literal["vm_file", "vm_command_line", "rule", "cloud_file", "cache_file"]
     paths: list[str] = Field(default_factory=list, description=(
-        "vm_file: paths relative to the working directory; cloud_file: names in `OSWorldEval.files`"))
+        "vm_file: paths relative to the working directory; cloud_file: names in `OSWorldEval.files`; "
+        "cache_file: the name a postconfig step's output is kept under"))
     gives: list[int] = Field(default_factory=lambda: [0], description="which of `paths` reach the metric (OSWorld's `gives`)")
     command: str | None = Field(None, description="vm_command_line: the shell line run in the sandbox")
     rules: Any = Field(None, description="rule: the value handed to the metric as it is")
 
     @model_validator(mode="after")
     def _complete(self) -> "OSWorldGetter":
-        if self.type in ("vm_file", "cloud_file") and not self.paths:
+        if self.type in ("vm_file", "cloud_file", "cache_file") and not self.paths:
             raise ValueError(f"{self.type}: paths missing")
         if self.type == "vm_file":
             check_relative_paths({p: "" for p in self.paths}, "the working directory")
@@ -68,6 +70,20 @@ class OSWorldGetter(BaseModel):
         if any(not 0 <= g < len(self.paths) for g in self.gives) and self.paths:
             raise ValueError(f"gives {self.gives} outside the {len(self.paths)} path(s)")
         return self
+
+
+class OSWorldCommand(BaseModel):
+    """A postconfig shell line whose output OSWorld keeps in its cache dir (`stdout` / `stderr`: file names there),
+    which a cache_file getter then reads: forge keeps it on the host, where the sandbox cannot write."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    line: str
+    stdout: str | None = None
+    stderr: str | None = None
+
+    def kept(self) -> list[str]:
+        return [name for name in (self.stdout, self.stderr) if name]
 
 
 class OSWorldEval(BaseModel):
@@ -80,7 +96,8 @@ class OSWorldEval(BaseModel):
     result: list[OSWorldGetter] = Field(default_factory=list, description="one getter per metric")
     expected: list[OSWorldGetter | None] = Field(default_factory=list, description="one per metric, or none")
     options: list[dict[str, Any]] = Field(default_factory=list, description="one per metric: its keyword arguments")
-    postconfig: list[str] = Field(default_factory=list, description="shell lines run in the sandbox before the getters")
+    postconfig: list[str | OSWorldCommand] = Field(default_factory=list, description=(
+        "shell lines run in the sandbox before the getters (a command: its output kept for cache_file)"))
     files: dict[str, str] = Field(default_factory=dict, description="expected files (cloud_file), name -> base64")
     source: str | None = Field(None, description="the OSWorld task this came from (domain/id)")
 
@@ -99,6 +116,9 @@ class OSWorldEval(BaseModel):
         missing = {p for g in [*self.result, *self.expected] if g and g.type == "cloud_file" for p in g.paths} - set(self.files)
         if missing:
             raise ValueError(f"cloud_file: no local copy of {', '.join(sorted(missing))} in files")
+        kept = {name for step in self.postconfig if isinstance(step, OSWorldCommand) for name in step.kept()}
+        if unkept := {p for g in [*self.result, *self.expected] if g and g.type == "cache_file" for p in g.paths} - kept:
+            raise ValueError(f"cache_file: no postconfig step keeps {', '.join(sorted(unkept))}")
         return self
 
     @property
@@ -119,14 +139,18 @@ async def grade_osworld(ev: OSWorldEval, answer: str, *, read_file: ReadFile, ru
     if said_fail:
         return 0.0, "the agent answered FAIL on a feasible task"
     lines: list[str] = []
-    for line in ev.postconfig:
+    kept: dict[str, str] = {}  # a postconfig command's output, by the name OSWorld gives its cache file
+    for step in ev.postconfig:
+        line = step if isinstance(step, str) else step.line
         done = await run(HOME_PRELUDE + line)
         lines.append(f"postconfig exit {done.exit_code}: {line[:120]}")
+        if isinstance(step, OSWorldCommand):
+            kept.update({name: text for name, text in ((step.stdout, done.stdout), (step.stderr, done.stderr)) if name})
     scores: list[float] = []
     with tempfile.TemporaryDirectory(prefix="forge-osworld-") as tmp:
         for i, func in enumerate(ev.funcs):
-            result = await _get(ev, ev.result[i], Path(tmp) / f"result-{i}", read_file, run)
-            expected = await _get(ev, ev.expected[i], Path(tmp) / f"expected-{i}", read_file, run) \
+            result = await _get(ev, ev.result[i], Path(tmp) / f"result-{i}", read_file, run, kept)
+            expected = await _get(ev, ev.expected[i], Path(tmp) / f"expected-{i}", read_file, run, kept) \
                 if ev.expected and ev.expected[i] is not None else None
             score, said = await _metric(func, result, expected, ev.options[i])
             lines.append(f"{func}: {said}")
@@ -139,7 +163,8 @@ async def grade_osworld(ev: OSWorldEval, answer: str, *, read_file: ReadFile, ru
     return min(max(reward, 0.0), 1.0), "\n".join(lines)
 
 
-async def _get(ev: OSWorldEval, getter: OSWorldGetter, folder: Path, read_file: ReadFile, run: RunLine) -> Any:
+async def _get(ev: OSWorldEval, getter: OSWorldGetter, folder: Path, read_file: ReadFile, run: RunLine,
+               kept: dict[str, str]) -> Any:
     if getter.type == "rule":
         return getter.rules
     if getter.type == "vm_command_line":
@@ -148,7 +173,12 @@ async def _get(ev: OSWorldEval, getter: OSWorldGetter, folder: Path, read_file: 
     folder.mkdir()
     out: list[str | None] = []
     for i, path in enumerate(getter.paths):
-        data = base64.b64decode(ev.files[path]) if getter.type == "cloud_file" else await read_file(path, MAX_FILE_BYTES)
+        if getter.type == "cache_file":  # OSWorld writes the output as text (open(..., "w"))
+            data: bytes | None = kept[path].encode()
+        elif getter.type == "cloud_file":
+            data = base64.b64decode(ev.files[path])
+        else:
+            data = await read_file(path, MAX_FILE_BYTES)
         if i not in getter.gives:
             continue
         if data is None:  # as OSWorld's get_vm_file: a file it could not fetch reaches the metric as None

@@ -11,13 +11,16 @@ launcher runs on the display after the harness exits by itself and before it end
                       case, as OSWorld's `wmctrl -a` finds it; `strict`: the whole title, same case (`-F`).
                       `xdotool windowactivate --sync`, or `windowfocus --sync` where the display has no
                       window manager to activate with (forge's Xvfb has none)
+    close_window      the same window, as OSWorld's `wmctrl -c` finds it, closed as a window manager closes
+                      it: WM_DELETE_WINDOW where the application takes it (it quits as by its close button,
+                      saving what it saves on quit), else XKillClient (CLOSE_PY)
     execute, command  `python -c` of pyautogui `hotkey`, `press`, `typewrite` / `write` of plain text and
                       `time.sleep` only: `xdotool key` / `xdotool type`; any other shell line as it is
     sleep             sleep
 
-Anything else (a click, `close_window`: no window manager here to ask an application to close, a class
-given as instance.class but not strict) is refused with its reason. As in OSWorld a step that fails (no such
-window) does not stop the next: the keys go where the focus is, and the file is what it is.
+Anything else (a click, a class given as instance.class but not strict) is refused with its reason. As in
+OSWorld a step that fails (no such window) does not stop the next: the keys go where the focus is, and the
+file is what it is.
 
 The same mapping runs such steps in a task's `config` after its launch / open step (osworld.py): they are
 lines of the desktop's start script (`start_lines`), where a window step first waits for its window.
@@ -41,24 +44,66 @@ _KEYSYMS = {"enter": "Return", "return": "Return", "\n": "Return", "esc": "Escap
             "winright": "Super_R", **{f"f{i}": f"F{i}" for i in range(1, 13)}}
 _PLAIN_KEY = re.compile(r"^[a-z0-9]$")
 _TEXT = re.compile(r"^[ -~]{1,200}$")  # printable ASCII: xdotool types it as written
-# forge_window FLAG PATTERN [TITLE] [CLASS]: focus the first visible window FLAG (--name, --class, --classname)
-# matches, whose title is TITLE and whose WM_CLASS class matches CLASS where given; $forge_wait: seconds to wait
+# forge_find FLAG PATTERN [TITLE] [CLASS]: the first visible window FLAG (--name, --class, --classname) matches,
+# whose title is TITLE and whose WM_CLASS class matches CLASS where given; $forge_wait: seconds to wait
 # for one (the start script's: the application it just launched has yet to map its window; OSWorld's VM is slow
-# enough between its steps, forge's script is not). xdotool's patterns ignore case.
-PRELUDE = r"""forge_window() {
+# enough between its steps, forge's script is not). xdotool's patterns ignore case. forge_window focuses it.
+# forge_close: the same search, then the window closed as OSWorld's `wmctrl -c` has its window manager close it
+# (ICCCM, what mutter does for _NET_CLOSE_WINDOW): a WM_DELETE_WINDOW message where the window's WM_PROTOCOLS
+# takes one (the application quits as on its title bar's close button: Thunderbird writes its prefs), else
+# XKillClient. There is no window manager here to ask, and this xdotool (3.20160805) has no graceful close, so
+# CLOSE_PY sends it through libX11 with ctypes (stdlib; libX11 is there wherever xdotool is).
+PRELUDE = r"""forge_find() {
   forge_until=$(( $(date +%s) + ${forge_wait:-0} ))
   while :; do
     for w in $(xdotool search --onlyvisible "$1" "$2" 2>/dev/null); do
       [ -z "$3" ] || [ "$(xdotool getwindowname "$w")" = "$3" ] || continue
       [ -z "$4" ] || xdotool search --onlyvisible --class "$4" 2>/dev/null | grep -qx "$w" || continue
-      xdotool windowactivate --sync "$w" 2>/dev/null || xdotool windowfocus --sync "$w"; return
+      echo "$w"; return
     done
     [ "$(date +%s)" -lt "$forge_until" ] || break
     sleep 0.5
   done
   echo "no window matches $2${4:+ (class $4)}" >&2; return 1
 }
+forge_window() {
+  w=$(forge_find "$@") || return 1
+  xdotool windowactivate --sync "$w" 2>/dev/null || xdotool windowfocus --sync "$w"
+}
+forge_close() {
+  w=$(forge_find "$@") || return 1
+  "${FORGE_PYTHON:-python3}" -I -c "$forge_close_py" "$w"
+}
 forge_status=0"""
+CLOSE_PY = """import ctypes as c, sys
+x = c.CDLL("libX11.so.6")
+x.XOpenDisplay.restype = c.c_void_p
+x.XInternAtom.restype, x.XInternAtom.argtypes = c.c_ulong, [c.c_void_p, c.c_char_p, c.c_int]
+x.XGetWMProtocols.argtypes = [c.c_void_p, c.c_ulong, c.POINTER(c.POINTER(c.c_ulong)), c.POINTER(c.c_int)]
+x.XSendEvent.argtypes = [c.c_void_p, c.c_ulong, c.c_int, c.c_long, c.c_void_p]
+x.XKillClient.argtypes = [c.c_void_p, c.c_ulong]
+x.XCloseDisplay.argtypes = [c.c_void_p]
+class Message(c.Structure):  # XClientMessageEvent
+    _fields_ = [("type", c.c_int), ("serial", c.c_ulong), ("send_event", c.c_int), ("display", c.c_void_p),
+                ("window", c.c_ulong), ("message_type", c.c_ulong), ("format", c.c_int), ("data", c.c_long * 5)]
+class Event(c.Union):  # XEvent: 24 longs
+    _fields_ = [("xclient", Message), ("pad", c.c_long * 24)]
+d, w = x.XOpenDisplay(None), int(sys.argv[1])
+if not d:
+    sys.exit("cannot open the display")
+delete, atoms, n = x.XInternAtom(d, b"WM_DELETE_WINDOW", 0), c.POINTER(c.c_ulong)(), c.c_int()
+if x.XGetWMProtocols(d, w, c.byref(atoms), c.byref(n)) and delete in atoms[:n.value]:
+    e = Event()
+    e.xclient.type, e.xclient.window, e.xclient.format = 33, w, 32  # ClientMessage
+    e.xclient.message_type = x.XInternAtom(d, b"WM_PROTOCOLS", 0)
+    e.xclient.data[0] = delete  # data[1]: the time, CurrentTime (0)
+    x.XSendEvent(d, w, 0, 0, c.byref(e))
+else:
+    x.XKillClient(d, w)
+x.XCloseDisplay(d)
+"""
+assert "'" not in CLOSE_PY  # it rides in the script single-quoted
+PRELUDE += f"\nforge_close_py='{CLOSE_PY}'"
 START_WAIT_S = 20  # how long a start script's activate_window waits for the window its launch opens
 
 
@@ -141,22 +186,24 @@ def pyautogui_lines(code: str) -> list[str]:
     return lines
 
 
-def _window_line(params: dict[str, Any]) -> str:
-    name = params.get("window_name")
+def _window_line(kind: str, params: dict[str, Any]) -> str:
+    """activate_window / close_window as a forge_window / forge_close line: the window OSWorld's `wmctrl -a` /
+    `wmctrl -c` (`-x`: by_class, `-F`: strict) would act on."""
+    name, function = params.get("window_name"), "forge_close" if kind == "close_window" else "forge_window"
     if not isinstance(name, str) or not name or not _TEXT.match(name):
-        raise NotMapped(f"activate_window: window_name {name!r:.60} (plain text)")
+        raise NotMapped(f"{kind}: window_name {name!r:.60} (plain text)")
     by_class, strict = bool(params.get("by_class", False)), bool(params.get("strict", False))
     if by_class and "." in name:
         # wmctrl -x matches "instance.class" (WM_CLASS's two strings); xdotool searches each apart: the
         # windows whose instance (--classname) is the first part and whose class (--class) is the second
         instance, _, klass = name.partition(".")
         if not strict or not instance or not klass or "." in klass:
-            raise NotMapped(f"activate_window by_class on instance.class {name!r} is mapped only strict "
+            raise NotMapped(f"{kind} by_class on instance.class {name!r} is mapped only strict "
                             "(one instance, one class)")
-        return f"forge_window --classname {shlex.quote(_regex(instance, True))} '' {shlex.quote(_regex(klass, True))}"
+        return f"{function} --classname {shlex.quote(_regex(instance, True))} '' {shlex.quote(_regex(klass, True))}"
     pattern = _regex(name, strict)
     exact = shlex.quote(name) if strict and not by_class else ""
-    return f"forge_window {'--class' if by_class else '--name'} {shlex.quote(pattern)} {exact}".rstrip()
+    return f"{function} {'--class' if by_class else '--name'} {shlex.quote(pattern)} {exact}".rstrip()
 
 
 def _regex(text: str, whole: bool) -> str:
@@ -169,11 +216,8 @@ def finish_line(step: dict[str, Any], shell_line: str | None) -> list[str]:
     """One GUI postconfig step as finish-script lines; `shell_line`: the step's command as osworld.py's shell
     line (an execute step), whose pyautogui script is mapped and any other line is kept as it is."""
     kind, params = step.get("type"), step.get("parameters") or {}
-    if kind == "activate_window":
-        return [_window_line(params)]
-    if kind == "close_window":
-        raise NotMapped("postconfig close_window: forge's display has no window manager to ask an application "
-                        "to close")
+    if kind in GUI_POSTCONFIG:
+        return [_window_line(kind, params)]
     if shell_line is None:
         raise NotMapped(f"postconfig step {kind} is not mapped")
     command = params.get("command")

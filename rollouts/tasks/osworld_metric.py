@@ -4,10 +4,10 @@ The metric functions are OSWorld's own (the `desktop-env` package, installed wit
 declared dependencies pin torch 2.5, easyocr and cloud SDKs). Its `metrics/__init__.py` imports every
 metric module, and with them easyocr, librosa and playwright; so the package is entered as a bare
 shell and only the module that holds the named function is imported, with the small dependencies of
-the `[osworld]` extra. docs.py and vscode.py also import, at their top, packages that none of the
-functions forge takes from them calls (easyocr and scikit-image, PyPDF2): those imports get a stand-in
-(`_Absent`) whose every use raises `AbsentImportUsed`, a BaseException so that no `except Exception`
-in a metric can turn it into a score. A child process because the metrics print to stdout and a
+the `[osworld]` extra. docs.py, vscode.py and chrome.py also import, at their top, packages that none
+of the functions forge takes from them calls (easyocr and scikit-image, PyPDF2, borb and imagehash): those
+imports get a stand-in (`_Absent`) whose every use raises `AbsentImportUsed`, a BaseException so that no
+`except Exception` in a metric can turn it into a score. A child process because the metrics print to stdout and a
 hostile file can make openpyxl or pandas spin: the grader waits on it with a limit, and its output is never a score.
 
 stdin: {"func": NAME, "result": VALUE, "expected": VALUE or null, "options": {...}}
@@ -28,12 +28,13 @@ from collections.abc import Callable
 from typing import Any
 
 # metric name -> the module of desktop_env/evaluators/metrics that defines it. Only metrics whose getters
-# the importer maps (vm_file, vm_command_line, rule, cloud_file); check_list (cache_file) and compare_pdfs
-# (chrome.py: PyMuPDF, borb, imagehash, BeautifulSoup) are not taken.
+# the importer maps (vm_file, vm_command_line, rule, cloud_file, cache_file).
 METRIC_MODULES = {
     "exact_match": "general",
     "check_include_exclude": "general",
     "check_direct_json_object": "general",
+    "check_list": "general",
+    "compare_pdfs": "chrome",
     "compare_table": "table",
     "compare_docx_files": "docs",
     "compare_docx_files_and_ignore_new_lines": "docs",
@@ -44,11 +45,13 @@ METRIC_MODULES = {
 
 # module -> the imports at its top that the functions above never use (read from desktop-env 1.0.2's
 # source: docs.py's compare_docx_files* use python-docx, odfpy, rapidfuzz and re; easyocr serves its
-# compare_image_text, scikit-image its colour checks; vscode.py's PyPDF2 serves compare_pdf_content).
+# compare_image_text, scikit-image its colour checks; vscode.py's PyPDF2 serves compare_pdf_content; chrome.py's
+# compare_pdfs reads with PyMuPDF (`fitz`) and rapidfuzz, while borb and imagehash serve compare_pdf_images).
 # Installing them would pull a second torch (easyocr) for nothing.
 ABSENT_IMPORTS = {
     "docs": ("easyocr", "skimage", "skimage.color"),
     "vscode": ("PyPDF2",),
+    "chrome": ("borb", "borb.pdf", "imagehash"),
 }
 
 
