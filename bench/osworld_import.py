@@ -30,9 +30,9 @@ from pathlib import Path
 
 from bench.selfcheck_rig import validate_run
 
-_KINDS = [("metric", r"^metric "), ("getter", r"^getter "), ("postconfig step", r"^postconfig step"),
-          ("postconfig on the display, not mapped", r"^(postconfig close_window|postconfig drives|pyautogui|"
-                                                    r"the pyautogui script|activate_window|a postconfig command)"),
+_KINDS = [("metric", r"^metric "), ("getter", r"^(getter |cache_file )"), ("postconfig step", r"^postconfig step"),
+          ("postconfig on the display, not mapped", r"^(postconfig drives|pyautogui|the pyautogui script|"
+                                                    r"activate_window|close_window|a postconfig (command|step's output))"),
           ("command driving the GUI", r"^a command drives the GUI"), ("config step", r"^config step"),
           ("Windows task", r"^a Windows task"), ("path outside the home folder", r"^path "),
           ("malformed", r"^malformed"), ("duplicate id", r"^duplicate id")]
