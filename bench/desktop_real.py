@@ -15,7 +15,11 @@ part 2.
    saved it), and an idle agent: each must score 0. One config step stands for the
    state of OSWorld's VM image: a LibreOffice profile with the first-start tip and the "keep current
    format" question turned off (without it ctrl+s on an .xlsx waits on that dialog).
-2. `forge tasks validate --run` (the self-check) over the imported OSWorld tasks that need VLC.
+2. The same task and agents in a Docker container (`sandbox.type = "docker"`), on the desktop image built
+   here with LibreOffice Calc in it (`forge sandbox build-image --variant desktop --packages
+   libreoffice-calc`: debootstrap and apt from the Debian mirror, several minutes the first time, then
+   cached). Skips without a Docker engine (DOCKER_HOST) or root (debootstrap).
+3. `forge tasks validate --run` (the self-check) over the imported OSWorld tasks that need VLC.
 
 These are OSWorld-format tasks run by forge, never an OSWorld score.
 """
@@ -99,13 +103,31 @@ def _cache_name(url: str, path: str) -> str:
 
 
 def run(quick: bool = False) -> dict:
-    results: dict = {"calc": _calc(), "vlc validate --run": _vlc()}
+    results: dict = {"calc": _calc(), "calc in docker": _calc_docker(), "vlc validate --run": _vlc()}
     print(json.dumps(results, indent=1))
     return results
 
 
-def _calc() -> dict:
-    if shutil.which("soffice") is None:
+def _calc_docker() -> dict:
+    """Part 2: the desktop image with Calc, the rollouts in its containers."""
+    from openforge.errors import ForgeError
+    from openforge.sandbox.images import ensure_image
+
+    try:
+        t0 = time.perf_counter()
+        image = ensure_image("desktop", packages=("libreoffice-calc",), timeout=1800)
+        built_s = time.perf_counter() - t0
+    except ForgeError as exc:
+        print(f"desktop_real: no desktop image: {exc}")
+        return {"skipped": f"no desktop image: {exc}"}
+    out = _calc({"type": "docker", "image": image})
+    out["image"] = {"tag": image, "ready_s": round(built_s, 1)}
+    return out
+
+
+def _calc(sandbox: dict | None = None) -> dict:
+    """Part 1 (the local bubblewrap sandbox, the host's LibreOffice), or part 2 with `sandbox` settings."""
+    if sandbox is None and shutil.which("soffice") is None:
         print("desktop_real: LibreOffice is not installed "
               "(apt-get install -y --no-install-recommends libreoffice-calc)")
         return {"skipped": "LibreOffice (soffice) is not installed"}
@@ -126,12 +148,12 @@ def _calc() -> dict:
             return {"import refused": report.unsupported + report.online_only}
         task = TaskSpec.model_validate(report.tasks[0])
         out = {"task": {"apps": task.desktop.apps if task.desktop else None, "tags": task.tags}}
-        out["rollouts"] = asyncio.run(_rollouts(task, root))
+        out["rollouts"] = asyncio.run(_rollouts(task, root, sandbox))
         out["all as expected"] = all(r["reward"] == EXPECTED[k] for k, r in out["rollouts"].items())
         return out
 
 
-async def _rollouts(task, root: Path) -> dict:  # type: ignore[no-untyped-def]
+async def _rollouts(task, root: Path, sandbox: dict | None) -> dict:  # type: ignore[no-untyped-def]
     from openforge.config import ForgeConfig
     from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
     from openforge.rollouts.tasks.selfcheck import _StandInHarness
@@ -142,7 +164,8 @@ async def _rollouts(task, root: Path) -> dict:  # type: ignore[no-untyped-def]
     run = store.create_run(kind="check", name="desktop-real")
     got = {}
     for label, script in SCRIPTS.items():
-        runner = RolloutRunner(store, config=ForgeConfig(), proxy_url="http://127.0.0.1:9",
+        config = ForgeConfig.model_validate({"sandbox": sandbox}) if sandbox else ForgeConfig()
+        runner = RolloutRunner(store, config=config, proxy_url="http://127.0.0.1:9",
                                harness=_StandInHarness({task.id: script}, {}))
         t0 = time.perf_counter()
         (ro,) = await runner.run(run.id, [RolloutSpec(task)])
@@ -150,7 +173,7 @@ async def _rollouts(task, root: Path) -> dict:  # type: ignore[no-untyped-def]
                       "wall_s": round(time.perf_counter() - t0, 1),
                       "verifier_output": (ro.verifier_output or "")[-300:],
                       "stderr_tail": (ro.stderr or "")[-300:], "error": ro.error}
-        print(f"calc {label}: {got[label]['status']} reward={got[label]['reward']} in {got[label]['wall_s']} s")
+        print(f"calc ({config.sandbox.type}) {label}: {got[label]['status']} reward={got[label]['reward']} in {got[label]['wall_s']} s")
     store.close()
     return got
 

@@ -55,7 +55,8 @@ def gc(ctx: typer.Context,
 
 @sandbox_app.command("build-image")
 def build_image(ctx: typer.Context,
-                variant: Annotated[str, typer.Option(help="python (Debian + python3 + openai SDK), browser (python + chromium, Xvfb, xdotool, fonts) or busybox (shell only)")] = "python",
+                variant: Annotated[str, typer.Option(help="python (Debian + python3 + openai SDK), browser (python + chromium, Xvfb, xdotool, fonts), desktop (python + Xvfb, xdotool, fonts and --packages) or busybox (shell only)")] = "python",
+                packages: Annotated[str, typer.Option(help="Debian packages a desktop task's applications come in, for --variant desktop, e.g. libreoffice-calc,vlc")] = "",
                 harness: Annotated[str, typer.Option(help="harnesses to put in the image (installed into harness.npm_cache "
                                                           "first if missing): npm ones together on the python image, e.g. "
                                                           "claude-code,codex,opencode; a Python one alone in an image of its "
@@ -74,7 +75,8 @@ def build_image(ctx: typer.Context,
         names = [name.strip() for name in harness.split(",") if name.strip()]
         tag = build_harness_image(names, npm_cache_dir(config.harness), base_url=base_url, tag_latest=latest)
     else:
-        tag = ensure_image(variant, base_url=base_url, tag_latest=latest)
+        extra = tuple(p.strip() for p in packages.split(",") if p.strip())
+        tag = ensure_image(variant, base_url=base_url, tag_latest=latest, packages=extra)
     typer.echo(tag + ("  (also openforge-sandbox:latest)" if latest else ""))
     if harness and not latest:
         typer.echo(f"use it with: --set sandbox.type=docker --set sandbox.image={tag}")

@@ -74,12 +74,14 @@ GUI_INSIDE = "/opt/forge/gui.py"  # a read-only file bind (the root stays read-o
 SITE_DIR_INSIDE = "/run/forge-site"  # the site socket's own folder, bound read-only
 EXPOSED_DIR_INSIDE = "/run/forge-exposed"  # host servers' sockets (`expose_socket`), bound read-only
 # What a GUI exec needs from the image: prints `missing NAME` for each absent, then `python PATH` (the
-# python3 with Pillow that GUI execs get as FORGE_PYTHON). chromium may be under any of gui.py's names.
-_GUI_CHECK = ('for p in Xvfb xdotool python3; do command -v $p >/dev/null || echo missing $p; done; '
-              'found=; for c in ' + " ".join(CHROMIUM_NAMES) + '; do command -v $c >/dev/null && found=1; done; '
-              '[ -n "$found" ] || echo missing chromium; '
-              'python3 -I -c "from PIL import ImageGrab" 2>/dev/null || echo missing python3-pil; '
-              'echo python "$(command -v python3)"; true')
+# python3 with Pillow that GUI execs get as FORGE_PYTHON). chromium may be under any of gui.py's names;
+# a desktop task's display (a start script, no browser) needs none (_DESKTOP_CHECK).
+_TOOLS_CHECK = 'for p in Xvfb xdotool python3; do command -v $p >/dev/null || echo missing $p; done; '
+_REST_CHECK = ('python3 -I -c "from PIL import ImageGrab" 2>/dev/null || echo missing python3-pil; '
+               'echo python "$(command -v python3)"; true')
+_DESKTOP_CHECK = _TOOLS_CHECK + _REST_CHECK
+_GUI_CHECK = (_TOOLS_CHECK + 'found=; for c in ' + " ".join(CHROMIUM_NAMES) + '; do command -v $c >/dev/null && '
+              'found=1; done; [ -n "$found" ] || echo missing chromium; ' + _REST_CHECK)
 # Every exec runs as the sandbox's user; only docker-init and the keeper run as uid 0 (with no
 # capability: no CAP_KILL, so nothing of uid 1000 can signal them; `kill -9 -1` from the agent would
 # otherwise end the keeper, so the container, and turn its failure into an infrastructure one).
@@ -239,18 +241,23 @@ class DockerSandbox(SandboxBase):
                                "make_sandbox(site_socket=...) before the sandbox starts")
         self.gui = spec
 
-    async def _check_gui_image(self) -> None:
-        """A GUI sandbox's image must hold chromium, Xvfb, xdotool and python3 with Pillow (the browser image),
-        and its network namespace must be its own (the display's abstract socket and the site's port live there)."""
+    async def _check_gui_image(self, desktop: bool = False) -> None:
+        """A GUI sandbox's image must hold chromium, Xvfb, xdotool and python3 with Pillow (the browser image;
+        a `desktop` task's display needs no chromium: the desktop image), and its network namespace must be its
+        own (the display's abstract socket and the site's port live there)."""
         if self.cfg.network == "host":
             raise SandboxError("GUI tasks need a container with a network of its own (its X display and the "
                                "site's port 8080 would be the host's): set sandbox.network = \"none\"")
-        found = await self.exec(_GUI_CHECK, timeout=60)
+        found = await self.exec(_DESKTOP_CHECK if desktop else _GUI_CHECK, timeout=60)
         lines = [line.split(" ", 1) for line in found.stdout.splitlines() if " " in line]
         missing = [v for k, v in lines if k == "missing"]
         if found.exit_code != 0:
             missing.append(f"(the check failed: {found.stderr.strip()[:200]})")
         self.gui_python = next((v for k, v in lines if k == "python" and v.startswith("/")), "python3")
+        if missing and desktop:
+            raise SandboxError(f"image {self.cfg.image} cannot run desktop tasks: no {', '.join(missing)}; build the "
+                               f"desktop image with `{BUILD_HINT} --variant desktop --packages PACKAGES` (the Debian "
+                               "packages of the task's applications) and set sandbox.image to the tag it prints")
         if missing:
             raise SandboxError(f"image {self.cfg.image} cannot run GUI tasks: no {', '.join(missing)}; build the "
                                f"browser image with `{BUILD_HINT} --variant browser` and set sandbox.image = "
@@ -404,9 +411,9 @@ class DockerSandbox(SandboxBase):
         argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
         extra: dict[str, str] = {}
         if self.gui is not None and not self.gui_image_checked:  # a GUI without a site (an online task's
-            gui, self.gui = self.gui, None  # live page): its image is checked at its first exec, without it
-            try:
-                await self._check_gui_image()
+            gui, self.gui = self.gui, None  # live page, a desktop): its image is checked at its first exec,
+            try:  # without it
+                await self._check_gui_image(desktop=gui.start is not None)
             finally:
                 self.gui = gui
         if self.gui is not None:  # the display, the browser and the site's door (sandbox/gui.py)

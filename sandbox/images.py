@@ -8,6 +8,9 @@ unchanged one is never rebuilt (`ensure_image` returns at once when the tag exis
     busybox  the host's static busybox and its applet links: a shell-only image in ~1 s, for tests.
     browser  the python image + Debian's chromium, Xvfb, xdotool, fonts and python3-pil: GUI rollouts
              (screenshots and input inside the container, sandbox/gui.py). ~5 minutes the first time.
+    desktop  the python image + Xvfb, xdotool, fonts, python3-pil and the Debian packages a desktop task's
+             applications come in (`--packages libreoffice-calc,vlc`): desktop tasks (rollouts/tasks/
+             desktop.py) in containers. No browser. Its tag hashes the package list too.
     harness  the python image + npm harnesses (Claude Code, Codex, OpenClaw) copied from a local npm
              install: sandbox/harness_image.py.
 
@@ -28,6 +31,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -44,6 +48,7 @@ from openforge.sandbox.docker_engine import connect
 REPOSITORY = "openforge-sandbox"
 RECIPE_VERSION = 2  # bump when the build steps below change in a way the recipe dict does not show
 SANDBOX_UID = 1000  # the `forge` user every image has and containers run as (sandbox.docker, k8s pods)
+SANDBOX_USER = "forge"  # its name (local sandboxes under bubblewrap run as it too: sandbox/local.py)
 SANDBOX_HOME = "/home/forge"
 WORKDIR = "workspace"
 SUITE = "bookworm"
@@ -55,29 +60,46 @@ BROWSER_PACKAGES = ("chromium", "xvfb", "xdotool", "fonts-dejavu-core", "python3
 BROWSER_CHECK = ["sh", "-c", "cd /tmp && chromium --headless --no-sandbox --disable-gpu --user-data-dir=/tmp/p "
                  "--screenshot=/tmp/s.png --window-size=320,240 'data:text/html,<h1>ok</h1>' && test -s /tmp/s.png "
                  "&& command -v Xvfb xdotool >/dev/null && python3 -c 'from PIL import ImageGrab'"]
+# The desktop variant's additions: a bare display (Xvfb brings xkbcomp), input, fonts, screenshots; the
+# applications are the user's packages on top (DESKTOP_CHECK reads nothing of them: a task's own probe does).
+DESKTOP_PACKAGES = ("xvfb", "xdotool", "fonts-dejavu-core", "python3-pil")
+DESKTOP_CHECK = ["sh", "-c", "command -v Xvfb xkbcomp xdotool >/dev/null && python3 -c 'from PIL import ImageGrab'"]
+_DEBIAN_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")  # Debian policy 5.6.1
 # debootstrap leaves these behind; nothing in a sandbox reads them.
 _PRUNE = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/locale")
 
 
-def recipe(variant: str) -> dict[str, Any]:
-    if variant in ("python", "browser"):
-        return {"v": RECIPE_VERSION, "variant": variant, "suite": SUITE, "apt": _apt(variant),
+def recipe(variant: str, packages: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The variant's recipe; `packages` (Debian package names) only for the desktop variant."""
+    if packages and variant != "desktop":
+        raise SandboxError(f"extra packages go on the desktop variant only, not {variant!r}")
+    if variant in ("python", "browser", "desktop"):
+        return {"v": RECIPE_VERSION, "variant": variant, "suite": SUITE, "apt": _apt(variant, packages),
                 "pip": PIP_PACKAGES, "arch": platform.machine()}
     if variant == "busybox":
         return {"v": RECIPE_VERSION, "variant": variant, "arch": platform.machine()}
-    raise SandboxError(f"unknown image variant {variant!r}; choose python, browser or busybox (or --harness NAMES)")
+    raise SandboxError(f"unknown image variant {variant!r}; choose python, browser, desktop or busybox "
+                       "(or --harness NAMES)")
 
 
-def _apt(variant: str) -> tuple[str, ...]:
-    return APT_PACKAGES + (BROWSER_PACKAGES if variant == "browser" else ())
+def _apt(variant: str, packages: tuple[str, ...] = ()) -> tuple[str, ...]:
+    if variant == "browser":
+        return APT_PACKAGES + BROWSER_PACKAGES
+    if variant == "desktop":
+        bad = [p for p in packages if not _DEBIAN_PACKAGE.match(p)]
+        if bad:
+            raise SandboxError(f"not a Debian package name: {', '.join(map(repr, bad))}")
+        extra = sorted(set(packages) - set(APT_PACKAGES + DESKTOP_PACKAGES))  # one tag per set, in any order
+        return APT_PACKAGES + DESKTOP_PACKAGES + tuple(extra)
+    return APT_PACKAGES
 
 
 def recipe_digest(spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def image_tag(variant: str) -> str:
-    return f"{REPOSITORY}:{variant}-{recipe_digest(recipe(variant))}"
+def image_tag(variant: str, packages: tuple[str, ...] = ()) -> str:
+    return f"{REPOSITORY}:{variant}-{recipe_digest(recipe(variant, packages))}"
 
 
 def cache_dir() -> Path:
@@ -122,9 +144,9 @@ def _add_user(root: Path) -> None:
     """The sandbox's user in /etc/passwd and /etc/group (a program asking getpwuid() gets an answer) and
     its home; `_pack` gives it `WORKDIR` and the home."""
     with open(root / "etc" / "passwd", "a") as f:
-        f.write(f"forge:x:{SANDBOX_UID}:{SANDBOX_UID}:forge:{SANDBOX_HOME}:/bin/sh\n")
+        f.write(f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_UID}:{SANDBOX_USER}:{SANDBOX_HOME}:/bin/sh\n")
     with open(root / "etc" / "group", "a") as f:
-        f.write(f"forge:x:{SANDBOX_UID}:\n")
+        f.write(f"{SANDBOX_USER}:x:{SANDBOX_UID}:\n")
     (root / SANDBOX_HOME.lstrip("/")).mkdir(parents=True, exist_ok=True)
 
 
@@ -195,14 +217,14 @@ def _pack(root: Path, out: Path, *, keep_owner: bool) -> None:
             tar.add(child, arcname=child.name, filter=lambda info: _owner(info, keep_owner=keep_owner))
 
 
-def build_rootfs_tar(variant: str, out: Path, *, timeout: float = 600) -> Path:
+def build_rootfs_tar(variant: str, out: Path, *, timeout: float = 600, packages: tuple[str, ...] = ()) -> Path:
     """Make the variant's rootfs and pack it into `out` (a tar a `docker import` accepts)."""
     with tempfile.TemporaryDirectory(prefix=f"openforge-{variant}-", dir=out.parent) as tmp:
         root = Path(tmp) / "rootfs"
         if variant == "busybox":
             _busybox_rootfs(root)
         else:
-            _python_rootfs(root, timeout, _apt(variant))
+            _python_rootfs(root, timeout, _apt(variant, packages))
         partial = Path(tmp) / out.name  # this build's own: two builds of one image never share it
         _pack(root, partial, keep_owner=variant != "busybox")
         partial.replace(out)  # atomic: a crash mid-build never leaves a half tarball under the real name
@@ -268,8 +290,9 @@ def _check_image(client: Any, tag: str, command: list[str], tarball: Path) -> No
 
 
 def ensure_image(variant: str = "python", *, base_url: str = "", timeout: float = 600,
-                 tag_latest: bool = False) -> str:
+                 tag_latest: bool = False, packages: tuple[str, ...] = ()) -> str:
     """The variant's image tag, building and importing it first if the engine lacks it."""
-    return import_or_build(image_tag(variant), lambda out: build_rootfs_tar(variant, out, timeout=timeout),
-                   base_url=base_url, timeout=timeout, tag_latest=tag_latest,
-                   check=BROWSER_CHECK if variant == "browser" else None)
+    checks = {"browser": BROWSER_CHECK, "desktop": DESKTOP_CHECK}
+    return import_or_build(image_tag(variant, packages),
+                           lambda out: build_rootfs_tar(variant, out, timeout=timeout, packages=packages),
+                           base_url=base_url, timeout=timeout, tag_latest=tag_latest, check=checks.get(variant))
