@@ -4,8 +4,9 @@ xedit task of tests/test_desktop_tasks.py through the real runner as the sandbox
 an image without a display stops the rollout before the agent with the build command to use.
 
 The runner test uses the desktop image with x11-apps when the engine has it or its rootfs tarball is
-cached (`forge sandbox build-image --variant desktop --packages x11-apps`, ~3 minutes the first time,
-not part of CI's set-up); bench/desktop_real.py runs LibreOffice Calc the same way."""
+cached (`forge sandbox build-image --variant desktop --packages x11-apps`, ~4 minutes the first time;
+.ci/run builds it, and FORGE_REQUIRE=docker makes its absence a failure); bench/desktop_real.py runs
+LibreOffice Calc the same way."""
 
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ async def test_the_editor_on_a_containers_display_is_how_the_task_is_done(store:
     image = image_tag("desktop", EDITOR)
     if not has_image(client, image) and not tarball_path(image).exists():
         client.close()
-        pytest.skip(f"{image} is not built (forge sandbox build-image --variant desktop --packages x11-apps)")
+        skip_or_fail("docker", f"{image} is not built (forge sandbox build-image --variant desktop --packages "
+                     "x11-apps: .ci/run builds it)")
     from openforge.sandbox.images import ensure_image
 
     ensure_image("desktop", packages=EDITOR, timeout=600)  # imports the cached tarball on a fresh engine
