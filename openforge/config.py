@@ -284,6 +284,9 @@ class KubernetesSandboxConfig(_SandboxCommon):
         0, ge=0, le=65535, description="GUI tasks: the site relay's TCP port; 0 = any free one. Fix it in a "
                                        "cluster: the Service and the NetworkPolicy name it"
     )
+    compose_services: list[dict[str, Any]] = Field(
+        default_factory=list, description="set per task, not here: a task's compose services, each a container "
+                                          "of the rollout's pod (sandbox/k8s_manifests.py)")
 
 
 _SANDBOX_TYPES = {"local": LocalSandboxConfig, "docker": DockerSandboxConfig, "kubernetes": KubernetesSandboxConfig}

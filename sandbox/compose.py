@@ -36,7 +36,8 @@ _NO_HOST_ADDRESS = {"com.docker.network.bridge.inhibit_ipv4": "true"}  # the bri
 # A service runs as its image says (a database's entrypoint starts as root and drops to its user, so the
 # agent's container's cap_drop=ALL would break it), but the agent talks to it: a service it takes over gains
 # no privilege through a setuid binary, and no raw sockets to forge traffic on the rollout's network.
-HARDENING = {"security_opt": ["no-new-privileges"], "cap_drop": ["NET_RAW", "MKNOD", "SYS_CHROOT", "AUDIT_WRITE"]}
+DROPPED_CAPABILITIES = ["NET_RAW", "MKNOD", "SYS_CHROOT", "AUDIT_WRITE"]  # the Kubernetes backend drops the same
+HARDENING = {"security_opt": ["no-new-privileges"], "cap_drop": DROPPED_CAPABILITIES}
 
 
 class ComposeService(BaseModel):

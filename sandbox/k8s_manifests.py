@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 import secrets
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from openforge.config import KubernetesSandboxConfig
 from openforge.errors import ConfigError
 from openforge.sandbox.base import LABEL_HOME, LABEL_MANAGED, LABEL_RUN, sandbox_labels
+from openforge.sandbox.compose import DROPPED_CAPABILITIES, ComposeService
 
 CONTAINER_NAME = "sandbox"
 # PID 1 of every pod: a shell that keeps a `sleep` going and, waiting on it, reaps the orphans that
@@ -93,6 +95,8 @@ def build_pod_manifest(config: KubernetesSandboxConfig, *, name: str, run_id: st
         "volumes": [{"name": vol, "emptyDir": {}} for vol in mounts],
         "containers": [_container(config, mounts)],
     }
+    if k8s.compose_services:
+        _add_services(spec, config)
     if k8s.node_selector:
         spec["nodeSelector"] = dict(k8s.node_selector)
     if k8s.tolerations:
@@ -142,6 +146,43 @@ def _container(config: KubernetesSandboxConfig, mounts: dict[str, str]) -> dict[
         "stdin": False,
         "tty": False,
     }
+
+
+SERVICE_PREFIX = "svc-"  # a compose service's container: `svc-<name>`, never the agent's CONTAINER_NAME
+
+
+def service_container_name(service: str) -> str:
+    return f"{SERVICE_PREFIX}{service}"
+
+
+def _add_services(spec: dict[str, Any], config: KubernetesSandboxConfig) -> None:
+    """A task's compose services (sandbox/compose.py) as more containers of the rollout's pod: a pod's
+    containers share one network namespace, so `hostAliases` maps every service name to 127.0.0.1 and the
+    agent reaches `db:5432` as on Docker's per-rollout network. Each keeps its image's user, entrypoint and
+    working directory (its compose `command` is the container's `args`, as Compose's replaces the image's
+    CMD), gets the hardening of sandbox/compose.py and the agent's container's resources, and mounts none
+    of the agent's volumes; the PID namespaces stay apart (no shareProcessNamespace). The image's user
+    may be root, so the pod's user moves from the pod to the agent's container."""
+    services = [ComposeService(**s) for s in config.compose_services]
+    agent = spec["containers"][0]
+    psc = spec["securityContext"]
+    for key in ("runAsNonRoot", "runAsUser", "runAsGroup"):
+        agent["securityContext"][key] = psc.pop(key)
+    spec["hostAliases"] = [{"ip": "127.0.0.1", "hostnames": [s.name for s in services]}]
+    for service in services:
+        container: dict[str, Any] = {
+            "name": service_container_name(service.name),
+            "image": service.image,
+            "imagePullPolicy": "IfNotPresent",
+            "env": [{"name": k, "value": v} for k, v in service.environment.items()],
+            "resources": {kind: dict(agent["resources"][kind]) for kind in ("requests", "limits")},
+            "securityContext": {"allowPrivilegeEscalation": False, "privileged": False,
+                                "capabilities": {"drop": list(DROPPED_CAPABILITIES)}},
+        }
+        if service.command is not None:
+            # Compose splits a string command as a shell would, without running one (docker-py's shlex.split).
+            container["args"] = shlex.split(service.command) if isinstance(service.command, str) else service.command
+        spec["containers"].append(container)
 
 
 # The controller pod's label (deploy/k8s/controller.yaml): the proxy and the site relay run in it.
@@ -215,6 +256,9 @@ def check_pod_manifest(manifest: dict[str, Any]) -> None:
             problems.append(f"label key {key!r} is invalid")
         if len(value) > 63 or not _LABEL_VALUE.match(value):
             problems.append(f"label value {value!r} (key {key}) is invalid")
+    for alias in spec.get("hostAliases", []):
+        problems += [f"hostAliases: {h!r} is not a DNS-1123 subdomain"
+                     for h in alias["hostnames"] if not _is_dns_subdomain(h)]
     if spec.get("restartPolicy") not in {"Always", "OnFailure", "Never"}:
         problems.append(f"spec.restartPolicy {spec.get('restartPolicy')!r} is not Always/OnFailure/Never")
     for i, tol in enumerate(spec.get("tolerations", [])):
@@ -225,6 +269,8 @@ def check_pod_manifest(manifest: dict[str, Any]) -> None:
         if tol.get("operator") == "Exists" and tol.get("value"):
             problems.append(f"tolerations[{i}]: operator Exists takes no value")
     for c in spec["containers"]:
+        if len(c["name"]) > 63 or not _DNS1123_LABEL.match(c["name"]):
+            problems.append(f"container name {c['name']!r} is not a DNS-1123 label")
         if not c.get("image"):
             problems.append(f"container {c['name']!r} has no image")
         resources = c.get("resources", {})

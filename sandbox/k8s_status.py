@@ -19,19 +19,24 @@ def pod_state(pod: Any) -> tuple[str, str]:
     status = pod.status
     phase = (status.phase if status else None) or "Pending"
     containers = (status.container_statuses if status else None) or []
-    terminated = [c.state.terminated for c in containers if c.state and c.state.terminated]
-    if phase == "Running" and any(c.state and c.state.running for c in containers):
+    terminated = [c for c in containers if c.state and c.state.terminated]
+    # Every container: a task's compose services run beside the agent's (k8s_manifests.py), and the phase
+    # is Running as soon as one of them is.
+    if phase == "Running" and containers and all(c.state and c.state.running for c in containers):
         return "running", ""
     if phase in ("Succeeded", "Failed") or (phase == "Running" and terminated):
         why = " ".join(filter(None, [status.reason, status.message]))
-        for term in terminated:
-            why = why or f"container {term.reason or 'exited'} (exit code {term.exit_code})"
+        for c in terminated:
+            term, who = c.state.terminated, f"container {c.name} " if len(containers) > 1 else "container "
+            why = why or f"{who}{term.reason or 'exited'} (exit code {term.exit_code})"
         return "failed", f"phase {phase}" + (f": {why}" if why else "")
-    for c in containers:
-        waiting = c.state.waiting if c.state else None
-        if waiting and waiting.reason:
-            why = f"{waiting.reason}: {waiting.message}" if waiting.message else waiting.reason
-            return ("failed" if waiting.reason in FATAL_WAITING else "pending"), why
+    waiting = [c for c in containers if c.state and c.state.waiting and c.state.waiting.reason]
+    # A container that will never start outweighs one still being created (a service's image not found).
+    for c in sorted(waiting, key=lambda c: c.state.waiting.reason not in FATAL_WAITING):
+        reason, message = c.state.waiting.reason, c.state.waiting.message
+        why = f"{reason}: {message}" if message else reason
+        why = f"container {c.name}: {why}" if len(containers) > 1 else why
+        return ("failed" if reason in FATAL_WAITING else "pending"), why
     for cond in (status.conditions if status else None) or []:
         # Unschedulable is not fatal: a cluster autoscaler may be adding the node right now. It is the
         # reason given if start_timeout_s runs out.

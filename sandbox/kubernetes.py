@@ -9,6 +9,8 @@
     attach_gui -> the execs run in a display (gui.py, written into the pod), the task's site at
                   127.0.0.1:8080 through forwarder.py -> the host's site relay (sandbox/site_relay.py)
     stop   -> graceful delete (delete_grace_s), wait for DELETED on the watch
+    with_services -> a task's compose services as more containers of the pod (k8s_manifests.py), each
+                  name a hostAliases entry for 127.0.0.1; execs only ever name the agent's container
 
 The official `kubernetes` client is synchronous and imported lazily; its calls run in the backend's
 own executor (never the default pool the store and the proxy use).
@@ -19,6 +21,7 @@ and a user with the uid `run_as_user` is best (the pod runs as it; $HOME is set 
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
 import threading
 import time
@@ -37,12 +40,17 @@ from openforge.sandbox.k8s_exec import (
     GUI_START_SCRIPT, GUI_TOOLS_MISSING, RawExec, api_error, first_member, is_not_found,
     run_exec_stream, tar_one_file, wrap_command,
 )
-from openforge.sandbox.k8s_manifests import CONTAINER_NAME, build_pod_manifest, check_pod_manifest, managed_selector, pod_labels, pod_name
+from openforge.sandbox.compose import ComposeService
+from openforge.sandbox.k8s_manifests import (
+    CONTAINER_NAME, SERVICE_PREFIX, build_pod_manifest, check_pod_manifest, managed_selector, pod_labels, pod_name,
+)
 from openforge.sandbox.k8s_status import death_reason, pod_state, transient_failure, waiting_reason
 from openforge.sandbox.limits import TaskLimits
 from openforge.sandbox.site_relay import SiteRelay, acquire_relay, release_relay
 
 FILE_OP_TIMEOUT_S = 120.0
+# A compose service's name as a container name (`svc-<name>`, a DNS-1123 label) and a host alias of the pod.
+SERVICE_ON_K8S = re.compile(rf"^[a-z0-9]([-a-z0-9]{{0,{61 - len(SERVICE_PREFIX)}}}[a-z0-9])?$")
 DEATH_WAIT_S = 3.0  # after an exec died by SIGKILL or broke: how long the watch may take to say why
 _FILE_MISSING = 44  # exit code of the read script when the path is not a regular file
 _FILE_UNREADABLE = 46  # ... when it is one the pod's user cannot read
@@ -98,12 +106,15 @@ class KubernetesSandbox(SandboxBase):
                            "written past it at its next check, a write itself is not refused")
 
     @classmethod
-    def with_services(cls, config: KubernetesSandboxConfig, services: list[dict[str, Any]]) -> Any:
-        # A pod's containers share one network namespace: services reached by their own names would need a
-        # pod, a Service and a NetworkPolicy each per rollout, which this backend does not make yet.
-        raise SandboxError(f"this task runs compose services beside the agent ({', '.join(s['name'] for s in services)}"
-                           "): the kubernetes backend does not run them yet (each would need a pod, a Service and a "
-                           "NetworkPolicy of its own per rollout); use sandbox.type = \"docker\"")
+    def with_services(cls, config: KubernetesSandboxConfig, services: list[dict[str, Any]]) -> KubernetesSandboxConfig:
+        """Each service a container of the rollout's pod (k8s_manifests.py `_add_services`), reached by its name
+        on 127.0.0.1. What one pod cannot hold is refused here, naming the services."""
+        records = [ComposeService(**s) for s in services]
+        if bad := [s.name for s in records if not SERVICE_ON_K8S.match(s.name)]:
+            raise SandboxError(f"compose service {', '.join(bad)}: on the kubernetes backend a service's name is a "
+                               "container name and a host alias of the pod: lower-case letters, digits and '-' "
+                               f"(at most {63 - len(SERVICE_PREFIX)}); rename it or use sandbox.type = \"docker\"")
+        return config.model_copy(update={"compose_services": [s.model_dump() for s in records]})
 
     @classmethod
     def with_limits(cls, config: KubernetesSandboxConfig, limits: TaskLimits) -> KubernetesSandboxConfig:
@@ -160,9 +171,34 @@ class KubernetesSandbox(SandboxBase):
             await self._create(manifest)
             await self._wait_running()
             await self._probe()
-        except BaseException:
+            if self.k8s.compose_services:  # a service that exited while the pod came up (as compose.py checks)
+                state, why = pod_state(self._waiter.pod)
+                if state == "failed":
+                    raise SandboxError(f"pod {self.name}: a compose service ended before the agent started: {why}")
+        except BaseException as exc:
+            output = await self._services_output() if type(exc) in (SandboxError, TransientSandboxError) else ""
             await self.stop()
+            if output:
+                raise type(exc)(f"{exc}; {output}") from None
             raise
+
+    async def _services_output(self) -> str:
+        """The last lines of each compose service that ended, as sandbox/compose.py gives them ("" if none)."""
+        cluster, pod = self._cluster, self._waiter.pod if self._waiter is not None else None
+        if cluster is None or pod is None or pod.status is None or not self.k8s.compose_services:
+            return ""
+        told = []
+        for c in pod.status.container_statuses or []:
+            if c.name == CONTAINER_NAME or not (c.state and c.state.terminated):
+                continue
+            try:
+                text = await cluster.call("log", cluster.core.read_namespaced_pod_log, self.name, self.k8s.namespace,
+                                          container=c.name, tail_lines=5, _request_timeout=10)
+            except Exception:  # the log is a courtesy: the failure itself is already said
+                continue
+            if text and text.strip():
+                told.append(f"{c.name}'s last output: {text.strip()[-300:]}")
+        return "; ".join(told)
 
     async def _probe(self) -> None:
         """One exec right away: learn $HOME (harness config goes there) and fail now, with the fix,
@@ -190,7 +226,11 @@ class KubernetesSandbox(SandboxBase):
         try:
             await cluster.call("create", create, create=True)
         except Exception as exc:  # ApiException (quota, RBAC, admission, invalid) or the transport's
-            raise api_error(f"cannot create pod {self.name} in namespace {self.k8s.namespace}", exc) from None
+            err = api_error(f"cannot create pod {self.name} in namespace {self.k8s.namespace}", exc)
+            if self.k8s.compose_services and "PodSecurity" in str(err):
+                err = SandboxError(f"{err} (a task's compose services run as their images' users, often root: "
+                                   "they need a namespace whose Pod Security level is `baseline`, docs/kubernetes.md)")
+            raise err from None
         if self._stopped.is_set():
             raise SandboxError(f"pod {self.name}: stopped while starting")
 

@@ -123,7 +123,8 @@ class TaskSpec(BaseModel):
         "tasks import harbor`, rollouts/tasks/harbor_image.py); the Docker backend runs it, others refuse"))
     compose: list[ComposeService] = Field(default_factory=list, description=(
         "services started beside the agent's container, each reached by its name (a Harbor task's "
-        "docker-compose.yaml services): the Docker backend runs them per rollout, others refuse (sandbox/compose.py)"))
+        "docker-compose.yaml services): the Docker backend runs them per rollout (sandbox/compose.py), the Kubernetes "
+        "backend as containers of the rollout's pod, the local backend refuses"))
     limits: TaskLimits | None = Field(None, description=(
         "the task's own cpus / memory_mb / storage_mb (Harbor's [environment]): they replace the run's sandbox "
         "limits for its rollouts, as each backend can honour them (sandbox/limits.py)"))

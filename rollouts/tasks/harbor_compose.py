@@ -3,7 +3,8 @@
 Harbor starts a task's compose project with `docker compose up`: `main` is the agent's container, every
 other service runs beside it on one network, reached by its name (a database, an API that tests/test.sh
 queries after the agent). forge reads the part of Compose's format such services use and the Docker
-backend runs them per rollout (sandbox/compose.py):
+backend runs them per rollout (sandbox/compose.py; the Kubernetes backend as containers of the rollout's
+pod, sandbox/k8s_manifests.py):
 
     services:
       svc:
