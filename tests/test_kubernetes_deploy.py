@@ -20,8 +20,8 @@ MODELS = {
     "PersistentVolumeClaim": client.V1PersistentVolumeClaim, "Deployment": client.V1Deployment,
     "Service": client.V1Service, "NetworkPolicy": client.V1NetworkPolicy,
 }
-# What sandbox/kubernetes.py calls: create/watch/delete pods, exec, gc by label.
-NEEDED = {"pods": {"create", "get", "list", "watch", "delete"}, "pods/exec": {"create", "get"}}
+# What sandbox/kubernetes.py calls: create/watch/delete pods, exec, gc by label, a compose service's log.
+NEEDED = {"pods": {"create", "get", "list", "watch", "delete"}, "pods/exec": {"create", "get"}, "pods/log": {"get"}}
 
 
 def objects() -> dict[tuple[str, str], dict]:

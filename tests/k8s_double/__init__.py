@@ -30,7 +30,10 @@ TERM to PID 1 and KILLs after the grace period before the object goes; a force d
 removes the object first and the processes a second later. Knobs make the double misbehave as a
 cluster can: `enforce_memory` (a cgroup-v2 OOM kill of the whole pod past its limit),
 `create_container_errors` (CreateContainerError before each start), `throttle_creates` (429 with
-Retry-After). `pod_network` gives each pod a network namespace of its own that reaches the host only
+Retry-After). A pod's further containers (a task's compose services) each run over a folder of their own,
+in their own mount and PID namespaces but the pod's network (pods.Sidecar); an exec naming one enters it,
+`GET .../log?container=` serves its output; with `hostAliases` every container gets the kubelet's
+/etc/hosts listing them. `pod_network` gives each pod a network namespace of its own that reaches the host only
 at the node's address and `node_ports` (network.py); by default pods share the host's network.
 """
 
@@ -78,6 +81,8 @@ class _Pod:
     servers: list = field(default_factory=list)  # network.py: the node-port listeners in its namespace
     carried: set = field(default_factory=set)  # network.py: their connection handlers (tasks)
     carried_writers: set = field(default_factory=set)  # and both ends of each carried connection
+    sidecars: dict = field(default_factory=dict)  # pods.Sidecar by name: the spec's containers after the first
+    hosts: str = ""  # the kubelet's /etc/hosts for it, when its spec has hostAliases
 
     @property
     def ns(self) -> str:
@@ -156,6 +161,7 @@ class KubeDouble:
             app.router.add_get(base + "/{name}", self._get)
             app.router.add_delete(base + "/{name}", self._delete)
             app.router.add_route("*", base + "/{name}/exec", self._exec)
+            app.router.add_get(base + "/{name}/log", self._log)
             self._runner = web.AppRunner(app, handle_signals=False)
             await self._runner.setup()
             site = web.TCPSite(self._runner, "127.0.0.1", 0, shutdown_timeout=0.5)  # open watches end at stop
@@ -294,6 +300,21 @@ class KubeDouble:
             return _error(404, "NotFound", f'pods "{name}" not found', {"name": name, "kind": "pods"})
         return web.json_response(pod.obj)
 
+    async def _log(self, request: web.Request) -> web.Response:
+        """A container's log as plain text (`tailLines`): kept for the pod's further containers only."""
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        pod = self.pods.get((ns, name))
+        if pod is None:
+            return _error(404, "NotFound", f'pods "{name}" not found', {"name": name, "kind": "pods"})
+        container = request.query.get("container", "")
+        side = pod.sidecars.get(container)
+        if side is None or side.log is None:
+            return _error(400, "BadRequest", f'container "{container}" in pod "{name}" is waiting to start: '
+                                             "ContainerCreating")
+        lines = side.log.read_text(errors="replace").splitlines(keepends=True)
+        tail = int(request.query.get("tailLines", "0") or 0)
+        return web.Response(text="".join(lines[-tail:] if tail else lines), content_type="text/plain")
+
     async def _list(self, request: web.Request) -> web.StreamResponse:
         ns = request.match_info["ns"]
         if (bad := self._check_ns(ns)) is not None:
@@ -380,6 +401,9 @@ class KubeDouble:
         if main is not None and main.returncode is None:
             try:
                 os.kill(pod.ns_pid, signal.SIGTERM)  # PID 1 gets it only if it handles TERM, as in a container
+                for side in pod.sidecars.values():
+                    if side.ns_pid:
+                        os.kill(side.ns_pid, signal.SIGTERM)
                 await asyncio.wait_for(main.wait(), grace)
             except (ProcessLookupError, TimeoutError):
                 pass
@@ -394,6 +418,12 @@ class KubeDouble:
 
             await pod_network_down(pod)
         shutil.rmtree(pod.root, ignore_errors=True)
+        for side in pod.sidecars.values():
+            shutil.rmtree(side.root, ignore_errors=True)
+            if side.log is not None:
+                side.log.unlink(missing_ok=True)
+        if pod.hosts:
+            Path(pod.hosts).unlink(missing_ok=True)
         if self.pods.get((pod.ns, pod.name)) is pod:
             self.pods.pop((pod.ns, pod.name), None)
         if emit:
@@ -413,7 +443,7 @@ class KubeDouble:
         if phase in ("Succeeded", "Failed"):
             return _error(400, "BadRequest",
                           f"cannot exec into a container in a completed pod; current phase is {phase}")
-        if phase != "Running":
+        if phase != "Running" or (container != names[0] and container not in pod.sidecars):
             return _error(400, "BadRequest", f'pod {name} does not have a host assigned'
                           if not pod.obj["spec"].get("nodeName") else f'container "{container}" in pod '
                           f'"{name}" is waiting to start: ContainerCreating')
@@ -423,6 +453,7 @@ class KubeDouble:
         ws = web.WebSocketResponse(protocols=self.protocols, compress=False, max_msg_size=0)
         await ws.prepare(request)
         self.exec_protocols.append(ws.ws_protocol or "")
-        await run_exec(self, pod, ws, command, stdin=request.query.get("stdin") in ("true", "1"),
+        target = pod if container == names[0] else pod.sidecars[container]
+        await run_exec(self, target, ws, command, stdin=request.query.get("stdin") in ("true", "1"),
                        protocol=ws.ws_protocol or V4)
         return ws

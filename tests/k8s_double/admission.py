@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # Baseline allows adding these; restricted allows adding NET_BIND_SERVICE only.
 _BASELINE_CAPS = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
@@ -30,14 +31,26 @@ def admit_pod(obj: dict[str, Any]) -> list[str]:
     if not containers:
         problems.append("spec.containers: Required value")
     volumes = {v.get("name") for v in spec.get("volumes") or []}
+    seen: set[str] = set()
     for i, c in enumerate(containers):
         if not c.get("name"):
             problems.append(f"spec.containers[{i}].name: Required value")
+        elif len(c["name"]) > 63 or not _DNS1123_LABEL.match(c["name"]):
+            problems.append(f'spec.containers[{i}].name: Invalid value: "{c["name"]}": a lowercase RFC 1123 label '
+                            "must consist of lower case alphanumeric characters or '-'")
+        elif c["name"] in seen:
+            problems.append(f'spec.containers[{i}].name: Duplicate value: "{c["name"]}"')
+        seen.add(c.get("name", ""))
         if not c.get("image"):
             problems.append(f"spec.containers[{i}].image: Required value")
         for j, m in enumerate(c.get("volumeMounts") or []):
             if m.get("name") not in volumes:
                 problems.append(f'spec.containers[{i}].volumeMounts[{j}].name: Not found: "{m.get("name")}"')
+    for i, alias in enumerate(spec.get("hostAliases") or []):
+        for j, host in enumerate(alias.get("hostnames") or []):
+            if len(host) > 253 or not _DNS1123_SUBDOMAIN.match(host):
+                problems.append(f'spec.hostAliases[{i}].hostnames[{j}]: Invalid value: "{host}": a lowercase RFC '
+                                "1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'")
     if spec.get("restartPolicy", "Always") not in ("Always", "OnFailure", "Never"):
         problems.append(f'spec.restartPolicy: Unsupported value: "{spec["restartPolicy"]}"')
     deadline = spec.get("activeDeadlineSeconds")

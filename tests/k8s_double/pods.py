@@ -113,7 +113,10 @@ class Runtime:
     mounts: tuple[str, ...] = ()  # emptyDir mount paths: writable folders over a read-only root
     env: tuple[str, ...] = _IMAGE_ENV
     no_new_privs: bool = False
+    drop_caps: tuple[str, ...] = ()  # securityContext.capabilities.drop, for a container that runs as root
     own_network: bool = False  # a network namespace of its own (KubeDouble(pod_network=True))
+    joined_network: bool = False  # the pod's network namespace, joined (a second container of a pod_network pod)
+    hosts: str = ""  # the kubelet's /etc/hosts of the pod (written when the spec has hostAliases)
 
     def user_argv(self) -> list[str]:
         """The runtime drops to the pod's user, its capabilities and (if asked) privilege escalation."""
@@ -123,13 +126,16 @@ class Runtime:
         argv += [f"--groups={','.join(map(str, self.groups))}"] if self.groups else ["--clear-groups"]
         if self.uid:
             argv += ["--inh-caps=-all", "--bounding-set=-all"]
+        elif self.drop_caps:
+            caps = ",".join(f"-{c.lower()}" for c in self.drop_caps)
+            argv += [f"--inh-caps={caps}", f"--bounding-set={caps}"]
         if self.no_new_privs:
             argv.append("--no-new-privs")
         return argv + ["--"]
 
 
-def container_runtime(spec: dict[str, Any], image_env: tuple[str, ...] = _IMAGE_ENV) -> Runtime:
-    c = spec["containers"][0]
+def container_runtime(spec: dict[str, Any], image_env: tuple[str, ...] = _IMAGE_ENV, index: int = 0) -> Runtime:
+    c = spec["containers"][index]
     psc, csc = spec.get("securityContext") or {}, c.get("securityContext") or {}
     uid = csc.get("runAsUser", psc.get("runAsUser", 0))  # the double's images have no USER: root
     gid = csc.get("runAsGroup", psc.get("runAsGroup", 0))
@@ -140,7 +146,8 @@ def container_runtime(spec: dict[str, Any], image_env: tuple[str, ...] = _IMAGE_
     mounts = tuple(m["mountPath"] for m in c.get("volumeMounts") or [] if m["name"] in empty)
     return Runtime(uid=uid, gid=gid, groups=groups, read_only=bool(csc.get("readOnlyRootFilesystem")),
                    mounts=mounts, env=tuple(f"{k}={v}" for k, v in env.items()),
-                   no_new_privs=csc.get("allowPrivilegeEscalation") is False)
+                   no_new_privs=csc.get("allowPrivilegeEscalation") is False,
+                   drop_caps=tuple((csc.get("capabilities") or {}).get("drop") or ()))
 
 
 def bwrap_argv(root: Path, workdir: str, tail: list[str], ro_binds: tuple[str, ...] = (),
@@ -156,6 +163,8 @@ def bwrap_argv(root: Path, workdir: str, tail: list[str], ro_binds: tuple[str, .
         os.chmod(root / path.lstrip("/"), 0o777)  # an emptyDir is world-writable, as the kubelet makes it
     cmd = ["bwrap", "--ro-bind" if rt.read_only else "--bind", str(root), "/",
            "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    if rt.hosts:
+        cmd += ["--ro-bind", rt.hosts, "/etc/hosts"]
     for top in ("bin", "sbin", "lib", "lib64", "lib32"):
         host, inside = Path("/") / top, root / top
         if host.is_symlink():
@@ -179,21 +188,26 @@ def bwrap_argv(root: Path, workdir: str, tail: list[str], ro_binds: tuple[str, .
 
 
 async def start_container(pod, workdir: str, argv: list[str], ro_binds: tuple[str, ...] = (),  # type: ignore[no-untyped-def]
-                          runtime: Runtime | None = None) -> asyncio.subprocess.Process:
+                          runtime: Runtime | None = None, net_of: int = 0,
+                          log: Path | None = None) -> asyncio.subprocess.Process:
     """The container's main process, PID 1 of new mount and PID namespaces; `pod.ns_pid` is its host
-    pid, where execs join."""
+    pid, where execs join. `net_of`: the pid whose network namespace it joins (the pod's first container's,
+    as every container of a pod shares one). `log`: where its stdout and stderr go (the container's log)."""
     rt = runtime or Runtime()
     pod.runtime = rt
     pod.root.mkdir(parents=True, exist_ok=True)
     read_end, write_end = os.pipe()
+    out = open(log, "ab") if log is not None else asyncio.subprocess.DEVNULL  # noqa: SIM115 - the child holds it
     try:
         proc = await asyncio.create_subprocess_exec(
+            *(["nsenter", "-t", str(net_of), "-n", "--"] if net_of else []),
             *bwrap_argv(pod.root, workdir, ["--info-fd", str(write_end), "--", *rt.user_argv(), "env", "-i",
                                             *rt.env, f"HOSTNAME={pod.name}", *argv], ro_binds, rt),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-            start_new_session=True, pass_fds=(write_end,))
+            stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, pass_fds=(write_end,))
     finally:
         os.close(write_end)
+        if log is not None:
+            out.close()
     pod.procs.add(proc)
     pod.main = proc
     info = json.loads(await asyncio.to_thread(_read_all, read_end))
@@ -219,7 +233,8 @@ async def spawn_exec(pod, argv: list[str], *, stdin: bool) -> asyncio.subprocess
     sees the pod's files and processes, its orphans live on under PID 1, and all die with the pod."""
     rt = getattr(pod, "runtime", None) or Runtime()
     proc = await asyncio.create_subprocess_exec(
-        "nsenter", "-t", str(pod.ns_pid), "-p", "-m", "-r", "-w", *(["-n"] if rt.own_network else []), "--",
+        "nsenter", "-t", str(pod.ns_pid), "-p", "-m", "-r", "-w",
+        *(["-n"] if rt.own_network or rt.joined_network else []), "--",
         *rt.user_argv(), "env", "-i", *rt.env,
         f"HOSTNAME={pod.name}", *argv,
         stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
@@ -231,12 +246,13 @@ async def spawn_exec(pod, argv: list[str], *, stdin: bool) -> asyncio.subprocess
 async def kill_processes(pod) -> None:  # type: ignore[no-untyped-def]
     """Everything in the pod dies: PID 1 first (the kernel then kills its whole PID namespace, and
     bwrap, its parent, reaps it), then every process the double started for it."""
-    if pod.ns_pid and pod.main is not None and pod.main.returncode is None:
-        try:
-            os.kill(pod.ns_pid, signal.SIGKILL)
-            await asyncio.wait_for(pod.main.wait(), 5)
-        except (ProcessLookupError, TimeoutError):
-            pass
+    for c in [pod, *getattr(pod, "sidecars", {}).values()]:
+        if c.ns_pid and c.main is not None and c.main.returncode is None:
+            try:
+                os.kill(c.ns_pid, signal.SIGKILL)
+                await asyncio.wait_for(c.main.wait(), 5)
+            except (ProcessLookupError, TimeoutError):
+                pass
     for proc in list(pod.procs):
         if proc.returncode is None:
             try:
@@ -300,30 +316,43 @@ async def run_pod_lifecycle(double, pod) -> None:  # type: ignore[no-untyped-def
         _condition("ContainersReady", "False", reason="ContainersNotReady"), _condition("PodScheduled")])
     status["containerStatuses"] = [_container_status(container, {"waiting": {"reason": "ContainerCreating"}})]
     double._bump(pod, "MODIFIED")
+    containers = spec["containers"]
+    if len(containers) > 1:
+        status["containerStatuses"] = [_container_status(c, {"waiting": {"reason": "ContainerCreating"}})
+                                       for c in containers]
     await asyncio.sleep(double.step_s)
-    if container["image"] not in double.images:
-        ref = f"docker.io/library/{container['image']}"
+    if missing := next((c for c in containers if c["image"] not in double.images), None):
+        ref = f"docker.io/library/{missing['image']}"
         for reason, message in [
             ("ErrImagePull", f'failed to pull and unpack image "{ref}": failed to resolve reference "{ref}": '
                              f"{ref}: not found"),
-            ("ImagePullBackOff", f'Back-off pulling image "{container["image"]}"'),
+            ("ImagePullBackOff", f'Back-off pulling image "{missing["image"]}"'),
         ]:
-            status["containerStatuses"] = [_container_status(container, {"waiting": {"reason": reason,
-                                                                                      "message": message}})]
+            status["containerStatuses"] = [
+                _container_status(c, {"waiting": {"reason": reason, "message": message} if c is missing
+                                      else {"reason": "ContainerCreating"}}) for c in containers]
             double._bump(pod, "MODIFIED")
             await asyncio.sleep(double.step_s)
         return
+    if spec.get("hostAliases"):
+        _write_hosts(pod, spec)
     proc = await _create_container(double, pod, container)
     if proc is None:
         return
+    sidecars = [await _start_sidecar(double, pod, i) for i in range(1, len(containers))]
+    if sidecars:
+        await asyncio.sleep(double.step_s)  # the kubelet's next status sync: a container that exited at once shows
     started = _now()
     status["podIP"], status["podIPs"] = "10.244.0.7", [{"ip": "10.244.0.7"}]
     status["phase"] = "Running"
     for cond in status["conditions"]:
         cond.update(status="True", lastTransitionTime=started)
         cond.pop("reason", None), cond.pop("message", None)
-    status["containerStatuses"] = [_container_status(container, {"running": {"startedAt": started}}, ready=True)]
+    status["containerStatuses"] = [_container_status(c, {"running": {"startedAt": started}}, ready=True)
+                                   for c in containers]
     double._bump(pod, "MODIFIED")
+    for i, side in enumerate(sidecars, 1):  # restartPolicy Never: an ended container stays ended, the pod runs on
+        side.task = asyncio.create_task(_watch_sidecar(double, pod, i, side, started))
     deadline = spec.get("activeDeadlineSeconds")
     try:
         code = await asyncio.wait_for(proc.wait(), deadline)
@@ -338,8 +367,60 @@ async def run_pod_lifecycle(double, pod) -> None:  # type: ignore[no-untyped-def
     if getattr(pod, "oom_killed", False):
         exit_code, reason = 137, "OOMKilled"
     status["phase"] = "Succeeded" if exit_code == 0 else "Failed"
-    status["containerStatuses"] = [_container_status(container, {"terminated": {
-        "exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": _now()}})]
+    status["containerStatuses"][0] = _container_status(container, {"terminated": {
+        "exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": _now()}})
+    double._bump(pod, "MODIFIED")
+
+
+@dataclass
+class Sidecar:
+    """A pod's second (third, ...) container: its own root folder, mount and PID namespaces; the pod's
+    network namespace. An exec naming it enters it (spawn_exec takes it in place of the pod)."""
+
+    name: str  # the pod's name (its HOSTNAME, as the kubelet gives every container of the pod)
+    root: Path
+    procs: set  # the pod's: every process dies with the pod
+    ns_pid: int = 0
+    main: asyncio.subprocess.Process | None = None
+    runtime: object = None
+    task: asyncio.Task | None = None
+    log: Path | None = None  # its stdout and stderr, as `GET .../log?container=` serves them
+
+
+def _write_hosts(pod, spec: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
+    """The kubelet's managed /etc/hosts: localhost, the pod's own name, then the spec's hostAliases."""
+    lines = ["# Kubernetes-managed hosts file.", "127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
+             f"10.244.0.7\t{pod.name}", "", "# Entries added by HostAliases."]
+    lines += ["\t".join([a["ip"], *a["hostnames"]]) for a in spec["hostAliases"]]
+    path = pod.root.parent / f"{pod.root.name}.hosts"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    pod.hosts = str(path)
+
+
+async def _start_sidecar(double, pod, index: int) -> Sidecar:  # type: ignore[no-untyped-def]
+    c = pod.obj["spec"]["containers"][index]
+    runtime = container_runtime(pod.obj["spec"], double.image_env, index)
+    runtime.hosts, runtime.joined_network = getattr(pod, "hosts", ""), double.pod_network
+    side = Sidecar(name=pod.name, root=pod.root.parent / f"{pod.root.name}.{c['name']}", procs=pod.procs)
+    pod.sidecars[c["name"]] = side
+    argv = list(c.get("command") or []) + list(c.get("args") or [])
+    side.log = pod.root.parent / f"{pod.root.name}.{c['name']}.log"
+    await start_container(side, c.get("workingDir") or "/", argv or ["sleep", "3600"], double.ro_binds, runtime,
+                          net_of=pod.ns_pid if double.pod_network else 0, log=side.log)
+    return side
+
+
+async def _watch_sidecar(double, pod, index: int, side: Sidecar, started: str) -> None:  # type: ignore[no-untyped-def]
+    assert side.main is not None
+    code = await side.main.wait()
+    status = pod.obj["status"]
+    if status.get("phase") != "Running":
+        return
+    exit_code = 128 - code if code < 0 else code
+    status["containerStatuses"][index] = _container_status(pod.obj["spec"]["containers"][index], {"terminated": {
+        "exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error", "startedAt": started,
+        "finishedAt": _now()}})
     double._bump(pod, "MODIFIED")
 
 
@@ -348,6 +429,7 @@ async def _create_container(double, pod, container: dict[str, Any]):  # type: ig
     spec = pod.obj["spec"]
     runtime = container_runtime(spec, double.image_env)
     runtime.own_network = double.pod_network
+    runtime.hosts = getattr(pod, "hosts", "")
     csc, psc = container.get("securityContext") or {}, spec.get("securityContext") or {}
     if csc.get("runAsNonRoot", psc.get("runAsNonRoot")) and not runtime.uid:
         await _waiting(double, pod, container, "CreateContainerConfigError",
