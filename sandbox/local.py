@@ -13,10 +13,11 @@ writes its paths into the prompt (Claude Code names its HOME and working directo
 prompt), so per-rollout paths would make every rollout's prompt differ a few hundred tokens in, and
 neither the engine's prefix cache nor the trainer's shared-prefix step could share the rest.
 
-Under bubblewrap (docs/security.md) each exec is an unprivileged user namespace with every capability
-dropped, its own pid, ipc, uts, net and cgroup namespaces, a private /tmp, and read-only binds of only
-the system dirs, a few /etc files, this Python, node and the npm cache (`runtime_mounts`); FORGE_HOME
-and the built-in task set stay covered even when a bound folder holds them. Only work/, home/ and
+Under bubblewrap (docs/security.md) each exec is an unprivileged user namespace, as the containers' user
+(`forge`, uid/gid 1000, never root: programs that refuse root run) with every capability dropped, its own
+pid, ipc, uts, net and cgroup namespaces, a private /tmp, and read-only binds of only the system dirs, a
+few /etc files, this Python, node and the npm cache (`runtime_mounts`); FORGE_HOME and the built-in task
+set stay covered even when a bound folder holds them. Only work/, home/ and
 tmp/ are writable. No network: the proxy's unix socket is bound in and `forwarder.py` serves it on the
 sandbox's own 127.0.0.1 (`proxy_url`). When the command exits, its pid namespace ends and everything
 it started with it; `kill_all()` also kills the sandbox's cgroup and marked processes.
@@ -25,7 +26,8 @@ Files the host reads or writes in the sandbox (`read_file`, `write_file`) must b
 it: a link out of it or a FIFO/socket raises `SandboxPathRefused`, and the I/O runs off the event loop.
 
 With `isolation = "none"` (an explicit choice) the command is a plain subprocess in its own session
-(cwd and env confined by convention only). Either way it runs with the limits of `openforge.sandbox.procs` and a
+(cwd and env confined by convention only), as forge's own user (changing it would take privileges).
+Either way it runs with the limits of `openforge.sandbox.procs` and a
 minimal environment: nothing of the caller's environment (API keys!) leaks in unless passed as `env`.
 """
 
@@ -51,6 +53,7 @@ from openforge.paths import forge_home
 from openforge.sandbox.base import (ExecResult, IsolationReport, IsolationUnavailable, SandboxBase, SandboxFileNotFound,
                           SandboxInfo, SandboxPathRefused, sandbox_labels)
 from openforge.sandbox.gui import SITE_PORT, SITE_URL, GuiSpec
+from openforge.sandbox.images import SANDBOX_UID, SANDBOX_USER
 from openforge.sandbox.limits import TaskLimits, affinity_cores
 from openforge.sandbox.procs import Cgroup, Limits, cgroup_name, kill_pids, kill_tree, limit_argv, nproc_budget, preexec
 
@@ -89,8 +92,13 @@ SITE_SOCKET = "/run/forge/site.sock"  # where a GUI task's site socket appears i
 # /etc/libreoffice: LibreOffice's configuration schema (Debian links /usr/lib/libreoffice/share/registry to
 # /etc/libreoffice/registry): without it soffice dies at start ("Unspecified Application Error").
 GUI_ETC = ("/etc/fonts", "/etc/chromium", "/etc/chromium.d", "/etc/X11", "/etc/libreoffice")
-ISOLATION_FLAGS = ("--unshare-user", "--cap-drop", "ALL", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-                   "--unshare-net", "--unshare-cgroup-try", "--new-session", "--die-with-parent")
+# The sandbox's user is the containers' `forge` (uid/gid 1000), never root: programs that refuse root
+# (VLC's "not supposed to be run as root") run. An unprivileged user namespace maps one id: 1000 inside
+# is forge's own uid outside, so whatever forge writes into the sandbox is the user's, and no host id
+# beyond forge's own gains anything (every other owner reads as nobody inside).
+ISOLATION_FLAGS = ("--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL",
+                   "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try",
+                   "--new-session", "--die-with-parent")
 
 
 @functools.lru_cache(maxsize=1)
@@ -193,7 +201,8 @@ class LocalSandbox(SandboxBase):
         path = bwrap_usable()
         if not path:
             raise IsolationUnavailable(ISOLATION_FIX)
-        return IsolationReport("bwrap-userns", f"{path}: user, pid, net, ipc, uts, cgroup namespaces, no capabilities")
+        return IsolationReport("bwrap-userns", f"{path}: user (uid {SANDBOX_UID} {SANDBOX_USER}), pid, net, ipc, uts, "
+                                               "cgroup namespaces, no capabilities")
 
     storage_enforced_as = ("a cap on each file's size (RLIMIT_FSIZE), not on the total written: the sandbox's "
                            "folders are host folders with no quota")
@@ -287,10 +296,13 @@ class LocalSandbox(SandboxBase):
         try:
             for sub in ("work", "home", "tmp", "etc"):
                 (self.dir / sub).mkdir(parents=True, exist_ok=True)
-            # Who the sandbox's user is, without the host's account list.
-            (self.dir / "etc" / "passwd").write_text(f"root:x:0:0:root:{self._inner('home')}:/bin/sh\n"
-                                                     "nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
-            (self.dir / "etc" / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
+            # Who the sandbox's user is, without the host's account list (unisolated these are not used:
+            # the commands run as forge's own user).
+            (self.dir / "etc" / "passwd").write_text(
+                "root:x:0:0:root:/root:/bin/sh\n"
+                f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_UID}:{SANDBOX_USER}:{self._inner('home')}:/bin/sh\n"
+                "nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
+            (self.dir / "etc" / "group").write_text(f"root:x:0:\n{SANDBOX_USER}:x:{SANDBOX_UID}:\nnogroup:x:65534:\n")
             meta = {"labels": self.labels, "owner_pid": os.getpid(), "created": time.time()}
             (self.dir / META_FILE).write_text(json.dumps(meta))
         except OSError as exc:
@@ -586,8 +598,8 @@ def describe_isolation() -> tuple[str, str]:
               else "rlimits only (no writable cgroup: process count is per-user, memory per-process)")
     cg.remove()
     if bwrap_usable():
-        return "ok", (f"{shutil.which('bwrap')}: local sandboxes are isolated (user namespace, no capabilities, "
-                      f"no network); {limits}")
+        return "ok", (f"{shutil.which('bwrap')}: local sandboxes are isolated (user namespace as uid {SANDBOX_UID} "
+                      f"{SANDBOX_USER}, no capabilities, no network); {limits}")
     why = "bwrap not found (apt-get install bubblewrap)" if not shutil.which("bwrap") else \
         "bwrap cannot create the namespaces it needs here"
     return "missing", f"{why}: local rollouts are refused unless sandbox.isolation = \"none\"; {limits}"

@@ -5,8 +5,8 @@ and a bubblewrap sandbox its start script opens the editor on the sandbox's own 
 the agent and the editor are gone. A display or an application the sandbox lacks stops the rollout before
 the agent: an infrastructure failure, never a score.
 
-(Not xterm: the sandbox's user is root in its user namespace, with no capability, and xterm as root calls
-initgroups() for its shell, which fails there: xterm exits before it shows a window.)"""
+(xedit, not xterm, since before issue 31 the sandbox's user was root of its user namespace, where xterm's
+initgroups() fails; as `forge` xterm runs too: tests/test_sandbox_local_user.py.)"""
 
 from __future__ import annotations
 
