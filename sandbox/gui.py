@@ -3,17 +3,21 @@
 Interface (for harnesses, reference solutions and tests; stdlib, plus Pillow for screenshots):
 
     # the launcher: the sandbox wraps a command with it when a GUI is attached (sandbox/local.py)
-    python -I gui.py run [--size 1024x768] [--kiosk URL | --app URL] [--start SCRIPT] [--finish SCRIPT] -- CMD...
+    python -I gui.py run [--size 1024x768] [--kiosk URL | --app URL] [--start SCRIPT] [--finish SCRIPT]
+                         [--budget SECONDS] -- CMD...
         starts Xvfb on a display of its own (-displayfd: Xvfb picks the number), sets DISPLAY, starts
         chromium on URL (--kiosk: the page fills the screen, so screen pixels are page pixels; --app: a
         bare application window, the "desktop" tasks), waits until the page is painted, then runs CMD
         and exits with CMD's exit code (Xvfb and chromium are ended with it). --start: a desktop task's
         shell script, run on the display before CMD (what it starts in the background, the task's
-        applications, lives as long as the display); CMD starts once a window shows. The launcher's own
-        failures (no Xvfb, a start script that exits non-zero, nothing shown) exit 4 before CMD runs.
-        --finish: a desktop task's shell script run on the display once CMD has exited by itself (OSWorld's
-        save step), before the display ends; not after a TERM or a CMD killed by a signal. Its failure is
-        one line on stderr: the exit code stays CMD's.
+        applications, lives as long as the display); CMD starts once a window shows (within 60 s of the
+        script's start). The launcher's own failures (no Xvfb, a start script that exits non-zero, nothing
+        shown) exit 4 before CMD runs. --finish: a desktop task's shell script run on the display once CMD
+        has exited by itself (OSWorld's save step, up to 60 s), before the display ends; not after a TERM,
+        a CMD killed by a signal or one past its budget. Its failure is one line on stderr: the exit code
+        stays CMD's. --budget: CMD's own time limit, kept by the launcher from CMD's start (the start and
+        the finish run outside it): CMD past it is ended and the launcher exits 124 (HARNESS_TIMED_OUT),
+        the one report of the harness's time the host reads (rollouts/runner/harness_run.py).
 
     # the primitives (DISPLAY from the environment unless given)
     python -I gui.py screenshot OUT.png          a PNG of the whole screen (Pillow's ImageGrab over XCB)
@@ -48,9 +52,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 SITE_PORT = 8080  # the task site's forwarder on the sandbox's own loopback
+# A desktop's start (its script and first window) and finish each have a time of their own, outside the
+# command's --budget; the slack covers Xvfb's start, the finish's TERM grace and the display's end.
+START_TIMEOUT_S = 60.0
+FINISH_TIMEOUT_S = 60.0
+LAUNCHER_SLACK_S = 30.0
+HARNESS_TIMED_OUT = 124  # the launcher's exit code for a command past its --budget (coreutils timeout's)
 SITE_URL = f"http://127.0.0.1:{SITE_PORT}/"
 DEFAULT_SIZE = (1024, 768)
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -77,6 +87,16 @@ class GuiSpec:
     site_socket: str | None = None  # a host unix socket served at 127.0.0.1:SITE_PORT inside
     start: str | None = None  # a desktop task's script, run on the display before the command (--start)
     finish: str | None = None  # and one run on it after the command exits by itself (--finish)
+    budget: float | None = None  # the command's own limit, kept by the launcher (--budget)
+
+    def keeping(self, budget: float) -> "GuiSpec":
+        """This spec with the launcher keeping the command's time limit when a desktop start or finish runs
+        around it: they get their own time (START_TIMEOUT_S, FINISH_TIMEOUT_S), not the command's."""
+        return replace(self, budget=budget) if self.start or self.finish else self
+
+    def exec_timeout(self, budget: float) -> float:
+        """The sandbox's limit for an exec of a command whose own limit is `budget`: the launcher's whole run."""
+        return budget if self.budget is None else budget + START_TIMEOUT_S + FINISH_TIMEOUT_S + LAUNCHER_SLACK_S
 
     def launcher_args(self) -> list[str]:
         args = ["run", "--size", f"{self.size[0]}x{self.size[1]}"]
@@ -86,6 +106,8 @@ class GuiSpec:
             args += ["--start", self.start]
         if self.finish:
             args += ["--finish", self.finish]
+        if self.budget is not None:
+            args += ["--budget", f"{self.budget:g}"]
         return [*args, "--"]
 
 
@@ -256,9 +278,11 @@ def start_chromium(display: str, url: str, *, mode: str, width: int, height: int
         env={**os.environ, "DISPLAY": display}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def start_desktop(script: str, display: str, timeout: float = 60.0) -> None:
-    """Run a desktop task's start script on `display` and wait until a window shows. Its output goes to a
-    file, not a pipe: an application it leaves running in the background keeps its output open."""
+def start_desktop(script: str, display: str, timeout: float = START_TIMEOUT_S) -> None:
+    """Run a desktop task's start script on `display` and wait until a window shows, both within `timeout`.
+    Its output goes to a file, not a pipe: an application it leaves running in the background keeps its
+    output open."""
+    deadline = time.monotonic() + timeout
     with tempfile.TemporaryFile() as out:
         try:
             done = subprocess.run(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=out, stderr=out,
@@ -269,10 +293,12 @@ def start_desktop(script: str, display: str, timeout: float = 60.0) -> None:
             out.seek(0)
             said = out.read().decode(errors="replace").strip().splitlines()
             raise GuiError(f"the desktop's start script exited {done.returncode}: {said[-1][-300:] if said else ''}")
-    wait_painted(timeout, display, blank={(0, 0, 0)}, what="no application window appeared on the desktop")
+    wait_painted(max(1.0, float(round(deadline - time.monotonic()))), display, blank={(0, 0, 0)},
+                 what="no application window appeared on the desktop")
 
 
-def finish_desktop(script: str, display: str, running: list[subprocess.Popen], timeout: float = 60.0) -> str | None:
+def finish_desktop(script: str, display: str, running: list[subprocess.Popen],
+                   timeout: float = FINISH_TIMEOUT_S) -> str | None:
     """Run a desktop task's finish script on `display` (the launcher's environment: nothing CMD set reaches
     it); None, or what went wrong in one line. `running` holds it while it runs, for the TERM handler."""
     with tempfile.TemporaryFile() as out:
@@ -306,7 +332,7 @@ def run(argv: list[str]) -> int:
     sep = argv.index("--") if "--" in argv else len(argv)
     opts, command = argv[:sep], argv[sep + 1:]
     width, height = DEFAULT_SIZE
-    url, mode, start, finish = None, "kiosk", None, None
+    url, mode, start, finish, budget = None, "kiosk", None, None, None
     i = 0
     while i < len(opts):
         name, value = opts[i], opts[i + 1] if i + 1 < len(opts) else ""
@@ -318,6 +344,8 @@ def run(argv: list[str]) -> int:
             start = value
         elif name == "--finish":
             finish = value
+        elif name == "--budget":
+            budget = float(value)
         else:
             raise GuiError(f"unknown option {name}")
         i += 2
@@ -342,7 +370,17 @@ def run(argv: list[str]) -> int:
                     proc.terminate()
 
         signal.signal(signal.SIGTERM, stop)
-        code = child.wait()
+        started = time.monotonic()
+        try:
+            code = child.wait(timeout=budget)
+        except subprocess.TimeoutExpired:
+            code = None
+        # By the launcher's clock as it saw the command end: a launcher the agent held stopped (SIGSTOP) past
+        # the budget while the command ran on still reports the overrun.
+        if budget is not None and (code is None or time.monotonic() - started > budget):
+            _end(child)
+            print(f"gui.py run: the command ran past its budget of {budget:g}s and was ended", file=sys.stderr)
+            return HARNESS_TIMED_OUT
         # A timed-out or killed harness gets no save step: its rollout ends as it would without one.
         if finish and code >= 0 and not stopped:
             said = finish_desktop(finish, display, running)
