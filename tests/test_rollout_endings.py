@@ -27,7 +27,8 @@ from openforge.rollouts.harnesses.claude_code import claude_outcome
 from openforge.rollouts.harnesses.codex import codex_outcome
 from openforge.rollouts.runner.failures import judge_outcome
 from openforge.rollouts.runner.metrics import run_metrics, summary_headline, task_metrics
-from openforge.rollouts.runner.runner import RolloutSpec, _engine_fault
+from openforge.rollouts.runner.harness_run import engine_fault as _engine_fault
+from openforge.rollouts.runner.runner import RolloutSpec
 from openforge.sandbox.base import ExecResult
 from openforge.store import CALL_CLIENT_LEFT, Call, Rollout, Store, Trajectory
 from test_proxy_support import make_rig  # noqa: F401 - fixture

@@ -2,6 +2,8 @@
 
     runner.py      RolloutRunner: (task, sample) pairs, each in its own sandbox, bounded, retried on
                    infrastructure failures only, graded on the host, recorded in the store
+    harness_run.py one harness run (prepare, run under its limit, kill_all, record) and how it ended:
+                   timed out, a harness failure, the policy's failure or an answer (runner.py, steps.py)
     grader.py      RolloutGrader: the exact graders, the verifier, a Harbor task's tests and a judge, after the
                    agent is gone
     trajectory.py  a rollout's recorded calls as training sequences (token ids, masks, logprobs)

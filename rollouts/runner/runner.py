@@ -30,6 +30,7 @@ states say who failed:
 
 Which ending is whose is decided from what the policy cannot write (rollouts/runner/failures.py
 `judge_outcome`): the harness's structured result, its exit code, and the proxy's record of the calls.
+One harness run and its classification is rollouts/runner/harness_run.py, shared with steps.py.
 
 Every sandbox is stopped on every path, cancellation included. The runner never asks which sandbox
 backend or harness it has: it uses only the members their protocols declare (sandbox/base.py,
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -48,17 +48,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from openforge.config import ForgeConfig
-from openforge.errors import HarnessError, SandboxError
-from openforge.store import CALL_CLIENT_LEFT, Call, Rollout, Store
-from openforge.rollouts.harnesses.base import Harness, HarnessContext, HarnessOutcome
-from openforge.rollouts.runner.failures import judge_outcome
-from openforge.rollouts.runner.grader import InfraFailure, RolloutGrader, run_in_sandbox, tail
+from openforge.errors import SandboxError
+from openforge.store import Rollout, Store
+from openforge.rollouts.harnesses.base import Harness, HarnessContext
+from openforge.rollouts.runner.grader import InfraFailure, RolloutGrader, tail
+from openforge.rollouts.runner.harness_run import run_harness
 from openforge.rollouts.runner.tool_server import ToolServer, ToolServerUnavailable, dispatch_record_path
 from openforge.rollouts.runner.trajectory import assemble_rollout
 from openforge.rollouts.tasks.desktop import Desktop
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.web.benchmarks import PROBE_TIMEOUT_S, LivePage, check_online
-from openforge.sandbox.base import ExecResult, Sandbox, SandboxStartFailed, start_with_retry, stop_shielded
+from openforge.sandbox.base import Sandbox, SandboxStartFailed, start_with_retry, stop_shielded
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +79,6 @@ class RolloutSpec:
 def _failure(kind: str, reason: str) -> dict[str, Any]:
     """The fields of a rollout that ended without an answer: failure_kind (FAILURE_KINDS) and the error."""
     return {"error": f"{kind}: {reason}", "failure_kind": kind}
-
-
-def _engine_fault(call: Call | None) -> str | None:
-    """Why `call` (a rollout's newest) failed in the engine or the proxy; None when it did not. A call
-    its client left is no fault of theirs (store.CALL_CLIENT_LEFT): the agent that kills its harness
-    mid-answer must not make its own failure look like the infrastructure's."""
-    if call is None or call.status not in ("error", "interrupted") or call.error == CALL_CLIENT_LEFT:
-        return None
-    return (call.error or call.status)[:500]
 
 
 def _default_factory() -> SandboxFactory:
@@ -369,70 +360,37 @@ class RolloutRunner:
             from openforge.rollouts.runner.steps import drive_steps
             await drive_steps(self, sb, ro, task, harness, ctx, service_env)
             return
-        try:
-            await harness.prepare(sb, ctx)
-            command, env = harness.command(ctx), {**service_env, **harness.env(ctx)}
-        except (HarnessError, SandboxError) as exc:
-            raise InfraFailure(f"harness {harness.name} could not be prepared: {exc}") from None
-        try:
-            if site is not None:  # the harness (only) runs in the display, the browser on the site
-                spec = site.gui_spec()
-                if harness.own_browser:  # it starts its own browser in the display, on this page
-                    env = {**env, "FORGE_START_URL": spec.url or ""}
-                    spec = dataclasses.replace(spec, url=None)
-                sb.attach_gui(spec)
-        except SandboxError as exc:
-            raise InfraFailure(str(exc)) from None
-        try:
-            result = await run_in_sandbox(self.config, sb, command, timeout=budget, env=env)
-        finally:
-            if site is not None:
-                sb.attach_gui(None)
-        try:  # nothing the agent started may still run (and rewrite files) while it is graded
-            await sb.kill_all()
-        except SandboxError as exc:
-            raise InfraFailure(f"could not end the agent's processes: {exc}") from None
-        if tools is not None or services is not None:  # the grader's execs reach no tool and no service
-            sb.withdraw_sockets()
-        if tools is not None:  # no dispatch arrives after this
-            await tools.close()
-        await self._db(self.store.update_rollout, ro.id, exit_code=result.exit_code,
-                       stdout=tail(result.stdout), stderr=tail(result.stderr))
-        assembly_error = await self._assemble(ro.id)
-        if tools is not None and tools.infra_error:  # a tool's handler could not run: not the policy's data
-            raise InfraFailure(f"a task tool failed: {tools.infra_error}")
-        if result.timed_out:
-            await self._finish(ro.id, status="timed_out", reward=0.0, failure_kind="timeout",
-                               error=f"harness ran past its limit of {budget:g}s and was killed")
+        assembly_error: str | None = None
+
+        async def before_judging() -> None:  # after kill_all and the record, before the ending is decided
+            nonlocal assembly_error
+            if tools is not None or services is not None:  # the grader's execs reach no tool and no service
+                sb.withdraw_sockets()
+            if tools is not None:  # no dispatch arrives after this
+                await tools.close()
+            assembly_error = await self._assemble(ro.id)
+            if tools is not None and tools.infra_error:  # a tool's handler could not run: not the policy's data
+                raise InfraFailure(f"a task tool failed: {tools.infra_error}")
+
+        run = await run_harness(self, sb, ro, harness, ctx, budget=budget, env=service_env, site=site,
+                                before_judging=before_judging)
+        if run.ending == "timed_out":
+            await self._finish(ro.id, status="timed_out", reward=0.0, failure_kind="timeout", error=run.reason)
             return
-        answered, last_call = await self._db(self._call_record, ro.id)
-        if broken_call := _engine_fault(last_call):  # the engine/proxy failed the harness: not the policy's data
-            raise InfraFailure(f"the rollout's last model call failed: {broken_call}")
-        outcome = await self._outcome(harness, sb, result, answered=answered, last_call=last_call)
-        if outcome.failure is not None:  # never scored: its error text is not an answer
-            await self._finish(ro.id, status="failed", **_failure("harness", outcome.failure))
+        if run.ending == "harness":  # never scored: its error text is not an answer
+            await self._finish(ro.id, status="failed", **_failure("harness", run.reason))
             return
-        if outcome.policy_failure is not None:  # the policy's 0, not graded: its output is no answer either
-            reward, verifier_output, ending = 0.0, None, _failure("policy", outcome.policy_failure)
+        if run.ending == "policy":  # the policy's 0, not graded: its output is no answer either
+            reward, verifier_output, ending = 0.0, None, _failure("policy", run.reason)
         else:
-            reward, verifier_output, note = await self.grader.grade(sb, ro, task, outcome.answer or "", site,
-                                                              services=services)
+            reward, verifier_output, note = await self.grader.grade(sb, ro, task, run.answer, site,
+                                                                    services=services)
             ending = {"error": note}
         if assembly_error:
             await self._finish(ro.id, status="failed", reward=reward, verifier_output=verifier_output,
                                **_failure("infra", f"trajectory assembly failed: {assembly_error}"))
             return
         await self._finish(ro.id, status="scored", reward=reward, verifier_output=verifier_output, **ending)
-
-    async def _outcome(self, harness: Harness, sb: Sandbox, result: ExecResult, *, answered: bool,
-                       last_call: Call | None) -> HarnessOutcome:
-        """What the harness reported, judged against its exit code and the proxy's record of its calls."""
-        try:
-            outcome = await harness.outcome(result, sb)
-        except SandboxError as exc:
-            raise InfraFailure(f"reading the harness's result failed: {exc}") from None
-        return judge_outcome(outcome, harness=harness.name, exit_code=result.exit_code,
-                             calls_model=harness.calls_model, answered=answered, last_call=last_call)
 
     async def _setup(self, sb: Sandbox, task: TaskSpec) -> None:
         try:
@@ -454,11 +412,6 @@ class RolloutRunner:
         return None
 
     # -- helpers --------------------------------------------------------------------------------
-
-    def _call_record(self, rollout_id: str) -> tuple[bool, Call | None]:
-        """(whether any model call of the rollout was answered, its newest call)."""
-        calls = self.store.list_calls(rollout_id=rollout_id)
-        return any(c.status == "ok" for c in calls), (calls[-1] if calls else None)
 
     async def _finish(self, rollout_id: str, *, status: str, only_unfinished: bool = False, **fields: Any) -> None:
         if only_unfinished:

@@ -11,7 +11,8 @@
 
 Every model call of every step is made with the rollout's key, so the proxy records them all under
 the one rollout and the trajectory is assembled once, at the end (a fresh session starts a new
-segment: rollouts/runner/trajectory.py). The endings are a single run's (rollouts/runner/runner.py):
+segment: rollouts/runner/trajectory.py). Each step's run and its ending are a single run's
+(rollouts/runner/harness_run.py, judged on the calls the step made):
 a step whose harness failed fails the rollout ("harness", never scored); a step's policy failure or
 timeout ends it with reward 0.0 whatever earlier steps scored (a policy that stops working mid-task
 earns nothing, as one that times out on a task of one step); a verifier that cannot run is infra.
@@ -22,9 +23,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from openforge.errors import HarnessError, SandboxError
+from openforge.errors import SandboxError
 from openforge.rollouts.harnesses.base import Harness, HarnessContext
-from openforge.rollouts.runner.grader import InfraFailure, run_in_sandbox, tail
+from openforge.rollouts.runner.grader import InfraFailure, tail
+from openforge.rollouts.runner.harness_run import run_harness
 from openforge.sandbox.base import Sandbox
 from openforge.store import Rollout
 
@@ -38,7 +40,7 @@ _CLEAR_TESTS = "rm -rf ./.harbor-*"  # the verifier's folders (harbor_verifier.p
 async def drive_steps(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, task: "TaskSpec", harness: Harness,
                       ctx: HarnessContext, extra_env: dict[str, str]) -> None:
     """Run every step of `task` (it has `harbor_steps`) in `sb`, grade each, and record the rollout's ending."""
-    from openforge.rollouts.runner.runner import _engine_fault, _failure
+    from openforge.rollouts.runner.runner import _failure
 
     assert task.harbor_steps is not None
     config = runner.config
@@ -48,40 +50,18 @@ async def drive_steps(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, task: "
     for step in task.harbor_steps.steps:
         budget = min(step.time_limit_s * config.runner.time_limit_scale, config.runner.rollout_timeout_s)
         step_ctx = dataclasses.replace(ctx, instruction=step.instruction, step=step.name)
-        try:
-            await harness.prepare(sb, step_ctx)
-            command, env = harness.command(step_ctx), {**extra_env, **harness.env(step_ctx)}
-        except (HarnessError, SandboxError) as exc:
-            raise InfraFailure(f"harness {harness.name} could not be prepared for step {step.name}: {exc}") \
-                from None
-        calls_before = len(await runner._db(runner.store.list_calls, rollout_id=ro.id))
-        result = await run_in_sandbox(config, sb, command, timeout=budget, env=env)
-        try:  # nothing the agent started may still run (and rewrite files) while the step is graded
-            await sb.kill_all()
-        except SandboxError as exc:
-            raise InfraFailure(f"could not end the agent's processes: {exc}") from None
-        await runner._db(runner.store.update_rollout, ro.id, exit_code=result.exit_code,
-                         stdout=tail(result.stdout), stderr=tail(result.stderr))
-        if result.timed_out:
-            await _end(runner, ro, lines, status="timed_out", reward=0.0, failure_kind="timeout",
-                       error=f"step {step.name}: harness ran past its limit of {budget:g}s and was killed")
+        run = await run_harness(runner, sb, ro, harness, step_ctx, budget=budget, env=extra_env, step=step.name)
+        if run.ending == "timed_out":
+            await _end(runner, ro, lines, status="timed_out", reward=0.0, failure_kind="timeout", error=run.reason)
             return
-        calls = (await runner._db(runner.store.list_calls, rollout_id=ro.id))[calls_before:]
-        last_call = calls[-1] if calls else None
-        if broken_call := _engine_fault(last_call):
-            raise InfraFailure(f"step {step.name}: the last model call failed: {broken_call}")
-        outcome = await runner._outcome(harness, sb, result, answered=any(c.status == "ok" for c in calls),
-                                        last_call=last_call)
-        if outcome.failure is not None:
-            await _end(runner, ro, lines, status="failed",
-                       **_failure("harness", f"step {step.name}: {outcome.failure}"))
+        if run.ending == "harness":
+            await _end(runner, ro, lines, status="failed", **_failure("harness", run.reason))
             return
-        if outcome.policy_failure is not None:
-            await _end(runner, ro, lines, status="scored", reward=0.0,
-                       **_failure("policy", f"step {step.name}: {outcome.policy_failure}"))
+        if run.ending == "policy":
+            await _end(runner, ro, lines, status="scored", reward=0.0, **_failure("policy", run.reason))
             return
         reward, output, note = await runner.grader.grade(sb, ro, task.model_copy(update={"harbor": step.tests}),
-                                                         outcome.answer or "")
+                                                         run.answer)
         rewards.append(reward)
         lines.append(f"== step {step.name}: reward {reward:g}\n{tail(output, 2000)}")
         if note:

@@ -15,6 +15,8 @@ osworld.py) names the programs it needs and a start script. For each rollout the
    the launcher ends the display: with the launcher's environment, not the agent's, on whatever the agent
    left open. After a timeout or a kill it does not run; when it fails (the agent closed the window) the
    launcher says so on stderr and still exits with the harness's code: the file is what the agent left.
+   The start (60 s) and the finish (60 s) have their own time: the launcher keeps the harness's limit
+   (`gui.py run --budget`) and reports an overrun by its exit status (rollouts/runner/harness_run.py).
 
 A desktop task is graded by the state its agent leaves (a file, a command's output), as OSWorld grades
 it: a harness with a shell of its own reaches that state without the display. mini-gui, which acts only
