@@ -55,8 +55,9 @@ import time
 from dataclasses import dataclass, replace
 
 SITE_PORT = 8080  # the task site's forwarder on the sandbox's own loopback
-# A desktop's start (its script and first window) and finish each have a time of their own, outside the
-# command's --budget; the slack covers Xvfb's start, the finish's TERM grace and the display's end.
+# The browser's start (until its page is drawn), a desktop's start (its script and first window) and its
+# finish each have a time of their own, outside the command's --budget; the slack covers Xvfb's start, the
+# finish's TERM grace and the display's end.
 START_TIMEOUT_S = 60.0
 FINISH_TIMEOUT_S = 60.0
 LAUNCHER_SLACK_S = 30.0
@@ -90,9 +91,10 @@ class GuiSpec:
     budget: float | None = None  # the command's own limit, kept by the launcher (--budget)
 
     def keeping(self, budget: float) -> "GuiSpec":
-        """This spec with the launcher keeping the command's time limit when a desktop start or finish runs
-        around it: they get their own time (START_TIMEOUT_S, FINISH_TIMEOUT_S), not the command's."""
-        return replace(self, budget=budget) if self.start or self.finish else self
+        """This spec with the launcher keeping the command's time limit when anything runs before or after
+        the command (the site's browser until its page is drawn, a desktop's start and finish): they get
+        their own time (START_TIMEOUT_S, FINISH_TIMEOUT_S), not the command's."""
+        return replace(self, budget=budget) if self.url or self.start or self.finish else self
 
     def exec_timeout(self, budget: float) -> float:
         """The sandbox's limit for an exec of a command whose own limit is `budget`: the launcher's whole run."""
@@ -355,7 +357,7 @@ def run(argv: list[str]) -> int:
         os.environ["DISPLAY"] = display
         if url:
             browser = start_chromium(display, url, mode=mode, width=width, height=height)
-            wait_painted(60.0, display)
+            wait_painted(START_TIMEOUT_S, display)
         if start:
             start_desktop(start, display)
         if not command:

@@ -27,11 +27,13 @@ from test_desktop_tasks import GUI, TEXT, WORDS, needs_desktop
 FINISHED = "gui.py run: the command ran past its budget"
 
 
-def test_only_a_desktop_start_or_finish_makes_the_launcher_keep_the_budget() -> None:
+def test_what_runs_around_the_command_makes_the_launcher_keep_the_budget() -> None:
     desktop = GuiSpec(start="xedit &", finish="true").keeping(30)
     assert desktop.launcher_args()[-3:] == ["--budget", "30", "--"] and desktop.exec_timeout(30) == 30 + 60 + 60 + 30
-    site = GuiSpec(url="http://127.0.0.1:8080/").keeping(30)  # a site's browser: as before, all in the limit
-    assert site.budget is None and "--budget" not in site.launcher_args() and site.exec_timeout(30) == 30
+    site = GuiSpec(url="http://127.0.0.1:8080/").keeping(30)  # a site's browser starts outside the limit too
+    assert site.launcher_args()[-3:] == ["--budget", "30", "--"] and site.exec_timeout(30) == 30 + 60 + 60 + 30
+    bare = GuiSpec().keeping(30)  # a harness that starts its own browser on a bare display: all of it is its time
+    assert bare.budget is None and "--budget" not in bare.launcher_args() and bare.exec_timeout(30) == 30
 
 
 def _launch(tmp_path: Path, *args: str) -> subprocess.Popen:
@@ -89,4 +91,4 @@ async def test_the_harness_gets_its_whole_limit_and_an_overrun_ends_timed_out(st
     assert (over.status, over.reward, over.failure_kind, over.verifier_output) == ("timed_out", 0.0, "timeout", None)
     assert over.error == "harness ran past its limit of 15s and was killed" and FINISHED in (over.stderr or "")
     assert (held.status, held.reward, held.failure_kind, held.verifier_output) == ("scored", 0.0, "policy", None)
-    assert (held.error or "").startswith("policy: the desktop's launcher was killed by signal 9"), held.error
+    assert (held.error or "").startswith("policy: the display's launcher was killed by signal 9"), held.error

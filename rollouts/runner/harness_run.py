@@ -7,14 +7,15 @@
 prepare the harness -> (a GUI task's display attached around this exec only) its command under `budget` ->
 kill_all: nothing the agent started still runs -> the exit code and output recorded on the rollout ->
 `before_judging` (the caller's: runner.py withdraws the tools' and services' sockets there) -> the
-ending, decided from what the policy cannot write: the sandbox's (or the desktop launcher's) report of
+ending, decided from what the policy cannot write: the sandbox's (or the GUI launcher's) report of
 the time limit, then the proxy's record of the calls this run made (its last one failed in the engine
 or the proxy: InfraFailure), then the harness's outcome judged against its exit code (failures.py).
 
-A desktop's start and finish run in the launcher around the harness (sandbox/gui.py `run --budget`):
-they get their own time, the harness the whole `budget`, and the launcher, which keeps that budget from
-the harness's start, is the one that reports an overrun, by its exit status (HARNESS_TIMED_OUT). Its
-output is never read for it: the agent writes to the same stdout and stderr. A launcher ended by a
+A GUI task's browser start (until its page is drawn) and a desktop's start and finish run in the launcher
+around the harness (sandbox/gui.py `run --budget`): they get their own time, the harness the whole
+`budget`, and the launcher, which keeps that budget from the harness's start, is the one that reports an
+overrun, by its exit status (HARNESS_TIMED_OUT). Its output is never read for it: the agent writes to the
+same stdout and stderr. A launcher ended by a
 signal (the agent's processes are the only ones in the sandbox that send any) after the exec ran past
 `budget` has made no report: the harness may have overrun, so the run is the policy's failure, never graded.
 """
@@ -105,7 +106,7 @@ async def run_harness(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, harness
         return HarnessRun("timed_out", result, f"{prefix}harness ran past its limit of {budget:g}s and was killed")
     if spec is not None and spec.budget is not None and 128 < result.exit_code <= 128 + MAX_SIGNAL \
             and result.duration_s > budget:
-        return HarnessRun("policy", result, f"{prefix}the desktop's launcher was killed by signal "
+        return HarnessRun("policy", result, f"{prefix}the display's launcher was killed by signal "
                           f"{result.exit_code - 128} after {result.duration_s:.0f}s, before it reported the "
                           f"harness's time (its limit {budget:g}s), not by the runner")
     calls = (await asyncio.to_thread(store.list_calls, rollout_id=ro.id))[calls_before:]
