@@ -140,13 +140,20 @@ def _busybox_rootfs(root: Path) -> None:
     _add_user(root)
 
 
+def user_entries(home: str) -> tuple[str, str]:
+    """The sandbox's user as an /etc/passwd and an /etc/group line (images and local sandboxes alike)."""
+    return (f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_UID}:{SANDBOX_USER}:{home}:/bin/sh\n",
+            f"{SANDBOX_USER}:x:{SANDBOX_UID}:\n")
+
+
 def _add_user(root: Path) -> None:
     """The sandbox's user in /etc/passwd and /etc/group (a program asking getpwuid() gets an answer) and
     its home; `_pack` gives it `WORKDIR` and the home."""
+    passwd, group = user_entries(SANDBOX_HOME)
     with open(root / "etc" / "passwd", "a") as f:
-        f.write(f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_UID}:{SANDBOX_USER}:{SANDBOX_HOME}:/bin/sh\n")
+        f.write(passwd)
     with open(root / "etc" / "group", "a") as f:
-        f.write(f"{SANDBOX_USER}:x:{SANDBOX_UID}:\n")
+        f.write(group)
     (root / SANDBOX_HOME.lstrip("/")).mkdir(parents=True, exist_ok=True)
 
 

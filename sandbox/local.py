@@ -53,7 +53,7 @@ from openforge.paths import forge_home
 from openforge.sandbox.base import (ExecResult, IsolationReport, IsolationUnavailable, SandboxBase, SandboxFileNotFound,
                           SandboxInfo, SandboxPathRefused, sandbox_labels)
 from openforge.sandbox.gui import SITE_PORT, SITE_URL, GuiSpec
-from openforge.sandbox.images import SANDBOX_UID, SANDBOX_USER
+from openforge.sandbox.images import SANDBOX_UID, SANDBOX_USER, user_entries
 from openforge.sandbox.limits import TaskLimits, affinity_cores
 from openforge.sandbox.procs import Cgroup, Limits, cgroup_name, kill_pids, kill_tree, limit_argv, nproc_budget, preexec
 
@@ -298,11 +298,10 @@ class LocalSandbox(SandboxBase):
                 (self.dir / sub).mkdir(parents=True, exist_ok=True)
             # Who the sandbox's user is, without the host's account list (unisolated these are not used:
             # the commands run as forge's own user).
+            passwd, group = user_entries(self._inner("home"))
             (self.dir / "etc" / "passwd").write_text(
-                "root:x:0:0:root:/root:/bin/sh\n"
-                f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_UID}:{SANDBOX_USER}:{self._inner('home')}:/bin/sh\n"
-                "nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
-            (self.dir / "etc" / "group").write_text(f"root:x:0:\n{SANDBOX_USER}:x:{SANDBOX_UID}:\nnogroup:x:65534:\n")
+                f"root:x:0:0:root:/root:/bin/sh\n{passwd}nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
+            (self.dir / "etc" / "group").write_text(f"root:x:0:\n{group}nogroup:x:65534:\n")
             meta = {"labels": self.labels, "owner_pid": os.getpid(), "created": time.time()}
             (self.dir / META_FILE).write_text(json.dumps(meta))
         except OSError as exc:
