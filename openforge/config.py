@@ -380,6 +380,9 @@ class RunnerConfig(_Section):
     rollout_timeout_s: float = Field(300.0, gt=0, description="cap on a rollout; a task's own limit may be lower")
     time_limit_scale: float = Field(1.0, gt=0, description="multiplies every task's time limit (a CPU engine "
                                     "serving a real harness's 48k-token prompts is many times slower than a GPU)")
+    wall_cap_scale: float = Field(4.0, ge=1.0, description="a harness run's hard wall-clock cap, as a multiple of "
+                                  "its time limit: the limit leaves out the time its model calls spend at the "
+                                  "proxy and engine, up to this cap (past it: an infra failure, a hung engine)")
     verifier_timeout_s: float = Field(60.0, gt=0, description="cap on a task's verifier run")
     samples_per_task: int = Field(4, ge=1, description="k for eval, the group size G for GRPO")
     pass_k: list[int] = Field(default_factory=lambda: [1, 3], description="the k values of pass@k and pass^k in eval "

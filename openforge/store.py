@@ -431,6 +431,15 @@ class Store:
                 q = q.limit(limit)
             return list(s.exec(q).all())
 
+    def call_spans(self, *, rollout_id: str, after_id: int = 0) -> list[tuple[datetime, datetime | None]]:
+        """(started_at, ended_at) of a rollout's calls with id > `after_id`, in order; ended_at None while
+        in flight. Two columns only: the runner reads them every few seconds of a rollout's run."""
+        with self.session() as s:
+            q = (select(Call.started_at, Call.ended_at)
+                 .where(Call.rollout_id == rollout_id, Call.id > after_id)  # type: ignore[operator]
+                 .order_by(Call.id))  # type: ignore[arg-type]
+            return [(start, end) for start, end in s.exec(q).all()]
+
     def get_call(self, call_id: int) -> Call:
         with self.session() as s:
             call = s.get(Call, call_id)

@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -154,9 +155,12 @@ class CallPipeline:
 
     async def run(self, adapter: ApiAdapter, rollout: dict[str, Any], req: CallRequest, raw_body: str) -> Response:
         """Serve one parsed call; raises APIError (already recorded) for an answer in the API's shape."""
+        # The row's started_at is the call's arrival, its wait for a slot included: the runner leaves the
+        # time from there to ended_at out of the harness's time limit (rollouts/runner/policy_clock.py).
+        arrived = utcnow()
         slot = await self.slots.take()
         try:
-            call = await self._begin(adapter, rollout, req, raw_body)
+            call = await self._begin(adapter, rollout, req, raw_body, arrived)
             try:
                 if req.stream:
                     return await self._start_stream(call, slot)
@@ -214,7 +218,8 @@ class CallPipeline:
             raise APIError("server", f"the proxy could not store the call's images: {exc}") from None
         return [im.sha for im in prompt.images]
 
-    async def _begin(self, adapter: ApiAdapter, rollout: dict[str, Any], req: CallRequest, raw_body: str) -> LiveCall:
+    async def _begin(self, adapter: ApiAdapter, rollout: dict[str, Any], req: CallRequest, raw_body: str,
+                     arrived: datetime) -> LiveCall:
         self.check_images(req)
         limit = await self.context_limit()
         prompt = await self.prompts.build(rollout["id"], req, limit=limit, body_chars=len(raw_body))
@@ -238,7 +243,7 @@ class CallPipeline:
             "prompt_ids": prompt.ids, "reused_tokens": prompt.reused_tokens, "prompt_tokens": len(prompt.ids),
             "break_reason": prompt.break_reason, "images": image_ids or None,
             "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-            "retokenized": self.teacher is not None, "started_at": utcnow(),
+            "retokenized": self.teacher is not None, "started_at": arrived,
         }))
         engine_params: dict[str, Any] = {"max_new_tokens": max_new, "stop_token_ids": self.renderer.stop_token_ids,
                                          "temperature": sampling.temperature, "top_p": sampling.top_p,

@@ -4,7 +4,9 @@
     run = await run_harness(runner, sb, ro, harness, ctx, budget=budget, env=service_env, site=site)
     run.ending   "timed_out" | "harness" | "policy" | "answer"    run.reason, run.answer, run.result
 
-prepare the harness -> (a GUI task's display attached around this exec only) its command under `budget` ->
+prepare the harness -> (a GUI task's display attached around this exec only) its command under `budget` of
+the policy's time (rollouts/runner/policy_clock.py: the time its model calls spend at the proxy and engine
+is left out, up to a hard cap of `budget` x runner.wall_cap_scale, past which it is an InfraFailure) ->
 kill_all: nothing the agent started still runs -> the exit code and output recorded on the rollout ->
 `before_judging` (the caller's: runner.py withdraws the tools' and services' sockets there) -> the
 ending, decided from what the policy cannot write: the sandbox's (or the GUI launcher's) report of
@@ -14,10 +16,12 @@ or the proxy: InfraFailure), then the harness's outcome judged against its exit 
 A GUI task's browser start (until its page is drawn) and a desktop's start and finish run in the launcher
 around the harness (sandbox/gui.py `run --budget`): they get their own time, the harness the whole
 `budget`, and the launcher, which keeps that budget from the harness's start, is the one that reports an
-overrun, by its exit status (HARNESS_TIMED_OUT). Its output is never read for it: the agent writes to the
-same stdout and stderr. A launcher ended by a
-signal (the agent's processes are the only ones in the sandbox that send any) after the exec ran past
-`budget` has made no report: the harness may have overrun, so the run is the policy's failure, never graded.
+overrun, by its exit status (HARNESS_TIMED_OUT). That budget is wall-clock time, engine time included: the
+launcher cannot read the proxy's record, and the runner does not know when the harness started in it.
+The launcher's output is never read for it: the agent writes to the same stdout and stderr. A launcher
+ended by a signal (the agent's processes are the only ones in the sandbox that send any) after the exec
+ran past `budget` has made no report: the harness may have overrun, so the run is the policy's failure,
+never graded.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from openforge.errors import HarnessError, SandboxError
 from openforge.rollouts.harnesses.base import Harness, HarnessContext
 from openforge.rollouts.runner.failures import MAX_SIGNAL, judge_outcome
 from openforge.rollouts.runner.grader import InfraFailure, run_in_sandbox, tail
+from openforge.rollouts.runner.policy_clock import ClockedRun, PolicyClock, run_on_policy_clock
 from openforge.sandbox.base import ExecResult, Sandbox
 from openforge.sandbox.gui import HARNESS_TIMED_OUT
 from openforge.store import CALL_CLIENT_LEFT, Call, Rollout
@@ -87,12 +92,18 @@ async def run_harness(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, harness
             sb.attach_gui(spec)
     except SandboxError as exc:
         raise InfraFailure(str(exc)) from None
-    calls_before = len(await asyncio.to_thread(store.list_calls, rollout_id=ro.id))
+    before = await asyncio.to_thread(store.list_calls, rollout_id=ro.id)
+    clock = PolicyClock(store, ro.id, after_id=(before[-1].id or 0) if before else 0)
+    cap = budget * config.runner.wall_cap_scale
     try:
-        result = await run_in_sandbox(config, sb, command, timeout=timeout, env=env)
+        if spec is not None and spec.budget is not None:  # the launcher keeps the budget, by its own clock
+            run = ClockedRun(await run_in_sandbox(config, sb, command, timeout=timeout, env=env), None)
+        else:
+            run = await run_on_policy_clock(config, sb, command, env=env, budget=budget, cap=cap, clock=clock)
     finally:
         if site is not None:
             sb.attach_gui(None)
+    result = run.result
     try:  # nothing the agent started may still run (and rewrite files) while it is graded
         await sb.kill_all()
     except SandboxError as exc:
@@ -102,14 +113,20 @@ async def run_harness(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, harness
     if before_judging is not None:
         await before_judging()
     prefix = f"step {step}: " if step else ""
+    if run.ended_by == "cap" and clock.policy_s < budget:  # the engine held it: never the policy's 0
+        raise InfraFailure(f"{prefix}the harness reached the hard cap of {cap:g}s (runner.wall_cap_scale), "
+                           f"{clock.engine_s:.0f}s of it waiting on the model server; the policy's own time "
+                           f"{clock.policy_s:.0f}s of its limit of {budget:g}s")
     if result.timed_out or (spec is not None and spec.budget is not None and result.exit_code == HARNESS_TIMED_OUT):
-        return HarnessRun("timed_out", result, f"{prefix}harness ran past its limit of {budget:g}s and was killed")
+        waited = f", besides {clock.engine_s:.0f}s waiting on the model server" if clock.engine_s >= 1 else ""
+        return HarnessRun("timed_out", result, f"{prefix}harness ran past its limit of {budget:g}s{waited} "
+                          "and was killed")
     if spec is not None and spec.budget is not None and 128 < result.exit_code <= 128 + MAX_SIGNAL \
             and result.duration_s > budget:
         return HarnessRun("policy", result, f"{prefix}the display's launcher was killed by signal "
                           f"{result.exit_code - 128} after {result.duration_s:.0f}s, before it reported the "
                           f"harness's time (its limit {budget:g}s), not by the runner")
-    calls = (await asyncio.to_thread(store.list_calls, rollout_id=ro.id))[calls_before:]
+    calls = (await asyncio.to_thread(store.list_calls, rollout_id=ro.id))[len(before):]
     last_call = calls[-1] if calls else None
     if broken_call := engine_fault(last_call):  # the engine/proxy failed the harness: not the policy's data
         raise InfraFailure(f"step {step}: the last model call failed: {broken_call}" if step
