@@ -8,6 +8,11 @@ gets the rollout's token in a fixed-size preamble line:
 
     python3 -I forwarder.py --connect HOST:PORT --token TOKEN --port 8080 -- [CMD ARGS...]
 
+Or the other way, for a task's service in a sandbox of its own (sandbox/confine.py): a unix socket the
+host connects to, each connection piped to the service's 127.0.0.1:PORT in the sandbox's own network:
+
+    python -I forwarder.py --listen-socket /run/forge/listen.sock --to-port 8080 -- CMD ARGS...
+
 It binds the port first, then forks: the child serves, the parent execs CMD. So CMD never races the
 listener, and the server lives in CMD's pid namespace and dies with it. Standard library only: it runs
 under the sandbox's interpreter (`-I`: no PYTHON* variables, no user site, no script dir on sys.path,
@@ -45,10 +50,13 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
             writer.close()
 
 
-async def _serve(listener: socket.socket, path: str | None, relay: tuple[str, int, bytes] | None = None) -> None:
+async def _serve(listener: socket.socket, path: str | None, relay: tuple[str, int, bytes] | None = None,
+                 to_port: int | None = None) -> None:
     async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         try:
-            if relay is not None:  # (host, port, preamble): the site relay on the forge host
+            if to_port is not None:  # a confined service, on this sandbox's own loopback
+                proxy_r, proxy_w = await asyncio.open_connection("127.0.0.1", to_port)
+            elif relay is not None:  # (host, port, preamble): the site relay on the forge host
                 proxy_r, proxy_w = await asyncio.open_connection(relay[0], relay[1])
                 proxy_w.write(relay[2])
             else:
@@ -69,9 +77,13 @@ def main(argv: list[str]) -> None:
     sep = argv.index("--")
     opts = dict(zip(argv[:sep:2], argv[1:sep:2]))
     command = argv[sep + 1:]
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", int(opts["--port"])))
+    if "--listen-socket" in opts:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(opts["--listen-socket"])
+    else:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", int(opts["--port"])))
     listener.listen(128)
     if os.fork() == 0:  # the server: detached from CMD's stdio so it never holds the exec's pipes open
         devnull = os.open(os.devnull, os.O_RDWR)
@@ -81,7 +93,8 @@ def main(argv: list[str]) -> None:
         if "--connect" in opts:
             host, _, port = opts["--connect"].rpartition(":")
             relay = (host.strip("[]"), int(port), site_preamble(opts["--token"]))
-        asyncio.run(_serve(listener, opts.get("--socket"), relay))
+        to_port = int(opts["--to-port"]) if "--to-port" in opts else None
+        asyncio.run(_serve(listener, opts.get("--socket"), relay, to_port))
         os._exit(0)
     listener.close()
     if not command:

@@ -217,3 +217,99 @@ async def test_a_run_cancelled_while_services_start_leaves_none_running(store: S
     assert not left
     (ro,) = store.list_rollouts(run.id)
     assert ro.status == "cancelled"
+
+
+# A task service with ordinary debugging endpoints, driven by the agent (issue 43): on the host with forge's
+# environment it read /etc/shadow, forge's keys and the task file holding the expected request.
+PEEK_SERVICE = '''import json, os, socket
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, text):
+        data = text.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        url = urlsplit(self.path)
+        q = {k: v[0] for k, v in parse_qs(url.query).items()}
+        if url.path == "/peek":
+            try:
+                with open(q["path"], encoding="utf-8", errors="replace") as f:
+                    return self._reply(f.read())
+            except OSError as exc:
+                return self._reply("unreadable: " + type(exc).__name__)
+        if url.path == "/env":
+            return self._reply(os.environ.get(q["name"], "unset"))
+        if url.path == "/dial":
+            try:
+                socket.create_connection(("127.0.0.1", int(q["port"])), timeout=2).close()
+                return self._reply("reached")
+            except OSError:
+                return self._reply("unreachable")
+        self._reply("ok")
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._reply("sent")
+
+
+ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
+'''
+LEAK_CODE = "Q-58213"
+TEACHER_KEY = "sk-teacher-0d1e2f"
+
+
+async def test_a_tasks_service_has_no_more_reach_than_the_agent(store: Store, tmp_path: Path, forge_home: Path,
+                                                               monkeypatch) -> None:
+    import json
+    import socket
+
+    from openforge.rollouts.tasks.format import load_tasks
+
+    monkeypatch.setenv("FORGE_TEACHER_API_KEY", TEACHER_KEY)
+    monkeypatch.setenv("OPENAI_API_KEY", TEACHER_KEY)
+    tasks_file = tmp_path / "tasks.jsonl"
+    tasks_file.write_text(json.dumps({
+        "id": "leak", "instruction": "Send the code.",
+        "services": [{"name": "peek", "command": "python server.py", "files": {"server.py": PEEK_SERVICE},
+                      "health": {"method": "GET", "path": "/health"}}],
+        "expect_requests": [{"service": "peek", "method": "POST", "path": "/send", "body": {"code": LEAK_CODE}}]}) + "\n")
+    [task] = load_tasks(tasks_file)
+    (forge_home / "secret.txt").write_text("forge's own file\n")
+    host = socket.socket()
+    host.bind(("127.0.0.1", 0))
+    host.listen(8)  # a port on the host's loopback (the engine's, the proxy's): the agent cannot dial it
+    probes = {"peek?path=/etc/shadow": None, f"peek?path={forge_home / 'forge.db'}": None,
+              f"peek?path={forge_home / 'secret.txt'}": None, f"peek?path=/proc/{os.getpid()}/environ": None,
+              "env?name=FORGE_TEACHER_API_KEY": None, "env?name=OPENAI_API_KEY": None, "env?name=FORGE_HOME": None,
+              f"dial?port={host.getsockname()[1]}": None}
+    script = f'''python3 - <<'PY'
+import json, os, re, urllib.request
+base = os.environ["FORGE_SERVICE_PEEK_URL"]
+task = urllib.request.urlopen(base + "/peek?path={tasks_file}").read().decode()
+code = re.search(r"Q-[0-9]+", task)
+urllib.request.urlopen(urllib.request.Request(base + "/send", json.dumps({{"code": code.group(0) if code else ""}})
+                                              .encode(), {{"Content-Type": "application/json"}}))
+out = {{p: urllib.request.urlopen(base + "/" + p).read().decode() for p in {list(probes)!r}}}
+open("probes.json", "w").write(json.dumps(out))
+PY
+cat probes.json
+'''
+    try:
+        (ro,) = await _run(store, [task], script)
+    finally:
+        host.close()
+    assert ro.status == "scored" and ro.reward == 0.0, (ro.error, ro.stderr, ro.verifier_output)
+    answers = json.loads(ro.stdout.strip().splitlines()[-1])
+    assert set(answers) == set(probes)
+    for probe, answer in answers.items():
+        assert answer.startswith("unreadable") or answer in ("unset", "unreachable"), (probe, answer[:200])
+    assert TEACHER_KEY not in ro.stdout and LEAK_CODE not in ro.stdout

@@ -8,6 +8,7 @@ compose file, an unknown transport) is refused with one line by `forge tasks val
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -258,3 +259,62 @@ async def test_mini_calls_the_harbor_servers_tool_as_a_native_function_tool(make
     assert "get_code" in [t["function"]["name"] for t in first["tools"]]
     [dispatch] = [json.loads(x) for x in dispatch_record_path(ro.run_id, ro.id).read_text().splitlines()]
     assert (dispatch["server"], dispatch["arguments"], dispatch["result"]) == ("codes", {"team": "blue"}, CODE)
+
+
+# A task MCP server with an ordinary file-reading tool (and one that reads its environment): the agent
+# points them at the host. Issue 43: on the host as forge's user with forge's environment, it read
+# /etc/shadow, the store, forge's own environment, and the task's test.sh with the expected answer (1.0).
+PEEK_SERVER = SERVER.replace('if __name__', '''@mcp.tool()
+def cat_file(path: str) -> str:
+    """A file's text."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError as exc:
+        return f"unreadable: {type(exc).__name__}"
+
+
+@mcp.tool()
+def getenv(name: str) -> str:
+    """An environment variable."""
+    import os
+    return os.environ.get(name, "unset")
+
+
+if __name__''')
+TEACHER_KEY = "sk-teacher-0d1e2f"  # a key in forge's environment the task's code must never see
+
+
+async def test_a_tasks_mcp_server_has_no_more_reach_than_the_agent(store: Store, tmp_path: Path, forge_home: Path,
+                                                                   monkeypatch) -> None:
+    monkeypatch.setenv("FORGE_TEACHER_API_KEY", TEACHER_KEY)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", TEACHER_KEY)
+    folder = _mcp_task(tmp_path)
+    (folder / "environment" / "mcp" / "server.py").write_text(PEEK_SERVER)
+    [task] = load_tasks(folder)
+    test_sh = folder / "tests" / "test.sh"
+    assert CODE in test_sh.read_text()
+    own = forge_home / "secret.txt"
+    own.write_text("forge's own file\n")
+    # The whole attack: read the expected answer out of the task's own test.sh, write it as the answer.
+    steal = _calls("cat_file", {"path": str(test_sh)}).replace("> answer.txt", "> t.sh") + \
+        "grep -o 'K7-[0-9]*' t.sh | head -1 > answer.txt\n"
+    probes = [("cat_file", {"path": "/etc/shadow"}), ("cat_file", {"path": str(forge_home / "forge.db")}),
+              ("cat_file", {"path": str(own)}), ("cat_file", {"path": f"/proc/{os.getpid()}/environ"}),
+              ("cat_file", {"path": f"/proc/{os.getpid()}/cmdline"}),
+              ("getenv", {"name": "FORGE_TEACHER_API_KEY"}), ("getenv", {"name": "ANTHROPIC_API_KEY"}),
+              ("getenv", {"name": "FORGE_HOME"})]
+    script = steal + "".join(_calls(tool, args).replace("> answer.txt", ">> probes.txt") for tool, args in probes)
+    run = store.create_run(kind="check")
+    runner = RolloutRunner(store, config=ForgeConfig(), proxy_url="http://127.0.0.1:9",
+                           harness=_StandInHarness({task.id: script}))
+    [ro] = await runner.run(run.id, [RolloutSpec(task)])
+    assert (ro.status, ro.reward) == ("scored", 0.0), (ro.error, ro.stderr, ro.verifier_output)
+    record = [json.loads(x) for x in dispatch_record_path(ro.run_id, ro.id).read_text().splitlines()]
+    assert len(record) == 1 + len(probes) and all(d["infra_error"] is None for d in record), record
+    results = {json.dumps(d["arguments"]): d["result"] for d in record}
+    for (tool, args) in [("cat_file", {"path": str(test_sh)}), *probes]:
+        result = results[json.dumps(args)]
+        assert result.startswith("unreadable") or result == "unset", (tool, args, result[:200])
+    leaked = "\n".join(results.values())
+    assert CODE not in leaked and TEACHER_KEY not in leaked and "root:" not in leaked, leaked[:500]

@@ -8,8 +8,10 @@
 
 The ToolServer (tool_server.py) offers these tools beside the task's own and sends each call here, so
 the harness reaches a task's MCP server only through the rollout's bearer-gated tool server, and every
-call is in the host's dispatch record. A stdio server runs on the host in a fresh 0700 folder holding its
-files; one over HTTP is reached at its task service's recording front, so its requests are recorded
+call is in the host's dispatch record. A stdio server runs in a fresh 0700 folder holding its files,
+confined (sandbox/confine.py: a bubblewrap sandbox of its own, no network, its folder at /task, an
+environment of PATH, LANG, HOME, TMPDIR and the task's `env` only): the agent's arguments drive it, so it
+reaches no more than the agent does. One over HTTP is reached at its task service's recording front, so its requests are recorded
 there too. The sessions live in one task of their own: the `mcp` client's transports are anyio task
 groups, which must be left from the task that entered them (the runner closes from a shielded task).
 """
@@ -18,13 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from openforge.rollouts.tasks.mcp_servers import McpServerSpec
+from openforge.sandbox.confine import Confinement, ConfinementUnavailable
 from openforge.sandbox.gc import owned_tempdir, remove_owned
 
 
@@ -45,8 +47,9 @@ class McpUpstreams:
     """The client side of a rollout's task MCP servers."""
 
     def __init__(self, specs: list[McpServerSpec], *, services: Mapping[str, str] | None = None,
-                 folder: Path | None = None) -> None:
+                 folder: Path | None = None, confinement: Confinement | None = None) -> None:
         self.specs = {s.name: s for s in specs}
+        self.confinement = confinement  # the run's (Confinement.for_sandbox); None: bubblewrap, or refused
         self.services = dict(services or {})
         self.tools: dict[str, tuple[str, Any]] = {}
         self._sessions: dict[str, Any] = {}
@@ -57,6 +60,11 @@ class McpUpstreams:
 
     async def start(self) -> None:
         """Start or reach every server, initialise it and list its tools; UpstreamFailed says which and why."""
+        if self.confinement is None:
+            try:
+                self.confinement = Confinement.required()
+            except ConfinementUnavailable as exc:
+                raise UpstreamFailed(f"the task's MCP servers cannot run here: {exc}") from None
         self._ready = asyncio.get_running_loop().create_future()
         self._owner = asyncio.create_task(self._own())
         timeout = max((s.ready_timeout_s for s in self.specs.values()), default=1.0) + 5
@@ -113,9 +121,10 @@ class McpUpstreams:
             assert spec.command is not None
             # The interpreter forge runs under, as for task services (ClawEval's mock services do the same).
             command = sys.executable if spec.command in ("python", "python3") else spec.command
-            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", **spec.env}
+            assert self.confinement is not None
+            argv, env = self.confinement.command([command, *spec.args], str(folder), env=spec.env)
             errlog = open(self._folder / f"{spec.name}.stderr", "w", encoding="utf-8")  # noqa: SIM115
-            return _closing(stdio_client(StdioServerParameters(command=command, args=spec.args, env=env,
+            return _closing(stdio_client(StdioServerParameters(command=argv[0], args=argv[1:], env=env,
                                                                cwd=str(folder)), errlog=errlog), errlog)
         base = self.services.get(spec.service or "")
         if base is None:

@@ -59,6 +59,7 @@ from openforge.rollouts.tasks.desktop import Desktop
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.web.benchmarks import PROBE_TIMEOUT_S, LivePage, check_online
 from openforge.sandbox.base import Sandbox, SandboxStartFailed, start_with_retry, stop_shielded
+from openforge.sandbox.confine import Confinement
 
 log = logging.getLogger(__name__)
 
@@ -236,8 +237,13 @@ class RolloutRunner:
         if not task.tools and not task.mcp_servers:
             yield None
             return
+        try:
+            confinement = self._confinement()
+        except SandboxError as exc:
+            raise InfraFailure(f"the task's tools could not be served: {exc}") from None
         server = ToolServer(task.tools, record=dispatch_record_path(ro.run_id, ro.id),
-                            services=services.urls() if services else {}, mcp_servers=task.mcp_servers)
+                            services=services.urls() if services else {}, mcp_servers=task.mcp_servers,
+                            confinement=confinement)
         try:
             await server.start()
         except (ToolServerUnavailable, OSError) as exc:
@@ -247,6 +253,11 @@ class RolloutRunner:
             yield server
         finally:
             await asyncio.shield(server.close())
+
+    def _confinement(self) -> Confinement:
+        """How a task's own code (its services, MCP servers, tool commands) runs on the host: in a bubblewrap
+        sandbox of its own, or plain only where the run chose `sandbox.isolation = "none"` (sandbox/confine.py)."""
+        return Confinement.for_sandbox(self.config.sandbox)
 
     @staticmethod
     def _open_site(task: TaskSpec) -> Any:
@@ -271,9 +282,15 @@ class RolloutRunner:
         if not spec.task.services:
             return None
         from openforge.rollouts.tasks.services import ServiceSession, ServiceStartFailed
+        try:
+            confinement = self._confinement()
+        except SandboxError as exc:
+            await self._finish(ro.id, status="failed", **_failure("infra", f"services cannot run here: {exc}"))
+            return False
         # Seeded by task and sample: a rerun of a sample meets the same injected errors.
         opening = asyncio.ensure_future(asyncio.to_thread(ServiceSession.open, spec.task.services,
-                                                          seed=f"{spec.task.id}/{spec.sample_index}"))
+                                                          seed=f"{spec.task.id}/{spec.sample_index}",
+                                                          confinement=confinement))
         try:
             return await asyncio.shield(opening)
         except asyncio.CancelledError:  # the thread goes on starting them: what it opens is closed at once

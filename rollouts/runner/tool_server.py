@@ -11,8 +11,9 @@ where a forwarder serves it on the sandbox's 127.0.0.1) and on an ephemeral loop
 sandbox that shares the host's network). Both demand `Authorization: Bearer <token>`, a secret made
 per rollout, so no other rollout (and nothing else on the host) can call this rollout's tools.
 
-A dispatch runs the tool's handler here, outside the sandbox: `command` (a host shell command; the
-arguments as JSON on stdin; its stdout is the result, a non-zero exit an error result the agent sees)
+A dispatch runs the tool's handler here, outside the sandbox: `command` (a shell command, confined as a
+task's MCP servers are (sandbox/confine.py); the arguments as JSON on stdin; its stdout is the result, a
+non-zero exit an error result the agent sees)
 or `service` (the arguments as the JSON body of a request to the task service's base URL for this
 rollout). A handler that could never run (its command cannot start, its service is not there) is the
 infrastructure's failure: the agent gets an error result and `infra_error` is set, so the runner masks
@@ -41,6 +42,7 @@ from typing import Any
 from openforge.rollouts.runner.mcp_upstream import McpUpstreams, UpstreamFailed
 from openforge.rollouts.tasks.mcp_servers import McpServerSpec
 from openforge.rollouts.tasks.tools import RESERVED_NAMES, TaskTool
+from openforge.sandbox.confine import Confinement, ConfinementUnavailable
 from openforge.sandbox.gc import owned_tempdir, remove_owned
 
 RESULT_CHARS = 64_000  # what one result may carry back to the agent (and into the record)
@@ -69,10 +71,14 @@ class ToolServer:
     """One rollout's MCP server; an async context manager (start, then close on every path)."""
 
     def __init__(self, tools: list[TaskTool], *, record: Path, services: Mapping[str, str] | None = None,
-                 folder: Path | None = None, mcp_servers: list[McpServerSpec] | None = None) -> None:
+                 folder: Path | None = None, mcp_servers: list[McpServerSpec] | None = None,
+                 confinement: Confinement | None = None) -> None:
         self.tools = {tool.name: tool for tool in tools}
+        # How the task's own code runs (its MCP servers, its tools' commands): the run's, else bubblewrap.
+        self.confinement = confinement
         # The task's own MCP servers (Harbor's mcp_servers): their tools are offered here beside `tools`.
-        self.upstreams = McpUpstreams(mcp_servers, services=services, folder=folder) if mcp_servers else None
+        self.upstreams = McpUpstreams(mcp_servers, services=services, folder=folder,
+                                      confinement=confinement) if mcp_servers else None
         self.record = record
         self.services = dict(services or {})
         self.token = secrets.token_urlsafe(32)
@@ -104,6 +110,11 @@ class ToolServer:
             from mcp.server.lowlevel import Server
         except ImportError as exc:
             raise ToolServerUnavailable(f"task tools need the `mcp` package: pip install 'openforge[tools]' ({exc})") from None
+        if self.confinement is None and any(t.command is not None for t in self.tools.values()):
+            try:
+                self.confinement = Confinement.required()
+            except ConfinementUnavailable as exc:
+                raise ToolServerUnavailable(f"the task's tool commands cannot run here: {exc}") from None
         if self.upstreams is not None:
             try:
                 await self.upstreams.start()
@@ -212,11 +223,15 @@ class ToolServer:
     async def _run_command(self, tool: TaskTool, arguments: dict[str, Any]) -> tuple[str, bool, str | None, str | None]:
         """(result, is_error, why it could never run: infra, why this call failed: the agent's)."""
         assert tool.command is not None
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "FORGE_TOOL": tool.name}
+        assert self.confinement is not None
+        folder = self._folder / "tool"  # beside the server's socket, never the folder that holds it
         try:
+            folder.mkdir(mode=0o700, exist_ok=True)
+            argv, env = self.confinement.command(["/bin/sh", "-c", tool.command], str(folder),
+                                                 env={"FORGE_TOOL": tool.name})
             proc = await asyncio.create_subprocess_exec(
-                "/bin/sh", "-c", tool.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=env, cwd=self._folder, start_new_session=True)
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=env, cwd=folder, start_new_session=True)
         except OSError as exc:
             return "error: the tool could not run", True, f"tool {tool.name}: cannot start its command: {exc}", None
         try:

@@ -13,7 +13,8 @@ Harbor (harbor 0.26.0, `harbor/models/task/config.py` `MCPServerConfig`) declare
 and hands the list to the agent, which registers it its own way (Claude Code writes ~/.claude.json, Codex
 its config.toml). forge gives the agent its own tool server instead (rollouts/runner/tool_server.py): a
 stdio server becomes a task MCP server (rollouts/tasks/mcp_servers.py) run on the host, outside the
-agent's reach, in a copy of the task's environment/ folder, its tools offered through the rollout's
+agent's reach and confined to no more than the agent's (sandbox/confine.py), in a copy of the task's
+environment/ folder, its tools offered through the rollout's
 bearer-gated route and every call recorded there. Its command and arguments that name a file of the
 image are read through the Dockerfile's COPY lines back to the environment/ file they came from.
 

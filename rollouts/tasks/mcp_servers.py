@@ -3,7 +3,7 @@ handed to the agent through forge's own per-rollout tool server.
 
     [[mcp_servers]]
     name = "codes"
-    command = "python3"                 # stdio: run on the host, outside the sandbox, per rollout
+    command = "python3"                 # stdio: per rollout, outside the agent's sandbox, in one of its own
     args = ["mcp/server.py"]
     files = { "mcp/server.py" = "..." } # its folder (a Harbor task's environment/ files)
 
@@ -38,7 +38,8 @@ class McpServerSpec(BaseModel):
     name: str = Field(description="unique within the task: letters, digits, _ -")
     transport: Literal["stdio", "sse", "streamable-http"] = "stdio"
     command: str | None = Field(None, min_length=1, description=(
-        "stdio: the program, run on the host in the server's folder (python/python3: forge's interpreter)"))
+        "stdio: the program, run in the server's folder in a sandbox of its own (sandbox/confine.py; "
+        "python/python3: forge's interpreter)"))
     args: list[str] = Field(default_factory=list, description="stdio: its arguments")
     files: dict[str, str] = Field(default_factory=dict, description="stdio: written into its folder first")
     env: dict[str, str] = Field(default_factory=dict, description="stdio: added to its environment")

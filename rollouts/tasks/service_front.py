@@ -1,6 +1,6 @@
 """A task service's recording front: the only way in to the service, run in forge's own process.
 
-    front = RecordingFront("mail", 0.25, backend_port, seed, record, lock, socket_path)
+    front = RecordingFront("mail", 0.25, backend, seed, record, lock, socket_path)
     front.port          # 127.0.0.1:port, for the host's callers (the MCP tool server)
     front.socket_path   # a unix socket, bound into an isolated sandbox
     front.close()
@@ -16,6 +16,7 @@ import http.client
 import json
 import os
 import random
+import socket
 import socketserver
 import threading
 from dataclasses import dataclass
@@ -27,6 +28,34 @@ MAX_BODY = 1024 * 1024  # a tool call's JSON body; a larger one is refused (413)
 MAX_CONNECTIONS = 32  # per front and listener, at once
 TOOL_HEADER = "X-Forge-Tool"  # set by the MCP tool server: which task tool a request carries out
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, port: int, timeout: float) -> None:
+        # Host: the service's own address as it listens (an MCP server refuses any other: DNS rebinding).
+        super().__init__("127.0.0.1", port, timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+Backend = int | tuple[str, int]  # the service's port on the host's loopback, or (unix socket, its port inside)
+
+
+def backend_connection(backend: Backend, timeout: float) -> http.client.HTTPConnection:
+    """A connection to the service itself: its port on the host's loopback (unconfined), or the unix socket
+    into the network of the sandbox it runs in (sandbox/confine.py)."""
+    if isinstance(backend, int):
+        return http.client.HTTPConnection("127.0.0.1", backend, timeout=timeout)
+    return _UnixConnection(backend[0], backend[1], timeout)
 
 
 @dataclass(frozen=True)
@@ -107,9 +136,9 @@ class RecordingFront:
     host's callers: the MCP tool server, a sandbox sharing the host's network) and one on a unix socket
     in the session's 0700 folder (bound into an isolated sandbox, as a GUI task's site is)."""
 
-    def __init__(self, name: str, error_rate: float, backend_port: int, seed: str, record: list[ServiceRequest],
+    def __init__(self, name: str, error_rate: float, backend: Backend, seed: str, record: list[ServiceRequest],
                  lock: threading.Lock, socket_path: str) -> None:
-        self.name, self.error_rate, self.backend_port, self.seed = name, error_rate, backend_port, seed
+        self.name, self.error_rate, self.backend, self.seed = name, error_rate, backend, seed
         self.record, self.lock = record, lock
         self.posts = 0
         self.server = _TCPServer(("127.0.0.1", 0), self._handler(tool_header=True))
@@ -166,7 +195,7 @@ class RecordingFront:
             data = json.dumps(_INJECTED_BODY[injected]).encode()
             return self._reply(h, injected, data, "application/json", {"Retry-After": "2"} if injected == 429 else {})
         headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP_HEADERS}
-        conn = http.client.HTTPConnection("127.0.0.1", self.backend_port, timeout=60)
+        conn = backend_connection(self.backend, 60)
         try:
             conn.request(h.command, h.path, body=body, headers=headers)
             resp = conn.getresponse()

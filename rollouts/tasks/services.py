@@ -9,8 +9,11 @@
     session.requests()    # every request the front received: method, path, body, status, injected
     session.close()       # after grading: the processes' groups killed, their folder removed
 
-Each service's command runs on the host in a fresh 0700 folder holding its `files`, with `$PORT` a free
-loopback port of its own (ClawEval's mock services read `PORT`). In front of it forge serves a *recording
+Each service's command runs in a fresh 0700 folder holding its `files`, with `$PORT` the loopback port it
+listens on (ClawEval's mock services read `PORT`), confined (sandbox/confine.py): a bubblewrap sandbox of
+its own with no network, its folder at /task, an environment of PATH, LANG, HOME, TMPDIR, PORT,
+FORGE_SERVICE_DIR and the task's `env` only (the agent drives it: it must reach no more than the agent
+does), the host reaching it through a unix socket. In front of it forge serves a *recording
 front* (rollouts/tasks/service_front.py) on another ephemeral 127.0.0.1 port and on a unix socket that
 `expose` binds into an isolated sandbox, in this process: every request that reaches the service
 through the front is recorded here, in memory, by forge. The sandbox has no copy of that record, so
@@ -46,7 +49,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from openforge.errors import TaskError
 from openforge.sandbox.gc import owned_tempdir, remove_owned
 from openforge.rollouts.tasks.grading import check_relative_paths
-from openforge.rollouts.tasks.service_front import TOOL_HEADER, RecordingFront, ServiceRequest, injected_status
+from openforge.rollouts.tasks.service_front import (TOOL_HEADER, Backend, RecordingFront, ServiceRequest,
+                                                    backend_connection, injected_status)
+from openforge.sandbox.confine import Confinement, ConfinementUnavailable
 from openforge.ports import free_port
 
 __all__ = ["TOOL_HEADER", "RequestRule", "ServiceRequest", "ServiceSession", "ServiceSpec", "ServiceStartFailed",
@@ -87,7 +92,8 @@ class ServiceSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(description="unique within the task: letters, digits, _ -")
-    command: str = Field(min_length=1, description="run on the host in the service's folder; listens on $PORT")
+    command: str = Field(min_length=1, description="run in the service's folder, in a sandbox of its own beside the "
+                                                   "agent's; listens on 127.0.0.1:$PORT")
     files: dict[str, str] = Field(default_factory=dict, description="written into the service's folder first")
     env: dict[str, str] = Field(default_factory=dict, description="added to the command's environment")
     health: Endpoint = Field(description="answered below 500 once the service is ready")
@@ -174,7 +180,7 @@ def gates_hold(rules: list[RequestRule], record: list[ServiceRequest]) -> bool:
 @dataclass
 class _Running:
     spec: ServiceSpec
-    port: int
+    backend: Backend  # how the host reaches the service: its loopback port, or its confined sandbox's socket
     proc: subprocess.Popen[bytes]
     stderr_path: str
     deadline: float  # time.monotonic() by which the health check must pass
@@ -188,8 +194,8 @@ def _argv(command: str) -> list[str]:
     return argv
 
 
-def _probe(port: int, endpoint: Endpoint) -> int | None:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2.0)
+def _probe(backend: Backend, endpoint: Endpoint) -> int | None:
+    conn = backend_connection(backend, 2.0)
     try:
         body = b"{}" if endpoint.method != "GET" else None
         headers = {"X-Health-Check": "1", "Content-Type": "application/json"}
@@ -204,18 +210,24 @@ def _probe(port: int, endpoint: Endpoint) -> int | None:
 class ServiceSession:
     """One rollout's services: their processes, their recording fronts, the record."""
 
-    def __init__(self, seed: str) -> None:
+    def __init__(self, seed: str, confinement: Confinement) -> None:
         self.seed = seed
+        self.confinement = confinement
         self.folder = owned_tempdir("forge-services-")  # 0700: ours only; `forge gc` sweeps it after a crash
         self._lock = threading.Lock()
         self._record: list[ServiceRequest] = []
         self._running: list[_Running] = []
 
     @classmethod
-    def open(cls, specs: list[ServiceSpec], *, seed: str) -> "ServiceSession":
+    def open(cls, specs: list[ServiceSpec], *, seed: str, confinement: Confinement | None = None) -> "ServiceSession":
         """Start every service, wait for each to be healthy, reset it, put its front up. On any failure
-        everything started is stopped and ServiceStartFailed says which service and why."""
-        session = cls(seed)
+        everything started is stopped and ServiceStartFailed says which service and why. `confinement`:
+        the run's (Confinement.for_sandbox); by default bubblewrap, refused where it is missing."""
+        try:
+            confinement = confinement or Confinement.required()
+        except ConfinementUnavailable as exc:
+            raise ServiceStartFailed(f"services cannot run here: {exc}") from None
+        session = cls(seed, confinement)
         try:  # every process first, then the health checks: slow starters (FastAPI apps) start together
             for spec in specs:
                 session._spawn(spec)
@@ -234,26 +246,29 @@ class ServiceSession:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             with open(target, "w", encoding="utf-8") as f:
                 f.write(content)
-        port = free_port()
-        env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
-        env.update(spec.env, PORT=str(port), FORGE_SERVICE_DIR=folder)
+        # Confined, the port is on the sandbox's own loopback (any would do); unconfined, on the host's.
+        port, confined = free_port(), self.confinement.confined
+        env = {**spec.env, "PORT": str(port), "FORGE_SERVICE_DIR": self.confinement.inside(folder)}
         stderr_path = os.path.join(self.folder, f"{spec.name}.stderr")
         try:
+            argv, env = self.confinement.command(_argv(spec.command), folder, env=env,
+                                                 listen=port if confined else None)
             with open(stderr_path, "wb") as err:
-                proc = subprocess.Popen(_argv(spec.command), cwd=folder, env=env, stdin=subprocess.DEVNULL,
+                proc = subprocess.Popen(argv, cwd=folder, env=env, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         except (OSError, ValueError) as exc:
             raise ServiceStartFailed(f"service {spec.name}: cannot run {spec.command!r}: {exc}") from None
-        self._running.append(_Running(spec, port, proc, stderr_path, time.monotonic() + spec.ready_timeout_s))
+        backend: Backend = (Confinement.listen_socket(folder), port) if confined else port
+        self._running.append(_Running(spec, backend, proc, stderr_path, time.monotonic() + spec.ready_timeout_s))
 
     def _ready(self, running: _Running) -> None:
         """Wait for the service's health check, reset it, put its front up."""
-        spec, port, proc = running.spec, running.port, running.proc
+        spec, backend, proc = running.spec, running.backend, running.proc
         while True:
             if proc.poll() is not None:
                 raise ServiceStartFailed(f"service {spec.name} exited with code {proc.returncode} before it was "
                                          f"healthy: {self._stderr(running)}")
-            status = _probe(port, spec.health)
+            status = _probe(backend, spec.health)
             if status is not None and status < 500:
                 break
             if time.monotonic() > running.deadline:
@@ -262,12 +277,12 @@ class ServiceSession:
                     f"{spec.ready_timeout_s:g}s (last: {status or 'no answer'}): {self._stderr(running)}")
             time.sleep(0.1)
         if spec.reset is not None:
-            status = _probe(port, spec.reset)
+            status = _probe(backend, spec.reset)
             if status is None or status >= 400:
                 raise ServiceStartFailed(f"service {spec.name}: reset {spec.reset.method} {spec.reset.path} "
                                          f"answered {status or 'nothing'}")
         try:
-            running.front = RecordingFront(spec.name, spec.error_rate, port, self.seed, self._record, self._lock,
+            running.front = RecordingFront(spec.name, spec.error_rate, backend, self.seed, self._record, self._lock,
                                            os.path.join(self.folder, f"{spec.name}.sock"))
         except OSError as exc:  # e.g. a TMPDIR so long that the socket's path does not fit
             raise ServiceStartFailed(f"service {spec.name}: cannot serve its recording front: {exc}") from None
@@ -304,12 +319,12 @@ class ServiceSession:
             return list(self._record)
 
     def audit(self, name: str, path: str, timeout_s: float = 10.0) -> Any:
-        """`GET path` of service `name`, asked at the service's own port (not through its front: the record
+        """`GET path` of service `name`, asked of the service itself (not through its front: the record
         stays the agent's), its JSON answer; {} when it answers none (ClawEval's audit fetch is best-effort)."""
-        port = next((r.port for r in self._running if r.spec.name == name), None)
-        if port is None:
+        backend = next((r.backend for r in self._running if r.spec.name == name), None)
+        if backend is None:
             return {}
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+        conn = backend_connection(backend, timeout_s)
         try:
             conn.request("GET", path)
             response = conn.getresponse()
