@@ -25,16 +25,18 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from openforge.engine.sampling import return_original_logprob
 from openforge.errors import TrainerError
-from openforge.store import Rollout, Store, Trajectory
 from openforge.trainer.checkpoint import adapter_version
 from openforge.trainer.grpo import aggregation_weights, group_advantages
 from openforge.trainer.prefix import shared_prefixes
+
+if TYPE_CHECKING:  # annotations only: batching and the loss run without the store's SQL stack (a GPU box)
+    from openforge.store import Rollout, Store, Trajectory
 
 
 @dataclass

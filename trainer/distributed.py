@@ -56,7 +56,9 @@ def init() -> Dist:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         torch.cuda.set_device(local)
-        device, backend = torch.device("cuda", local), "nccl"
+        # NCCL for the CUDA tensors (FSDP's collectives), gloo for the CPU ones (a step's metric sums,
+        # broadcast objects): a process group of NCCL alone refuses a CPU tensor.
+        device, backend = torch.device("cuda", local), "cuda:nccl,cpu:gloo"
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
