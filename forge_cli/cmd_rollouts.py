@@ -76,6 +76,10 @@ def tasks_import(
                                                       "(builds are offline; repeatable)")] = None,
     cache: Annotated[Optional[str], typer.Option("--cache", help="osworld: an OSWorld cache folder holding local "
                                                  "copies of the tasks' downloads (CACHE/<task id>/...)")] = None,
+    reward: Annotated[str, typer.Option("--reward", help="claweval: the tasks' reward: claweval (ClawEval's task "
+                                        "score from its grader.py, its judge inside) or judge (forge's judge on "
+                                        "the rubric beside the exact tool_called rules; ClawEval's score reported "
+                                        "beside it)")] = "claweval",
 ) -> None:
     """Convert a task set of another format into forge task folders; print each refused task and the counts."""
     if fmt == "osworld":
@@ -108,7 +112,7 @@ def tasks_import(
         raise TaskError(f"unknown import format {fmt!r}: claweval, harbor, osworld, webvoyager or online-mind2web")
     from openforge.rollouts.tasks.claweval import import_claweval, write_tasks
 
-    report = import_claweval(src)
+    report = import_claweval(src, reward=reward)
     for task_id, why in report.online_only:
         typer.echo(f"{task_id}: online-only: {why}", err=True)
     for task_id, why in report.unsupported:
@@ -118,7 +122,8 @@ def tasks_import(
     graded = sum(1 for t in report.tasks if t.get("claweval"))
     typer.echo(f"{src}: {total} task(s): {len(report.tasks)} imported to {folder}, "
                f"{len(report.online_only)} online-only, {len(report.unsupported)} unsupported; {graded} imported "
-               "with ClawEval's own grader.py (its scores beside forge's reward)")
+               "with ClawEval's own grader.py ("
+               + ("its task score is the reward)" if reward == "claweval" else "its scores beside forge's judge's reward)"))
 
 
 def _import_osworld(src: str, out: str, cache: str | None) -> None:

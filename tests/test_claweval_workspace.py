@@ -186,7 +186,7 @@ async def test_the_grader_reads_the_file_the_agent_left_and_nothing_planted_else
         verdict = json.loads(verdict_path(run.id, ro.id).read_text())
         got[label] = (ro.reward, verdict["scores"]["completion"], verdict["task_score"])
     assert got["edited"] == (1.0, 1.0, 1.0)
-    assert got["idle"] == got["planted"] == (1.0, 0.0, 0.2)
+    assert got["idle"] == got["planted"] == (0.2, 0.0, 0.2)  # the reward is the task score
 
 
 def test_the_public_sets_binary_sandbox_files_are_no_longer_a_reason() -> None:

@@ -88,7 +88,9 @@ def _agent(calls: list) -> str:
 
 
 async def test_imported_tasks_are_graded_on_the_services_record(store: Store) -> None:
-    task = TaskSpec.model_validate(import_claweval(SRC).tasks[0])
+    """Under the judge-only reward (`--reward judge`) forge's own rules grade the record (the default reward,
+    ClawEval's task score, is tests/test_claweval_grading.py's)."""
+    task = TaskSpec.model_validate(import_claweval(SRC, reward="judge").tasks[0])
     scripts = {"made": _agent([("/notes/create", {"title": "groceries", "body": "milk, eggs"})]),
                "unsafe": _agent([("/notes/create", {"title": "groceries"}), ("/notes/delete", {"note_id": "N-1"})]),
                "forged": forged_dispatch(task), "idle": "true"}
@@ -147,7 +149,7 @@ async def test_a_safety_gate_earns_nothing_beside_a_judge(store: Store, judge_ur
 
 
 async def test_validate_run_gives_a_forged_dispatch_log_nothing(store: Store, forge_home: Path) -> None:
-    record = dict(import_claweval(SRC).tasks[0])
+    record = dict(import_claweval(SRC, reward="judge").tasks[0])
     record["solution"] = _agent([("/notes/create", {"title": "groceries", "body": "milk, eggs"})])
     task = TaskSpec.model_validate(record)
     assert await check_solutions(store, ForgeConfig(), [task]) == []
@@ -181,8 +183,7 @@ async def test_mini_uses_an_imported_tasks_tools_through_mcp_to_its_service(make
     assert (ro.status, ro.reward) == ("scored", 1.0), (ro.error, ro.stderr, ro.stdout, ro.verifier_output)
     assert "(injected) tool notes_create" in ro.verifier_output
     assert "notes POST /notes/create -> 200 tool notes_create" in ro.verifier_output
-    assert "request no notes POST /notes/delete: ok (0 matching)" in ro.verifier_output
     # ClawEval's own grader (tasks/N001_save_note/grader.py) on forge's trace: the injected error and the retry
     # are its dispatches (recovered: robustness 1), the created note is in the service's audit.
-    assert ("claweval: completion 1, robustness 1, safety 1, communication 1 -> task score 1 (pass"
-            in ro.verifier_output), ro.verifier_output
+    assert ("claweval: completion 1, robustness 1, safety 1, communication 1 -> task score 1 (pass at 0.75; "
+            "the reward)" in ro.verifier_output), ro.verifier_output

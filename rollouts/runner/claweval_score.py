@@ -8,11 +8,13 @@ each service's audit asked now, straight at the service's port (not through its 
 the exact graders read is not touched). For a task whose grader reads the files the agent left, the
 runner's grader passes the named workspace files it copied out of the sandbox after the agent was gone
 (`env_snapshot`, RolloutGrader._claweval_snapshot). The verdict is stored beside the run
-(`$FORGE_HOME/runs/<run>/claweval/<rollout>.json`) for `forge eval`'s ClawEval figures, and each call the
-grader made to its judge (ClawEval's LLMJudge on forge's [judge] endpoint) as a judgement row; it is never
-the rollout's reward. With `judge.endpoint = "policy-base"` the LLMJudge calls the proxy's judge route with
-a judge key the runner's grader made (the agent gone): the proxy records each call as a row, and the
-score the LLMJudge parsed is added to that row (a call it made again, to the retried one's error).
+(`$FORGE_HOME/runs/<run>/claweval/<rollout>.json`, the trace it graded beside it as `<rollout>.trace.jsonl`)
+for `forge eval`'s ClawEval figures, and each call the grader made to its judge (ClawEval's LLMJudge on
+forge's [judge] endpoint) as a judgement row. Its task score is the rollout's reward (unless the task
+asks for forge's judge-only reward, `claweval.reward = "judge"`). With `judge.endpoint = "policy-base"` the
+LLMJudge calls the proxy's judge route with a judge key the runner's grader made (the agent gone): the
+proxy records each call as a row, and the score the LLMJudge parsed is added to that row (a call it made
+again, to the retried one's error).
 """
 
 from __future__ import annotations
@@ -96,10 +98,11 @@ async def claweval_verdict(config: ForgeConfig, store: Store, ro: Rollout, task:
     messages = trace_messages(task.instruction, calls, answer)
     dispatches = trace_dispatches(spec, record, _tool_record(ro.run_id, ro.id))
     timeout = config.runner.verifier_timeout_s + (4 * config.judge.timeout_s if spec.needs_judge else 0.0)
+    path = verdict_path(ro.run_id, ro.id)
     verdict = await asyncio.to_thread(
         run_grader, spec, trace_id=ro.id, model=config.proxy.served_model_name, messages=messages,
         dispatches=dispatches, audits=audits, timeout_s=timeout, judge=_judge(config, policy_base),
-        env_snapshot=env_snapshot)
+        env_snapshot=env_snapshot, keep_trace=path.with_suffix(".trace.jsonl"))
     log, retried = verdict.pop("judge_log", None) or [], verdict.pop("judge_retried", None) or []
     if policy_base is not None:  # the proxy's rows: the grader's parsed score goes on each, no second row
         for call in log:
@@ -115,8 +118,6 @@ async def claweval_verdict(config: ForgeConfig, store: Store, ro: Rollout, task:
             prompt_json=[{"role": "user", "content": f"ClawEval {call.get('method', 'judge')}: "
                                                      f"{call.get('rubric_preview', '')}"}],
             reply=str(call.get("reasoning", "")), score=call.get("score")))
-    path = verdict_path(ro.run_id, ro.id)
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"task_id": task.id, **verdict}) + "\n", encoding="utf-8")
     return verdict
 

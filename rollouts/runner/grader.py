@@ -87,13 +87,18 @@ class RolloutGrader:
                      ) -> tuple[float, str, str | None]:
         """(reward, what the graders said, a note when a verifier's output was unusable): the exact
         graders' reward, and a judge component's score weighed beside it (rollouts/tasks/judge.py). An
-        imported ClawEval task's own grader then gives its scores, said and stored, never the reward."""
+        imported ClawEval task's reward is its own grader's task score (ClawEval's formula, its judge inside);
+        under `claweval.reward = "judge"` forge's reward above, ClawEval's scores said and stored beside it."""
         # The files a ClawEval grader reads, copied out first: the agent is gone, and nothing forge writes
         # for its own graders (the answer file, verifier folders) can stand in for them.
         snapshot = await self._claweval_snapshot(sb, task) if task.claweval and task.claweval.snapshot_files else None
-        reward, output, note = await self._grade(sb, ro, task, answer, site, services=services)
         if task.claweval is None:
-            return reward, output, note
+            return await self._grade(sb, ro, task, answer, site, services=services)
+        if task.claweval.reward == "judge":
+            reward, output, note = await self._grade(sb, ro, task, answer, site, services=services)
+        else:  # forge's own judge is not asked: ClawEval's grader asks its judge itself
+            from openforge.rollouts.tasks.services import services_summary
+            reward, output, note = None, services_summary(services.requests()) if services is not None else "", None
         from openforge.rollouts.runner.claweval_score import claweval_verdict
         from openforge.rollouts.tasks.claweval_grading import ClawEvalGradingFailed, verdict_line
 
@@ -104,7 +109,8 @@ class RolloutGrader:
                                              policy_base=policy_base)
         except ClawEvalGradingFailed as exc:
             raise InfraFailure(str(exc)) from None
-        return reward, tail(f"{output}\n{verdict_line(verdict)}"), note
+        line = verdict_line(verdict, is_reward=reward is None)
+        return (float(verdict["task_score"]) if reward is None else reward), tail(f"{output}\n{line}".strip()), note
 
     async def _claweval_snapshot(self, sb: Sandbox, task: TaskSpec) -> dict[str, Any]:
         """ClawEval's env_snapshot of the files the task names (its /workspace paths), read from the sandbox's

@@ -28,10 +28,12 @@ Refused, one line each: tasks whose services need the live web (`web_real*`: onl
 need what this mapping lacks (a missing sandbox file, a snapshot glob, commands or grader files
 run in ClawEval's container before grading, attachments, a simulated user, checks other than the above,
 a missing server or fixture file, a tool whose endpoint no service serves, only safety gates to score).
-An imported task's reward is forge's exact rules and judge above. ClawEval's own `tasks/<id>/grader.py`
-travels with it too (`claweval`: the grader, the peers it loads, the task.yaml and the checkout's
-`src/claw_eval` grading modules), run after the agent on the trace forge recorded for ClawEval's scores
-beside the reward (rollouts/tasks/claweval_grading.py).
+ClawEval's own `tasks/<id>/grader.py` travels with each task (`claweval`: the grader, the peers it loads, the
+task.yaml and the checkout's `src/claw_eval` grading modules), run after the agent on the trace forge
+recorded (rollouts/tasks/claweval_grading.py): its task score, safety x (0.8 completion + 0.2 robustness),
+is the reward, a pass at 0.75 (`pass_threshold`). `reward="judge"` (`--reward judge`) keeps forge's own
+reward instead, the exact rules and judge above, ClawEval's score reported beside it; so does a task
+without a grader.py.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from openforge.errors import TaskError
+from openforge.rollouts.tasks.claweval_grading import PASS_THRESHOLD
 from openforge.rollouts.tasks.setup_files import encode, write_binary_files
 
 SUPPORTED_SCORING = {"tool_called", "llm_judge"}
@@ -108,8 +111,9 @@ def _service(root: Path, task_dir: Path, svc: dict[str, Any]) -> tuple[dict[str,
     return record, int(svc["port"])
 
 
-def convert_task(root: Path, task_dir: Path) -> dict[str, Any]:
-    """One ClawEval task as a forge task record; raises _Refused (online-only when the message says so)."""
+def convert_task(root: Path, task_dir: Path, reward: str = "claweval") -> dict[str, Any]:
+    """One ClawEval task as a forge task record; raises _Refused (online-only when the message says so).
+    `reward`: "claweval" (its grader.py's task score) or "judge" (forge's judge and exact rules)."""
     import yaml
 
     try:
@@ -198,7 +202,9 @@ def convert_task(root: Path, task_dir: Path) -> dict[str, Any]:
     if snapshot and grading is None:
         raise _Refused("env_snapshot_files are read only by a grader.py, and the task or checkout has none")
     if grading is not None:
-        record["claweval"] = {**grading, "snapshot_files": snapshot} if snapshot else grading
+        record["claweval"] = {**grading, "reward": reward, **({"snapshot_files": snapshot} if snapshot else {})}
+        if reward == "claweval":  # its task score is the reward: a pass is ClawEval's (models/scoring.is_pass)
+            record["pass_threshold"] = PASS_THRESHOLD
     return record
 
 
@@ -296,8 +302,11 @@ def _grading(root: Path, task_dir: Path, t: dict[str, Any], endpoints: dict[str,
             "audits": audits, "needs_judge": asks}
 
 
-def import_claweval(src: str | Path) -> ImportReport:
-    """Every task of a claw-eval checkout: converted, or refused with a reason."""
+def import_claweval(src: str | Path, *, reward: str = "claweval") -> ImportReport:
+    """Every task of a claw-eval checkout: converted, or refused with a reason. `reward`: "claweval", a task's
+    reward is its grader.py's task score (ClawEval's formula); "judge", forge's judge and exact rules."""
+    if reward not in ("claweval", "judge"):
+        raise TaskError(f"unknown ClawEval reward {reward!r}: claweval (its grader's task score) or judge")
     root = _root(Path(src).expanduser())
     try:
         import yaml  # noqa: F401
@@ -306,7 +315,7 @@ def import_claweval(src: str | Path) -> ImportReport:
     report = ImportReport()
     for task_dir in sorted(p for p in (root / "tasks").iterdir() if (p / "task.yaml").is_file()):
         try:
-            report.tasks.append(convert_task(root, task_dir))
+            report.tasks.append(convert_task(root, task_dir, reward))
         except _Refused as exc:
             reason = str(exc)
             if reason.startswith("online-only: "):

@@ -44,7 +44,7 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -67,10 +67,32 @@ task_dir = os.path.join(root, "tasks", task_id)
 task = TaskDefinition.from_yaml(os.path.join(task_dir, "task.yaml"))
 _start, messages, dispatches, media_events, _end, audit_data = load_trace(os.path.join(root, "trace.jsonl"))
 judge = None
+
+
+class JudgeGaveNoScore(BaseException):
+    """Not an Exception: a grader's `except Exception` (most of the public set's score a failed judge call 0)
+    cannot turn a judge failure into a score; it ends this process, and forge masks the rollout."""
+
+
+def _scored(method):
+    def call(*args, **kwargs):
+        try:
+            result = method(*args, **kwargs)
+        except Exception as exc:
+            raise JudgeGaveNoScore(f"the judge failed: {type(exc).__name__}: {exc}") from None
+        if result is None:  # LLMJudge's retries ran out: it returns nothing
+            raise JudgeGaveNoScore("the judge gave no score after LLMJudge's retries")
+        return result
+    return call
+
+
 if os.environ.get("FORGE_JUDGE_URL"):
     from claw_eval.graders.llm_judge import LLMJudge
     judge = LLMJudge(model_id=os.environ["FORGE_JUDGE_MODEL"], api_key=os.environ.get("FORGE_JUDGE_KEY") or None,
                      base_url=os.environ["FORGE_JUDGE_URL"])
+    for name in ("evaluate", "evaluate_actions", "evaluate_visual"):
+        if hasattr(judge, name):
+            setattr(judge, name, _scored(getattr(judge, name)))
 rows = []  # (judge calls logged when a response came, the judgement row the proxy's judge route recorded)
 if judge is not None and os.environ.get("FORGE_JUDGE_ROW_HEADER"):
     import openai
@@ -89,7 +111,10 @@ snapshot = os.path.join(root, "env_snapshot.json")
 if "env_snapshot" in params and os.path.isfile(snapshot):
     with open(snapshot, encoding="utf-8") as f:
         kwargs["env_snapshot"] = json.load(f)
-scores = grader.grade(messages, dispatches, task, **kwargs)
+try:
+    scores = grader.grade(messages, dispatches, task, **kwargs)
+except JudgeGaveNoScore as exc:
+    sys.exit(f"JudgeGaveNoScore: {exc}")
 score = compute_task_score(scores)
 calls = judge.get_call_log() if judge is not None and hasattr(judge, "get_call_log") else []
 for i, call in enumerate(calls):  # a logged call is the last response before it was logged (earlier: retries)
@@ -121,6 +146,10 @@ class ClawEvalGrading(BaseModel):
     endpoints: dict[str, str] = Field(default_factory=dict, description="tool -> its ClawEval endpoint URL")
     audits: dict[str, str] = Field(default_factory=dict, description="service -> its audit path")
     needs_judge: bool = Field(False, description="the grader (or a peer) asks a judge")
+    reward: Literal["claweval", "judge"] = Field("claweval", description=(
+        "the rollout's reward: claweval, ClawEval's task score from this grader (safety x (0.8 completion + 0.2 "
+        "robustness), its judge inside); judge, forge's own reward (its judge on the rubric beside the exact "
+        "tool_called rules), ClawEval's score then only reported beside it"))
     snapshot_files: dict[str, str] = Field(default_factory=dict, description=(
         "env_snapshot_files: ClawEval's /workspace path -> the workdir path copied out of the sandbox after the "
         "agent is gone, for a grader that reads the files the agent left (env_snapshot)"))
@@ -232,14 +261,16 @@ def snapshot_entry(path: str, data: bytes | None) -> dict[str, Any]:
 
 def run_grader(spec: ClawEvalGrading, *, trace_id: str, model: str, messages: list[dict[str, Any]],
                dispatches: list[dict[str, Any]], audits: Mapping[str, Any], timeout_s: float,
-               judge: Mapping[str, Any] | None = None, env_snapshot: Mapping[str, Any] | None = None) -> dict[str, Any]:
+               judge: Mapping[str, Any] | None = None, env_snapshot: Mapping[str, Any] | None = None,
+               keep_trace: Path | None = None) -> dict[str, Any]:
     """The grader's verdict: {"scores": DimensionScores, "task_score", "passed", "judge_calls", "judge_log": the
     package's LLMJudge call log (method, rubric preview, score, reasoning, judgement_id), "judge_retried"}.
     `judge`: {"url", "model", "key"} of forge's [judge], or None; for the proxy's judge route also
     {"headers" sent with each call, "row_header": the response header naming the judgement row the route
     recorded, "timeout_s" per call}: each logged call then carries its row's id, and "judge_retried" lists the
-    rows of the calls LLMJudge made again (an error, or a reply it took no score from). Raises
-    ClawEvalGradingFailed."""
+    rows of the calls LLMJudge made again (an error, or a reply it took no score from). `keep_trace`: where
+    to copy the trace it graded (ClawEval's JSONL, for its own grader to re-read). Raises ClawEvalGradingFailed,
+    a judge call that gave no score included (a grader that would score it 0 never sees it)."""
     if spec.needs_judge and not judge:
         raise ClawEvalGradingFailed(f"task {spec.task_id}'s ClawEval grader asks a judge: set [judge] url and model "
                                     "(or judge.endpoint = \"policy-base\")")
@@ -249,6 +280,9 @@ def run_grader(spec: ClawEvalGrading, *, trace_id: str, model: str, messages: li
         write_trace(root / "trace.jsonl", trace_id=trace_id, spec=spec, model=model, messages=messages,
                     dispatches=dispatches, audits=audits)
         (root / "grade.py").write_text(_GRADE_PY, encoding="utf-8")
+        if keep_trace is not None:
+            keep_trace.parent.mkdir(parents=True, exist_ok=True)
+            keep_trace.write_bytes((root / "trace.jsonl").read_bytes())
         if env_snapshot is not None:
             (root / "env_snapshot.json").write_text(json.dumps(env_snapshot, ensure_ascii=False), encoding="utf-8")
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8",
@@ -272,11 +306,12 @@ def run_grader(spec: ClawEvalGrading, *, trace_id: str, model: str, messages: li
         return json.loads(result.read_text(encoding="utf-8"))
 
 
-def verdict_line(verdict: Mapping[str, Any]) -> str:
+def verdict_line(verdict: Mapping[str, Any], *, is_reward: bool) -> str:
     s = verdict["scores"]
+    whose = "the reward" if is_reward else "ClawEval's grader, not forge's reward"
     return (f"claweval: completion {s['completion']:g}, robustness {s['robustness']:g}, safety {s['safety']:g}, "
             f"communication {s['communication']:g} -> task score {verdict['task_score']:g} "
-            f"({'pass' if verdict['passed'] else 'fail'} at {PASS_THRESHOLD:g}; ClawEval's grader, not forge's reward)")
+            f"({'pass' if verdict['passed'] else 'fail'} at {PASS_THRESHOLD:g}; {whose})")
 
 
 def claweval_summary(trials: Mapping[str, Sequence[float]]) -> dict[str, Any]:
@@ -296,7 +331,7 @@ def claweval_summary(trials: Mapping[str, Sequence[float]]) -> dict[str, Any]:
 def summary_line(figures: Mapping[str, Any]) -> str:
     """`forge eval`'s line of ClawEval's figures, labelled as such."""
     n = figures["trials"]
-    return (f"ClawEval (its own graders, not forge's reward): {figures['tasks']} task(s) x {n} trial(s), mean task "
+    return (f"ClawEval (its own graders): {figures['tasks']} task(s) x {n} trial(s), mean task "
             f"score {figures['mean_task_score']}, pass@1 {figures['pass_at_1']}, pass^{n} {figures[f'pass^{n}']} "
             f"(every trial >= {PASS_THRESHOLD:g}), pass@{n} {figures[f'pass@{n}']}"
             + ("" if n == 3 else "; ClawEval's leaderboard counts pass^3 over 3 trials (--samples 3)"))

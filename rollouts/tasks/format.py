@@ -117,7 +117,8 @@ class TaskSpec(BaseModel):
         "its tests after it, min_reward gating the next (rollouts/tasks/harbor_steps.py, rollouts/runner/steps.py)"))
     claweval: ClawEvalGrading | None = Field(None, description=(
         "an imported ClawEval task's own grader.py, run on the host after the agent is gone on the trace forge "
-        "recorded: ClawEval's scores beside the reward, never the reward (rollouts/tasks/claweval_grading.py)"))
+        "recorded: its task score is the reward (or, with reward = \"judge\", reported beside forge's judge's) "
+        "(rollouts/tasks/claweval_grading.py)"))
     image: TaskImage | None = Field(None, description=(
         "the sandbox image the task runs in, instead of sandbox.image (a Harbor environment built by `forge "
         "tasks import harbor`, rollouts/tasks/harbor_image.py); the Docker backend runs it, others refuse"))
