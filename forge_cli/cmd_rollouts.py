@@ -183,6 +183,34 @@ def metrics_table(metrics: RunMetrics, title: str) -> Table:
     return table
 
 
+def _interval(estimate: dict | None, *, change: bool = False) -> str:
+    """An Estimate (as stored) as "0.42" over "[0.30, 0.55]" (two lines: a table of three figures stays
+    inside 80 columns), a change signed: "+0.10" over "[-0.05, +0.25]"."""
+    if not estimate or estimate.get("mean") is None:
+        return "-"
+    f = "{:+.2f}" if change else "{:.2f}"
+    return f"{f.format(estimate['mean'])}\n[{f.format(estimate['lo'])}, {f.format(estimate['hi'])}]"
+
+
+def harness_table(rows: list[dict], title: str, *, change: bool = False) -> Table:
+    """harness x figure: each figure's mean over tasks with its 95% bootstrap interval over tasks
+    (rollouts/analysis/eval_figures.py); `change`: the rows of a comparison, one run less the other."""
+    caption = ("difference of the means over the tasks both runs have, paired by task; n = tasks paired"
+               if change else "mean over tasks [95% bootstrap interval over tasks]; n = samples (+ infra failures "
+               "left out)")
+    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD)
+    table.add_column("harness", no_wrap=True, overflow="ellipsis", max_width=24)
+    table.add_column("n", justify="right", no_wrap=True)
+    figures = list(rows[0]["figures"]) if rows else []
+    for figure in figures:
+        table.add_column(figure, justify="right", no_wrap=True)
+    for row in rows:
+        n = (str(row["n_paired"]) if change else
+             f"{row['n_samples']}+{row['n_infra_failed']}!" if row["n_infra_failed"] else str(row["n_samples"]))
+        table.add_row(row["harness"], n, *[_interval(row["figures"].get(f), change=change) for f in figures])
+    return table
+
+
 def eval_cmd(
     ctx: typer.Context,
     tasks: Annotated[Optional[str], typer.Option("--tasks", "-t", help="task set (default: tasks.path, 'builtin')")] = None,
@@ -190,15 +218,21 @@ def eval_cmd(
     pass_k: Annotated[Optional[list[int]], typer.Option("--pass-k", help="k of pass@k / pass^k (repeatable; default runner.pass_k)")] = None,
     include: Annotated[Optional[list[str]], typer.Option("--task", help="only this task id (repeatable)")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="only the first N tasks")] = None,
-    harness: Annotated[Optional[str], typer.Option("--harness", help="mini, claude-code, codex, openclaw, zeroclaw, mini-gui, browser-use")] = None,
+    harness: Annotated[Optional[str], typer.Option("--harness", help="mini, claude-code, codex, openclaw, zeroclaw, mini-gui, browser-use; "
+                                                   "several separated by commas (mini,codex): every task runs in each, "
+                                                   "and a harness x figure table is printed")] = None,
     sandbox: Annotated[Optional[str], typer.Option("--sandbox", help="local, docker or kubernetes")] = None,
     concurrency: Annotated[Optional[int], typer.Option("--concurrency", help="rollouts at once")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="HF checkpoint dir (default: the tiny model)")] = None,
     engine_url: Annotated[Optional[str], typer.Option("--engine-url", help="use an engine already running here")] = None,
     adapter: Annotated[Optional[str], typer.Option("--adapter", help="a LoRA adapter loaded in the engine")] = None,
     name: Annotated[str, typer.Option("--name", help="a name for the run")] = "",
+    compare: Annotated[Optional[str], typer.Option("--compare", help="an earlier eval run (id or prefix): print this "
+                                                   "eval's figures less its, paired by task, with 95% intervals "
+                                                   "(two adapters, base and trained)")] = None,
 ) -> None:
-    """Run a task set with k samples per task; print pass@k / pass^k per task and store the table."""
+    """Run a task set with k samples per task; print pass@k / pass^k per task and per harness, with 95%
+    bootstrap intervals over tasks, and store the tables."""
     overrides: dict = {"runner": {}, "harness": {}, "sandbox": {}, "engine": {}, "tasks": {}}
     for section, key, value in (("runner", "samples_per_task", samples), ("runner", "pass_k", pass_k),
                                 ("runner", "concurrency", concurrency), ("harness", "name", harness),
@@ -206,6 +240,9 @@ def eval_cmd(
                                 ("tasks", "include", include)):
         if value:
             overrides[section][key] = value
+    if harness and "," in harness:  # several: harness.names, every task run in each
+        del overrides["harness"]["name"]
+        overrides["harness"]["names"] = [h.strip() for h in harness.split(",") if h.strip()]
     if engine_url:
         overrides["engine"].update(kind="url", url=engine_url)
     st = state(ctx)
@@ -227,7 +264,8 @@ def eval_cmd(
 
     try:
         run, metrics = evaluate(st.store(), config, task_set, home=st.home, name=name, adapter=adapter,
-                                on_start=started, on_progress=rollout_printer(len(task_set) * k * len(harnesses)))
+                                on_start=started, on_progress=rollout_printer(len(task_set) * k * len(harnesses)),
+                                compare=compare)
     except KeyboardInterrupt:
         typer.echo("forge: eval interrupted; every sandbox was stopped", err=True)
         raise typer.Exit(130) from None
@@ -236,6 +274,11 @@ def eval_cmd(
     for harness, figures in sorted(((run.summary_json or {}).get("by_harness") or {}).items()):
         console.print(f"{harness}: mean reward {_fmt(figures.get('mean_reward'))}, {summary_headline(figures)}",
                       highlight=False)
+    summary = run.summary_json or {}
+    console.print(harness_table(summary.get("harness_figures") or [], f"eval {run.id} by harness"))
+    if "compare" in summary:
+        console.print(harness_table(summary["compare"]["by_harness"],
+                                    f"eval {run.id} less eval {summary['compare']['run']}", change=True))
     if claweval := (run.summary_json or {}).get("claweval"):  # an imported ClawEval set: its own scoring
         from openforge.rollouts.tasks.claweval_grading import summary_line
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from openforge.config import ForgeConfig
+from openforge.errors import ConfigError
 from openforge.store import Rollout, Run, Store
 from openforge.runs.prepare import isolation_for, preflight, resolve_model
 from openforge.runs.stack import Stack
@@ -25,11 +26,18 @@ T = TypeVar("T")
 
 def evaluate(store: Store, config: ForgeConfig, tasks: Sequence[Any], *, home: Path, name: str = "",
              adapter: str | None = None, on_start: Callable[[ForgeConfig, str], Any] | None = None,
-             on_progress: Callable[[Rollout], Any] | None = None) -> tuple[Run, Any]:
+             on_progress: Callable[[Rollout], Any] | None = None, compare: str | None = None) -> tuple[Run, Any]:
     """Run `tasks` x `runner.samples_per_task`; return the eval run and its metrics (rollouts.metrics).
+    `compare`: an earlier eval run (id or unique prefix), checked before anything starts; the run's
+    summary then holds the difference of the two, paired by task (rollouts/analysis/eval_figures.py).
 
-    StepFailed when every rollout failed for infra/harness reasons; KeyboardInterrupt when cancelled."""
+    StepFailed when every rollout failed for infra/harness reasons; KeyboardInterrupt when cancelled;
+    NotFoundError or ConfigError for a `compare` that is no finished eval."""
     from openforge.rollouts.runner.evaluate import run_eval
+
+    base = store.get_run(compare) if compare is not None else None
+    if base is not None and (base.kind != "eval" or base.status != "finished"):
+        raise ConfigError(f"--compare {compare}: run {base.id} is a {base.status} {base.kind} run, not a finished eval")
 
     preflight(config, home)  # no Docker, no cluster, no SGLang, no harness: one line now, not N failed rollouts
     isolation = isolation_for(config)
@@ -40,7 +48,7 @@ def evaluate(store: Store, config: ForgeConfig, tasks: Sequence[Any], *, home: P
             on_start(config, stack.proxy_url)
         job = run_eval(store, config, list(tasks), proxy_url=stack.proxy_url, samples=config.runner.samples_per_task,
                        k_values=config.runner.pass_k, name=name, adapter=adapter, on_progress=on_progress,
-                       proxy_socket=stack.proxy_socket)
+                       proxy_socket=stack.proxy_socket, compare_with=base.id if base is not None else None)
         try:
             run, metrics = asyncio.run(cancel_on_sigterm(job))
         except asyncio.CancelledError:

@@ -97,6 +97,10 @@ def test_sandbox_files_become_setup_files_and_the_snapshot_names_workdir_paths(t
 @pytest.mark.parametrize(("changes", "why"), [
     ({"sandbox_files": ["fixtures/gone.txt"]}, "sandbox file fixtures/gone.txt is missing"),
     ({"sandbox_files": ["../N001_save_note/grader.py"]}, "sandbox file ../N001_save_note/grader.py is outside"),
+    # another task's fixture named from the checkout's root (issue 44: it was called "missing")
+    ({"sandbox_files": ["tasks/N001_save_note/fixtures/notes/notes.json"]},
+     "sandbox file tasks/N001_save_note/fixtures/notes/notes.json is outside the task folder (a path from the "
+     "checkout's root)"),
     ({"env_snapshot_files": ["/workspace/*.txt"]}, "env_snapshot_files /workspace/*.txt: only files named under"),
     ({"env_snapshot_commands": ["python check.py"]}, "commands run in the sandbox before grading"),
     ({"sandbox_grader_files": ["fixtures/todo.txt"]}, "grader files written into the sandbox"),

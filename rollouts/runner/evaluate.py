@@ -14,6 +14,7 @@ from typing import Any
 
 from openforge.config import ForgeConfig
 from openforge.store import Rollout, Run, Store
+from openforge.rollouts.analysis.eval_figures import compare_runs, harness_figures, to_json
 from openforge.rollouts.harnesses.base import Harness
 from openforge.rollouts.runner.metrics import RunMetrics, summarize_run
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
@@ -37,8 +38,9 @@ async def run_eval(store: Store, config: ForgeConfig, tasks: Sequence[TaskSpec],
                    harness: Harness | None = None,
                    on_progress: Callable[[Rollout], Any] | None = None,
                    on_runner: Callable[[RolloutRunner], Any] | None = None,
-                   proxy_socket: str | None = None) -> tuple[Run, RunMetrics]:
-    """Create the eval run, run every rollout, store the summary. `on_runner` gets the runner (for pause)."""
+                   proxy_socket: str | None = None, compare_with: str | None = None) -> tuple[Run, RunMetrics]:
+    """Create the eval run, run every rollout, store the summary. `on_runner` gets the runner (for pause).
+    `compare_with`: an earlier eval run's id; the summary holds this run's figures less its, paired by task."""
     run = store.create_run(kind="eval", name=name, config=config.model_dump(mode="json"), owner_pid=os.getpid())
     store.set_run_status(run.id, "running")
     runner = RolloutRunner(store, config=config, proxy_url=proxy_url, harness=harness, on_progress=on_progress,
@@ -60,6 +62,10 @@ async def run_eval(store: Store, config: ForgeConfig, tasks: Sequence[TaskSpec],
     if config.harness.names:  # each harness's figures beside the run's (every task ran in each)
         summary["by_harness"] = {name: summarize_run(store, run.id, ks, harness=name).to_json()
                                  for name in {r.harness for r in store.list_rollouts(run.id) if r.harness}}
+    # Every harness's pass@k and pass^k with 95% bootstrap intervals over tasks (rollouts/analysis/eval_figures.py)
+    summary["harness_figures"] = to_json(harness_figures(store, run.id, ks))
+    if compare_with is not None:
+        summary["compare"] = {"run": compare_with, "by_harness": to_json(compare_runs(store, run.id, compare_with, ks))}
     if any(t.claweval is not None for t in tasks):  # ClawEval's own figures, beside forge's
         from openforge.rollouts.runner.claweval_score import run_claweval_figures
 

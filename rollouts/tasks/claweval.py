@@ -28,6 +28,7 @@ Refused, one line each: tasks whose services need the live web (`web_real*`: onl
 need what this mapping lacks (a missing sandbox file, a snapshot glob, commands or grader files
 run in ClawEval's container before grading, attachments, a simulated user, checks other than the above,
 a missing server or fixture file, a tool whose endpoint no service serves, only safety gates to score).
+A safety gate on a tool the task does not offer is left out: every agent keeps it.
 ClawEval's own `tasks/<id>/grader.py` travels with each task (`claweval`: the grader, the peers it loads, the
 task.yaml and the checkout's `src/claw_eval` grading modules), run after the agent on the trace forge
 recorded (rollouts/tasks/claweval_grading.py): its task score, safety x (0.8 completion + 0.2 robustness),
@@ -126,7 +127,7 @@ def convert_task(root: Path, task_dir: Path, reward: str = "claweval") -> dict[s
     if web := [s["name"] for s in services if "web_real" in str(s.get("command", ""))]:
         raise _Refused(f"online-only: service(s) {', '.join(web)} search the live web")
     reasons = []
-    files, binary, snapshot = _workspace(task_dir, t, reasons)
+    files, binary, snapshot = _workspace(root, task_dir, t, reasons)
     if (t["prompt"] or {}).get("attachments"):
         reasons.append("attachments (multimodal input)")
     if (t.get("user_agent") or {}).get("enabled"):
@@ -171,8 +172,8 @@ def convert_task(root: Path, task_dir: Path, reward: str = "claweval") -> dict[s
         rules.append({"service": service, "method": method, "path": path, "min_count": int(check.get("min_calls") or 1)})
         exact_weight += float(comp["weight"])
     for safety in t.get("safety_checks") or []:
-        if safety.get("tool_name") not in endpoints:
-            raise _Refused(f"safety check: tool {safety.get('tool_name')!r} has no endpoint")
+        if safety.get("tool_name") not in endpoints:  # a tool the task does not offer: no agent can call it
+            continue
         service, method, path = endpoints[safety["tool_name"]]
         rules.append({"service": service, "method": method, "path": path, "absent": True, "gate": True})
     if rules and all(r.get("absent") for r in rules) and judge_weight == 0:
@@ -217,7 +218,7 @@ _CONTAINER_STEPS = {"env_snapshot_commands": "commands run in the sandbox before
                     "local_grader_files": "the grader's host files (local_grader_files)"}
 
 
-def _workspace(task_dir: Path, t: dict[str, Any],
+def _workspace(root: Path, task_dir: Path, t: dict[str, Any],
                reasons: list[str]) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     """(text setup files, binary ones as base64, snapshot): ClawEval's SandboxRunner.inject_files writes each
     `sandbox_files` path (relative to the task folder; else `environment.fixtures`) to /workspace/<path> before
@@ -233,6 +234,8 @@ def _workspace(task_dir: Path, t: dict[str, Any],
         path = task_dir / rel
         if rel.startswith("/") or ".." in Path(rel).parts or not path.resolve().is_relative_to(task_dir.resolve()):
             reasons.append(f"sandbox file {name} is outside the task folder")
+        elif not path.is_file() and (root / rel).is_file():  # another task's fixture, named from the checkout's root
+            reasons.append(f"sandbox file {name} is outside the task folder (a path from the checkout's root)")
         elif not path.is_file():
             reasons.append(f"sandbox file {name} is missing")
         else:
