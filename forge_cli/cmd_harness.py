@@ -51,16 +51,18 @@ def list_(ctx: typer.Context) -> None:
 
 @harness_app.command("show")
 def show(ctx: typer.Context, name: Annotated[str, typer.Argument(help="a harness name or a spec file's path")]) -> None:
-    """A harness's spec (or, for a Python adapter, where it lives), and what it would run."""
-    from openforge.rollouts.harnesses.spec_harness import SpecHarness
+    """A harness's spec (or, for a Python adapter, where it lives), and what it would run. A spec is only
+    read: its `hook` module is not imported (a spec from elsewhere is its author's code)."""
+    from openforge.rollouts.harnesses import find_spec
 
-    cls = _harness_class(name)
-    if not issubclass(cls, SpecHarness):
+    spec = find_spec(name)
+    if spec is None:
+        cls = _harness_class(name)
         typer.echo(f"{cls.name}: a Python adapter, {cls.__module__}.{cls.__name__}")
         typer.echo((cls.__doc__ or "").strip())
         return
-    typer.echo(f"# {cls.spec.path}")
-    typer.echo(cls.spec.path.read_text(encoding="utf-8").rstrip())
+    typer.echo(f"# {spec.path}")
+    typer.echo(spec.path.read_text(encoding="utf-8").rstrip())
 
 
 @harness_app.command("install")

@@ -73,6 +73,12 @@ class Confinement:
         return cls.required()
 
     @classmethod
+    def where_available(cls) -> "Confinement":
+        """Bubblewrap where it works here, else plain processes (still with base_env): for what the user
+        asked for by name (`forge harness install`), where refusing would only stop them."""
+        return cls(bwrap_usable())
+
+    @classmethod
     def required(cls) -> "Confinement":
         path = bwrap_usable()
         if path is None:
@@ -83,9 +89,9 @@ class Confinement:
     def confined(self) -> bool:
         return self.bwrap is not None
 
-    def inside(self, folder: str) -> str:
-        """Where the process sees `folder` (its own)."""
-        return FOLDER_INSIDE if self.bwrap else folder
+    def inside(self, folder: str, at: str | None = None) -> str:
+        """Where the process sees `folder` (its own): `at`, else FOLDER_INSIDE."""
+        return (at or FOLDER_INSIDE) if self.bwrap else folder
 
     @staticmethod
     def listen_socket(folder: str) -> str:
@@ -93,16 +99,20 @@ class Confinement:
         return os.path.join(folder + ".run", "sock", "listen.sock")
 
     def command(self, argv: list[str], folder: str, *, env: Mapping[str, str] | None = None,
-                listen: int | None = None) -> tuple[list[str], dict[str, str]]:
+                listen: int | None = None, network: bool = False,
+                at: str | None = None) -> tuple[list[str], dict[str, str]]:
         """(argv, environment) that run `argv` in `folder`, confined. `env` is added to base_env. `listen`:
         a service listening on 127.0.0.1:listen in its own network; the host reaches it at
-        `listen_socket(folder)` (sandbox/forwarder.py --listen-socket), its only way in or out."""
-        env = base_env(self.inside(folder), env)
+        `listen_socket(folder)` (sandbox/forwarder.py --listen-socket), its only way in or out. `network`:
+        the host's network instead (a harness install fetching its packages). `at`: where the process
+        sees `folder` (FOLDER_INSIDE; an install its cache's own path, which the files it writes name)."""
+        inside = self.inside(folder, at)
+        env = base_env(inside, env)
         if self.bwrap is None:
             return list(argv), env
         run_dir = folder + ".run"  # beside the folder, out of the process's reach: passwd, group, the socket
         os.makedirs(os.path.join(run_dir, "sock"), mode=0o700, exist_ok=True)
-        passwd, group = user_entries(FOLDER_INSIDE)
+        passwd, group = user_entries(inside)
         with open(os.path.join(run_dir, "passwd"), "w", encoding="utf-8") as f:
             f.write(f"root:x:0:0:root:/root:/bin/sh\n{passwd}nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
         with open(os.path.join(run_dir, "group"), "w", encoding="utf-8") as f:
@@ -110,7 +120,7 @@ class Confinement:
         mounts = ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *_system_binds(),
                   "--ro-bind", os.path.join(run_dir, "passwd"), "/etc/passwd",
                   "--ro-bind", os.path.join(run_dir, "group"), "/etc/group", *runtime_mounts([]),
-                  "--bind", folder, FOLDER_INSIDE]
+                  "--bind", folder, inside]
         mounts += [arg for h in _hidden_in(mounts) for arg in ("--remount-ro", h)]
         inner = list(argv)
         if listen is not None:
@@ -118,6 +128,9 @@ class Confinement:
                        "--ro-bind", str(FORWARDER), _FORWARDER_INSIDE]
             inner = [sys.executable, "-I", _FORWARDER_INSIDE, "--listen-socket", f"{SOCKET_DIR_INSIDE}/listen.sock",
                      "--to-port", str(listen), "--", *inner]
+        flags = list(ISOLATION_FLAGS)
+        if network:
+            flags.remove("--unshare-net")
+            mounts += ["--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
         setenv = [arg for k, v in env.items() for arg in ("--setenv", k, v)]
-        return [self.bwrap, *ISOLATION_FLAGS, *mounts, "--clearenv", *setenv, "--chdir", FOLDER_INSIDE, "--",
-                *inner], env
+        return [self.bwrap, *flags, *mounts, "--clearenv", *setenv, "--chdir", inside, "--", *inner], env

@@ -65,6 +65,18 @@ def find_spec_file(name: str) -> Path | None:
     return None
 
 
+def find_spec(name: str) -> HarnessSpec | None:
+    """The spec `name` resolves to, read without importing its `hook` (`forge harness show`: reading a spec
+    runs none of its author's code); None for an installed package's adapter or a Python one."""
+    file = find_spec_file(name)
+    if file is not None:
+        return load_spec(file)
+    if entry_points(group=ENTRY_POINT_GROUP, name=name):
+        return None
+    builtin = BUILTIN_SPECS / f"{name}.toml"
+    return load_spec(builtin) if builtin.is_file() else None
+
+
 def spec_class(spec: HarnessSpec) -> type[HarnessBase]:
     """The adapter class that runs `spec`: its hook (a SpecHarness subclass), else SpecHarness."""
     from openforge.rollouts.harnesses.spec_harness import SpecHarness

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import subprocess
 import threading
@@ -122,6 +123,18 @@ def require_package_bin(cache: Path, name: str, spec: NpmHarness | None = None) 
     return found
 
 
+# What an install keeps of forge's environment: where and how to fetch (registries, proxies, certificates),
+# never a key or a FORGE_* setting. A spec's packages and command are its author's code (docs/security.md).
+_INSTALL_ENV = re.compile(r"PATH|HOME|LANG|LC_ALL|TZ|TMPDIR|(HTTPS?|NO|ALL)_PROXY|(https?|no|all)_proxy|"
+                          r"(NPM_CONFIG|npm_config|PIP)_\w+|SSL_CERT_(FILE|DIR)|REQUESTS_CA_BUNDLE|CURL_CA_BUNDLE|"
+                          r"NODE_EXTRA_CA_CERTS")
+
+
+def install_env(**extra: str) -> dict[str, str]:
+    """The environment a harness install runs with: the fetch settings of forge's own, then `extra`."""
+    return {**{k: v for k, v in os.environ.items() if _INSTALL_ENV.fullmatch(k)}, **extra}
+
+
 def install_packages(packages: list[str] | tuple[str, ...], cache: Path, *, timeout: float = INSTALL_TIMEOUT_S,
                      node_dir: Path | None = None, on_line: Callable[[str], None] | None = None) -> None:
     """`npm install` into the cache folder (created with a private package.json). HarnessError on failure.
@@ -135,7 +148,7 @@ def install_packages(packages: list[str] | tuple[str, ...], cache: Path, *, time
     manifest = cache / "package.json"
     if not manifest.exists():
         manifest.write_text('{"name": "openforge-npm-harnesses", "private": true}\n')
-    env = dict(os.environ)
+    env = install_env()
     if node_dir is not None:
         env["PATH"] = f"{node_dir}{os.pathsep}{env.get('PATH', '')}"
     level = "--loglevel=http" if on_line else "--loglevel=error"

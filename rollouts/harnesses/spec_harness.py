@@ -31,10 +31,11 @@ from openforge.config import ForgeConfig, HarnessConfig
 from openforge.errors import HarnessError
 from openforge.rollouts.harnesses import agent_files
 from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext, HarnessOutcome, last_line, read_text
-from openforge.rollouts.harnesses.npm import NpmHarness, install_packages, npm_cache_dir
+from openforge.rollouts.harnesses.npm import NpmHarness, install_env, install_packages, npm_cache_dir
 from openforge.rollouts.harnesses.spec import HarnessSpec, McpSpec, expand
 from openforge.rollouts.harnesses.venv import INSTALL_TIMEOUT_S, install_venv
 from openforge.sandbox.base import ExecResult, Sandbox
+from openforge.sandbox.confine import Confinement
 
 if TYPE_CHECKING:
     from openforge.sandbox.harness_image import VenvLayer
@@ -133,10 +134,15 @@ class SpecHarness(HarnessBase):
                 install_packages(install.npm, cache, timeout=timeout, on_line=on_line)
             if install.pip:
                 install_venv(cls.venv(cache), install.pip, what=name, timeout=timeout, on_line=on_line)
-            if install.command:
+            if install.command:  # the spec author's code: confined, its cache the one host folder it may write
                 cache.mkdir(parents=True, exist_ok=True)
-                done = subprocess.run(["/bin/sh", "-c", install.command], cwd=cache, capture_output=True, text=True,
-                                      env={**os.environ, "FORGE_HARNESS_CACHE": str(cache)}, timeout=timeout)
+                argv, env = Confinement.where_available().command(
+                    ["/bin/sh", "-c", install.command], str(cache), network=True, at=str(cache),
+                    env=install_env(FORGE_HARNESS_CACHE=str(cache), HOME=str(cache)))
+                try:
+                    done = subprocess.run(argv, cwd=cache, capture_output=True, text=True, env=env, timeout=timeout)
+                finally:
+                    shutil.rmtree(f"{cache}.run", ignore_errors=True)
                 if done.returncode != 0:
                     why = last_line(done.stderr) or last_line(done.stdout) or f"exit {done.returncode}"
                     raise HarnessError(f"{cls.spec.path}: install.command failed: {why}")

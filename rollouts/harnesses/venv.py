@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from openforge.errors import HarnessError
+from openforge.rollouts.harnesses.npm import install_env
 
 INSTALL_TIMEOUT_S = 900.0
 
@@ -24,7 +25,7 @@ def install_venv(venv: Path, requirements: list[str], *, what: str, timeout: flo
     for argv in steps:
         try:
             with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  stdin=subprocess.DEVNULL) as proc:
+                                  stdin=subprocess.DEVNULL, env=install_env()) as proc:
                 assert proc.stdout is not None
                 tail: list[str] = []
                 for line in proc.stdout:
