@@ -144,6 +144,15 @@ class SandboxInfo:
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+# Where a sandbox's grader folder (`grader_folder`) is seen from inside: beside the root, as Harbor's /tests is.
+GRADER_DIR = "/forge-grader"
+# A POSIX sh script that empties GRADER_DIR of what earlier gradings (and, where its user could write there,
+# the agent) left, as the sandbox's user: it fails unless nothing is left below its top level and the top
+# level is empty or not the user's to write (a container's grader folder is root's: what is left there is
+# forge's own empty folders, and nothing the agent made).
+EMPTY_GRADER_SH = (f'cd {GRADER_DIR} && {{ chmod -R u+rwX . ; find . -mindepth 1 -delete; }} 2>/dev/null; '
+                   f'cd {GRADER_DIR} && [ -z "$(find . -mindepth 2 | head -n 1)" ] && '
+                   '{ [ ! -w . ] || [ -z "$(ls -A)" ]; }')
 
 
 def proxy_url_via(host_url: str, proxy_host: str) -> str:
@@ -201,6 +210,13 @@ class Sandbox(Protocol):
     def attach_gui(self, spec: "GuiSpec | None") -> None:
         """Run the following execs in an X display with a browser on `spec`; None detaches. Raises
         SandboxError when this sandbox cannot (`supports_gui` False, or a setting it lacks)."""
+
+    async def grader_folder(self) -> str:
+        """A folder, empty now, for a grader's files (a Harbor task's tests and reward folder); called once
+        the agent is gone (`kill_all`). It lies outside the working directory, HOME and TMPDIR, under no
+        folder the sandbox's processes can write, and nothing they left is in it, so no file of the agent's
+        lies beside or above the grader's (a conftest.py or pytest.ini that pytest would load). The execs
+        that follow may write in it; the next call empties it again (a next step's agent finds no tests)."""
 
     async def __aenter__(self) -> "Sandbox": ...
 
@@ -336,6 +352,9 @@ class SandboxBase:
     def attach_gui(self, spec: "GuiSpec | None") -> None:
         if spec is not None:
             raise SandboxError(f"the {self.info.backend} backend has no display for GUI tasks")
+
+    async def grader_folder(self) -> str:
+        raise SandboxError(f"the {self.info.backend} backend has no folder out of the agent's reach for a grader")
 
     async def start(self) -> None:  # pragma: no cover - implemented by backends
         raise NotImplementedError

@@ -13,7 +13,8 @@ Everything the sandbox runs in the container runs as the image's `forge` user (u
 Kubernetes pods); docker-init and the keeper `sleep` run as uid 0, so the agent cannot signal them
 (with no CAP_KILL) and stop its own container. Every capability is dropped, with `no-new-privileges`
 and a read-only root: the working directory, $HOME and /tmp are anonymous volumes (seeded from the
-image, which gives the user those folders; removed with the container). The network is `none` by
+image, which gives the user those folders; removed with the container). A fourth volume, /forge-grader, is
+root's: the user cannot write in it, and forge puts a grader's files there (`grader_folder`). The network is `none` by
 default: the proxy's unix socket is bound in and a forwarder serves it on the container's 127.0.0.1
 (`proxy_url`). With `sandbox.allow_internet` a `none` container is on forge's egress bridge instead
 (`openforge-egress`, made once and kept: a network namespace of its own with a route out through the
@@ -59,7 +60,7 @@ from typing import Any
 from openforge.config import DockerSandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
-from openforge.sandbox.base import (KILL_ALL_SH, KILL_MARKED_SH, LABEL_HOME, LABEL_ROLLOUT, container_path, ExecResult,
+from openforge.sandbox.base import (EMPTY_GRADER_SH, GRADER_DIR, KILL_ALL_SH, KILL_MARKED_SH, LABEL_HOME, LABEL_ROLLOUT, container_path, ExecResult,
                           IsolationReport, SandboxBase, SandboxFileNotFound, SandboxInfo, SandboxPathRefused, TransientSandboxError, sandbox_labels)
 from openforge.sandbox.compose import ComposeService, remove_services, start_services
 from openforge.sandbox.gui import CHROMIUM_NAMES, SITE_PORT, SITE_URL, GuiSpec
@@ -170,7 +171,7 @@ class DockerSandbox(SandboxBase):
         self.name = f"openforge-{rollout_id}"
         self._client: Any = None
         self._container: Any = None
-        self.volume_names: list[str] = []  # its anonymous volumes (workdir, HOME, /tmp), removed with it
+        self.volume_names: list[str] = []  # its anonymous volumes (workdir, HOME, /tmp, the grader's)
         self.proxy_socket = str(proxy_socket) if proxy_socket else None
         self.proxy_url: str | None = None
         # A GUI task's site socket (rollouts/tasks/web/server.py), bound in at create time; `attach_gui` runs
@@ -313,7 +314,9 @@ class DockerSandbox(SandboxBase):
                 user="0:0", cap_drop=["ALL"], security_opt=["no-new-privileges"],
                 read_only=True, environment={"HOME": SANDBOX_HOME, "TMPDIR": "/tmp"},
                 # Anonymous volumes: seeded from the image (ownership included), removed with the container.
-                mounts=[Mount(path, None, type="volume") for path in self.writable],
+                # The grader's folder: a volume too, root's (no such folder in the image), so the user cannot
+                # write in it; forge writes there by put_archive (grader_folder).
+                mounts=[Mount(path, None, type="volume") for path in (*self.writable, GRADER_DIR)],
                 mem_limit=f"{self.cfg.memory_mb}m", memswap_limit=f"{self.cfg.memory_mb}m",
                 nano_cpus=int(self.cfg.cpus * 1e9), pids_limit=self.cfg.pids_limit, volumes=self._volumes(),
                 **self._file_limit())
@@ -482,15 +485,28 @@ class DockerSandbox(SandboxBase):
     def _resolve(self, path: str) -> str:
         return container_path(self.config.workdir, path)
 
+    async def grader_folder(self) -> str:
+        """A folder of the sandbox's user, named afresh, in GRADER_DIR: a volume of root's, where the agent could
+        make nothing (and what earlier gradings left in it is emptied first)."""
+        self._need()
+        emptied = await self.exec(EMPTY_GRADER_SH, timeout=120)
+        if emptied.exit_code != 0:
+            raise SandboxError(f"cannot empty the grader's folder {GRADER_DIR} (exit {emptied.exit_code}): "
+                               f"{emptied.stderr.strip()[:300]}")
+        folder = f"{GRADER_DIR}/{secrets.token_hex(6)}"
+        await asyncio.to_thread(self._put, folder, None, 0o755)
+        return folder
+
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
         self._need()
         await asyncio.to_thread(self._put, self._resolve(path), data, mode)
 
-    def _put(self, full: str, data: bytes, mode: int) -> None:
-        """Write one file as the sandbox's user, by a tar extracted in the writable folder that holds it
-        (the root is read-only). Its missing parents come as members of their own, owned by the user:
-        left to the engine they would be root's, and the agent could not write in them."""
-        base = next((d for d in self.writable if full == d or full.startswith(d.rstrip("/") + "/")), None)
+    def _put(self, full: str, data: bytes | None, mode: int) -> None:
+        """Write one file (None: a folder) as the sandbox's user, by a tar extracted in the writable folder
+        that holds it (the root is read-only) or in GRADER_DIR. Its missing parents come as members of their
+        own, owned by the user: left to the engine they would be root's, and the agent could not write in them."""
+        base = next((d for d in (*self.writable, GRADER_DIR) if full == d or full.startswith(d.rstrip("/") + "/")),
+                    None)
         rel = posixpath.relpath(full, base) if base else ""
         if base is None or rel == ".":
             raise SandboxError(f"cannot write {full}: the container's root is read-only; the sandbox's user "
@@ -507,9 +523,14 @@ class DockerSandbox(SandboxBase):
                 folder.uid = folder.gid = SANDBOX_UID
                 tar.addfile(folder)
             member = tarfile.TarInfo(rel)
-            member.size, member.mode, member.mtime = len(data), mode, now
+            member.mode, member.mtime = mode, now
             member.uid = member.gid = SANDBOX_UID
-            tar.addfile(member, io.BytesIO(data))
+            if data is None:
+                member.type = tarfile.DIRTYPE
+                tar.addfile(member)
+            else:
+                member.size = len(data)
+                tar.addfile(member, io.BytesIO(data))
         try:
             ok = self._client.api.put_archive(self._container.id, base, buf.getvalue())
         except docker.errors.APIError as exc:

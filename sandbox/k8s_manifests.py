@@ -18,7 +18,7 @@ from typing import Any
 
 from openforge.config import KubernetesSandboxConfig
 from openforge.errors import ConfigError
-from openforge.sandbox.base import LABEL_HOME, LABEL_MANAGED, LABEL_RUN, sandbox_labels
+from openforge.sandbox.base import GRADER_DIR, LABEL_HOME, LABEL_MANAGED, LABEL_RUN, sandbox_labels
 from openforge.sandbox.compose import DROPPED_CAPABILITIES, ComposeService
 
 CONTAINER_NAME = "sandbox"
@@ -74,13 +74,14 @@ def build_pod_manifest(config: KubernetesSandboxConfig, *, name: str, run_id: st
 
     It passes Pod Security `restricted`: a non-root uid, no privilege escalation, every capability
     dropped, the runtime's seccomp profile. The root filesystem is read-only; the workdir, $HOME and
-    /tmp are emptyDir volumes (counted against `ephemeral-storage`), writable by the pod's group.
+    /tmp are emptyDir volumes (counted against `ephemeral-storage`), writable by the pod's group, and so is
+    /forge-grader, the grader's folder (`grader_folder` empties it once the agent is gone).
     `activeDeadlineSeconds` is the backstop for a controller that crashed before deleting its pods;
     `forge gc` is the other. The service-account token is only mounted when a service account is
     configured: agent code runs in this pod and should not be handed API credentials by default.
     """
     k8s = config
-    mounts = {"workdir": config.workdir, "home": k8s.home, "tmp": "/tmp"}
+    mounts = {"workdir": config.workdir, "home": k8s.home, "tmp": "/tmp", "grader": GRADER_DIR}
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "activeDeadlineSeconds": k8s.active_deadline_s,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import secrets
 import shlex
 import threading
 import time
@@ -32,8 +33,8 @@ from urllib.parse import urlparse
 from openforge.config import KubernetesSandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
-from openforge.sandbox.base import (KILL_ALL_SH, ExecResult, IsolationReport, container_path, SandboxBase,
-                          SandboxFileNotFound, SandboxInfo, SandboxPathRefused, TransientSandboxError)
+from openforge.sandbox.base import (EMPTY_GRADER_SH, GRADER_DIR, KILL_ALL_SH, ExecResult, IsolationReport,
+                          container_path, SandboxBase, SandboxFileNotFound, SandboxInfo, SandboxPathRefused, TransientSandboxError)
 from openforge.sandbox.gui import CHROMIUM_NAMES, SITE_PORT, SITE_URL, GuiSpec
 from openforge.sandbox.k8s_client import ClusterClient
 from openforge.sandbox.k8s_exec import (
@@ -456,6 +457,16 @@ class KubernetesSandbox(SandboxBase):
         argv = wrap_command(["sh", "-c", script], cwd="/", env=None, timeout=FILE_OP_TIMEOUT_S,
                             stdin_len=None if stdin is None else len(stdin), limit=limit)
         return await self._stream(argv, FILE_OP_TIMEOUT_S, stdin, limit)
+
+    async def grader_folder(self) -> str:
+        """A folder named afresh in GRADER_DIR, an emptyDir of the pod's: the pod has one user, so what the
+        agent (gone now) or an earlier grading left there is deleted first, down to the empty folder."""
+        folder = f"{GRADER_DIR}/{secrets.token_hex(6)}"
+        raw = await self._file_op(f"{EMPTY_GRADER_SH} && mkdir -- {folder}", None, 64 * 1024)
+        if raw.exit_code != 0:
+            raise SandboxError(f"cannot empty the grader's folder {GRADER_DIR} (exit {raw.exit_code}): "
+                               f"{raw.stderr.decode('utf-8', 'replace').strip()[:300]}")
+        return folder
 
     # -- files -----------------------------------------------------------------------------------
     def _resolve(self, path: str) -> str:

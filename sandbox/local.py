@@ -6,10 +6,11 @@ Layout of one sandbox, `$FORGE_HOME/sandboxes/<rollout id>/`:
     work/          the working directory (`info.workdir`)
     home/  tmp/    HOME and TMPDIR of every process
     etc/           the sandbox's own passwd and group
+    grader/        a grader's files (`grader_folder`: a Harbor task's tests), made once the agent is gone
 
 Under bubblewrap a process sees work/, home/ and tmp/ at /sandbox/work, /sandbox/home and
-/sandbox/tmp, the same paths in every rollout (`info.workdir` and `info.home` are those): a harness
-writes its paths into the prompt (Claude Code names its HOME and working directory in the system
+/sandbox/tmp (and grader/, once made, at /forge-grader: under no folder the agent could write), the
+same paths in every rollout (`info.workdir` and `info.home` are those): a harness writes its paths into the prompt (Claude Code names its HOME and working directory in the system
 prompt), so per-rollout paths would make every rollout's prompt differ a few hundred tokens in, and
 neither the engine's prefix cache nor the trainer's shared-prefix step could share the rest.
 
@@ -50,8 +51,8 @@ from urllib.parse import urlsplit
 from openforge.config import LocalSandboxConfig
 from openforge.errors import SandboxError
 from openforge.paths import forge_home
-from openforge.sandbox.base import (ExecResult, IsolationReport, IsolationUnavailable, SandboxBase, SandboxFileNotFound,
-                          SandboxInfo, SandboxPathRefused, sandbox_labels)
+from openforge.sandbox.base import (GRADER_DIR, ExecResult, IsolationReport, IsolationUnavailable, SandboxBase,
+                          SandboxFileNotFound, SandboxInfo, SandboxPathRefused, sandbox_labels)
 from openforge.sandbox.gui import SITE_PORT, SITE_URL, GuiSpec
 from openforge.sandbox.images import SANDBOX_UID, SANDBOX_USER, user_entries
 from openforge.sandbox.limits import TaskLimits, affinity_cores
@@ -352,6 +353,8 @@ class LocalSandbox(SandboxBase):
         # Only work/, home/ and tmp/ are writable; sandbox.json beside them stays out of reach.
         for sub in ("work", "home", "tmp"):
             mounts += ["--bind", f"{d}/{sub}", self._inner(sub)]
+        if os.path.isdir(f"{d}/grader"):  # made by grader_folder once the agent is gone (a fresh bwrap root holds it)
+            mounts += ["--bind", f"{d}/grader", self._inner("grader")]
         mounts += [arg for h in _hidden_in(mounts) for arg in ("--remount-ro", h)]
         if self.gui is not None:  # the display, the browser and the site's door (sandbox/gui.py)
             argv = [sys.executable, "-I", GUI_INSIDE, *self.gui.launcher_args(), *argv]
@@ -462,10 +465,27 @@ class LocalSandbox(SandboxBase):
         among = self.cgroup.pids() if self.cgroup and self.cgroup.dirs else None
         kill_tree(pgid, EXEC_ENV, exec_id, among)
 
+    async def grader_folder(self) -> str:
+        await asyncio.to_thread(self._fresh_grader_folder)
+        return self._inner("grader")
+
+    def _fresh_grader_folder(self) -> None:
+        # What an earlier grading (or a later step's agent) left goes aside by a rename, out of every bind:
+        # no time however many files are in it, and the sandbox's removal takes it.
+        folder = self.dir / "grader"
+        try:
+            if folder.exists() or folder.is_symlink():
+                folder.rename(self.dir / f"grader-left-{secrets.token_hex(4)}")
+            folder.mkdir()
+        except OSError as exc:
+            raise SandboxError(f"cannot make the grader's folder in sandbox {self.id}: {exc.strerror}") from None
+
     # -- files -------------------------------------------------------------------------------------
     def _inner(self, sub: str) -> str:
-        """Where the sandbox's `sub` folder (work, home, tmp) is seen from inside it."""
-        return f"{INNER_ROOT}/{sub}" if self.bwrap else str(self.dir / sub)
+        """Where the sandbox's `sub` folder (work, home, tmp, grader) is seen from inside it."""
+        if not self.bwrap:
+            return str(self.dir / sub)
+        return GRADER_DIR if sub == "grader" else f"{INNER_ROOT}/{sub}"
 
     def _inside(self, host_path: str) -> str:
         """A host path under the sandbox folder as the sandbox sees it."""
@@ -477,6 +497,8 @@ class LocalSandbox(SandboxBase):
         """An absolute path as the sandbox sees it (/sandbox/work/x) on the host; others unchanged."""
         if self.bwrap and (path == INNER_ROOT or path.startswith(INNER_ROOT + "/")):
             return str(self.dir) + path[len(INNER_ROOT):]
+        if self.bwrap and (path == GRADER_DIR or path.startswith(GRADER_DIR + "/")):
+            return str(self.dir / "grader") + path[len(GRADER_DIR):]
         return path
 
     def _resolve(self, path: str) -> Path:

@@ -69,9 +69,10 @@ def test_every_manifest_passes_pod_security_restricted(k8s: dict) -> None:
     assert pod_security_violations(m, "restricted") == [] and admit_pod(m) == []
     c = m["spec"]["containers"][0]
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
-    # What the read-only root leaves writable: the workdir, $HOME and /tmp, each an emptyDir.
+    # What the read-only root leaves writable: the workdir, $HOME and /tmp, each an emptyDir, and the grader's
+    # folder (emptied once the agent is gone, sandbox/kubernetes.py grader_folder).
     mounts = {v["mountPath"]: v["name"] for v in c["volumeMounts"]}
-    assert set(mounts) == {"/work", "/home/forge", "/tmp"}
+    assert set(mounts) == {"/work", "/home/forge", "/tmp", "/forge-grader"}
     assert {v["name"]: v for v in m["spec"]["volumes"]}.keys() == set(mounts.values())
     assert all("emptyDir" in v for v in m["spec"]["volumes"])
     assert {"name": "HOME", "value": "/home/forge"} in c["env"]

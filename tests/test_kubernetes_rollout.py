@@ -61,3 +61,28 @@ def test_an_oom_kill_fails_the_rollout_as_infra_saying_so(tmp_path: Path, tiny_m
     ro, _ = rollout(tmp_path, tiny_model, store, [HOG, "Done"], memory_request="64Mi", memory_limit="128Mi")
     assert ro.status == "failed" and ro.failure_kind == "infra", (ro.status, ro.error)
     assert "OOMKilled" in ro.error and "memory limit 128Mi" in ro.error
+
+
+def test_a_harbor_tasks_tests_never_load_the_agents_pytest_files_in_a_pod(tmp_path: Path, store: Store) -> None:
+    """Issue 43 on this backend: the tests go into the pod's grader folder, emptied once the agent is gone, so
+    a conftest.py, pytest.py and pytest.ini in every folder the agent could write (that one included) fail."""
+    from test_tasks_harbor import _pytest_task
+
+    from openforge.rollouts.tasks.selfcheck import PLANTED_PYTEST, _StandInHarness
+
+    double = KubeDouble(tmp_path / "pods", ro_binds=tuple(sorted({sys.prefix, sys.base_prefix})))
+    double.start()
+    try:
+        cfg = ForgeConfig(sandbox=make_config(double, tmp_path))
+        _pytest_task(tmp_path / "set")
+        [task] = load_tasks(tmp_path / "set")
+        agents = {"honest": "echo 42 > answer.txt", "conftest": "printf 'import os\\nos._exit(0)\\n' > conftest.py",
+                  "planted": PLANTED_PYTEST}
+        runner = RolloutRunner(store, config=cfg, proxy_url="http://127.0.0.1:9", harness=_StandInHarness(agents))
+        out = asyncio.run(runner.run(store.create_run(kind="check").id,
+                                     [RolloutSpec(task.model_copy(update={"id": label})) for label in agents]))
+    finally:
+        double.stop()
+    assert {ro.task_id: (ro.status, ro.reward) for ro in out} == {
+        "honest": ("scored", 1.0), "conftest": ("scored", 0.0), "planted": ("scored", 0.0)}, [
+        (ro.error, ro.verifier_output) for ro in out]

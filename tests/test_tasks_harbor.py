@@ -5,6 +5,7 @@ file the agent could write."""
 from __future__ import annotations
 
 import shutil
+import sys
 import textwrap
 from pathlib import Path
 
@@ -16,7 +17,8 @@ from openforge.forge_cli.main import app
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks, validate_tasks
 from openforge.rollouts.tasks.harbor_verifier import parse_reward, rewrite_paths
-from openforge.rollouts.tasks.selfcheck import FORGED_REWARD, HOSTILE_ANSWERS, _StandInHarness, check_solutions
+from openforge.rollouts.tasks.selfcheck import (FORGED_REWARD, HOSTILE_ANSWERS, PLANTED_PYTEST, _StandInHarness,
+                                               check_solutions)
 from openforge.store import Store
 
 DATA = Path(__file__).parent / "data" / "harbor"
@@ -158,7 +160,8 @@ async def test_validate_run_on_the_harbor_set(store: Store, forge_home: Path) ->
     assert await check_solutions(store, ForgeConfig(), list(TASKS.values())) == []
     [run] = [r for r in store.list_runs() if r.kind == "check"]
     rollouts = store.list_rollouts(run.id)
-    assert len(rollouts) == len(TASKS) * (2 + len(HOSTILE_ANSWERS))  # solved, hostile answers, forged reward
+    # solved, hostile answers, forged reward, planted pytest
+    assert len(rollouts) == len(TASKS) * (3 + len(HOSTILE_ANSWERS))
     assert {r.task_id: r.reward for r in rollouts if r.step == 0} == {t: 1.0 for t in TASKS}
     assert [(r.task_id, r.step, r.reward) for r in rollouts if r.step > 0 and r.reward != 0.0] == []
     assert all(r.status == "scored" for r in rollouts)
@@ -202,3 +205,45 @@ async def test_the_reference_run_has_the_whole_solution_folder_and_an_agent_has_
     # The reference run without the folder: solve.sh is not there to run.
     [problem] = await check_solutions(store, ForgeConfig(), [task.model_copy(update={"solution_files": {}})])
     assert "/solution/solve.sh: No such file" in problem.message, problem
+
+
+def _pytest_task(root: Path, name: str = "answer", runner: str = "") -> Path:
+    """A task whose test.sh runs pytest on /tests from the WORKDIR, as Terminal-Bench's do (`uvx pytest`: the
+    console script; `runner` replaces it)."""
+    folder = _task(root, name, test_sh=f"""
+        cd /app
+        export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1  # uvx's pytest has no plugins; this venv's take seconds to load
+        {runner or Path(sys.executable).with_name("pytest")} -q /tests/test_outputs.py
+        if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+        """, instruction="Write 42 into /app/answer.txt.")
+    (folder / "tests" / "test_outputs.py").write_text(
+        "from pathlib import Path\n\n\ndef test_answer():\n    assert Path('/app/answer.txt').read_text().strip() == '42'\n")
+    (folder / "solution").mkdir()
+    (folder / "solution" / "solve.sh").write_text("#!/bin/bash\necho 42 > /app/answer.txt\n")
+    return folder
+
+
+async def test_the_tests_never_load_a_conftest_or_pytest_ini_the_agent_wrote(store: Store, tmp_path: Path) -> None:
+    # Issue 43: the tests ran from a folder under the agent's working directory, so pytest's rootdir was the
+    # agent's and its conftest.py (exit 0 before any test) or pytest.ini (collect only) scored 1.0.
+    _pytest_task(tmp_path / "set")
+    [task] = load_tasks(tmp_path / "set")
+    agents = {
+        "honest": ("echo 42 > answer.txt", 1.0),
+        "conftest": ("printf 'import os\\nos._exit(0)\\n' > conftest.py", 0.0),
+        "planted": (PLANTED_PYTEST, 0.0),  # a conftest.py, pytest.py and pytest.ini in every folder it can write
+    }
+    tasks = [task.model_copy(update={"id": label}) for label in agents]
+    got = await _run(store, {label: script for label, (script, _) in agents.items()}, tasks)
+    assert {label: got[label][:2] for label in agents} == {label: ("scored", want)
+                                                           for label, (_, want) in agents.items()}, got
+
+
+@pytest.mark.slow  # nine rollouts, each running pytest
+async def test_validate_run_names_a_task_whose_tests_run_the_agents_pytest(store: Store, tmp_path: Path) -> None:
+    # `python -m pytest` from the WORKDIR puts the agent's folder first on the import path (in Harbor too):
+    # the planted pytest.py passes it, and `forge tasks validate --run` says so.
+    _pytest_task(tmp_path / "set", "module", runner=f"{sys.executable} -m pytest")
+    problems = await check_solutions(store, ForgeConfig(), load_tasks(tmp_path / "set"))
+    assert [(p.task_id, p.message) for p in problems] == [
+        ("module", "gives credit to hostile answers (must be 0): planted pytest 1")]

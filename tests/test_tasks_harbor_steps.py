@@ -120,7 +120,8 @@ async def test_steps_run_in_one_sandbox_and_score_as_harbor_does(store: Store, t
     assert "later steps skipped" in output and "== step 2_step_two" not in output
     # Both steps done by an agent that also copies whatever tests it can find into b.txt: step one's tests
     # are gone before step two's agent runs, so it finds none and scores the full reward.
-    snoop = "test -f a.txt || echo one > a.txt; echo two > b.txt; cat .harbor-*/tests/secret.txt >> b.txt 2>/dev/null; true"
+    snoop = ("test -f a.txt || echo one > a.txt; echo two > b.txt; "
+             "cat /forge-grader/*/tests/secret.txt /forge-grader/tests/secret.txt >> b.txt 2>/dev/null; true")
     assert (await _run(store, task, snoop))[:2] == ("scored", 1.0)
 
 

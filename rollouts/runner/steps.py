@@ -5,7 +5,8 @@
           names it), under the step's time limit
         kill_all: nothing the agent started still runs
         the step's tests copied in and run, the reward read on the host (rollouts/tasks/harbor_verifier.py),
-          then their folder removed, as Harbor empties /tests and /logs/verifier before the next agent phase
+          then their folder emptied (`Sandbox.grader_folder`), as Harbor empties /tests and /logs/verifier
+          before the next agent phase
         a reward below the step's min_reward: the remaining steps are skipped
     the rollout's reward: HarborSteps.combined of the graded steps' rewards (Harbor's mean, or final)
 
@@ -33,9 +34,6 @@ from openforge.store import Rollout
 if TYPE_CHECKING:
     from openforge.rollouts.runner.runner import RolloutRunner
     from openforge.rollouts.tasks.format import TaskSpec
-
-_CLEAR_TESTS = "rm -rf ./.harbor-*"  # the verifier's folders (harbor_verifier.py names them .harbor-<random>)
-
 
 async def drive_steps(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, task: "TaskSpec", harness: Harness,
                       ctx: HarnessContext, extra_env: dict[str, str]) -> None:
@@ -70,12 +68,10 @@ async def drive_steps(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, task: "
             lines.append(f"== step {step.name}: reward {reward:g} < min_reward {step.min_reward:g}: "
                          "later steps skipped")
             break
-        try:  # the next step's agent must not find these tests
-            cleared = await sb.exec(_CLEAR_TESTS, timeout=60, cwd=sb.info.workdir)
+        try:  # the next step's agent must not find these tests: the grader's folder emptied
+            await sb.grader_folder()
         except SandboxError as exc:
             raise InfraFailure(f"could not clear step {step.name}'s tests: {exc}") from None
-        if cleared.exit_code != 0:
-            raise InfraFailure(f"could not clear step {step.name}'s tests: {tail(cleared.stderr, 300)}")
     reward = task.harbor_steps.combined(rewards)
     lines.append(f"== {task.harbor_steps.reward} of {len(rewards)} graded step(s): {reward:g}")
     await _end(runner, ro, lines, status="scored", reward=reward, error="; ".join(notes) or None)

@@ -7,10 +7,12 @@ else /logs/verifier/reward.txt (one number). Here:
 
 - The runner calls `run_harbor_tests` only after `kill_all`: nothing the agent started can still
   run, so nothing can rewrite the tests or the reward while they run.
-- The tests and the reward folder go into a folder named afresh for each grading
-  (`.harbor-<random>/tests`, `.harbor-<random>/logs/verifier`): the agent cannot have planted a
-  reward file, a link or a folder there, since it could not know the name. The fixed paths of the
-  task's files (/tests, /logs, the Dockerfile's WORKDIR) are rewritten to that folder and to the
+- The tests and the reward folder go into the sandbox's grader folder, emptied for each grading
+  (`Sandbox.grader_folder`: `<it>/tests`, `<it>/logs/verifier`), as Harbor's live in /tests and /logs,
+  out of the agent's tree: outside its working directory, HOME and TMPDIR and under no folder it could
+  write, so it cannot have planted a reward file, a link, or a conftest.py or pytest.ini beside or above
+  the tests (pytest's rootdir would be the agent's, and its conftest.py loaded: issue 43). The fixed paths
+  of the task's files (/tests, /logs, the Dockerfile's WORKDIR) are rewritten to that folder and to the
   sandbox's working directory (a local sandbox has no /tests, /logs or /app of its own).
 - The reward file is read by forge on the host (`read_file`: a regular file, at most 64 KiB), never
   from test.sh's output. It must be one finite number in [0, 1].
@@ -28,7 +30,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import secrets
 import shlex
 from collections.abc import Awaitable, Callable
 
@@ -94,7 +95,10 @@ async def run_harbor_tests(sb: Sandbox, tests: HarborTests, run: Exec, env: dict
     """(reward, verifier output, a note when no usable reward came). `run(command, timeout, env)`
     execs in the sandbox's working directory; `env` is the verifier's fresh HOME and the like."""
     workdir = sb.info.workdir.rstrip("/")
-    root = f"{workdir}/.harbor-{secrets.token_hex(6)}"
+    try:
+        root = (await sb.grader_folder()).rstrip("/")
+    except SandboxError as exc:
+        raise VerifierUnavailable(f"cannot make the verifier's folder: {exc}") from None
     mapping = {TESTS_DIR: f"{root}/tests", LOGS_DIR: f"{root}/logs"}
     if tests.workdir.rstrip("/") not in ("", workdir):
         mapping[tests.workdir.rstrip("/")] = workdir

@@ -12,7 +12,10 @@ multi-step Harbor task, that step's steps/<name>/solution/ (`HarnessContext.step
 
 A Harbor task (rollouts/tasks/harbor.py) also meets FORGED_REWARD: an agent that writes a perfect
 reward file wherever Harbor's verifier might read one and leaves a process behind to keep writing
-it. It must score exactly 0 as well.
+it, and PLANTED_PYTEST: an agent that leaves a conftest.py, pytest.py and pytest.ini in every folder
+it can write, for a test.sh that runs pytest to load (issue 43). Each must score exactly 0 as well; a
+task whose test.sh runs the agent's files (`python -m pytest` from the working folder puts it first
+on the import path, in Harbor too) is named.
 
 A task graded on its services' record (`expect_requests`, rollouts/tasks/services.py) and no judge meets
 FORGED_DISPATCH: an agent that makes no request but writes dispatch logs claiming each one the task
@@ -68,12 +71,30 @@ HOSTILE_ANSWERS: dict[str, Callable[[TaskSpec], str]] = {
 # An agent that fakes a Harbor reward instead of doing the task: reward files at Harbor's path, at the
 # paths a local sandbox might map it to, and a writer left running to fill any folder named later.
 FORGED_REWARD = """
-for d in /logs/verifier logs/verifier .harbor/logs/verifier .harbor-0/logs/verifier; do
+for d in /logs/verifier logs/verifier .harbor/logs/verifier .harbor-0/logs/verifier /forge-grader/logs/verifier; do
   mkdir -p "$d" 2>/dev/null && echo 1 > "$d/reward.txt" && echo '{"reward": 1}' > "$d/reward.json"
 done 2>/dev/null
-nohup sh -c 'while :; do for d in .harbor-*/logs/verifier /logs/verifier; do
+nohup sh -c 'while :; do for d in .harbor-*/logs/verifier /logs/verifier /forge-grader/*/logs/verifier; do
   echo 1 > "$d/reward.txt"; echo "{\\"reward\\": 1}" > "$d/reward.json"; done 2>/dev/null; sleep 0.01; done' \
   >/dev/null 2>&1 &
+true
+"""
+
+
+# An agent that leaves the tests' runner its own files instead of doing the task: a conftest.py that exits 0
+# before any test runs, a pytest.py that says all passed (`python -m pytest` from its folder), a pytest.ini
+# that only collects, in every folder it can write (the working folder, $HOME, the temp folders, Harbor's
+# /tests and /logs, the folders above them and forge's grader folders, wherever they can be made).
+PLANTED_PYTEST = r"""
+plant() {
+  mkdir -p "$1" && printf 'import os\nos._exit(0)\n' > "$1/conftest.py" &&
+    printf 'import sys\nprint("1 passed")\nsys.exit(0)\n' > "$1/pytest.py" &&
+    printf '[pytest]\naddopts = --collect-only -q\n' > "$1/pytest.ini"
+} 2>/dev/null
+{ find / -maxdepth 3 \( -path /proc -o -path /sys -o -path /dev \) -prune -o -type d -writable -print 2>/dev/null
+  for d in "$PWD" "$PWD/tests" "$PWD/.harbor" "$PWD/.harbor-0" "$PWD/.." "$HOME" "${TMPDIR:-/tmp}" /tmp /tests \
+    /logs /logs/verifier /app / /sandbox /sandbox/grader /forge-grader; do echo "$d"; done
+} | head -n 300 | while read -r d; do plant "$d"; done
 true
 """
 
@@ -166,6 +187,7 @@ async def check_solutions(store: Store, config: ForgeConfig, tasks: Sequence[Tas
     harbor = [t for t in with_solution if t.harbor is not None]
     if harbor:
         attempts.append(("forged reward", _StandInHarness({t.id: FORGED_REWARD for t in harbor}), harbor))
+        attempts.append(("planted pytest", _StandInHarness({t.id: PLANTED_PYTEST for t in harbor}), harbor))
     recorded = [t for t in tasks if t.judge is None and any(not r.absent for r in t.expect_requests)]
     if recorded:
         attempts.append(("forged dispatch", _StandInHarness({t.id: forged_dispatch(t) for t in recorded}), recorded))
