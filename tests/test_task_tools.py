@@ -129,6 +129,21 @@ async def test_a_failing_or_hung_tool_is_the_agents_error_a_missing_one_the_infr
         assert is_error and "service 'mail' is not running" in (server.infra_error or "")
 
 
+async def test_a_tools_command_has_no_more_reach_than_the_agent(tmp_path: Path, forge_home: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent names what a tool's command reads (issue 43): on the host it was /etc/shadow, the store,
+    forge's environment. Confined (sandbox/confine.py) it gets none of them."""
+    monkeypatch.setenv("FORGE_TEACHER_API_KEY", "sk-teacher-0d1e2f")
+    (forge_home / "secret.txt").write_text("forge's own file\n")
+    reads = TaskTool(name="reads", description="d", command=(
+        "path=$(python3 -c 'import json,sys; print(json.load(sys.stdin)[\"path\"])'); cat \"$path\" 2>&1; env"))
+    async with ToolServer([reads], record=tmp_path / "r.jsonl") as server:
+        for path in ("/etc/shadow", str(forge_home / "secret.txt"), str(tmp_path / "r.jsonl"), "/proc/1/environ"):
+            text, _ = await server.dispatch("reads", {"path": path})
+            assert "root:" not in text and "forge's own file" not in text and '"tool": "reads"' not in text, text
+            assert "sk-teacher" not in text and "FORGE_HOME" not in text and "FORGE_TOOL=reads" in text, text
+
+
 async def test_a_service_tool_forwards_its_arguments_to_the_service(tmp_path: Path) -> None:
     from openforge.engine.serve import serve_in_thread
     from starlette.applications import Starlette

@@ -4,7 +4,7 @@
     name = "lookup_order"
     description = "The status of an order"
     input_schema = { type = "object", properties = { id = { type = "string" } }, required = ["id"] }
-    command = "python3 /srv/tools/lookup.py"     # host side: the arguments as JSON on stdin, stdout = result
+    command = "python3 -c 'import json,sys; print(json.load(sys.stdin)[\"key\"].upper())'"  # confined, see below
 
     [[tools]]                                     # or forwarded to one of the task's services
     name = "send_email"
@@ -46,8 +46,9 @@ class TaskTool(BaseModel):
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"},
                                          description="a JSON Schema object for the arguments")
     command: str | None = Field(None, min_length=1, description=(
-        "a shell command run on the host per call: the arguments as JSON on stdin, stdout is the result; "
-        "a non-zero exit is an error result the agent sees"))
+        "a shell command run per call in a sandbox of its own (no host folder, no network, no key: "
+        "sandbox/confine.py): the arguments as JSON on stdin, stdout is the result; a non-zero exit is an "
+        "error result the agent sees. A tool that needs data is an MCP server or a service with `files`"))
     service: str | None = Field(None, min_length=1, description="a task service the call is forwarded to")
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
     path: str = Field("/", description="the service's path; the arguments are the JSON body")
