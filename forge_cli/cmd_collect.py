@@ -27,7 +27,7 @@ def collect_cmd(
     include: Annotated[Optional[list[str]], typer.Option("--task", help="only this task id (repeatable)")] = None,
     harness: Annotated[Optional[str], typer.Option("--harness", help="the harness the teacher drives (harness.name)")] = None,
     concurrency: Annotated[Optional[int], typer.Option("--concurrency", min=1, help="rollouts at once")] = None,
-    min_reward: Annotated[float, typer.Option("--min-reward", help="keep rollouts scored at least this "
+    min_reward: Annotated[float, typer.Option("--min-reward", min=0.0, max=1.0, help="keep rollouts scored at least this, in [0, 1] "
                                               "(what forge sft --from RUN trains on)")] = 1.0,
     resume: Annotated[Optional[str], typer.Option("--resume", metavar="RUN", help="continue a collect run: only the "
                                                   "samples it has not scored yet are taken")] = None,

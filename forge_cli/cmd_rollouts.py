@@ -92,6 +92,7 @@ def tasks_import(
         report = import_harbor(src, bases=parse_base_map(base or []))
         for task_id, why in report.refused:
             typer.echo(f"{task_id}: {why}", err=True)
+        _some_imported(src, report.tasks, len(report.refused))
         folder = write_tasks(report.tasks, out or "harbor-tasks")
         if notice := storage_notice([t["id"] for t in report.tasks if (t.get("limits") or {}).get("storage_mb")], None):
             typer.echo(notice)
@@ -103,6 +104,7 @@ def tasks_import(
         from openforge.rollouts.tasks.web.benchmarks import import_web_benchmark, write_jsonl
 
         tasks, online = import_web_benchmark(fmt, src, local_sites=local_sites)
+        _some_imported(src, tasks, 0)
         path = write_jsonl(tasks, out or f"{fmt}-tasks.jsonl")
         typer.echo(f"{src}: {len(tasks)} task(s) imported to {path}: {online} online-only (they need "
                    f"sandbox.allow_internet), {len(tasks) - online} on local sites")
@@ -117,6 +119,7 @@ def tasks_import(
         typer.echo(f"{task_id}: online-only: {why}", err=True)
     for task_id, why in report.unsupported:
         typer.echo(f"{task_id}: unsupported: {why}", err=True)
+    _some_imported(src, report.tasks, len(report.online_only) + len(report.unsupported))
     folder = write_tasks(report.tasks, out)
     total = len(report.tasks) + len(report.online_only) + len(report.unsupported)
     graded = sum(1 for t in report.tasks if t.get("claweval"))
@@ -124,6 +127,13 @@ def tasks_import(
                f"{len(report.online_only)} online-only, {len(report.unsupported)} unsupported; {graded} imported "
                "with ClawEval's own grader.py ("
                + ("its task score is the reward)" if reward == "claweval" else "its scores beside forge's judge's reward)"))
+
+
+def _some_imported(src: str, tasks: list, refused: int) -> None:
+    """An import that converted nothing is a failure (exit 1), whatever it refused and why (listed above)."""
+    if not tasks:
+        raise TaskError(f"{src}: none of its {refused} task(s) could be imported (the reasons are above)"
+                        if refused else f"{src}: no tasks found")
 
 
 def _import_osworld(src: str, out: str, cache: str | None) -> None:
@@ -135,6 +145,7 @@ def _import_osworld(src: str, out: str, cache: str | None) -> None:
                           ("imported, not runnable here", report.not_here), ("imported, note", report.notes)):
         for task_id, why in refused:
             typer.echo(f"{task_id}: {kind}: {why}", err=True)
+    _some_imported(src, report.tasks, len(report.online_only) + len(report.unsupported))
     folder = write_tasks(report.tasks, out)
     total = len(report.tasks) + len(report.online_only) + len(report.unsupported)
     typer.echo(f"{src}: {total} OSWorld-format task(s): {len(report.tasks)} imported to {folder} "

@@ -29,7 +29,7 @@ def sft_cmd(
     resume: Annotated[Optional[str], typer.Option("--resume", metavar="RUN", help="continue an sft run from its "
                                                   "last checkpoint, with its own sources and epochs")] = None,
 ) -> None:
-    """Fine-tune the student (engine.model, LoRA per [trainer]) on the assistant tokens of the kept
+    """Fine-tune the student (engine.model, LoRA per \\[trainer]) on the assistant tokens of the kept
     rollouts of earlier runs; a run of kind sft whose adapter `forge up --init-from` can start RL from."""
     if (resume is None) == (not sources):
         raise ConfigError("give the data with --from RUN, or continue an sft run with --resume RUN (not both)")

@@ -37,6 +37,8 @@ class ForgeGroup(TyperGroup):
     vendors Click: its parser errors are `typer.TyperException`s, not `click.ClickException`s."""
 
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        if parent is None:
+            args = self._root_options_first(list(args))
         try:  # the group's own options (`forge --set` without a value) are parsed here
             return super().make_context(info_name, args, parent=parent, **extra)
         except typer.TyperException as exc:
@@ -69,11 +71,48 @@ class ForgeGroup(TyperGroup):
             )
             raise typer.Exit(2) from None
 
+    def _root_options_first(self, args: list[str]) -> list[str]:
+        """`forge up --config F --set K=V` as `forge --config F --set K=V up`: the root's options (each takes
+        a value) are read wherever they stand, as the recipes' headers and most CLIs write them, unless the
+        command itself has an option of that name. Nothing after `--` is touched."""
+        takes_value = {opt for p in self.params for opt in p.opts}  # --home, --config/-c, --set
+        i = 0
+        while i < len(args) and args[i].startswith("-") and args[i] != "--":  # the root's own, before the command
+            i += 1 if "=" in args[i] or args[i] not in takes_value else 2
+        if i >= len(args) or (command := self.commands.get(args[i])) is None:
+            return args
+        own = _option_names(command)
+        head, tail, moved = args[:i + 1], args[i + 1:], []
+        kept: list[str] = []
+        j = 0
+        while j < len(tail):
+            token = tail[j]
+            if token == "--":
+                kept += tail[j:]
+                break
+            name = token.partition("=")[0] if token.startswith("--") else token
+            if name in takes_value and name not in own:
+                width = 1 if "=" in token or j + 1 == len(tail) else 2
+                moved += tail[j:j + width]
+                j += width
+            else:
+                kept.append(token)
+                j += 1
+        return [*head[:i], *moved, *head[i:], *kept]
+
     def _subcommand_context(self, ctx: Any) -> Any:
         """A context of the subcommand being parsed (Click names it before parsing its arguments)."""
         name = ctx.invoked_subcommand
         cmd = self.get_command(ctx, name) if name else None
         return cmd.context_class(cmd, info_name=name, parent=ctx) if cmd is not None else ctx
+
+
+def _option_names(command: Any) -> set[str]:
+    """Every option spelling of `command` and of the commands under it."""
+    names = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
+    for sub in (command.commands.values() if isinstance(command, TyperGroup) else ()):
+        names |= _option_names(sub)
+    return names
 
 
 @dataclass

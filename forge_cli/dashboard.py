@@ -105,7 +105,7 @@ def header_text(snap: Snapshot, *, paused: bool | None = None) -> Text:
     fields = [
         ("model", Path(model).name or model), ("harness", _harnesses(cfg.get("harness", {}), snap.steps)),
         ("engine", cfg.get("engine", {}).get("kind", "-")), ("sandbox", cfg.get("sandbox", {}).get("type", "-")),
-        ("step", step), ("elapsed", _duration(run.started_at or run.created_at, run.ended_at, snap.now)),
+        ("steps", step), ("elapsed", _duration(run.started_at or run.created_at, run.ended_at, snap.now)),
         ("adapter", (run.current_adapter or "base").removeprefix(f"{run.id}-")),
     ]
     line2 = Text()
@@ -150,7 +150,7 @@ def behaviour_table(rows: list[tuple[int, int, dict[str, float | None]]], *, las
         table.add_column(name, justify=justify, style="dim" if name in ("step", "n") else None)
     for step, n, m in rows[-last:]:
         pct = lambda v: "-" if v is None else f"{v * 100:.0f}%"  # noqa: E731
-        table.add_row(str(step + 1), str(n), pct(m["self_verified"]), _fmt(m["tool_calls"], ".1f"),
+        table.add_row(str(step), str(n), pct(m["self_verified"]), _fmt(m["tool_calls"], ".1f"),
                       pct(m["error_recovery"]), pct(m["gave_up"]))
     return table
 
@@ -162,7 +162,7 @@ class RewardChart(PlotextPlot):
         plt = self.plt
         plt.clear_data()
         plt.title("reward / pass rate by step")
-        points = [(s.step + 1, s.reward_mean, s.pass_rate) for s in snap.steps]  # 1-based, as in the header
+        points = [(s.step, s.reward_mean, s.pass_rate) for s in snap.steps]  # numbered from 0, as the store
         if points:
             xs = [p[0] for p in points]
             plt.plot(xs, [p[1] or 0.0 for p in points], label="reward", marker="braille")
@@ -361,7 +361,7 @@ class Dashboard(App[None]):
         if panel is not None:
             box.update(panel)
         sync_table(self.query_one("#rollouts", DataTable), [
-            (r.id, [r.id, r.task_id, str(r.step + 1), _status(r.status), _duration(r.started_at, r.ended_at, snap.now),
+            (r.id, [r.id, r.task_id, str(r.step), _status(r.status), _duration(r.started_at, r.ended_at, snap.now),
                     str(r.n_calls), str(r.n_tokens), _fmt(r.reward, ".2f")])
             for r in snap.rollouts
         ])

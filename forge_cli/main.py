@@ -174,7 +174,9 @@ def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
         table = Table(title="train steps")
         cols = ("step", "loss", "reward_mean", "pass_rate", "kl", "clip_frac", "mismatch_max", "grad_norm", "tokens_per_s")
         mixed = any((s.metrics_json or {}).get("reward_by_harness") for s in steps)
-        for col in (*cols, "infra", *(["reward by harness"] if mixed else [])):
+        # The step number is what a user copies (`forge export --step`): never cut, the figures give way.
+        table.add_column("step", justify="right", no_wrap=True, min_width=max(len(str(s.step)) for s in steps))
+        for col in (*cols[1:], "infra", *(["reward by harness"] if mixed else [])):
             table.add_column(col, justify="right")  # infra: the step's rollouts without a reward, groups dropped
         for s in steps:
             per = (s.metrics_json or {}).get("reward_by_harness") or {}

@@ -57,7 +57,7 @@ def run_headless(store: Store, run_id: str, config: ForgeConfig, controller: Run
                 return
             step = newest[0].step
             finished = sum(1 for r in store.list_rollouts(run_id, step=step) if r.status not in ("pending", "running"))
-            progress.update(roll_bar, description=f"rollouts of step {step + 1}", completed=min(finished, per_step))
+            progress.update(roll_bar, description=f"rollouts of step {step}", completed=min(finished, per_step))
 
         thread = start_run_thread(store, run_id, config, controller, home=home, resume=resume, on_step=on_step)
         with _OnSigterm(controller.stop):
@@ -65,7 +65,8 @@ def run_headless(store: Store, run_id: str, config: ForgeConfig, controller: Run
 
 
 def step_line(m: dict[str, Any], total: int, adapter: str | None, run_id: str) -> str:
-    return (f"step {int(m['step']) + 1}/{total}  reward {fmt_num(m.get('reward_mean'), 3)}  "
+    # The step as the store, `forge show` and the adapters number it (from 0), then how far the run is.
+    return (f"step {int(m['step'])} ({int(m['step']) + 1} of {total})  reward {fmt_num(m.get('reward_mean'), 3)}  "
             f"pass {fmt_num(m.get('pass_rate'), 3)}  loss {fmt_num(m.get('loss'), 3)}  kl {fmt_num(m.get('kl'), 3)}  "
             f"mismatch {fmt_num(m.get('mismatch_max'), 2)}  tok/s {fmt_num(m.get('tokens_per_s'), 3)}  "
             f"adapter {short_adapter(adapter, run_id)}")

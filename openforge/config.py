@@ -15,8 +15,9 @@ Unknown keys are an error (a typo in a config file must not be silently ignored)
 
 from __future__ import annotations
 
+import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -584,7 +585,9 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _format_validation(err: ValidationError, source: str) -> str:
+def _format_validation(err: ValidationError, source: str, layers: Sequence[tuple[str, Any]] = ()) -> str:
+    """The first error as one line, blamed on the highest of `layers` (label, values) that set the bad
+    value (a `--set` item, a preset, the file), else on `source`."""
     first = err.errors()[0]
     loc = list(first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
@@ -595,8 +598,24 @@ def _format_validation(err: ValidationError, source: str) -> str:
                 owners = ", ".join(name for name, member in members.items() if loc[1] in member.model_fields)
                 msg = f"not a key of {section}.{tag_key} = \"{tag}\"" + (f" ({owners} only)" if owners else "")
     where = ".".join(str(p) for p in loc)
+    # a whole-config check names its key first ("engine.kind: unknown kind ..."): blame who set that key
+    named = re.match(r"([a-z_]+(?:\.[a-z_]+)+): ", msg) if not loc else None
+    key = named.group(1).split(".") if named else loc
+    source = next((label for label, values in reversed(layers) if _sets_leaf(values, key)), source)
     more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
     return f"{source}: {where}: {msg}{more}" if where else f"{source}: {msg}{more}"
+
+
+def _sets_leaf(values: Any, loc: Sequence[Any]) -> bool:
+    """Whether `values` gives the setting at `loc` itself (not only a section around it)."""
+    for part in loc:
+        if isinstance(values, dict) and part in values:
+            values = values[part]
+        elif isinstance(values, list) and isinstance(part, int) and part < len(values):
+            values = values[part]
+        else:
+            return False
+    return bool(loc) and not isinstance(values, dict)
 
 
 def parse_override(item: str) -> dict[str, Any]:
@@ -646,19 +665,23 @@ def load_config(
             raise ConfigError(f"cannot read config file {p}: {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{p} is not valid TOML: {exc}") from None
+    layers: list[tuple[str, Any]] = [(source, data)]  # who set what, lowest first: an error blames the highest
     given: dict[str, Any] = {}
-    for item in sets or []:
-        given = _deep_merge(given, parse_override(item))
+    sets_given = [(f"--set {item}", parse_override(item)) for item in sets or []]
+    for _, one in sets_given:
+        given = _deep_merge(given, one)
     given = _deep_merge(given, overrides or {})
     if preset is not None:
         harness = given.get("harness", {}).get("name") if isinstance(given.get("harness"), dict) else None
         for layer in preset_layers(preset, harness):
             data = _merge_layer(data, layer)
+            layers.append((f"the {preset} preset", layer))
+    layers += [*sets_given, ("the command's options", overrides or {})]
     data = _merge_layer(data, given)
     try:
         return ForgeConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_validation(exc, source)) from None
+        raise ConfigError(_format_validation(exc, source, layers)) from None
 
 
 def _merge_layer(data: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:

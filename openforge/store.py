@@ -206,6 +206,8 @@ class Store:
 
     def get_run(self, run_id: str) -> Run:
         """A run by its id, or by a unique prefix of it; `latest` is the newest run."""
+        if not run_id.strip():  # a prefix of every id: never "ambiguous", never the only run
+            raise NotFoundError("an empty run id names no run: give a run id, a unique prefix of one, or 'latest'")
         with self.session() as s:
             if run_id == "latest":
                 run = s.exec(select(Run).order_by(Run.created_at.desc())).first()  # type: ignore[attr-defined]

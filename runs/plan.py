@@ -41,7 +41,7 @@ class Plan:
 def plan_run(config: ForgeConfig, home: Path) -> Plan:
     checks: list[Check] = []
     sections = {"engine": _engine(config, home, checks), "sandboxes": _sandboxes(config),
-                "trainer": _trainer(config, checks), "tasks": _tasks(config, checks),
+                "trainer": _trainer(config, home, checks), "tasks": _tasks(config, checks),
                 "tracking": _tracking(config, checks)}
     from openforge.runs.prepare import preflight_checks
 
@@ -107,7 +107,7 @@ def _sandboxes(config: ForgeConfig) -> list[tuple[str, str]]:
     return lines
 
 
-def _trainer(config: ForgeConfig, checks: list[Check]) -> list[tuple[str, str]]:
+def _trainer(config: ForgeConfig, home: Path, checks: list[Check]) -> list[tuple[str, str]]:
     t = config.trainer
     weights = "all weights" if t.full_finetune else (f"LoRA r={t.lora_r} alpha={t.lora_alpha} on "
                                                      f"{', '.join(t.lora_target_modules)}")
@@ -119,9 +119,29 @@ def _trainer(config: ForgeConfig, checks: list[Check]) -> list[tuple[str, str]]:
                       f"clip {t.clip_eps:g}, {t.loss_agg}")]
     if t.init_from:
         lines.append(("starts from", t.init_from))
+        checks.append(_init_from(config, home))
     if t.device == "cuda":
         checks.append(_gpu(f"trainer.device = \"cuda\" with {t.nproc} rank(s)", need=t.nproc))
     return lines
+
+
+def _init_from(config: ForgeConfig, home: Path) -> Check:
+    """trainer.init_from resolved as the run will (an adapter folder, or a run's final adapter), reading
+    the store only if there is one: a dry run creates nothing."""
+    from openforge.paths import db_path
+    from openforge.runs.prepare import resolve_init_from
+    from openforge.store import STORE_URL_ENV, open_store
+
+    exists = bool(config.store.url or os.environ.get(STORE_URL_ENV)) or db_path(home).is_file()
+    store = open_store(home, url=config.store.url) if exists else None
+    try:
+        resolve_init_from(store, config, home)
+    except ForgeError as exc:
+        return Check("init-from", "missing", str(exc))
+    finally:
+        if store is not None:
+            store.close()
+    return Check("init-from", "ok", "")
 
 
 def _gpu(why: str, need: int = 1) -> Check:

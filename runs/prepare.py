@@ -199,9 +199,10 @@ def mark_dead_runs(store: Store) -> list[str]:
     return store.mark_interrupted(alive=pid_alive)
 
 
-def resolve_init_from(store: Store, config: ForgeConfig, home: Path) -> ForgeConfig:
+def resolve_init_from(store: Store | None, config: ForgeConfig, home: Path) -> ForgeConfig:
     """trainer.init_from as the absolute path of a checked adapter folder (what the run stores, so a
-    resume starts from the same one): a folder as given, or a run's (id, prefix, 'latest') final adapter."""
+    resume starts from the same one): a folder as given, or a run's (id, prefix, 'latest') final adapter.
+    `store` None: there is no store yet, so no run to start from (`forge up --dry-run` creates none)."""
     from openforge.trainer.checkpoint import final_adapter
     from openforge.trainer.model import check_init_adapter
     from openforge.trainer.vision import is_vision_model
@@ -212,13 +213,16 @@ def resolve_init_from(store: Store, config: ForgeConfig, home: Path) -> ForgeCon
     path: Path | None = Path(value).expanduser()
     if not path.exists():
         try:
+            if store is None:
+                raise NotFoundError(value)
             run = store.get_run(value)
         except NotFoundError:
             raise ConfigError(f"--init-from {value}: neither an adapter folder nor a run (see `forge runs`)") from None
         path = final_adapter(home, run.id)
         if path is None:
             raise ConfigError(f"--init-from {value}: run {run.id} (kind {run.kind}, {run.status}) saved no LoRA adapter")
-    path = check_init_adapter(path.resolve(), config.trainer, vision=is_vision_model(config.engine.model))
+    vision = bool(config.engine.model) and is_vision_model(config.engine.model)  # unset: the tiny text model
+    path = check_init_adapter(path.resolve(), config.trainer, vision=vision)
     return config.model_copy(update={"trainer": config.trainer.model_copy(update={"init_from": str(path)})})
 
 

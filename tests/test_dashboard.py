@@ -103,14 +103,14 @@ async def test_shows_the_runs_state(store: Store, known_run: str) -> None:
         await pilot.pause()
         header = plain(app.query_one("#header", Static).content)
         for part in (known_run, "running", "model tiny", "harness mini", "engine embedded", "sandbox local",
-                     "step 2/3", "adapter step-2", "elapsed 1:1"):
+                     "steps 2/3", "adapter step-2", "elapsed 1:1"):
             assert part in header, (part, header)
         metrics = plain(app.query_one("#metrics", Static).content)
         assert "0.0987" in metrics and "0.500" in metrics and "345.2" in metrics and "0.0031" in metrics
         assert "running 1" in metrics and "scored 3" in metrics
         rows = cells(app.query_one("#rollouts", DataTable))
         assert len(rows) == 4
-        assert rows[0][3] == "running" and rows[0][2] == "2"  # in-flight first; steps shown 1-based
+        assert rows[0][3] == "running" and rows[0][2] == "1"  # in-flight first; steps numbered from 0, as stored
         assert sorted(r[7] for r in rows[1:]) == ["0.00", "1.00", "1.00"]
         calls = cells(app.query_one("#calls", DataTable))
         assert [c[2] for c in calls] == ["messages", "chat"]  # newest first
@@ -132,7 +132,7 @@ async def test_follows_the_store_on_a_timer(store: Store, known_run: str, monkey
         store.set_run_status(known_run, "finished")
         await wait_for(pilot, lambda: "finished" in plain(app.query_one("#header", Static).content))
         header = plain(app.query_one("#header", Static).content)
-        assert "finished" in header and "step 3/3" in header
+        assert "finished" in header and "steps 3/3" in header
         assert "0.75" in [r[7] for r in cells(app.query_one("#rollouts", DataTable))]
         lines = [line.text for line in app.query_one("#log", RichLog).lines]
         assert "13:00:09 step 3 reward 0.9" in lines
