@@ -85,21 +85,31 @@ def install(ctx: typer.Context,
 @harness_app.command("check")
 def check(ctx: typer.Context,
           name: Annotated[str, typer.Argument(help="a harness name (forge harness list) or a spec file's path")],
-          cache: Annotated[Optional[Path], typer.Option("--cache", help=CACHE_HELP)] = None) -> None:
+          cache: Annotated[Optional[Path], typer.Option("--cache", help=CACHE_HELP)] = None,
+          demo: Annotated[bool, typer.Option("--demo", help="under `forge up --demo`'s settings (its context, "
+                                             "tokens per call), as a run with --demo would use them")] = False) -> None:
     """Run one tiny rollout of the harness through the proxy (on the configured model, else the tiny one)
-    and print every problem it showed, and its first request's prompt tokens. Exit 1 when any."""
+    under the settings a run would use, and print every problem it showed, its refused calls, its first
+    main request's prompt tokens, and the answer it read beside its score. Exit 1 when any problem."""
     from openforge.runs.harness_check import check_harness
 
     _harness_class(name)
     st = state(ctx)
-    config = st.config()
+    # --demo's preset is picked by the harness (demo-<harness>.toml over demo.toml), as `forge up --demo` picks it
+    config = st.config({"harness": {"name": name}}, preset="demo") if demo else st.config()
     updates = {"name": name, "spec": ""} | ({"npm_cache": str(cache.expanduser().resolve())} if cache else {})
     config = config.model_copy(update={"harness": config.harness.model_copy(update=updates)})
     with Console(stderr=True).status(f"checking {name}: one rollout through the proxy"):
         report = check_harness(st.store(), config, home=st.home)
     tokens = f"{report.first_prompt_tokens:,}" if report.first_prompt_tokens else "-"
-    typer.echo(f"{report.harness}: {report.calls} model call(s) ({', '.join(report.apis) or 'none'}), "
-               f"first prompt {tokens} tokens, {report.seconds:.1f} s")
+    side = f", {report.side_calls} side call(s)" if report.side_calls else ""
+    typer.echo(f"{report.harness}: {report.calls} model call(s) ({', '.join(report.apis) or 'none'}){side}, "
+               f"{report.refused} refused for length, first prompt {tokens} tokens, {report.seconds:.1f} s")
+    if report.answer is not None:
+        score = "-" if report.score is None else f"{report.score:g}"
+        typer.echo(f"  answer read: {report.answer}, score {score} (asked for the word ok)")
+    for warning in report.warnings:
+        typer.echo(f"  warning: {warning}")
     for problem in report.problems:
         typer.echo(f"  problem: {problem}")
     if report.problems:

@@ -181,6 +181,10 @@ class ProxyConfig(_Section):
     temperature_override: float | None = Field(
         None, description="force this sampling temperature on every call (RL wants on-policy sampling)"
     )
+    sampling: Literal["run", "harness"] = Field(
+        "run", description="run = every call is sampled by the run's settings (temperature_override, else 1.0; "
+        "top_p 1; top_k the whole vocabulary) whatever the harness asks (a harness's temperature 0 would make "
+        "every answer of a group the same); harness = as each request asks. The request body keeps what it asked")
     tool_parser: Literal["auto", "hermes", "qwen25", "qwen", "qwen3_coder", "none"] = Field(
         "auto", description="how tool calls are read from the model's text (SGLang's detector names); auto = from "
         "the chat template: qwen3_coder for <function=...> templates, qwen25 for <tool_call> ones, else hermes")

@@ -20,7 +20,7 @@ from openforge.db import redact
 from openforge.errors import StoreError
 from openforge.tables import Judgement, SchemaMigration, hash_key, utcnow
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 def _v3_hashed_keys_and_sampling(conn: Any) -> None:
@@ -71,6 +71,12 @@ def _v6_judgements(conn: Any) -> None:
     Judgement.__table__.create(conn)  # type: ignore[attr-defined]
 
 
+def _v7_call_roles(conn: Any) -> None:
+    """Schema 7: the policy's answers in a call's prompt, and a harness's side calls by name."""
+    conn.exec_driver_sql("ALTER TABLE call ADD COLUMN policy_turns INTEGER")
+    conn.exec_driver_sql("ALTER TABLE call ADD COLUMN side VARCHAR")
+
+
 # Numbered migrations: (version, name, function(connection)). A fresh database is created from the
 # models above and stamped with every version here; an older one runs the versions it lacks.
 # They run on SQLite and PostgreSQL alike (`conn.dialect.name` tells them apart where SQL differs;
@@ -93,6 +99,9 @@ MIGRATIONS: list[Migration] = [
     (5, "call.retokenized, call.upstream_retries", _v5_teacher_calls),
     # A task's judge: its prompt, reply and parsed score, per rollout (rollouts/tasks/judge.py).
     (6, "judgement table", _v6_judgements),
+    # A prompt refused as over the context: the harness's own (no answer of the policy in it) or the
+    # policy's; a harness's background calls, tagged from its spec and not trained on (issue 44).
+    (7, "call.policy_turns, call.side", _v7_call_roles),
 ]
 
 

@@ -484,6 +484,15 @@ class Store:
                 q = q.where(Judgement.rollout_id == rollout_id)
             return list(s.exec(q.order_by(Judgement.id)).all())  # type: ignore[arg-type]
 
+    def tag_side_calls(self, names: dict[int, str]) -> None:
+        """Mark calls (id -> name) as a harness's own background calls (`call.side`)."""
+        if not names:
+            return
+        with self.session() as s:
+            s.connection().execute(text("UPDATE call SET side=:n WHERE id=:i"),
+                                   [{"i": i, "n": n} for i, n in names.items()])
+            s.commit()
+
     # ------------------------------------------------------------------------------------------
     # Trajectories
 

@@ -28,10 +28,12 @@ RUN_FINAL = ("finished", "failed", "stopped", "interrupted")
 # Why a rollout did not end on an answer: the harness broke or the infrastructure (sandbox, engine,
 # proxy) broke (both `failed`, no reward), it ran out of time (`timed_out`, 0), or the harness stopped
 # on the policy's own failure (`scored`, 0: its turn limit, a context it filled). Null on a graded answer.
-FAILURE_KINDS = ("harness", "infra", "timeout", "policy")
+# `config`: the run's settings cannot run the harness (its own prompt is over the context): `failed`, masked.
+FAILURE_KINDS = ("harness", "infra", "timeout", "policy", "config")
 # Call states: in_flight until the engine answered, then ok or error; in_flight calls found on
-# start-up belong to a proxy that died and become interrupted.
-CALL_STATES = ("in_flight", "ok", "error", "interrupted")
+# start-up belong to a proxy that died and become interrupted. `refused`: the proxy refused its prompt
+# as over the context (a 400 "prompt is too long"), before any engine call.
+CALL_STATES = ("in_flight", "ok", "error", "interrupted", "refused")
 # The `error` of a call whose client (the harness) left before the answer was complete: no fault of the
 # engine or the proxy. The agent can cause it (kill its harness mid-answer), so the runner never counts
 # it as the infrastructure's failure.
@@ -226,6 +228,8 @@ class Call(SQLModel, table=True):
     top_p: float | None = None
     top_k: int | None = None
     break_reason: str | None = None  # why this call's prompt did not extend the previous call's tokens
+    policy_turns: int | None = None  # the policy's answers in its prompt (0: the harness's own text and the task's)
+    side: str | None = None  # a harness's own background call (a title, a summary), as its spec names it; null: main
     images: list[str] | None = _json_col()  # JSON list[str]: sha256 ids of its images, in prompt order
     retokenized: bool = False  # a teacher's call (engine.kind = "remote"): the ids are the student's tokenisation
     upstream_retries: int = 0  # a teacher's call: failed tries of the upstream before this row's outcome

@@ -35,7 +35,7 @@ from openforge.proxy.calls import APIError, CallRequest, Completion, StreamEvent
 from openforge.proxy.generation import Generation, GenerationParams, token_logprobs
 from openforge.proxy.images import slim_body
 from openforge.proxy.parsing import ParserSetup
-from openforge.proxy.prompts import RolloutPrompts, too_long
+from openforge.proxy.prompts import PromptTooLong, RolloutPrompts, too_long
 from openforge.proxy.recorder import Recorder
 from openforge.proxy.slots import Slot, Slots
 from openforge.proxy.teacher import Teacher, TeacherGeneration
@@ -114,6 +114,8 @@ class Sampling:
     @classmethod
     def of(cls, req: CallRequest, config: ProxyConfig) -> Sampling:
         override = config.temperature_override
+        if config.sampling == "run":  # the policy samples as RL needs, whatever the harness asked (its body has that)
+            return cls(temperature=override if override is not None else 1.0, top_p=1.0, top_k=-1)
         return cls(temperature=override if override is not None else (req.temperature if req.temperature is not None
                                                                        else 1.0),
                    top_p=req.top_p if req.top_p is not None else 1.0, top_k=req.top_k or -1)
@@ -222,7 +224,12 @@ class CallPipeline:
                      arrived: datetime) -> LiveCall:
         self.check_images(req)
         limit = await self.context_limit()
-        prompt = await self.prompts.build(rollout["id"], req, limit=limit, body_chars=len(raw_body))
+        policy_turns = sum(1 for m in req.messages if m.role == "assistant")
+        try:
+            prompt = await self.prompts.build(rollout["id"], req, limit=limit, body_chars=len(raw_body))
+        except PromptTooLong as exc:
+            await self._record_refusal(rollout, req, raw_body, exc, policy_turns)
+            raise
         image_ids = await self.store_images(rollout["run_id"], prompt)
         max_new = req.max_tokens or self.config.default_max_tokens
         if self.config.max_tokens_cap is not None:
@@ -230,7 +237,9 @@ class CallPipeline:
         if limit is not None:  # SGLang refuses prompt + max_new_tokens >= its context: cut to the room left
             max_new = min(max_new, limit - len(prompt.ids) - 1)
             if max_new < 1:
-                raise too_long(len(prompt.ids), limit)
+                refusal = too_long(len(prompt.ids), limit)
+                await self._record_refusal(rollout, req, raw_body, refusal, policy_turns)
+                raise refusal
         sampling = Sampling.of(req, self.config)
         model = req.model or self.served_model
         # The in-flight row is committed while the engine starts on the prompt (not before it): the
@@ -241,7 +250,7 @@ class CallPipeline:
             # each image as a reference to its file (proxy/images.py): a body holds no screenshot's bytes
             "request_json": slim_body(raw_body, prompt.images) if prompt.images else raw_body,
             "prompt_ids": prompt.ids, "reused_tokens": prompt.reused_tokens, "prompt_tokens": len(prompt.ids),
-            "break_reason": prompt.break_reason, "images": image_ids or None,
+            "break_reason": prompt.break_reason, "images": image_ids or None, "policy_turns": policy_turns,
             "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
             "retokenized": self.teacher is not None, "started_at": arrived,
         }))
@@ -265,6 +274,17 @@ class CallPipeline:
             generation = Generation(self.engine, self.renderer, params)
         return LiveCall(adapter, rollout, req, prompt, row, new_call_id(adapter.RESPONSE_ID_PREFIX), model,
                         time.perf_counter(), generation)
+
+    async def _record_refusal(self, rollout: dict[str, Any], req: CallRequest, raw_body: str, refusal: PromptTooLong,
+                              policy_turns: int) -> None:
+        """A prompt refused as over the context, as a `refused` row: the runner tells the harness's own prompt
+        (no answer of the policy in it: a configuration failure) from one the policy filled."""
+        row_id = await self.recorder.begin({
+            "run_id": rollout["run_id"], "rollout_id": rollout["id"], "api": req.api,
+            "model": req.model or self.served_model, "adapter": rollout.get("adapter"), "stream": req.stream,
+            "request_json": raw_body, "prompt_tokens": refusal.tokens, "policy_turns": policy_turns,
+            "retokenized": self.teacher is not None, "started_at": utcnow()})
+        await self.recorder.end(row_id, {"status": "refused", "error": refusal.message[:2000], "ended_at": utcnow()})
 
     def _body(self, call: LiveCall, comp: Completion) -> dict[str, Any]:
         lps = token_logprobs(self.renderer, comp) if call.req.logprobs else None

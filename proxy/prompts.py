@@ -29,12 +29,20 @@ log = logging.getLogger("forge.proxy")
 LONG_TEXT = 16_384  # characters; below this, a thread hop costs more than the work
 
 
-def too_long(tokens: int, limit: int, *, at_least: bool = False) -> APIError:
+class PromptTooLong(APIError):
+    """A prompt refused as over the context; `tokens` is its length (or a lower bound of it)."""
+
+    def __init__(self, message: str, *, tokens: int) -> None:
+        super().__init__("context_length", message, param="messages")
+        self.tokens = tokens
+
+
+def too_long(tokens: int, limit: int, *, at_least: bool = False) -> PromptTooLong:
     """The context error in the words both vendors use ("prompt is too long" is what Claude Code
     recognises and offers /compact for)."""
     count = f"at least {tokens}" if at_least else str(tokens)
-    return APIError("context_length", f"prompt is too long: {count} tokens > {limit - 1} maximum (the "
-                    f"engine's context is {limit} tokens, prompt and completion together)", param="messages")
+    return PromptTooLong(f"prompt is too long: {count} tokens > {limit - 1} maximum (the engine's context is "
+                         f"{limit} tokens, prompt and completion together)", tokens=tokens)
 
 
 class RolloutPrompts:

@@ -5,25 +5,34 @@ problem it showed at once.
     report.problems            # [] when it is fit to train on
     report.first_prompt_tokens  # what its first request costs in context (its prompt budget)
 
-Problems looked for: the harness cannot be found or is not installed; it never called the model (the
-proxy got no request: not reachable, wrong URL or key variable); it called another API than its spec
-says; its model calls failed (e.g. a first prompt over the model's context); it ended without an
-answer where its spec says to find one; it ran past the time limit.
+It runs under the settings the run will use (the config's, or with `--demo` the preset's: the context,
+the tokens per call, the sampling). Problems looked for: the harness cannot be found or is not installed;
+it never called the model (the proxy got no request: not reachable, wrong URL or key variable); it
+called another API than its spec says; its own prompt does not fit the context (the proxy refused a main
+call that held no answer of the policy's); no main call was answered (a side call its spec names does not
+count); its model calls failed; it ended without an answer where its spec says to find one; it ran past
+the time limit. Warnings: it asks for its own sampling (temperature 0 makes a group's answers the same),
+which training overrides. The answer it read is printed beside its score (is it the agent's answer, or a
+line printed after it?).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from openforge.config import ForgeConfig
 from openforge.errors import HarnessError
+from openforge.rollouts.runner.failures import prompt_misfit
 from openforge.rollouts.tasks.format import TaskSpec
-from openforge.store import Store
+from openforge.rollouts.tasks.grading import ExpectedAnswer
+from openforge.store import Call, Store
 
-CHECK_TASK = TaskSpec(id="harness-check", instruction="Reply with the single word ok.", verifier="true",
-                      time_limit_s=120.0)
+CHECK_TASK = TaskSpec(id="harness-check", instruction="Reply with the single word ok.",
+                      expect_answer=ExpectedAnswer(words="ok"), time_limit_s=120.0)
+_GOT = re.compile(r"^answer: \w+: expected .*?, got (.*)$", re.MULTILINE)  # the exact grader's line (grader.py)
 
 
 @dataclass
@@ -34,8 +43,13 @@ class HarnessCheck:
     problems: list[str] = field(default_factory=list)
     first_prompt_tokens: int | None = None
     calls: int = 0
+    refused: int = 0  # calls the proxy refused as over the context
+    side_calls: int = 0  # the harness's own background calls, as its spec names them
     apis: list[str] = field(default_factory=list)  # as the proxy recorded them
     seconds: float = 0.0
+    answer: str | None = None  # what the harness's [answer] read, quoted as the grader quotes it
+    score: float | None = None  # the check task's reward for it (the answer "ok")
+    warnings: list[str] = field(default_factory=list)
 
 
 def check_harness(store: Store, config: ForgeConfig, *, home: Path) -> HarnessCheck:
@@ -68,11 +82,22 @@ def check_harness(store: Store, config: ForgeConfig, *, home: Path) -> HarnessCh
     store.set_run_status(run.id, "finished")
     report.seconds = time.monotonic() - started
     calls = store.list_calls(rollout_id=ro.id)
-    report.calls = len(calls)
+    main = [c for c in calls if c.side is None]
+    report.calls, report.side_calls = len(calls), len(calls) - len(main)
+    report.refused = sum(1 for c in calls if c.status == "refused")
     report.apis = sorted({c.api for c in calls})
-    if calls:
-        report.first_prompt_tokens = calls[0].prompt_tokens or None
-    else:
+    report.score = ro.reward
+    if got := _GOT.search(ro.verifier_output or ""):
+        report.answer = got.group(1)
+    report.warnings = sampling_warnings(calls, config)
+    if main:
+        report.first_prompt_tokens = main[0].prompt_tokens or None
+    if misfit := prompt_misfit(cls.name, calls):
+        report.problems.append(f"its own prompt does not fit: {misfit.split(': ', 1)[1]}")
+    elif main and not any(c.status == "ok" for c in main):
+        report.problems.append(f"none of its {len(main)} main call(s) was answered"
+                               + (f" ({report.side_calls} side call(s) were)" if report.side_calls else ""))
+    if not calls:
         report.problems.append(f"it never called the model: the proxy got no request (is {cls.name} pointed at "
                                f"the proxy's URL and key? exit code {ro.exit_code})")
     if issubclass(cls, SpecHarness):
@@ -81,12 +106,33 @@ def check_harness(store: Store, config: ForgeConfig, *, home: Path) -> HarnessCh
         if other:
             report.problems.append(f"it called the {', '.join(other)} API, but {cls.spec.path} says "
                                    f"api.flavour = {flavour!r}")
-    failed = [c for c in calls if c.status != "ok"]
+    failed = [c for c in calls if c.status in ("error", "interrupted")]
     if failed:
         report.problems.append(f"{len(failed)} of its {len(calls)} model call(s) failed: {failed[0].error}")
     if ro.status == "timed_out":
         report.problems.append(f"it ran past the check's time limit ({CHECK_TASK.time_limit_s:g} s)")
-    elif ro.status == "failed" and not (failed and "last model call failed" in (ro.error or "")):
+    elif ro.status == "failed" and ro.failure_kind != "config" and not (
+            failed and "last model call failed" in (ro.error or "")):
         report.problems.append(ro.error or "the rollout failed")
     return report
+
+
+def sampling_warnings(calls: list[Call], config: ForgeConfig) -> list[str]:
+    """What the harness asked for of the sampling (its request bodies), when the run samples otherwise."""
+    asked: dict[str, set[object]] = {}
+    for call in calls:
+        body = call.request_json if isinstance(call.request_json, dict) else {}
+        for key in ("temperature", "top_p", "top_k"):
+            if body.get(key) is not None:
+                asked.setdefault(key, set()).add(body[key])
+    if not asked:
+        return []
+    said = ", ".join(f"{key} {' / '.join(str(v) for v in sorted(values, key=str))}" for key, values in asked.items())
+    if config.proxy.sampling == "harness":
+        greedy = "temperature" in asked and 0 in asked["temperature"]
+        return [f"it asks for {said}, and proxy.sampling = \"harness\" honours it"
+                + ("; at temperature 0 every answer of a group is the same and GRPO learns nothing" if greedy else "")]
+    return [f"it asks for {said}: training samples by the run's settings instead (proxy.sampling = \"run\": "
+            f"temperature {config.proxy.temperature_override if config.proxy.temperature_override is not None else 1.0:g}"
+            ", top_p 1); the calls record what it asked"]
 

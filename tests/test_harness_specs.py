@@ -149,6 +149,10 @@ def test_a_spec_says_the_command_and_the_environment(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("answer", "failures", "result", "expected"), [
     ('source = "stdout"', "", (0, "log\nthe answer\n"), ("the answer", None)),
+    # a usage line printed after the answer is skipped (issue 44), and no line left is no answer
+    ('source = "stdout"\nskip = ["^tokens used:"]', "", (0, "the answer\ntokens used: 42\n"), ("the answer", None)),
+    ('source = "stdout"\nskip = ["^tokens used:"]', "", (0, "tokens used: 42\n"),
+     (None, "shell-agent exited 0 but its answer was not found")),
     ('source = "stdout"', "", (0, ""), (None, "shell-agent exited 0 but its answer was not found")),
     ('source = "json"\nkey = "result.text"', "", (0, 'x\n{"result": {"text": "42"}}\n'), ("42", None)),
     ('source = "json"\npath = "r.json"\nkey = "a"', "", (0, ""), ("from-file", None)),

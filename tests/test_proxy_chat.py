@@ -199,7 +199,7 @@ def test_models_and_health(make_rig):
 
 
 def test_rollout_adapter_and_sampling_reach_the_engine(make_rig):
-    rig = make_rig(["ok", "ok"], temperature_override=0.0)
+    rig = make_rig(["ok", "ok"], temperature_override=0.0, sampling="harness")
     rig.engine.adapters["step-3"] = "/adapters/step-3"
     tuned = rig.store.create_rollout(run_id=rig.rollout.run_id, task_id="t", status="running", adapter="step-3")
     msgs = [{"role": "user", "content": "hi"}]

@@ -47,7 +47,10 @@ def test_a_prompt_over_the_engines_context_is_a_400_in_each_apis_shape(make_rig)
         claude.messages.create(model="m", max_tokens=16, messages=long)
     assert msg.value.status_code == 400 and msg.value.body["error"]["type"] == "invalid_request_error"
     assert "prompt is too long" in msg.value.body["error"]["message"]
-    assert rig.engine.requests == [] and rig.calls() == []  # refused before any engine call or row
+    assert rig.engine.requests == []  # refused before any engine call; each recorded as refused (issue 44)
+    refused = rig.calls()
+    assert [c.status for c in refused] == ["refused"] * 3 and all("prompt is too long" in c.error for c in refused)
+    assert all(c.prompt_tokens > 200 and c.policy_turns == 0 and c.prompt_ids is None for c in refused)
     # A prompt that fits is served, its completion cut to the room left (prompt + max_new < context).
     out = oai(rig).chat.completions.create(model="m", messages=MSGS, max_tokens=10_000)
     sent = rig.engine.requests[-1]
@@ -76,7 +79,7 @@ def test_a_prompt_whose_bytes_prove_it_too_long_is_refused_before_tokenising(mak
 
 
 def test_the_effective_sampling_is_sent_and_recorded(make_rig):
-    rig = make_rig(["a", "b", "c"])
+    rig = make_rig(["a", "b", "c"], sampling="harness")
     oai(rig).chat.completions.create(model="m", messages=MSGS)  # what Codex and Claude Code do: send none
     oai(rig).chat.completions.create(model="m", messages=MSGS, temperature=0.7, top_p=0.9,
                                      extra_body={"top_k": 20})

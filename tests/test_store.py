@@ -461,9 +461,22 @@ def test_a_schema_5_store_gets_the_judgement_table(tmp_path: Path) -> None:
         mp.setattr(migrations, "MIGRATIONS", [m for m in store_mod.MIGRATIONS if m[0] <= 5])
         Store(path).close()
     s = Store(path)
-    assert s.schema_version() == 6 and s.integrity_check() == "ok"
+    assert s.schema_version() == store_mod.SCHEMA_VERSION and s.integrity_check() == "ok"
     assert s.list_judgements(run_id="run-20261201-aaaaaaaaaa") == []
     s.add_judgement(Judgement(run_id="r", rollout_id="ro", prompt_json=[{"role": "user", "content": "x"}],
                               reply="VERDICT: PASS", score=1.0))
     [row] = s.list_judgements(rollout_id="ro")
     assert (row.prompt_json, row.score, row.error) == ([{"role": "user", "content": "x"}], 1.0, None)
+
+
+def test_a_schema_6_store_gets_the_call_roles(tmp_path: Path) -> None:
+    """Schema 7 adds call.policy_turns and call.side (issue 44); an old call is a main call, its turns unknown."""
+    path = tmp_path / "forge.db"
+    _old_store(path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(migrations, "MIGRATIONS", [m for m in store_mod.MIGRATIONS if m[0] <= 6])
+        Store(path).close()
+    s = Store(path)
+    assert s.schema_version() == 7 and s.integrity_check() == "ok"
+    old = s.list_calls(run_id="run-20261201-aaaaaaaaaa")
+    assert old and {(c.policy_turns, c.side) for c in old} == {(None, None)}

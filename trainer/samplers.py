@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol, Sequence
 
 from openforge.errors import TrainerError
-from openforge.rollouts.runner.failures import StepFailed
+from openforge.rollouts.runner.failures import PromptDoesNotFit, StepFailed
 from openforge.store import Call, Rollout, Store, Trajectory, utcnow
 from openforge.trainer.bridge import BackgroundLoop
 from openforge.trainer.cancel import Cancelled, CancelToken
@@ -38,7 +38,8 @@ class RolloutSampler:
     rollout specs, run on `bridge`'s loop, cancellable from another thread through `cancel`.
 
     `before_step(step)` runs before each step's rollouts start (e.g. raise if the engine is gone).
-    A step whose every rollout failed for infra or harness reasons raises `StepFailed`.
+    A step whose every rollout failed for infra or harness reasons raises `StepFailed`; one where most
+    could not run the harness (its own prompt over the context) raises `PromptDoesNotFit`.
 
     With several `harnesses` (name -> weight, `HarnessConfig.weights()`), each group runs in one of
     them, dealt out over the run's groups by rollouts/runner/mix.py; a step's groups are numbered
@@ -76,6 +77,7 @@ class RolloutSampler:
         scored = [r.reward for r in rollouts if r.reward is not None]
         log.info("step %d: %d rollouts, %d scored, mean reward %s", step, len(rollouts), len(scored),
                  f"{sum(scored) / len(scored):.3f}" if scored else "-")
+        PromptDoesNotFit.check(f"step {step}", rollouts)  # the harness's prompt over the context: fix, then rerun
         StepFailed.check(f"step {step}", rollouts)
         return rollouts
 

@@ -27,6 +27,8 @@ so the runner and preflight never compare harness names:
     gui          (False) it sends screenshots: the policy must be a vision model.
     takes_tools  (False) it takes a task's tools from an MCP server (HarnessContext.tools_url); a spec
                  harness does when its spec has an [mcp] table.
+    side_calls   (none) its own background calls (a title, a memory extraction), named by a regex on a
+                 call's opening text: tagged on the call row and, unless `train`, not trained on.
     available(config)  None when this machine has what the harness needs to run in a sandbox that
                  runs host programs (`Sandbox.runs_host_programs`), else the fix to print.
     install(cache)  put it into the harness cache (`forge harness install`).
@@ -34,6 +36,7 @@ so the runner and preflight never compare harness names:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,12 +93,49 @@ class HarnessOutcome:
         return cls(policy_failure=reason.strip()[:500] or "the policy failed", turns=turns)
 
 
+@dataclass(frozen=True)
+class SideCalls:
+    """A harness's own background calls, by name: `match` maps a name to a regex searched in a call's
+    opening text (its system prompt and first message, `opening_text`); `train` puts them in the trajectory."""
+
+    match: tuple[tuple[str, str], ...] = ()
+    train: bool = False
+
+    def name_of(self, request: object) -> str | None:
+        """The name of the first side call whose regex `request` (a recorded request body) opens with, or None."""
+        if not self.match or not isinstance(request, dict):
+            return None
+        text = opening_text(request)
+        return next((name for name, pattern in self.match if re.search(pattern, text, re.MULTILINE)), None)
+
+
+def _text_of(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts/blocks of any of the three APIs
+        return "\n".join(_text_of(part.get("text") or part.get("content") or "") if isinstance(part, dict)
+                         else _text_of(part) for part in content)
+    return ""
+
+
+def opening_text(request: dict) -> str:
+    """A request body's system prompt (Anthropic's `system`, Responses' `instructions`, a system message)
+    and first conversation message, in any of the three APIs: what tells a title call from the agent's."""
+    messages = request.get("messages") or request.get("input") or []
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    head = [m for m in messages if isinstance(m, dict)][:2]
+    system = [request.get("system"), request.get("instructions")]
+    return "\n".join(_text_of(part) for part in [*system, *(m.get("content") for m in head)] if part)
+
+
 class Harness(Protocol):
     name: str
     calls_model: bool
     own_browser: bool
     gui: bool
     takes_tools: bool
+    side_calls: SideCalls
 
     @classmethod
     def available(cls, config: "ForgeConfig") -> str | None:
@@ -123,6 +163,7 @@ class HarnessBase:
     own_browser: ClassVar[bool] = False
     gui: ClassVar[bool] = False
     takes_tools: ClassVar[bool] = False
+    side_calls: ClassVar[SideCalls] = SideCalls()
 
     @classmethod
     def available(cls, config: "ForgeConfig") -> str | None:

@@ -9,6 +9,7 @@
     [limits]   args/env that set its own turn/token limits (from harness.max_turns / max_tokens)
     [prompt]   args/env that shrink its prompt (its prompt budget); config, merged into a hook's config file
     [image]    programs a container image must have on its PATH
+    [side_calls] match = { title = "regex" }; train             its own background calls, tagged, not trained on
     [mcp]      args/env/files that give it an MCP server: a task's tools ({mcp_url}, {mcp_token})
 
 docs/harnesses.md describes every field. `load_spec` reads a file into a `HarnessSpec` and refuses,
@@ -100,6 +101,8 @@ class AnswerSpec(_Table):
                             "file (or, with no path, in the last JSON line of stdout); none: state-graded tasks")
     path: str = Field("", description="file/json: the file, relative to the working directory")
     key: str = Field("", description="json: a dotted path into the object, e.g. result.text")
+    skip: list[str] = Field(default_factory=list, description="stdout: regexes of lines that are not the answer "
+                            "(a usage or cost line printed after it); the last line that matches none is")
 
     @model_validator(mode="after")
     def _complete(self) -> AnswerSpec:
@@ -107,6 +110,11 @@ class AnswerSpec(_Table):
             raise ValueError("source = \"file\" needs path")
         if self.source == "json" and not self.key:
             raise ValueError("source = \"json\" needs key")
+        for pattern in self.skip:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"bad regex {pattern!r}: {exc}") from None
         return self
 
 
@@ -146,6 +154,22 @@ class McpSpec(_Table):
                                   "starts: path (relative to the working directory) -> content")
 
 
+class SideCallsSpec(_Table):
+    match: dict[str, str] = Field(default_factory=dict, description="its own background calls by name: a regex "
+                                  "searched in a call's system prompt and first message, e.g. { title = "
+                                  "\"^Generate a title\" }; such calls are recorded and tagged (call.side)")
+    train: bool = Field(False, description="train on them too (by default they are left out of the trajectory)")
+
+    @model_validator(mode="after")
+    def _regexes(self) -> SideCallsSpec:
+        for name, pattern in self.match.items():
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{name}: bad regex {pattern!r}: {exc}") from None
+        return self
+
+
 class ImageSpec(_Table):
     programs: list[str] = Field(default_factory=list, description="what a container image must have on its "
                                 "PATH (default: run.program)")
@@ -168,6 +192,7 @@ class HarnessSpec(_Table):
     limits: OptionsSpec = Field(default_factory=OptionsSpec)
     prompt: PromptSpec = Field(default_factory=PromptSpec)
     image: ImageSpec = Field(default_factory=ImageSpec)
+    side_calls: SideCallsSpec = Field(default_factory=SideCallsSpec)
     mcp: McpSpec | None = Field(None, description="how it takes an MCP server (a task's tools); a harness "
                                 "without it cannot run a task that has tools")
 

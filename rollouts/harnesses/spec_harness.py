@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from openforge.config import ForgeConfig, HarnessConfig
 from openforge.errors import HarnessError
 from openforge.rollouts.harnesses import agent_files
-from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext, HarnessOutcome, last_line, read_text
+from openforge.rollouts.harnesses.base import (HarnessBase, HarnessContext, HarnessOutcome, SideCalls, last_line,
+                                              read_text)
 from openforge.rollouts.harnesses.npm import NpmHarness, install_env, install_packages, npm_cache_dir
 from openforge.rollouts.harnesses.spec import HarnessSpec, McpSpec, expand
 from openforge.rollouts.harnesses.venv import INSTALL_TIMEOUT_S, install_venv
@@ -56,7 +57,9 @@ class SpecHarness(HarnessBase):
     def bind(cls, spec: HarnessSpec) -> type[SpecHarness]:
         return type(cls.__name__, (cls,), {"spec": spec, "name": spec.name, "calls_model": spec.calls_model,
                                            "gui": spec.gui, "own_browser": spec.own_browser,
-                                           "takes_tools": spec.mcp is not None})
+                                           "takes_tools": spec.mcp is not None,
+                                           "side_calls": SideCalls(tuple(spec.side_calls.match.items()),
+                                                                   spec.side_calls.train)})
 
     def __init__(self, config: HarnessConfig) -> None:
         self.config = config
@@ -251,7 +254,8 @@ class SpecHarness(HarnessBase):
         if answer.source == "none":
             return ""
         if answer.source == "stdout":
-            return last_line(result.stdout) or None
+            lines = [ln for ln in result.stdout.splitlines() if not any(re.search(p, ln.strip()) for p in answer.skip)]
+            return last_line("\n".join(lines)) or None
         text = await read_text(sandbox, answer.path) if answer.path else None
         if answer.source == "file":
             return text

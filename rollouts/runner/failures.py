@@ -56,11 +56,44 @@ def judge_outcome(outcome: HarnessOutcome, *, harness: str, exit_code: int, call
     return outcome
 
 
+PROMPT_FIX = ("shrink it with the spec's [prompt] table (docs/harnesses.md), or serve a longer context "
+              "(proxy.max_context_tokens, the engine's context length)")
+
+
+def prompt_misfit(harness: str, calls: Sequence[Call]) -> str | None:
+    """Why the harness's own prompt cannot run under these settings, or None: a main call (not a side
+    call its spec names) refused as over the context while it held no answer of the policy's (proxy/
+    pipeline.py records `refused` and `policy_turns`). Its text is the harness's and the task's only,
+    so the 0 would be the run's configuration's, not the policy's; a prompt the policy filled with its
+    turns is the policy's (the harness's ending says how: a turn limit, a failure, compaction)."""
+    misfit = next((c for c in calls if c.status == "refused" and c.policy_turns == 0 and c.side is None), None)
+    if misfit is None:
+        return None
+    answered = sum(1 for c in calls if c.status == "ok" and c.side is None)
+    return (f"{harness}'s own prompt does not fit the context: {PROMPT_FIX} ({misfit.error}; "
+            f"{answered} main call(s) answered)")
+
+
+class PromptDoesNotFit(TrainerError):
+    """Most rollouts of a step failed because the harness's own prompt is over the context: every step
+    would do the same, and a run of them trains nothing."""
+
+    @classmethod
+    def check(cls, what: str, rollouts: Sequence[Rollout]) -> None:
+        """Raise when more than half of `rollouts` are configuration failures."""
+        misfits = [r for r in rollouts if r.failure_kind == "config"]
+        if misfits and 2 * len(misfits) > len(rollouts):
+            reason = failure_reasons(misfits, which=lambda r: True)[0][0].removeprefix("config: ")
+            raise cls(f"{len(misfits)} of {len(rollouts)} rollouts of {what} failed before the policy could act: "
+                      f"{reason}")
+
+
 def is_infra_failure(rollout: Rollout) -> bool:
-    """Failed for a reason that is not the policy's: the sandbox, the engine, the harness itself.
-    (A row without a failure kind predates them: the runner marked only those `failed`.)"""
+    """Failed for a reason that is not the policy's: the sandbox, the engine, the harness itself, the
+    run's settings (a harness prompt over the context). (A row without a failure kind predates them:
+    the runner marked only those `failed`.)"""
     if rollout.failure_kind is not None:
-        return rollout.failure_kind in ("infra", "harness")
+        return rollout.failure_kind in ("infra", "harness", "config")
     return rollout.status == "failed"
 
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from openforge.errors import HarnessError, SandboxError
 from openforge.rollouts.harnesses.base import Harness, HarnessContext
-from openforge.rollouts.runner.failures import MAX_SIGNAL, judge_outcome
+from openforge.rollouts.runner.failures import MAX_SIGNAL, judge_outcome, prompt_misfit
 from openforge.rollouts.runner.grader import InfraFailure, run_in_sandbox, tail
 from openforge.rollouts.runner.policy_clock import ClockedRun, PolicyClock, run_on_policy_clock
 from openforge.sandbox.base import ExecResult, Sandbox
@@ -44,13 +44,14 @@ from openforge.store import CALL_CLIENT_LEFT, Call, Rollout
 if TYPE_CHECKING:
     from openforge.rollouts.runner.runner import RolloutRunner
 
-Ending = Literal["timed_out", "harness", "policy", "answer"]
+Ending = Literal["timed_out", "harness", "policy", "config", "answer"]
 
 
 @dataclass(frozen=True)
 class HarnessRun:
     """How one harness run ended: `timed_out` (past its budget, killed), `harness` (a failure not the
-    policy's: `reason`), `policy` (the policy's failure: `reason`) or `answer` (to be graded)."""
+    policy's: `reason`), `policy` (the policy's failure: `reason`), `config` (the run's settings cannot run
+    the harness: its own prompt is over the context, failures.prompt_misfit) or `answer` (to be graded)."""
 
     ending: Ending
     result: ExecResult
@@ -131,6 +132,8 @@ async def run_harness(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, harness
     if broken_call := engine_fault(last_call):  # the engine/proxy failed the harness: not the policy's data
         raise InfraFailure(f"step {step}: the last model call failed: {broken_call}" if step
                            else f"the rollout's last model call failed: {broken_call}")
+    if misfit := prompt_misfit(harness.name, calls):  # whatever the harness made of the 400s: not the policy's 0
+        return HarnessRun("config", result, prefix + misfit)
     try:
         reported = await harness.outcome(result, sb)
     except SandboxError as exc:

@@ -385,7 +385,7 @@ class RolloutRunner:
                 sb.withdraw_sockets()
             if tools is not None:  # no dispatch arrives after this
                 await tools.close()
-            assembly_error = await self._assemble(ro.id)
+            assembly_error = await self._assemble(ro.id, harness)
             if tools is not None and tools.infra_error:  # a tool's handler could not run: not the policy's data
                 raise InfraFailure(f"a task tool failed: {tools.infra_error}")
 
@@ -394,8 +394,8 @@ class RolloutRunner:
         if run.ending == "timed_out":
             await self._finish(ro.id, status="timed_out", reward=0.0, failure_kind="timeout", error=run.reason)
             return
-        if run.ending == "harness":  # never scored: its error text is not an answer
-            await self._finish(ro.id, status="failed", **_failure("harness", run.reason))
+        if run.ending in ("harness", "config"):  # never scored: its error text is not an answer
+            await self._finish(ro.id, status="failed", **_failure(run.ending, run.reason))
             return
         if run.ending == "policy":  # the policy's 0, not graded: its output is no answer either
             reward, verifier_output, ending = 0.0, None, _failure("policy", run.reason)
@@ -420,10 +420,10 @@ class RolloutRunner:
         except SandboxError as exc:
             raise InfraFailure(f"task setup failed: {exc}") from None
 
-    async def _assemble(self, rollout_id: str) -> str | None:
-        """Write the rollout's trajectory rows; returns why it failed, or None."""
+    async def _assemble(self, rollout_id: str, harness: Harness) -> str | None:
+        """Write the rollout's trajectory rows (the harness's side calls tagged); returns why it failed, or None."""
         try:
-            await self._db(assemble_rollout, self.store, rollout_id)
+            await self._db(assemble_rollout, self.store, rollout_id, harness.side_calls)
         except Exception as exc:  # noqa: BLE001 - recorded on the rollout; the group gets dropped
             return f"{type(exc).__name__}: {exc}"
         return None

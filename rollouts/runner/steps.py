@@ -50,13 +50,14 @@ async def drive_steps(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, task: "
         step_ctx = dataclasses.replace(ctx, instruction=step.instruction, step=step.name)
         run = await run_harness(runner, sb, ro, harness, step_ctx, budget=budget, env=extra_env, step=step.name)
         if run.ending == "timed_out":
-            await _end(runner, ro, lines, status="timed_out", reward=0.0, failure_kind="timeout", error=run.reason)
+            await _end(runner, ro, harness, lines, status="timed_out", reward=0.0, failure_kind="timeout",
+                       error=run.reason)
             return
-        if run.ending == "harness":
-            await _end(runner, ro, lines, status="failed", **_failure("harness", run.reason))
+        if run.ending in ("harness", "config"):
+            await _end(runner, ro, harness, lines, status="failed", **_failure(run.ending, run.reason))
             return
         if run.ending == "policy":
-            await _end(runner, ro, lines, status="scored", reward=0.0, **_failure("policy", run.reason))
+            await _end(runner, ro, harness, lines, status="scored", reward=0.0, **_failure("policy", run.reason))
             return
         reward, output, note = await runner.grader.grade(sb, ro, task.model_copy(update={"harbor": step.tests}),
                                                          run.answer)
@@ -74,15 +75,16 @@ async def drive_steps(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, task: "
             raise InfraFailure(f"could not clear step {step.name}'s tests: {exc}") from None
     reward = task.harbor_steps.combined(rewards)
     lines.append(f"== {task.harbor_steps.reward} of {len(rewards)} graded step(s): {reward:g}")
-    await _end(runner, ro, lines, status="scored", reward=reward, error="; ".join(notes) or None)
+    await _end(runner, ro, harness, lines, status="scored", reward=reward, error="; ".join(notes) or None)
 
 
-async def _end(runner: "RolloutRunner", ro: Rollout, lines: list[str], *, status: str, **fields: object) -> None:
+async def _end(runner: "RolloutRunner", ro: Rollout, harness: Harness, lines: list[str], *, status: str,
+               **fields: object) -> None:
     """Assemble the trajectory of every step's calls, then record the ending (assembly failed: infra)."""
     from openforge.rollouts.runner.runner import _failure
 
     output = tail("\n".join(lines)) if lines else None
-    if assembly_error := await runner._assemble(ro.id):
+    if assembly_error := await runner._assemble(ro.id, harness):
         fields = {**fields, **_failure("infra", f"trajectory assembly failed: {assembly_error}")}
         status = "failed"
     await runner._finish(ro.id, status=status, verifier_output=output, **fields)

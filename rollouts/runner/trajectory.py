@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from openforge.rollouts.harnesses.base import SideCalls
 from openforge.store import Call, Store, Trajectory
 
 
@@ -95,12 +96,17 @@ def assemble_calls(calls: list[Call]) -> tuple[list[_Segment], dict[str, int]]:
     return segments, stats
 
 
-def assemble_rollout(store: Store, rollout_id: str) -> dict[str, Any]:
+def assemble_rollout(store: Store, rollout_id: str, side_calls: SideCalls = SideCalls()) -> dict[str, Any]:
     """Write the rollout's Trajectory rows (replacing earlier ones) and its counts; return the counts.
 
-    Only calls with status `ok` are used: a failed or interrupted call sampled nothing the harness saw."""
+    Only calls with status `ok` are used: a failed or interrupted call sampled nothing the harness saw.
+    The harness's own background calls (`side_calls`: a title, a summary) are tagged on their rows
+    (`call.side`) first, and left out unless the harness's spec trains on them."""
     rollout = store.get_rollout(rollout_id)
-    calls = [c for c in store.list_calls(rollout_id=rollout_id) if c.status == "ok"]
+    calls = [c for c in store.list_calls(rollout_id=rollout_id) if c.status in ("ok", "refused")]
+    side = {c.id: name for c in calls if c.id is not None and (name := side_calls.name_of(c.request_json))}
+    store.tag_side_calls(side)
+    calls = [c for c in calls if c.status == "ok" and (side_calls.train or c.id not in side)]
     calls.sort(key=lambda c: (c.seq, c.id or 0))
     segments, stats = assemble_calls(calls)
     rows = [
