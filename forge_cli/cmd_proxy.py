@@ -50,6 +50,9 @@ def proxy(
         typer.echo(f"run {session.run.id}")
         typer.echo(f"proxy {session.url}  (OpenAI base URL {session.url}/v1, Anthropic base URL {session.url})")
         typer.echo(f"api key {session.api_key}")
+        if session.key_was is not None:
+            typer.echo(f"a new recorded session: the key's earlier one is run {session.key_was.id} "
+                       f"({session.key_was.status}), kept as it was")
         typer.echo(f"engine {session.engine_url}  model {model_path}")
         if session.interrupted_on_start:
             typer.echo(f"marked {session.interrupted_on_start} call(s) left in flight by a stopped proxy "

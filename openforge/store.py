@@ -247,7 +247,20 @@ class Store:
             fields["ended_at"] = now
         if error is not None:
             fields["error"] = error
-        return self.update_run(run_id, **fields)
+        run = self.update_run(run_id, **fields)
+        if status in RUN_FINAL:
+            self.settle_calls(run_id, why=f"the run ended ({status}) before the call's end was recorded")
+        return run
+
+    def settle_calls(self, run_id: str, *, why: str) -> int:
+        """A run that has ended has no call in flight: its rows still `in_flight` (their end was never
+        recorded: a full disk refused the write, the process died) become `interrupted`. Returns how many."""
+        with self.session() as s:
+            n = s.connection().execute(
+                text("UPDATE call SET status='interrupted', ended_at=:now, error=:why "
+                     "WHERE run_id=:r AND status='in_flight'"), {"r": run_id, "now": utcnow(), "why": why}).rowcount
+            s.commit()
+        return n
 
     def mark_interrupted(self, *, alive: Callable[[int], bool]) -> list[str]:
         """Runs left `running`/`paused` by a process that no longer lives become `interrupted`,
@@ -290,9 +303,11 @@ class Store:
         with self.session() as s:
             conn = s.connection()
             rows = conn.execute(text(
-                "SELECT DISTINCT call.run_id, run.owner_pid FROM call LEFT JOIN run ON run.id = call.run_id "
+                "SELECT DISTINCT call.run_id, run.owner_pid, run.status FROM call LEFT JOIN run ON run.id = call.run_id "
                 "WHERE call.status = 'in_flight'")).all()
-            stale = [run_id for run_id, pid in rows if pid is None or pid == this_pid or not alive(pid)]
+            # an ended run serves nothing, whoever its recorded pid is now (pids are reused)
+            stale = [run_id for run_id, pid, status in rows
+                     if pid is None or pid == this_pid or status in RUN_FINAL or not alive(pid)]
             n = 0
             for run_id in stale:
                 n += conn.execute(text(
@@ -354,8 +369,12 @@ class Store:
 
     def key_in_use(self, key: str) -> bool:
         """Whether any rollout, live or ended, was given this credential (keys are unique)."""
+        return self.rollout_with_key(key) is not None
+
+    def rollout_with_key(self, key: str) -> Rollout | None:
+        """The rollout, live or ended, that holds this credential (keys are unique), or None."""
         with self.session() as s:
-            return s.exec(select(Rollout.id).where(Rollout.key_hash == hash_key(key))).first() is not None
+            return s.exec(select(Rollout).where(Rollout.key_hash == hash_key(key))).first()
 
     def update_rollout(self, rollout_id: str, **patch: Unpack[RolloutPatch]) -> Rollout:
         fields = _checked(dict(patch), RolloutPatch)

@@ -3,6 +3,7 @@ whose key an outside harness records into.
 
     session = ProxySession(config, store, api_key=None).start()   # config.engine.model: the model folder
     print(session.run.id, session.url, session.api_key)
+    session.key_was                  # the ended proxy run the same --api-key recorded into before, if any
     ...
     stats = session.stop()   # assembles the rollout's trajectory, ends the run
 """
@@ -14,7 +15,7 @@ import os
 from openforge import reserve
 from openforge.config import ForgeConfig
 from openforge.errors import StoreError
-from openforge.store import Rollout, Run, Store
+from openforge.store import RUN_FINAL, Rollout, Run, Store
 from openforge.runs.stack import Stack
 
 
@@ -24,6 +25,7 @@ class ProxySession:
         self.stack = Stack(config, store)
         self.run: Run | None = None
         self.rollout: Rollout | None = None
+        self.key_was: Run | None = None  # the ended proxy run this --api-key belonged to before this session
 
     @property
     def url(self) -> str:
@@ -39,8 +41,8 @@ class ProxySession:
         return self.stack.proxy.interrupted_on_start
 
     def start(self) -> ProxySession:
-        if self.api_key and self.store.key_in_use(self.api_key):
-            raise StoreError("that --api-key already belongs to a rollout in this store; choose another")
+        if self.api_key and (held := self.store.rollout_with_key(self.api_key)) is not None:
+            self.key_was = self._take_key(held)
         self.run = self.store.create_run(kind="proxy", name=self.config.name or "proxy", owner_pid=os.getpid(),
                                          config={**self.config.model_dump(mode="json"),
                                                  "model": self.config.engine.model})
@@ -56,6 +58,22 @@ class ProxySession:
             self.store.update_rollout(self.rollout.id, status="failed", error=str(exc))
             raise
         return self
+
+    def _take_key(self, held: Rollout) -> Run:
+        """A harness configured with one key is the usual reason to restart `forge proxy --api-key K`: the
+        key moves from its ended proxy session to this new one (a new run; the old one keeps its record).
+        A key still serving a live proxy, or given to another kind of run, is refused."""
+        from openforge.runs.prepare import mark_dead_runs
+
+        mark_dead_runs(self.store)  # a proxy killed without its clean stop no longer holds its key
+        run = self.store.get_run(held.run_id)
+        if run.kind != "proxy":
+            raise StoreError(f"that --api-key belongs to a rollout of {run.kind} run {run.id}; choose another")
+        if run.status not in RUN_FINAL:
+            raise StoreError(f"that --api-key is serving proxy run {run.id} (pid {run.owner_pid}); stop it first "
+                             f"(`forge stop {run.id}`) or choose another key")
+        self.store.update_rollout(held.id, key_hash=None)  # keys are unique: the ended session gives it up
+        return run
 
     def stop(self) -> dict[str, int]:
         """Stop serving, assemble what was recorded, end the run. Returns the trajectory counts."""

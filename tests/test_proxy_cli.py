@@ -83,3 +83,38 @@ def test_bad_engine_flag_is_one_line(tiny_model):
     result = CliRunner().invoke(app, ["proxy", "--model", str(tiny_model), "--engine", "gpu-please"])
     assert result.exit_code == 1 and "forge: error: --engine must be" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_restarting_forge_proxy_with_the_same_key_starts_a_new_recorded_session(tiny_model, forge_home):
+    """Issue 44: a harness configured with one key is the usual reason to restart `forge proxy --api-key K`.
+    The key moves to a new run and says so; the earlier run keeps its calls; a live session's key is refused."""
+    engine = ScriptedEngine(tiny_model, ["one", "two"])
+    env = {**os.environ, "FORGE_HOME": str(forge_home)}
+    argv = [*FORGE, "proxy", "--model", str(tiny_model), "--engine", "", "--api-key", "sk-same"]
+    runs = []
+    with serve_in_thread(engine.app) as es:
+        argv[argv.index("")] = es.url
+        for answer in ("one", "two"):
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            try:
+                lines = _read_until(proc, "api key", time.monotonic() + 60)
+                if runs:
+                    lines.append(proc.stdout.readline().rstrip("\n"))
+                    assert lines[-1] == f"a new recorded session: the key's earlier one is run {runs[0]} (stopped), " \
+                                        "kept as it was", lines
+                    live = CliRunner().invoke(app, argv[3:])  # the same key while this session serves it
+                    assert live.exit_code == 1 and f"that --api-key is serving proxy run {lines[0].split()[1]}" \
+                        in live.stderr, live.output
+                runs.append(lines[0].split()[1])
+                c = openai.OpenAI(base_url=lines[1].split()[1] + "/v1", api_key="sk-same", max_retries=0, timeout=20)
+                got = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+                assert got.choices[0].message.content == answer
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                out, err = proc.communicate(timeout=30)
+            assert proc.returncode == 0, err
+    store = Store(forge_home / "forge.db")
+    assert len(set(runs)) == 2 and all(store.get_run(r).status == "stopped" for r in runs)
+    assert [len(store.list_calls(run_id=r)) for r in runs] == [1, 1]  # each session its own record
+    assert store.rollout_with_key("sk-same").run_id == runs[1]
