@@ -128,6 +128,8 @@ class Confinement:
                        "--ro-bind", str(FORWARDER), _FORWARDER_INSIDE]
             inner = [sys.executable, "-I", _FORWARDER_INSIDE, "--listen-socket", f"{SOCKET_DIR_INSIDE}/listen.sock",
                      "--to-port", str(listen), "--", *inner]
+        # ISOLATION_FLAGS' --die-with-parent ties the process to the *thread* that starts it (PR_SET_PDEATHSIG):
+        # start it from one that outlives it (the event loop's, an executor's worker), never a passing thread.
         flags = list(ISOLATION_FLAGS)
         if network:
             flags.remove("--unshare-net")

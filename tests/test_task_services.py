@@ -313,3 +313,22 @@ cat probes.json
     for probe, answer in answers.items():
         assert answer.startswith("unreadable") or answer in ("unset", "unreachable"), (probe, answer[:200])
     assert TEACHER_KEY not in ro.stdout and LEAK_CODE not in ro.stdout
+
+
+def test_an_unconfined_service_still_gets_none_of_forges_environment(monkeypatch) -> None:
+    """sandbox.isolation = "none" (code the user trusts) runs services as plain processes on the host's
+    loopback: their environment is still built from nothing (issue 43)."""
+    from openforge.sandbox.confine import Confinement
+
+    monkeypatch.setenv("FORGE_TEACHER_API_KEY", TEACHER_KEY)
+    spec = ServiceSpec(name="peek", command="python server.py", files={"server.py": PEEK_SERVICE},
+                       env={"TASK_SETTING": "kept"}, health={"method": "GET", "path": "/health"})
+    session = ServiceSession.open([spec], seed="t/0", confinement=Confinement(None))
+    try:
+        url = session.urls()["peek"]
+        assert httpx.get(f"{url}/env?name=FORGE_TEACHER_API_KEY").text == "unset"
+        assert httpx.get(f"{url}/env?name=FORGE_HOME").text == "unset"
+        assert httpx.get(f"{url}/env?name=TASK_SETTING").text == "kept"
+        assert isinstance(session._running[0].backend, int)  # the host's loopback port: no socket in between
+    finally:
+        session.close()
