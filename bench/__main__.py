@@ -29,6 +29,8 @@ ON_REQUEST = ["gui_docker", "gui_kubernetes", "gui_first_click", "browser_use_do
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
 DOC = ROOT.parent / "docs" / "performance.md"
+# The GPU check that waits for a GPU (issue 48): its device call, carry and parts, shown after the header.
+GPU_PREPARED = ROOT / "gpu" / "prepared.md"
 
 
 def machine_info() -> dict:
@@ -169,6 +171,8 @@ def result_files() -> list[tuple[str, Path]]:
 def render_doc() -> str:
     """docs/performance.md as the result files in bench/results make it."""
     lines = [HEADER]
+    if GPU_PREPARED.exists():
+        lines.append(GPU_PREPARED.read_text())
     for title, path in result_files():
         lines += _section(title, path)
     return "\n".join(lines)

@@ -25,7 +25,8 @@ def test_every_result_file_has_a_section_with_its_figures(tmp_path, monkeypatch)
                                                                 {"template": "qwen2.5", "ms": 1.5}]}))
     page = bench.render_doc()
     titles = [line for line in page.splitlines() if line.startswith("## ")]
-    assert titles == ["## proxy", "## proxy@2026-12-03", "## trainer", "## parsers"]
+    # the prepared GPU check (bench/gpu/prepared.md) first, then one section per result file
+    assert titles == ["## GPU (prepared)", "## proxy", "## proxy@2026-12-03", "## trainer", "## parsers"]
     assert "| ratio_tokens_per_s | 1.234 |" in page and "| trl.peak_mib | 20 |" in page
     assert "Note: kept for its LiteLLM row" in page and "| litellm | 16.00 ms |" in page
     assert "| template | ok | ms |\n|---|---|---|\n| qwen3 | True |  |\n| qwen2.5 |  | 1.5 |" in page

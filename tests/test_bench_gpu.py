@@ -1,0 +1,100 @@
+"""bench/gpu (issue 48): the GPU check's dry run on the CPU, so a change that would break the GPU run
+fails here first, and the prepared device call in docs/performance.md stays one the device accepts."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = ROOT / "bench" / "gpu"
+PARTS = ["build qwen3-1.7b", "decode qwen3-1.7b", "prefix cache", "grpo batch", "grpo step forge", "lora hot-load",
+         "grpo step trl", "grpo step forge fsdp2", "build qwen2.5-7b", "decode qwen2.5-7b"]
+
+
+@pytest.mark.slow
+def test_dry_run_runs_every_part_of_the_gpu_check(tmp_path):
+    """run.sh --dry-run, as the device runs it (namespace of links, no current folder on sys.path)."""
+    env = {**os.environ, "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(GPU / "run.sh"), "--dry-run", "--out", str(tmp_path)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+    record = json.loads((tmp_path / "gpu.json").read_text())
+    res = record["results"]
+    status = {p["part"]: p["status"] for p in res["parts"]}
+    assert list(status) == PARTS
+    trl_here = importlib.util.find_spec("trl") is not None
+    for part, state in status.items():
+        if part == "grpo step trl" and not trl_here:
+            assert state.startswith("skipped: trl/datasets not importable"), state
+        else:
+            assert state == "ok", (part, state)
+    plan = res["plan"]
+    for model in ("qwen3-1.7b", "qwen2.5-7b"):
+        rows = res[f"decode {model}"]["rows"]
+        assert [r["batch"] for r in rows] == [1, 8, 32]
+        assert all(r["engine_tokens_per_s"] > 0 and r["generate_tokens_per_s"] > 0 for r in rows)
+    assert res["build qwen3-1.7b"]["shape"]["model_type"] == "qwen3"
+    assert res["build qwen2.5-7b"]["shape"]["model_type"] == "qwen2"
+    cache = res["prefix cache"]
+    # Off: every rollout prefills the whole prompt; on: the group computes it about once.
+    assert cache["cache_off"]["prefill_tokens_computed"] >= 8 * cache["prompt_tokens"]
+    assert cache["cache_on"]["prefill_tokens_computed"] < 2 * cache["prompt_tokens"]
+    sampled = plan["tasks"] * plan["group"] * plan["train_new_tokens"]
+    assert res["grpo batch"]["sampled_tokens"] == sampled
+    ours, fsdp = res["grpo step forge"], res["grpo step forge fsdp2"]
+    assert ours["tokens_per_step"] == fsdp["tokens_per_step"] == sampled and ours["steps"] == plan["steps"]
+    # fp32 engine and trainer on the CPU: the same numbers up to float rounding, so no weight is capped.
+    mismatch = ours["mismatch"]
+    assert mismatch["tokens"] == sampled and mismatch["mismatch_max"] < 1e-4
+    assert mismatch["with_tis"]["capped_share"] == 0.0
+    assert res["lora hot-load"]["loads"] == 4 and res["lora hot-load"]["first_request_tokens"] == 1
+    if trl_here:
+        assert res["grpo step trl"]["tokens_per_step"] == sampled
+    table = (tmp_path / "gpu.md").read_text()
+    assert "| what | figure | forge | baseline | ratio | target |" in table and "≥ 5x fewer" in table
+
+
+def _device_call() -> dict:
+    text = (GPU / "prepared.md").read_text()
+    blocks = re.findall(r"```json\n(.*?)\n```", text, re.S)
+    assert len(blocks) == 1, "prepared.md holds exactly one device call"
+    return json.loads(blocks[0])
+
+
+def test_the_prepared_device_call_fits_the_device_and_is_in_the_performance_page():
+    call = _device_call()
+    assert set(call) == {"command", "carry", "timeout_s"}
+    assert len(call["command"]) <= 2000 and len(call["carry"]) <= 8 and call["timeout_s"] <= 600
+    assert "bench/gpu/run.sh --out $OUT" in call["command"] and call["carry"] == [".whl"]
+    assert "--dry-run" not in call["command"]
+    # The call's limit covers run.sh's own: parts start until the budget, a child runs at most its timeout.
+    main = (GPU / "main.py").read_text()
+    budget = float(re.search(r"budget_s: float = ([\d.]+)", main).group(1))
+    child = float(re.search(r"child_timeout_s: float = ([\d.]+)", main).group(1))
+    assert budget + child < call["timeout_s"]
+    assert (GPU / "prepared.md").read_text() in (ROOT / "docs" / "performance.md").read_text()
+    assert ".whl/" in (GPU / "prepare.sh").read_text()
+
+
+def test_carried_wheels_are_the_versions_this_environment_runs():
+    """wheels.txt pins what the device gets; where this environment has the package, the same version."""
+    pins = [line.split("==") for line in (GPU / "wheels.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+    assert all(len(p) == 2 for p in pins), "every wheel is pinned with =="
+    names = [n.lower().replace("_", "-") for n, _ in pins]
+    assert len(names) == len(set(names)), "one version of each"
+    for name, version in pins:
+        try:
+            here = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        assert here == version, f"{name}: wheels.txt pins {version}, this environment runs {here}"
