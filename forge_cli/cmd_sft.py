@@ -22,8 +22,10 @@ def sft_cmd(
                                                         "(rejection sampling; default: a forge collect run's own "
                                                         "--min-reward, else 1.0)")] = None,
     epochs: Annotated[int, typer.Option("--epochs", min=1, help="passes over the kept trajectories")] = 3,
-    val_tasks: Annotated[int, typer.Option("--val-tasks", min=0, help="tasks held out for the validation "
-                                           "loss")] = 1,
+    val_tasks: Annotated[int, typer.Option("--val-tasks", min=0, help="whole tasks held out of training for a "
+                                           "validation loss after each epoch (0: train on every task)")] = 0,
+    demo: Annotated[bool, typer.Option("--demo", help="the demo's settings (openforge/presets/demo.toml): the "
+                                       "tiny model at sft.lr 3e-3")] = False,
     nproc: Annotated[Optional[int], typer.Option("--nproc", min=1, help="trainer processes under torchrun, "
                                                  "sharded with FSDP2; one GPU each on GPUs (trainer.nproc)")] = None,
     resume: Annotated[Optional[str], typer.Option("--resume", metavar="RUN", help="continue an sft run from its "
@@ -34,7 +36,7 @@ def sft_cmd(
     if (resume is None) == (not sources):
         raise ConfigError("give the data with --from RUN, or continue an sft run with --resume RUN (not both)")
     app = state(ctx)
-    config = app.config(flag_overrides({"trainer.nproc": nproc}))
+    config = app.config(flag_overrides({"trainer.nproc": nproc}), preset="demo" if demo else None)
     code = sft_elsewhere(config.trainer.nproc, lambda n: rank_argv(ctx, nproc=n))
     if code is not None:
         raise typer.Exit(code)
@@ -44,8 +46,10 @@ def sft_cmd(
 
     run_id, result = run_sft(app.store(), app.home, config, sources=sources or [], min_reward=min_reward,
                              epochs=epochs, val_tasks=val_tasks, on_step=show, resume=resume)
-    val = f", validation loss {result.val_losses[0]:.4f} -> {result.val_losses[-1]:.4f}" if result.val_losses else ""
-    typer.echo(f"run {run_id}: {result.steps} steps on {result.n_train} sequences, train loss "
+    val = (f", validation loss {result.val_losses[0]:.4f} -> {result.val_losses[-1]:.4f} on {result.n_val} "
+           "held-out sequence(s)" if result.val_losses else ", no task held out")
+    rate = f" at lr {config.sft.lr:g} (sft.lr)" if resume is None else ""  # a resume keeps its stored config
+    typer.echo(f"run {run_id}: {result.steps} steps on {result.n_train} sequences{rate}, train loss "
                f"{result.train_losses[0]:.4f} -> {result.train_losses[-1]:.4f}{val}")
     typer.echo(f"adapter {result.adapter_path}")
 

@@ -376,6 +376,12 @@ class HarnessConfig(_Section):
 class TasksConfig(_Section):
     path: str = Field("builtin", description="a task folder or .jsonl file, or 'builtin'")
     include: list[str] = Field(default_factory=list, description="only these task ids (empty = all)")
+    max_setup_file_mb: float = Field(
+        64.0, gt=0, description="the largest file a task folder may hold (files/, verifier/, a Harbor task's tests/, "
+        "environment/ and solution/, an imported task's fixtures): a larger one refuses the task, judged by its size, "
+        "unread")
+    max_setup_files: int = Field(5000, ge=1, description="the most files one folder of a task may hold (files/, "
+                                 "tests/, ...): more refuses the task, counted before any is read")
 
 
 class RunnerConfig(_Section):
@@ -476,7 +482,12 @@ class TrainerConfig(_Section):
 
 
 class SftConfig(_Section):
-    """`forge sft`: supervised fine-tuning on kept rollouts, with the optimizer and LoRA of [trainer]."""
+    """`forge sft`: supervised fine-tuning on kept rollouts, with the optimizer and LoRA of [trainer] at
+    SFT's own learning rate."""
+
+    lr: float = Field(2e-4, gt=0, description="peak learning rate of SFT's AdamW (RL's is trainer.lr): 2e-4 is the "
+                      "usual rate for LoRA SFT of a real model; full fine-tuning wants ~1e-5; the tiny demo model "
+                      "needs 3e-3 (the demo preset's, `forge sft --demo`; bench sft_stages)")
 
     max_tokens: int = Field(4096, ge=16, description="tokens of one packed row: short sequences share a row "
                             "(attention kept within each), one row per optimizer step; a longer one is a row alone")

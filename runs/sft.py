@@ -47,7 +47,7 @@ def kept_threshold(run: Run, min_reward: float | None) -> float:
 
 
 def run_sft(store: Store, home: Path, config: ForgeConfig, *, sources: Sequence[str], min_reward: float | None,
-            epochs: int, val_tasks: int = 1, on_step: Callable[[TrainStep], Any] | None = None,
+            epochs: int, val_tasks: int = 0, on_step: Callable[[TrainStep], Any] | None = None,
             resume: str | None = None) -> tuple[str, SftResult]:
     """Train the student (`engine.model`, or the tiny model) on the rollouts of `sources` scored at
     least `min_reward` (None: `kept_threshold`'s); returns the run id and what it did. `resume`
@@ -76,7 +76,8 @@ def run_sft(store: Store, home: Path, config: ForgeConfig, *, sources: Sequence[
     store.set_run_status(run.id, "running")
     try:
         examples = [e for rid, bar in thresholds.items() for e in select_examples(store, [rid], min_reward=bar)]
-        result = train_sft(store, home, run.id, model_path=model, examples=examples, cfg=config.trainer,
+        cfg = config.trainer.model_copy(update={"lr": config.sft.lr})  # SFT's rate, [trainer]'s everything else
+        result = train_sft(store, home, run.id, model_path=model, examples=examples, cfg=cfg,
                            epochs=epochs, max_tokens=config.sft.max_tokens, val_tasks=val_tasks, on_step=on_step,
                            resumed=resumed)
     except (ForgeError, KeyboardInterrupt) as exc:

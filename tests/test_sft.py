@@ -67,7 +67,7 @@ def test_forge_sft_records_a_run_of_kind_sft(store, tiny_model):
 
     source = record_teacher_run(store, tiny_model, rewards=[1.0, 0.0, 1.0, 1.0, 0.5])
     out = CliRunner().invoke(app, ["--set", f"engine.model={tiny_model}", "--set", "trainer.device=cpu",
-                                   "sft", "--from", source, "--min-reward", "1.0", "--epochs", "2"])
+                                   "sft", "--from", source, "--min-reward", "1.0", "--epochs", "2", "--val-tasks", "1"])
     assert out.exit_code == 0, out.output
     assert "adapter " in out.output and "validation loss" in out.output
     run = [r for r in store.list_runs() if r.kind == "sft"][0]
@@ -78,3 +78,24 @@ def test_forge_sft_records_a_run_of_kind_sft(store, tiny_model):
     nothing = CliRunner().invoke(app, ["--set", f"engine.model={tiny_model}", "sft", "--from", source,
                                        "--min-reward", "2.0"])
     assert nothing.exit_code == 1 and "reached the reward threshold" in nothing.output
+
+
+def test_forge_sft_defaults_train_on_every_task_at_sfts_own_rate(store, tiny_model):
+    """Issue 44: `forge sft` held out one of two demo tasks by default and trained at RL's lr 1e-4. Now every
+    task is trained on unless --val-tasks asks, at sft.lr (2e-4; --demo: the demo preset's 3e-3, what
+    bench sft_stages measured), and the command says both."""
+    from typer.testing import CliRunner
+
+    from openforge.forge_cli.main import app
+
+    source = record_teacher_run(store, tiny_model, rewards=[1.0, 1.0, 0.0, 0.0, 0.0])  # two tasks kept
+    out = CliRunner().invoke(app, ["--set", f"engine.model={tiny_model}", "--set", "trainer.device=cpu",
+                                   "sft", "--demo", "--from", source, "--epochs", "1"])
+    assert out.exit_code == 0, out.output
+    assert "on 2 sequences at lr 0.003 (sft.lr)" in out.output and "no task held out" in out.output, out.output
+    run = [r for r in store.list_runs() if r.kind == "sft"][0]
+    assert run.summary_json["train_sequences"] == 2 and run.summary_json["val_sequences"] == 0
+    assert run.config_json["sft"]["lr"] == 3e-3 and run.config_json["trainer"]["lr"] == 3e-3  # the demo's both
+    from openforge.config import load_config
+
+    assert load_config(None).sft.lr == 2e-4  # without --demo: LoRA SFT's usual rate, not RL's trainer.lr

@@ -77,7 +77,7 @@ def test_demo_headless_trains_and_hot_loads(forge_home: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert (forge_home / "models" / "tiny" / "config.json").is_file()  # built because it was missing
     assert f"stored in {forge_home / 'forge.db'}" in out.stdout.replace("\n", "")
-    assert "step 1/2" in out.stdout and "step 2/2" in out.stdout
+    assert "step 0 (1 of 2)" in out.stdout and "step 1 (2 of 2)" in out.stdout
 
     store = Store(forge_home / "forge.db")
     run = store.get_run("latest")

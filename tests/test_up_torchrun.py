@@ -22,7 +22,7 @@ def test_forge_up_demo_headless_trains_on_2_ranks_and_publishes_adapters(home_wi
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, stdout[-5000:]
-    assert "step 1/2" in stdout and "step 2/2" in stdout
+    assert "step 0 (1 of 2)" in stdout and "step 1 (2 of 2)" in stdout
     store = Store(home / "forge.db")
     run = store.get_run("latest")
     assert run.status == "finished" and run.config_json["trainer"]["nproc"] == 2
