@@ -32,7 +32,9 @@ def tasks_validate(
                                                     "(a Harbor task: and a forged reward file; a task graded on its services' "
                                                     "record: and a forged dispatch log; an OSWorld-format task: junk planted "
                                                     "where its getters read) in sandboxes "
-                                                    "(sandbox.type): the first must pass, the others score 0")] = False,
+                                                    "(sandbox.type): the first must pass, the others score 0; a "
+                                                    "task with no reference meets the hostile answers and an idle "
+                                                    "agent")] = False,
 ) -> None:
     """Check a task set; print every bad task with its reason (exit 1 if any)."""
     problems = validate_tasks(path)
@@ -42,10 +44,12 @@ def tasks_validate(
         raise TaskError(f"{len(problems)} problem(s) in {path}")
     tasks = load_tasks(path)
     if run:
-        from openforge.rollouts.tasks.selfcheck import check_solutions
+        from openforge.rollouts.tasks.selfcheck import check_solutions, unchecked_note
 
         st = state(ctx)
         problems = asyncio.run(check_solutions(st.store(), st.config(), tasks))
+        if note := unchecked_note(tasks):
+            typer.echo(note, err=True)
         for p in problems:
             typer.echo(f"{p}", err=True)
         if problems:

@@ -219,13 +219,12 @@ async def test_a_spreadsheet_task_is_graded_on_the_file_read_out_after_the_agent
 async def test_validate_run_passes_the_infeasible_answer_and_credits_no_hostile_one(store: Store, tmp_path: Path) -> None:
     report = import_osworld(_write_set(tmp_path))
     tasks = [TaskSpec.model_validate(t) for t in report.tasks]  # impossible (infeasible), shout (no solution)
-    problems = await check_solutions(store, ForgeConfig(), tasks)
-    assert [(p.task_id, p.message) for p in problems] == [
-        ("shout", "no reference solution: its verifier is unchecked (add `solution`)")]
+    assert await check_solutions(store, ForgeConfig(), tasks) == []  # `shout` has no reference: not a failure
     (run,) = [r for r in store.list_runs() if r.name == "tasks validate --run"]
     rollouts = store.list_rollouts(run.id)
-    assert len(rollouts) == 1 + 6 + 1  # FAIL for `impossible`, the six hostile answers, planted files in `shout`
-    assert sorted((r.status, r.reward) for r in rollouts) == [("scored", 0.0)] * 7 + [("scored", 1.0)]
+    # FAIL for `impossible`, the six hostile answers in each task, an idle agent and planted files in `shout`
+    assert len(rollouts) == 1 + 2 * 6 + 1 + 1
+    assert sorted((r.status, r.reward) for r in rollouts) == [("scored", 0.0)] * 14 + [("scored", 1.0)]
 
 
 def test_a_bad_osworld_record_is_one_line_per_problem_from_validate(tmp_path: Path) -> None:

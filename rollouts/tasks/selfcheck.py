@@ -10,6 +10,12 @@ written to $HOME/solution for the reference run alone, `/solution` in them and i
 there, as Harbor's oracle agent uploads the folder to /solution (`solution_paths`); at each step of a
 multi-step Harbor task, that step's steps/<name>/solution/ (`HarnessContext.step`).
 
+A task with no reference (ClawEval's `reference_solution` is prose) is no failure: `validate --run` says
+there is no reference to check (`unchecked_note`) and still runs the hostile answers and an IDLE agent (a
+script that does nothing) on it; each must score 0. Under a benchmark's own formula that credits a clean
+idle run (an imported ClawEval task's task score gives one 0.2) the idle agent must not pass, and no
+hostile answer may score above it.
+
 A Harbor task (rollouts/tasks/harbor.py) also meets FORGED_REWARD: an agent that writes a perfect
 reward file wherever Harbor's verifier might read one and leaves a process behind to keep writing
 it, and PLANTED_PYTEST: an agent that leaves a conftest.py, pytest.py and pytest.ini in every folder
@@ -172,17 +178,25 @@ class _StandInHarness(HarnessBase):
         return await answer_file_outcome(result, sandbox, name=self.name)
 
 
+def _benchmark_scored(task: TaskSpec) -> bool:
+    """Whether the task's reward is a benchmark's own formula that credits a clean idle run (ClawEval's task
+    score gives one its robustness share, 0.2): there a hostile answer must gain nothing over an idle agent."""
+    return task.claweval is not None and task.claweval.reward == "claweval"
+
+
 async def check_solutions(store: Store, config: ForgeConfig, tasks: Sequence[TaskSpec]) -> list[TaskProblem]:
-    """Every task whose graders fail its reference solution or give credit to a hostile answer."""
+    """Every task whose graders fail its reference solution or give credit to a hostile answer or an idle
+    agent. A task with no reference (`unchecked`) still meets the hostile answers and an idle agent."""
     with_solution = [t for t in tasks if t.solution]
-    problems = [TaskProblem(WHERE, t.id, "no reference solution: its verifier is unchecked (add `solution`)")
-                for t in tasks if not t.solution]
+    problems: list[TaskProblem] = []
     run = store.create_run(kind="check", name="tasks validate --run")
     store.set_run_status(run.id, "running")
     solved = _StandInHarness({t.id: t.solution or "true" for t in with_solution},
                              solutions={t.id: t for t in with_solution if t.solution_files})
-    attempts = [("solved", solved, with_solution)]
-    attempts += [(label, _StandInHarness({}, {t.id: make(t) for t in with_solution}), with_solution)
+    # The idle agent first: under a benchmark's own formula its score is the floor the others are held to.
+    idle = [t for t in tasks if not t.solution or _benchmark_scored(t)]
+    attempts = [("idle agent", _StandInHarness({}), idle), ("solved", solved, with_solution)]
+    attempts += [(label, _StandInHarness({}, {t.id: make(t) for t in tasks}), list(tasks))
                  for label, make in HOSTILE_ANSWERS.items()]
     harbor = [t for t in with_solution if t.harbor is not None]
     if harbor:
@@ -195,7 +209,10 @@ async def check_solutions(store: Store, config: ForgeConfig, tasks: Sequence[Tas
     if osworld:  # also those without a solution: a grader that credits planted junk is a bug either way
         attempts.append(("planted files", _StandInHarness({t.id: planted_files(t) for t in osworld}), osworld))
     credited: dict[str, list[str]] = {}  # task id -> the hostile answers it gave credit to
+    floor: dict[str, float] = {}  # task id -> an idle agent's score under a benchmark's own formula
     for step, (label, harness, tried) in enumerate(attempts):
+        if not tried:
+            continue
         runner = RolloutRunner(store, config=config, proxy_url="http://127.0.0.1:9", harness=harness)
         out = await runner.run(run.id, [RolloutSpec(t) for t in tried], step=step)
         for task, ro in zip(tried, out):
@@ -204,12 +221,28 @@ async def check_solutions(store: Store, config: ForgeConfig, tasks: Sequence[Tas
             elif label == "solved" and (ro.reward or 0.0) < task.pass_threshold:
                 problems.append(TaskProblem(WHERE, task.id, f"the reference solution scores {ro.reward:g} < "
                                             f"pass_threshold {task.pass_threshold:g}: {_last(ro.verifier_output)}"))
-            elif label != "solved" and (ro.reward or 0.0) > 0.0:
-                credited.setdefault(task.id, []).append(f"{label} {ro.reward:g}")
+            elif label == "idle agent" and _benchmark_scored(task):
+                floor[task.id] = ro.reward or 0.0
+                if floor[task.id] >= task.pass_threshold:
+                    problems.append(TaskProblem(WHERE, task.id, f"an idle agent passes: {ro.reward:g} >= "
+                                                f"pass_threshold {task.pass_threshold:g}"))
+            elif label != "solved" and (ro.reward or 0.0) > floor.get(task.id, 0.0):
+                over = f" > an idle agent's {floor[task.id]:g}" if task.id in floor else ""
+                credited.setdefault(task.id, []).append(f"{label} {ro.reward:g}{over}")
     problems += [TaskProblem(WHERE, tid, f"gives credit to hostile answers (must be 0): {', '.join(got)}")
                  for tid, got in credited.items()]
     store.set_run_status(run.id, "finished")
     return problems
+
+
+def unchecked_note(tasks: Sequence[TaskSpec]) -> str | None:
+    """The line `validate --run` prints for the tasks with no reference solution (ClawEval's is prose): not
+    a failure, but nothing proves their graders can pass."""
+    ids = [t.id for t in tasks if not t.solution]
+    if not ids:
+        return None
+    shown = ", ".join(ids[:5]) + (f", ... ({len(ids) - 5} more)" if len(ids) > 5 else "")
+    return f"no reference to check: {len(ids)} task(s) ({shown}): the hostile answers and an idle agent ran on them"
 
 
 def _last(output: str | None) -> str:
