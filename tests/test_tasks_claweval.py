@@ -204,3 +204,16 @@ def test_a_safety_gate_on_a_tool_the_task_does_not_offer_is_kept_by_every_agent(
     assert "N001_save_note" not in dict(report.unsupported), report.unsupported
     task = TaskSpec.model_validate(report.tasks[0])
     assert [(r.path, r.absent) for r in task.expect_requests] == [("/notes/create", False), ("/notes/delete", True)]
+
+
+@pytest.mark.slow
+async def test_validate_run_holds_a_claweval_task_to_its_idle_score(store: Store, forge_home: Path) -> None:
+    """An imported task scored by ClawEval's formula has no reference (its reference_solution is prose) and an
+    idle agent gets 0.2 there (a clean run's robustness share): `validate --run` runs the idle agent, the six
+    hostile answers and a forged dispatch log: none passes and none scores above the idle agent, so no problem."""
+    task = TaskSpec.model_validate(import_claweval(SRC).tasks[0])
+    assert not task.solution
+    assert await check_solutions(store, ForgeConfig(), [task]) == []
+    (run,) = [r for r in store.list_runs() if r.name == "tasks validate --run"]
+    rollouts = store.list_rollouts(run.id)
+    assert len(rollouts) == 1 + 6 + 1 and {(r.status, r.reward) for r in rollouts} == {("scored", 0.2)}
