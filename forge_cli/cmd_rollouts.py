@@ -16,6 +16,7 @@ from openforge.config import ForgeConfig
 from openforge.errors import ConfigError, TaskError
 from openforge.rollouts.runner.metrics import RunMetrics, summary_headline
 from openforge.rollouts.tasks.format import load_tasks, validate_tasks
+from openforge.rollouts.tasks.setup_files import SetupLimits
 from openforge.sandbox.limits import storage_notice
 
 console = Console()
@@ -37,12 +38,13 @@ def tasks_validate(
                                                     "agent")] = False,
 ) -> None:
     """Check a task set; print every bad task with its reason (exit 1 if any)."""
-    problems = validate_tasks(path)
+    limits = SetupLimits.of(state(ctx).config().tasks)
+    problems = validate_tasks(path, limits=limits)
     if problems:
         for p in problems:
             typer.echo(f"{p}", err=True)
         raise TaskError(f"{len(problems)} problem(s) in {path}")
-    tasks = load_tasks(path)
+    tasks = load_tasks(path, limits=limits)
     if run:
         from openforge.rollouts.tasks.selfcheck import check_solutions, unchecked_note
 
@@ -262,7 +264,8 @@ def eval_cmd(
         overrides["engine"].update(kind="url", url=engine_url)
     st = state(ctx)
     config = st.config(overrides)
-    task_set = load_tasks(config.tasks.path, include=config.tasks.include)[: limit or None]
+    task_set = load_tasks(config.tasks.path, include=config.tasks.include,
+                          limits=SetupLimits.of(config.tasks))[: limit or None]
     if not task_set:
         raise ConfigError("the task selection is empty")
     from openforge.rollouts.tasks.web.benchmarks import check_online

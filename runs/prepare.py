@@ -184,10 +184,11 @@ def isolation_for(config: ForgeConfig) -> str:
 
 def load_run_tasks(config: ForgeConfig) -> list[Any]:
     from openforge.rollouts.tasks.format import load_tasks
+    from openforge.rollouts.tasks.setup_files import SetupLimits
 
     from openforge.rollouts.tasks.web.benchmarks import check_online
 
-    tasks = load_tasks(config.tasks.path, include=config.tasks.include or None)
+    tasks = load_tasks(config.tasks.path, include=config.tasks.include or None, limits=SetupLimits.of(config.tasks))
     if not tasks:
         raise ConfigError(f"the task set {config.tasks.path} is empty")
     check_online(tasks, allow_internet=config.sandbox.allow_internet)  # before any engine starts

@@ -48,7 +48,7 @@ from urllib.parse import urlsplit
 
 from openforge.errors import TaskError
 from openforge.rollouts.tasks.claweval_grading import PASS_THRESHOLD
-from openforge.rollouts.tasks.setup_files import encode, write_binary_files
+from openforge.rollouts.tasks.setup_files import encode, read_task_file, write_binary_files
 
 SUPPORTED_SCORING = {"tool_called", "llm_judge"}
 SUPPORTED_SAFETY = {"tool_not_called"}
@@ -239,7 +239,11 @@ def _workspace(root: Path, task_dir: Path, t: dict[str, Any],
         elif not path.is_file():
             reasons.append(f"sandbox file {name} is missing")
         else:
-            data = path.read_bytes()
+            try:  # the loaders' one check: a file past the size limit is refused unread
+                data = read_task_file(path, task_dir)
+            except ValueError as exc:
+                reasons.append(f"sandbox file {name}: {exc}")
+                continue
             try:
                 files[rel] = data.decode("utf-8")
             except UnicodeDecodeError:

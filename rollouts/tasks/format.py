@@ -58,7 +58,7 @@ from openforge.rollouts.tasks.osworld_eval import OSWorldEval
 from openforge.rollouts.tasks.web.benchmarks import OnlineWeb
 from openforge.rollouts.tasks.mcp_servers import McpServerSpec
 from openforge.rollouts.tasks.services import RequestRule, ServiceSpec
-from openforge.rollouts.tasks.setup_files import FILES_DIR, decode, read_tree
+from openforge.rollouts.tasks.setup_files import FILES_DIR, SetupLimits, check_inside, decode, read_tree
 from openforge.rollouts.tasks.tools import TaskTool, check_unique
 from openforge.rollouts.tasks.web import WEB_TASKS_DIR
 from openforge.rollouts.tasks.web.spec import GuiTask
@@ -282,21 +282,22 @@ def _file_record(path: Path, problems: list[TaskProblem]) -> dict[str, Any] | No
     return record
 
 
-def _tree_files(root: Path, problems: list[TaskProblem], *, binary: bool) -> tuple[dict[str, str], dict[str, str]]:
-    text, raw, errors = read_tree(root, binary=binary)
+def _tree_files(root: Path, problems: list[TaskProblem], *, binary: bool,
+                limits: SetupLimits) -> tuple[dict[str, str], dict[str, str]]:
+    text, raw, errors = read_tree(root, binary=binary, limits=limits)
     problems.extend(TaskProblem(str(f), None, why) for f, why in errors)
     return text, raw
 
 
-def _harbor_task(folder: Path, problems: list[TaskProblem]) -> dict[str, Any] | None:
-    record, reasons = harbor_record(folder)
+def _harbor_task(folder: Path, problems: list[TaskProblem], limits: SetupLimits) -> dict[str, Any] | None:
+    record, reasons = harbor_record(folder, limits=limits)
     problems.extend(TaskProblem(str(folder), folder.name, reason) for reason in reasons)
     return record
 
 
-def _folder_task(folder: Path, problems: list[TaskProblem]) -> dict[str, Any] | None:
+def _folder_task(folder: Path, problems: list[TaskProblem], limits: SetupLimits) -> dict[str, Any] | None:
     if is_harbor_task(folder):
-        return _harbor_task(folder, problems)
+        return _harbor_task(folder, problems, limits)
     spec_files = [folder / n for n in ("task.json", "task.toml") if (folder / n).is_file()]
     if not spec_files:
         problems.append(TaskProblem(str(folder), None, "task folder has no task.json or task.toml"))
@@ -306,17 +307,22 @@ def _folder_task(folder: Path, problems: list[TaskProblem]) -> dict[str, Any] | 
         return None
     record.setdefault("id", folder.name)
     if (folder / FILES_DIR).is_dir():  # text or binary, each file where its bytes say; the record's own win
-        text, raw = _tree_files(folder / FILES_DIR, problems, binary=True)
+        text, raw = _tree_files(folder / FILES_DIR, problems, binary=True, limits=limits)
+    try:
+        check_inside(spec_files[0], folder)
+    except ValueError as exc:
+        problems.append(TaskProblem(str(spec_files[0]), None, str(exc)))
+        return None
         record["files"] = {**text, **(record.get("files") or {})}
         if raw:
             record["binary_files"] = {**raw, **(record.get("binary_files") or {})}
     if (folder / "verifier").is_dir():
-        record["verifier_files"] = {**_tree_files(folder / "verifier", problems, binary=False)[0],
+        record["verifier_files"] = {**_tree_files(folder / "verifier", problems, binary=False, limits=limits)[0],
                                     **(record.get("verifier_files") or {})}
     return record
 
 
-def _raw_records(path: Path, problems: list[TaskProblem]) -> list[tuple[str, dict[str, Any]]]:
+def _raw_records(path: Path, problems: list[TaskProblem], limits: SetupLimits) -> list[tuple[str, dict[str, Any]]]:
     if path.is_file():
         if path.suffix == ".jsonl":
             return _jsonl_records(path, problems)
@@ -329,18 +335,18 @@ def _raw_records(path: Path, problems: list[TaskProblem]) -> list[tuple[str, dic
         problems.append(TaskProblem(str(path), None, "no such task file or folder"))
         return []
     if is_harbor_task(path):  # one Harbor task rather than a dataset of them
-        record = _harbor_task(path, problems)
+        record = _harbor_task(path, problems, limits)
         return [(str(path), record)] if record is not None else []
     out: list[tuple[str, dict[str, Any]]] = []
     for entry in sorted(path.iterdir()):
         if entry.name.startswith((".", "_")):  # hidden files, __pycache__
             continue
         if entry.is_dir():
-            record = _folder_task(entry, problems)
+            record = _folder_task(entry, problems, limits)
             if record is not None:
                 out.append((str(entry), record))
         elif entry.suffix in (".jsonl", ".json", ".toml"):
-            out.extend(_raw_records(entry, problems))
+            out.extend(_raw_records(entry, problems, limits))
     if not out and not problems:
         problems.append(TaskProblem(str(path), None, "folder holds no tasks (.jsonl, .json, .toml or task folders)"))
     return out
@@ -367,11 +373,11 @@ def resolve_path(path: str | Path) -> Path:
     return BUILTIN_DIR if str(path) == "builtin" else Path(path).expanduser()
 
 
-def _check(path: str | Path) -> tuple[list[TaskSpec], list[TaskProblem]]:
+def _check(path: str | Path, limits: SetupLimits) -> tuple[list[TaskSpec], list[TaskProblem]]:
     problems: list[TaskProblem] = []
     specs: list[TaskSpec] = []
     seen: dict[str, str] = {}
-    for where, record in _raw_records(resolve_path(path), problems):
+    for where, record in _raw_records(resolve_path(path), problems, limits):
         raw_id = record.get("id") if isinstance(record.get("id"), str) else None
         try:
             spec = TaskSpec.model_validate(record)
@@ -397,14 +403,16 @@ def _order(problem: TaskProblem) -> tuple[str, int]:
     return (file, int(line)) if line.isdigit() else (problem.where, 0)
 
 
-def validate_tasks(path: str | Path) -> list[TaskProblem]:
-    """Every problem in a task set (empty = valid): bad JSON lines, missing fields, bad ranges, duplicates."""
-    return _check(path)[1]
+def validate_tasks(path: str | Path, *, limits: SetupLimits = SetupLimits()) -> list[TaskProblem]:
+    """Every problem in a task set (empty = valid): bad JSON lines, missing fields, bad ranges, duplicates, a
+    link out of a task folder, setup files past `limits` (the config's tasks.max_setup_file_mb / max_setup_files)."""
+    return _check(path, limits)[1]
 
 
-def load_tasks(path: str | Path, *, include: list[str] | None = None) -> list[TaskSpec]:
+def load_tasks(path: str | Path, *, include: list[str] | None = None,
+               limits: SetupLimits = SetupLimits()) -> list[TaskSpec]:
     """Load a task set; raises TaskError naming the problems (see `forge tasks validate`)."""
-    specs, problems = _check(path)
+    specs, problems = _check(path, limits)
     if problems:
         shown = "; ".join(str(p) for p in problems[:3])
         more = f" (and {len(problems) - 3} more; run `forge tasks validate {path}`)" if len(problems) > 3 else ""

@@ -50,6 +50,7 @@ from openforge.rollouts.tasks.harbor_compose import ServiceBuild, compose_servic
 from openforge.rollouts.tasks.harbor_mcp import HarborMcpServer, image_copies, mcp_server_records
 from openforge.rollouts.tasks.harbor_steps import HarborSteps, harbor_steps
 from openforge.rollouts.tasks.harbor_verifier import SOLUTION_DIR, HarborTests, rewrite_paths
+from openforge.rollouts.tasks.setup_files import SetupLimits, read_task_file, task_tree
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0  # Harbor's [agent] timeout_sec has no default of its own
 DEFAULT_WORKDIR = "/app"  # Terminal-Bench's images all work in /app
@@ -132,26 +133,27 @@ def is_harbor_task(folder: Path) -> bool:
     return (folder / "task.toml").is_file() and ((folder / "instruction.md").is_file() or (folder / "steps").is_dir())
 
 
-def _read(path: Path) -> str:
-    return path.read_text(encoding="utf-8")
+def _read(path: Path, limits: SetupLimits = SetupLimits()) -> str:
+    """One file of the task, read through the loaders' one check: a link out of its folder, a file past the
+    limit is a ValueError (rollouts/tasks/setup_files.py)."""
+    return read_task_file(path, path.parent, limits).decode("utf-8")
 
 
-def _text_tree(root: Path) -> dict[str, str]:
-    """Every file under `root` (relative POSIX path -> UTF-8 text); raises ValueError naming a bad one."""
+def _text_tree(root: Path, limits: SetupLimits = SetupLimits()) -> dict[str, str]:
+    """Every file under `root` (relative POSIX path -> UTF-8 text); raises ValueError naming a bad one (a link
+    out of `root`, one past `limits`: rollouts/tasks/setup_files.py)."""
     files: dict[str, str] = {}
-    for f in sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()):
+    for f in task_tree(root, root, limits):
         rel = f.relative_to(root).as_posix()
-        if f.is_symlink():
-            raise ValueError(f"{root.name}/{rel} is a link: task files must be plain files")
         try:
-            files[rel] = _read(f)
+            files[rel] = read_task_file(f, root, limits).decode("utf-8")
         except UnicodeDecodeError:
             raise ValueError(f"{root.name}/{rel} is not UTF-8 text (binary task files are not supported yet)") from None
     return files
 
 
-def local_environment(env_dir: Path, workdir: str | None,
-                      host_side: frozenset[str] = frozenset()) -> tuple[str, dict[str, str]]:
+def local_environment(env_dir: Path, workdir: str | None, host_side: frozenset[str] = frozenset(),
+                      limits: SetupLimits = SetupLimits()) -> tuple[str, dict[str, str]]:
     """(WORKDIR, the files the agent starts with relative to it) of a plain Dockerfile: FROM,
     WORKDIR, COPY/ADD of the task's own files into the WORKDIR, and steps that build nothing (ENV
     among them: the sandbox's environment is forge's). A COPY of only `host_side` files (image paths a
@@ -174,7 +176,7 @@ def local_environment(env_dir: Path, workdir: str | None,
             if host_side and (brought := set(copied_files(env_dir, step))) and brought <= host_side:
                 continue
             for src in srcs:
-                files.update(_copied(env_dir, src, dest, wd, where))
+                files.update(_copied(env_dir, src, dest, wd, where, limits))
         else:  # RUN and anything else that builds software
             raise ValueError(f"{where}: {word} needs an image build: `forge tasks import harbor SRC --out DIR` "
                              "builds it with Docker (as read here, only FROM/WORKDIR/COPY/ENV Dockerfiles run, "
@@ -182,7 +184,7 @@ def local_environment(env_dir: Path, workdir: str | None,
     return final_workdir(steps, start), files
 
 
-def _copied(env_dir: Path, src: str, dest: str, wd: str, where: str) -> dict[str, str]:
+def _copied(env_dir: Path, src: str, dest: str, wd: str, where: str, limits: SetupLimits) -> dict[str, str]:
     """The files one COPY brings, keyed by their path relative to the WORKDIR."""
     source = (env_dir / src).resolve()
     if not source.is_relative_to(env_dir.resolve()) or not source.exists():
@@ -192,9 +194,9 @@ def _copied(env_dir: Path, src: str, dest: str, wd: str, where: str) -> dict[str
         raise ValueError(f"{where}: COPY to {dest}, outside the WORKDIR {wd} (a local sandbox has only its "
                          "working directory)")
     if source.is_dir():
-        return {str(rel_dest / p) if str(rel_dest) != "." else p: t for p, t in _text_tree(source).items()}
+        return {str(rel_dest / p) if str(rel_dest) != "." else p: t for p, t in _text_tree(source, limits).items()}
     name = str(rel_dest / source.name) if dest.endswith("/") or str(rel_dest) == "." else str(rel_dest)
-    return {name: _read(source)}
+    return {name: read_task_file(env_dir / src, env_dir, limits).decode("utf-8")}
 
 
 def _unsupported(config: HarborConfig, folder: Path) -> list[str]:
@@ -236,7 +238,8 @@ def task_mcp_servers(folder: Path, config: HarborConfig) -> tuple[list[dict[str,
 
 
 def harbor_record(folder: Path, *, build: Callable[[HarborConfig], Any] | None = None,
-                  build_service: ServiceBuild | None = None) -> tuple[dict[str, Any] | None, list[str]]:
+                  build_service: ServiceBuild | None = None, limits: SetupLimits = SetupLimits(),
+                  ) -> tuple[dict[str, Any] | None, list[str]]:
     """The TaskSpec record of the Harbor task in `folder`, or None and the reasons it cannot be one.
     A Dockerfile that builds something is handed to `build` (rollouts/tasks/harbor_image.py: it returns
     the TaskImage it was built into, or raises ImageBuildFailed) and the task runs in that image, its files
@@ -250,6 +253,8 @@ def harbor_record(folder: Path, *, build: Callable[[HarborConfig], Any] | None =
         return None, [f"bad task.toml: {exc}"]
     except ValidationError as exc:
         return None, [f"task.toml: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+    except ValueError as exc:  # a link out of the folder, a file past the limits
+        return None, [str(exc)]
     try:
         mcp_servers, host_side, mcp_reasons = task_mcp_servers(folder, config)
     except (OSError, UnicodeDecodeError) as exc:
@@ -263,14 +268,14 @@ def harbor_record(folder: Path, *, build: Callable[[HarborConfig], Any] | None =
     if not script.is_file() and not config.steps:  # a multi-step task's steps may each bring their own
         return None, ["tests/test.sh: missing (Harbor's verifier writes the reward from it)"]
     try:
-        tests = _text_tree(folder / "tests") if (folder / "tests").is_dir() else {}
+        tests = _text_tree(folder / "tests", limits) if (folder / "tests").is_dir() else {}
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         return None, [str(exc)]
     agent_timeout_s = config.agent.timeout_sec or DEFAULT_AGENT_TIMEOUT_S
 
     def parse_steps(verifier: HarborTests, to_workdir: dict[str, str]) -> tuple[HarborSteps | None, list[str]]:
         return harbor_steps(folder, config.steps or [], config.multi_step_reward_strategy, shared_tests=tests,
-                            verifier=verifier, to_workdir=to_workdir, text_tree=_text_tree,
+                            verifier=verifier, to_workdir=to_workdir, text_tree=lambda root: _text_tree(root, limits),
                             agent_timeout_s=agent_timeout_s)
 
     # A step forge cannot run refuses the task before its image is built (a build can take minutes); the
@@ -280,7 +285,7 @@ def harbor_record(folder: Path, *, build: Callable[[HarborConfig], Any] | None =
     image = None
     try:
         try:
-            workdir, files = local_environment(folder / "environment", config.environment.workdir, host_side)
+            workdir, files = local_environment(folder / "environment", config.environment.workdir, host_side, limits)
         except ValueError:  # RUN, a COPY outside the WORKDIR, ...: the engine builds it, if there is one
             if build is None:
                 raise
@@ -288,7 +293,7 @@ def harbor_record(folder: Path, *, build: Callable[[HarborConfig], Any] | None =
             workdir, files = image.workdir, {}
         instruction = _read(folder / "instruction.md") if not config.steps else ""
         # Harbor's oracle copies all of solution/ to /solution and runs /solution/solve.sh there.
-        solution = _text_tree(folder / "solution") if (folder / "solution" / "solve.sh").is_file() else None
+        solution = _text_tree(folder / "solution", limits) if (folder / "solution" / "solve.sh").is_file() else None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         return None, [str(exc)]
     to_workdir = {workdir.rstrip("/"): "."} if workdir.rstrip("/") else {}

@@ -50,6 +50,7 @@ from openforge.rollouts.tasks.osworld_eval import OSWorldEval
 from openforge.rollouts.tasks.osworld_finish import (GUI_POSTCONFIG, START_PRELUDE, NotMapped, drives_gui, finish_line,
                                                      finish_script, start_lines)
 from openforge.rollouts.tasks.osworld_metric import METRIC_MODULES
+from openforge.rollouts.tasks.setup_files import read_task_file
 
 SETUP_DIR = ".forge-osworld"  # the downloads' local copies, decoded to their places by setup and removed
 TIME_LIMIT_S = 600.0
@@ -120,7 +121,10 @@ def _local_copy(cache: Path | None, task_id: str, name: str, url: str) -> bytes:
     if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):  # never a path
         raise _Refused(f"malformed file name {name!r:.80}")
     if cache is not None and (cache / task_id / name).is_file():
-        return (cache / task_id / name).read_bytes()
+        try:  # the loaders' one check: no link out of the task's cache folder, nothing past the size limit
+            return read_task_file(cache / task_id / name, cache / task_id)
+        except ValueError as exc:
+            raise _Refused(str(exc)) from None
     raise _Refused(f"{url} has no local copy ({'no --cache given' if cache is None else f'{cache}/{task_id}/{name}'})",
                    online=True)
 
