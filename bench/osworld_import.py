@@ -4,14 +4,15 @@ On request (`OSWORLD_SRC=PATH python -m bench osworld_import`): PATH is an OSWor
 evaluation_examples/examples); OSWORLD_LABEL names it in the results (repository@commit), OSWORLD_CACHE
 an OSWorld cache folder of local copies, if any. Figures:
 
-1. The import's counts: tasks read, imported, runnable here (imported, and this machine has what their
-   setup starts), online-only, unsupported, and the unsupported by their first reason (a metric, a
+1. The import's counts: tasks read, imported, those whose applications (and root, a D-Bus session for
+   gsettings) this machine has, online-only, unsupported, and the unsupported by their first reason (a metric, a
    getter, a config step, a postconfig step, a command driving the GUI, a Windows task, malformed).
    A postconfig that saves on the display after the agent (rollouts/tasks/osworld_finish.py) is the
    desktop's finish script: the imported tasks with one, and those online-only for their downloads alone
    with one (they import given OSWORLD_CACHE's local copies), are counted apart.
-2. `validate --run` over the imported tasks in the local sandbox: the wall time; the tasks whose
-   reference (an infeasible task's FAIL) scored its marks; tasks with no reference; tasks that credited a
+2. `validate --run` over the imported tasks in the local sandbox: the wall time; **runnable here**: the
+   tasks whose reference (an infeasible task's FAIL) scored its marks here, the only ones a correct agent
+   is shown to pass on this machine (an import cannot tell: a setting lost without D-Bus, a missing service); tasks with no reference; tasks that credited a
    hostile answer or the planted files (must be none; an idle agent passing shows up here); tasks whose
    attempts failed as infrastructure (their setup needs root or an application this machine lacks).
 
@@ -55,7 +56,7 @@ def run(quick: bool = False) -> dict:
     import_s = time.perf_counter() - t0
     total = len(report.tasks) + len(report.online_only) + len(report.unsupported)
     counts = {"tasks read": total, "imported": len(report.tasks),
-              "runnable here": len(report.tasks) - len(report.not_here),
+              "imported, what they need installed here": len(report.tasks) - len(report.not_here),
               "imported, not runnable here": len(report.not_here), "online-only": len(report.online_only),
               "unsupported": len(report.unsupported), "GUI-only setup steps skipped (noted)": len(report.notes),
               "imported with a save step after the agent (finish)": sum(
@@ -87,13 +88,19 @@ def _online_with_finish(files: list[Path], report) -> int:  # type: ignore[no-un
                 and any(drives_gui(step) for step in r["evaluator"].get("postconfig") or [])})
 
 
+def runnable_here(tasks: list, by_task: dict[str, list[str]]) -> list[str]:  # type: ignore[type-arg]
+    """The tasks a correct agent is shown to pass here: those whose reference scored its marks in `validate
+    --run` (by_task: task id -> its problems). No reference, no count: an import alone cannot tell."""
+    return [t.id for t in tasks if t.solution and not any(
+        m.startswith(("solved attempt", "the reference solution")) for m in by_task.get(t.id, []))]
+
+
 async def _validate(records: list[dict]) -> dict:
     tasks, wall, by_task = await validate_run(records)
     with_solution = [t for t in tasks if t.solution]
     infra = {tid for tid, msgs in by_task.items() if any("attempt ended failed" in m for m in msgs)}
     return {"tasks": len(tasks), "wall_s": round(wall, 1), "with a reference (infeasible: FAIL)": len(with_solution),
-            "reference scored its marks": sum(1 for t in with_solution if not any(
-                m.startswith(("solved attempt", "the reference solution")) for m in by_task.get(t.id, []))),
+            "runnable here (a reference scored its marks here)": len(runnable_here(tasks, by_task)),
             "no reference": sum(1 for t in tasks if not t.solution),
             "credited a hostile answer or planted files": sorted(
                 tid for tid, msgs in by_task.items() if any(m.startswith("gives credit") for m in msgs)),

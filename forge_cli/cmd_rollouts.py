@@ -155,8 +155,9 @@ def _import_osworld(src: str, out: str, cache: str | None) -> None:
     folder = write_tasks(report.tasks, out)
     total = len(report.tasks) + len(report.online_only) + len(report.unsupported)
     typer.echo(f"{src}: {total} OSWorld-format task(s): {len(report.tasks)} imported to {folder} "
-               f"({len(report.tasks) - len(report.not_here)} runnable here, {len(report.not_here)} need a desktop "
-               f"application not installed here, or root), {len(report.online_only)} online-only, "
+               f"({len(report.tasks) - len(report.not_here)} with what they need installed here, {len(report.not_here)} "
+               "need a desktop application not installed here, root or a D-Bus session; `forge tasks validate --run` "
+               f"shows which a reference passes), {len(report.online_only)} online-only, "
                f"{len(report.unsupported)} unsupported")
 
 

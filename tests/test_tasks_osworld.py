@@ -368,3 +368,70 @@ def test_every_metric_forge_names_loads_from_osworlds_package() -> None:
 
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == str(len(METRIC_MODULES)), done.stderr
+
+
+@pytest.mark.parametrize("command", [{"command": "GDK_BACKEND=x11 LANG=C xedit /home/user/note.txt", "shell": True},
+                                     {"command": "GDK_BACKEND=x11 LANG=C xedit /home/user/note.txt"},
+                                     {"command": ["GDK_BACKEND=x11", "LANG=C", "xedit", "/home/user/note.txt"]},
+                                     {"command": ["env", "GDK_BACKEND=x11", "xedit", "/home/user/note.txt"]}])
+def test_a_launch_with_an_environment_prefix_starts_its_program(tmp_path: Path, command: dict) -> None:
+    """Issue 44: `VAR=1 app --flag` was imported as the program `VAR=1` (a quoted word the shell runs as a
+    command) and the set failed validation. The program is the first word that is no assignment (nor `env`);
+    the assignments stay assignments."""
+    raw = {"id": "env-prefix", "instruction": "Write hello in /home/user/note.txt.",
+           "config": [{"type": "launch", "parameters": command}],
+           "evaluator": {"func": "check_include_exclude",
+                         "result": {"type": "vm_command_line", "command": "cat /home/user/note.txt", "shell": True},
+                         "expected": {"type": "rule", "rules": {"include": ["hello"], "exclude": []}}}}
+    folder = tmp_path / "src" / "evaluation_examples" / "examples" / "os"
+    folder.mkdir(parents=True)
+    (folder / "env-prefix.json").write_text(json.dumps(raw))
+    report = import_osworld(tmp_path / "src")
+    assert report.unsupported == [] and len(report.tasks) == 1, report.unsupported
+    record = report.tasks[0]
+    assert "needs:xedit" in record["tags"] and not any("=" in tag for tag in record["tags"])
+    start = TaskSpec.model_validate(record).desktop.start
+    assert "GDK_BACKEND=x11" in start and "'GDK_BACKEND=x11'" not in start and "xedit" in start
+    (tmp_path / "set.jsonl").write_text(json.dumps(record) + "\n")
+    result = CliRunner().invoke(app, ["tasks", "validate", str(tmp_path / "set.jsonl")])
+    assert result.exit_code == 0, result.output
+
+
+def test_a_task_set_through_gsettings_is_not_runnable_without_a_d_bus_session(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 44: a setting written with `gsettings set` does not persist without a D-Bus session (dconf cannot
+    autolaunch one without dbus-launch), so no correct agent can pass such a task here, yet it was counted as
+    runnable. Where dbus-launch is missing it is imported but counted as not runnable here, with the reason."""
+    import shutil as shutil_module
+
+    raw = {"id": "lock", "instruction": "Turn the screen lock off.", "config": [],
+           "evaluator": {"func": "exact_match",
+                         "result": {"type": "vm_command_line", "command": "gsettings get org.gnome.desktop.screensaver "
+                                    "lock-enabled", "shell": True},
+                         "expected": {"type": "rule", "rules": {"expected": "false\n"}}}}
+    folder = tmp_path / "src" / "evaluation_examples" / "examples" / "os"
+    folder.mkdir(parents=True)
+    (folder / "lock.json").write_text(json.dumps(raw))
+    which = shutil_module.which
+    got = {}
+    for label, has_bus in {"no bus": False, "bus": True}.items():
+        monkeypatch.setattr(shutil_module, "which",
+                            lambda name, *a, has_bus=has_bus, **k: ("/usr/bin/dbus-launch" if has_bus else None)
+                            if name == "dbus-launch" else which(name, *a, **k))
+        report = import_osworld(tmp_path / "src")
+        assert [t["id"] for t in report.tasks] == ["lock"]
+        got[label] = report.not_here
+    assert got == {"no bus": [("lock", "sets or reads settings through gsettings, which do not persist without a "
+                                       "D-Bus session (no dbus-launch here)")], "bus": []}
+
+
+def test_runnable_here_counts_only_what_a_reference_passed() -> None:
+    """Issue 44: bench/osworld_import.py's "runnable here" counted every imported task whose applications are
+    installed, among them tasks no correct agent can pass here. It counts the references that scored."""
+    from bench.osworld_import import runnable_here
+
+    tasks = [TaskSpec(id=i, instruction="x", verifier="true", solution=s)
+             for i, s in (("passed", "true"), ("failed", "true"), ("broke", "true"), ("none", None))]
+    by_task = {"failed": ["the reference solution scores 0 < pass_threshold 1: x"],
+               "broke": ["solved attempt ended failed: infra: no display"], "none": []}
+    assert runnable_here(tasks, by_task) == ["passed"]

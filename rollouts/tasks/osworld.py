@@ -67,6 +67,7 @@ OPEN_WITH = {**dict.fromkeys((".xlsx", ".xls", ".ods", ".csv", ".docx", ".doc", 
 HOME_NOTE = ("\n\n(OSWorld-format task: the task's home folder, /home/user or ~ above, is your current working "
              "directory. If the task cannot be done, answer FAIL.)")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # forge's task ids; a folder name in the cache
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")  # `VAR=1 app`: an environment prefix, not the program
 
 
 @dataclass
@@ -109,10 +110,14 @@ def _shell(command: Any, shell: bool) -> str:
         args = shlex.split(command) if isinstance(command, str) else command
         if not isinstance(args, list) or not args or not all(isinstance(a, str) for a in args):
             raise _Refused(f"malformed command {command!r}")
-        quoted = []
+        quoted, leading = [], True
         for arg in args:
             arg = "/home/user/" + arg[2:] if arg.startswith("~/") else arg
-            quoted.append('"$OSW_HOME"'.join(shlex.quote(p) if p else "" for p in arg.split("/home/user")) or "''")
+            # a leading assignment stays one: its name unquoted (a quoted `'VAR=1'` is a command's name)
+            name = m.group(0) if leading and (m := _ASSIGNMENT.match(arg)) else ""
+            leading, arg = bool(name), arg[len(name):]
+            quoted.append(name + ('"$OSW_HOME"'.join(shlex.quote(p) if p else "" for p in arg.split("/home/user"))
+                                  or ("" if name else "''")))
         line = " ".join(quoted)
     return line
 
@@ -171,9 +176,13 @@ def _step(step: Any, task_id: str, cache: Path | None, files: dict[str, str], ap
     if kind == "launch":
         command = params.get("command")
         args = command.split() if isinstance(command, str) else command
-        if not args:
+        if not isinstance(args, list):
+            raise _Refused(f"launch: malformed command {command!r:.80}")
+        program = [a for a in args if not (isinstance(a, str) and _ASSIGNMENT.match(a))]  # `VAR=1 app`: app
+        program = program[1:] if program[:1] == ["env"] else program
+        if not program:
             raise _Refused("launch: no command")
-        _app(args[0], apps)
+        _app(program[0], apps)
         return [f"( {_shell(command, bool(params.get('shell', False)))} >/dev/null 2>&1 & )"]
     if kind == "open":
         path = _home_path(params.get("path", ""))
@@ -408,4 +417,8 @@ def import_osworld(src: str | Path, *, cache: str | Path | None = None) -> OSWor
         elif "sudo " in json.dumps([record.get("setup", ""), record["osworld"].get("postconfig", []),
                                     record.get("desktop", {}).get("finish", "")]):
             report.not_here.append((task_id, "needs root in the sandbox (sudo)"))
+        elif "gsettings " in json.dumps(record) and shutil.which("dbus-launch") is None:
+            # dconf writes through a session bus it autolaunches: without one a `gsettings set` is lost
+            report.not_here.append((task_id, "sets or reads settings through gsettings, which do not persist "
+                                             "without a D-Bus session (no dbus-launch here)"))
     return report
