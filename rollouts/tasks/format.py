@@ -302,17 +302,17 @@ def _folder_task(folder: Path, problems: list[TaskProblem], limits: SetupLimits)
     if not spec_files:
         problems.append(TaskProblem(str(folder), None, "task folder has no task.json or task.toml"))
         return None
+    try:
+        check_inside(spec_files[0], folder)
+    except ValueError as exc:
+        problems.append(TaskProblem(str(spec_files[0]), None, str(exc)))
+        return None
     record = _file_record(spec_files[0], problems)
     if record is None:
         return None
     record.setdefault("id", folder.name)
     if (folder / FILES_DIR).is_dir():  # text or binary, each file where its bytes say; the record's own win
         text, raw = _tree_files(folder / FILES_DIR, problems, binary=True, limits=limits)
-    try:
-        check_inside(spec_files[0], folder)
-    except ValueError as exc:
-        problems.append(TaskProblem(str(spec_files[0]), None, str(exc)))
-        return None
         record["files"] = {**text, **(record.get("files") or {})}
         if raw:
             record["binary_files"] = {**raw, **(record.get("binary_files") or {})}
