@@ -30,7 +30,8 @@ def tasks_validate(
     ctx: typer.Context,
     path: PathArg,
     run: Annotated[bool, typer.Option("--run", help="also run each task's reference solution and six hostile answers "
-                                                    "(a Harbor task: and a forged reward file; a task graded on its services' "
+                                                    "(a Harbor task: and a forged reward file, and a conftest.py, pytest.py and "
+                                                    "pytest.ini planted everywhere it can write; a task graded on its services' "
                                                     "record: and a forged dispatch log; an OSWorld-format task: junk planted "
                                                     "where its getters read) in sandboxes "
                                                     "(sandbox.type): the first must pass, the others score 0; a "
