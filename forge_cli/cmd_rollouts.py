@@ -99,6 +99,8 @@ def tasks_import(
         report = import_harbor(src, bases=parse_base_map(base or []))
         for task_id, why in report.refused:
             typer.echo(f"{task_id}: {why}", err=True)
+        for task_id, why in report.notes:
+            typer.echo(f"{task_id}: imported, note: {why}", err=True)
         _some_imported(src, report.tasks, len(report.refused))
         folder = write_tasks(report.tasks, out or "harbor-tasks")
         if notice := storage_notice([t["id"] for t in report.tasks if (t.get("limits") or {}).get("storage_mb")], None):

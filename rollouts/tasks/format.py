@@ -338,8 +338,12 @@ def _raw_records(path: Path, problems: list[TaskProblem], limits: SetupLimits) -
         record = _harbor_task(path, problems, limits)
         return [(str(path), record)] if record is not None else []
     out: list[tuple[str, dict[str, Any]]] = []
-    for entry in sorted(path.iterdir()):
+    entries = sorted(path.iterdir())
+    harbor_set = any(e.is_dir() and is_harbor_task(e) for e in entries)
+    for entry in entries:
         if entry.name.startswith((".", "_")):  # hidden files, __pycache__
+            continue
+        if harbor_set and entry.name == "registry.json":  # a Harbor dataset's list of its tasks, not a task
             continue
         if entry.is_dir():
             record = _folder_task(entry, problems, limits)

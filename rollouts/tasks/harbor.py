@@ -338,6 +338,29 @@ def harbor_record(folder: Path, *, build: Callable[[HarborConfig], Any] | None =
     return record, []
 
 
+# A line of a test script that fetches at grading time (Terminal-Bench's test.sh installs uv and pytest so).
+_DOWNLOADS = re.compile(r"\b(curl|wget)\b.*\b(https?|ftp)://|\b(pip3?|uv\s+pip|uv\s+add|npm|yarn|pnpm|apt-get|apt|apk|"
+                        r"gem|cargo)\s+(install|add)\b|\buvx\b|\bgit\s+clone\b|\bgo\s+(get|install)\b")
+# What a download that found no network leaves in its output (curl, apt, pip, Python, git, Rust's tools).
+_OFFLINE = re.compile(r"could not resolve (host|proxy)|temporary failure (in name resolution|resolving)|"
+                      r"name or service not known|getaddrinfo|failed to establish a new connection|"
+                      r"network is unreachable|unable to locate package|no matching distribution found|"
+                      r"failed to fetch|urlopen error|could not connect to|dns error|error sending request", re.I)
+
+
+def grading_downloads(tests: dict[str, str]) -> list[str]:
+    """The lines of a task's test scripts that download when the tests run ("tests/test.sh line 2: curl ..."):
+    offline (forge's sandboxes have no network) they fail, and with them the grading."""
+    return [f"tests/{name} line {n}: {line.strip()[:120]}" for name, text in sorted(tests.items())
+            if name.endswith(".sh") for n, line in enumerate(text.splitlines(), 1)
+            if not line.lstrip().startswith("#") and _DOWNLOADS.search(line)]
+
+
+def offline_failure(output: str) -> str | None:
+    """The first line of `output` saying a download found no network (a failed host lookup, ...), or None."""
+    return next((line.strip()[:200] for line in output.splitlines() if _OFFLINE.search(line)), None)
+
+
 _DATASET_HINT = re.compile(r"^harbor:", re.I)
 
 

@@ -211,7 +211,10 @@ def _build_once(client: Any, source: Path, dockerfile: str, tag: str, steps: lis
 
 
 def _build_failure(steps: list[tuple[int, str, str]], exc: Any) -> str:
-    """One line from the engine's build log: which of the task's steps failed, its last output, the fix."""
+    """One line from the engine's build log: which of the task's steps failed, its last output, and what
+    failed: a command the base lacks (exit 127), the network (a download's error in the log), or the step."""
+    from openforge.rollouts.tasks.harbor import offline_failure
+
     step, output, code = 0, "", None
     for entry in exc.build_log:
         chunk = _ANSI.sub("", str(entry.get("stream") or ""))
@@ -226,6 +229,12 @@ def _build_failure(steps: list[tuple[int, str, str]], exc: Any) -> str:
         return f"environment/Dockerfile: forge's sandbox layer (uid {SANDBOX_UID}, {SANDBOX_HOME}) failed on this base: {why}{tail}"
     n, word, args = steps[step - 1]
     base = next((a.split()[0] for _, w, a in reversed(steps[:step]) if w == "FROM"), "BASE")
+    if code == 127 or re.search(r"\bnot found\b", output):  # the shell found no such program: not the network
+        return (f"environment/Dockerfile line {n}: {word} {args[:120]} failed in forge's offline build: a command it "
+                f"runs is not in the base image: {why}{tail}. Map the task's base to an image that has it with "
+                f"--base {base}=IMAGE")
+    if not any(offline_failure(str(entry.get("stream") or "")) for entry in exc.build_log):
+        return f"environment/Dockerfile line {n}: {word} {args[:120]} failed in forge's offline build: {why}{tail}"
     return (f"environment/Dockerfile line {n}: {word} {args[:120]} failed in forge's offline build (no network): "
             f"{why}{tail}. A step that downloads needs a base that already holds what it fetches: build or "
             f"load such an image and map the task's base to it with --base {base}=IMAGE")
@@ -239,12 +248,14 @@ class HarborImport:
     built: list[str] = field(default_factory=list)  # images built now
     cached: list[str] = field(default_factory=list)  # images found by their content hash
     refused: list[tuple[str, str]] = field(default_factory=list)  # (task id, one line)
+    notes: list[tuple[str, str]] = field(default_factory=list)  # (task id, one line): imported, but see why
 
 
 def import_harbor(src: str | Path, *, bases: dict[str, str] | None = None) -> HarborImport:
     """Every Harbor task under `src` (a dataset folder or one task) as a forge task record: a Dockerfile
     that builds nothing as today (its COPYs become the task's files), any other built into an image."""
-    from openforge.rollouts.tasks.harbor import DEFAULT_WORKDIR, HarborConfig, harbor_record, is_harbor_task
+    from openforge.rollouts.tasks.harbor import (DEFAULT_WORKDIR, HarborConfig, grading_downloads, harbor_record,
+                                                 is_harbor_task)
 
     root = Path(src).expanduser()
     # Every folder with a task.toml is a task: one forge cannot run is refused by name, not passed over.
@@ -287,8 +298,12 @@ def import_harbor(src: str | Path, *, bases: dict[str, str] | None = None) -> Ha
                 continue
             if record is None:
                 report.refused.append((folder.name, "; ".join(reasons)))
-            else:
-                report.tasks.append(record)
+                continue
+            report.tasks.append(record)
+            if downloads := grading_downloads(record["harbor"]["files"]):
+                report.notes.append((folder.name, f"its tests download at grading time ({'; '.join(downloads[:2])}"
+                                                  f"{'; ...' if len(downloads) > 2 else ''}): an offline sandbox "
+                                                  "cannot grade it"))
     finally:
         if client is not None:
             client.close()

@@ -46,6 +46,7 @@ from openforge.rollouts.harnesses.base import (ANSWER_FILE, HarnessBase, Harness
                                                 answer_file_outcome)
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskProblem, TaskSpec
+from openforge.rollouts.tasks.harbor import offline_failure
 from openforge.rollouts.tasks.harbor_verifier import SOLUTION_DIR, rewrite_paths
 from openforge.sandbox.base import ExecResult, Sandbox
 
@@ -193,9 +194,9 @@ async def check_solutions(store: Store, config: ForgeConfig, tasks: Sequence[Tas
     store.set_run_status(run.id, "running")
     solved = _StandInHarness({t.id: t.solution or "true" for t in with_solution},
                              solutions={t.id: t for t in with_solution if t.solution_files})
-    # The idle agent first: under a benchmark's own formula its score is the floor the others are held to.
+    # The idle agent before the hostile answers: under a benchmark's own formula its score is their floor.
     idle = [t for t in tasks if not t.solution or _benchmark_scored(t)]
-    attempts = [("idle agent", _StandInHarness({}), idle), ("solved", solved, with_solution)]
+    attempts = [("solved", solved, with_solution), ("idle agent", _StandInHarness({}), idle)]
     attempts += [(label, _StandInHarness({}, {t.id: make(t) for t in tasks}), list(tasks))
                  for label, make in HOSTILE_ANSWERS.items()]
     harbor = [t for t in with_solution if t.harbor is not None]
@@ -219,8 +220,10 @@ async def check_solutions(store: Store, config: ForgeConfig, tasks: Sequence[Tas
             if ro.status != "scored":
                 problems.append(TaskProblem(WHERE, task.id, f"{label} attempt ended {ro.status}: {ro.error}"))
             elif label == "solved" and (ro.reward or 0.0) < task.pass_threshold:
+                offline = offline_failure(ro.verifier_output or "")  # the cause, however far from the last line
+                why = f"the tests reached for the network, offline: {offline}" if offline else _last(ro.verifier_output)
                 problems.append(TaskProblem(WHERE, task.id, f"the reference solution scores {ro.reward:g} < "
-                                            f"pass_threshold {task.pass_threshold:g}: {_last(ro.verifier_output)}"))
+                                            f"pass_threshold {task.pass_threshold:g}: {why}"))
             elif label == "idle agent" and _benchmark_scored(task):
                 floor[task.id] = ro.reward or 0.0
                 if floor[task.id] >= task.pass_threshold:
