@@ -43,7 +43,10 @@ def test_a_datasets_registry_json_is_no_task(tmp_path: Path) -> None:
 
 
 def test_tests_that_download_at_grading_time_are_flagged_at_import(tmp_path: Path) -> None:
-    report = import_harbor(_dataset(tmp_path))
+    root = _dataset(tmp_path)
+    with (root / "count-rows" / "tests" / "test.sh").open("a") as f:  # a local service's URL is no download
+        f.write("curl -s http://localhost:8080/health >/dev/null; curl -s http://db:5432/ || true\n")
+    report = import_harbor(root)
     assert sorted(t["id"] for t in report.tasks) == ["count-rows", "fix-greeting", "hello-world"]
     assert report.notes == [("hello-world", "its tests download at grading time (tests/test.sh line 2: curl -LsSf "
                                             "https://astral.invalid/uv/0.7.13/install.sh | sh): an offline sandbox "

@@ -339,7 +339,9 @@ def harbor_record(folder: Path, *, build: Callable[[HarborConfig], Any] | None =
 
 
 # A line of a test script that fetches at grading time (Terminal-Bench's test.sh installs uv and pytest so).
-_DOWNLOADS = re.compile(r"\b(curl|wget)\b.*\b(https?|ftp)://|\b(pip3?|uv\s+pip|uv\s+add|npm|yarn|pnpm|apt-get|apt|apk|"
+# A URL's host with a dot (not localhost, a loopback address or a compose service's name) is off the machine.
+_DOWNLOADS = re.compile(r"\b(curl|wget)\b.*\b(https?|ftp)://(?!localhost\b|127\.|0\.0\.0\.0)[\w-]+\.[A-Za-z]|"
+                        r"\b(pip3?|uv\s+pip|uv\s+add|npm|yarn|pnpm|apt-get|apt|apk|"
                         r"gem|cargo)\s+(install|add)\b|\buvx\b|\bgit\s+clone\b|\bgo\s+(get|install)\b")
 # What a download that found no network leaves in its output (curl, apt, pip, Python, git, Rust's tools).
 _OFFLINE = re.compile(r"could not resolve (host|proxy)|temporary failure (in name resolution|resolving)|"
