@@ -28,7 +28,9 @@ from pathlib import Path
 from bench.selfcheck_rig import validate_run
 
 _KINDS = [("base image not on this machine", r".*is not on this machine"),
-          ("a step failed offline (downloads, or a tool the base lacks)", r".*failed in forge's offline build"),
+          ("a step runs a command the base lacks", r".*failed in forge's offline build: a command it runs is not in"),
+          ("a step failed offline (no network)", r".*failed in forge's offline build \(no network\)"),
+          ("a step failed offline (other)", r".*failed in forge's offline build"),
           ("heredoc in the Dockerfile (BuildKit syntax)", r".*is a heredoc"),
           ("multi-step task", r"^multi-step"),
           ("a step forge cannot run yet", r"^step '"),
@@ -53,6 +55,7 @@ def _import(src: Path, bases: dict[str, str]) -> tuple[dict, list[dict]]:
               "imported, no image needed": len(report.tasks) - images, "refused": len(report.refused),
               "imported with [environment] limits": sum(1 for r in report.tasks if r.get("limits")),
               "imported, multi-step ([[steps]])": sum(1 for r in report.tasks if r.get("harbor_steps")),
+              "imported, tests download at grading time (flagged)": len(report.notes),
               "wall_s": round(wall, 1)}
     refused = dict(Counter(_kind(why) for _, why in report.refused).most_common())
     print(f"  {counts}\n  refused by reason: {refused}")
