@@ -5,7 +5,10 @@ imported task's tasks/<id>/grader.py (with the checkout's claw_eval package, in 
 on the trace forge writes for an agent that answered without calling a tool: the instruction, one
 answer, no dispatches, no audit. Every one of them asks a judge: a scripted OpenAI-compatible judge on
 loopback answers each call {"score": 0.0}. Reports how many graders ran, which failed and why, their
-wall time, and the ClawEval task scores of that idle answer (none may pass 0.75); and the import's counts:
+wall time, and the ClawEval task scores of that idle answer (none may pass 0.75). The same graders run
+again with a judge that answers every call {"score": 1.0}: the task score, an imported task's reward
+since issue 44, of an agent that did nothing under the most lenient judge (forge's judge-only reward gave
+it 1.0). And the import's counts:
 the unsupported tasks by reason, those with sandbox files, and those with a binary sandbox file (written
 byte-exact since rollouts/tasks/setup_files.py) with what else keeps them out.
 """
@@ -119,9 +122,11 @@ def run(quick: bool = False) -> dict[str, Any]:
     graded = [t for t in tasks if t.claweval is not None][: 5 if quick else None]
     server = ThreadingHTTPServer(("127.0.0.1", 0), _ScriptedJudge)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    lenient = ThreadingHTTPServer(("127.0.0.1", 0), type("Always1", (_ScriptedJudge,), {"score": 1.0}))
+    threading.Thread(target=lenient.serve_forever, daemon=True).start()
     judge = {"url": f"http://127.0.0.1:{server.server_address[1]}/v1", "model": "scripted", "key": ""}
 
-    def grade(task: TaskSpec) -> tuple[str, float, dict[str, Any] | str]:
+    def grade(task: TaskSpec, judge: dict[str, str] = judge) -> tuple[str, float, dict[str, Any] | str]:
         assert task.claweval is not None
         messages = [{"role": "user", "content": [{"type": "text", "text": task.instruction}]},
                     {"role": "assistant", "content": [{"type": "text", "text": IDLE_ANSWER}]}]
@@ -133,12 +138,16 @@ def run(quick: bool = False) -> dict[str, Any]:
             return task.id, time.perf_counter() - t0, str(exc)
         return task.id, time.perf_counter() - t0, verdict
 
+    always_1 = {**judge, "url": f"http://127.0.0.1:{lenient.server_address[1]}/v1"}
     try:
         with ThreadPoolExecutor(max_workers=4) as pool:
             done = list(pool.map(grade, graded))
+            done_1 = list(pool.map(lambda t: grade(t, always_1), graded))
     finally:
-        server.shutdown()
-        server.server_close()
+        for s in (server, lenient):
+            s.shutdown()
+            s.server_close()
+    scores_1 = [v["task_score"] for _, _, v in done_1 if not isinstance(v, str)]
     failures = {tid: v for tid, _, v in done if isinstance(v, str)}
     verdicts = {tid: v for tid, _, v in done if not isinstance(v, str)}
     for tid, why in failures.items():
@@ -153,12 +162,19 @@ def run(quick: bool = False) -> dict[str, Any]:
               "idle_task_score_mean": round(statistics.mean(scores), 4) if scores else None,
               "idle_passed": sum(v["passed"] for v in verdicts.values()),
               "judge_calls": sum(v["judge_calls"] for v in verdicts.values()),
+              "idle_always_1_judge_graded": len(scores_1),
+              "idle_always_1_judge_task_score_min": min(scores_1) if scores_1 else None,
+              "idle_always_1_judge_task_score_mean": round(statistics.mean(scores_1), 4) if scores_1 else None,
+              "idle_always_1_judge_task_score_max": max(scores_1) if scores_1 else None,
+              "idle_always_1_judge_passed": sum(s >= 0.75 for s in scores_1),
               "with_sandbox_files": sum(bool(t.files or t.binary_files) for t in tasks),
               "with_binary_sandbox_files": sum(bool(t.binary_files) for t in tasks),
               **_refusals(src, report.unsupported)}
     print(f"claweval graders: {result['graded']} of {result['with_grader']} ran on forge's trace of an idle answer "
           f"({result['failed']} failed); median {result['grader_median_s']} s each; idle task score mean "
-          f"{result['idle_task_score_mean']}, max {result['idle_task_score_max']}, {result['idle_passed']} passed")
+          f"{result['idle_task_score_mean']}, max {result['idle_task_score_max']}, {result['idle_passed']} passed; "
+          f"with a judge that always says 1: mean {result['idle_always_1_judge_task_score_mean']}, max "
+          f"{result['idle_always_1_judge_task_score_max']}, {result['idle_always_1_judge_passed']} passed")
     return result
 
 
