@@ -135,11 +135,12 @@ def _system_binds() -> list[str]:
 
 def hidden_paths() -> list[str]:
     """What no sandbox may see even when a bound folder holds it: FORGE_HOME (the store, every
-    sandbox's files) and the built-in task set (expected answers, verifiers: a wheel install puts it
-    in the venv, which every sandbox sees)."""
+    sandbox's files) and the task sets forge ships (expected answers, verifiers: a wheel install puts
+    them in the venv, which every sandbox sees)."""
     builtin = Path(__file__).resolve().parent.parent / "rollouts" / "tasks" / "builtin"
     web = builtin.parent / "web"  # the GUI sites' data and their task set
-    return sorted({os.path.realpath(p) for p in (forge_home(), builtin, web) if os.path.isdir(p)})
+    arith = builtin.parent / "arith"  # the generated family: its held-out split's answers above all
+    return sorted({os.path.realpath(p) for p in (forge_home(), builtin, web, arith) if os.path.isdir(p)})
 
 
 def _under(path: str, root: str) -> bool:

@@ -13,7 +13,9 @@ dataset (rollouts/tasks/harbor.py; `harbor:PATH` names the format outright): eac
 after the agent is gone and its reward file is the reward (rollouts/tasks/harbor_verifier.py).
 
 `builtin` names the set shipped in `rollouts/tasks/builtin/`; `builtin-web` the GUI set of
-`rollouts/tasks/web/tasks/` (a `gui` field: a site served on the host, graded by its state).
+`rollouts/tasks/web/tasks/` (a `gui` field: a site served on the host, graded by its state);
+`arith-say-train`, `arith-say-heldout`, `arith-file-train`, `arith-file-heldout` the generated arithmetic
+family of `rollouts/tasks/arith/` (disjoint train and held-out splits, for a real model's stage table).
 
 A task is graded after the agent has stopped (and everything it started has been killed), by
 either or both of:
@@ -67,6 +69,10 @@ from openforge.sandbox.compose import ComposeService
 from openforge.sandbox.limits import TaskLimits
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
+ARITH_DIR = Path(__file__).parent / "arith"
+# The task sets forge ships, by name: `--tasks builtin`, `--tasks arith-say-heldout`, ...
+NAMED_SETS: dict[str, Path] = {"builtin": BUILTIN_DIR, "builtin-web": WEB_TASKS_DIR} | {
+    f"arith-{split}": ARITH_DIR / f"{split}.jsonl" for split in ("say-train", "say-heldout", "file-train", "file-heldout")}
 _NO_GRADER = ("verifier: missing (required unless expect_answer, expect_files, expect_requests (a rule that is not "
               "only a gate), harbor, osworld or judge grades the task)")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -372,9 +378,9 @@ def _describe(err: ValidationError) -> list[str]:
 def resolve_path(path: str | Path) -> Path:
     if (harbor := strip_prefix(str(path))) is not None:
         return Path(harbor).expanduser()
-    if str(path) == "builtin-web":
-        return WEB_TASKS_DIR
-    return BUILTIN_DIR if str(path) == "builtin" else Path(path).expanduser()
+    if (named := NAMED_SETS.get(str(path))) is not None:
+        return named
+    return Path(path).expanduser()
 
 
 def _check(path: str | Path, limits: SetupLimits) -> tuple[list[TaskSpec], list[TaskProblem]]:
