@@ -246,7 +246,7 @@ def eval_cmd(
     concurrency: Annotated[Optional[int], typer.Option("--concurrency", help="rollouts at once")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="HF checkpoint dir (default: the tiny model)")] = None,
     engine_url: Annotated[Optional[str], typer.Option("--engine-url", help="use an engine already running here")] = None,
-    adapter: Annotated[Optional[str], typer.Option("--adapter", help="a LoRA adapter loaded in the engine")] = None,
+    adapter: Annotated[Optional[str], typer.Option("--adapter", help="a LoRA adapter to evaluate: a folder, a run whose final adapter it is (e.g. an sft or train run), or a name the engine at --engine-url already serves")] = None,
     name: Annotated[str, typer.Option("--name", help="a name for the run")] = "",
     compare: Annotated[Optional[str], typer.Option("--compare", help="an earlier eval run (id or prefix): print this "
                                                    "eval's figures less its, paired by task, with 95% intervals "

@@ -43,7 +43,10 @@ def evaluate(store: Store, config: ForgeConfig, tasks: Sequence[Any], *, home: P
     isolation = isolation_for(config)
     model = str(resolve_model(config, home))
     config = config.model_copy(update={"engine": config.engine.model_copy(update={"model": model})})
-    with Stack(config, store) as stack:
+    adapter_path = adapter_folder(store, config, home, adapter)
+    with Stack(config, store, client=adapter_path is not None) as stack:
+        if adapter_path is not None:
+            adapter = load_adapter(stack, adapter_path)
         if on_start is not None:
             on_start(config, stack.proxy_url)
         job = run_eval(store, config, list(tasks), proxy_url=stack.proxy_url, samples=config.runner.samples_per_task,
@@ -60,6 +63,41 @@ def evaluate(store: Store, config: ForgeConfig, tasks: Sequence[Any], *, home: P
         store.set_run_status(run.id, "failed", error=str(exc))
         raise
     return store.get_run(run.id), metrics
+
+
+def adapter_folder(store: Store, config: ForgeConfig, home: Path, adapter: str | None) -> Path | None:
+    """`--adapter` as a checked LoRA folder to load into the engine: a folder, or a run (id, prefix,
+    'latest') whose final adapter it is. None for no adapter, or for a name the engine already serves
+    (engine.kind = "url" with adapters loaded by whoever runs it)."""
+    from openforge.errors import NotFoundError
+    from openforge.runs.prepare import resolve_init_from
+
+    if not adapter:
+        return None
+    if not Path(adapter).expanduser().exists():
+        try:
+            store.get_run(adapter)
+        except NotFoundError:
+            if config.engine.kind == "url":
+                return None  # an adapter name the running engine knows
+            raise ConfigError(f"--adapter {adapter}: neither an adapter folder nor a run (see `forge runs`)") from None
+    probe = config.model_copy(update={"trainer": config.trainer.model_copy(update={"init_from": adapter})})
+    try:
+        checked = resolve_init_from(store, probe, home).trainer.init_from
+    except ConfigError as exc:  # the same checks as --init-from's, said of this flag
+        raise ConfigError(str(exc).replace("--init-from", "--adapter")) from None
+    return Path(checked) if checked else None
+
+
+def load_adapter(stack: Stack, path: Path) -> str:
+    """Load `path` into the stack's engine under a name of its own; the name the rollouts ask for."""
+    import hashlib
+
+    if stack.client is None or stack.bridge is None:
+        raise ConfigError("--adapter FOLDER needs an engine forge runs (embedded or sglang), not a teacher's endpoint")
+    name = "eval-" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    stack.bridge.run(stack.client.load_lora_adapter(name, str(path)))
+    return name
 
 
 async def cancel_on_sigterm(job: Coroutine[Any, Any, T]) -> T:
