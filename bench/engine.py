@@ -72,30 +72,36 @@ def _run(quick: bool) -> dict:
     new_tokens = 16 if quick else 64
     repeats = 2 if quick else 5
     size = {"hidden_size": 64, "layers": 2} if quick else {"hidden_size": 256, "layers": 4}
-    results: dict = {"new_tokens": new_tokens, "repeats": repeats, "model": size, "torch_threads": 1}
     with tempfile.TemporaryDirectory() as tmp:
         path = build_tiny_model(Path(tmp) / "model", **size)
-        engine = EmbeddedEngine(EmbeddedEngineConfig(model=str(path), max_batch_size=8))
-        model, tok = engine.m.model, engine.m.tokenizer
-        with serve_in_thread(engine.app) as server:
-            asyncio.run(_engine_tokens_per_s(server.url, _prompts(tok, 2), 4))  # warm up both paths
-            _hf_tokens_per_s(model, tok, _prompts(tok, 2), 4)
-            for batch in (1, 8):
-                prompts = _prompts(tok, batch)
-                hf, emb = [], []
-                for _ in range(repeats):
-                    if batch == 1:
-                        hf.append(statistics.mean(_hf_tokens_per_s(model, tok, [p], new_tokens) for p in prompts))
-                    else:
-                        hf.append(_hf_tokens_per_s(model, tok, prompts, new_tokens))
-                    emb.append(asyncio.run(_engine_tokens_per_s(server.url, prompts, new_tokens)))
-                row = {"engine_tokens_per_s": statistics.median(emb), "hf_generate_tokens_per_s": statistics.median(hf)}
-                row["ratio_engine_vs_hf"] = row["engine_tokens_per_s"] / row["hf_generate_tokens_per_s"]
-                results[f"batch_{batch}"] = row
-                print(f"batch {batch}: embedded engine {row['engine_tokens_per_s']:.0f} tok/s, "
-                      f"model.generate {row['hf_generate_tokens_per_s']:.0f} tok/s, "
-                      f"ratio {row['ratio_engine_vs_hf']:.2f}x", flush=True)
-        engine.close()
+        return {"model": size, "torch_threads": 1, **measure(path, new_tokens=new_tokens, repeats=repeats)}
+
+
+def measure(path: Path, *, new_tokens: int, repeats: int) -> dict:
+    """Decode tokens/s of the embedded engine and of `model.generate` on the checkpoint at `path`, batch 1
+    and 8, the same prompts, interleaved (bench/real_model.py runs it on a pulled real model)."""
+    results: dict = {"new_tokens": new_tokens, "repeats": repeats}
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model=str(path), max_batch_size=8))
+    model, tok = engine.m.model, engine.m.tokenizer
+    with serve_in_thread(engine.app) as server:
+        asyncio.run(_engine_tokens_per_s(server.url, _prompts(tok, 2), 4))  # warm up both paths
+        _hf_tokens_per_s(model, tok, _prompts(tok, 2), 4)
+        for batch in (1, 8):
+            prompts = _prompts(tok, batch)
+            hf, emb = [], []
+            for _ in range(repeats):
+                if batch == 1:
+                    hf.append(statistics.mean(_hf_tokens_per_s(model, tok, [p], new_tokens) for p in prompts))
+                else:
+                    hf.append(_hf_tokens_per_s(model, tok, prompts, new_tokens))
+                emb.append(asyncio.run(_engine_tokens_per_s(server.url, prompts, new_tokens)))
+            row = {"engine_tokens_per_s": statistics.median(emb), "hf_generate_tokens_per_s": statistics.median(hf)}
+            row["ratio_engine_vs_hf"] = row["engine_tokens_per_s"] / row["hf_generate_tokens_per_s"]
+            results[f"batch_{batch}"] = row
+            print(f"batch {batch}: embedded engine {row['engine_tokens_per_s']:.0f} tok/s, "
+                  f"model.generate {row['hf_generate_tokens_per_s']:.0f} tok/s, "
+                  f"ratio {row['ratio_engine_vs_hf']:.2f}x", flush=True)
+    engine.close()
     b1, b8 = results["batch_1"], results["batch_8"]
     results["engine_batch8_vs_batch1"] = b8["engine_tokens_per_s"] / b1["engine_tokens_per_s"]
     print(f"engine scaling batch 8 / batch 1: {results['engine_batch8_vs_batch1']:.2f}x", flush=True)
