@@ -140,5 +140,6 @@ def test_smollm2_is_pulled_served_and_trained_one_step(forge_home: Path, tmp_pat
     trained = next(r for r in Store(forge_home / "forge.db").list_runs() if r.kind == "train")
     assert trained.status == "finished", trained.error
     assert len(Store(forge_home / "forge.db").list_train_steps(trained.id)) == 1
-    out = run("eval", "--tasks", "arith-say-heldout", "--limit", "1", "-k", "1", "--adapter", trained.id, timeout=900)
+    out = run("eval", "--tasks", "arith-say-heldout", "--task", "arith-say-heldout-0000", "-k", "1", "--adapter", trained.id,
+              timeout=900)
     assert "by harness" in out
