@@ -61,19 +61,26 @@ def latest_run(home: Path, kind: str) -> Any:
     return next(r for r in Store(home / "forge.db").list_runs() if r.kind == kind)
 
 
+def finished_run(home: Path, kind: str, name: str) -> Any:
+    """The finished run of `kind` named `name` (each stage names its runs), or None: what a resumed bench reuses."""
+    return next((r for r in latest_runs(home, kind) if r.name == name and r.status == "finished"), None)
+
+
 def evaluate(home: Path, name: str, *, limit: int, adapter: str | None = None, compare: str | None = None) -> dict:
     """`forge eval` of one stage on the held-out split: pass@1 and pass@4 with their intervals (and the
-    paired gain over `compare`), read back from the eval run's summary."""
+    paired gain over `compare`), read back from the eval run (found by its name: two stages may evaluate
+    at once) after it ends; an eval of that name already finished is read, not run again."""
     started = time.perf_counter()
-    forge(home, "eval", "--tasks", HELDOUT, "--limit", str(limit), "--name", name,
-          *(["--adapter", adapter] if adapter else []), *(["--compare", compare] if compare else []))
-    run = latest_run(home, "eval")
+    if finished_run(home, "eval", name) is None:
+        forge(home, "eval", "--tasks", HELDOUT, "--limit", str(limit), "--name", name,
+              *(["--adapter", adapter] if adapter else []), *(["--compare", compare] if compare else []))
+    run = finished_run(home, "eval", name)
     summary = run.summary_json or {}
     row = next(r for r in summary["harness_figures"] if r["harness"] == "mini")
     fig = row["figures"]
     out = {"run": run.id, "pass1": fig["pass@1"]["mean"], "pass1_ci": [fig["pass@1"]["lo"], fig["pass@1"]["hi"]],
            "pass4": fig["pass@4"]["mean"], "pass4_ci": [fig["pass@4"]["lo"], fig["pass@4"]["hi"]],
-           "samples": row["n_samples"], "infra_failed": row["n_infra_failed"], "t_s": round(time.perf_counter() - started, 1)}
+           "samples": row["n_samples"], "infra_failed": row["n_infra_failed"], "t_s": _wall_s(run)}
     if compare:
         change = next(r for r in summary["compare"]["by_harness"] if r["harness"] == "mini")["figures"]["pass@1"]
         out["gain"], out["gain_ci"] = change["mean"], [change["lo"], change["hi"]]
@@ -82,12 +89,17 @@ def evaluate(home: Path, name: str, *, limit: int, adapter: str | None = None, c
     return out
 
 
+def _wall_s(run: Any) -> float:
+    """A run's wall time from its own record (start to end), however the bench reached it."""
+    start, end = run.started_at or run.created_at, run.ended_at
+    return round((end - start).total_seconds(), 1) if end is not None else 0.0
+
+
 def rl(home: Path, *, init_from: str | None, name: str) -> dict:
-    started = time.perf_counter()
-    forge(home, "train", "--name", name, *(["--init-from", init_from] if init_from else []))
-    run = next(r for r in latest_runs(home, "train") if r.name == name)
-    return {"run": run.id, "status": run.status, "t_s": round(time.perf_counter() - started, 1),
-            "reward_per_step": step_rewards(home, run.id)}
+    if finished_run(home, "train", name) is None:
+        forge(home, "train", "--name", name, *(["--init-from", init_from] if init_from else []))
+    run = finished_run(home, "train", name)
+    return {"run": run.id, "status": run.status, "t_s": _wall_s(run), "reward_per_step": step_rewards(home, run.id)}
 
 
 def latest_runs(home: Path, kind: str) -> list[Any]:
