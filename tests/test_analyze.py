@@ -281,7 +281,7 @@ async def test_the_dashboard_shows_behaviour_by_step(store: Store, training_run:
         shown = plain(app.query_one("#behaviour").content)
     lines = [ln.split() for ln in shown.splitlines() if ln.strip()]
     assert lines[0][:3] == ["step", "n", "verified"], shown
-    assert lines[1][:4] == ["1", "4", "0%", "1.0"] and lines[2][:4] == ["2", "4", "100%", "2.0"], shown
+    assert lines[1][:4] == ["0", "4", "0%", "1.0"] and lines[2][:4] == ["1", "4", "100%", "2.0"], shown  # steps from 0
 
 
 def test_html_report_holds_the_table_and_a_curve_per_metric(store: Store, training_run: str, tmp_path) -> None:  # noqa: ANN001

@@ -256,7 +256,8 @@ def test_a_kubernetes_pod_runs_the_same_image_as_its_user():
     assert container["image"] == image
     assert pod["spec"]["securityContext"]["runAsUser"] == SANDBOX_UID == config.run_as_user
     assert {"name": "HOME", "value": SANDBOX_HOME} in container["env"]
-    assert {m["mountPath"] for m in container["volumeMounts"]} == {config.workdir, SANDBOX_HOME, "/tmp"}
+    # and the grader's folder, outside the agent's tree (issue 43)
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {config.workdir, SANDBOX_HOME, "/tmp", "/forge-grader"}
 
 
 def test_forge_sandbox_build_image_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

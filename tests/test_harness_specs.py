@@ -232,8 +232,8 @@ def test_forge_harness_check_says_a_harness_never_called_the_model(tmp_path: Pat
     assert "problem: it never called the model: the proxy got no request" in out.output
     out = CliRunner().invoke(app, ["--set", f"engine.model={tiny_model}", "--set", "harness.max_turns=1",
                                    "harness", "check", str(EXAMPLE)])
-    assert "hello-agent: 1 model call(s) (openai_chat), first prompt " in out.output, out.output
-    assert "never called the model" not in out.output and "API" not in out.output
+    assert "hello-agent: 1 model call(s) (openai_chat), 0 refused for length, first prompt " in out.output, out.output
+    assert "never called the model" not in out.output and "API error" not in out.output
 
 
 # -- docs/harnesses.md's worked example, run for real -------------------------------------------------------

@@ -157,15 +157,16 @@ async def run_refused(rig, name: str):  # noqa: ANN001, ANN201
 @needs("claude-code")
 async def test_a_claude_code_api_error_is_a_harness_failure_not_a_reward(make_rig):
     """Issue 12's case: the proxy refuses Claude Code's ~48k-token prompt with a 400; Claude Code prints
-    `"is_error": true` JSON. The rollout fails with the reason, and no grader ever sees that text."""
+    `"is_error": true` JSON. The rollout fails with the reason, and no grader ever sees that text. The
+    prompt the harness filled itself cannot fit: a configuration failure, masked (issue 44), not the policy's."""
     rig = make_rig(lambda ids: "status ok", uds=Path(proxy_socket_path()), max_context_tokens=4096)
     ro = await run_refused(rig, "claude-code")
     final = json.loads(ro.stdout)
     assert final["is_error"] is True and final.get("api_error_status") == 400, ro.stdout[-2000:]
     assert (ro.status, ro.reward, ro.verifier_output) == ("failed", None, None)
-    assert ro.error.startswith("harness: API error 400: "), ro.error
-    assert "4096" in ro.error or "too long" in ro.error.lower(), ro.error
-    assert ro.failure_kind == "harness"
+    assert ro.error.startswith("config: claude-code's own prompt does not fit the context"), ro.error
+    assert "4095" in ro.error and "too long" in ro.error.lower(), ro.error
+    assert ro.failure_kind == "config"
 
 
 @needs("codex")
@@ -173,9 +174,9 @@ async def test_a_codex_api_error_is_a_harness_failure_not_a_reward(make_rig):
     rig = make_rig(lambda ids: "status ok", uds=Path(proxy_socket_path()), max_context_tokens=4096)
     ro = await run_refused(rig, "codex")
     assert (ro.status, ro.reward, ro.verifier_output) == ("failed", None, None), (ro.error, ro.stderr[-2000:])
-    # Codex's own words for the proxy's context_length_exceeded (or the proxy's message, before it knew it)
-    assert ro.error.startswith("harness: codex exited 1: "), ro.error
-    assert "context window" in ro.error or "the prompt is" in ro.error, ro.error
+    # Codex's own prompt cannot fit: a configuration failure with the fix, whatever codex printed (issue 44)
+    assert ro.error.startswith("config: codex's own prompt does not fit the context"), ro.error
+    assert "too long" in ro.error and ro.failure_kind == "config", ro.error
 
 
 async def run_group(rig, name: str, task, **harness):  # noqa: ANN001, ANN201

@@ -137,7 +137,8 @@ def test_a_build_past_build_timeout_sec_is_stopped_and_leaves_nothing(tmp_path: 
     src = tmp_path / "set"
     _task(src, f"slow-{token}", f"FROM {{base}}\nWORKDIR /app\nRUN echo {token} && sleep 30\n", build_timeout_s=2)
     code, output = _import(src, tmp_path / "out", python_image)
-    assert code == 0 and "1 task(s): 0 imported" in output and "1 refused" in output, output
+    # nothing imported: exit 1 (issue 43), the refusal named
+    assert code == 1 and "build_timeout_sec = 2s and was stopped" in output and "none of its 1 task(s)" in output, output
     [line] = [ln for ln in output.splitlines() if ln.startswith(f"slow-{token}:")]
     assert line == (f"slow-{token}: environment/Dockerfile: the build ran past [environment] build_timeout_sec = 2s "
                     "and was stopped (no image tagged, its containers removed); a longer build needs a larger "

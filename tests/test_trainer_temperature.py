@@ -103,7 +103,7 @@ def test_a_harness_temperature_sent_through_the_proxy_is_trained_at(tiny_model: 
     run = store.create_run(kind="train")
     rollout = store.create_rollout(run_id=run.id, task_id="t", status="running")
     with embedded_engine(tiny_model) as client:
-        proxy = ProxyServer(ProxyConfig(), store_path=store.path, engine_url=client.base_url,
+        proxy = ProxyServer(ProxyConfig(sampling="harness"), store_path=store.path, engine_url=client.base_url,
                             model_path=tiny_model).start()
         try:
             messages = [{"role": "user", "content": "list the files"}]
