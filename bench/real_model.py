@@ -118,9 +118,10 @@ def step_rewards(home: Path, run_id: str) -> list[float]:
 # -- TRL's GRPOTrainer on the same model, split and LoRA, single-turn, for a wall-clock budget -------------
 
 
-def trl_grpo(model_dir: Path, out_dir: Path, *, budget_s: float, n_tasks: int) -> dict:
+def trl_grpo(model_dir: Path, out_dir: Path, *, budget_s: float, n_tasks: int | None = None) -> dict:
     """GRPO with TRL on the train split's first prompts as `mini` sends them (its system prompt and tools,
-    rendered by the model's chat template), reward = the same exact grade, stopped at `budget_s`."""
+    rendered by the model's chat template), reward = the same exact grade, stopped at `budget_s`. All of the
+    train split unless `n_tasks`."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -231,7 +232,7 @@ def _run(home: Path, quick: bool) -> dict:
     # TRL gets the wall time forge's RL from the base took. Forge's two RL runs shared the machine; TRL runs
     # alone, which favours TRL.
     if "trl" not in out:
-        trl = trl_grpo(model, home, budget_s=stages["rl"]["train"]["t_s"], n_tasks=150)
+        trl = trl_grpo(model, home, budget_s=stages["rl"]["train"]["t_s"])
         out["trl"] = {**evaluate(home, "trl", limit=limit, adapter=trl["adapter"], compare=base["run"]), "train": trl}
         done("trl")
     out["t_total_s"] = out.pop("t_so_far_s")

@@ -74,13 +74,11 @@ def adapter_folder(store: Store, config: ForgeConfig, home: Path, adapter: str |
 
     if not adapter:
         return None
-    if not Path(adapter).expanduser().exists():
+    if config.engine.kind == "url" and not Path(adapter).expanduser().exists():
         try:
             store.get_run(adapter)
         except NotFoundError:
-            if config.engine.kind == "url":
-                return None  # an adapter name the running engine knows
-            raise ConfigError(f"--adapter {adapter}: neither an adapter folder nor a run (see `forge runs`)") from None
+            return None  # an adapter name the running engine knows
     probe = config.model_copy(update={"trainer": config.trainer.model_copy(update={"init_from": adapter})})
     try:
         checked = resolve_init_from(store, probe, home).trainer.init_from
