@@ -111,7 +111,7 @@ def run(quick: bool = False) -> dict:
 def _calc_docker() -> dict:
     """Part 2: the desktop image with Calc, the rollouts in its containers."""
     from openforge.errors import ForgeError
-    from openforge.sandbox.images import ensure_image
+    from openforge.sandbox.container_images import ensure_image
 
     try:
         t0 = time.perf_counter()

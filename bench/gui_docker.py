@@ -21,7 +21,7 @@ from openforge.config import DockerSandboxConfig, LocalSandboxConfig  # noqa: E4
 from openforge.rollouts.tasks.web.server import SiteSession  # noqa: E402
 from openforge.rollouts.tasks.web.spec import GuiTask  # noqa: E402
 from openforge.sandbox.factory import make_sandbox  # noqa: E402
-from openforge.sandbox.images import ensure_image  # noqa: E402
+from openforge.sandbox.container_images import ensure_image  # noqa: E402
 
 ACT = '"$FORGE_PYTHON" -I "$FORGE_GUI" screenshot s.png && "$FORGE_PYTHON" -I "$FORGE_GUI" click 10 10'
 PHASES = ("start", "gui exec (painted)", "+ screenshot + click", "stop")

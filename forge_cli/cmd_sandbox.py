@@ -64,7 +64,7 @@ def build_image(ctx: typer.Context,
                 latest: Annotated[bool, typer.Option(help="also tag it openforge-sandbox:latest (the default image)")] = True,
                 ) -> None:
     """Build the Docker sandbox image locally (debootstrap or busybox, then docker import); cached by recipe hash."""
-    from openforge.sandbox.images import ensure_image
+    from openforge.sandbox.container_images import ensure_image
 
     config = state(ctx).config()
     base_url = getattr(config.sandbox, "base_url", "")

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from openforge.errors import SandboxError
-from openforge.sandbox.images import user_entries
+from openforge.sandbox.container_images import user_entries
 from openforge.sandbox.local import (FORWARDER, ISOLATION_FLAGS, _hidden_in, _system_binds, bwrap_usable,
                                      runtime_mounts)
 

@@ -66,7 +66,7 @@ from openforge.sandbox.compose import ComposeService, remove_services, start_ser
 from openforge.sandbox.gui import CHROMIUM_NAMES, SITE_PORT, SITE_URL, GuiSpec
 from openforge.sandbox.docker_engine import connect
 from openforge.sandbox.gc import owned_tempdir, remove_owned
-from openforge.sandbox.images import SANDBOX_HOME, SANDBOX_UID, image_tag
+from openforge.sandbox.container_images import SANDBOX_HOME, SANDBOX_UID, image_tag
 from openforge.sandbox.limits import TaskLimits, host_cpus
 
 BUILD_HINT = "forge sandbox build-image"

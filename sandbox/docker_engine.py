@@ -1,5 +1,5 @@
 """The connection to a Docker engine, shared by the Docker backend (sandbox/docker.py), image builds
-(sandbox/images.py) and the sandbox sweeper (sandbox/gc.py)."""
+(sandbox/container_images.py) and the sandbox sweeper (sandbox/gc.py)."""
 
 from __future__ import annotations
 

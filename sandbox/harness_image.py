@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from openforge.errors import SandboxError
-from openforge.sandbox.images import (RECIPE_VERSION, REPOSITORY, SANDBOX_UID, build_rootfs_tar, image_tag, import_or_build,
+from openforge.sandbox.container_images import (RECIPE_VERSION, REPOSITORY, SANDBOX_UID, build_rootfs_tar, image_tag, import_or_build,
                             recipe, recipe_digest, tarball_path)
 
 NPM_PREFIX = "opt/forge/npm"  # where the packages go in the image

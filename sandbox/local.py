@@ -54,7 +54,7 @@ from openforge.paths import forge_home
 from openforge.sandbox.base import (GRADER_DIR, ExecResult, IsolationReport, IsolationUnavailable, SandboxBase,
                           SandboxFileNotFound, SandboxInfo, SandboxPathRefused, sandbox_labels)
 from openforge.sandbox.gui import SITE_PORT, SITE_URL, GuiSpec
-from openforge.sandbox.images import SANDBOX_UID, SANDBOX_USER, user_entries
+from openforge.sandbox.container_images import SANDBOX_UID, SANDBOX_USER, user_entries
 from openforge.sandbox.limits import TaskLimits, affinity_cores
 from openforge.sandbox.procs import Cgroup, Limits, cgroup_name, kill_pids, kill_tree, limit_argv, nproc_budget, preexec
 

@@ -33,7 +33,7 @@ def docker_image(variant: str) -> tuple[str | None, str]:
     import os
 
     from openforge.sandbox.docker_engine import connect
-    from openforge.sandbox.images import ensure_image, image_tag
+    from openforge.sandbox.container_images import ensure_image, image_tag
 
     try:
         client = connect(timeout=10)

@@ -1,4 +1,4 @@
-"""Desktop tasks in Docker containers: the `desktop` image variant (sandbox/images.py: the python image +
+"""Desktop tasks in Docker containers: the `desktop` image variant (sandbox/container_images.py: the python image +
 Xvfb, xdotool, fonts, Pillow and the Debian packages of the task's applications, no browser) runs the
 xedit task of tests/test_desktop_tasks.py through the real runner as the sandbox's user (uid 1000), and
 an image without a display stops the rollout before the agent with the build command to use.
@@ -18,7 +18,7 @@ from openforge.config import ForgeConfig
 from openforge.errors import SandboxError
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
-from openforge.sandbox.images import DESKTOP_PACKAGES, has_image, image_tag, recipe, tarball_path
+from openforge.sandbox.container_images import DESKTOP_PACKAGES, has_image, image_tag, recipe, tarball_path
 from openforge.store import Store
 from required import skip_or_fail
 from test_desktop_tasks import EDITOR_TASK, GUI, SAVE, SAVED, TEXT, WORDS, _import
@@ -82,7 +82,7 @@ async def test_the_editor_on_a_containers_display_is_how_the_task_is_done(store:
         client.close()
         skip_or_fail("docker", f"{image} is not built (forge sandbox build-image --variant desktop --packages "
                      "x11-apps: .ci/run builds it)")
-    from openforge.sandbox.images import ensure_image
+    from openforge.sandbox.container_images import ensure_image
 
     ensure_image("desktop", packages=EDITOR, timeout=600)  # imports the cached tarball on a fresh engine
     client.close()

@@ -27,7 +27,7 @@ from openforge.store import Store
 from openforge.rollouts.harnesses.browseruse import IMAGE_PREFIX, IMAGE_PYTHON, image_layer, venv_python
 from openforge.sandbox.harness_image import (VenvLayer, build_venv_tar, compiled_modules, venv_distributions, venv_recipe,
                                    venv_tag)
-from openforge.sandbox.images import SANDBOX_UID, build_rootfs_tar
+from openforge.sandbox.container_images import SANDBOX_UID, build_rootfs_tar
 from required import skip_or_fail
 
 CACHE = Path(os.environ.get("FORGE_NPM_CACHE") or Path.home() / ".cache" / "openforge-npm").expanduser()
@@ -166,7 +166,7 @@ def bu_image() -> str:
     engine lacks it."""
     from openforge.sandbox.docker_engine import connect
     from openforge.sandbox.harness_image import ensure_venv_image
-    from openforge.sandbox.images import has_image, image_tag, tarball_path
+    from openforge.sandbox.container_images import has_image, image_tag, tarball_path
 
     if venv_python(CACHE) is None:
         skip_or_fail("browser-use", f"browser-use is not installed in {CACHE} (forge harness install browser-use --cache {CACHE})")

@@ -30,7 +30,7 @@ BY_ID = {t.id: t for t in load_tasks("builtin-web")}
 def browser_image() -> str:
     """The browser image's tag on the reachable engine (imported from its cached tarball if need be)."""
     from openforge.sandbox.docker_engine import connect
-    from openforge.sandbox.images import ensure_image, has_image, image_tag, tarball_path
+    from openforge.sandbox.container_images import ensure_image, has_image, image_tag, tarball_path
 
     try:
         client = connect(timeout=10)

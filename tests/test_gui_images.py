@@ -11,7 +11,7 @@ import pytest
 
 from openforge.environment import forge_env
 from openforge.errors import SandboxError
-from openforge.sandbox.images import SANDBOX_UID, ensure_image, has_image, image_tag, recipe, tarball_path
+from openforge.sandbox.container_images import SANDBOX_UID, ensure_image, has_image, image_tag, recipe, tarball_path
 from required import skip_or_fail
 
 pytestmark = pytest.mark.slow

@@ -23,7 +23,7 @@ from openforge.environment import forge_env
 from openforge.errors import HarnessError, SandboxError
 from openforge.rollouts.harnesses.npm import image_layer
 from openforge.sandbox.harness_image import NPM_PREFIX, NpmLayer, build_harness_tar, harness_tag, npm_closure
-from openforge.sandbox.images import SANDBOX_UID, build_rootfs_tar
+from openforge.sandbox.container_images import SANDBOX_UID, build_rootfs_tar
 from openforge.sandbox.testing import proxy_socket_path
 from required import skip_or_fail
 from test_proxy_support import make_rig  # noqa: F401 - fixture
@@ -53,7 +53,7 @@ def harness_image(names: tuple[str, ...]) -> tuple[str | None, str]:
     else (None, why). Used only if it exists (.ci/run builds it), or FORGE_BUILD_HARNESS_IMAGE=1."""
     from openforge.sandbox.docker_engine import connect
     from openforge.sandbox.harness_image import ensure_harness_image, harness_tag
-    from openforge.sandbox.images import has_image
+    from openforge.sandbox.container_images import has_image
 
     try:
         layer = image_layer(list(names), NPM_CACHE)
@@ -245,7 +245,7 @@ def test_the_cache_layer_is_what_the_local_backend_runs():
 def test_a_kubernetes_pod_runs_the_same_image_as_its_user():
     """The pod spec takes the harness image as it is: the pod's uid and $HOME are the image's user."""
     from openforge.config import KubernetesSandboxConfig
-    from openforge.sandbox.images import SANDBOX_HOME
+    from openforge.sandbox.container_images import SANDBOX_HOME
     from openforge.sandbox.k8s_manifests import build_pod_manifest, check_pod_manifest
 
     image = "registry.example.com/openforge-sandbox:claude-code-codex-0123456789ab"

@@ -16,7 +16,7 @@ from openforge.config import LocalSandboxConfig
 from openforge.rollouts.runner.runner import RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.sandbox.gui import GuiSpec
-from openforge.sandbox.images import SANDBOX_UID, SANDBOX_USER
+from openforge.sandbox.container_images import SANDBOX_UID, SANDBOX_USER
 from openforge.sandbox.local import LocalSandbox
 from openforge.sandbox.testing import backend_config
 from openforge.store import Store
@@ -47,7 +47,7 @@ async def test_the_sandbox_user_is_forge_with_its_home_and_no_privileges(tmp_pat
         assert got.stdout.splitlines() == [
             "1000", "forge", "1000", "forge", "1000", "/sandbox/home", "forge:x:1000:1000:forge:/sandbox/home:/bin/sh",
             "CapEff:\t0000000000000000", "NoNewPrivs:\t1"], got
-        assert (SANDBOX_UID, SANDBOX_USER) == (1000, "forge")  # the containers' user (sandbox/images.py)
+        assert (SANDBOX_UID, SANDBOX_USER) == (1000, "forge")  # the containers' user (sandbox/container_images.py)
         await sb.write_file("refuses_root.py", REFUSES_ROOT.encode())
         ran = await sb.exec([sys.executable, "refuses_root.py"], timeout=30)
         assert (ran.exit_code, ran.stdout) == (0, "started as 1000\n"), ran

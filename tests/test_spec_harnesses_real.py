@@ -90,7 +90,7 @@ def built_image(name: str) -> str:
     from openforge.rollouts.harnesses.npm import image_layer
     from openforge.sandbox.docker_engine import connect
     from openforge.sandbox.harness_image import harness_tag, venv_tag
-    from openforge.sandbox.images import has_image
+    from openforge.sandbox.container_images import has_image
 
     cls = harness_class(name)
     try:

@@ -16,7 +16,7 @@ A task's `[environment] build_timeout_sec` bounds its build (sandbox/timed_build
 is stopped, nothing is tagged, its step's container is removed, and the task is refused in one line.
 
 forge's own layer goes last: the sandbox's user (uid/gid 1000, `forge`, as every sandbox image has,
-sandbox/images.py) owning /home/forge and the WORKDIR, so a container of it runs as the Docker
+sandbox/container_images.py) owning /home/forge and the WORKDIR, so a container of it runs as the Docker
 backend runs every container (root read-only, those folders writable). The tag is a hash of what
 the build reads (the Dockerfile as built, every file of the build context, the base images' ids):
 an unchanged task is never built twice, a changed file or a re-mapped base builds anew.
@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from openforge.errors import TaskError
 from openforge.rollouts.tasks.harbor_dockerfile import dockerfile_lines
-from openforge.sandbox.images import SANDBOX_HOME, SANDBOX_UID
+from openforge.sandbox.container_images import SANDBOX_HOME, SANDBOX_UID
 from openforge.sandbox.timed_build import BuildTimedOut, build_image
 
 REPOSITORY = "openforge-harbor"
