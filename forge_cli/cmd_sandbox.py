@@ -69,7 +69,7 @@ def build_image(ctx: typer.Context,
     config = state(ctx).config()
     base_url = getattr(config.sandbox, "base_url", "")
     if harness:
-        from openforge.rollouts.harnesses.images import build_harness_image
+        from openforge.rollouts.harnesses.container_images import build_harness_image
         from openforge.rollouts.harnesses.npm import npm_cache_dir
 
         names = [name.strip() for name in harness.split(",") if name.strip()]

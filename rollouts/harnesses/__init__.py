@@ -13,7 +13,7 @@
 A name that ends in `.toml` or holds a `/` is a spec file's path. Adapter modules are imported only
 when asked for, so `forge` starts fast and an adapter's missing dependency only matters to whoever
 uses it. Everything else asks the adapter class what it needs (`available`, `gui`, `own_browser`,
-`calls_model`, `npm_harness`, `venv_layer`: rollouts/harnesses/base.py). `images.py` builds a sandbox image
+`calls_model`, `npm_harness`, `venv_layer`: rollouts/harnesses/base.py). `container_images.py` builds a sandbox image
 with harnesses in it from what they declare.
 """
 
