@@ -83,7 +83,7 @@ def run(quick: bool = False) -> dict:
     from openforge.engine.serve import serve_in_thread
     from openforge.engine.tiny_vl import build_tiny_vl_model
     from openforge.engine.vision import load_processor
-    from openforge.images import ImageStore
+    from openforge.image_store import ImageStore
     from openforge.paths import store_home
     from openforge.proxy.server import ProxyServer
     from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec

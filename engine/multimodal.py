@@ -38,7 +38,7 @@ import torch
 
 from openforge.engine.protocol import BadRequest
 from openforge.engine.vision import VisionTokens, mm_token_type_ids, open_image, pixel_inputs, placeholder_runs
-from openforge.images import ImageError
+from openforge.image_store import ImageError
 
 
 @dataclass

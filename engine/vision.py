@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from openforge.images import ImageError
+from openforge.image_store import ImageError
 
 
 @dataclass(frozen=True)

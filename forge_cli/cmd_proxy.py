@@ -14,7 +14,7 @@ from rich.table import Table
 
 from openforge.forge_cli.context import state
 from openforge.errors import ConfigError, ForgeError, NotFoundError
-from openforge.images import ImageStore
+from openforge.image_store import ImageStore
 from openforge.store import Call
 
 console = Console()

@@ -29,7 +29,7 @@ from textual_plotext import PlotextPlot
 from openforge.forge_cli.snapshot import conversation
 from openforge.forge_cli.staleness import async_panel
 from openforge.errors import ForgeError
-from openforge.images import ImageInfo, ImageStore
+from openforge.image_store import ImageInfo, ImageStore
 from openforge.paths import forge_home
 from openforge.readmodel import Snapshot, read_snapshot, run_log_path
 from openforge.store import RUN_FINAL, Call, Rollout, Store

@@ -93,7 +93,7 @@ MIGRATIONS: list[Migration] = [
          "CREATE INDEX IF NOT EXISTS ix_rollout_run_status ON rollout (run_id, status)")),
     (3, "rollout.key_hash, failure_kind; call sampling params, break_reason; run.isolation; "
         "unique call(rollout_id, seq)", _v3_hashed_keys_and_sampling),
-    # The images a call or a segment carried (sha256 ids of runs/<run>/images/ files, see openforge/images.py).
+    # The images a call or a segment carried (sha256 ids of runs/<run>/images/ files, see openforge/image_store.py).
     (4, "call.images, trajectory.images", _v4_images),
     # A teacher's calls: token ids from the student's tokenizer, not sampled; retries of the upstream.
     (5, "call.retokenized, call.upstream_retries", _v5_teacher_calls),

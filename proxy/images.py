@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from openforge.images import MAX_IMAGE_BYTES, ImageError, image_format, image_id
+from openforge.image_store import MAX_IMAGE_BYTES, ImageError, image_format, image_id
 from openforge.proxy.calls import APIError, bad_request
 
 NO_FETCH = "the proxy never fetches the network (nor reads files) for a sandbox"

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from openforge.engine.client import EngineClient
 from openforge.config import ProxyConfig
-from openforge.images import ImageError, ImageStore
+from openforge.image_store import ImageError, ImageStore
 from openforge.paths import forge_home
 from openforge.errors import EngineError, EngineRejected, EngineTimeout, EngineUnavailable, StoreError
 from openforge.store import CALL_CLIENT_LEFT, utcnow

@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from openforge.images import ImageStore
+from openforge.image_store import ImageStore
 from openforge.paths import forge_home
 from openforge.proxy.adapters import ADAPTERS
 from openforge.proxy.calls import APIError, CallRequest, Completion

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from openforge.errors import ConfigError
-from openforge.images import ImageError
+from openforge.image_store import ImageError
 from openforge.engine.vision import is_vision_model
 from openforge.proxy.calls import bad_request
 

@@ -232,7 +232,7 @@ def test_browser_use_rollout_in_a_container(bu_image: str, tiny_vl_model: Path, 
     clicks the blue button browser-use lists, then says done: scored 1 by the site's state on the host,
     each call with its screenshot. The same script clicking the red button scores 0."""
     from gui_fixtures import run_gui_task
-    from openforge.images import ImageStore
+    from openforge.image_store import ImageStore
     from openforge.rollouts.tasks.format import load_tasks
 
     order = next(t for t in load_tasks("builtin-web") if t.id == "gui-colour-click-blue").gui.params["order"]  # type: ignore[union-attr]

@@ -319,7 +319,7 @@ def _gui_rollout(engine_app: Any, tiny_vl_model: Path, store: Any, tmp_path: Pat
 def _screenshots(store: Any, forge_home: Path, ro: Any) -> list[Any]:
     from PIL import Image
 
-    from openforge.images import ImageStore
+    from openforge.image_store import ImageStore
     calls = store.list_calls(rollout_id=ro.id)
     assert [c.status for c in calls] == ["ok"] * len(calls) and all(len(c.images) == 1 for c in calls)
     images = ImageStore.for_run(forge_home, ro.run_id)

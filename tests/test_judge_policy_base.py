@@ -246,7 +246,7 @@ def test_the_proxy_records_a_judge_prompt_as_the_runner_does() -> None:
 
     from PIL import Image
 
-    from openforge.images import image_id
+    from openforge.image_store import image_id
     from openforge.proxy.judge import recorded_messages
     from openforge.rollouts.tasks.judge import build_messages, recorded
 

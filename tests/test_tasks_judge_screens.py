@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from openforge.config import HarnessConfig, JudgeConfig
 from openforge.forge_cli.main import app
-from openforge.images import image_format
+from openforge.image_store import image_format
 from openforge.rollouts.tasks.judge import (IMAGE_REFERENCE, JudgeFailed, JudgeSpec, build_messages, parse_reply,
                                             recorded)
 from openforge.rollouts.tasks.judge_prompts import NAMED_JUDGES

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from openforge.images import ImageStore, image_id
+from openforge.image_store import ImageStore, image_id
 from openforge.store import Store
 from test_up import forge, served_with_adapter
 from required import requires

@@ -43,7 +43,7 @@ from openforge.engine.serve import serve_in_thread  # noqa: E402
 from openforge.engine.vision import VisionTokens, image_token_counts, load_processor, open_image, pixel_inputs, placeholder_runs  # noqa: E402
 from gui_fixtures import missing_gui_tools  # noqa: E402
 from openforge.errors import TrainerError  # noqa: E402
-from openforge.images import ImageStore  # noqa: E402
+from openforge.image_store import ImageStore  # noqa: E402
 from openforge.store import Store, Trajectory  # noqa: E402
 from test_verl_agent_loop import PROMPT_LEN, RESPONSE_LEN, batch_of, generate, runs_of, unpad, worker_for  # noqa: E402
 from test_vl_trainer import BLUE, RED, _png, _prompt  # noqa: E402

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from openforge.engine.vision import (VisionTokens, check_expanded, expand_image_tokens, load_processor, mm_token_type_ids,
                            pixel_inputs)
-from openforge.images import ImageError
+from openforge.image_store import ImageError
 
 
 def _png(color: tuple[int, int, int], size: tuple[int, int]) -> bytes:

@@ -24,7 +24,7 @@ from openforge.forge_cli.main import app
 from openforge.engine.serve import serve_in_thread
 from openforge.engine.vision import load_processor, open_image
 from openforge.config import EmbeddedEngineConfig, ProxyConfig
-from openforge.images import ImageStore, image_id
+from openforge.image_store import ImageStore, image_id
 from openforge.proxy.server import ProxyServer
 from openforge.rollouts.runner.trajectory import assemble_rollout
 

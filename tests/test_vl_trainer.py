@@ -24,7 +24,7 @@ import torch
 from openforge.engine.vision import expand_image_tokens, load_processor, mm_token_type_ids, pixel_inputs, VisionTokens
 from openforge.config import TrainerConfig
 from openforge.errors import TrainerError
-from openforge.images import ImageStore
+from openforge.image_store import ImageStore
 from openforge.store import Store, Trajectory
 from openforge.trainer.data import build_batch, micro_batches
 from openforge.trainer.grpo import StepConfig, _logprobs, grpo_step

@@ -44,7 +44,7 @@ class ImageReplaySampler:
         self.store, self.home, self.proc = store, Path(home), load_processor(model_dir)
 
     def sample(self, run_id: str, tasks: list, *, step: int, adapter: str | None) -> list:
-        from openforge.images import ImageStore
+        from openforge.image_store import ImageStore
         from openforge.store import Trajectory
         from test_vl_trainer import _png, _prompt
 

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from openforge.errors import TrainerError
-from openforge.images import ImageError
+from openforge.image_store import ImageError
 from openforge.trainer.grpo import StepConfig, grpo_step
 
 

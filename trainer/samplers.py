@@ -160,7 +160,7 @@ class EngineSampler:
     def _store_images(self, run_id: str, images: list[bytes]) -> list[str] | None:
         if not images:
             return None
-        from openforge.images import ImageStore
+        from openforge.image_store import ImageStore
         from openforge.paths import forge_home
 
         store = ImageStore.for_run(self.home or forge_home(), run_id)
@@ -180,6 +180,6 @@ def _images(task: Any) -> list[bytes]:
 def _data_url(data: bytes) -> str:
     import base64
 
-    from openforge.images import image_format
+    from openforge.image_store import image_format
 
     return f"data:image/{image_format(data)};base64," + base64.b64encode(data).decode()

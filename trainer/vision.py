@@ -20,7 +20,7 @@ import torch
 
 from openforge.engine.vision import is_vision_model
 from openforge.errors import TrainerError
-from openforge.images import ImageError, ImageStore
+from openforge.image_store import ImageError, ImageStore
 
 CACHED_IMAGES = 512  # processed images kept between rows and steps (pixel values, by sha256)
 

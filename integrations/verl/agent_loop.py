@@ -234,7 +234,7 @@ def _pil_images(body: dict[str, Any]) -> list[Any] | None:
     vLLM server puts them in vLLM's `multi_modal_data`, its SGLang server in SGLang's `image_data`)."""
     from openforge.engine.multimodal import decode_data_url, image_data_list
     from openforge.engine.vision import open_image
-    from openforge.images import ImageError
+    from openforge.image_store import ImageError
 
     urls = image_data_list(body)
     try:
@@ -542,7 +542,7 @@ def _segment_images(rollout: Any, seg: Any, tokens: list[int], first: int, respo
     """(the response length to keep, AgentLoopOutput's multimodal fields) of a segment with images: every
     image whose placeholder run is kept whole, decoded from the run's ImageStore, in run order."""
     from openforge.engine.vision import open_image, placeholder_runs
-    from openforge.images import ImageError
+    from openforge.image_store import ImageError
 
     where = f"rollout {rollout.id} of task {rollout.task_id}"
     if vision is None or images is None:
@@ -605,7 +605,7 @@ class OpenForgeAgentLoop(AgentLoopBase):
             bridge = await owner.run_in_executor(None, lambda: bridge_for(
                 self, owner, forge_config=self.forge_config, forge_home=self.forge_home))
         rollout = await bridge.rollout(task, sampling_params)
-        from openforge.images import ImageStore
+        from openforge.image_store import ImageStore
 
         vision = _vision_tokens(self.processor)
         out = await asyncio.get_running_loop().run_in_executor(None, lambda: output_of(

@@ -43,7 +43,7 @@ DATA_SOURCE = "openforge.integrations.verl.reward"  # the module whose compute_s
 
 def _request_with_images(call: Call, home: Path | None = None
                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[bytes]]:
-    from openforge.images import ImageStore
+    from openforge.image_store import ImageStore
     from openforge.paths import forge_home
     from openforge.proxy.adapters import ADAPTERS
     from openforge.proxy.calls import APIError
@@ -201,7 +201,7 @@ def _jsonl_images(row: dict[str, Any]) -> dict[str, Any]:
     which veRL's image loader (qwen_vl_utils.fetch_image) reads too."""
     if not row.get("images"):
         return row
-    from openforge.images import image_format
+    from openforge.image_store import image_format
 
     return {**row, "images": [{"image": f"data:image/{image_format(im['bytes'])};base64,"
                                         f"{base64.b64encode(im['bytes']).decode('ascii')}"} for im in row["images"]]}

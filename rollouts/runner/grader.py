@@ -20,7 +20,7 @@ from typing import Any
 
 from openforge.config import ForgeConfig
 from openforge.errors import SandboxError
-from openforge.images import ImageError, ImageStore
+from openforge.image_store import ImageError, ImageStore
 from openforge.paths import store_home
 from openforge.rollouts.runner.tool_server import dispatch_record_path
 from openforge.rollouts.runner.transcript import action_history

@@ -10,7 +10,7 @@ with its base weights (`judge.endpoint = "policy-base"`: the proxy's judge route
 with the rollout's judge key, `PolicyBaseJudge`); the runner calls it (rollouts/runner/grader.py) and
 every call is recorded in the store's `judgement` table (by the proxy on its judge route): the
 messages as sent, except that each screenshot's base64 is replaced by `forge-image:<sha256>`, a
-reference to the run's image file (openforge/images.py), the same file the policy's call recorded.
+reference to the run's image file (openforge/image_store.py), the same file the policy's call recorded.
 
 The agent is the judge's adversary: its answer and files are the only text of the prompt it wrote.
 So (docs/tasks.md, "Judge components"):
@@ -41,7 +41,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from openforge.config import JudgeConfig
-from openforge.images import image_format, image_id
+from openforge.image_store import image_format, image_id
 from openforge.store import JUDGE_DEADLINE_HEADER, JUDGE_ROUTE, JUDGEMENT_HEADER
 from openforge.rollouts.tasks.grading import check_relative_paths
 from openforge.rollouts.tasks.judge_prompts import NAMED_JUDGES, NamedJudge, VerdictError
