@@ -439,7 +439,16 @@ class TrainerConfig(_Section):
     max_grad_norm: float = Field(1.0, gt=0, description="gradients are clipped to this global norm")
     clip_eps: float = Field(0.2, gt=0, description="PPO clip range epsilon")
     clip_eps_high: float | None = Field(None, description="asymmetric upper clip (DAPO); None = clip_eps")
-    tis_cap: float = Field(2.0, gt=0, description="truncated importance sampling cap C")
+    tis_cap: float = Field(2.0, gt=0, description="truncated importance sampling cap C on pi_old / mu (the "
+                           "trainer's probability of a sampled token over the engine's); with off_policy = mis, "
+                           "the ratio above which a token is masked")
+    off_policy: Literal["tis", "mis", "icepop", "none"] = Field(
+        "tis", description="the engine/trainer correction of each sampled token's policy gradient "
+        "(trainer/off_policy.py): tis = weight min(ratio, tis_cap); mis = weight ratio, masked (0) above tis_cap; "
+        "icepop = weight ratio, masked outside icepop_band; none = weight 1")
+    icepop_band: tuple[float, float] = Field(
+        (0.5, 5.0), description="off_policy = icepop: the band [low, high] of pi_old / mu a token is trained in "
+        "(IcePop's alpha, beta); tokens outside it are masked")
     kl_coef: float = Field(0.0, ge=0, description="beta of the KL to the reference (adapter disabled)")
     entropy_coef: float = Field(0.0, ge=0, description="weight of the entropy bonus: the loss subtracts it times "
                                 "the mean entropy of the policy on the sampled tokens' positions (keeps a GUI policy "
@@ -479,6 +488,13 @@ class TrainerConfig(_Section):
         "from training (counted: version_capped, version_dropped_groups)")
     nproc: int = Field(1, ge=1, description="trainer processes on this machine: > 1 runs `forge train` / `forge up` "
                        "under torchrun with FSDP2 (gloo on CPU, NCCL on GPUs, one GPU per rank); rank 0 owns the run")
+
+    @model_validator(mode="after")
+    def _band_around_one(self) -> TrainerConfig:
+        low, high = self.icepop_band
+        if not 0 < low < 1 < high:  # a band without 1 would mask tokens the engine and trainer agree on
+            raise ValueError(f"icepop_band {[low, high]}: needs 0 < low < 1 < high (IcePop's is [0.5, 5])")
+        return self
 
 
 class SftConfig(_Section):

@@ -56,7 +56,7 @@ def test_two_fsdp_ranks_equal_one_process(tiny_model: Path, tmp_path: Path) -> N
     want_metrics, want_lora = _one_process(tiny_model)
     for mine, ref in zip(got["metrics"], want_metrics):
         assert mine["n_tokens"] == ref["n_tokens"]
-        for key in ("loss", "mismatch_mean", "mismatch_max", "grad_norm", "entropy"):
+        for key in ("loss", "mismatch_mean", "mismatch_max", "mismatch_kl", "mismatch_ratio_max", "grad_norm", "entropy"):
             assert mine[key] == pytest.approx(ref[key], rel=METRIC_REL, abs=1e-9), key
     by_suffix = {k.replace(".default", ""): v for k, v in want_lora.items()}
     moved = worst = 0.0

@@ -140,13 +140,15 @@ def distributed_step(model: Any, optimizer: torch.optim.Optimizer, micro_batches
     m = grpo_step(model, optimizer, mine, cfg, scheduler)
     tok = float(m["n_tokens"])
     sums = torch.tensor([m["loss"] / d.world, m["clip_frac"] * tok, m["kl"] * tok, m["tis_frac"] * tok,
-                         m["mismatch_mean"] * tok, tok, m.get("entropy", 0.0) * tok], dtype=torch.float64)
+                         m["mismatch_mean"] * tok, tok, m.get("entropy", 0.0) * tok, m["mismatch_kl"] * tok,
+                         m["masked_tokens"]], dtype=torch.float64)
     dist.all_reduce(sums)
-    peak = torch.tensor([m["mismatch_max"]], dtype=torch.float64)
+    peak = torch.tensor([m["mismatch_max"], m["mismatch_ratio_max"]], dtype=torch.float64)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     n = max(float(sums[5]), 1.0)
     return {"loss": float(sums[0]), "clip_frac": float(sums[1]) / n, "kl": float(sums[2]) / n,
             "tis_frac": float(sums[3]) / n, "mismatch_mean": float(sums[4]) / n, "mismatch_max": float(peak[0]),
+            "mismatch_kl": float(sums[7]) / n, "mismatch_ratio_max": float(peak[1]), "masked_tokens": int(sums[8]),
             "grad_norm": m["grad_norm"], "n_tokens": int(sums[5]),
             **({"entropy": float(sums[6]) / n} if cfg.entropy_coef > 0 else {})}
 

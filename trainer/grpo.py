@@ -8,7 +8,11 @@ Symbols (per token t of sequence i, only where the loss mask is 1):
     pi_old   = the trainer's probability before this update (the proximal policy)
     pi       = the trainer's probability now (carries the gradient)
     r        = pi / pi_old
-    w        = min(pi_old / mu, C), detached                       truncated importance sampling (TIS)
+    rho      = pi_old / mu                                         the engine/trainer ratio of the token
+    w        = min(rho, C), detached                               truncated importance sampling (TIS)
+               rho * 1[rho <= C]                                   masked IS (MIS): the token leaves the loss
+               rho * 1[a <= rho <= b]                              IcePop: masked outside the band [a, b]
+               1                                                   none: no correction
     L_pg     = -w * min(r * A, clip(r, 1 - eps, 1 + eps_high) * A)
     KL_k3    = exp(ref - logp) - (ref - logp) - 1                  Schulman's k3, unbiased and >= 0
     H        = -sum_v pi(v) log pi(v)                              the policy's entropy at token t's position
@@ -18,6 +22,8 @@ TIS follows Yao et al., "Your Efficient RL Framework Secretly Brings You Off-Pol
 (2025, fengyao.notion.site/off-policy-rl), as veRL (`rollout_is`, docs/advance/rollout_is.md) and slime
 (`compute_tis_weights`: exp(train_old - rollout) clamped) implement it: the PPO ratio is taken
 against the trainer's own pre-update logprobs and the engine/trainer gap is a separate, capped weight.
+MIS and IcePop drop a token whose ratio is too far off instead of capping it (trainer/off_policy.py):
+its policy-gradient term gets weight 0; the aggregation still counts it, as IcePop's objective does.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import torch
 
 from openforge.config import TrainerConfig
 from openforge.errors import TrainerError
+from openforge.trainer.off_policy import mismatch, off_policy_weights
 from openforge.trainer.prefix import PastFactory, autocast, shared_prefix, units_of
 
 
@@ -61,6 +68,7 @@ class LossParts:
     clip_frac: float  # share of mask tokens where the clipped branch was taken
     kl: float  # mean k3 KL on mask tokens (0 without a reference)
     tis_frac: float  # share of mask tokens whose TIS weight hit the cap
+    masked: int = 0  # mask tokens MIS / IcePop dropped from the policy-gradient term
     entropy: float = 0.0  # mean policy entropy on mask tokens (0 when none was given)
 
 
@@ -76,6 +84,8 @@ def policy_loss(
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
     tis_cap: float = 2.0,
+    off_policy: str = "tis",
+    icepop_band: tuple[float, float] = (0.5, 5.0),
     loss_agg: str = "token-mean",
     weights: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
@@ -89,6 +99,7 @@ def policy_loss(
     (micro-batching): the loss is then sum(weights * per-token loss). `entropy` [B, T] is the policy's
     entropy at each token's position (`token_logprobs(..., entropy=True)`, with its graph): the bonus
     `entropy_coef * H` is subtracted, so minimising the loss keeps the policy from collapsing early.
+    `off_policy` picks the engine/trainer correction (`off_policy_weights`).
 
     Worked example: one token, A = 1, engine logprob log 0.5, trainer logprob log 0.6 (first epoch, so
     r = 1): w = min(0.6/0.5, 2) = 1.2, L = -1.2 * 1 * 1 = -1.2, and dL/dlogp = -1.2.
@@ -109,9 +120,9 @@ def policy_loss(
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + eps_high)
     pg = torch.maximum(unclipped, clipped)  # -min(rA, clip(r)A)
-    raw_w = torch.exp(prox - logp_old.float())  # pi_old / mu
-    tis = torch.clamp(raw_w, max=tis_cap).detach()
-    per_token = tis * pg
+    raw_w = torch.exp(prox - logp_old.float()).detach()  # rho = pi_old / mu
+    w, dropped = off_policy_weights(raw_w, off_policy, cap=tis_cap, band=icepop_band)
+    per_token = w * pg
 
     kl = torch.zeros_like(per_token)
     if logp_ref is not None:
@@ -129,7 +140,8 @@ def policy_loss(
         loss=loss,
         clip_frac=float(((clipped > unclipped).float() * mask).sum() / n),
         kl=float((kl.detach() * mask).sum() / n),
-        tis_frac=float(((raw_w > tis_cap).float() * mask).sum() / n),
+        tis_frac=float(((raw_w > tis_cap).float() * mask).sum() / n) if off_policy == "tis" else 0.0,
+        masked=int((dropped.float() * mask).sum()),
         entropy=float((entropy.detach() * mask).sum() / n) if entropy is not None else 0.0,
     )
 
@@ -210,6 +222,8 @@ class StepConfig:
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
     tis_cap: float = 2.0
+    off_policy: str = "tis"
+    icepop_band: tuple[float, float] = (0.5, 5.0)
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
     loss_agg: str = "token-mean"
@@ -220,6 +234,7 @@ class StepConfig:
     @classmethod
     def from_trainer(cls, config: TrainerConfig, autocast_dtype: torch.dtype | None) -> StepConfig:
         return cls(clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high, tis_cap=config.tis_cap,
+                   off_policy=config.off_policy, icepop_band=tuple(config.icepop_band),  # type: ignore[arg-type]
                    kl_coef=config.kl_coef, entropy_coef=config.entropy_coef, loss_agg=config.loss_agg,
                    max_grad_norm=config.max_grad_norm, epochs=config.epochs_per_step, autocast_dtype=autocast_dtype)
 
@@ -274,7 +289,9 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, micro_batches: list[
     Each micro-batch holds input_ids/attention_mask [B, T] and, aligned with the predicted tokens
     [B, T-1]: mask, old_logp (engine), weights (from `aggregation_weights` over the whole step), and
     advantages [B]. Returns the step's metrics; `mismatch_*` compare the engine's logprobs with the
-    trainer's pre-update logprobs on the sampled tokens.
+    trainer's pre-update logprobs on the sampled tokens: the mean and max |log pi_old - log mu|, the mean
+    k3 estimate of KL(mu || pi_old) (`mismatch_kl`) and the largest ratio pi_old / mu (`mismatch_ratio_max`);
+    `masked_tokens` counts the tokens MIS / IcePop dropped.
     """
     if not micro_batches:
         raise TrainerError("no trainable tokens in this step (every group was dropped or empty)")
@@ -285,7 +302,8 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, micro_batches: list[
     refs: list[torch.Tensor | None] = list(_reference_logprobs(model, micro_batches, cfg)) if cfg.kl_coef > 0 \
         else [None] * len(micro_batches)
 
-    sums = {"loss": 0.0, "clip": 0.0, "kl": 0.0, "tis": 0.0, "ent": 0.0, "mm_sum": 0.0, "mm_max": 0.0, "tok": 0.0}
+    sums = {"loss": 0.0, "clip": 0.0, "kl": 0.0, "tis": 0.0, "ent": 0.0, "mm_sum": 0.0, "mm_max": 0.0, "mm_kl": 0.0,
+            "ratio_max": 0.0, "masked": 0.0, "tok": 0.0}
     grad_norm = 0.0
     for epoch in range(cfg.epochs):
         optimizer.zero_grad(set_to_none=True)
@@ -302,6 +320,7 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, micro_batches: list[
     return {
         "loss": sums["loss"], "clip_frac": sums["clip"] / tok, "kl": sums["kl"] / tok,
         "tis_frac": sums["tis"] / tok, "mismatch_mean": sums["mm_sum"] / tok, "mismatch_max": sums["mm_max"],
+        "mismatch_kl": sums["mm_kl"] / tok, "mismatch_ratio_max": sums["ratio_max"], "masked_tokens": int(sums["masked"]),
         "grad_norm": grad_norm, "n_tokens": int(sums["tok"]),
         **({"entropy": sums["ent"] / tok} if cfg.entropy_coef > 0 else {}),
     }
@@ -316,21 +335,25 @@ def _accumulate(model: Any, mb: dict[str, torch.Tensor], cfg: StepConfig, past: 
     parts = policy_loss(
         logp, mb["old_logp"], mb["advantages"], mask, logp_proximal=proximal, logp_ref=ref,
         kl_coef=cfg.kl_coef, clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high,
-        tis_cap=cfg.tis_cap, weights=mb["weights"], entropy=entropy, entropy_coef=cfg.entropy_coef,
+        tis_cap=cfg.tis_cap, off_policy=cfg.off_policy, icepop_band=cfg.icepop_band, weights=mb["weights"],
+        entropy=entropy, entropy_coef=cfg.entropy_coef,
     )
     parts.loss.backward()
     if sums is None:
         return
     n = float(mask.sum())
     before = (proximal if proximal is not None else logp).detach()
-    gap = (before - mb["old_logp"]).abs() * mask
+    mm = mismatch(before, mb["old_logp"], mask)
     sums["loss"] += float(parts.loss.detach())
     sums["clip"] += parts.clip_frac * n
     sums["kl"] += parts.kl * n
     sums["tis"] += parts.tis_frac * n
     sums["ent"] += parts.entropy * n
-    sums["mm_sum"] += float(gap.sum())
-    sums["mm_max"] = max(sums["mm_max"], float(gap.max()) if gap.numel() else 0.0)
+    sums["masked"] += parts.masked
+    sums["mm_sum"] += mm["gap_sum"]
+    sums["mm_max"] = max(sums["mm_max"], mm["gap_max"])
+    sums["mm_kl"] += mm["k3_sum"]
+    sums["ratio_max"] = max(sums["ratio_max"], mm["ratio_max"])
     sums["tok"] += n
 
 
