@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from openforge.proxy import images
+from openforge.proxy import image_inputs
 from openforge.proxy.calls import (API_ANTHROPIC, APIError, CallRequest, Completion, Message, ReasoningDelta, StreamEvent,
                          TextDelta, ToolCall, ToolCallDelta, ToolCallStart, as_float, as_int, as_stop, bad_request,
                          parse_arguments, sse)
@@ -70,7 +70,7 @@ def _parts(content: Any, where: str) -> tuple[str, list[Any] | None]:
         if kind == "text" and isinstance(block.get("text"), str):
             parts.append(block["text"])
         elif kind == "image":
-            parts.append(images.anthropic_block(block, f"{where}[{i}]"))
+            parts.append(image_inputs.anthropic_block(block, f"{where}[{i}]"))
         elif kind in _UNSUPPORTED:
             raise bad_request(f"{where}[{i}]: {kind} blocks are not supported: the served model reads text and "
                               "images", where)
@@ -113,7 +113,7 @@ def _user(blocks: list[dict[str, Any]], where: str) -> list[Message]:
         if kind == "text":
             parts.append(str(b.get("text", "")))
         elif kind == "image":
-            parts.append(images.anthropic_block(b, f"{where}[{i}]"))
+            parts.append(image_inputs.anthropic_block(b, f"{where}[{i}]"))
         elif kind == "tool_result":
             content, tool_parts = _parts(b.get("content"), f"{where}[{i}].content")
             out.append(Message("tool", content, tool_call_id=str(b.get("tool_use_id", "")), parts=tool_parts))

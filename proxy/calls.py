@@ -75,7 +75,7 @@ class Message:
     tool_call_id: str | None = None
     name: str | None = None  # the tool's name on a tool message
     reasoning: str = ""  # an assistant's thinking, apart from its content (Qwen3's <think>...</think>)
-    # Text and images in the order sent, when the message has images (proxy/images.ImageInput);
+    # Text and images in the order sent, when the message has images (proxy/image_inputs.ImageInput);
     # `content` is then its text alone. None: a text-only message (`content` is all of it).
     parts: list[Any] | None = None
 

@@ -30,7 +30,7 @@ from openforge.errors import EngineError, StoreError
 from openforge.proxy import openai_chat
 from openforge.proxy.calls import APIError, CallRequest, Completion, new_call_id
 from openforge.proxy.generation import Generation, GenerationParams
-from openforge.proxy.images import REFERENCE, openai_part
+from openforge.proxy.image_inputs import REFERENCE, openai_part
 from openforge.proxy.pipeline import CallPipeline, engine_error
 from openforge.proxy.prompts import LONG_TEXT, too_long
 from openforge.proxy.tokens import Prompt, PromptBuilder

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from openforge.proxy import images
+from openforge.proxy import image_inputs
 from openforge.proxy.calls import (API_CHAT, APIError, CallRequest, Completion, Message, ReasoningDelta, StreamEvent, TextDelta,
                          ToolCall, ToolCallDelta, ToolCallStart, as_float, as_int, as_stop, bad_request, new_call_id,
                          parse_arguments, sse)
@@ -53,7 +53,7 @@ def parts_of(content: Any, where: str) -> tuple[str, list[Any] | None]:
         if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
             parts.append(part["text"])
         elif kind in ("image_url", "input_image"):
-            parts.append(images.openai_part(part, f"{where}[{i}]"))
+            parts.append(image_inputs.openai_part(part, f"{where}[{i}]"))
         elif kind in ("input_audio", "file", "input_file", "image"):
             raise bad_request(f"{where}[{i}]: {kind} parts are not supported (text and images only)", where)
         else:

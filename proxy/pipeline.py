@@ -33,7 +33,7 @@ from openforge.store import CALL_CLIENT_LEFT, utcnow
 from openforge.proxy.adapters import ApiAdapter
 from openforge.proxy.calls import APIError, CallRequest, Completion, StreamEvent, bad_request, new_call_id
 from openforge.proxy.generation import Generation, GenerationParams, token_logprobs
-from openforge.proxy.images import slim_body
+from openforge.proxy.image_inputs import slim_body
 from openforge.proxy.parsing import ParserSetup
 from openforge.proxy.prompts import PromptTooLong, RolloutPrompts, too_long
 from openforge.proxy.recorder import Recorder
@@ -247,7 +247,7 @@ class CallPipeline:
         row = asyncio.ensure_future(self.recorder.begin({
             "run_id": rollout["run_id"], "rollout_id": rollout["id"], "api": req.api, "model": model,
             "adapter": rollout.get("adapter"), "stream": req.stream,
-            # each image as a reference to its file (proxy/images.py): a body holds no screenshot's bytes
+            # each image as a reference to its file (proxy/image_inputs.py): a body holds no screenshot's bytes
             "request_json": slim_body(raw_body, prompt.images) if prompt.images else raw_body,
             "prompt_ids": prompt.ids, "reused_tokens": prompt.reused_tokens, "prompt_tokens": len(prompt.ids),
             "break_reason": prompt.break_reason, "images": image_ids or None, "policy_turns": policy_turns,

@@ -19,7 +19,7 @@ from openforge.image_store import ImageStore
 from openforge.paths import forge_home
 from openforge.proxy.adapters import ADAPTERS
 from openforge.proxy.calls import APIError, CallRequest, Completion
-from openforge.proxy.images import resolving_from
+from openforge.proxy.image_inputs import resolving_from
 from openforge.proxy.parsing import ParserSetup
 from openforge.proxy.reasoning import opens_thinking
 from openforge.proxy.recorder import Recorder

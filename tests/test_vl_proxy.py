@@ -345,7 +345,7 @@ def test_placeholder_counts_from_the_image_size_equal_the_processors(processor, 
     must agree on every shape: tiny (scaled up), odd, wide, tall, at the max_pixels edge."""
     from PIL import Image
 
-    from openforge.proxy.images import from_base64
+    from openforge.proxy.image_inputs import from_base64
     from openforge.proxy.vision import ImagePlaceholders
 
     buf = io.BytesIO()

@@ -47,13 +47,13 @@ def _request_with_images(call: Call, home: Path | None = None
     from openforge.paths import forge_home
     from openforge.proxy.adapters import ADAPTERS
     from openforge.proxy.calls import APIError
-    from openforge.proxy.images import resolving_from
+    from openforge.proxy.image_inputs import resolving_from
 
     adapter = ADAPTERS.get(call.api)
     if adapter is None or not isinstance(call.request_json, dict):
         raise TrainerError(f"call {call.id} of rollout {call.rollout_id} has no request in a known API ({call.api!r})")
     try:
-        # A recorded body holds its images as references to the run's files (proxy/images.py).
+        # A recorded body holds its images as references to the run's files (proxy/image_inputs.py).
         with resolving_from(ImageStore.for_run(home or forge_home(), call.run_id).get):
             req = adapter.parse_request(call.request_json)
     except APIError as exc:

@@ -54,7 +54,7 @@ _FORMATS = {"verdict": "VERDICT: PASS or VERDICT: FAIL",
             "score": "SCORE: X, with X a number from 0 to 1 (for example SCORE: 0.5)"}
 JUDGE_MAX_TOKENS = 1024
 PROXY_GRACE_S = 10.0  # past judge.timeout_s the proxy has ended and recorded the call: this bounds a stuck proxy
-IMAGE_REFERENCE = "forge-image:"  # a recorded image's stand-in for its base64, as proxy/images.py records one
+IMAGE_REFERENCE = "forge-image:"  # a recorded image's stand-in for its base64, as proxy/image_inputs.py records one
 
 
 class JudgeSpec(BaseModel):
