@@ -41,7 +41,7 @@ from openforge.store import JUDGE_DEADLINE_HEADER, JUDGE_KEY_PREFIX, JUDGE_ROUTE
 from openforge.paths import store_home
 from openforge.async_store import AsyncStore
 from openforge.proxy import anthropic, openai_chat, openai_responses
-from openforge.proxy.adapters import ApiAdapter, adapter_for_path
+from openforge.proxy.api_adapters import ApiAdapter, adapter_for_path
 from openforge.proxy.calls import APIError, bad_request
 from openforge.proxy.judge import JudgeRoute
 from openforge.proxy.pipeline import CallPipeline

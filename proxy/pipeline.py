@@ -30,7 +30,7 @@ from openforge.image_store import ImageError, ImageStore
 from openforge.paths import forge_home
 from openforge.errors import EngineError, EngineRejected, EngineTimeout, EngineUnavailable, StoreError
 from openforge.store import CALL_CLIENT_LEFT, utcnow
-from openforge.proxy.adapters import ApiAdapter
+from openforge.proxy.api_adapters import ApiAdapter
 from openforge.proxy.calls import APIError, CallRequest, Completion, StreamEvent, bad_request, new_call_id
 from openforge.proxy.generation import Generation, GenerationParams, token_logprobs
 from openforge.proxy.image_inputs import slim_body

@@ -17,7 +17,7 @@ from typing import Any
 
 from openforge.image_store import ImageStore
 from openforge.paths import forge_home
-from openforge.proxy.adapters import ADAPTERS
+from openforge.proxy.api_adapters import ADAPTERS
 from openforge.proxy.calls import APIError, CallRequest, Completion
 from openforge.proxy.image_inputs import resolving_from
 from openforge.proxy.parsing import ParserSetup

@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from openforge.proxy import adapters
-from openforge.proxy.adapters import ADAPTERS, ApiAdapter
+from openforge.proxy import api_adapters
+from openforge.proxy.api_adapters import ADAPTERS, ApiAdapter
 from test_proxy_support import make_rig  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(90)
@@ -28,7 +28,7 @@ def test_every_api_module_is_an_adapter():
     assert set(ADAPTERS) == {"openai_chat", "openai_responses", "anthropic_messages"}
     for name, module in ADAPTERS.items():
         assert isinstance(module, ApiAdapter) and module.API == name
-    assert adapters.adapter_for_path("/r/k/v1/messages/x").API == "anthropic_messages"
+    assert api_adapters.adapter_for_path("/r/k/v1/messages/x").API == "anthropic_messages"
 
 
 def test_a_prompt_over_the_engines_context_is_a_400_in_each_apis_shape(make_rig):

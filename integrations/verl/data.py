@@ -45,7 +45,7 @@ def _request_with_images(call: Call, home: Path | None = None
                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[bytes]]:
     from openforge.image_store import ImageStore
     from openforge.paths import forge_home
-    from openforge.proxy.adapters import ADAPTERS
+    from openforge.proxy.api_adapters import ADAPTERS
     from openforge.proxy.calls import APIError
     from openforge.proxy.image_inputs import resolving_from
 
