@@ -106,7 +106,7 @@ def ours(model_dir: str, engine_url: str, steps: int, device: str, out: Any) -> 
     from openforge.config import TrainerConfig
     from openforge.store import Store
     from openforge.trainer.loop import train
-    from openforge.trainer.adapters import AdapterSync
+    from openforge.trainer.adapter_sync import AdapterSync
     from openforge.trainer.bridge import BackgroundLoop
     from openforge.trainer.samplers import EngineSampler
 

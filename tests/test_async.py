@@ -169,7 +169,7 @@ def test_on_the_real_engine_a_stale_group_keeps_its_adapter_and_behaviour_logpro
     every rollout is served (no adapter unloaded under a group), groups are trained up to 2 versions
     late, and a group's recorded logprobs are those of the adapter it names, not the newest one: the
     loss's TIS weight is taken against its behaviour policy."""
-    from openforge.trainer.adapters import AdapterSync
+    from openforge.trainer.adapter_sync import AdapterSync
     from openforge.trainer.bridge import BackgroundLoop
     from openforge.trainer.grpo import token_logprobs
     from openforge.trainer.samplers import EngineSampler
@@ -242,7 +242,7 @@ def test_it_learns_under_staleness_two(peaked_model: tuple[Path, int, float], st
     """test_learn.py's run (the real embedded engine, the adapter hot-loaded every step) with
     max_staleness = 2: the reward rises as it does synchronously (same threshold)."""
     from openforge.config import TrainerConfig
-    from openforge.trainer.adapters import AdapterSync
+    from openforge.trainer.adapter_sync import AdapterSync
     from openforge.trainer.bridge import BackgroundLoop
     from openforge.trainer.samplers import EngineSampler
     from test_learn import NEW_TOKENS, _prompts, embedded_engine

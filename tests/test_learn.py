@@ -11,7 +11,7 @@ import pytest
 
 from openforge.config import EmbeddedEngineConfig, TrainerConfig
 from openforge.trainer.loop import train
-from openforge.trainer.adapters import AdapterSync
+from openforge.trainer.adapter_sync import AdapterSync
 from openforge.trainer.bridge import BackgroundLoop
 from openforge.trainer.samplers import EngineSampler
 

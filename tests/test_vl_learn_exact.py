@@ -49,7 +49,7 @@ def test_the_tiny_vlm_learns_the_demo_screens_under_the_exact_grade(tmp_path: Pa
     from openforge.trainer.warmup.gui import demo_prompt, screenshot, warm_up_gui_answers
     from test_vl_trainer import embedded_engine
     from openforge.trainer.loop import train
-    from openforge.trainer.adapters import AdapterSync
+    from openforge.trainer.adapter_sync import AdapterSync
     from openforge.trainer.bridge import BackgroundLoop
     from openforge.trainer.samplers import EngineSampler
 

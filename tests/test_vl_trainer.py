@@ -255,7 +255,7 @@ def test_grpo_learns_to_name_the_colour_of_a_square(tmp_path: Path, store: Store
     from openforge.engine.tiny import LEARNABLE_NORM_GAIN
     from openforge.engine.tiny_vl import build_tiny_vl_model
     from openforge.trainer.loop import train
-    from openforge.trainer.adapters import AdapterSync
+    from openforge.trainer.adapter_sync import AdapterSync
     from openforge.trainer.bridge import BackgroundLoop
     from openforge.trainer.samplers import EngineSampler
 

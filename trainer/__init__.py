@@ -11,7 +11,7 @@
     checkpoint.py   atomic checkpoints and resume
     samplers.py     the Sampler interface; RolloutSampler (real harnesses), EngineSampler (engine only)
     buffer.py       GroupBuffer: asynchronous sampling with bounded staleness (trainer.max_staleness)
-    adapters.py     AdapterSync: each saved adapter into the engine
+    adapter_sync.py AdapterSync: each saved adapter into the engine
     bridge.py       BackgroundLoop: the async engine client from the synchronous loop
     cancel.py       CancelToken: stop sampling from another thread
     export.py       forge export: veRL parquet and JSONL

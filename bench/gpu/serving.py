@@ -124,10 +124,10 @@ def sample_batch(url: str, tokenizer: Any, *, tasks: int, group: int, new_tokens
 
 def lora_hot_load(url: str, adapter: Path, *, loads: int = 4) -> dict:
     """Milliseconds to hot-load the trained adapter into the serving engine, as the trainer does after
-    each step (trainer/adapters.py AdapterSync: load the new name, unload beyond the 2 kept), and the
+    each step (trainer/adapter_sync.py AdapterSync: load the new name, unload beyond the 2 kept), and the
     first request on it."""
     from openforge.engine.client import EngineClient
-    from openforge.trainer.adapters import AdapterSync
+    from openforge.trainer.adapter_sync import AdapterSync
     from openforge.trainer.bridge import BackgroundLoop
 
     async def make_client() -> EngineClient:  # on the bridge's loop, which owns its connection pool
