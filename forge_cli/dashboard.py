@@ -126,11 +126,13 @@ def metrics_table(snap: Snapshot) -> Table:
     table.add_column(justify="right")
     counts = " ".join(f"{k} {v}" for k, v in sorted(snap.counts.items())) or "none yet"
     get = (lambda name: getattr(last, name)) if last else (lambda name: None)
+    extra = (last.metrics_json or {}) if last else {}  # step metrics without a column of their own
     times = [] if last is None else [t for t in (last.t_rollout_s, last.t_train_s, last.t_sync_s) if t is not None]
     rows = [
         ("loss", _fmt(get("loss")), "reward", _fmt(get("reward_mean"), ".3f")),
         ("KL", _fmt(get("kl")), "pass rate", _fmt(get("pass_rate"), ".2f")),
         ("mismatch", _fmt(get("mismatch_mean")), "mismatch max", _fmt(get("mismatch_max"))),
+        ("mismatch KL", _fmt(extra.get("mismatch_kl")), "max ratio", _ratio(extra)),
         ("clip frac", _fmt(get("clip_frac"), ".3f"), "grad norm", _fmt(get("grad_norm"))),
         ("tokens/s", _fmt(get("tokens_per_s"), ".1f"), "step time", _fmt(sum(times) if times else None, ".1f")),
     ]
@@ -140,6 +142,12 @@ def metrics_table(snap: Snapshot) -> Table:
     if snap.judgements[0]:  # a run of tasks with a judge: its failures are infra failures, masked
         table.add_row("judgements", f"{snap.judgements[0]} ({snap.judgements[1]} failed)", "", "")
     return table
+
+
+def _ratio(metrics: dict) -> str:
+    """The step's largest engine/trainer ratio, with the tokens MIS / IcePop masked when there were some."""
+    masked = metrics.get("masked_tokens") or 0
+    return _fmt(metrics.get("mismatch_ratio_max")) + (f" ({masked} masked)" if masked else "")
 
 
 def behaviour_table(rows: list[tuple[int, int, dict[str, float | None]]], *, last: int = 4) -> Table:

@@ -7,7 +7,7 @@ itself with `register(app)`.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -172,7 +172,14 @@ def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
     steps = report.steps
     if steps:
         table = Table(title="train steps")
-        cols = ("step", "loss", "reward_mean", "pass_rate", "kl", "clip_frac", "mismatch_max", "grad_norm", "tokens_per_s")
+        cols = ("step", "loss", "reward_mean", "pass_rate", "kl", "clip_frac", "mismatch_kl", "ratio_max", "grad_norm",
+                "tokens_per_s")
+        # the engine/trainer mismatch (mean k3 KL, largest ratio pi_old / mu) is in each step's metrics_json
+        in_json = {"mismatch_kl": "mismatch_kl", "ratio_max": "mismatch_ratio_max"}
+
+        def value(s: Any, c: str) -> Any:
+            return (s.metrics_json or {}).get(in_json[c]) if c in in_json else getattr(s, c)
+
         mixed = any((s.metrics_json or {}).get("reward_by_harness") for s in steps)
         # The step number is what a user copies (`forge export --step`): never cut, the figures give way.
         table.add_column("step", justify="right", no_wrap=True, min_width=max(len(str(s.step)) for s in steps))
@@ -180,7 +187,7 @@ def show(ctx: typer.Context, run_id: Annotated[str, typer.Argument(help="run id,
             table.add_column(col, justify="right")  # infra: the step's rollouts without a reward, groups dropped
         for s in steps:
             per = (s.metrics_json or {}).get("reward_by_harness") or {}
-            table.add_row(*[("-" if getattr(s, c) is None else f"{getattr(s, c):.4g}") for c in cols],
+            table.add_row(*[("-" if value(s, c) is None else f"{value(s, c):.4g}") for c in cols],
                           str((s.metrics_json or {}).get("infra_failures", "-")),
                           *([" ".join(f"{h} {v:.2f}" for h, v in sorted(per.items()))] if mixed else []))
         console.print(table)

@@ -2,12 +2,13 @@
 
     check_tracking(config)                                   # preflight: every named backend importable
     tracker = open_tracker(store, run_id, config, home=home) # after the run row exists (new or resumed)
-    tracker.log_step(metrics)                                # each train step (runs/train.py's step_done)
+    tracker.log_step(metrics, rollouts)                      # each train step (runs/train.py's step_done)
     tracker.close(failed=False)
 
-Each step logs its scalars (loss, rewards, KL, timings, ...), the per-harness rewards the step metrics
-carry (`reward_by_harness/<name>`), the per-task mean rewards of the step's scored rollouts
-(`reward_by_task/<task>`, read from the store) and a small table of transcripts (the step's first
+Each step logs its scalars (loss, rewards, KL, the engine/trainer mismatch, timings, ...), the
+per-harness rewards the step metrics carry (`reward_by_harness/<name>`), the per-task mean rewards of
+the rollouts the step trained (`reward_by_task/<task>`, from the rollouts the loop hands over; only their
+calls are read from the store, for the transcripts) and a small table of transcripts (the step's first
 `tracking.samples_per_step` rollouts). The config and the git commit of forge's source go in once.
 
 The tracked run's ids live in the run row (`run.summary_json["tracking"]`): a resumed run continues
@@ -25,7 +26,6 @@ import statistics
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -75,12 +75,11 @@ BEHAVIOUR_METRICS = ("turns", "tool_calls", "tool_coverage", "self_verified", "e
                      "gave_up", "prefix_breaks", "tokens_per_turn")
 
 
-def step_record(store: Store, run_id: str, metrics: dict[str, Any], *, samples: int,
-                since: datetime | None = None) -> StepRecord:
-    """The step's scalars (nested dicts flattened to `outer/inner`), the per-task rewards of its scored
-    rollouts, `forge analyze`'s behaviour metrics as step means, and up to `samples` transcripts.
-    Rollouts made before `since` (the session's start) are left out: a step the previous session died
-    in is sampled again, and only the new rollouts trained."""
+def step_record(store: Store, metrics: dict[str, Any], rollouts: Sequence[Any], *, samples: int,
+                tasks: dict[str, dict[str, Any]]) -> StepRecord:
+    """The step's scalars (nested dicts flattened to `outer/inner`), the per-task rewards of the rollouts
+    it trained, `forge analyze`'s behaviour metrics as step means, and up to `samples` transcripts.
+    `tasks`: the run's task specs by id (read once per run)."""
     from openforge.rollouts.runner.transcript import transcript_of
 
     step = int(metrics["step"])
@@ -92,26 +91,25 @@ def step_record(store: Store, run_id: str, metrics: dict[str, Any], *, samples: 
             scalars.update({f"{key}/{k}": float(v) for k, v in value.items() if _is_number(v)})
         elif _is_number(value):
             scalars[key] = float(value)
-    rollouts = [r for r in store.list_rollouts(run_id, step=step) if since is None or _naive(r.created_at) >= since]
-    rollouts.sort(key=lambda r: (r.task_id, r.sample_index))
+    rollouts = sorted(rollouts, key=lambda r: (r.task_id, r.sample_index))
     by_task: dict[str, list[float]] = {}
     for r in rollouts:
         if r.reward is not None:
             by_task.setdefault(r.task_id, []).append(r.reward)
     scalars.update({f"reward_by_task/{task}": statistics.fmean(v) for task, v in by_task.items()})
     transcripts = {r.id: transcript_of(store.list_calls(rollout_id=r.id)) for r in rollouts}
-    scalars.update(_behaviour(store, run_id, rollouts, transcripts))
+    scalars.update(_behaviour(rollouts, transcripts, tasks))
     return StepRecord(step=step, scalars=scalars,
                       samples=[_sample(r, transcripts[r.id]) for r in rollouts[:samples]])
 
 
-def _behaviour(store: Store, run_id: str, rollouts: Sequence[Any], transcripts: dict[str, Any]) -> dict[str, float]:
+def _behaviour(rollouts: Sequence[Any], transcripts: dict[str, Any], tasks: dict[str, dict[str, Any]]
+               ) -> dict[str, float]:
     """`behaviour/<metric>`: the means of `forge analyze`'s behaviour metrics over the step's sampled rollouts
     (scored or timed out: the policy's own outcomes), each over the rollouts it applies to."""
     from openforge.rollouts.analysis.behaviour import behaviour_of
     from openforge.rollouts.runner.metrics import DATA_STATES
 
-    tasks = {t.task_id: (t.spec_json or {}) for t in store.list_tasks(run_id)}
     rows = [behaviour_of(r, transcripts[r.id], tasks.get(r.task_id, {})) for r in rollouts if r.status in DATA_STATES]
     out: dict[str, float] = {}
     for metric in BEHAVIOUR_METRICS:
@@ -119,11 +117,6 @@ def _behaviour(store: Store, run_id: str, rollouts: Sequence[Any], transcripts: 
         if values:
             out[f"behaviour/{metric}"] = statistics.fmean(values)
     return out
-
-
-def _naive(when: datetime) -> datetime:
-    """UTC without a zone: SQLite hands back naive datetimes, PostgreSQL aware ones."""
-    return when.astimezone(UTC).replace(tzinfo=None) if when.tzinfo else when
 
 
 def _is_number(value: Any) -> bool:
@@ -349,13 +342,16 @@ class Tracker:
 
     def __init__(self, store: Store, run_id: str, backends: dict[str, Backend], *, samples: int) -> None:
         self.store, self.run_id, self.backends, self.samples = store, run_id, backends, samples
-        self.since = _naive(datetime.now(UTC))
+        self._tasks: dict[str, dict[str, Any]] | None = None  # the run's task specs: fixed once it trains
 
-    def log_step(self, metrics: dict[str, Any]) -> None:
+    def log_step(self, metrics: dict[str, Any], rollouts: Sequence[Any]) -> None:
+        """Log a step from its metrics and the rollouts it trained (trainer/loop.py's `on_step`)."""
         if not self.backends:
             return
         try:
-            record = step_record(self.store, self.run_id, metrics, samples=self.samples, since=self.since)
+            if self._tasks is None:
+                self._tasks = {t.task_id: (t.spec_json or {}) for t in self.store.list_tasks(self.run_id)}
+            record = step_record(self.store, metrics, rollouts, samples=self.samples, tasks=self._tasks)
         except Exception as exc:  # noqa: BLE001 - the store is the record; the trackers are a copy
             log.warning("tracking: step %s not logged: %s", metrics.get("step"), _first_line(exc))
             return

@@ -58,11 +58,11 @@ def run_training(store: Store, run_id: str, config: ForgeConfig, controller: Run
     stack = Stack(config, store, log_dir=runs_dir(home) / run_id, runner=True, client=True)
     controller.on_stop.append(stack.abort)  # don't wait out the engine's startup
 
-    def step_done(metrics: dict[str, Any]) -> None:
+    def step_done(metrics: dict[str, Any], rollouts: list[Any]) -> None:
         log.info("step %d done: reward %s, loss %s, adapter %s loaded", metrics.get("step"),
                  fmt_num(metrics.get("reward_mean")), fmt_num(metrics.get("loss")), store.get_run(run_id).current_adapter)
         outcome.steps.append(metrics)
-        tracker.log_step(metrics)
+        tracker.log_step(metrics, rollouts)
         if on_step is not None:
             on_step(metrics)
         if int(metrics["step"]) + 1 < config.trainer.steps:  # a stop during the last step: it is done anyway

@@ -288,3 +288,26 @@ async def test_a_failed_rollout_shows_why_when_selected(store: Store, known_run:
         await pilot.press(*["down"] * keys.index(scored))
         await wait_for(pilot, lambda: scored in plain(detail.content))
         assert "why" not in plain(detail.content) and "reward" in plain(detail.content)
+
+
+async def test_the_engine_trainer_mismatch_reaches_the_store_the_dashboard_and_forge_show(
+        store: Store, known_run: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from openforge.trainer.loop import _record_step
+    from test_cli import invoke
+
+    # a step's metrics as trainer/loop.py records them: the mismatch figures go in metrics_json
+    _record_step(store, known_run, {"step": 2, "loss": 0.05, "mismatch_mean": 0.01, "mismatch_max": 2.0148,
+                                    "mismatch_kl": 0.000321, "mismatch_ratio_max": 7.5, "masked_tokens": 2}, None)
+    [row] = [s for s in store.list_train_steps(known_run) if s.step == 2]
+    assert (row.metrics_json["mismatch_kl"], row.metrics_json["mismatch_ratio_max"]) == (0.000321, 7.5)
+    app = make_dashboard(store.path, known_run)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        metrics = plain(app.query_one("#metrics", Static).content)
+        assert "mismatch KL" in metrics and "0.000321" in metrics
+        assert "max ratio" in metrics and "7.5 (2 masked)" in metrics
+    monkeypatch.setenv("COLUMNS", "200")
+    res = invoke("show", known_run)
+    assert res.exit_code == 0
+    [shown] = [line for line in res.stdout.splitlines() if line.startswith("│") and line.strip("│ ").startswith("2 ")]
+    assert "0.000321" in shown and "7.5" in shown

@@ -30,8 +30,10 @@ def _config(*backends: str, **tracking: Any):
     return load_config(overrides={"name": "tracked", "tracking": {"backends": list(backends), **tracking}})
 
 
-def _step(store: Store, run_id: str, step: int, rewards: dict[str, list[float]]) -> dict[str, Any]:
-    """Rollouts of `step` with these rewards per task (one answered call each), and the metrics train() reports."""
+def _step(store: Store, run_id: str, step: int, rewards: dict[str, list[float]]) -> tuple[dict[str, Any], list[Any]]:
+    """Rollouts of `step` with these rewards per task (one answered call each): the metrics train() reports
+    and the rollouts it trained, as its `on_step` hands them over."""
+    before = {r.id for r in store.list_rollouts(run_id)}
     user = {"role": "user", "content": "what is 2+2?"}
     for task, values in rewards.items():
         for r in values:
@@ -39,8 +41,9 @@ def _step(store: Store, run_id: str, step: int, rewards: dict[str, list[float]])
                      _chat_call(1, [user, _tool_msg("c0-0", "4\n")], text=f"the answer is {int(r * 4)}")]
             _add(store, run_id, task, step, calls, reward=r)
     flat = [r for v in rewards.values() for r in v]
-    return {"step": step, "loss": 0.5 - 0.1 * step, "reward_mean": sum(flat) / len(flat), "n_tokens": 100 + step,
-            "reward_by_harness": {"mini": 0.25, "codex": 0.75}, "pass_rate": None, "infra_failures": 0}
+    metrics = {"step": step, "loss": 0.5 - 0.1 * step, "reward_mean": sum(flat) / len(flat), "n_tokens": 100 + step,
+               "reward_by_harness": {"mini": 0.25, "codex": 0.75}, "pass_rate": None, "infra_failures": 0}
+    return metrics, [r for r in store.list_rollouts(run_id, step=step) if r.id not in before]
 
 
 def _record(store: Store, run_id: str, metrics: dict[str, Any]) -> None:
@@ -74,18 +77,19 @@ def test_tensorboard_steps_read_back_with_event_accumulator(store: Store, forge_
     run = store.create_run(kind="train", name="tracked", config=config.model_dump(mode="json"))
     tracker = open_tracker(store, run.id, config, home=forge_home)
     for step, rewards in enumerate([{"t1": [0.0, 1.0], "t2": [0.0, 0.0]}, {"t1": [1.0, 1.0], "t2": [0.5, 0.0]}]):
-        metrics = _step(store, run.id, step, rewards)
+        metrics, rollouts = _step(store, run.id, step, rewards)
         _record(store, run.id, metrics)
-        tracker.log_step(metrics)
+        tracker.log_step(metrics, rollouts)
     # the third step is logged, then the process dies before its train-step row: the resume redoes it
-    tracker.log_step({**_step(store, run.id, 2, {"t1": [0.0]}), "loss": 99.0})
+    metrics, rollouts = _step(store, run.id, 2, {"t1": [0.0]})
+    tracker.log_step({**metrics, "loss": 99.0}, rollouts)
     tracker.close()
 
     where = Path(store.get_run(run.id).summary_json["tracking"]["tensorboard"]["dir"])
     assert where == forge_home / "runs" / run.id / "tracking" / "tensorboard" / run.id
     resumed = open_tracker(store, run.id, config, home=forge_home)
-    metrics = _step(store, run.id, 2, {"t1": [1.0]})
-    resumed.log_step({**metrics, "loss": 0.3})
+    metrics, rollouts = _step(store, run.id, 2, {"t1": [1.0]})  # step 2 sampled again: only these trained
+    resumed.log_step({**metrics, "loss": 0.3}, rollouts)
     resumed.close()
 
     acc = EventAccumulator(str(where), size_guidance={"scalars": 0, "tensors": 0})
@@ -117,14 +121,14 @@ def test_mlflow_steps_params_and_samples_read_back_with_its_client(store: Store,
     run = store.create_run(kind="train", name="tracked", config=config.model_dump(mode="json"))
     tracker = open_tracker(store, run.id, config, home=forge_home)
     for step, rewards in enumerate([{"t1": [0.0, 1.0]}, {"t1": [1.0], "t2": [0.5]}]):
-        metrics = _step(store, run.id, step, rewards)
+        metrics, rollouts = _step(store, run.id, step, rewards)
         _record(store, run.id, metrics)
-        tracker.log_step(metrics)
+        tracker.log_step(metrics, rollouts)
     tracker.close(failed=True)
     ids = store.get_run(run.id).summary_json["tracking"]["mlflow"]
     assert ids["uri"] == f"sqlite:///{forge_home / 'runs' / run.id / 'tracking' / 'mlflow' / 'mlflow.db'}"
     resumed = open_tracker(store, run.id, config, home=forge_home)  # the same MLflow run continues
-    resumed.log_step(_step(store, run.id, 2, {"t2": [1.0]}))
+    resumed.log_step(*_step(store, run.id, 2, {"t2": [1.0]}))
     resumed.close()
 
     client = MlflowClient(ids["uri"])
@@ -160,9 +164,9 @@ def test_wandb_offline_steps_config_and_samples_read_back(store: Store, forge_ho
     run = store.create_run(kind="train", name="tracked", config=config.model_dump(mode="json"))
     tracker = open_tracker(store, run.id, config, home=forge_home)
     for step, rewards in enumerate([{"t1": [0.0, 1.0]}, {"t1": [1.0], "t2": [0.5]}]):
-        metrics = _step(store, run.id, step, rewards)
+        metrics, rollouts = _step(store, run.id, step, rewards)
         _record(store, run.id, metrics)
-        tracker.log_step(metrics)
+        tracker.log_step(metrics, rollouts)
     tracker.close()
 
     ids = store.get_run(run.id).summary_json["tracking"]["wandb"]
@@ -185,7 +189,7 @@ def test_wandb_offline_steps_config_and_samples_read_back(store: Store, forge_ho
 
     # resumed: the same W&B run id, stored in the run row
     resumed = open_tracker(store, run.id, config, home=forge_home)
-    resumed.log_step(_step(store, run.id, 2, {"t1": [1.0]}))
+    resumed.log_step(*_step(store, run.id, 2, {"t1": [1.0]}))
     resumed.close()
     files = sorted((forge_home / "runs" / run.id / "tracking" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 2 and {wandb_records.run_record(wandb_records.finished(f)).run_id for f in files} == {run.id}
@@ -211,7 +215,7 @@ def test_a_wrong_or_missing_wandb_key_logs_offline_with_one_warning(
     run = store.create_run(kind="train", config=config.model_dump(mode="json"))
     with caplog.at_level(logging.WARNING, logger="forge.tracking"):
         tracker = open_tracker(store, run.id, config, home=forge_home)
-        tracker.log_step(_step(store, run.id, 0, {"t1": [1.0]}))
+        tracker.log_step(*_step(store, run.id, 0, {"t1": [1.0]}))
         tracker.close()
     [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert re.match(f"W&B: {why}", warning) and "logging offline to" in warning and "wandb sync" in warning
@@ -231,8 +235,8 @@ def test_a_backend_failing_mid_run_is_dropped_with_a_warning(store: Store, forge
     tracker = open_tracker(store, run.id, config, home=forge_home)
     tracker.backends["wandb"].run.finish()  # W&B's run ends under the tracker: its next log raises UsageError
     with caplog.at_level(logging.WARNING, logger="forge.tracking"):
-        tracker.log_step(_step(store, run.id, 0, {"t1": [1.0]}))
-        tracker.log_step(_step(store, run.id, 1, {"t1": [1.0]}))
+        tracker.log_step(*_step(store, run.id, 0, {"t1": [1.0]}))
+        tracker.log_step(*_step(store, run.id, 1, {"t1": [1.0]}))
     [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert warning.startswith("tracking: wandb failed (") and "dropped for the rest of the run" in warning
     assert tracker.backends == {}
@@ -274,3 +278,41 @@ def test_a_run_is_tracked_step_by_step_as_the_store_records_it(home_with_model: 
 
     history = MlflowClient(tracking["mlflow"]["uri"]).get_metric_history(tracking["mlflow"]["id"], "loss")
     assert [(m.step, m.value) for m in history] == [(s.step, pytest.approx(s.loss)) for s in steps]
+
+
+class _Recorder:
+    """A tracker backend that keeps what it is sent (the `Backend` protocol; the real ones need their extras)."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, Any] = {}
+        self.records: list[Any] = []
+
+    def log(self, record: Any) -> None:
+        self.records.append(record)
+
+    def close(self, *, failed: bool) -> None:
+        pass
+
+
+def test_a_step_is_tracked_from_the_rollouts_it_trained_with_the_engine_trainer_mismatch(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    from openforge.runs.tracking import Tracker
+
+    run = store.create_run(kind="train", name="tracked")
+    store.add_tasks(run.id, [{"id": "t1", "instruction": "add"}, {"id": "t2", "instruction": "add"}])
+    # a group that finished before this session (an async resume keeps it) and one sampled now
+    _, kept_rollouts = _step(store, run.id, 3, {"t1": [1.0, 1.0]})
+    recorder = _Recorder()
+    tracker = Tracker(store, run.id, {"rec": recorder}, samples=1)
+    metrics, rollouts = _step(store, run.id, 4, {"t2": [0.0, 0.5]})
+    _step(store, run.id, 4, {"t2": [1.0]})  # sampled under step 4 but not in the batch it trained
+    monkeypatch.setattr(store, "list_rollouts", lambda *a, **k: pytest.fail("the step's rollouts are re-read"))
+    tracker.log_step({**metrics, "mismatch_kl": 0.0123, "mismatch_ratio_max": 7.5, "masked_tokens": 2},
+                     kept_rollouts + rollouts)
+    [record] = recorder.records
+    assert record.step == 4
+    assert record.scalars["reward_by_task/t1"] == 1.0 and record.scalars["reward_by_task/t2"] == 0.25
+    assert (record.scalars["mismatch_kl"], record.scalars["mismatch_ratio_max"], record.scalars["masked_tokens"]) \
+        == (0.0123, 7.5, 2.0)
+    assert record.scalars["behaviour/turns"] == 2.0
+    assert [s["task"] for s in record.samples] == ["t1"]

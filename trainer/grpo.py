@@ -320,7 +320,8 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, micro_batches: list[
     return {
         "loss": sums["loss"], "clip_frac": sums["clip"] / tok, "kl": sums["kl"] / tok,
         "tis_frac": sums["tis"] / tok, "mismatch_mean": sums["mm_sum"] / tok, "mismatch_max": sums["mm_max"],
-        "mismatch_kl": sums["mm_kl"] / tok, "mismatch_ratio_max": sums["ratio_max"], "masked_tokens": int(sums["masked"]),
+        "mismatch_kl": sums["mm_kl"] / tok, "mismatch_ratio_max": sums["ratio_max"],
+        "masked_tokens": int(sums["masked"]),
         "grad_norm": grad_norm, "n_tokens": int(sums["tok"]),
         **({"entropy": sums["ent"] / tok} if cfg.entropy_coef > 0 else {}),
     }

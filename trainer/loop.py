@@ -144,7 +144,7 @@ def _build(config: TrainerConfig, model_path: str | Path, found: Any) -> _Policy
 
 def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str | Path, tasks: Sequence[Any],
           sampler: Sampler, engine: AdapterSync | None = None, home: Path | None = None, resume: bool = False,
-          on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+          on_step: Callable[[dict[str, Any], list[Any]], None] | None = None) -> TrainResult:
     """Train run `run_id` for `config.steps` steps (counted from 0, including steps done before a resume).
 
     Each sampled token's logprob is taken at the temperature its call recorded (trainer/data.py), so
@@ -216,7 +216,7 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
             _record_step(store, run_id, metrics, adapter)
             result.steps.append(metrics)
             if on_step is not None:
-                on_step(metrics)
+                on_step(metrics, rollouts)  # the step's metrics and the rollouts it trained
     except BaseException as exc:
         status = "stopped" if isinstance(exc, KeyboardInterrupt) else "failed"
         store.set_run_status(run_id, status, error=None if status == "stopped" else f"{type(exc).__name__}: {exc}")
