@@ -2,6 +2,7 @@
 
     loop.py         train(...): the loop, one readable function; TaskStream
     grpo.py         the math: advantages, the clipped policy loss, one optimizer step
+    off_policy.py   the engine/trainer gap per token: TIS, MIS, IcePop weights; the step's mismatch
     data.py         Trajectory + Rollout rows -> Samples with advantages -> padded micro-batches
     prefix.py       shared-prefix training with exact gradients
     vision.py       a trajectory's images as the model's pixel inputs
