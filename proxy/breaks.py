@@ -23,6 +23,7 @@ THINKING_DROPPED = "thinking dropped: an earlier answer is replayed without its 
 TOOL_RESULT_TRUNCATED = "tool result truncated: a tool result is replayed shorter than it was sent"
 TOOL_RESULT_CHANGED = "tool result changed: a tool result is replayed with other content"
 COMPACTED = "compaction: the history is replayed shorter (earlier turns summarised or dropped)"
+SUMMARY_ASKED = "compaction: the history is sent on with a request for its summary and the tools withdrawn (Codex)"
 RETRIED = "retried: the last user turn is resent with more text and without the answer (Claude Code after an empty answer)"
 NEW_CONVERSATION = "new conversation: the first user turn differs (a sub-agent, or a side request)"
 REWRITTEN = "history rewritten: an earlier turn is replayed with other content"
@@ -68,23 +69,29 @@ def classify_break(previous: list[Message] | None, prev_tools: list[dict[str, An
         return NEW_CONVERSATION
     if [m.content for m in previous if m.role == "system"] != [m.content for m in messages if m.role == "system"]:
         return SYSTEM_CHANGED
+    extended = len(new) > len(old) and all(_same(a, b) for a, b in zip(old, new))
+    if extended and prev_tools and not tools and new[-1].role == "user":
+        return SUMMARY_ASKED  # Codex's compaction: the whole history, a summary prompt, no tools
     if prev_tools is not None and prev_tools != tools:
         return TOOLS_CHANGED
     for a, b in zip(old, new):
         if _same(a, b):
             continue
+        if len(new) < len(old) and (a.role != b.role or b.role == "user"):
+            return COMPACTED  # turns replaced by fewer: a summary in a user turn (Codex's second replaces its first)
         if a.role == b.role:
             return _differ_at(a, b)
-        return COMPACTED if len(new) < len(old) else REWRITTEN
+        return REWRITTEN
     if len(new) < len(old):
         return COMPACTED
     return None
 
 
 def _retried(old: list[Message], new: list[Message]) -> bool:
-    """`new` is `old` up to its last user turn, that turn resent with text appended, and no answer."""
+    """`new` is `old` without its answer, the last user turn resent with text appended (a compaction that
+    replaces several turns by a longer summary is not this)."""
     k = len(new) - 1
-    if k < 0 or k >= len(old) or new[k].role != "user" or old[k].role != "user":
+    if k < 0 or len(old) != k + 2 or new[k].role != "user" or old[k].role != "user":
         return False
     grown = new[k].content != old[k].content and new[k].content.startswith(old[k].content)
     return grown and all(_same(a, b) for a, b in zip(old[:k], new[:k]))
@@ -105,5 +112,6 @@ def explain_break(recent: list[tuple[list[Message], list[dict[str, Any]]]], mess
     harness interleaves side requests (titles, sub-agents) with its main conversation."""
     if not recent:
         return None
-    previous, prev_tools = max(reversed(recent), key=lambda c: _shared(c[0], messages))
+    # Ties go to a call with the same tools: after Codex's tool-less summary request, the main conversation.
+    previous, prev_tools = max(reversed(recent), key=lambda c: (_shared(c[0], messages), c[1] == tools))
     return classify_break(previous, prev_tools, messages, tools)

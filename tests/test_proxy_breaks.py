@@ -39,6 +39,34 @@ def test_each_kind_of_break_is_named() -> None:
     assert explain_break([(empty, TOOLS)], [SYS, Message("user", "count the dirs")], TOOLS) == breaks.NEW_CONVERSATION
 
 
+def test_codex_compaction_is_named_at_each_of_its_calls() -> None:
+    """The shape Codex 0.171 sends (tests/test_harness_compaction.py runs the real one): the summary
+    request extends the history with its tools withdrawn; the next call replays the first turns + the
+    summary (closest to the main conversation, whose tools it has); a second compaction replaces the
+    first summary by a longer one, which is not Claude Code's `retried`."""
+    ask = Message("user", "You are performing a CONTEXT CHECKPOINT COMPACTION. Create a handoff summary")
+    assert why(PREVIOUS + [ask], tools=[]) == breaks.SUMMARY_ASKED
+    summary_call = (PREVIOUS + [ask, Message("assistant", "read 3 files")], [])
+    first = Message("user", "Another language model ... produced a summary:\nread 3 files")
+    assert explain_break([(PREVIOUS, TOOLS), summary_call], [SYS, USER, first], TOOLS) == breaks.COMPACTED
+    after = [SYS, USER, first, CALL, RESULT, DONE]
+    second = Message("user", first.content + " and counted them")
+    assert explain_break([(after, TOOLS)], [SYS, USER, second], TOOLS) == breaks.COMPACTED
+
+
+def test_a_compaction_summary_is_tagged_by_the_harness_turn_never_by_a_tool_result() -> None:
+    from openforge.rollouts.harnesses import get_harness
+    from openforge.config import HarnessConfig
+
+    side = get_harness(HarnessConfig(name="codex")).side_calls
+    dev = {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex"}]}
+    ask = {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "You are performing a CONTEXT CHECKPOINT COMPACTION. Create a handoff summary"}]}
+    output = {"type": "function_call_output", "call_id": "c1", "output": ask["content"][0]["text"]}
+    assert side.train and side.name_of({"input": [dev, ask], "tools": []}) == "compaction"
+    assert side.name_of({"input": [dev, output]}) is None  # the policy's command printed it: not the harness's
+
+
 def test_an_extension_message_for_message_is_no_harness_break() -> None:
     assert why(PREVIOUS + [Message("user", "thanks")]) is None
     assert explain_break([], [SYS, USER], TOOLS) is None

@@ -27,8 +27,9 @@ so the runner and preflight never compare harness names:
     gui          (False) it sends screenshots: the policy must be a vision model.
     takes_tools  (False) it takes a task's tools from an MCP server (HarnessContext.tools_url); a spec
                  harness does when its spec has an [mcp] table.
-    side_calls   (none) its own background calls (a title, a memory extraction), named by a regex on a
-                 call's opening text: tagged on the call row and, unless `train`, not trained on.
+    side_calls   (none) its own background calls (a title, a memory extraction, a compaction summary),
+                 named by a regex on a call's opening text or closing user turn: tagged on the call row
+                 and, unless `train`, not trained on.
     available(config)  None when this machine has what the harness needs to run in a sandbox that
                  runs host programs (`Sandbox.runs_host_programs`), else the fix to print.
     install(cache)  put it into the harness cache (`forge harness install`).
@@ -96,7 +97,8 @@ class HarnessOutcome:
 @dataclass(frozen=True)
 class SideCalls:
     """A harness's own background calls, by name: `match` maps a name to a regex searched in a call's
-    opening text (its system prompt and first message, `opening_text`); `train` puts them in the trajectory."""
+    opening text (its system prompt and first message, `opening_text`) and its closing user turn (where
+    Codex asks for its compaction summary, `closing_text`); `train` puts them in the trajectory."""
 
     match: tuple[tuple[str, str], ...] = ()
     train: bool = False
@@ -105,7 +107,7 @@ class SideCalls:
         """The name of the first side call whose regex `request` (a recorded request body) opens with, or None."""
         if not self.match or not isinstance(request, dict):
             return None
-        text = opening_text(request)
+        text = opening_text(request) + "\n" + closing_text(request)
         return next((name for name, pattern in self.match if re.search(pattern, text, re.MULTILINE)), None)
 
 
@@ -127,6 +129,21 @@ def opening_text(request: dict) -> str:
     head = [m for m in messages if isinstance(m, dict)][:2]
     system = [request.get("system"), request.get("instructions")]
     return "\n".join(_text_of(part) for part in [*system, *(m.get("content") for m in head)] if part)
+
+
+def closing_text(request: dict) -> str:
+    """The text the harness itself wrote in a request's last message when that is a user turn: its
+    text parts only, never a tool result inside it (the policy's commands write those)."""
+    messages = request.get("messages") or request.get("input") or []
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if not isinstance(last, dict) or last.get("role") != "user":
+        return ""
+    content = last.get("content")
+    if isinstance(content, str):
+        return content
+    parts = content if isinstance(content, list) else []
+    return "\n".join(p["text"] for p in parts if isinstance(p, dict) and p.get("type") in ("text", "input_text")
+                     and isinstance(p.get("text"), str))
 
 
 class Harness(Protocol):

@@ -156,8 +156,8 @@ class McpSpec(_Table):
 
 class SideCallsSpec(_Table):
     match: dict[str, str] = Field(default_factory=dict, description="its own background calls by name: a regex "
-                                  "searched in a call's system prompt and first message, e.g. { title = "
-                                  "\"^Generate a title\" }; such calls are recorded and tagged (call.side)")
+                                  "searched in a call's system prompt, first message and closing user turn, e.g. "
+                                  "{ title = \"^Generate a title\" }; such calls are recorded and tagged (call.side)")
     train: bool = Field(False, description="train on them too (by default they are left out of the trajectory)")
 
     @model_validator(mode="after")

@@ -1,0 +1,129 @@
+"""The real CLIs compacting their context, through the real proxy and runner (issue 47).
+
+Codex 0.171 compacts when a turn's usage passes `model_auto_compact_token_limit` (set with `-c`, beside
+`model_context_window`): one request with the whole history, a summary prompt as the last user turn and
+no tools, then the conversation goes on from its first turns + the summary (docs/harnesses.md,
+"Compaction"). The scripted engine reads parts of a long file until Codex compacts, writes the summary
+it is asked for, then finishes. Skipped where Codex is not installed (tests/test_real_harnesses.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from openforge.config import ForgeConfig, HarnessConfig
+from openforge.engine.protocol import BadRequest
+from openforge.proxy import breaks
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.format import TaskSpec
+from openforge.sandbox.testing import proxy_socket_path
+from openforge.trainer.data import build_batch, call_sampling
+from test_proxy_support import make_rig  # noqa: F401 - fixture
+from test_real_harnesses import COMMAND, MARK, NPM_CACHE, needs
+
+pytestmark = pytest.mark.timeout(180)
+
+SUMMARY_PROMPT = "You are performing a CONTEXT CHECKPOINT COMPACTION"  # Codex's, as captured
+CARRIED = "Another language model started to solve this problem"  # how Codex replays the summary
+SUMMARY = "Summary: parts 1-3 of the long file are read; next, write forge-ok into proof.txt."
+# Usage counts the tiny tokenizer's tokens: Codex's first prompt is ~23.5k, each part read adds ~2.7k,
+# so the third part's turn passes 30k and Codex compacts (a long task in a small context).
+CONTEXT = ["-c", "model_context_window=34000", "-c", "model_auto_compact_token_limit=30000"]
+TASK = TaskSpec(id="long-file", instruction="Read the long file part by part, then write forge-ok into proof.txt.",
+                verifier="grep -qx forge-ok proof.txt")
+
+
+def exec_call(cmd: str) -> str:
+    return f'<tool_call>\n{json.dumps({"name": "exec_command", "arguments": {"cmd": cmd}})}\n</tool_call>'
+
+
+def compacting_policy(tokenizer: Any, *, give_up_second: bool = True, fail_summary: bool = False) -> Any:
+    """Reads parts of a long file; answers a summary request with SUMMARY; after the compaction writes
+    proof.txt and says done. With `give_up_second` the second rollout of the group says it cannot
+    (reward 0); with `fail_summary` every summary request is an engine error."""
+    finished = 0
+
+    def script(prompt_ids: list[int]) -> str:
+        nonlocal finished
+        text = tokenizer.decode(prompt_ids)
+        last_turn = text[text.rindex("<|im_start|>user"):] if "<|im_start|>user" in text else ""
+        if SUMMARY_PROMPT in last_turn:
+            if fail_summary:
+                raise BadRequest("engine down during the summary", 500)
+            return SUMMARY
+        if CARRIED not in text:
+            return exec_call(f"seq -f 'line %g of part {text.count('Process exited') + 1} of the long file' 1 150")
+        if finished and give_up_second:
+            return "I could not finish."
+        if MARK not in text:
+            return exec_call(COMMAND)
+        finished += 1
+        return "Done: proof.txt is written."
+
+    return script
+
+
+async def run_group(rig: Any, n: int = 2, extra_args: tuple[str, ...] = ()) -> list[Any]:
+    config = ForgeConfig()
+    config.runner.concurrency = 1  # the script's state follows the rollouts in order
+    config.harness = HarnessConfig(name="codex", npm_cache=str(NPM_CACHE), max_turns=12,
+                                   extra_args=[*CONTEXT, *extra_args])
+    runner = RolloutRunner(rig.store, config=config, proxy_url=rig.url, proxy_socket=rig.proxy.uds)
+    return await runner.run(rig.rollout.run_id, [RolloutSpec(TASK, i) for i in range(n)])
+
+
+@needs("codex")
+async def test_codex_compaction_is_labelled_and_every_sampled_token_trains_once(make_rig):
+    rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
+    rig.engine.script = compacting_policy(rig.engine.tokenizer)
+    done, gave_up = await run_group(rig)
+    assert (done.status, done.reward, gave_up.status, gave_up.reward) == ("scored", 1.0, "scored", 0.0), done.error
+
+    for ro in (done, gave_up):
+        calls = [c for c in rig.calls(ro.id) if c.status == "ok"]
+        summary = [c for c in calls if c.side == "compaction"]
+        after = [c for c in calls if c.break_reason == breaks.COMPACTED]
+        # One compaction: its summary request (the harness's own call, tagged) extends the history with
+        # the tools withdrawn; the next call replays the first turns + the policy's summary.
+        assert len(summary) == len(after) == 1 and summary[0].seq + 1 == after[0].seq
+        assert summary[0].break_reason == breaks.SUMMARY_ASKED and summary[0].request_json["tools"] == []
+        assert SUMMARY in json.dumps(after[0].request_json)
+        assert {c.break_reason.split(":")[0] for c in calls if c.break_reason} == {"compaction"}
+        # Three segments: before, the summary request, after; each sampled token once, in call order.
+        trajectories = rig.store.list_trajectories(rollout_ids=[ro.id])
+        assert len(trajectories) == ro.n_segments == 3
+        sampled = [i for t in trajectories for i, m in zip(t.token_ids, t.loss_mask) if m]
+        assert sampled == [i for c in sorted(calls, key=lambda c: c.seq) for i in c.completion_ids]
+
+    # The trainer's rows: every sampled token of both rollouts exactly once, every segment of a rollout
+    # with the rollout's advantage (the summary shares the reward of the work built on it).
+    rollouts = [done, gave_up]
+    trajectories = rig.store.list_trajectories(rollout_ids=[r.id for r in rollouts])
+    batch = build_batch(rollouts, trajectories, sampling=call_sampling(rig.store, [r.id for r in rollouts]),
+                        std_normalize=False)
+    completions = sum(len(c.completion_ids) for r in rollouts for c in rig.calls(r.id) if c.status == "ok")
+    assert sum(sum(s.loss_mask) for s in batch.samples) == completions
+    assert Counter((s.rollout_id, s.advantage) for s in batch.samples) == {(done.id, 0.5): 3, (gave_up.id, -0.5): 3}
+
+
+@needs("codex")
+async def test_a_failed_compaction_summary_is_an_infra_failure_and_nothing_trains(make_rig):
+    """The engine fails Codex's summary request; Codex (its retries off, they take ~30 s) gives up and
+    exits 1. The rollout is an infrastructure failure (no reward, its group dropped), never the policy's 0."""
+    rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
+    rig.engine.script = compacting_policy(rig.engine.tokenizer, fail_summary=True)
+    [ro] = await run_group(rig, n=1, extra_args=("-c", "model_providers.forge.request_max_retries=0",
+                                                 "-c", "model_providers.forge.stream_max_retries=0"))
+    assert (ro.status, ro.reward, ro.failure_kind) == ("failed", None, "infra"), (ro.status, ro.error)
+    assert ro.error.endswith("HTTP 500: engine down during the summary"), ro.error
+    calls = rig.calls(ro.id)
+    failed = [c for c in calls if c.status != "ok"]
+    assert failed and all(SUMMARY_PROMPT in json.dumps(c.request_json) for c in failed)
+    assert all(c.break_reason.startswith("compaction") for c in failed if c.break_reason)
+    batch = build_batch([ro], rig.store.list_trajectories(rollout_ids=[ro.id]))
+    assert (batch.samples, batch.dropped_groups, batch.infra_failures) == ([], 1, 1)
