@@ -15,8 +15,11 @@ from openforge.errors import ConfigError
 _MARK = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "missing": "[red]FAIL[/]"}
 
 
-def dry_run(config: ForgeConfig, *, home: Path, resume: str | None, console: Console) -> None:
-    """Print what `config` would run and every check; exit 1 when a check would stop the run."""
+def dry_run(config: ForgeConfig, *, home: Path, resume: str | None, console: Console, harness_check: bool = True) -> None:
+    """Print what `config` would run and every check; exit 1 when a check would stop the run. With
+    `harness_check`, once the plan's checks pass, each harness of the run runs one tiny rollout under the
+    run's settings (runs/harness_check.py) in a scratch store: a prompt the harness fills past the context
+    fails here instead of as a run of configuration failures."""
     from openforge.runs.plan import plan_run
 
     if resume is not None:
@@ -35,6 +38,24 @@ def dry_run(config: ForgeConfig, *, home: Path, resume: str | None, console: Con
         detail = check.detail if check.detail.startswith(check.name) else f"{check.name}: {check.detail}".rstrip(": ")
         console.print(f"  {_MARK[check.verdict]}  {escape(detail)}", soft_wrap=True)
     if plan.failed:
+        if harness_check:
+            console.print(f"  {_MARK['warn']}  harness run: not run (a check above failed); it runs once they pass")
         console.print(f"[red]{len(plan.failed)} check(s) would stop this run[/]; nothing was started")
         raise typer.Exit(1)
-    console.print("nothing was started; every check passed")
+    if not harness_check:
+        console.print("nothing was started; every check passed")
+        return
+    from openforge.runs.harness_check import harness_run_checks
+
+    with console.status("checking the harness") as status:
+        runs = harness_run_checks(config, home=home, on_harness=lambda name: status.update(
+            f"checking {name}: one tiny rollout through the proxy under this run's settings "
+            "(--no-harness-check skips it)"))
+    for check in runs:
+        console.print(f"  {_MARK[check.verdict]}  {escape(check.detail)}", soft_wrap=True)
+    failed = [c for c in runs if c.verdict == "missing"]
+    if failed:
+        console.print(f"[red]{len(failed)} harness check(s) would stop this run[/]; no run was started (each "
+                      "harness ran once, in a scratch store)", soft_wrap=True)
+        raise typer.Exit(1)
+    console.print("no run was started (each harness ran once, in a scratch store); every check passed", soft_wrap=True)

@@ -4,6 +4,7 @@ problem it showed at once.
     report = check_harness(store, config, home=home)
     report.problems            # [] when it is fit to train on
     report.first_prompt_tokens  # what its first request costs in context (its prompt budget)
+    checks = harness_run_checks(config, home=home)  # `forge up --dry-run`: each harness of the run, as checks
 
 It runs under the settings the run will use (the config's, or with `--demo` the preset's: the context,
 the tokens per call, the sampling). Problems looked for: the harness cannot be found or is not installed;
@@ -19,7 +20,9 @@ line printed after it?).
 from __future__ import annotations
 
 import re
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from openforge.errors import HarnessError
 from openforge.rollouts.runner.failures import prompt_misfit
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.grading import ExpectedAnswer
+from openforge.runs.checks import Check
 from openforge.store import Call, Store
 
 CHECK_TASK = TaskSpec(id="harness-check", instruction="Reply with the single word ok.",
@@ -115,6 +119,34 @@ def check_harness(store: Store, config: ForgeConfig, *, home: Path) -> HarnessCh
             failed and "last model call failed" in (ro.error or "")):
         report.problems.append(ro.error or "the rollout failed")
     return report
+
+
+def harness_run_checks(config: ForgeConfig, *, home: Path,
+                       on_harness: Callable[[str], None] = lambda name: None) -> list[Check]:
+    """`check_harness` on every harness of the run, under the run's own settings, in a scratch store (no run
+    row in FORGE_HOME's store): one check per harness, failed by any problem, its prompt size in the detail.
+    This is what `forge up --dry-run` runs after the plan's checks pass, to see a prompt that cannot fit."""
+    checks = []
+    with tempfile.TemporaryDirectory(prefix="forge-harness-check-") as scratch:
+        store = Store(Path(scratch) / "check.db")
+        try:
+            for name in config.harness.weights():
+                on_harness(name)
+                one = config.model_copy(update={"harness": config.harness.one(name)})
+                report = check_harness(store, one, home=home)
+                tokens = f"first prompt {report.first_prompt_tokens:,} tokens" if report.first_prompt_tokens \
+                    else "no prompt recorded"
+                said = f"{report.calls} model call(s), {report.refused} refused for length, {tokens}"
+                if report.problems:
+                    checks.append(Check(f"harness {report.harness}", "missing",
+                                        f"harness {report.harness}: {'; '.join(report.problems)} ({said})"))
+                else:
+                    checks.append(Check(f"harness {report.harness}", "warn" if report.warnings else "ok",
+                                        f"harness {report.harness}: one rollout ran, {said}"
+                                        + "".join(f"; {w}" for w in report.warnings)))
+        finally:
+            store.close()
+    return checks
 
 
 def sampling_warnings(calls: list[Call], config: ForgeConfig) -> list[str]:

@@ -28,7 +28,8 @@ def _lines(output: str) -> list[str]:
 
 def test_the_laptop_recipe_plans_and_passes_with_nothing_started(forge_home: Path) -> None:
     # isolation = none: the plan is the same whether or not this machine has a working bubblewrap
-    res = dry_run("--config", str(EXAMPLES / "laptop-demo.toml"), "--set", "sandbox.isolation=none", "up", "--dry-run")
+    res = dry_run("--config", str(EXAMPLES / "laptop-demo.toml"), "--set", "sandbox.isolation=none", "up", "--dry-run",
+                  "--no-harness-check")
     assert res.exit_code == 0, res.output
     lines = _lines(res.output)
     for expected in ("kind          embedded", "replicas      1 embedded engine", "backend       local",
@@ -39,7 +40,7 @@ def test_the_laptop_recipe_plans_and_passes_with_nothing_started(forge_home: Pat
     assert "FAIL" not in res.output and lines[-1] == "nothing was started; every check passed"
     assert not (forge_home / "forge.db").exists() and not (forge_home / "models").exists()  # no run, no model
     assert dry_run("--config", str(EXAMPLES / "laptop-demo.toml"), "--set", "sandbox.isolation=none", "train",
-                   "--dry-run").exit_code == 0
+                   "--dry-run", "--no-harness-check").exit_code == 0
 
 
 def test_the_claw_recipe_renders_valid_pod_manifests_and_lists_every_failing_check(forge_home: Path) -> None:

@@ -36,13 +36,19 @@ def test_config_after_the_command_works_as_before_it(tmp_path: Path) -> None:
     assert after.stdout.replace("steps = 7", "steps = 10") == before.stdout
 
 
-def test_every_recipe_header_command_runs_as_written(forge_home: Path) -> None:
-    """The header's `forge up --config examples/X.toml`, as a dry run (nothing started)."""
+def test_every_recipe_header_command_runs_as_written(forge_home: Path, tiny_model: Path) -> None:
+    """The header's `forge up --config examples/X.toml`, as a dry run: the plan's checks, then the harness runs
+    once under the recipe's settings in a scratch store (its prompt fits); no run row in the store."""
     header = (REPO / "examples" / "laptop-demo.toml").read_text()
     [line] = [ln.strip("# ").split() for ln in header.splitlines() if ln.startswith("#   forge up --config")]
-    res = invoke(*line[1:], "--set", "sandbox.isolation=none", "--dry-run")
+    # the session's tiny model stands in for the demo's (built and warmed up on first use: half a minute)
+    res = invoke(*line[1:], "--set", "sandbox.isolation=none", "--set", f"engine.model={tiny_model}", "--dry-run")
     assert res.exit_code == 0, res.output
-    assert res.output.strip().splitlines()[-1] == "nothing was started; every check passed"
+    lines = [ln.strip() for ln in res.output.strip().splitlines()]
+    assert lines[-1] == "no run was started (each harness ran once, in a scratch store); every check passed"
+    [ran] = [ln for ln in lines if ln.startswith("ok") and "harness " in ln]
+    assert "one rollout ran" in ran and "0 refused for length" in ran and "first prompt " in ran, ran
+    assert not Store(forge_home / "forge.db").list_runs()
 
 
 # ---------------------------------------------------------------------------------------------------

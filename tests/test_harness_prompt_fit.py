@@ -166,3 +166,23 @@ def test_a_run_whose_harness_prompt_cannot_fit_stops_with_the_fix(forge_home: Pa
     assert run.status == "failed" and not store.list_train_steps(run.id)
     assert {r.failure_kind for r in store.list_rollouts(run.id)} == {"config"}
     assert json.dumps(run.error).count("\\n") == 0  # one line
+
+
+@pytest.mark.slow
+def test_dry_run_runs_the_harness_and_fails_a_prompt_that_cannot_fit(forge_home: Path, tiny_model: Path,
+                                                                     tmp_path: Path) -> None:
+    """`forge up --dry-run`: the plan's checks pass, then the harness runs once under the run's settings."""
+    from openforge.store import Store
+
+    spec = write_agent(tmp_path / "agent", size=2000)
+    base = ["--set", f"engine.model={tiny_model}", "--set", "proxy.max_context_tokens=512", "--set",
+            f"harness.name={spec}", "--set", "tasks.path=builtin", "--set", "sandbox.isolation=none"]
+    out = CliRunner().invoke(app, [*base, "up", "--dry-run"])
+    assert out.exit_code == 1, out.output
+    [fail] = [ln.strip() for ln in out.output.splitlines() if ln.strip().startswith("FAIL")]
+    assert fail.startswith("FAIL  harness bloated: its own prompt does not fit") and "[prompt]" in fail, fail
+    assert "1 refused for length" in fail, fail
+    assert "1 harness check(s) would stop this run" in out.output
+    assert not Store(forge_home / "forge.db").list_runs()  # the check ran in a scratch store
+    skipped = CliRunner().invoke(app, [*base, "up", "--dry-run", "--no-harness-check"])
+    assert skipped.exit_code == 0 and skipped.output.rstrip().endswith("nothing was started; every check passed")
