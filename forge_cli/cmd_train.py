@@ -48,7 +48,11 @@ def train(
                                                      "(trainer.init_from); the engine serves it from step 0")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan (engines, sandboxes, trainer, tasks, "
                                           "tracking; on Kubernetes the pod manifests) and the checks that would "
-                                          "fail, start nothing; exit 1 if a check fails")] = False,
+                                          "fail; then each harness runs one tiny rollout under the run's settings "
+                                          "(does its prompt fit?) in a scratch store; exit 1 if a check fails")] = False,
+    harness_check: Annotated[bool, typer.Option("--harness-check/--no-harness-check",
+                                                help="with --dry-run: run each harness once (the prompt-fit "
+                                                "check of `forge harness check`); off: start nothing")] = True,
 ) -> None:
     """Train the policy with GRPO on the configured tasks: engine, proxy, sandboxed rollouts, trainer.
 
@@ -71,7 +75,7 @@ def train(
     if dry_run:
         from openforge.forge_cli.plan_view import dry_run as print_plan
 
-        print_plan(config, home=st.home, resume=resume, console=console)
+        print_plan(config, home=st.home, resume=resume, console=console, harness_check=harness_check)
         return
 
     def front_end(store: Store, run_id: str, config: ForgeConfig, controller: RunController, resumed: bool) -> Outcome:

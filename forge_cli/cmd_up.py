@@ -41,7 +41,11 @@ def up(
                                                      "(trainer.init_from); the engine serves it from step 0")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan (engines, sandboxes, trainer, tasks, "
                                           "tracking; on Kubernetes the pod manifests) and the checks that would "
-                                          "fail, start nothing; exit 1 if a check fails")] = False,
+                                          "fail; then each harness runs one tiny rollout under the run's settings "
+                                          "(does its prompt fit?) in a scratch store; exit 1 if a check fails")] = False,
+    harness_check: Annotated[bool, typer.Option("--harness-check/--no-harness-check",
+                                                help="with --dry-run: run each harness once (the prompt-fit "
+                                                "check of `forge harness check`); off: start nothing")] = True,
 ) -> None:
     """Bring up the engine, the proxy, sandboxed rollouts and the GRPO trainer for one run, and show it live."""
     from openforge.runs.session import SessionRequest, run_session
@@ -57,7 +61,7 @@ def up(
     if dry_run:
         from openforge.forge_cli.plan_view import dry_run as print_plan
 
-        print_plan(config, home=st.home, resume=resume, console=console)
+        print_plan(config, home=st.home, resume=resume, console=console, harness_check=harness_check)
         return
     tui = not headless and is_tty()
 
