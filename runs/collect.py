@@ -22,7 +22,7 @@ from typing import Any
 from openforge.config import ForgeConfig, stored_config
 from openforge.errors import ConfigError
 from openforge.rollouts.runner.evaluate import eval_specs
-from openforge.rollouts.runner.failures import StepFailed
+from openforge.rollouts.runner.failures import PromptDoesNotFit, StepFailed
 from openforge.runs.evaluate import cancel_on_sigterm
 from openforge.runs.prepare import isolation_for, load_run_tasks, preflight, resolve_model
 from openforge.runs.stack import Stack
@@ -90,8 +90,10 @@ def collect(store: Store, config: ForgeConfig, *, home: Path, min_reward: float,
     counts = collect_counts(store, run.id, min_reward)
     store.update_run(run.id, summary={"kind": "collect", "samples": config.runner.samples_per_task, **counts})
     try:  # as eval: a collection whose every rollout failed for infra or harness reasons says why
-        StepFailed.check(f"collect {run.id}", store.list_rollouts(run.id))
-    except StepFailed as exc:
+        rollouts = store.list_rollouts(run.id)
+        PromptDoesNotFit.check(f"collect {run.id}", rollouts)  # the harness's prompt over the context: its fix
+        StepFailed.check(f"collect {run.id}", rollouts)
+    except (StepFailed, PromptDoesNotFit) as exc:
         store.set_run_status(run.id, "failed", error=str(exc))
         raise
     return store.set_run_status(run.id, "finished"), counts

@@ -19,7 +19,7 @@ from openforge.errors import ConfigError
 from openforge.store import Rollout, Run, Store
 from openforge.runs.prepare import isolation_for, preflight, resolve_model
 from openforge.runs.stack import Stack
-from openforge.rollouts.runner.failures import StepFailed
+from openforge.rollouts.runner.failures import PromptDoesNotFit, StepFailed
 
 T = TypeVar("T")
 
@@ -58,8 +58,10 @@ def evaluate(store: Store, config: ForgeConfig, tasks: Sequence[Any], *, home: P
             raise KeyboardInterrupt from None
     store.update_run(run.id, isolation=isolation)
     try:
-        StepFailed.check(f"eval {run.id}", store.list_rollouts(run.id))
-    except StepFailed as exc:
+        rollouts = store.list_rollouts(run.id)
+        PromptDoesNotFit.check(f"eval {run.id}", rollouts)  # the harness's prompt over the context: its fix
+        StepFailed.check(f"eval {run.id}", rollouts)
+    except (StepFailed, PromptDoesNotFit) as exc:
         store.set_run_status(run.id, "failed", error=str(exc))
         raise
     return store.get_run(run.id), metrics

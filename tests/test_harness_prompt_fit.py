@@ -186,3 +186,22 @@ def test_dry_run_runs_the_harness_and_fails_a_prompt_that_cannot_fit(forge_home:
     assert not Store(forge_home / "forge.db").list_runs()  # the check ran in a scratch store
     skipped = CliRunner().invoke(app, [*base, "up", "--dry-run", "--no-harness-check"])
     assert skipped.exit_code == 0 and skipped.output.rstrip().endswith("nothing was started; every check passed")
+
+
+@pytest.mark.slow
+def test_an_eval_whose_harness_prompt_cannot_fit_fails_with_the_fix(forge_home: Path, tiny_model: Path,
+                                                                    tmp_path: Path) -> None:
+    """Not a pass rate over masked rollouts: the eval run fails, one line naming the fix, exit 1."""
+    from test_up_failures import ONE_GROUP, forge
+
+    from openforge.store import Store
+
+    spec = write_agent(tmp_path / "agent", size=2000)
+    out = forge(forge_home, *ONE_GROUP, "--set", f"engine.model={tiny_model}", "--set", "proxy.max_context_tokens=512",
+                "--set", f"harness.name={spec}", "--set", "tasks.path=builtin", "--set",
+                'tasks.include=["easy-say-done"]', "eval")
+    assert out.returncode == 1, out.stdout + out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("forge: error: ") and "[prompt]" in last and "2 of 2 rollouts of eval" in last, last
+    run = Store(forge_home / "forge.db").get_run("latest")
+    assert run.kind == "eval" and run.status == "failed" and "[prompt]" in (run.error or "")
