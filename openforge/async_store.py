@@ -10,7 +10,8 @@ thread and back. Through aiosqlite each statement was a hop (BEGIN, the numberin
 the update: four or more), and on a loaded machine every hop waits for the scheduler: at one call at
 a time those waits were most of the latency the proxy added.
 Credential lookups are one indexed row read inline on a read-only connection (microseconds in WAL
-mode, never blocked by the writer): cheaper than a hop to aiosqlite's thread on every request.
+mode, never blocked by the writer): cheaper than a hop to another thread on every request.
+So forge does not depend on aiosqlite (docs/architecture.md, "The store from async code").
 """
 
 from __future__ import annotations

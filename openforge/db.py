@@ -159,7 +159,7 @@ def sync_engine(path: str | Path) -> Engine:
 
 def point_reader(path: Path) -> sqlite3.Connection:
     """A read-only connection for single indexed reads done inline (microseconds in WAL mode, never
-    blocked by a writer): cheaper than a hop to aiosqlite's thread on every request."""
+    blocked by a writer): cheaper than a hop to another thread on every request."""
     conn = sqlite3.connect(path, check_same_thread=False, timeout=BUSY_TIMEOUT_S, isolation_level=None)
     conn.execute("PRAGMA query_only = ON")
     return conn
