@@ -474,10 +474,11 @@ class TrainerConfig(_Section):
         "`forge up --init-from RUN` stores its final adapter's path here); its rank and target modules must be these")
     device: str = Field("auto", description="torch device for training: auto, cpu, cuda")
     seed: int = Field(0, description="seed of the LoRA init and the task order")
-    overlap: bool = Field(False, description="one-step-off-policy: sample step t+1 while training step t")
+    overlap: bool = Field(False, description="one-step-off-policy, the older name of max_staleness = 1: true sets "
+                          "max_staleness to 1 when it is 0 (a larger max_staleness already samples ahead)")
     max_staleness: int = Field(0, ge=0, description="asynchronous training (trainer/buffer.py): groups are sampled "
                                "continuously and trained at most this many adapter versions after the one that "
-                               "sampled them; 0 = synchronous (overlap aside)")
+                               "sampled them; 0 = synchronous")
     rollout_versions: int = Field(1, ge=1, description="asynchronous training: how many adapter versions one "
                                   "rollout's calls may span. 1 = a rollout keeps the adapter it started with; N > 1 "
                                   "= partial rollouts: a rollout still running moves onto each newly published "
@@ -488,6 +489,14 @@ class TrainerConfig(_Section):
         "from training (counted: version_capped, version_dropped_groups)")
     nproc: int = Field(1, ge=1, description="trainer processes on this machine: > 1 runs `forge train` / `forge up` "
                        "under torchrun with FSDP2 (gloo on CPU, NCCL on GPUs, one GPU per rank); rank 0 owns the run")
+
+    @model_validator(mode="after")
+    def _overlap_is_staleness_one(self) -> TrainerConfig:
+        # One path samples ahead: the asynchronous buffer. Set in __dict__, as a validated assignment
+        # would run this validator again.
+        if self.overlap and self.max_staleness == 0:
+            self.__dict__["max_staleness"] = 1
+        return self
 
     @model_validator(mode="after")
     def _band_around_one(self) -> TrainerConfig:

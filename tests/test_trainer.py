@@ -186,11 +186,15 @@ def test_killed_run_resumes_with_no_lost_or_repeated_step(store: Store, tiny_mod
 
 def test_overlap_samples_the_next_step_with_the_previous_adapter(store: Store, tiny_model: Path,
                                                                  forge_home: Path) -> None:
+    """`overlap` is max_staleness = 1 (the asynchronous buffer, one group per sampler call): step N+1's
+    groups are sampled by step N-1's adapter while step N trains."""
+    assert _cfg(overlap=True).max_staleness == 1 and _cfg(overlap=True, max_staleness=2).max_staleness == 2
     run = store.create_run()
     sampler = ReplaySampler(store)
     train(store, run.id, _cfg(steps=3, overlap=True), model_path=tiny_model, tasks=TASKS, sampler=sampler,
           home=forge_home)
-    assert [(c[0], c[2]) for c in sampler.calls] == [(0, None), (1, None), (2, f"{run.id}-step-0")]
+    assert sorted(((c[0], c[2]) for c in sampler.calls), key=str) == \
+        [(0, None)] * 2 + [(1, None)] * 2 + [(2, f"{run.id}-step-0")] * 2
     assert [s.step for s in store.list_train_steps(run.id)] == [0, 1, 2]
 
 
@@ -215,7 +219,7 @@ def test_adapter_sync_keeps_two_replaces_a_held_name_and_reports_a_bad_path(tiny
     from openforge.engine.serve import serve_in_thread
     from openforge.config import EmbeddedEngineConfig
     from openforge.errors import EngineError
-    from openforge.trainer.adapters import AdapterSync
+    from openforge.trainer.adapter_sync import AdapterSync
     from openforge.trainer.bridge import BackgroundLoop
 
     model = build_policy(tiny_model, _cfg(), device=torch.device("cpu"))

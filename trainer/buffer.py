@@ -37,6 +37,11 @@ last of them (counted per step: `version_capped`, rollouts held back at a publis
 moves it on anyway and the trainer drops its group (`version_dropped_groups`, trainer/data.py).
 Counted per step as well: `rollouts_moved`, and from the trained tokens themselves `token_staleness`
 (sampled tokens by versions behind) and `spanning_rollouts` (trainer/data.py `version_metrics`).
+
+Resume. A checkpoint records the positions admitted and not yet taken (`pending`); a resumed buffer
+admits them again first, then goes on from the checkpoint's position. A group that had finished
+before the stop, within the staleness bound, is not sampled again: it is admitted finished, with its
+own version and rows (`KeptGroups`, trainer/resume.py).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from typing import Any, Sequence
 
 from openforge.rollouts.runner.failures import StepFailed
 from openforge.store import Rollout, Store
+from openforge.trainer.resume import KeptGroups
 from openforge.trainer.samplers import Sampler
 
 
@@ -94,7 +100,8 @@ class GroupBuffer:
 
     def __init__(self, sampler: Sampler, run_id: str, stream: Any, *, groups_per_step: int, max_staleness: int,
                  position: int, version: int, adapter: str | None, end: int,
-                 partial: PartialRollouts | None = None) -> None:
+                 partial: PartialRollouts | None = None, pending: Sequence[int] = (),
+                 kept: KeptGroups | None = None) -> None:
         self.sampler, self.run_id, self.stream = sampler, run_id, stream
         self.end = end  # no group starts at or after this stream position (the run's last step's end)
         self.B, self.K = groups_per_step, max_staleness
@@ -103,19 +110,31 @@ class GroupBuffer:
         self.error: BaseException | None = None
         self.partial = partial
         self.moved = self.capped = 0  # partial rollouts since the last take: moved on, held at the cap
+        self.kept = kept or KeptGroups()
         self.closed = False
         self.cond = threading.Condition()
         with self.cond:
+            for pos in pending:  # a resume: admitted before the stop, not trained
+                self._start(pos)
             self._admit()
 
     def _admit(self) -> None:
         """Start every group the pace allows under the current version (the lock is held)."""
         while not self.closed and self.position < min((self.version + self.K + 1) * self.B, self.end):
-            pos = self.position
             self.position += 1
-            g = Group(pos, self.stream.take(pos, 1)[0], self.version, self.adapter, time.perf_counter())
-            self.groups.append(g)
-            threading.Thread(target=self._sample, args=(g,), name=f"forge-group-{pos}", daemon=True).start()
+            self._start(self.position - 1)
+
+    def _start(self, pos: int) -> None:
+        """Sample the group at stream position `pos`, or take the one a resume kept finished (trainer/resume.py)."""
+        task, now = self.stream.take(pos, 1)[0], time.perf_counter()
+        kept = self.kept.take(pos)
+        if kept is not None:
+            self.groups.append(Group(pos, task, kept.version, kept.adapter, now, list(kept.rollouts), now))
+            self.cond.notify_all()
+            return
+        g = Group(pos, task, self.version, self.adapter, now)
+        self.groups.append(g)
+        threading.Thread(target=self._sample, args=(g,), name=f"forge-group-{pos}", daemon=True).start()
 
     def _sample(self, g: Group) -> None:
         try:
@@ -182,6 +201,11 @@ class GroupBuffer:
         rollouts = [r for g in batch for r in g.rollouts or []]
         return Taken(rollouts, [g.task for g in batch], time.perf_counter() - t0, stats)
 
+    def pending(self) -> list[int]:
+        """The positions admitted and not yet taken: what a checkpoint records for a resume to admit again."""
+        with self.cond:
+            return sorted(g.position for g in self.groups)
+
     def publish(self, version: int, adapter: str | None) -> None:
         """The engine serves `adapter` (version `version`) now: new groups start with it (and, with
         partial rollouts, the running ones go on with it)."""
@@ -196,7 +220,7 @@ class GroupBuffer:
 
     def close(self) -> None:
         """Admit nothing more. Groups in flight are abandoned (their threads end with the sampler's
-        cancel token or the run); their rollouts end up interrupted, as an unfinished overlap's do."""
+        cancel token or the run); their rollouts end up interrupted, and a resume samples those groups again."""
         with self.cond:
             self.closed = True
             self.cond.notify_all()

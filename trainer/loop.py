@@ -10,14 +10,15 @@
 
 Step N is done when its checkpoint exists; `train(..., resume=True)` starts after the newest one
 (re-recording its metrics row if the kill came between checkpoint and row), so no step is lost or
-repeated. Rollouts of a step that was interrupted are sampled again. With `trainer.init_from` the policy
-starts from that adapter (an SFT result), and the engine serves it to step 0's rollouts.
+repeated. Groups that had finished for steps not yet trained are trained as they are, within the
+staleness bound (trainer/resume.py); unfinished ones are marked interrupted and sampled again. With
+`trainer.init_from` the policy starts from that adapter (an SFT result), and the engine serves it to
+step 0's rollouts.
 
-With `overlap`, the rollouts of step N+1 are sampled (with the adapter of step N-1) while step N
-trains: one step off-policy, which TIS corrects for along with the engine/trainer mismatch.
 With `max_staleness` K > 0 a `GroupBuffer` (trainer/buffer.py) samples groups continuously, each under
 the adapter served when it starts, and phase 1 takes the next batch of finished groups instead; a
-group is trained at most K adapter versions after the one that sampled it (K = 1 subsumes overlap).
+group is trained at most K adapter versions after the one that sampled it, which TIS corrects for along
+with the engine/trainer mismatch. `trainer.overlap` is the name K = 1 had before (openforge/config.py).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -46,8 +46,9 @@ from openforge.trainer.data import build_batch, call_sampling, micro_batches, ve
 from openforge.trainer.vision import TrajectoryImages
 from openforge.trainer.grpo import StepConfig, grpo_step
 from openforge.trainer.model import autocast_dtype, build_optimizer, build_policy, pad_token_id, pick_device
-from openforge.trainer.adapters import AdapterSync
+from openforge.trainer.adapter_sync import AdapterSync
 from openforge.trainer.buffer import GroupBuffer, PartialRollouts
+from openforge.trainer.resume import KeptGroups, kept_groups
 from openforge.trainer.samplers import Sampler
 
 
@@ -155,10 +156,13 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
         raise TrainerError(f"run {run_id} already has checkpoints (step {found.step}); resume it with --resume")
     stream = TaskStream(tasks, config.seed)
     pi = _build(config, model_path, found)
-    start, position, adapter = 0, 0, None
+    start, position, adapter, kept = 0, 0, None, KeptGroups()
+    pending: list[int] = []  # async: positions the checkpoint's buffer had admitted and not trained
     if found is not None:
         try:
             start, position, adapter = _restore(store, run_id, found, pi, stream, engine, config)
+            pending = [int(p) for p in found.state.get("pending", ())]
+            kept = _kept(store, run_id, stream, config, pending, position, start)
         except BaseException:
             pi.close()
             raise
@@ -168,10 +172,7 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
     store.set_run_status(run_id, "running")
     result = TrainResult(run_id=run_id, adapter=adapter)
     vision = TrajectoryImages.for_run(home, run_id, model_path)  # loads its processor on the first image only
-    buffer = _buffer(config, sampler, run_id, stream, position, start, adapter, engine, store)
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forge-overlap") \
-        if config.overlap and buffer is None else None
-    pending: Future | None = None
+    buffer = _buffer(config, sampler, run_id, stream, position, start, adapter, engine, store, pending, kept)
     try:
         for step in range(start, config.steps):
             # 1. sample: this step's groups, with the adapter the engine serves now (async: the next
@@ -183,12 +184,9 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
                 rollouts, step_tasks, extra = taken.rollouts, taken.tasks, taken.stats
             else:
                 step_tasks = stream.take(position, config.tasks_per_step)
-                rollouts = pending.result() if pending else sampler.sample(run_id, step_tasks, step=step,
-                                                                           adapter=adapter)
-            pending = None
-            if pool is not None and step + 1 < config.steps:  # overlap: the next step samples while this trains
-                nxt = stream.take(position + len(step_tasks), config.tasks_per_step)
-                pending = pool.submit(sampler.sample, run_id, nxt, step=step + 1, adapter=adapter)
+                rollouts = _sample_step(sampler, run_id, step_tasks, position, step, adapter, kept)
+            if step == start and found is not None:
+                extra = extra | kept.metrics()
             # 2. train: group advantages, micro-batches, one GRPO update
             t1 = time.perf_counter()
             ids = [r.id for r in rollouts]
@@ -208,7 +206,8 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
             # 3. save (the step is done once its checkpoint exists), 4. hot-load, 5. record
             model, optimizer = pi.saveable()
             path = save_checkpoint(home, run_id, step, model=model, optimizer=optimizer, scheduler=pi.scheduler,
-                                   state={"position": position, "metrics": metrics, "fingerprint": stream.fingerprint})
+                                   state={"position": position, "metrics": metrics, "fingerprint": stream.fingerprint,
+                                          "pending": buffer.pending() if buffer is not None else []})
             adapter = result.adapter = _publish(store, run_id, step, path, engine, config)
             if buffer is not None:
                 buffer.publish(step + 1, adapter)  # groups starting from now sample with it
@@ -225,24 +224,51 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
     finally:
         if buffer is not None:
             buffer.close()
-        if pool is not None:  # an unfinished prefetch is abandoned; its rollouts end up interrupted
-            pool.shutdown(wait=pending is None, cancel_futures=True)
         pi.close()
     store.set_run_status(run_id, "finished")
     return result
 
 
+def _sample_step(sampler: Sampler, run_id: str, tasks: Sequence[Any], position: int, step: int,
+                 adapter: str | None, kept: KeptGroups) -> list[Any]:
+    """A synchronous step's rollouts, in stream order: the groups a resume kept, the others sampled now."""
+    groups = [kept.take(p) for p in range(position, position + len(tasks))]
+    missing = [t for t, g in zip(tasks, groups) if g is None]
+    fresh = sampler.sample(run_id, missing, step=step, adapter=adapter) if missing else []
+    if len(missing) == len(tasks):
+        return fresh
+    first: dict[str, int] = {}  # a task's first place in the step: fresh rows join the kept ones in the order a whole step has
+    for i, t in enumerate(tasks):
+        first.setdefault(str(_task_field(t, "id")), i)
+    rows = [r for g in groups if g is not None for r in g.rollouts] + list(fresh)
+    return sorted(rows, key=lambda r: first[r.task_id])
+
+
+def _kept(store: Store, run_id: str, stream: TaskStream, config: TrainerConfig, pending: list[int], position: int,
+          start: int) -> KeptGroups:
+    """The finished groups a resume trains instead of sampling again (trainer/resume.py): of the pending
+    positions and those up to K + 1 steps past the trained ones (all that can have been admitted)."""
+    if config.full_finetune or config.rollout_versions > 1:
+        return KeptGroups()  # no version to check the bound against (resume.py)
+    B = config.tasks_per_step
+    ahead = range(position, min(config.steps * B, (start + config.max_staleness + 1) * B))
+    return kept_groups(store, run_id, stream, pending + list(ahead), groups_per_step=B, start=start,
+                       max_staleness=config.max_staleness)
+
+
 def _buffer(config: TrainerConfig, sampler: Sampler, run_id: str, stream: TaskStream, position: int, start: int,
-            adapter: str | None, engine: AdapterSync | None, store: Store) -> GroupBuffer | None:
+            adapter: str | None, engine: AdapterSync | None, store: Store, pending: Sequence[int] = (),
+            kept: KeptGroups | None = None) -> GroupBuffer | None:
     """The asynchronous sampler when `max_staleness` > 0: groups of up to K + 1 versions run at once, so
-    the engine keeps that many adapters (and the newest) loaded."""
+    the engine keeps that many adapters (and the newest) loaded. A resume re-admits `pending` first,
+    the groups in `kept` as they finished."""
     if config.max_staleness == 0:
         return None
     if engine is not None:
         engine.retain(config.max_staleness + 2)
     return GroupBuffer(sampler, run_id, stream, groups_per_step=config.tasks_per_step,
                        max_staleness=config.max_staleness, position=position, version=start, adapter=adapter,
-                       end=config.steps * config.tasks_per_step,
+                       end=config.steps * config.tasks_per_step, pending=pending, kept=kept,
                        partial=PartialRollouts(store, config.rollout_versions,
                                                config.rollout_versions_policy == "drop_group")
                        if config.rollout_versions > 1 else None)
@@ -258,7 +284,7 @@ def _restore(store: Store, run_id: str, found: Any, pi: _Policy, stream: TaskStr
         if state.get("scheduler") is not None:
             pi.scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
-    store.interrupt_unfinished(run_id)  # rollouts of the interrupted step are sampled again
+    store.interrupt_unfinished(run_id)  # their groups are sampled again; finished ones may be kept (resume.py)
     # The engine may have restarted since: load the newest adapter again before the next rollouts.
     adapter = _publish(store, run_id, found.step, found.adapter_path, engine, config)
     if found.step not in {s.step for s in store.list_train_steps(run_id)}:
