@@ -39,7 +39,8 @@ def train(
     full_finetune: Annotated[Optional[bool], typer.Option("--full-finetune/--lora",
                                                           help="train all weights instead of a LoRA adapter")] = None,
     overlap: Annotated[Optional[bool], typer.Option("--overlap/--no-overlap",
-                                                    help="sample step N+1 while step N trains (one step off-policy)")] = None,
+                                                    help="sample step N+1 while step N trains, one step "
+                                                         "off-policy (= trainer.max_staleness 1)")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="a human name for the run")] = None,
     nproc: Annotated[Optional[int], typer.Option("--nproc", min=1, help="trainer processes under torchrun, "
                                                  "sharded with FSDP2; one GPU each on GPUs (trainer.nproc)")] = None,
