@@ -29,7 +29,7 @@ def sft_elsewhere(nproc: int, rank_argv: Callable[[int], list[str]]) -> int | No
     (trainer/sft_ranks.py), and with `nproc` > 1 outside torchrun the same command (`rank_argv`) runs
     on `nproc` ranks, FSDP2 across them."""
     if launch.is_follower():
-        from openforge.trainer.sft_ranks import follow
+        from openforge.trainer.sft import follow
 
         follow()
         return 0

@@ -17,6 +17,7 @@ row of the run (kind `sft`), and the adapter is saved at the end (trainer/checkp
 from __future__ import annotations
 
 import random
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,13 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from openforge.config import TrainerConfig
 from openforge.errors import TrainerError
 from openforge.rollouts.runner.trajectory import assemble_rollout
 from openforge.store import Store, TrainStep
 from openforge.trainer.checkpoint import Resumed, save_checkpoint
-from openforge.trainer.distributed import gather, init, launched, leave, shard_and_sync
+from openforge.trainer.distributed import broadcast, gather, init, launched, leave, shard_and_sync
 from openforge.trainer.model import build_optimizer, build_policy, pick_device
 from openforge.trainer.packing import pack, packed_nll, packed_row
 from openforge.trainer.sft_ranks import Ranks, Resumption, SftJob, announce
@@ -140,7 +142,7 @@ def train_sft(store: Store, home: Path, run_id: str, *, model_path: Path, exampl
     packed into rows of `max_tokens` (one row, one optimizer step); every step recorded as a train_step
     row of `run_id`, a checkpoint saved after each epoch. `resumed` (the run's latest checkpoint)
     continues after its step: the same rows (the seed shuffles them), none trained twice. Under
-    torchrun (`forge sft --nproc N`) this is rank 0: the other ranks run `sft_ranks.follow()` and
+    torchrun (`forge sft --nproc N`) this is rank 0: the other ranks run `follow()` and
     train with it, sharded with FSDP2."""
     train, val = split_by_task(examples, val_tasks, cfg.seed)
     job = SftJob(str(model_path), cfg.model_dump(), train, val, epochs, max_tokens,
@@ -172,6 +174,21 @@ def train_sft(store: Store, home: Path, run_id: str, *, model_path: Path, exampl
     if ranks is not None:
         leave()
     return result
+
+
+def follow() -> None:
+    """A torchrun rank other than 0: run rank 0's job with it (`train_sft` announces it), then leave.
+    Ctrl-C is rank 0's to handle."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    d = init()
+    try:
+        job: SftJob | None = broadcast(None, d)
+        if job is not None:
+            fit(job, TrainerConfig(**job.config), Ranks(d))
+        leave()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def fit(job: SftJob, cfg: TrainerConfig, ranks: Ranks | None, *,

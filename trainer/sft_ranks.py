@@ -2,7 +2,8 @@
 
     forge sft --nproc 2 --from RUN     # torchrun --nproc_per_node 2 -m openforge.forge_cli.main sft ...
       rank 0: the run (store, examples), then trainer/sft.py's loop with `Ranks`
-      rank 1: follow(): receives the job from rank 0, runs the same loop, never touches the store
+      rank 1: trainer/sft.py's follow(): receives the job from rank 0 (`announce`), runs the same loop,
+              never touches the store
 
 The step is the one-process step, split: one packed row is one optimizer step; its sequences are
 dealt to the ranks by tokens (longest first onto the least-loaded rank), each rank packs its share into
@@ -19,7 +20,6 @@ gathered onto rank 0 in the one-process format (trainer/distributed.Gathered).
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -101,20 +101,3 @@ def announce(d: Dist, job: SftJob | None) -> None:
     if job is not None and job.resumed is not None:
         job = replace(job, resumed=replace(job.resumed, optimizer=None))
     broadcast(job, d)
-
-
-def follow() -> None:
-    """A rank other than 0: run rank 0's job with it, then leave. Ctrl-C is rank 0's to handle."""
-    from openforge.config import TrainerConfig
-    from openforge.trainer.sft import fit
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    d = init()
-    try:
-        job: SftJob | None = broadcast(None, d)
-        if job is not None:
-            fit(job, TrainerConfig(**job.config), Ranks(d))
-        leave()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
