@@ -29,6 +29,9 @@ NEW_CONVERSATION = "new conversation: the first user turn differs (a sub-agent, 
 REWRITTEN = "history rewritten: an earlier turn is replayed with other content"
 
 _THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+# How a real harness opens the conversation it goes on with after compacting (Claude Code 2.1: its first
+# user turn is replaced by this and the summary); Codex's is told by its shape (a later user turn).
+CONTINUED = ("This session is being continued from a previous conversation",)
 
 
 def _strip_thinking(text: str) -> str:
@@ -66,7 +69,7 @@ def classify_break(previous: list[Message] | None, prev_tools: list[dict[str, An
     if _retried(old, new):
         return RETRIED
     if old and new and not _same(old[0], new[0]):
-        return NEW_CONVERSATION
+        return COMPACTED if any(mark in new[0].content for mark in CONTINUED) else NEW_CONVERSATION
     if [m.content for m in previous if m.role == "system"] != [m.content for m in messages if m.role == "system"]:
         return SYSTEM_CHANGED
     extended = len(new) > len(old) and all(_same(a, b) for a, b in zip(old, new))

@@ -1,10 +1,17 @@
 """The real CLIs compacting their context, through the real proxy and runner (issue 47).
 
+Each policy reads parts of a long file until the harness compacts, writes the summary it is asked for,
+then finishes; the harness's summary request is tagged (`call.side = "compaction"`) and trained with
+the rollout, the prefix breaks are labelled `compaction`, and every sampled token trains exactly once.
+
 Codex 0.171 compacts when a turn's usage passes `model_auto_compact_token_limit` (set with `-c`, beside
 `model_context_window`): one request with the whole history, a summary prompt as the last user turn and
 no tools, then the conversation goes on from its first turns + the summary (docs/harnesses.md,
-"Compaction"). The scripted engine reads parts of a long file until Codex compacts, writes the summary
-it is asked for, then finishes. Skipped where Codex is not installed (tests/test_real_harnesses.py).
+"Compaction"). Claude Code 2.1 compacts proactively only when its auto-compact window is set
+(CLAUDE_CODE_AUTO_COMPACT_WINDOW), at min(that, CLAUDE_CODE_MAX_CONTEXT_TOKENS) - 20k - 13k tokens: its
+summary request forks the history (the summary prompt appended to the last user turn, tools kept), and
+the conversation goes on from a first user turn that holds the summary. Skipped where the CLI is not
+installed (tests/test_real_harnesses.py).
 """
 
 from __future__ import annotations
@@ -19,12 +26,13 @@ import pytest
 from openforge.config import ForgeConfig, HarnessConfig
 from openforge.engine.protocol import BadRequest
 from openforge.proxy import breaks
+from openforge.rollouts.harnesses import BUILTIN_SPECS
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.sandbox.testing import proxy_socket_path
 from openforge.trainer.data import build_batch, call_sampling
 from test_proxy_support import make_rig  # noqa: F401 - fixture
-from test_real_harnesses import COMMAND, MARK, NPM_CACHE, needs
+from test_real_harnesses import ANSWER, COMMAND, MARK, NPM_CACHE, needs
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -127,3 +135,58 @@ async def test_a_failed_compaction_summary_is_an_infra_failure_and_nothing_train
     assert all(c.break_reason.startswith("compaction") for c in failed if c.break_reason)
     batch = build_batch([ro], rig.store.list_trajectories(rollout_ids=[ro.id]))
     assert (batch.samples, batch.dropped_groups, batch.infra_failures) == ([], 1, 1)
+
+
+CLAUDE_SUMMARY_PROMPT = "Your task is to create a detailed summary of the conversation so far"  # as captured
+CLAUDE_CONTINUED = "This session is being continued from a previous conversation"
+
+
+@needs("claude-code")
+async def test_claude_code_compaction_is_labelled_and_every_sampled_token_trains_once(make_rig, tmp_path):
+    """Claude Code with `--bare --tools Bash` (a 1.4k-token first prompt), told its model has 48k of
+    context and an auto-compact window: it compacts near 15k tokens, after the sixth part."""
+    rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
+    tok = rig.engine.tokenizer
+
+    def script(prompt_ids: list[int]) -> str:
+        text = tok.decode(prompt_ids)
+        if CLAUDE_SUMMARY_PROMPT in text[text.rindex("<|im_start|>user"):]:
+            return f"<analysis>six parts read</analysis>\n<summary>{SUMMARY}</summary>"
+        if CLAUDE_CONTINUED not in text:
+            part = text.count("line 150 of part") + 1
+            command = f"seq -f 'line %g of part {part} of the long file' 1 150"
+        elif MARK not in text:
+            command = COMMAND
+        else:
+            return ANSWER
+        call = {"name": "Bash", "arguments": {"command": command, "description": "run"}}
+        return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+    rig.engine.script = script
+    spec = tmp_path / "claude-code-48k.toml"  # a user's copy of the built-in spec, with the two settings
+    spec.write_text((BUILTIN_SPECS / "claude-code.toml").read_text().replace(
+        'IS_SANDBOX = "1"\n', 'IS_SANDBOX = "1"\nCLAUDE_CODE_MAX_CONTEXT_TOKENS = "48000"\n'
+        'CLAUDE_CODE_AUTO_COMPACT_WINDOW = "100000"\n'))
+    config = ForgeConfig()
+    config.harness = HarnessConfig(name=str(spec), npm_cache=str(NPM_CACHE), max_turns=16,
+                                   extra_args=["--bare", "--tools", "Bash"])
+    runner = RolloutRunner(rig.store, config=config, proxy_url=rig.url, proxy_socket=rig.proxy.uds)
+    [ro] = await runner.run(rig.rollout.run_id, [RolloutSpec(TASK, 0)])
+    assert (ro.status, ro.reward) == ("scored", 1.0), (ro.error, ro.stdout[-1500:])
+    assert json.loads(ro.stdout)["modelUsage"]["forge-policy"]["contextWindow"] == 48000
+
+    calls = sorted((c for c in rig.calls(ro.id) if c.status == "ok"), key=lambda c: c.seq)
+    [summary] = [c for c in calls if c.side == "compaction"]
+    [after] = [c for c in calls if c.break_reason]
+    # The summary request forks the history (it replays the turns before the last answer, so the proxy
+    # splices it without a break); the call after it opens with the summary: labelled compaction.
+    assert summary.break_reason is None and summary.request_json["tools"] == calls[0].request_json["tools"]
+    assert CLAUDE_SUMMARY_PROMPT in summary.request_json["messages"][-1]["content"][-1]["text"]
+    assert after.seq == summary.seq + 1 and after.break_reason == breaks.COMPACTED
+    first_turn = after.request_json["messages"][0]["content"]
+    assert CLAUDE_CONTINUED in json.dumps(first_turn) and SUMMARY in json.dumps(first_turn)
+    trajectories = rig.store.list_trajectories(rollout_ids=[ro.id])
+    assert len(trajectories) == ro.n_segments == 3  # before, the summary's fork, after
+    sampled = [i for t in trajectories for i, m in zip(t.token_ids, t.loss_mask) if m]
+    assert Counter(sampled) == Counter(i for c in calls for i in c.completion_ids)
+    assert len(sampled) == sum(len(c.completion_ids) for c in calls)

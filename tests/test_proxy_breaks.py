@@ -52,6 +52,9 @@ def test_codex_compaction_is_named_at_each_of_its_calls() -> None:
     after = [SYS, USER, first, CALL, RESULT, DONE]
     second = Message("user", first.content + " and counted them")
     assert explain_break([(after, TOOLS)], [SYS, USER, second], TOOLS) == breaks.COMPACTED
+    # Claude Code 2.1 replaces the first user turn by its continuation + the summary.
+    continued = Message("user", "This session is being continued from a previous conversation that ran out of context.")
+    assert why([SYS, continued, CALL, RESULT]) == breaks.COMPACTED
 
 
 def test_a_compaction_summary_is_tagged_by_the_harness_turn_never_by_a_tool_result() -> None:
