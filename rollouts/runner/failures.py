@@ -88,6 +88,11 @@ class PromptDoesNotFit(TrainerError):
                       f"{reason}")
 
 
+def failure_fields(kind: str, reason: str) -> dict[str, str]:
+    """The fields of a rollout that ended without an answer: failure_kind (FAILURE_KINDS) and the error."""
+    return {"error": f"{kind}: {reason}", "failure_kind": kind}
+
+
 def is_infra_failure(rollout: Rollout) -> bool:
     """Failed for a reason that is not the policy's: the sandbox, the engine, the harness itself, the
     run's settings (a harness prompt over the context). (A row without a failure kind predates them:

@@ -30,8 +30,9 @@ import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
+from openforge.config import ForgeConfig
 from openforge.errors import HarnessError, SandboxError
 from openforge.rollouts.harnesses.base import Harness, HarnessContext
 from openforge.rollouts.runner.failures import MAX_SIGNAL, judge_outcome, prompt_misfit
@@ -39,10 +40,7 @@ from openforge.rollouts.runner.grader import InfraFailure, run_in_sandbox, tail
 from openforge.rollouts.runner.policy_clock import ClockedRun, PolicyClock, run_on_policy_clock
 from openforge.sandbox.base import ExecResult, Sandbox
 from openforge.sandbox.gui import HARNESS_TIMED_OUT
-from openforge.store import CALL_CLIENT_LEFT, Call, Rollout
-
-if TYPE_CHECKING:
-    from openforge.rollouts.runner.runner import RolloutRunner
+from openforge.store import CALL_CLIENT_LEFT, Call, Rollout, Store
 
 Ending = Literal["timed_out", "harness", "policy", "config", "answer"]
 
@@ -59,6 +57,20 @@ class HarnessRun:
     answer: str = ""
 
 
+class RolloutDriver(Protocol):
+    """What a harness run and a multi-step task's steps (steps.py) need of the runner driving the rollout
+    (`RolloutRunner` is one): the run's settings and store, the rollout's trajectory assembled from its
+    calls (an error, or None), and its ending recorded. A protocol: the runner imports the modules that
+    take it, so they do not import the runner back."""
+
+    config: ForgeConfig
+    store: Store
+
+    async def _assemble(self, rollout_id: str, harness: Harness) -> str | None: ...
+
+    async def _finish(self, rollout_id: str, *, status: str, only_unfinished: bool = False, **fields: Any) -> None: ...
+
+
 def engine_fault(call: Call | None) -> str | None:
     """Why `call` (a run's newest) failed in the engine or the proxy; None when it did not. A call
     its client left is no fault of theirs (store.CALL_CLIENT_LEFT): the agent that kills its harness
@@ -68,7 +80,7 @@ def engine_fault(call: Call | None) -> str | None:
     return (call.error or call.status)[:500]
 
 
-async def run_harness(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, harness: Harness, ctx: HarnessContext, *,
+async def run_harness(runner: RolloutDriver, sb: Sandbox, ro: Rollout, harness: Harness, ctx: HarnessContext, *,
                       budget: float, env: dict[str, str], site: Any = None, step: str | None = None,
                       before_judging: Callable[[], Awaitable[None]] | None = None) -> HarnessRun:
     """Run `harness` once in `sb` under `budget` seconds and classify how it ended (the module's sequence).
