@@ -49,7 +49,7 @@ def run_training(store: Store, run_id: str, config: ForgeConfig, controller: Run
                  resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None) -> Outcome:
     """Stack up, train(), stack down. Never raises: returns the outcome (also recorded in the store)."""
     from openforge.trainer.loop import train
-    from openforge.trainer.adapters import AdapterSync
+    from openforge.trainer.adapter_sync import AdapterSync
     from openforge.trainer.samplers import RolloutSampler
     from openforge.runs.tracking import open_tracker
 
