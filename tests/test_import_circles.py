@@ -110,7 +110,8 @@ def test_the_checker_finds_circles_through_function_and_type_only_imports(tmp_pa
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "a.py").write_text("def f():\n    from openforge.runs.b import g\n")
-    (package / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from openforge.runs import a\n")
+    (package / "b.py").write_text("from typing import TYPE_CHECKING\n"
+                                  "if TYPE_CHECKING:\n    from openforge.runs import a\n")
     (package / "c.py").write_text("from .a import f\nimport openforge.runs.b\n")  # one way: no circle
     (package / "d.py").write_text("from openforge.runs.e import x\n")
     (package / "e.py").write_text("import openforge.runs.d\n")
