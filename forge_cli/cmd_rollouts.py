@@ -70,7 +70,9 @@ def tasks_import(
                                                                "checkout), harbor (task folders, their Dockerfiles "
                                                                "built into images), osworld (OSWorld-format JSON "
                                                                "tasks), "
-                                                               "webvoyager or online-mind2web (their task files)")],
+                                                               "webvoyager or online-mind2web (their task files), or "
+                                                               "the name of a task family with an importer "
+                                                               "(docs/tasks.md, \"Adding a task format\")")],
     src: Annotated[str, typer.Argument(help="the source: a claw-eval checkout (or its tasks/ folder); a Harbor dataset folder or task; WebVoyager's "
                                             "data/WebVoyager_data.jsonl (or data/); Online-Mind2Web's tasks JSON")],
     out: Annotated[str, typer.Option("--out", help="folder to write the forge tasks to, one task folder each "
@@ -118,9 +120,10 @@ def tasks_import(
         typer.echo(f"{src}: {len(tasks)} task(s) imported to {path}: {online} online-only (they need "
                    f"sandbox.allow_internet), {len(tasks) - online} on local sites")
         return
-    out = out or "claweval-tasks"
     if fmt != "claweval":
-        raise TaskError(f"unknown import format {fmt!r}: claweval, harbor, osworld, webvoyager or online-mind2web")
+        _import_by_family(fmt, src, out)
+        return
+    out = out or "claweval-tasks"
     from openforge.rollouts.tasks.claweval import import_claweval, write_tasks
 
     report = import_claweval(src, reward=reward)
@@ -136,6 +139,21 @@ def tasks_import(
                f"{len(report.online_only)} online-only, {len(report.unsupported)} unsupported; {graded} imported "
                "with ClawEval's own grader.py ("
                + ("its task score is the reward)" if reward == "claweval" else "its scores beside forge's judge's reward)"))
+
+
+def _import_by_family(fmt: str, src: str, out: str) -> None:
+    """A task family's own importer (rollouts/tasks/kinds.py `import_tasks`), found by the family's name."""
+    from openforge.rollouts.tasks.kinds import get_kind, kind_names
+
+    importers = [n for n in kind_names() if get_kind(n).import_help]
+    if fmt not in importers:
+        raise TaskError(f"unknown import format {fmt!r}: claweval, harbor, osworld, webvoyager, online-mind2web"
+                        + "".join(f", {n}" for n in importers))
+    result = get_kind(fmt).import_tasks(src, out)
+    for where, why in result.refused:
+        typer.echo(f"{where}: {why}", err=True)
+    _some_imported(src, result.tasks, len(result.refused))
+    typer.echo(result.summary)
 
 
 def _some_imported(src: str, tasks: list, refused: int) -> None:

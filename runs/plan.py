@@ -170,18 +170,10 @@ def _tasks(config: ForgeConfig, checks: list[Check]) -> list[tuple[str, str]]:
 
 
 def task_kind(task: Any) -> str:
-    """How a task is run and graded, for the plan's counts."""
-    if task.online is not None:
-        return "online-web"
-    if task.gui is not None:
-        return "gui"
-    if task.desktop is not None:
-        return "desktop"
-    if task.harbor is not None:
-        return "harbor"
-    if task.judge is not None:
-        return "judge"
-    return "exact"
+    """How a task is run and graded, for the plan's counts: as its family describes it."""
+    from openforge.rollouts.tasks.kinds import kind_of
+
+    return kind_of(task).describe(task)
 
 
 def _tracking(config: ForgeConfig, checks: list[Check]) -> list[tuple[str, str]]:

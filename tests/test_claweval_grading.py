@@ -1,4 +1,4 @@
-"""ClawEval's own graders of imported tasks (rollouts/tasks/claweval_grading.py, rollouts/runner/claweval_score.py):
+"""ClawEval's own graders of imported tasks (rollouts/tasks/claweval_grading.py, rollouts/tasks/claweval_score.py):
 tasks/<id>/grader.py run with the claw_eval package's grading modules (tests/data/claweval/src: copied from
 claw-eval 9365e1a) on the trace forge recorded, ClawEval's scoring and pass^N in the eval summary."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from openforge.config import ForgeConfig
-from openforge.rollouts.runner.claweval_score import run_claweval_figures, verdict_path
+from openforge.rollouts.tasks.claweval_score import run_claweval_figures, verdict_path
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.claweval import import_claweval
 from openforge.rollouts.tasks.claweval_grading import PASS_THRESHOLD, claweval_summary, run_grader, summary_line
@@ -206,7 +206,7 @@ async def test_under_policy_base_the_graders_judge_is_the_proxys_judge_route(ser
     deadline header), a later reply holds no score: LLMJudge asks again each time, and those rows keep why."""
     from openforge.config import JudgeConfig
     from openforge.engine.scripted import ScriptedEngine
-    from openforge.rollouts.runner.claweval_score import RETRIED
+    from openforge.rollouts.tasks.claweval_score import RETRIED
 
     judged = (SRC / "tasks" / "N001_save_note" / "grader.py").read_text().replace(
         "scores = DimensionScores()", "scores = DimensionScores(completion=judge.evaluate('', '', '', 'tone').score, "

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from openforge.config import ForgeConfig
-from openforge.rollouts.runner.claweval_score import verdict_path
+from openforge.rollouts.tasks.claweval_score import verdict_path
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.claweval import import_claweval
 from openforge.rollouts.tasks.claweval_grading import snapshot_entry

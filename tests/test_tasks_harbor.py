@@ -17,7 +17,8 @@ from openforge.forge_cli.main import app
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks, validate_tasks
 from openforge.rollouts.tasks.harbor_verifier import parse_reward, rewrite_paths
-from openforge.rollouts.tasks.selfcheck import (FORGED_REWARD, HOSTILE_ANSWERS, PLANTED_PYTEST, _StandInHarness,
+from openforge.rollouts.tasks.harbor_kind import FORGED_REWARD, PLANTED_PYTEST
+from openforge.rollouts.tasks.selfcheck import (HOSTILE_ANSWERS, _StandInHarness,
                                                check_solutions)
 from openforge.store import Store
 

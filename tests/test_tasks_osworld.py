@@ -21,7 +21,8 @@ from openforge.forge_cli.main import app
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks
 from openforge.rollouts.tasks.osworld import import_osworld
-from openforge.rollouts.tasks.selfcheck import _StandInHarness, check_solutions, planted_files
+from openforge.rollouts.tasks.osworld_kind import planted_files
+from openforge.rollouts.tasks.selfcheck import _StandInHarness, check_solutions
 from openforge.store import Store
 from required import requires
 

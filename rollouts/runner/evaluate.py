@@ -19,6 +19,7 @@ from openforge.rollouts.harnesses.base import Harness
 from openforge.rollouts.runner.metrics import RunMetrics, summarize_run
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec
+from openforge.rollouts.tasks.kinds import kinds_of
 
 
 def eval_specs(tasks: Sequence[TaskSpec], samples: int, harnesses: Sequence[str] = ("",)) -> list[RolloutSpec]:
@@ -66,9 +67,7 @@ async def run_eval(store: Store, config: ForgeConfig, tasks: Sequence[TaskSpec],
     summary["harness_figures"] = to_json(harness_figures(store, run.id, ks))
     if compare_with is not None:
         summary["compare"] = {"run": compare_with, "by_harness": to_json(compare_runs(store, run.id, compare_with, ks))}
-    if any(t.claweval is not None for t in tasks):  # ClawEval's own figures, beside forge's
-        from openforge.rollouts.runner.claweval_score import run_claweval_figures
-
-        summary["claweval"] = run_claweval_figures(store, run.id)
+    for kind, _ in kinds_of(tasks).values():  # a family's own figures (ClawEval's), beside forge's
+        summary |= kind.run_figures(store, run.id)
     store.update_run(run.id, summary=summary)
     return store.set_run_status(run.id, "finished"), metrics

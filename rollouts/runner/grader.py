@@ -1,5 +1,7 @@
-"""Grading a rollout once its agent is gone: the exact graders (answer, files, a GUI site's state, a task
-service's record, the shell verifier, a Harbor task's tests) and a judge component weighed beside them.
+"""Grading a rollout once its agent is gone: the exact graders (answer, files, a family's check such as a GUI
+site's state, a task service's record, the shell verifier) and a judge component weighed beside them. A task's
+family (rollouts/tasks/kinds.py) decides which: its own exact graders (a Harbor task's tests, an OSWorld
+evaluator) or its own grader altogether (ClawEval's).
 
     grader = RolloutGrader(store, config)
     reward, output, note = await grader.grade(sb, ro, task, answer, site, services=services)
@@ -27,13 +29,13 @@ from openforge.rollouts.runner.transcript import action_history
 from openforge.rollouts.tasks.format import ANSWER_FILE, TaskSpec, parse_score
 from openforge.rollouts.tasks.grading import answer_matches, clip, file_matches
 from openforge.rollouts.tasks.judge import PolicyBaseJudge, judge, weighted_reward
+from openforge.rollouts.tasks.kinds import TaskKind, kind_of
 from openforge.rollouts.tasks.services import gates_hold
 from openforge.rollouts.tasks.tools import DISPATCH_ENV, DISPATCH_FILE
 from openforge.sandbox.base import ExecResult, Sandbox, SandboxFileNotFound, SandboxPathRefused, stop_shielded
 from openforge.store import Judgement, Rollout, Store, hash_key, new_judge_key
 
 STORED_OUTPUT_CHARS = 64_000  # harness/verifier output kept per rollout (the tail: where errors are)
-SNAPSHOT_MAX_BYTES = 16 << 20  # a file copied out for a ClawEval grader (env_snapshot); past it, an error entry
 KILL_GRACE_S = 10.0  # past the limit, a sandbox that has not returned from exec is stopped by force
 # The verifier's own HOME and TMPDIR, made afresh in the grader's folder: nothing the agent left in its
 # HOME (a usercustomize.py in the user site, a ~/.gitconfig running commands) runs in the verifier.
@@ -85,49 +87,16 @@ class RolloutGrader:
     async def grade(self, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str, site: Any = None, *,
                      services: Any = None,
                      ) -> tuple[float, str, str | None]:
-        """(reward, what the graders said, a note when a verifier's output was unusable): the exact
-        graders' reward, and a judge component's score weighed beside it (rollouts/tasks/judge.py). An
-        imported ClawEval task's reward is its own grader's task score (ClawEval's formula, its judge inside);
-        under `claweval.reward = "judge"` forge's reward above, ClawEval's scores said and stored beside it."""
-        # The files a ClawEval grader reads, copied out first: the agent is gone, and nothing forge writes
-        # for its own graders (the answer file, verifier folders) can stand in for them.
-        snapshot = await self._claweval_snapshot(sb, task) if task.claweval and task.claweval.snapshot_files else None
-        if task.claweval is None:
-            return await self._grade(sb, ro, task, answer, site, services=services)
-        if task.claweval.reward == "judge":
-            reward, output, note = await self._grade(sb, ro, task, answer, site, services=services)
-        else:  # forge's own judge is not asked: ClawEval's grader asks its judge itself
-            from openforge.rollouts.tasks.services import services_summary
-            reward, output, note = None, services_summary(services.requests()) if services is not None else "", None
-        from openforge.rollouts.runner.claweval_score import claweval_verdict
-        from openforge.rollouts.tasks.claweval_grading import ClawEvalGradingFailed, verdict_line
+        """(reward, what the graders said, a note when a verifier's output was unusable), as the task's family
+        grades it (rollouts/tasks/kinds.py): by default the exact graders' reward, and a judge component's score
+        weighed beside it (rollouts/tasks/judge.py); a family may grade with its own (ClawEval's grader.py)."""
+        return await kind_of(task).grade(self, sb, ro, task, answer, site, services=services)
 
-        policy_base = await self._policy_base(ro) \
-            if task.claweval.needs_judge and self.config.judge.endpoint == "policy-base" else None
-        try:
-            verdict = await claweval_verdict(self.config, self.store, ro, task, answer, services, snapshot,
-                                             policy_base=policy_base)
-        except ClawEvalGradingFailed as exc:
-            raise InfraFailure(str(exc)) from None
-        line = verdict_line(verdict, is_reward=reward is None)
-        return (float(verdict["task_score"]) if reward is None else reward), tail(f"{output}\n{line}".strip()), note
-
-    async def _claweval_snapshot(self, sb: Sandbox, task: TaskSpec) -> dict[str, Any]:
-        """ClawEval's env_snapshot of the files the task names (its /workspace paths), read from the sandbox's
-        working directory: a missing file, a link out or a folder is ClawEval's "not found" entry."""
-        from openforge.rollouts.tasks.claweval_grading import snapshot_entry
-
-        assert task.claweval is not None
-        snapshot = {}
-        for name, rel in task.claweval.snapshot_files.items():
-            data = await self.read_expected(sb, rel, SNAPSHOT_MAX_BYTES + 1)
-            snapshot[f"file:{name}"] = snapshot_entry(name, data) if data is None or len(data) <= SNAPSHOT_MAX_BYTES \
-                else {"error": f"{name} is larger than {SNAPSHOT_MAX_BYTES} bytes"}
-        return snapshot
-
-    async def _grade(self, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str, site: Any = None, *,
-                     services: Any = None) -> tuple[float, str, str | None]:
-        exact = await self._grade_exact(sb, task, answer, site, services=services, ro=ro) if task.exact_graded else None
+    async def grade_with_judge(self, kind: TaskKind, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str,
+                               site: Any = None, *, services: Any = None) -> tuple[float, str, str | None]:
+        """The family's exact graders (`kind.grade_exact`) and the task's judge weighed beside them."""
+        exact = await kind.grade_exact(self, sb, ro, task, answer, site, services=services) \
+            if task.exact_graded else None
         if task.judge is None:
             assert exact is not None  # TaskSpec requires a grader
             return exact
@@ -154,7 +123,7 @@ class RolloutGrader:
         images = await _db(self._screenshots, ro, task.judge.screenshots) if task.judge.shows_screenshots else None
         actions = action_history(await _db(self.store.list_calls, rollout_id=ro.id)) \
             if task.judge.shows_actions else None
-        policy_base = await self._policy_base(ro) if self.config.judge.endpoint == "policy-base" else None
+        policy_base = await self.policy_base(ro) if self.config.judge.endpoint == "policy-base" else None
         done = await judge(self.config.judge, task.judge, instruction=task.instruction, answer=answer, files=files,
                            images=images, actions=actions, policy_base=policy_base)
         if done.judgement_id is not None:  # the proxy's judge route recorded the call: the score is ours
@@ -167,7 +136,7 @@ class RolloutGrader:
             raise InfraFailure(f"the judge failed: {done.error}")
         return done.score, f"judge: {task.judge.output} score {done.score:g}, weight {task.judge.weight:g}"
 
-    async def _policy_base(self, ro: Rollout) -> PolicyBaseJudge:
+    async def policy_base(self, ro: Rollout) -> PolicyBaseJudge:
         """The proxy's judge route with a judge key that replaces the rollout's key: the agent is gone (its
         key now works nowhere) and never saw this one, which the proxy takes on its judge route only."""
         key = new_judge_key()
@@ -189,16 +158,12 @@ class RolloutGrader:
         except (ImageError, OSError) as exc:
             raise InfraFailure(f"a screenshot for the judge is unreadable: {exc}") from None
 
-    async def _grade_exact(self, sb: Sandbox, task: TaskSpec, answer: str, site: Any = None, *,
-                           services: Any = None, ro: Rollout | None = None,
+    async def grade_checks(self, sb: Sandbox, task: TaskSpec, answer: str, *, services: Any = None,
+                           ro: Rollout | None = None, site_check: Callable[[], tuple[bool, str]] | None = None,
                            ) -> tuple[float, str, str | None]:
-        """The exact graders: (reward, what they said, a note when a verifier's output was unusable). The answer,
-        the expected files and a GUI task's site state (read on the host) are checked here, outside the
-        sandbox; then the shell verifier."""
-        if task.harbor is not None:  # a Harbor task: its own tests are its grader
-            return await self._harbor(sb, task)
-        if task.osworld is not None:  # an OSWorld-format task: its evaluator is its grader
-            return await self._osworld(sb, task, answer)
+        """The exact graders: (reward, what they said, a note when a verifier's output was unusable). The
+        services' record, the family's `site_check` (a GUI site's state, read on the host), the answer and the
+        expected files are checked here, outside the sandbox; then the shell verifier."""
         lines, passed = [], True
         if services is not None:  # the record forge's own fronts kept: nothing in the sandbox is read
             from openforge.rollouts.tasks.services import check_requests, services_summary
@@ -206,8 +171,8 @@ class RolloutGrader:
             ok, rule_lines = check_requests(task.expect_requests, record)
             passed &= ok
             lines += [*rule_lines, services_summary(record)]
-        if site is not None and task.gui is not None and task.gui.expect_state:
-            ok, line = site.grade()
+        if site_check is not None:
+            ok, line = site_check()
             passed &= ok
             lines.append(line)
         if task.expect_answer is not None:
@@ -222,7 +187,7 @@ class RolloutGrader:
             lines.append(f"{path}: {'ok' if ok else 'missing' if got is None else 'wrong'}"
                          + ("" if ok or got is None else f": got {clip(got.decode('utf-8', 'replace'))}"))
         try:
-            await self._grader_folders(sb, task)
+            await self.grader_folders(sb, task)
             await sb.write_file(ANSWER_FILE, answer.encode("utf-8"))
             # The host's record, never one the agent wrote (`.forge/` was moved aside).
             if (task.tools or task.mcp_servers) and ro is not None:
@@ -239,44 +204,7 @@ class RolloutGrader:
             reward = v_reward if passed else 0.0
         return reward, tail("\n".join(lines)), note
 
-    async def _harbor(self, sb: Sandbox, task: TaskSpec) -> tuple[float, str, str | None]:
-        """A Harbor task's tests, copied in now (the agent is gone) and run; the reward file read on the
-        host (rollouts/tasks/harbor_verifier.py). A verifier that could not run is the infrastructure's."""
-        from openforge.rollouts.tasks.harbor_verifier import VerifierUnavailable, run_harbor_tests
-
-        assert task.harbor is not None
-        try:
-            await self._grader_folders(sb, task)
-        except SandboxPathRefused as exc:  # the agent planted a link or FIFO where the grader writes
-            return 0.0, f"the grader's files cannot be written: {exc}", None
-        try:
-            reward, output, note = await run_harbor_tests(
-                sb, task.harbor, lambda cmd, timeout, env: run_in_sandbox(self.config, sb, cmd, timeout=timeout, env=env),
-                verifier_env(sb.info.workdir))
-        except VerifierUnavailable as exc:
-            raise InfraFailure(f"the task's verifier could not run: {exc}") from None
-        return reward, tail(output), note
-
-    async def _osworld(self, sb: Sandbox, task: TaskSpec, answer: str) -> tuple[float, str, str | None]:
-        """An OSWorld-format evaluator: its getters in the sandbox (the agent gone), OSWorld's metric on the
-        host (rollouts/tasks/osworld_eval.py). A metric that cannot run is the infrastructure's failure."""
-        from openforge.rollouts.tasks.osworld_eval import OSWorldUnavailable, grade_osworld
-
-        assert task.osworld is not None
-        try:
-            await self._grader_folders(sb, task)
-        except SandboxPathRefused as exc:  # the agent planted a link or FIFO where the grader writes
-            return 0.0, f"the grader's files cannot be written: {exc}", None
-        limit, env = self.config.runner.verifier_timeout_s, verifier_env(sb.info.workdir)
-        try:
-            reward, output = await grade_osworld(
-                task.osworld, answer, read_file=lambda path, cap: self.read_expected(sb, path, cap),
-                run=lambda line: run_in_sandbox(self.config, sb, line, timeout=limit, env=env))
-        except OSWorldUnavailable as exc:
-            raise InfraFailure(f"the task's OSWorld evaluator could not run: {exc}") from None
-        return reward, tail(output), None
-
-    async def _grader_folders(self, sb: Sandbox, task: TaskSpec) -> None:
+    async def grader_folders(self, sb: Sandbox, task: TaskSpec) -> None:
         """Move aside what the agent left where the grader writes: `.forge/` (the answer file's folder)
         and each hidden top-level folder of the verifier's files (`.verify/`: a planted `json.py` there
         would be on a Python verifier's import path), then make the verifier's fresh HOME. A rename, not

@@ -10,9 +10,10 @@ command -> harness prepare + run under the time limit (the sandbox kills it) -> 
 trajectory from the proxy's recorded calls -> the harness's outcome (answer or failure) -> graded
 (rollouts/runner/grader.py: the answer and expected files checked exactly, then the shell verifier,
 then a judge component) -> scored. A task's services and tools run on the host around the sandbox
-(rollouts/tasks/services.py, rollouts/runner/tool_server.py). A multi-step Harbor task runs a harness
-run per step in the one sandbox, each graded before the next (rollouts/runner/steps.py). The final
-states say who failed:
+(rollouts/tasks/services.py, rollouts/runner/tool_server.py). What differs by task family (its display,
+its sandbox image, its probes, its graders) is the family's `TaskKind` (rollouts/tasks/kinds.py); a family
+may drive a rollout as steps, a harness run per step in the one sandbox, each graded before the next
+(rollouts/runner/steps.py: a multi-step Harbor task). The final states say who failed:
 
     scored     graded; `reward` is the policy's data (0.0 for an agent that did nothing). With
                failure_kind "policy" the harness stopped on the policy's own failure (its turn limit, a
@@ -33,8 +34,8 @@ Which ending is whose is decided from what the policy cannot write (rollouts/run
 One harness run and its classification is rollouts/runner/harness_run.py, shared with steps.py.
 
 Every sandbox is stopped on every path, cancellation included. The runner never asks which sandbox
-backend or harness it has: it uses only the members their protocols declare (sandbox/base.py,
-rollouts/harnesses/base.py).
+backend, harness or task family it has: it uses only the members their protocols declare (sandbox/base.py,
+rollouts/harnesses/base.py, rollouts/tasks/kinds.py).
 """
 
 from __future__ import annotations
@@ -55,9 +56,8 @@ from openforge.rollouts.runner.grader import InfraFailure, RolloutGrader, tail
 from openforge.rollouts.runner.harness_run import run_harness
 from openforge.rollouts.runner.tool_server import ToolServer, ToolServerUnavailable, dispatch_record_path
 from openforge.rollouts.runner.trajectory import assemble_rollout
-from openforge.rollouts.tasks.desktop import Desktop
 from openforge.rollouts.tasks.format import TaskSpec
-from openforge.rollouts.tasks.web.benchmarks import PROBE_TIMEOUT_S, LivePage, check_online
+from openforge.rollouts.tasks.kinds import kind_of, kinds_of
 from openforge.sandbox.base import Sandbox, SandboxStartFailed, start_with_retry, stop_shielded
 from openforge.sandbox.confine import Confinement
 
@@ -161,7 +161,8 @@ class RolloutRunner:
         stopped, and the CancelledError propagates."""
         unique = {s.task.id: s.task for s in specs}
         harnesses = [self.harness_for(s.harness) for s in specs]  # an unknown one fails the call, before any row
-        check_online(list(unique.values()), allow_internet=self.config.sandbox.allow_internet)
+        for kind, tasks_of_kind in kinds_of(unique.values()).values():  # a family's refusal fails the call
+            kind.check_run(tasks_of_kind, self.config)
         await self._db(self.store.add_tasks, run_id, [t.to_record() for t in unique.values()])
         rollouts = []
         for spec, harness in zip(specs, harnesses):
@@ -261,20 +262,9 @@ class RolloutRunner:
 
     @staticmethod
     def _open_site(task: TaskSpec) -> Any:
-        """A GUI task's site, served on the host for this rollout (rollouts/tasks/web/server.py), an online
-        task's live start page (`LivePage`: the browser opens it over the sandbox's egress), a desktop task's
-        display (`Desktop`: its applications started on it); None otherwise."""
-        if task.online is not None:
-            return LivePage(task.online)
-        if task.desktop is not None:
-            return Desktop(task.desktop)
-        if task.gui is None:
-            return None
-        from openforge.rollouts.tasks.web.server import SiteSession
-        try:
-            return SiteSession(task.gui)
-        except OSError as exc:
-            raise InfraFailure(f"cannot serve the task's site: {exc}") from None
+        """The task's display for this rollout, as its family opens it (a web task's site served on the host or
+        its live start page, a desktop task's display); None for a task without one."""
+        return kind_of(task).open_site(task)
 
     async def _open_services(self, ro: Rollout, spec: RolloutSpec) -> Any:
         """The task's services for this rollout (rollouts/tasks/services.py), None without any, or False
@@ -325,16 +315,13 @@ class RolloutRunner:
         return sb
 
     def _sandbox_config_for(self, task: TaskSpec | None) -> Any:
-        if task is None or (task.image is None and task.limits is None and not task.compose):
+        """The run's sandbox config, with what the task's family asks of it (its image, services, limits)."""
+        kind = kind_of(task) if task is not None else None
+        if kind is None or not kind.needs_own_sandbox_config(task):
             return self.sandbox_config
         from openforge.sandbox.factory import sandbox_class
 
-        backend, config = sandbox_class(self.config.sandbox.type), self.sandbox_config
-        if task.image is not None:
-            config = backend.with_image(config, task.image.tag, task.image.workdir)
-        if task.compose:
-            config = backend.with_services(config, [s.model_dump() for s in task.compose])
-        return config if task.limits is None else backend.with_limits(config, task.limits)
+        return kind.sandbox_config(task, sandbox_class(self.config.sandbox.type), self.sandbox_config)
 
     async def _drive(self, sb: Sandbox, ro: Rollout, task: TaskSpec, harness: Harness, site: Any = None, *,
                      services: Any = None, tools: ToolServer | None = None) -> None:
@@ -363,19 +350,9 @@ class RolloutRunner:
                              workdir=sb.info.workdir, backend=sb.info.backend, task_id=task.id,
                              tools_url=tools_url, tools_token=tools.token if tools is not None else "")
         await self._setup(sb, task)
-        if isinstance(site, LivePage):  # a start page that cannot load is the network's failure, never the policy's 0
-            probe = await sb.exec(site.probe_command(), timeout=PROBE_TIMEOUT_S + 15)
-            if probe.exit_code != 0:
-                why = (probe.stderr or probe.stdout).strip().splitlines()[-1:] or [f"exit code {probe.exit_code}"]
-                raise InfraFailure(f"the start page {site.online.start_url} could not be fetched from the sandbox "
-                                   f"(is its egress open? docs/tasks.md): {why[0][-300:]}")
-        if isinstance(site, Desktop):  # a display or an application the sandbox lacks: never the policy's 0
-            probe = await sb.exec(site.probe_command(), timeout=60)
-            if probe.exit_code != 0:
-                raise InfraFailure(f"desktop task {task.id} cannot start: {tail(probe.stderr, 300).strip()}")
-        if task.harbor_steps is not None:  # a multi-step Harbor task: a harness run per step, each graded
-            from openforge.rollouts.runner.steps import drive_steps
-            await drive_steps(self, sb, ro, task, harness, ctx, service_env)
+        kind = kind_of(task)
+        await kind.prepare(sb, task, site)  # its probes: what the sandbox lacks is never the policy's 0
+        if await kind.drive(self, sb, ro, task, harness, ctx, service_env):  # a family that runs steps itself
             return
         assembly_error: str | None = None
 

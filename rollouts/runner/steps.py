@@ -1,14 +1,14 @@
-"""A multi-step Harbor task's rollout: one sandbox, one harness run per step, each step graded after it.
+"""A multi-step task's rollout: one sandbox, one harness run per step, each step graded after it.
 
-    for each step (rollouts/tasks/harbor_steps.py):
+    for each step (a task kind's steps: Harbor's [[steps]], rollouts/tasks/harbor_kind.py):
         the harness runs afresh in the same sandbox, given the step's instruction (HarnessContext.step
           names it), under the step's time limit
         kill_all: nothing the agent started still runs
-        the step's tests copied in and run, the reward read on the host (rollouts/tasks/harbor_verifier.py),
-          then their folder emptied (`Sandbox.grader_folder`), as Harbor empties /tests and /logs/verifier
-          before the next agent phase
+        the step graded by the kind's `grade_step` (Harbor's: the step's tests copied in and run, the reward
+          read on the host), then the grader's folder emptied (`Sandbox.grader_folder`), as Harbor empties
+          /tests and /logs/verifier before the next agent phase
         a reward below the step's min_reward: the remaining steps are skipped
-    the rollout's reward: HarborSteps.combined of the graded steps' rewards (Harbor's mean, or final)
+    the rollout's reward: the kind's `combine` of the graded steps' rewards (Harbor's mean, or final)
 
 Every model call of every step is made with the rollout's key, so the proxy records them all under
 the one rollout and the trajectory is assembled once, at the end (a fresh session starts a new
@@ -16,13 +16,14 @@ segment: rollouts/runner/trajectory.py). Each step's run and its ending are a si
 (rollouts/runner/harness_run.py, judged on the calls the step made):
 a step whose harness failed fails the rollout ("harness", never scored); a step's policy failure or
 timeout ends it with reward 0.0 whatever earlier steps scored (a policy that stops working mid-task
-earns nothing, as one that times out on a task of one step); a verifier that cannot run is infra.
+earns nothing, as one that times out on a task of one step); a grader that cannot run is infra.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from openforge.errors import SandboxError
 from openforge.rollouts.harnesses.base import Harness, HarnessContext
@@ -33,19 +34,30 @@ from openforge.store import Rollout
 
 if TYPE_CHECKING:
     from openforge.rollouts.runner.runner import RolloutRunner
-    from openforge.rollouts.tasks.format import TaskSpec
 
-async def drive_steps(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, task: "TaskSpec", harness: Harness,
-                      ctx: HarnessContext, extra_env: dict[str, str]) -> None:
-    """Run every step of `task` (it has `harbor_steps`) in `sb`, grade each, and record the rollout's ending."""
+
+class Step(Protocol):
+    """One step of a multi-step task, as a task kind gives it."""
+
+    name: str
+    instruction: str
+    time_limit_s: float
+    min_reward: float | None
+
+
+async def drive_steps(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, harness: Harness, ctx: HarnessContext,
+                      extra_env: dict[str, str], *, steps: Sequence[Step],
+                      grade_step: Callable[[Step, str], Awaitable[tuple[float, str, str | None]]],
+                      combine: Callable[[list[float]], float], rule: str) -> None:
+    """Run every step in `sb`, grade each with `grade_step(step, answer)`, and record the rollout's ending:
+    `combine` of the graded steps' rewards (`rule` names it in the output)."""
     from openforge.rollouts.runner.runner import _failure
 
-    assert task.harbor_steps is not None
     config = runner.config
     rewards: list[float] = []
     lines: list[str] = []
     notes: list[str] = []
-    for step in task.harbor_steps.steps:
+    for step in steps:
         budget = min(step.time_limit_s * config.runner.time_limit_scale, config.runner.rollout_timeout_s)
         step_ctx = dataclasses.replace(ctx, instruction=step.instruction, step=step.name)
         run = await run_harness(runner, sb, ro, harness, step_ctx, budget=budget, env=extra_env, step=step.name)
@@ -59,8 +71,7 @@ async def drive_steps(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, task: "
         if run.ending == "policy":
             await _end(runner, ro, harness, lines, status="scored", reward=0.0, **_failure("policy", run.reason))
             return
-        reward, output, note = await runner.grader.grade(sb, ro, task.model_copy(update={"harbor": step.tests}),
-                                                         run.answer)
+        reward, output, note = await grade_step(step, run.answer)
         rewards.append(reward)
         lines.append(f"== step {step.name}: reward {reward:g}\n{tail(output, 2000)}")
         if note:
@@ -73,8 +84,8 @@ async def drive_steps(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, task: "
             await sb.grader_folder()
         except SandboxError as exc:
             raise InfraFailure(f"could not clear step {step.name}'s tests: {exc}") from None
-    reward = task.harbor_steps.combined(rewards)
-    lines.append(f"== {task.harbor_steps.reward} of {len(rewards)} graded step(s): {reward:g}")
+    reward = combine(rewards)
+    lines.append(f"== {rule} of {len(rewards)} graded step(s): {reward:g}")
     await _end(runner, ro, harness, lines, status="scored", reward=reward, error="; ".join(notes) or None)
 
 

@@ -1,5 +1,9 @@
 """Tasks: what an agent is asked to do, what its sandbox starts with, and how it is scored.
 
+    kinds.py       task families as plugins: the `TaskKind` protocol (a family's display, sandbox config, probes,
+                   steps, graders, figures, importer, description), the registry by name (and the entry-point
+                   group `openforge.task_kinds`), `kind_of(task)`: the one place a task's family is decided
+    harbor_kind.py, osworld_kind.py, claweval_kind.py, desktop_kind.py, web/kind.py  the shipped families' kinds
     format.py      the task format (JSONL or a folder), `load_tasks`, the built-in sets by name
     setup_files.py a task's setup files as bytes: text `files`, base64 `binary_files`, a folder's files/
     grading.py     exact checks on the host: expected answer, expected files (never a substring)
@@ -24,6 +28,9 @@
     desktop.py     a desktop task: the programs it needs and the start script run on its display before the agent
     claweval_grading.py  ClawEval's own grader.py and scoring (safety x (0.8 completion + 0.2 robustness), pass^N)
                    run on the host on the trace forge recorded
+    claweval_score.py  that grader run for one rollout from forge's records (its verdict stored); ClawEval's
+                   figures of an eval
     builtin/       the built-in text tasks (easy, medium, hard) and the script that writes them
     web/           GUI tasks: the `builtin-web` sites served per rollout and their state graders
+    arith/         the generated arithmetic family (train and held-out splits)
 """

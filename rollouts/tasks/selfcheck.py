@@ -16,7 +16,8 @@ script that does nothing) on it; each must score 0. Under a benchmark's own form
 idle run (an imported ClawEval task's task score gives one 0.2) the idle agent must not pass, and no
 hostile answer may score above it.
 
-A Harbor task (rollouts/tasks/harbor.py) also meets FORGED_REWARD: an agent that writes a perfect
+A task's family adds its own hostile agents (`TaskKind.attacks`, rollouts/tasks/kinds.py). A Harbor task
+(rollouts/tasks/harbor_kind.py) with a reference meets FORGED_REWARD: an agent that writes a perfect
 reward file wherever Harbor's verifier might read one and leaves a process behind to keep writing
 it, and PLANTED_PYTEST: an agent that leaves a conftest.py, pytest.py and pytest.ini in every folder
 it can write, for a test.sh that runs pytest to load (issue 43). Each must score exactly 0 as well; a
@@ -28,7 +29,7 @@ FORGED_DISPATCH: an agent that makes no request but writes dispatch logs claimin
 expects, where a grader might look for them (the tool server's `.forge/tool-dispatches.jsonl`, a
 `dispatches.json`). It must score exactly 0: the runner grades forge's own record, never a file.
 
-An OSWorld-format task (rollouts/tasks/osworld.py) meets `planted_files`, with or without a solution: junk
+An OSWorld-format task (rollouts/tasks/osworld_kind.py) meets `planted_files`, with or without a solution: junk
 written where its getters read and at its expected files' names, the task left undone. It must score
 exactly 0: the expected files live in the task record on the host (and an idle agent that passes shows
 a task whose check this sandbox does not reproduce).
@@ -37,7 +38,6 @@ a task whose check this sandbox does not reproduce).
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Callable, Sequence
 
 from openforge.config import ForgeConfig
@@ -46,6 +46,7 @@ from openforge.rollouts.harnesses.base import (ANSWER_FILE, HarnessBase, Harness
                                                 answer_file_outcome)
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskProblem, TaskSpec
+from openforge.rollouts.tasks.kinds import kind_of
 from openforge.rollouts.tasks.harbor import offline_failure
 from openforge.rollouts.tasks.harbor_verifier import SOLUTION_DIR, rewrite_paths
 from openforge.sandbox.base import ExecResult, Sandbox
@@ -75,46 +76,6 @@ HOSTILE_ANSWERS: dict[str, Callable[[TaskSpec], str]] = {
 }
 
 
-# An agent that fakes a Harbor reward instead of doing the task: reward files at Harbor's path, at the
-# paths a local sandbox might map it to, and a writer left running to fill any folder named later.
-FORGED_REWARD = """
-for d in /logs/verifier logs/verifier .harbor/logs/verifier .harbor-0/logs/verifier /forge-grader/logs/verifier; do
-  mkdir -p "$d" 2>/dev/null && echo 1 > "$d/reward.txt" && echo '{"reward": 1}' > "$d/reward.json"
-done 2>/dev/null
-nohup sh -c 'while :; do for d in .harbor-*/logs/verifier /logs/verifier /forge-grader/*/logs/verifier; do
-  echo 1 > "$d/reward.txt"; echo "{\\"reward\\": 1}" > "$d/reward.json"; done 2>/dev/null; sleep 0.01; done' \
-  >/dev/null 2>&1 &
-true
-"""
-
-
-# An agent that leaves the tests' runner its own files instead of doing the task: a conftest.py that exits 0
-# before any test runs, a pytest.py that says all passed (`python -m pytest` from its folder), a pytest.ini
-# that only collects, in every folder it can write (the working folder, $HOME, the temp folders, Harbor's
-# /tests and /logs, the folders above them and forge's grader folders, wherever they can be made).
-PLANTED_PYTEST = r"""
-plant() {
-  mkdir -p "$1" && printf 'import os\nos._exit(0)\n' > "$1/conftest.py" &&
-    printf 'import sys\nprint("1 passed")\nsys.exit(0)\n' > "$1/pytest.py" &&
-    printf '[pytest]\naddopts = --collect-only -q\n' > "$1/pytest.ini"
-} 2>/dev/null
-{ find / -maxdepth 3 \( -path /proc -o -path /sys -o -path /dev \) -prune -o -type d -writable -print 2>/dev/null
-  for d in "$PWD" "$PWD/tests" "$PWD/.harbor" "$PWD/.harbor-0" "$PWD/.." "$HOME" "${TMPDIR:-/tmp}" /tmp /tests \
-    /logs /logs/verifier /app / /sandbox /sandbox/grader /forge-grader; do echo "$d"; done
-} | head -n 300 | while read -r d; do plant "$d"; done
-true
-"""
-
-
-def planted_files(task: TaskSpec) -> str:
-    """The planted-files agent's script for an OSWorld-format task: junk where its getters read a result
-    file and at the names of its expected files, the task left undone."""
-    assert task.osworld is not None
-    paths = [p for g in [*task.osworld.result, *task.osworld.expected] if g is not None and g.type != "rule"
-             for p in g.paths]
-    return "".join(f"mkdir -p \"$(dirname {shlex.quote(p)})\" && printf 'PK planted' > {shlex.quote(p)}\n" for p in paths)
-
-
 def forged_dispatch(task: TaskSpec) -> str:
     """The FORGED_DISPATCH agent's script for `task`: a claimed 200 for every request it expects."""
     claims = [json.dumps({"service": r.service, "tool": r.tool, "method": r.method, "path": r.path, "body": r.body,
@@ -128,18 +89,10 @@ def solution_paths(task: TaskSpec, home: str, workdir: str) -> dict[str, str]:
     """Where the reference run finds /solution (its files, under the sandbox's $HOME) and a Harbor task's
     WORKDIR in this sandbox (a local sandbox has neither /solution nor /app)."""
     mapping = {SOLUTION_DIR: f"{home.rstrip('/')}/solution"}
-    harbor_workdir = task.harbor.workdir.rstrip("/") if task.harbor is not None else ""
-    if harbor_workdir not in ("", workdir.rstrip("/")):
-        mapping[harbor_workdir] = workdir.rstrip("/")
+    task_workdir = kind_of(task).solution_workdir(task).rstrip("/")
+    if task_workdir not in ("", workdir.rstrip("/")):
+        mapping[task_workdir] = workdir.rstrip("/")
     return mapping
-
-
-def _solution_files(task: TaskSpec, step: str) -> dict[str, str]:
-    """The solution/ the reference run has at `step`: a multi-step Harbor task's steps/<name>/solution/, as
-    Harbor's oracle uploads it to /solution at each step (rollouts/tasks/harbor_steps.py)."""
-    if task.harbor_steps is not None and step:
-        return next(s.solution_files for s in task.harbor_steps.steps if s.name == step)
-    return task.solution_files
 
 
 class _StandInHarness(HarnessBase):
@@ -162,7 +115,7 @@ class _StandInHarness(HarnessBase):
             await sandbox.write_file(ANSWER_FILE, self.answers[ctx.task_id].encode("utf-8"))
         if task := self.solutions.get(ctx.task_id):
             mapping = solution_paths(task, sandbox.info.home, sandbox.info.workdir)
-            for path, content in _solution_files(task, ctx.step).items():
+            for path, content in kind_of(task).solution_files(task, ctx.step).items():
                 await sandbox.write_file(f"{mapping[SOLUTION_DIR]}/{path}", rewrite_paths(content, mapping).encode(),
                                          mode=0o755 if path.endswith(".sh") else 0o644)
 
@@ -182,7 +135,7 @@ class _StandInHarness(HarnessBase):
 def _benchmark_scored(task: TaskSpec) -> bool:
     """Whether the task's reward is a benchmark's own formula that credits a clean idle run (ClawEval's task
     score gives one its robustness share, 0.2): there a hostile answer must gain nothing over an idle agent."""
-    return task.claweval is not None and task.claweval.reward == "claweval"
+    return kind_of(task).idle_run_credited(task)
 
 
 async def check_solutions(store: Store, config: ForgeConfig, tasks: Sequence[TaskSpec]) -> list[TaskProblem]:
@@ -199,16 +152,15 @@ async def check_solutions(store: Store, config: ForgeConfig, tasks: Sequence[Tas
     attempts = [("solved", solved, with_solution), ("idle agent", _StandInHarness({}), idle)]
     attempts += [(label, _StandInHarness({}, {t.id: make(t) for t in tasks}), list(tasks))
                  for label, make in HOSTILE_ANSWERS.items()]
-    harbor = [t for t in with_solution if t.harbor is not None]
-    if harbor:
-        attempts.append(("forged reward", _StandInHarness({t.id: FORGED_REWARD for t in harbor}), harbor))
-        attempts.append(("planted pytest", _StandInHarness({t.id: PLANTED_PYTEST for t in harbor}), harbor))
+    family: dict[str, list[tuple[TaskSpec, str]]] = {}  # a family's own hostile agents: label -> (task, script)
+    for task in tasks:
+        for label, script in kind_of(task).attacks(task).items():
+            family.setdefault(label, []).append((task, script))
+    attempts += [(label, _StandInHarness({t.id: script for t, script in tried}), [t for t, _ in tried])
+                 for label, tried in family.items()]
     recorded = [t for t in tasks if t.judge is None and any(not r.absent for r in t.expect_requests)]
     if recorded:
         attempts.append(("forged dispatch", _StandInHarness({t.id: forged_dispatch(t) for t in recorded}), recorded))
-    osworld = [t for t in tasks if t.osworld is not None and not t.osworld.infeasible]
-    if osworld:  # also those without a solution: a grader that credits planted junk is a bug either way
-        attempts.append(("planted files", _StandInHarness({t.id: planted_files(t) for t in osworld}), osworld))
     credited: dict[str, list[str]] = {}  # task id -> the hostile answers it gave credit to
     floor: dict[str, float] = {}  # task id -> an idle agent's score under a benchmark's own formula
     for step, (label, harness, tried) in enumerate(attempts):

@@ -1,0 +1,74 @@
+"""The ClawEval family as a task kind (rollouts/tasks/kinds.py): an imported task's own grader.py, run on the
+host after the agent is gone on the trace forge recorded (rollouts/tasks/claweval_score.py). Its task score
+is the reward; under `claweval.reward = "judge"` forge's graders and judge give the reward and ClawEval's
+scores are said and stored beside it. An eval's summary gains ClawEval's own figures."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from openforge.rollouts.tasks.kinds import Graded, TaskKindBase
+
+if TYPE_CHECKING:
+    from openforge.rollouts.runner.grader import RolloutGrader
+    from openforge.rollouts.tasks.format import TaskSpec
+    from openforge.sandbox.base import Sandbox
+    from openforge.store import Rollout, Store
+
+SNAPSHOT_MAX_BYTES = 16 << 20  # a file copied out for a ClawEval grader (env_snapshot); past it, an error entry
+
+
+class ClawEvalKind(TaskKindBase):
+    name = "claweval"
+
+    def claims(self, task: TaskSpec) -> bool:
+        return task.claweval is not None
+
+    async def grade(self, grader: RolloutGrader, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str,
+                    site: Any = None, *, services: Any = None) -> Graded:
+        from openforge.rollouts.runner.grader import InfraFailure, tail
+        from openforge.rollouts.tasks.claweval_grading import ClawEvalGradingFailed, verdict_line
+        from openforge.rollouts.tasks.claweval_score import claweval_verdict
+
+        spec = task.claweval
+        assert spec is not None
+        # The files its grader reads, copied out first: the agent is gone, and nothing forge writes for its own
+        # graders (the answer file, verifier folders) can stand in for them.
+        snapshot = await self._snapshot(grader, sb, task) if spec.snapshot_files else None
+        if spec.reward == "judge":
+            reward, output, note = await super().grade(grader, sb, ro, task, answer, site, services=services)
+        else:  # forge's own judge is not asked: ClawEval's grader asks its judge itself
+            from openforge.rollouts.tasks.services import services_summary
+            reward, output, note = None, services_summary(services.requests()) if services is not None else "", None
+        policy_base = await grader.policy_base(ro) \
+            if spec.needs_judge and grader.config.judge.endpoint == "policy-base" else None
+        try:
+            verdict = await claweval_verdict(grader.config, grader.store, ro, task, answer, services, snapshot,
+                                             policy_base=policy_base)
+        except ClawEvalGradingFailed as exc:
+            raise InfraFailure(str(exc)) from None
+        line = verdict_line(verdict, is_reward=reward is None)
+        return (float(verdict["task_score"]) if reward is None else reward), tail(f"{output}\n{line}".strip()), note
+
+    @staticmethod
+    async def _snapshot(grader: RolloutGrader, sb: Sandbox, task: TaskSpec) -> dict[str, Any]:
+        """ClawEval's env_snapshot of the files the task names (its /workspace paths), read from the sandbox's
+        working directory: a missing file, a link out or a folder is ClawEval's "not found" entry."""
+        from openforge.rollouts.tasks.claweval_grading import snapshot_entry
+
+        assert task.claweval is not None
+        snapshot = {}
+        for name, rel in task.claweval.snapshot_files.items():
+            data = await grader.read_expected(sb, rel, SNAPSHOT_MAX_BYTES + 1)
+            snapshot[f"file:{name}"] = snapshot_entry(name, data) if data is None or len(data) <= SNAPSHOT_MAX_BYTES \
+                else {"error": f"{name} is larger than {SNAPSHOT_MAX_BYTES} bytes"}
+        return snapshot
+
+    def idle_run_credited(self, task: TaskSpec) -> bool:
+        """ClawEval's task score gives a clean idle run its robustness share (0.2)."""
+        return task.claweval is not None and task.claweval.reward == "claweval"
+
+    def run_figures(self, store: Store, run_id: str) -> dict[str, Any]:
+        from openforge.rollouts.tasks.claweval_score import run_claweval_figures
+
+        return {"claweval": run_claweval_figures(store, run_id)}

@@ -1,0 +1,37 @@
+"""The desktop family as a task kind (rollouts/tasks/kinds.py): an X display with the task's applications
+started on it (rollouts/tasks/desktop.py), probed in the sandbox before the agent."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from openforge.rollouts.tasks.kinds import TaskKindBase
+
+if TYPE_CHECKING:
+    from openforge.rollouts.tasks.format import TaskSpec
+    from openforge.sandbox.base import Sandbox
+
+
+class DesktopKind(TaskKindBase):
+    name = "desktop"
+
+    def claims(self, task: TaskSpec) -> bool:
+        return task.desktop is not None
+
+    def describe(self, task: TaskSpec) -> str:
+        return "desktop"
+
+    def open_site(self, task: TaskSpec) -> Any:
+        from openforge.rollouts.tasks.desktop import Desktop
+
+        return Desktop(task.desktop) if task.desktop is not None else None
+
+    async def prepare(self, sb: Sandbox, task: TaskSpec, site: Any) -> None:
+        """A display or an application the sandbox lacks: never the policy's 0."""
+        from openforge.rollouts.runner.grader import InfraFailure, tail
+
+        if site is None:
+            return
+        probe = await sb.exec(site.probe_command(), timeout=60)
+        if probe.exit_code != 0:
+            raise InfraFailure(f"desktop task {task.id} cannot start: {tail(probe.stderr, 300).strip()}")

@@ -1,0 +1,111 @@
+"""The Harbor / Terminal-Bench family as a task kind (rollouts/tasks/kinds.py): its tests, copied in after the
+agent is gone and run, are its grader (rollouts/tasks/harbor_verifier.py); a multi-step task's [[steps]] run
+as one harness run per step in the one sandbox, each graded before the next (rollouts/runner/steps.py). Its
+image, docker-compose services and limits are the sandbox config's (`TaskKindBase.sandbox_config`). Under
+`forge tasks validate --run` a task with a reference also meets FORGED_REWARD and PLANTED_PYTEST
+(rollouts/tasks/selfcheck.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from openforge.rollouts.tasks.kinds import Graded, TaskKindBase
+
+if TYPE_CHECKING:
+    from openforge.rollouts.harnesses.base import Harness, HarnessContext
+    from openforge.rollouts.runner.grader import RolloutGrader
+    from openforge.rollouts.runner.runner import RolloutRunner
+    from openforge.rollouts.tasks.format import TaskSpec
+    from openforge.sandbox.base import Sandbox
+    from openforge.store import Rollout
+
+
+# An agent that fakes a Harbor reward instead of doing the task: reward files at Harbor's path, at the
+# paths a local sandbox might map it to, and a writer left running to fill any folder named later.
+FORGED_REWARD = """
+for d in /logs/verifier logs/verifier .harbor/logs/verifier .harbor-0/logs/verifier /forge-grader/logs/verifier; do
+  mkdir -p "$d" 2>/dev/null && echo 1 > "$d/reward.txt" && echo '{"reward": 1}' > "$d/reward.json"
+done 2>/dev/null
+nohup sh -c 'while :; do for d in .harbor-*/logs/verifier /logs/verifier /forge-grader/*/logs/verifier; do
+  echo 1 > "$d/reward.txt"; echo "{\\"reward\\": 1}" > "$d/reward.json"; done 2>/dev/null; sleep 0.01; done' \
+  >/dev/null 2>&1 &
+true
+"""
+
+
+# An agent that leaves the tests' runner its own files instead of doing the task: a conftest.py that exits 0
+# before any test runs, a pytest.py that says all passed (`python -m pytest` from its folder), a pytest.ini
+# that only collects, in every folder it can write (the working folder, $HOME, the temp folders, Harbor's
+# /tests and /logs, the folders above them and forge's grader folders, wherever they can be made).
+PLANTED_PYTEST = r"""
+plant() {
+  mkdir -p "$1" && printf 'import os\nos._exit(0)\n' > "$1/conftest.py" &&
+    printf 'import sys\nprint("1 passed")\nsys.exit(0)\n' > "$1/pytest.py" &&
+    printf '[pytest]\naddopts = --collect-only -q\n' > "$1/pytest.ini"
+} 2>/dev/null
+{ find / -maxdepth 3 \( -path /proc -o -path /sys -o -path /dev \) -prune -o -type d -writable -print 2>/dev/null
+  for d in "$PWD" "$PWD/tests" "$PWD/.harbor" "$PWD/.harbor-0" "$PWD/.." "$HOME" "${TMPDIR:-/tmp}" /tmp /tests \
+    /logs /logs/verifier /app / /sandbox /sandbox/grader /forge-grader; do echo "$d"; done
+} | head -n 300 | while read -r d; do plant "$d"; done
+true
+"""
+
+
+class HarborKind(TaskKindBase):
+    name = "harbor"
+
+    def claims(self, task: TaskSpec) -> bool:
+        return task.harbor is not None or task.harbor_steps is not None
+
+    def describe(self, task: TaskSpec) -> str:
+        return "harbor"
+
+    async def drive(self, runner: RolloutRunner, sb: Sandbox, ro: Rollout, task: TaskSpec, harness: Harness,
+                    ctx: HarnessContext, env: dict[str, str]) -> bool:
+        """A multi-step task: a harness run per step, each graded by the step's own tests."""
+        if task.harbor_steps is None:
+            return False
+        from openforge.rollouts.runner.steps import drive_steps
+
+        async def grade_step(step: Any, answer: str) -> Graded:
+            return await runner.grader.grade(sb, ro, task.model_copy(update={"harbor": step.tests}), answer)
+
+        await drive_steps(runner, sb, ro, harness, ctx, env, steps=task.harbor_steps.steps, grade_step=grade_step,
+                          combine=task.harbor_steps.combined, rule=task.harbor_steps.reward)
+        return True
+
+    def attacks(self, task: TaskSpec) -> dict[str, str]:
+        """A task with a reference solution also meets a forged reward file and planted pytest files."""
+        return {"forged reward": FORGED_REWARD, "planted pytest": PLANTED_PYTEST} if task.solution else {}
+
+    def solution_files(self, task: TaskSpec, step: str) -> dict[str, str]:
+        """At a step of a multi-step task, that step's steps/<name>/solution/, as Harbor's oracle uploads it to
+        /solution at each step (rollouts/tasks/harbor_steps.py)."""
+        if task.harbor_steps is not None and step:
+            return next(s.solution_files for s in task.harbor_steps.steps if s.name == step)
+        return task.solution_files
+
+    def solution_workdir(self, task: TaskSpec) -> str:
+        return task.harbor.workdir if task.harbor is not None else ""
+
+    async def grade_exact(self, grader: RolloutGrader, sb: Sandbox, ro: Rollout | None, task: TaskSpec, answer: str,
+                          site: Any = None, *, services: Any = None) -> Graded:
+        """The task's tests, copied in now (the agent is gone) and run; the reward file read on the host. A
+        verifier that could not run is the infrastructure's."""
+        from openforge.rollouts.runner.grader import InfraFailure, run_in_sandbox, tail, verifier_env
+        from openforge.rollouts.tasks.harbor_verifier import VerifierUnavailable, run_harbor_tests
+        from openforge.sandbox.base import SandboxPathRefused
+
+        assert task.harbor is not None
+        try:
+            await grader.grader_folders(sb, task)
+        except SandboxPathRefused as exc:  # the agent planted a link or FIFO where the grader writes
+            return 0.0, f"the grader's files cannot be written: {exc}", None
+        try:
+            reward, output, note = await run_harbor_tests(
+                sb, task.harbor, lambda cmd, timeout, env: run_in_sandbox(grader.config, sb, cmd, timeout=timeout,
+                                                                          env=env),
+                verifier_env(sb.info.workdir))
+        except VerifierUnavailable as exc:
+            raise InfraFailure(f"the task's verifier could not run: {exc}") from None
+        return reward, tail(output), note

@@ -1,0 +1,59 @@
+"""The OSWorld-format family as a task kind (rollouts/tasks/kinds.py): a desktop task (its display and
+applications: desktop_kind.py) whose evaluator is its grader: its getters run in the sandbox after the agent
+is gone, OSWorld's metric on the host (rollouts/tasks/osworld_eval.py)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING, Any
+
+from openforge.rollouts.tasks.desktop_kind import DesktopKind
+from openforge.rollouts.tasks.kinds import Graded
+
+if TYPE_CHECKING:
+    from openforge.rollouts.runner.grader import RolloutGrader
+    from openforge.rollouts.tasks.format import TaskSpec
+    from openforge.sandbox.base import Sandbox
+    from openforge.store import Rollout
+
+
+def planted_files(task: TaskSpec) -> str:
+    """The planted-files agent's script for an OSWorld-format task: junk where its getters read a result
+    file and at the names of its expected files, the task left undone."""
+    assert task.osworld is not None
+    paths = [p for g in [*task.osworld.result, *task.osworld.expected] if g is not None and g.type != "rule"
+             for p in g.paths]
+    return "".join(f"mkdir -p \"$(dirname {shlex.quote(p)})\" && printf 'PK planted' > {shlex.quote(p)}\n" for p in paths)
+
+
+class OSWorldKind(DesktopKind):
+    name = "osworld"
+
+    def claims(self, task: TaskSpec) -> bool:
+        return task.osworld is not None
+
+    def attacks(self, task: TaskSpec) -> dict[str, str]:
+        """Junk planted where its getters read, with or without a solution: a grader that credits it is a bug
+        either way (an infeasible task's evaluator reads no file)."""
+        return {} if task.osworld is None or task.osworld.infeasible else {"planted files": planted_files(task)}
+
+    async def grade_exact(self, grader: RolloutGrader, sb: Sandbox, ro: Rollout | None, task: TaskSpec, answer: str,
+                          site: Any = None, *, services: Any = None) -> Graded:
+        """The task's evaluator. A metric that cannot run is the infrastructure's failure."""
+        from openforge.rollouts.runner.grader import InfraFailure, run_in_sandbox, tail, verifier_env
+        from openforge.rollouts.tasks.osworld_eval import OSWorldUnavailable, grade_osworld
+        from openforge.sandbox.base import SandboxPathRefused
+
+        assert task.osworld is not None
+        try:
+            await grader.grader_folders(sb, task)
+        except SandboxPathRefused as exc:  # the agent planted a link or FIFO where the grader writes
+            return 0.0, f"the grader's files cannot be written: {exc}", None
+        limit, env = grader.config.runner.verifier_timeout_s, verifier_env(sb.info.workdir)
+        try:
+            reward, output = await grade_osworld(
+                task.osworld, answer, read_file=lambda path, cap: grader.read_expected(sb, path, cap),
+                run=lambda line: run_in_sandbox(grader.config, sb, line, timeout=limit, env=env))
+        except OSWorldUnavailable as exc:
+            raise InfraFailure(f"the task's OSWorld evaluator could not run: {exc}") from None
+        return reward, tail(output), None

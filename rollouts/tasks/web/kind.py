@@ -1,0 +1,63 @@
+"""The web family as a task kind (rollouts/tasks/kinds.py): a `gui` task's site served on the host for each
+rollout and graded by its state, or an online-only task's live start page, probed from the sandbox first."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from openforge.rollouts.tasks.kinds import Graded, TaskKindBase
+
+if TYPE_CHECKING:
+    from openforge.config import ForgeConfig
+    from openforge.rollouts.runner.grader import RolloutGrader
+    from openforge.rollouts.tasks.format import TaskSpec
+    from openforge.sandbox.base import Sandbox
+    from openforge.store import Rollout
+
+
+class WebKind(TaskKindBase):
+    name = "web"
+
+    def claims(self, task: TaskSpec) -> bool:
+        return task.gui is not None or task.online is not None
+
+    def describe(self, task: TaskSpec) -> str:
+        return "online-web" if task.online is not None else "gui"
+
+    def check_run(self, tasks: list[TaskSpec], config: ForgeConfig) -> None:
+        from openforge.rollouts.tasks.web.benchmarks import check_online
+
+        check_online(tasks, allow_internet=config.sandbox.allow_internet)
+
+    def open_site(self, task: TaskSpec) -> Any:
+        """An online task's live start page (`LivePage`: the browser opens it over the sandbox's egress), else
+        the task's site served on the host for this rollout (rollouts/tasks/web/server.py)."""
+        from openforge.rollouts.tasks.web.benchmarks import LivePage
+
+        if task.online is not None:
+            return LivePage(task.online)
+        from openforge.rollouts.runner.grader import InfraFailure
+        from openforge.rollouts.tasks.web.server import SiteSession
+        try:
+            return SiteSession(task.gui)
+        except OSError as exc:
+            raise InfraFailure(f"cannot serve the task's site: {exc}") from None
+
+    async def prepare(self, sb: Sandbox, task: TaskSpec, site: Any) -> None:
+        """A start page that cannot load is the network's failure, never the policy's 0."""
+        from openforge.rollouts.runner.grader import InfraFailure
+        from openforge.rollouts.tasks.web.benchmarks import PROBE_TIMEOUT_S, LivePage
+
+        if not isinstance(site, LivePage):
+            return
+        probe = await sb.exec(site.probe_command(), timeout=PROBE_TIMEOUT_S + 15)
+        if probe.exit_code != 0:
+            why = (probe.stderr or probe.stdout).strip().splitlines()[-1:] or [f"exit code {probe.exit_code}"]
+            raise InfraFailure(f"the start page {site.online.start_url} could not be fetched from the sandbox "
+                               f"(is its egress open? docs/tasks.md): {why[0][-300:]}")
+
+    async def grade_exact(self, grader: RolloutGrader, sb: Sandbox, ro: Rollout | None, task: TaskSpec, answer: str,
+                          site: Any = None, *, services: Any = None) -> Graded:
+        """The exact graders, the site's state (read on the host) among them where the task expects one."""
+        check = site.grade if site is not None and task.gui is not None and task.gui.expect_state else None
+        return await grader.grade_checks(sb, task, answer, services=services, ro=ro, site_check=check)
