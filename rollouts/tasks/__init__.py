@@ -33,4 +33,5 @@
     builtin/       the built-in text tasks (easy, medium, hard) and the script that writes them
     web/           GUI tasks: the `builtin-web` sites served per rollout and their state graders
     arith/         the generated arithmetic family (train and held-out splits)
+    gsm8k/         GSM8K-style question files imported as exact-number tasks (docs/tasks.md, "Adding a task format")
 """

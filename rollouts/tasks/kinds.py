@@ -52,6 +52,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "claweval": ("openforge.rollouts.tasks.claweval_kind", "ClawEvalKind"),
     "desktop": ("openforge.rollouts.tasks.desktop_kind", "DesktopKind"),
     "web": ("openforge.rollouts.tasks.web.kind", "WebKind"),
+    "gsm8k": ("openforge.rollouts.tasks.gsm8k.kind", "Gsm8kKind"),
 }
 
 
