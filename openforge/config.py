@@ -23,7 +23,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
-from openforge.errors import ConfigError
+from openforge.errors import ConfigError, SandboxError
+from openforge.lazy import lazy_class
 from openforge.presets import preset_layers
 
 
@@ -196,8 +197,37 @@ class ProxyConfig(_Section):
         "required, arguments written as a JSON string not decoded, no calls parsed when no tools are offered")
 
 
+# sandbox.type -> (module, class) of the backend that runs it, imported when first used: this layer names
+# its backends and never imports them (tests/test_layers.py), so `forge` starts without the docker or
+# kubernetes SDKs. A new backend is one entry here and its config class in `SandboxConfig`'s union.
+SANDBOX_BACKENDS: dict[str, tuple[str, str]] = {
+    "local": ("openforge.sandbox.local", "LocalSandbox"),
+    "docker": ("openforge.sandbox.docker", "DockerSandbox"),
+    "kubernetes": ("openforge.sandbox.kubernetes", "KubernetesSandbox"),
+}
+# What to install when a backend's module cannot be imported.
+SANDBOX_INSTALL_HINTS: dict[str, str] = {"kubernetes": "pip install 'kubernetes>=37,<38'",
+                                         "docker": "pip install docker"}
+
+
+def sandbox_backend(sandbox_type: str) -> type:
+    """The backend class (sandbox/base.py's `SandboxBase`) `sandbox.type` names; SandboxError for an unknown
+    or unloadable one."""
+    entry = SANDBOX_BACKENDS.get(sandbox_type)
+    if entry is None:
+        raise SandboxError(f"unknown sandbox.type {sandbox_type!r}; choose {', '.join(SANDBOX_BACKENDS)}")
+    try:
+        return lazy_class(*entry)
+    except ImportError as exc:
+        hint = SANDBOX_INSTALL_HINTS.get(sandbox_type, "check its dependencies")
+        raise SandboxError(f"the {sandbox_type} backend cannot be loaded ({exc}); {hint}") from None
+
+
 class _SandboxCommon(_Section):
-    """Settings every sandbox backend has."""
+    """Settings every sandbox backend has, and what the config does with them (SWE-ReX's deployment configs):
+    it builds its backend (`get_sandbox`), names what must answer before a run (`preflight_checks`), says
+    what a dry run shows (`plan_lines`, `plan_manifests`) and sweeps what lives off this machine
+    (`collect_remote`). Callers call these and never compare `type`."""
 
     type: str = Field("local", description="the backend: local, docker or kubernetes")  # narrowed by each backend
     workdir: str = Field("/workspace", description="the task's working directory inside container backends")
@@ -206,6 +236,48 @@ class _SandboxCommon(_Section):
     allow_internet: bool = Field(False, description="let a run's online-only tasks (imported WebVoyager / "
                                  "Online-Mind2Web tasks) run: the one switch that admits egress to the public web "
                                  "(on kubernetes, the NetworkPolicy's internet variant); off, they are refused")
+
+    def backend(self) -> type:
+        """The class that runs this config's sandboxes (sandbox/base.py's `SandboxBase`), imported now."""
+        return sandbox_backend(self.type)
+
+    def get_sandbox(self, *, run_id: str, rollout_id: str, proxy_socket: str | Path | None = None,
+                    site_socket: str | Path | None = None) -> Any:
+        """A not-yet-started sandbox of this backend: `async with config.get_sandbox(...) as sb`
+        (sandbox/factory.py's `make_sandbox` documents the sockets)."""
+        return self.backend()(self, run_id=run_id, rollout_id=rollout_id, proxy_socket=proxy_socket,
+                              site_socket=site_socket)
+
+    def preflight_checks(self) -> list[tuple[str, Callable[[], object]]]:
+        """What must answer before a run starts on this backend, each a name and a call that raises
+        SandboxError with the fix (runs/prepare.py's preflight). Isolation is checked for every backend."""
+        return []
+
+    def plan_lines(self) -> list[tuple[str, str]]:
+        """What `forge up --dry-run` shows of this backend, after its name."""
+        return []
+
+    def plan_manifests(self, *, proxy_port: int, gui: bool) -> list[dict[str, Any]]:
+        """What this backend would create in a cluster for every rollout, rendered and checked (ForgeError
+        where the API server would refuse it); [] for a backend that creates none."""
+        return self.backend().plan_manifests(self, proxy_port=proxy_port, gui=gui)
+
+    def collect_remote(self, *, also_cluster: bool = False, **sweep: Any) -> tuple[list[Any], list[str]]:
+        """What crashed runs left off this machine (sandbox/gc.py's `Leftover`s) and one note per sweep that
+        could not run; `sweep` is `collect_all`'s. Folders and containers on this machine are swept for every
+        backend there. `also_cluster` (`forge sandbox gc --kubernetes`): the default cluster's pods too."""
+        found, notes = self._collect_own(**sweep)
+        if also_cluster:
+            pods, more = KubernetesSandboxConfig().collect_remote(**sweep)
+            found, notes = found + pods, notes + more
+        return found, notes
+
+    def _collect_own(self, **sweep: Any) -> tuple[list[Any], list[str]]:
+        try:
+            backend = self.backend()
+        except SandboxError as exc:
+            return [], [f"{self.type}: skipped ({exc})"]
+        return backend.collect_leftovers(self, **sweep)
 
 
 class LocalSandboxConfig(_SandboxCommon):
@@ -226,6 +298,10 @@ class LocalSandboxConfig(_SandboxCommon):
         default_factory=list, description="host folders bound read-only into each sandbox besides the system, "
                                           "this Python, node and the npm harness cache")
 
+    def plan_lines(self) -> list[tuple[str, str]]:
+        return [("isolation", self.isolation),
+                ("limits", f"{self.memory_mb} MB, {self.cpu_time_s} CPU s, {self.max_processes} processes")]
+
 
 class DockerSandboxConfig(_SandboxCommon):
     """One container per rollout on a Docker engine."""
@@ -242,6 +318,13 @@ class DockerSandboxConfig(_SandboxCommon):
     compose_services: list[dict[str, Any]] = Field(
         default_factory=list, description="set per task, not here: a task's compose services started beside its "
                                           "container (sandbox/compose.py)")
+
+    def preflight_checks(self) -> list[tuple[str, Callable[[], object]]]:
+        return [("Docker engine", lambda: self.backend().preflight(self))]
+
+    def plan_lines(self) -> list[tuple[str, str]]:
+        return [("image", self.image), ("network", self.network),
+                ("limits", f"{self.memory_mb} MB, {self.cpus:g} CPUs, {self.pids_limit} pids")]
 
 
 class KubernetesSandboxConfig(_SandboxCommon):
@@ -292,6 +375,18 @@ class KubernetesSandboxConfig(_SandboxCommon):
     compose_services: list[dict[str, Any]] = Field(
         default_factory=list, description="set per task, not here: a task's compose services, each a container "
                                           "of the rollout's pod (sandbox/k8s_manifests.py)")
+
+    def preflight_checks(self) -> list[tuple[str, Callable[[], object]]]:
+        return [("Kubernetes", lambda: self.backend().preflight(self))]
+
+    def plan_lines(self) -> list[tuple[str, str]]:
+        return [("image", self.image), ("namespace", self.namespace), ("proxy", self.proxy_url or "(none)"),
+                ("limits", f"cpu {self.cpu_request}/{self.cpu_limit}, memory {self.memory_request}/"
+                           f"{self.memory_limit}, disk {self.ephemeral_storage_request}/"
+                           f"{self.ephemeral_storage_limit} (request/limit)")]
+
+    def collect_remote(self, *, also_cluster: bool = False, **sweep: Any) -> tuple[list[Any], list[str]]:
+        return self._collect_own(**sweep)  # the configured cluster is the one `also_cluster` means
 
 
 _SANDBOX_TYPES = {"local": LocalSandboxConfig, "docker": DockerSandboxConfig, "kubernetes": KubernetesSandboxConfig}

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -45,45 +44,17 @@ def check_torch() -> list[Check]:
 
 
 def check_docker(config: ForgeConfig) -> Check:
+    from openforge.sandbox.docker_engine import probe
+
     docker_cfg = config.sandbox if isinstance(config.sandbox, DockerSandboxConfig) else DockerSandboxConfig()
-    url = docker_cfg.base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    try:
-        import docker
-    except ImportError:
-        return Check("Docker engine", "missing", "the docker SDK is not installed (pip install docker)")
-    try:
-        client = docker.DockerClient(base_url=url, timeout=5)
-        version = client.version().get("Version", "?")
-    except Exception as exc:  # noqa: BLE001 - any failure means "not reachable", said plainly
-        why = str(exc).splitlines()[0][:160]
-        return Check("Docker engine", "missing", f"no engine reachable at {url} ({why}); sandbox = \"local\" works")
-    image = docker_cfg.image
-    try:
-        client.images.get(image)
-    except Exception:  # noqa: BLE001 - ImageNotFound (or an engine that stopped answering)
-        return Check("Docker engine", "warn", f"{version} at {url}; image {image} missing: forge sandbox build-image")
-    finally:
-        client.close()
-    return Check("Docker engine", "ok", f"{version} at {url}; image {image} present")
+    return Check("Docker engine", *probe(docker_cfg))
 
 
 def check_kubernetes(config: ForgeConfig) -> Check:
-    if importlib.util.find_spec("kubernetes") is None:
-        # a dependency of openforge since issue 29: missing, the install is older or broken
-        return Check("Kubernetes", "missing", "the kubernetes client is not installed "
-                     "(pip install 'kubernetes>=37,<38', or reinstall openforge)")
-    from kubernetes import config as kconfig
+    from openforge.sandbox.kubernetes import probe_cluster
 
-    k = config.sandbox if isinstance(config.sandbox, KubernetesSandboxConfig) else KubernetesSandboxConfig()
-    try:
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            kconfig.load_incluster_config()
-            return Check("Kubernetes", "ok", "in-cluster service account")
-        contexts, current = kconfig.list_kube_config_contexts(config_file=k.kubeconfig or None)
-    except Exception as exc:  # noqa: BLE001
-        return Check("Kubernetes", "missing", f"no kubeconfig context ({str(exc).splitlines()[0][:120]})")
-    name = k.context or (current or {}).get("name", "?")
-    return Check("Kubernetes", "ok", f"context {name} ({len(contexts)} in kubeconfig)")
+    k8s = config.sandbox if isinstance(config.sandbox, KubernetesSandboxConfig) else KubernetesSandboxConfig()
+    return Check("Kubernetes", *probe_cluster(k8s))
 
 
 def check_sglang(config: ForgeConfig) -> Check:

@@ -47,10 +47,7 @@ def plan_run(config: ForgeConfig, home: Path) -> Plan:
 
     for name, check in preflight_checks(config):
         checks.append(_verdict(name, check))
-    manifests: list[dict[str, Any]] = []
-    if config.sandbox.type == "kubernetes":
-        manifests = _manifests(config, checks)
-    return Plan(sections, checks, manifests)
+    return Plan(sections, checks, _manifests(config, checks))
 
 
 def _verdict(name: str, check: Any) -> Check:
@@ -90,18 +87,7 @@ def _engine(config: ForgeConfig, home: Path, checks: list[Check]) -> list[tuple[
 
 
 def _sandboxes(config: ForgeConfig) -> list[tuple[str, str]]:
-    s = config.sandbox
-    lines = [("backend", s.type)]
-    if s.type == "local":
-        lines += [("isolation", s.isolation), ("limits", f"{s.memory_mb} MB, {s.cpu_time_s} CPU s, "
-                                                         f"{s.max_processes} processes")]
-    elif s.type == "docker":
-        lines += [("image", s.image), ("network", s.network),
-                  ("limits", f"{s.memory_mb} MB, {s.cpus:g} CPUs, {s.pids_limit} pids")]
-    else:
-        lines += [("image", s.image), ("namespace", s.namespace), ("proxy", s.proxy_url or "(none)"),
-                  ("limits", f"cpu {s.cpu_request}/{s.cpu_limit}, memory {s.memory_request}/{s.memory_limit}, "
-                             f"disk {s.ephemeral_storage_request}/{s.ephemeral_storage_limit} (request/limit)")]
+    lines = [("backend", config.sandbox.type), *config.sandbox.plan_lines()]
     lines += [("concurrency", f"{config.runner.concurrency} rollouts at once"),
               ("harness", ", ".join(f"{n} ({w:g})" for n, w in config.harness.weights().items()))]
     return lines
@@ -123,6 +109,17 @@ def _trainer(config: ForgeConfig, home: Path, checks: list[Check]) -> list[tuple
     if t.device == "cuda":
         checks.append(_gpu(f"trainer.device = \"cuda\" with {t.nproc} rank(s)", need=t.nproc))
     return lines
+
+
+def _gui(config: ForgeConfig) -> bool:
+    """Whether a configured harness drives a browser (a pod's policy then admits the site relay); an
+    unknown harness is the harness check's to report."""
+    from openforge.rollouts.harnesses import harness_class
+
+    try:
+        return any(harness_class(n).gui for n in config.harness.weights())
+    except ForgeError:
+        return False
 
 
 def _init_from(config: ForgeConfig, home: Path) -> Check:
@@ -197,23 +194,22 @@ def _tracking(config: ForgeConfig, checks: list[Check]) -> list[tuple[str, str]]
 
 
 def _manifests(config: ForgeConfig, checks: list[Check]) -> list[dict[str, Any]]:
-    """The pod every rollout gets and the NetworkPolicy that keeps them in, checked as the API server would."""
-    from openforge.sandbox.k8s_manifests import build_pod_manifest, check_pod_manifest, pod_name, sandbox_network_policy
-    from openforge.rollouts.harnesses import harness_class
-
-    gui = any(harness_class(n).gui for n in config.harness.weights())
+    """What the backend creates in a cluster for every rollout (on Kubernetes, the pod and the NetworkPolicy
+    that keeps it in), checked as the API server would; none for a backend on this machine."""
     port = config.proxy.port or DEPLOY_PROXY_PORT
+    failure = None
+    try:
+        manifests = config.sandbox.plan_manifests(proxy_port=port, gui=_gui(config))
+    except ForgeError as exc:
+        manifests, failure = [], Check("pod manifest", "missing", str(exc))
+    if not manifests and failure is None:
+        return []
     if not config.proxy.port:
         checks.append(Check("proxy port", "warn", f"proxy.port = 0 picks a port at run time, which no NetworkPolicy "
                                                   f"can name: the policy below assumes deploy/k8s's {DEPLOY_PROXY_PORT}"))
-    manifests: list[dict[str, Any]] = []
-    try:
-        pod = build_pod_manifest(config.sandbox, name=pod_name("dry-run"), run_id="dry-run", rollout_id="dry-run")
-        check_pod_manifest(pod)
-        manifests = [pod, sandbox_network_policy(config.sandbox, proxy_port=port, gui=gui)]
-    except ForgeError as exc:
-        checks.append(Check("pod manifest", "missing", str(exc)))
-        return manifests
+    if failure is not None:
+        checks.append(failure)
+        return []
     try:
         import kubernetes_validate
     except ImportError:

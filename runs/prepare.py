@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from openforge.config import ForgeConfig, stored_config
-from openforge.errors import ConfigError, EngineError, ForgeError, HarnessError, NotFoundError, SandboxError
+from openforge.errors import ConfigError, EngineError, ForgeError, HarnessError, NotFoundError
 from openforge.paths import default_tiny_model, default_tiny_vl_model
 from openforge.store import RUN_FINAL, Store
 
@@ -106,11 +106,7 @@ def preflight_checks(config: ForgeConfig) -> list[tuple[str, Callable[[], object
     `preflight` stops at the first refusal, `forge up --dry-run` (runs/plan.py) runs them all."""
     from openforge.runs.tracking import check_tracking
 
-    checks: list[tuple[str, Callable[[], object]]] = []
-    if config.sandbox.type == "docker":
-        checks.append(("Docker engine", lambda: _check_docker(config)))
-    if config.sandbox.type == "kubernetes":
-        checks.append(("Kubernetes", lambda: _check_kubernetes(config)))
+    checks = config.sandbox.preflight_checks()  # its engine or cluster answers (each backend's config says what)
     if config.engine.kind == "sglang":
         checks.append(("SGLang", lambda: _check_sglang(config)))
     if config.engine.kind == "url" and not config.engine.url:
@@ -127,28 +123,6 @@ def preflight_checks(config: ForgeConfig) -> list[tuple[str, Callable[[], object
 
 def _refuse(exc: ForgeError) -> None:
     raise exc
-
-
-def _check_docker(config: ForgeConfig) -> None:
-    from openforge.runs.checks import check_docker
-
-    check = check_docker(config)
-    if check.verdict == "warn":  # the engine answers; the image is not on it
-        raise SandboxError(f"the sandbox image {config.sandbox.image} is not on the Docker engine "
-                           f"({check.detail.split(';')[0]}): build it with `forge sandbox build-image`")
-    if check.verdict != "ok":
-        url = config.sandbox.base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-        why = "the docker SDK is not installed; " if "SDK" in check.detail else ""
-        raise SandboxError(f"no Docker engine reachable at {url}; {why}use sandbox.type = \"local\" or start Docker")
-
-
-def _check_kubernetes(config: ForgeConfig) -> None:
-    from openforge.runs.checks import check_kubernetes
-
-    check = check_kubernetes(config)
-    if check.verdict != "ok":
-        raise SandboxError(f"Kubernetes: {check.detail}; use sandbox.type = \"local\" or \"docker\", "
-                           "or set sandbox.context / sandbox.kubeconfig")
 
 
 def _check_sglang(config: ForgeConfig) -> None:

@@ -313,6 +313,22 @@ class SandboxBase:
         raise NotImplementedError
 
     @classmethod
+    def preflight(cls, config: Any) -> None:
+        """SandboxError, with the fix, when what this backend runs on does not answer (its engine, its
+        cluster); called by its config's `preflight_checks` before a run starts."""
+
+    @classmethod
+    def plan_manifests(cls, config: Any, *, proxy_port: int, gui: bool) -> list[dict[str, Any]]:
+        """What this backend creates in a cluster for every rollout, for a dry run; none by default."""
+        return []
+
+    @classmethod
+    def collect_leftovers(cls, config: Any, **sweep: Any) -> tuple[list[Any], list[str]]:
+        """What crashed runs left off this machine, as sandbox/gc.py's `collect_all` sweeps it; nothing by
+        default (folders and containers on this machine are swept there for every backend)."""
+        return [], []
+
+    @classmethod
     def with_host_folders(cls, config: Any, folders: list[str]) -> Any:
         """`config` with host `folders` made readable inside (a harness install): only a backend that
         runs host programs binds them; one that carries its own install returns `config` as it is."""

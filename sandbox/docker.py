@@ -64,7 +64,7 @@ from openforge.sandbox.base import (EMPTY_GRADER_SH, GRADER_DIR, KILL_ALL_SH, KI
                           IsolationReport, SandboxBase, SandboxFileNotFound, SandboxInfo, SandboxPathRefused, TransientSandboxError, sandbox_labels)
 from openforge.sandbox.compose import ComposeService, remove_services, start_services
 from openforge.sandbox.gui import CHROMIUM_NAMES, SITE_PORT, SITE_URL, GuiSpec
-from openforge.sandbox.docker_engine import connect
+from openforge.sandbox.docker_engine import connect, engine_url, probe
 from openforge.sandbox.gc import owned_tempdir, remove_owned
 from openforge.sandbox.container_images import SANDBOX_HOME, SANDBOX_UID, image_tag
 from openforge.sandbox.limits import TaskLimits, host_cpus
@@ -129,6 +129,17 @@ class DockerSandbox(SandboxBase):
     @classmethod
     def check_isolation(cls, config: DockerSandboxConfig) -> IsolationReport:
         return IsolationReport("docker", f"containers with network {container_network(config)!r}")
+
+    @classmethod
+    def preflight(cls, config: DockerSandboxConfig) -> None:
+        verdict, detail = probe(config)
+        if verdict == "warn":  # the engine answers; the image is not on it
+            raise SandboxError(f"the sandbox image {config.image} is not on the Docker engine "
+                               f"({detail.split(';')[0]}): build it with `forge sandbox build-image`")
+        if verdict != "ok":
+            why = "the docker SDK is not installed; " if "SDK" in detail else ""
+            raise SandboxError(f"no Docker engine reachable at {engine_url(config.base_url)}; {why}use "
+                               "sandbox.type = \"local\" or start Docker")
 
     # Docker's own size cap (`storage_opt`) needs overlay2 on xfs with project quotas and would cover only
     # the container's layer, which is read-only here; a tmpfs volume is not seeded from the image and

@@ -1,41 +1,28 @@
-"""`make_sandbox(config)`: the one place that knows which class each `sandbox.type` names (`BACKENDS`),
-and `isolation_check(config)`: what will keep this run's rollouts in, checked before a run starts.
+"""`make_sandbox(config)` and `isolation_check(config)`: what the sandbox config builds and checks, for
+callers that hold a config. The config does the work (openforge/config.py: each backend's config builds
+its backend, as SWE-ReX's deployment configs do, from `SANDBOX_BACKENDS`, the one table of which class each
+`sandbox.type` names).
 
 Each backend is imported only when asked for, so `forge` starts fast and runs without the docker or
 kubernetes SDKs until a config selects them. A new backend is one entry in `BACKENDS` (and its config
 in openforge/config.py's union): what differs between backends is declared on its class
-(sandbox/base.py), so nothing else needs an edit.
+(sandbox/base.py) and its config, so nothing else needs an edit.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from openforge.config import SandboxConfig
-from openforge.errors import SandboxError
-from openforge.lazy import lazy_class
+from openforge.config import SANDBOX_BACKENDS, SANDBOX_INSTALL_HINTS, SandboxConfig, sandbox_backend
 from openforge.sandbox.base import IsolationReport, Sandbox, SandboxBase
 
-# sandbox.type -> (module, class), imported lazily
-BACKENDS: dict[str, tuple[str, str]] = {
-    "local": ("openforge.sandbox.local", "LocalSandbox"),
-    "docker": ("openforge.sandbox.docker", "DockerSandbox"),
-    "kubernetes": ("openforge.sandbox.kubernetes", "KubernetesSandbox"),
-}
-# What to install when a backend's module cannot be imported.
-INSTALL_HINTS: dict[str, str] = {"kubernetes": "pip install 'kubernetes>=37,<38'", "docker": "pip install docker"}
+BACKENDS = SANDBOX_BACKENDS  # sandbox.type -> (module, class), imported lazily
+INSTALL_HINTS = SANDBOX_INSTALL_HINTS
 
 
 def sandbox_class(sandbox_type: str) -> type[SandboxBase]:
     """The backend class `sandbox.type` names; SandboxError for an unknown or unloadable one."""
-    entry = BACKENDS.get(sandbox_type)
-    if entry is None:
-        raise SandboxError(f"unknown sandbox.type {sandbox_type!r}; choose {', '.join(BACKENDS)}")
-    try:
-        return lazy_class(*entry)
-    except ImportError as exc:
-        hint = INSTALL_HINTS.get(sandbox_type, "check its dependencies")
-        raise SandboxError(f"the {sandbox_type} backend cannot be loaded ({exc}); {hint}") from None
+    return sandbox_backend(sandbox_type)
 
 
 def make_sandbox(config: SandboxConfig, *, run_id: str, rollout_id: str,
@@ -47,8 +34,7 @@ def make_sandbox(config: SandboxConfig, *, run_id: str, rollout_id: str,
     `site_socket`: a GUI task's site socket (rollouts/tasks/web/server.py), which a container binds when it is
     created; local sandboxes bind it per exec from `attach_gui(spec)` and Kubernetes pods get it from
     the spec too. Every backend's constructor takes both (the signature `SandboxBase` documents)."""
-    return sandbox_class(config.type)(config, run_id=run_id, rollout_id=rollout_id, proxy_socket=proxy_socket,
-                                      site_socket=site_socket)
+    return config.get_sandbox(run_id=run_id, rollout_id=rollout_id, proxy_socket=proxy_socket, site_socket=site_socket)
 
 
 def isolation_check(config: SandboxConfig) -> IsolationReport:
@@ -57,4 +43,4 @@ def isolation_check(config: SandboxConfig) -> IsolationReport:
 
     Container backends are isolated by construction; whether their engine is reachable is a separate
     preflight check."""
-    return sandbox_class(config.type).check_isolation(config)
+    return config.backend().check_isolation(config)

@@ -5,8 +5,9 @@ A leftover belongs to a run; it is removed unless that run is *live* (the caller
 the store says running/paused and its owner process is alive). `run_id` narrows the sweep to one run
 and removes its sandboxes even if it looks live (the user asked for it).
 
-`collect_all` sweeps local and docker here, and calls the kubernetes backend's `gc_pods` when that
-backend is configured (or asked for) and importable. It also sweeps the host-side folders a rollout
+`collect_all` sweeps local and docker here, and asks the configured backend for what it keeps off this
+machine (the kubernetes backend's pods, swept by its `gc_pods`; with `kubernetes`, the default cluster's
+too). It also sweeps the host-side folders a rollout
 makes outside any sandbox (a task's services, its MCP tool server, a container's exposed sockets:
 `owned_tempdir`), with whatever still runs in them, once the process that made them is gone.
 """
@@ -14,7 +15,6 @@ makes outside any sandbox (a task's services, its MCP tool server, a container's
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import shutil
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import psutil
 
-from openforge.config import DockerSandboxConfig, KubernetesSandboxConfig, SandboxConfig
-from openforge.errors import ForgeError, SandboxError
+from openforge.config import DockerSandboxConfig, SandboxConfig
+from openforge.errors import SandboxError
 from openforge.sandbox.base import LABEL_HOME, LABEL_MANAGED, LABEL_RUN
 from openforge.sandbox.procs import kill_tree, orphan_cgroups, remove_cgroup_dir
 
@@ -191,30 +191,6 @@ def collect_all(config: SandboxConfig, *, home: Path, run_id: str | None, is_liv
         found += collect_docker(config, home=home, run_id=run_id, is_live=is_live, dry_run=dry_run)
     except SandboxError as exc:
         notes.append(f"docker: skipped ({exc})")
-    if config.type == "kubernetes" or kubernetes:
-        k8s = config if isinstance(config, KubernetesSandboxConfig) else KubernetesSandboxConfig()
-        notes += _collect_kubernetes(k8s, home=home, run_id=run_id, is_live=is_live, live_runs=live_runs,
-                                     dry_run=dry_run, found=found)
-    return found, notes
-
-
-def _collect_kubernetes(config: KubernetesSandboxConfig, *, home: Path, run_id: str | None,
-                        is_live: Callable[[str], bool], live_runs: bool, dry_run: bool,
-                        found: list[Leftover]) -> list[str]:
-    """The kubernetes backend's `gc_pods(config, run_id, home=)` deletes this data dir's pods by label;
-    it cannot spare a live run's pods, so without --run it is called only when no run is live."""
-    try:
-        k8s = importlib.import_module("openforge.sandbox.kubernetes")
-        gc_pods = k8s.gc_pods
-    except (ImportError, AttributeError) as exc:
-        return [f"kubernetes: skipped (backend not importable: {exc})"]
-    if dry_run:
-        return ["kubernetes: not listed in a dry run"]
-    if run_id is None and live_runs:
-        return ["kubernetes: skipped (a run is live; pass --run RUN to sweep one run's pods)"]
-    try:
-        names = gc_pods(config, run_id, home=home)
-    except ForgeError as exc:
-        return [f"kubernetes: skipped ({exc})"]
-    found += [Leftover("kubernetes", name, run_id or "", True) for name in names]
-    return []
+    remote, remote_notes = config.collect_remote(also_cluster=kubernetes, home=home, run_id=run_id, is_live=is_live,
+                                                 live_runs=live_runs, dry_run=dry_run)
+    return found + remote, notes + remote_notes

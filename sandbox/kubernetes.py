@@ -20,6 +20,8 @@ and a user with the uid `run_as_user` is best (the pod runs as it; $HOME is set 
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import posixpath
 import re
 import secrets
@@ -31,7 +33,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from openforge.config import KubernetesSandboxConfig
-from openforge.errors import SandboxError
+from openforge.errors import ForgeError, SandboxError
 from openforge.paths import forge_home
 from openforge.sandbox.base import (EMPTY_GRADER_SH, GRADER_DIR, KILL_ALL_SH, ExecResult, IsolationReport,
                           container_path, SandboxBase, SandboxFileNotFound, SandboxInfo, SandboxPathRefused, TransientSandboxError)
@@ -44,6 +46,7 @@ from openforge.sandbox.k8s_exec import (
 from openforge.sandbox.compose import ComposeService
 from openforge.sandbox.k8s_manifests import (
     CONTAINER_NAME, SERVICE_PREFIX, build_pod_manifest, check_pod_manifest, managed_selector, pod_labels, pod_name,
+    sandbox_network_policy,
 )
 from openforge.sandbox.k8s_status import death_reason, pod_state, transient_failure, waiting_reason
 from openforge.sandbox.limits import TaskLimits
@@ -93,6 +96,26 @@ def load_client_configuration(k8s: KubernetesSandboxConfig):
     return cfg
 
 
+def probe_cluster(config: KubernetesSandboxConfig) -> tuple[str, str]:
+    """(verdict, detail) of the cluster `config` names, for `forge doctor` and the preflight: ok (in a pod's
+    service account, or a kubeconfig context) or missing (no client, no context)."""
+    if importlib.util.find_spec("kubernetes") is None:
+        # a dependency of openforge since issue 29: missing, the install is older or broken
+        return "missing", ("the kubernetes client is not installed "
+                           "(pip install 'kubernetes>=37,<38', or reinstall openforge)")
+    from kubernetes import config as kconfig
+
+    try:
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            kconfig.load_incluster_config()
+            return "ok", "in-cluster service account"
+        contexts, current = kconfig.list_kube_config_contexts(config_file=config.kubeconfig or None)
+    except Exception as exc:  # noqa: BLE001
+        return "missing", f"no kubeconfig context ({str(exc).splitlines()[0][:120]})"
+    name = config.context or (current or {}).get("name", "?")
+    return "ok", f"context {name} ({len(contexts)} in kubeconfig)"
+
+
 
 class KubernetesSandbox(SandboxBase):
     """A rollout's sandbox as one Pod. `proxy_url` is how code in the pod reaches the proxy."""
@@ -102,6 +125,37 @@ class KubernetesSandbox(SandboxBase):
     @classmethod
     def check_isolation(cls, config: KubernetesSandboxConfig) -> IsolationReport:
         return IsolationReport("kubernetes", f"pods in namespace {config.namespace}")
+
+    @classmethod
+    def preflight(cls, config: KubernetesSandboxConfig) -> None:
+        verdict, detail = probe_cluster(config)
+        if verdict != "ok":
+            raise SandboxError(f"Kubernetes: {detail}; use sandbox.type = \"local\" or \"docker\", "
+                               "or set sandbox.context / sandbox.kubeconfig")
+
+    @classmethod
+    def plan_manifests(cls, config: KubernetesSandboxConfig, *, proxy_port: int, gui: bool) -> list[dict[str, Any]]:
+        """The pod every rollout gets, checked as the API server would, and the NetworkPolicy that keeps it in."""
+        pod = build_pod_manifest(config, name=pod_name("dry-run"), run_id="dry-run", rollout_id="dry-run")
+        check_pod_manifest(pod)
+        return [pod, sandbox_network_policy(config, proxy_port=proxy_port, gui=gui)]
+
+    @classmethod
+    def collect_leftovers(cls, config: KubernetesSandboxConfig, *, home: Path, run_id: str | None,
+                          is_live: Any, live_runs: bool, dry_run: bool) -> tuple[list[Any], list[str]]:
+        """`gc_pods` deletes this data dir's pods by label; it cannot spare a live run's pods, so without a
+        run it is called only when no run is live."""
+        from openforge.sandbox.gc import Leftover
+
+        if dry_run:
+            return [], ["kubernetes: not listed in a dry run"]
+        if run_id is None and live_runs:
+            return [], ["kubernetes: skipped (a run is live; pass --run RUN to sweep one run's pods)"]
+        try:
+            names = gc_pods(config, run_id, home=home)
+        except ForgeError as exc:
+            return [], [f"kubernetes: skipped ({exc})"]
+        return [Leftover("kubernetes", name, run_id or "", True) for name in names], []
 
     storage_enforced_as = ("the pod's ephemeral-storage request and limit: the kubelet evicts a pod that has "
                            "written past it at its next check, a write itself is not refused")

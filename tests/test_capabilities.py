@@ -21,8 +21,11 @@ from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext, Harne
 from openforge.rollouts.runner import grader as grader_module
 from openforge.rollouts.runner import runner as runner_module
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.runs import plan as plan_module
+from openforge.runs import prepare as prepare_module
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks
 from openforge.sandbox.base import ExecResult, IsolationReport, Sandbox, SandboxBase, SandboxInfo, proxy_url_via
+from openforge.sandbox import gc as gc_module
 from openforge.sandbox.factory import BACKENDS, isolation_check, make_sandbox, sandbox_class
 from openforge.sandbox.gui import GuiSpec
 from openforge.sandbox.local import LocalSandbox
@@ -141,6 +144,30 @@ def test_the_runner_never_asks_what_it_has(module: Any) -> None:
     backend_reads = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Compare)
                      for a in ast.walk(n) if isinstance(a, ast.Attribute) and a.attr in ("backend", "type")]
     assert (probes, compared, backend_reads) == ([], [], [])
+
+
+@pytest.mark.parametrize("module", [prepare_module, plan_module, gc_module])
+def test_preflight_plan_and_gc_never_ask_which_backend(module: Any) -> None:
+    """Each backend's config says what to check before a run, what a dry run shows and what to sweep
+    (openforge/config.py): these modules compare no `sandbox.type` and no backend's name."""
+    tree = ast.parse(Path(inspect.getsourcefile(module) or "").read_text())
+    compared = [c.value for n in ast.walk(tree) if isinstance(n, ast.Compare)
+                for c in ast.walk(n) if isinstance(c, ast.Constant) and c.value in BACKENDS]
+    type_reads = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Compare)
+                  for a in ast.walk(n) if isinstance(a, ast.Attribute) and a.attr == "type"]
+    assert (compared, type_reads) == ([], [])
+
+
+def test_a_registered_backend_is_built_and_checked_by_its_config(registered: None) -> None:
+    """`get_sandbox` builds the class `SANDBOX_BACKENDS` names for the config's type (a test backend here);
+    its preflight, plan lines and manifests are its config's."""
+    tunnel = _config("tunnel").sandbox
+    assert type(tunnel.get_sandbox(run_id="r", rollout_id="ro")) is TunnelSandbox
+    assert tunnel.preflight_checks() == [] and tunnel.plan_manifests(proxy_port=8700, gui=False) == []
+    assert dict(tunnel.plan_lines())["isolation"] == "none"
+    found, notes = tunnel.collect_remote(home=Path("/nonexistent"), run_id=None, is_live=lambda run: False,
+                                         live_runs=False, dry_run=True)
+    assert (found, notes) == ([], [])
 
 
 # -- sandboxes -------------------------------------------------------------------------------------------
