@@ -26,6 +26,7 @@ COMPACTED = "compaction: the history is replayed shorter (earlier turns summaris
 SUMMARY_ASKED = "compaction: the history is sent on with a request for its summary and the tools withdrawn (Codex)"
 RETRIED = "retried: the last user turn is resent with more text and without the answer (Claude Code after an empty answer)"
 NEW_CONVERSATION = "new conversation: the first user turn differs (a sub-agent, or a side request)"
+SUB_AGENT = "sub-agent: a new conversation opened by a prompt an earlier answer gave a tool (Claude Code's Agent)"
 REWRITTEN = "history rewritten: an earlier turn is replayed with other content"
 
 _THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
@@ -117,4 +118,14 @@ def explain_break(recent: list[tuple[list[Message], list[dict[str, Any]]]], mess
         return None
     # Ties go to a call with the same tools: after Codex's tool-less summary request, the main conversation.
     previous, prev_tools = max(reversed(recent), key=lambda c: (_shared(c[0], messages), c[1] == tools))
-    return classify_break(previous, prev_tools, messages, tools)
+    why = classify_break(previous, prev_tools, messages, tools)
+    first = next((m.content for m in messages if m.role == "user"), "")
+    return SUB_AGENT if why == NEW_CONVERSATION and _delegated(recent, first) else why
+
+
+def _delegated(recent: list[tuple[list[Message], list[dict[str, Any]]]], first_user: str) -> bool:
+    """An earlier answer called a tool with a text argument that this conversation's first user turn
+    holds: the harness started a sub-agent on it (Claude Code's Agent `prompt`, Codex's spawn_agent)."""
+    return any(isinstance(value, str) and len(value) >= 8 and value in first_user
+               for previous, _ in recent for m in previous for call in m.tool_calls or []
+               if isinstance(call.arguments, dict) for value in call.arguments.values())

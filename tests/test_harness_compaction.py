@@ -1,4 +1,5 @@
-"""The real CLIs compacting their context, through the real proxy and runner (issue 47).
+"""The real CLIs compacting their context and starting sub-agents, through the real proxy and runner
+(issue 47).
 
 Each policy reads parts of a long file until the harness compacts, writes the summary it is asked for,
 then finishes; the harness's summary request is tagged (`call.side = "compaction"`) and trained with
@@ -190,3 +191,55 @@ async def test_claude_code_compaction_is_labelled_and_every_sampled_token_trains
     sampled = [i for t in trajectories for i, m in zip(t.token_ids, t.loss_mask) if m]
     assert Counter(sampled) == Counter(i for c in calls for i in c.completion_ids)
     assert len(sampled) == sum(len(c.completion_ids) for c in calls)
+
+
+@needs("claude-code")
+async def test_a_claude_code_sub_agent_is_the_rollouts_own_segment_and_shares_its_reward(make_rig):
+    """Claude Code's Agent tool (`--tools Bash,Agent`: an 8k-token first prompt) runs a sub-agent with its
+    own system prompt and conversation through the same proxy, with the rollout's key. The first rollout
+    delegates the file to a sub-agent (reward 1), the second gives up (reward 0)."""
+    rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
+    tok = rig.engine.tokenizer
+    instruction, subtask = "Delegate writing the file to a sub-agent.", "SUBTASK: write forge-ok into proof.txt"
+    delegated = 0
+
+    def script(prompt_ids: list[int]) -> str:
+        nonlocal delegated
+        text = tok.decode(prompt_ids)
+        if instruction in text:  # the main agent
+            if "SUB-DONE" in text:
+                return ANSWER
+            if delegated:
+                return "I cannot."
+            delegated += 1
+            call = {"name": "Agent", "arguments": {"description": "write the proof", "prompt": subtask,
+                                                   "subagent_type": "general-purpose"}}
+        elif MARK not in text:  # the sub-agent
+            call = {"name": "Bash", "arguments": {"command": COMMAND, "description": "write"}}
+        else:
+            return "SUB-DONE: proof.txt is written."
+        return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+    rig.engine.script = script
+    config = ForgeConfig()
+    config.runner.concurrency = 1
+    config.harness = HarnessConfig(name="claude-code", npm_cache=str(NPM_CACHE), max_turns=6,
+                                   extra_args=["--tools", "Bash,Agent"])
+    task = TaskSpec(id="delegate", instruction=instruction, verifier="grep -qx forge-ok proof.txt")
+    runner = RolloutRunner(rig.store, config=config, proxy_url=rig.url, proxy_socket=rig.proxy.uds)
+    done, gave_up = await runner.run(rig.rollout.run_id, [RolloutSpec(task, 0), RolloutSpec(task, 1)])
+    assert (done.reward, gave_up.reward) == (1.0, 0.0), (done.error, gave_up.error)
+
+    calls = sorted(rig.calls(done.id), key=lambda c: c.seq)  # every call with the rollout's key: its own
+    sub = [c for c in calls if subtask in json.dumps(c.request_json["messages"][0])]
+    main = [c for c in calls if c not in sub]
+    assert (len(main), len(sub)) == (2, 2) and sub[0].request_json["system"] != main[0].request_json["system"]
+    assert sub[0].break_reason == breaks.SUB_AGENT and not any(c.break_reason for c in calls if c is not sub[0])
+    trajectories = rig.store.list_trajectories(rollout_ids=[done.id])
+    assert sorted(t.call_ids for t in trajectories) == sorted([[c.id for c in main], [c.id for c in sub]])
+    rollouts = [done, gave_up]
+    batch = build_batch(rollouts, rig.store.list_trajectories(rollout_ids=[r.id for r in rollouts]),
+                        sampling=call_sampling(rig.store, [r.id for r in rollouts]), std_normalize=False)
+    completions = sum(len(c.completion_ids) for r in rollouts for c in rig.calls(r.id) if c.status == "ok")
+    assert sum(sum(s.loss_mask) for s in batch.samples) == completions
+    assert Counter((s.rollout_id, s.advantage) for s in batch.samples) == {(done.id, 0.5): 2, (gave_up.id, -0.5): 1}

@@ -70,6 +70,15 @@ def test_a_compaction_summary_is_tagged_by_the_harness_turn_never_by_a_tool_resu
     assert side.name_of({"input": [dev, output]}) is None  # the policy's command printed it: not the harness's
 
 
+def test_a_sub_agent_is_named_by_the_prompt_its_caller_passed() -> None:
+    agent = Message("assistant", "", [ToolCall("Agent", {"description": "w", "prompt": "SUBTASK: write proof.txt"})])
+    main = ([SYS, USER, agent], TOOLS)
+    sub = [Message("system", "You are a sub-agent"), Message("user", "<system-reminder>date</system-reminder>\n\n"
+                                                                      "SUBTASK: write proof.txt")]
+    assert explain_break([main], sub, TOOLS) == breaks.SUB_AGENT
+    assert explain_break([main], [SYS, Message("user", "write a title")], TOOLS) == breaks.NEW_CONVERSATION
+
+
 def test_an_extension_message_for_message_is_no_harness_break() -> None:
     assert why(PREVIOUS + [Message("user", "thanks")]) is None
     assert explain_break([], [SYS, USER], TOOLS) is None
