@@ -61,6 +61,9 @@ fi
 
 echo "==> installing openforge${EXTRAS}"
 "${PIP[@]}" install -e ".${EXTRAS}"
+# setuptools maps openforge.<folder> onto the top-level folders with an import hook, which static readers
+# (Pyright, jedi, import graphs) cannot run: a tree of links in the venv shows them the installed layout.
+.venv/bin/python install_links.py
 
 cat <<MSG
 
