@@ -52,6 +52,7 @@ from openforge.config import ForgeConfig
 from openforge.errors import SandboxError
 from openforge.store import Rollout, Store
 from openforge.rollouts.harnesses.base import Harness, HarnessContext
+from openforge.rollouts.runner.failures import failure_fields
 from openforge.rollouts.runner.grader import InfraFailure, RolloutGrader, tail
 from openforge.rollouts.runner.harness_run import run_harness
 from openforge.rollouts.runner.tool_server import ToolServer, ToolServerUnavailable, dispatch_record_path
@@ -75,11 +76,6 @@ class RolloutSpec:
     task: TaskSpec
     sample_index: int = 0
     harness: str = ""
-
-
-def _failure(kind: str, reason: str) -> dict[str, Any]:
-    """The fields of a rollout that ended without an answer: failure_kind (FAILURE_KINDS) and the error."""
-    return {"error": f"{kind}: {reason}", "failure_kind": kind}
 
 
 def _default_factory() -> SandboxFactory:
@@ -192,7 +188,8 @@ class RolloutRunner:
             raise
         except Exception as exc:  # noqa: BLE001 - one rollout's bug must not take the step down
             log.exception("rollout %s crashed", ro.id)
-            await self._finish(ro.id, status="failed", **_failure("infra", f"runner error: {type(exc).__name__}: {exc}"))
+            await self._finish(ro.id, status="failed",
+                               **failure_fields("infra", f"runner error: {type(exc).__name__}: {exc}"))
 
     async def _rollout(self, ro: Rollout, spec: RolloutSpec) -> None:
         await self._gate.wait()
@@ -203,7 +200,7 @@ class RolloutRunner:
             try:  # a GUI task's site first: a container binds its socket when it is created
                 site = self._open_site(spec.task)
             except InfraFailure as exc:
-                await self._finish(ro.id, status="failed", **_failure("infra", str(exc)))
+                await self._finish(ro.id, status="failed", **failure_fields("infra", str(exc)))
                 return
             services = None
             try:
@@ -222,7 +219,7 @@ class RolloutRunner:
                         await self._drive(sb, ro, spec.task, self.harness_for(spec.harness), site, services=services,
                                           tools=tools)
                 except InfraFailure as exc:
-                    await self._finish(ro.id, status="failed", **_failure("infra", str(exc)))
+                    await self._finish(ro.id, status="failed", **failure_fields("infra", str(exc)))
                 finally:
                     await stop_shielded(sb)
             finally:  # after the sandbox: nothing inside can reach the site any more
@@ -275,7 +272,7 @@ class RolloutRunner:
         try:
             confinement = self._confinement()
         except SandboxError as exc:
-            await self._finish(ro.id, status="failed", **_failure("infra", f"services cannot run here: {exc}"))
+            await self._finish(ro.id, status="failed", **failure_fields("infra", f"services cannot run here: {exc}"))
             return False
         # Seeded by task and sample: a rerun of a sample meets the same injected errors.
         opening = asyncio.ensure_future(asyncio.to_thread(ServiceSession.open, spec.task.services,
@@ -288,7 +285,7 @@ class RolloutRunner:
                                       or threading.Thread(target=done.result().close, daemon=True).start())
             raise
         except ServiceStartFailed as exc:
-            await self._finish(ro.id, status="failed", **_failure("infra", str(exc)))
+            await self._finish(ro.id, status="failed", **failure_fields("infra", str(exc)))
             return False
 
     async def _start_sandbox(self, ro: Rollout, site: Any = None, task: TaskSpec | None = None) -> Sandbox | None:
@@ -309,7 +306,7 @@ class RolloutRunner:
                 retries=self.config.sandbox.start_retries, timeout=self.config.runner.rollout_timeout_s,
                 on_attempt=record)
         except SandboxStartFailed as exc:
-            await self._finish(ro.id, status="failed", **_failure("infra", str(exc)))
+            await self._finish(ro.id, status="failed", **failure_fields("infra", str(exc)))
             return None
         await self._db(self.store.update_rollout, ro.id, sandbox_id=sb.info.sandbox_id)
         return sb
@@ -372,17 +369,17 @@ class RolloutRunner:
             await self._finish(ro.id, status="timed_out", reward=0.0, failure_kind="timeout", error=run.reason)
             return
         if run.ending in ("harness", "config"):  # never scored: its error text is not an answer
-            await self._finish(ro.id, status="failed", **_failure(run.ending, run.reason))
+            await self._finish(ro.id, status="failed", **failure_fields(run.ending, run.reason))
             return
         if run.ending == "policy":  # the policy's 0, not graded: its output is no answer either
-            reward, verifier_output, ending = 0.0, None, _failure("policy", run.reason)
+            reward, verifier_output, ending = 0.0, None, failure_fields("policy", run.reason)
         else:
             reward, verifier_output, note = await self.grader.grade(sb, ro, task, run.answer, site,
                                                                     services=services)
             ending = {"error": note}
         if assembly_error:
             await self._finish(ro.id, status="failed", reward=reward, verifier_output=verifier_output,
-                               **_failure("infra", f"trajectory assembly failed: {assembly_error}"))
+                               **failure_fields("infra", f"trajectory assembly failed: {assembly_error}"))
             return
         await self._finish(ro.id, status="scored", reward=reward, verifier_output=verifier_output, **ending)
 

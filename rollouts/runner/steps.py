@@ -23,17 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from openforge.errors import SandboxError
 from openforge.rollouts.harnesses.base import Harness, HarnessContext
+from openforge.rollouts.runner.failures import failure_fields
 from openforge.rollouts.runner.grader import InfraFailure, tail
-from openforge.rollouts.runner.harness_run import run_harness
+from openforge.rollouts.runner.harness_run import RolloutDriver, run_harness
 from openforge.sandbox.base import Sandbox
 from openforge.store import Rollout
-
-if TYPE_CHECKING:
-    from openforge.rollouts.runner.runner import RolloutRunner
 
 
 class Step(Protocol):
@@ -45,14 +43,12 @@ class Step(Protocol):
     min_reward: float | None
 
 
-async def drive_steps(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, harness: Harness, ctx: HarnessContext,
+async def drive_steps(runner: RolloutDriver, sb: Sandbox, ro: Rollout, harness: Harness, ctx: HarnessContext,
                       extra_env: dict[str, str], *, steps: Sequence[Step],
                       grade_step: Callable[[Step, str], Awaitable[tuple[float, str, str | None]]],
                       combine: Callable[[list[float]], float], rule: str) -> None:
     """Run every step in `sb`, grade each with `grade_step(step, answer)`, and record the rollout's ending:
     `combine` of the graded steps' rewards (`rule` names it in the output)."""
-    from openforge.rollouts.runner.runner import _failure
-
     config = runner.config
     rewards: list[float] = []
     lines: list[str] = []
@@ -66,10 +62,10 @@ async def drive_steps(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, harness
                        error=run.reason)
             return
         if run.ending in ("harness", "config"):
-            await _end(runner, ro, harness, lines, status="failed", **_failure(run.ending, run.reason))
+            await _end(runner, ro, harness, lines, status="failed", **failure_fields(run.ending, run.reason))
             return
         if run.ending == "policy":
-            await _end(runner, ro, harness, lines, status="scored", reward=0.0, **_failure("policy", run.reason))
+            await _end(runner, ro, harness, lines, status="scored", reward=0.0, **failure_fields("policy", run.reason))
             return
         reward, output, note = await grade_step(step, run.answer)
         rewards.append(reward)
@@ -89,13 +85,11 @@ async def drive_steps(runner: "RolloutRunner", sb: Sandbox, ro: Rollout, harness
     await _end(runner, ro, harness, lines, status="scored", reward=reward, error="; ".join(notes) or None)
 
 
-async def _end(runner: "RolloutRunner", ro: Rollout, harness: Harness, lines: list[str], *, status: str,
+async def _end(runner: RolloutDriver, ro: Rollout, harness: Harness, lines: list[str], *, status: str,
                **fields: object) -> None:
     """Assemble the trajectory of every step's calls, then record the ending (assembly failed: infra)."""
-    from openforge.rollouts.runner.runner import _failure
-
     output = tail("\n".join(lines)) if lines else None
     if assembly_error := await runner._assemble(ro.id, harness):
-        fields = {**fields, **_failure("infra", f"trajectory assembly failed: {assembly_error}")}
+        fields = {**fields, **failure_fields("infra", f"trajectory assembly failed: {assembly_error}")}
         status = "failed"
     await runner._finish(ro.id, status=status, verifier_output=output, **fields)
