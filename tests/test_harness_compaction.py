@@ -142,19 +142,21 @@ CLAUDE_SUMMARY_PROMPT = "Your task is to create a detailed summary of the conver
 CLAUDE_CONTINUED = "This session is being continued from a previous conversation"
 
 
-@needs("claude-code")
-async def test_claude_code_compaction_is_labelled_and_every_sampled_token_trains_once(make_rig, tmp_path):
+async def run_claude_compacting(rig: Any, tmp_path: Path, *, fail_summary: bool = False) -> Any:
     """Claude Code with `--bare --tools Bash` (a 1.4k-token first prompt), told its model has 48k of
-    context and an auto-compact window: it compacts near 15k tokens, after the sixth part."""
-    rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
+    context and an auto-compact window: it compacts near 15k tokens, after the sixth part. The policy
+    then writes proof.txt (after the eighth part if no compaction came). `fail_summary`: the engine
+    fails every summary request, and Claude Code's own retries are off (CLAUDE_CODE_MAX_RETRIES=0)."""
     tok = rig.engine.tokenizer
 
     def script(prompt_ids: list[int]) -> str:
         text = tok.decode(prompt_ids)
         if CLAUDE_SUMMARY_PROMPT in text[text.rindex("<|im_start|>user"):]:
+            if fail_summary:
+                raise BadRequest("engine down during the summary", 500)
             return f"<analysis>six parts read</analysis>\n<summary>{SUMMARY}</summary>"
-        if CLAUDE_CONTINUED not in text:
-            part = text.count("line 150 of part") + 1
+        part = text.count("line 150 of part") + 1
+        if CLAUDE_CONTINUED not in text and part <= 8:
             command = f"seq -f 'line %g of part {part} of the long file' 1 150"
         elif MARK not in text:
             command = COMMAND
@@ -164,15 +166,23 @@ async def test_claude_code_compaction_is_labelled_and_every_sampled_token_trains
         return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
 
     rig.engine.script = script
-    spec = tmp_path / "claude-code-48k.toml"  # a user's copy of the built-in spec, with the two settings
+    settings = 'CLAUDE_CODE_MAX_CONTEXT_TOKENS = "48000"\nCLAUDE_CODE_AUTO_COMPACT_WINDOW = "100000"\n'
+    settings += 'CLAUDE_CODE_MAX_RETRIES = "0"\n' if fail_summary else ""
+    spec = tmp_path / "claude-code-48k.toml"  # a user's copy of the built-in spec, with these settings
     spec.write_text((BUILTIN_SPECS / "claude-code.toml").read_text().replace(
-        'IS_SANDBOX = "1"\n', 'IS_SANDBOX = "1"\nCLAUDE_CODE_MAX_CONTEXT_TOKENS = "48000"\n'
-        'CLAUDE_CODE_AUTO_COMPACT_WINDOW = "100000"\n'))
+        'IS_SANDBOX = "1"\n', 'IS_SANDBOX = "1"\n' + settings))
     config = ForgeConfig()
     config.harness = HarnessConfig(name=str(spec), npm_cache=str(NPM_CACHE), max_turns=16,
                                    extra_args=["--bare", "--tools", "Bash"])
     runner = RolloutRunner(rig.store, config=config, proxy_url=rig.url, proxy_socket=rig.proxy.uds)
     [ro] = await runner.run(rig.rollout.run_id, [RolloutSpec(TASK, 0)])
+    return ro
+
+
+@needs("claude-code")
+async def test_claude_code_compaction_is_labelled_and_every_sampled_token_trains_once(make_rig, tmp_path):
+    rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
+    ro = await run_claude_compacting(rig, tmp_path)
     assert (ro.status, ro.reward) == ("scored", 1.0), (ro.error, ro.stdout[-1500:])
     assert json.loads(ro.stdout)["modelUsage"]["forge-policy"]["contextWindow"] == 48000
 
@@ -243,3 +253,18 @@ async def test_a_claude_code_sub_agent_is_the_rollouts_own_segment_and_shares_it
     completions = sum(len(c.completion_ids) for r in rollouts for c in rig.calls(r.id) if c.status == "ok")
     assert sum(sum(s.loss_mask) for s in batch.samples) == completions
     assert Counter((s.rollout_id, s.advantage) for s in batch.samples) == {(done.id, 0.5): 2, (gave_up.id, -0.5): 1}
+
+
+@needs("claude-code")
+async def test_a_failed_claude_code_summary_leaves_the_rollout_uncompacted_and_scored(make_rig, tmp_path):
+    """The engine fails Claude Code's summary request: it goes on uncompacted (and asks again at the next
+    turns, three times here), finishes, and is scored by the usual rules; the failed calls sampled
+    nothing, the one segment trains each sampled token once."""
+    rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
+    ro = await run_claude_compacting(rig, tmp_path, fail_summary=True)
+    assert (ro.status, ro.reward, ro.n_segments) == ("scored", 1.0, 1), (ro.error, ro.stdout[-1500:])
+    calls = rig.calls(ro.id)
+    failed = [c for c in calls if c.status != "ok"]
+    assert failed and all(CLAUDE_SUMMARY_PROMPT in json.dumps(c.request_json["messages"][-1]) for c in failed)
+    [trajectory] = rig.store.list_trajectories(rollout_ids=[ro.id])
+    assert sum(trajectory.loss_mask) == sum(len(c.completion_ids) for c in calls if c.status == "ok")
