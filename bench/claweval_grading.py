@@ -1,4 +1,4 @@
-"""ClawEval's own graders on the public set (rollouts/tasks/claweval_grading.py): do they run on forge's trace?
+"""ClawEval's own graders on the public set (rollouts/tasks/claweval/grading.py): do they run on forge's trace?
 
 `CLAWEVAL_SRC=path/to/claw-eval python -m bench claweval_grading`: imports the checkout, then runs every
 imported task's tasks/<id>/grader.py (with the checkout's claw_eval package, in its own child process)
@@ -52,7 +52,7 @@ class _ScriptedJudge(BaseHTTPRequestHandler):
         pass
 
 
-# The reasons the importer gives (rollouts/tasks/claweval.py), by kind; a task counts under each of its own.
+# The reasons the importer gives (rollouts/tasks/claweval/importer.py), by kind; a task counts under each of its own.
 _KINDS = {"sandbox file missing": " is missing",
           "sandbox file outside the task folder": " is outside the task folder",
           "container steps (commands, grader files, host files, snapshot globs)": (
@@ -63,7 +63,7 @@ _KINDS = {"sandbox file missing": " is missing",
 
 
 def _has_binary_file(task_dir: Path) -> bool:
-    """Whether a task names a sandbox file the checkout holds that is not UTF-8 text (rollouts/tasks/claweval.py)."""
+    """Whether a task names a sandbox file the checkout holds that is not UTF-8 text (rollouts/tasks/claweval/importer.py)."""
     import yaml
 
     t = yaml.safe_load((task_dir / "task.yaml").read_text(encoding="utf-8")) or {}
@@ -109,8 +109,8 @@ def _refusals(src: str, unsupported: list[tuple[str, str]]) -> dict[str, Any]:
 
 
 def run(quick: bool = False) -> dict[str, Any]:
-    from openforge.rollouts.tasks.claweval import import_claweval
-    from openforge.rollouts.tasks.claweval_grading import ClawEvalGradingFailed, run_grader
+    from openforge.rollouts.tasks.claweval.importer import import_claweval
+    from openforge.rollouts.tasks.claweval.grading import ClawEvalGradingFailed, run_grader
     from openforge.rollouts.tasks.format import TaskSpec
 
     src = os.environ.get("CLAWEVAL_SRC")

@@ -98,7 +98,7 @@ def _sheet(path: Path, total: int | None) -> None:
 
 
 def _cache_name(url: str, path: str) -> str:
-    """OSWorld's cache file name for a download: uuid5(url)_basename (rollouts/tasks/osworld.py)."""
+    """OSWorld's cache file name for a download: uuid5(url)_basename (rollouts/tasks/osworld/importer.py)."""
     return f"{uuid.uuid5(uuid.NAMESPACE_URL, url)}_{Path(path).name}"
 
 
@@ -132,7 +132,7 @@ def _calc(sandbox: dict | None = None) -> dict:
               "(apt-get install -y --no-install-recommends libreoffice-calc)")
         return {"skipped": "LibreOffice (soffice) is not installed"}
     from openforge.rollouts.tasks.format import TaskSpec
-    from openforge.rollouts.tasks.osworld import import_osworld
+    from openforge.rollouts.tasks.osworld.importer import import_osworld
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -186,7 +186,7 @@ def _vlc() -> dict:
         print("desktop_real: VLC is not installed (apt-get install -y --no-install-recommends vlc)")
         return {"skipped": "VLC is not installed"}
     from bench.selfcheck_rig import validate_run
-    from openforge.rollouts.tasks.osworld import import_osworld
+    from openforge.rollouts.tasks.osworld.importer import import_osworld
 
     records = [t for t in import_osworld(src).tasks if "needs:VLC" in t.get("tags", [])]
     tasks, wall, by_task = asyncio.run(validate_run(records))

@@ -92,7 +92,7 @@ def _import(home: Path, name: str, fmt: str, src: str, out: Path, image: str) ->
     print(f"  {name}: {done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-300:]}")
     ids = sorted(p.name for p in out.iterdir() if p.is_dir())
     if fmt == "osworld":
-        from openforge.rollouts.tasks.osworld import import_osworld
+        from openforge.rollouts.tasks.osworld.importer import import_osworld
 
         not_here = {tid for tid, _ in import_osworld(src).not_here}
         ids = [i for i in ids if i not in not_here]

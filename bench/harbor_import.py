@@ -44,7 +44,7 @@ def _kind(reason: str) -> str:
 
 
 def _import(src: Path, bases: dict[str, str]) -> tuple[dict, list[dict]]:
-    from openforge.rollouts.tasks.harbor_image import import_harbor
+    from openforge.rollouts.tasks.harbor.image import import_harbor
 
     t0 = time.perf_counter()
     report = import_harbor(src, bases=bases)

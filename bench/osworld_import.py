@@ -7,7 +7,7 @@ an OSWorld cache folder of local copies, if any. Figures:
 1. The import's counts: tasks read, imported, those whose applications (and root, a D-Bus session for
    gsettings) this machine has, online-only, unsupported, and the unsupported by their first reason (a metric, a
    getter, a config step, a postconfig step, a command driving the GUI, a Windows task, malformed).
-   A postconfig that saves on the display after the agent (rollouts/tasks/osworld_finish.py) is the
+   A postconfig that saves on the display after the agent (rollouts/tasks/osworld/finish.py) is the
    desktop's finish script: the imported tasks with one, and those online-only for their downloads alone
    with one (they import given OSWORLD_CACHE's local copies), are counted apart.
 2. `validate --run` over the imported tasks in the local sandbox: the wall time; **runnable here**: the
@@ -47,7 +47,7 @@ def run(quick: bool = False) -> dict:
     src = os.environ.get("OSWORLD_SRC")
     if not src:
         raise RuntimeError("set OSWORLD_SRC to an OSWorld checkout (github.com/xlang-ai/OSWorld)")
-    from openforge.rollouts.tasks.osworld import _task_files, import_osworld
+    from openforge.rollouts.tasks.osworld.importer import _task_files, import_osworld
 
     files = _task_files(Path(src))
     digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
@@ -79,7 +79,7 @@ def _online_with_finish(files: list[Path], report) -> int:  # type: ignore[no-un
     every step of it: a step it refuses makes the task unsupported): given local copies, they import."""
     import json
 
-    from openforge.rollouts.tasks.osworld_finish import drives_gui
+    from openforge.rollouts.tasks.osworld.finish import drives_gui
 
     online = {tid for tid, why in report.online_only if all("has no local copy" in r for r in why.split("; "))}
     raws = [json.loads(f.read_text(encoding="utf-8")) for f in files if "windows" not in (p.lower() for p in f.parts)]

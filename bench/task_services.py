@@ -1,4 +1,4 @@
-"""Task services and the ClawEval import (rollouts/tasks/services.py, rollouts/tasks/claweval.py).
+"""Task services and the ClawEval import (rollouts/tasks/services.py, rollouts/tasks/claweval/importer.py).
 
 1. Per-rollout overhead of a task's services: the same stand-in agent (`true`) through RolloutRunner on a
    local sandbox, a task with one service (tests/data/services/mail_server.py, health-checked and reset,
@@ -64,7 +64,7 @@ def _overhead(n: int) -> dict[str, Any]:
 
 
 def _claweval(src: str, quick: bool) -> dict[str, Any]:
-    from openforge.rollouts.tasks.claweval import import_claweval
+    from openforge.rollouts.tasks.claweval.importer import import_claweval
     from openforge.rollouts.tasks.services import ServiceSession, ServiceSpec, ServiceStartFailed
 
     t0 = time.perf_counter()

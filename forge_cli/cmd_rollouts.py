@@ -95,8 +95,8 @@ def tasks_import(
         _import_osworld(src, out or "osworld-tasks", cache)
         return
     if fmt == "harbor":
-        from openforge.rollouts.tasks.claweval import write_tasks
-        from openforge.rollouts.tasks.harbor_image import import_harbor, parse_base_map
+        from openforge.rollouts.tasks.claweval.importer import write_tasks
+        from openforge.rollouts.tasks.harbor.image import import_harbor, parse_base_map
 
         report = import_harbor(src, bases=parse_base_map(base or []))
         for task_id, why in report.refused:
@@ -124,7 +124,7 @@ def tasks_import(
         _import_by_family(fmt, src, out)
         return
     out = out or "claweval-tasks"
-    from openforge.rollouts.tasks.claweval import import_claweval, write_tasks
+    from openforge.rollouts.tasks.claweval.importer import import_claweval, write_tasks
 
     report = import_claweval(src, reward=reward)
     for task_id, why in report.online_only:
@@ -164,8 +164,8 @@ def _some_imported(src: str, tasks: list, refused: int) -> None:
 
 
 def _import_osworld(src: str, out: str, cache: str | None) -> None:
-    from openforge.rollouts.tasks.claweval import write_tasks
-    from openforge.rollouts.tasks.osworld import import_osworld
+    from openforge.rollouts.tasks.claweval.importer import write_tasks
+    from openforge.rollouts.tasks.osworld.importer import import_osworld
 
     report = import_osworld(src, cache=cache)
     for kind, refused in (("online-only", report.online_only), ("unsupported", report.unsupported),
@@ -320,7 +320,7 @@ def eval_cmd(
         console.print(harness_table(summary["compare"]["by_harness"],
                                     f"eval {run.id} less eval {summary['compare']['run']}", change=True))
     if claweval := (run.summary_json or {}).get("claweval"):  # an imported ClawEval set: its own scoring
-        from openforge.rollouts.tasks.claweval_grading import summary_line
+        from openforge.rollouts.tasks.claweval.grading import summary_line
 
         console.print(summary_line(claweval), highlight=False)
 

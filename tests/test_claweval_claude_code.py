@@ -27,7 +27,7 @@ pytest.importorskip("fastapi", reason="ClawEval's mock services are FastAPI apps
 @pytest.mark.timeout(300)  # 9 s here on a quiet machine
 @needs("claude-code")
 async def test_claude_code_does_an_imported_claweval_task_through_its_mcp_tools(make_rig) -> None:  # noqa: F811
-    from openforge.rollouts.tasks.claweval import import_claweval
+    from openforge.rollouts.tasks.claweval.importer import import_claweval
 
     task = TaskSpec.model_validate(import_claweval(SRC).tasks[0])
     rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)

@@ -1,4 +1,4 @@
-"""ClawEval's own graders of imported tasks (rollouts/tasks/claweval_grading.py, rollouts/tasks/claweval_score.py):
+"""ClawEval's own graders of imported tasks (rollouts/tasks/claweval/grading.py, rollouts/tasks/claweval/score.py):
 tasks/<id>/grader.py run with the claw_eval package's grading modules (tests/data/claweval/src: copied from
 claw-eval 9365e1a) on the trace forge recorded, ClawEval's scoring and pass^N in the eval summary."""
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from openforge.config import ForgeConfig
-from openforge.rollouts.tasks.claweval_score import run_claweval_figures, verdict_path
+from openforge.rollouts.tasks.claweval.score import run_claweval_figures, verdict_path
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
-from openforge.rollouts.tasks.claweval import import_claweval
-from openforge.rollouts.tasks.claweval_grading import PASS_THRESHOLD, claweval_summary, run_grader, summary_line
+from openforge.rollouts.tasks.claweval.importer import import_claweval
+from openforge.rollouts.tasks.claweval.grading import PASS_THRESHOLD, claweval_summary, run_grader, summary_line
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.selfcheck import _StandInHarness, forged_dispatch
 from openforge.store import Store
@@ -66,7 +66,7 @@ def test_the_import_carries_the_tasks_grader_and_the_packages_grading_modules() 
 
 
 def test_dispatches_follow_the_tool_servers_order_with_the_fronts_status_and_body() -> None:
-    from openforge.rollouts.tasks.claweval_grading import trace_dispatches
+    from openforge.rollouts.tasks.claweval.grading import trace_dispatches
     from openforge.rollouts.tasks.service_front import ServiceRequest
 
     spec = _save_note().claweval
@@ -206,7 +206,7 @@ async def test_under_policy_base_the_graders_judge_is_the_proxys_judge_route(ser
     deadline header), a later reply holds no score: LLMJudge asks again each time, and those rows keep why."""
     from openforge.config import JudgeConfig
     from openforge.engine.scripted import ScriptedEngine
-    from openforge.rollouts.tasks.claweval_score import RETRIED
+    from openforge.rollouts.tasks.claweval.score import RETRIED
 
     judged = (SRC / "tasks" / "N001_save_note" / "grader.py").read_text().replace(
         "scores = DimensionScores()", "scores = DimensionScores(completion=judge.evaluate('', '', '', 'tone').score, "

@@ -1,4 +1,4 @@
-"""ClawEval tasks that work on files (rollouts/tasks/claweval.py, rollouts/runner/grader.py): the task's
+"""ClawEval tasks that work on files (rollouts/tasks/claweval/importer.py, rollouts/runner/grader.py): the task's
 `sandbox_files` are written into the sandbox's working directory (ClawEval's /workspace), and the files its
 `env_snapshot_files` name are copied out of it after the agent is gone, for its grader.py (ClawEval's
 env_snapshot). A task folder in ClawEval's layout is made here beside the small checkout in
@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from openforge.config import ForgeConfig
-from openforge.rollouts.tasks.claweval_score import verdict_path
+from openforge.rollouts.tasks.claweval.score import verdict_path
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
-from openforge.rollouts.tasks.claweval import import_claweval
-from openforge.rollouts.tasks.claweval_grading import snapshot_entry
+from openforge.rollouts.tasks.claweval.importer import import_claweval
+from openforge.rollouts.tasks.claweval.grading import snapshot_entry
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.store import Store
@@ -146,7 +146,7 @@ def test_a_binary_sandbox_file_is_written_byte_exact_and_its_grader_reads_the_by
     from typer.testing import CliRunner
 
     from openforge.forge_cli.main import app
-    from openforge.rollouts.tasks.claweval import write_tasks
+    from openforge.rollouts.tasks.claweval.importer import write_tasks
     from openforge.rollouts.tasks.format import load_tasks
 
     root = _checkout(tmp_path, sandbox_files=["fixtures/todo.txt", "fixtures/logo.png"],

@@ -1,4 +1,4 @@
-"""OSWorld's save step after the agent (rollouts/tasks/osworld_finish.py): a postconfig that activates the
+"""OSWorld's save step after the agent (rollouts/tasks/osworld/finish.py): a postconfig that activates the
 document's window and presses the save keys becomes the desktop task's finish script, which gui.py's launcher
 runs on the display after the harness exits by itself and before the display ends.
 
@@ -23,8 +23,8 @@ import pytest
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.config import ForgeConfig
 from openforge.rollouts.tasks.format import TaskSpec
-from openforge.rollouts.tasks.osworld import import_osworld
-from openforge.rollouts.tasks.osworld_finish import NotMapped, pyautogui_lines
+from openforge.rollouts.tasks.osworld.importer import import_osworld
+from openforge.rollouts.tasks.osworld.finish import NotMapped, pyautogui_lines
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.sandbox.local import GUI_MODULE
 from openforge.store import Store

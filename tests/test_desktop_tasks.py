@@ -1,4 +1,4 @@
-"""Desktop tasks (rollouts/tasks/desktop.py): an OSWorld-format task made here that launches `xedit` (the X
+"""Desktop tasks (rollouts/tasks/desktop/task.py): an OSWorld-format task made here that launches `xedit` (the X
 Toolkit's text editor, Debian's x11-apps) on a file is imported as a desktop task; through the real runner
 and a bubblewrap sandbox its start script opens the editor on the sandbox's own display (sandbox/gui.py
 --start), the agent acts on it with gui.py's click / type, and OSWorld's metric grades the saved file after
@@ -18,9 +18,9 @@ import pytest
 
 from openforge.config import ForgeConfig, HarnessConfig
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
-from openforge.rollouts.tasks.desktop import DesktopTask
+from openforge.rollouts.tasks.desktop.task import DesktopTask
 from openforge.rollouts.tasks.format import TaskSpec
-from openforge.rollouts.tasks.osworld import import_osworld
+from openforge.rollouts.tasks.osworld.importer import import_osworld
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.sandbox.local import bwrap_usable
 from openforge.store import Store
@@ -33,7 +33,7 @@ def _missing() -> str | None:
     if tools:
         return f"needs {', '.join(tools)} (apt-get install x11-apps xvfb xdotool x11-xkb-utils bubblewrap)"
     try:
-        from openforge.rollouts.tasks.osworld_metric import load_metric
+        from openforge.rollouts.tasks.osworld.metric import load_metric
         load_metric("exact_match")
     except Exception as exc:  # noqa: BLE001 - the reason is the skip message
         return f"OSWorld's metrics: {exc}"

@@ -68,7 +68,7 @@ def test_a_harbor_tasks_tests_never_load_the_agents_pytest_files_in_a_pod(tmp_pa
     a conftest.py, pytest.py and pytest.ini in every folder the agent could write (that one included) fail."""
     from test_tasks_harbor import _pytest_task
 
-    from openforge.rollouts.tasks.harbor_kind import PLANTED_PYTEST
+    from openforge.rollouts.tasks.harbor.kind import PLANTED_PYTEST
     from openforge.rollouts.tasks.selfcheck import _StandInHarness
 
     double = KubeDouble(tmp_path / "pods", ro_binds=tuple(sorted({sys.prefix, sys.base_prefix})))

@@ -1,6 +1,6 @@
 """OSWorld's check_list (general.py: regexes over a postconfig command's output, read back with the cache_file
 getter) and compare_pdfs (chrome.py: PyMuPDF's text of each PDF, rapidfuzz's ratio) on task files made here,
-imported by rollouts/tasks/osworld.py and graded through the runner by OSWorld's own functions."""
+imported by rollouts/tasks/osworld/importer.py and graded through the runner by OSWorld's own functions."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from openforge.forge_cli.main import app
 from openforge.rollouts.tasks.format import TaskSpec
-from openforge.rollouts.tasks.osworld import import_osworld
+from openforge.rollouts.tasks.osworld.importer import import_osworld
 from openforge.store import Store
 from test_tasks_osworld import _run, _task, needs_office
 

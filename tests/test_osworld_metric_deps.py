@@ -1,4 +1,4 @@
-"""The `[osworld]` extra installs what each supported OSWorld metric's module imports (rollouts/tasks/osworld_metric.py).
+"""The `[osworld]` extra installs what each supported OSWorld metric's module imports (rollouts/tasks/osworld/metric.py).
 
 desktop-env is installed with `--no-deps` (its own pins pull torch 2.5, easyocr and cloud SDKs), so the extra is
 all a metric module has: one import missing from it and the metric cannot load after the documented install
@@ -11,7 +11,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from openforge.rollouts.tasks.osworld_metric import ABSENT_IMPORTS, METRIC_MODULES
+from openforge.rollouts.tasks.osworld.metric import ABSENT_IMPORTS, METRIC_MODULES
 
 # module of desktop_env/evaluators/metrics -> the third-party packages its top imports (desktop-env 1.0.2);
 # `utils` is imported by table.py and general.py.

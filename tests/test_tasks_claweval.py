@@ -1,4 +1,4 @@
-"""The ClawEval importer (rollouts/tasks/claweval.py) on a small checkout in ClawEval's layout
+"""The ClawEval importer (rollouts/tasks/claweval/importer.py) on a small checkout in ClawEval's layout
 (tests/data/claweval): what is imported, what is refused and why, and imported tasks run through the
 runner with their real mock service (FastAPI, started per rollout on the host) and graded on forge's
 record of its requests, never on a dispatch log in the sandbox."""
@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from openforge.config import ForgeConfig, JudgeConfig
 from openforge.forge_cli.main import app
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
-from openforge.rollouts.tasks.claweval import import_claweval
+from openforge.rollouts.tasks.claweval.importer import import_claweval
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks
 from openforge.rollouts.tasks.selfcheck import _StandInHarness, check_solutions, forged_dispatch
 from openforge.rollouts.tasks.services import injected_status

@@ -16,8 +16,8 @@ from openforge.config import ForgeConfig
 from openforge.forge_cli.main import app
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks, validate_tasks
-from openforge.rollouts.tasks.harbor_verifier import parse_reward, rewrite_paths
-from openforge.rollouts.tasks.harbor_kind import FORGED_REWARD, PLANTED_PYTEST
+from openforge.rollouts.tasks.harbor.verifier import parse_reward, rewrite_paths
+from openforge.rollouts.tasks.harbor.kind import FORGED_REWARD, PLANTED_PYTEST
 from openforge.rollouts.tasks.selfcheck import (HOSTILE_ANSWERS, _StandInHarness,
                                                check_solutions)
 from openforge.store import Store

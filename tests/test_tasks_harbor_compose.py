@@ -1,4 +1,4 @@
-"""A Harbor task's docker-compose.yaml services beside `main` (rollouts/tasks/harbor_compose.py), run on the
+"""A Harbor task's docker-compose.yaml services beside `main` (rollouts/tasks/harbor/compose.py), run on the
 Docker backend per rollout (sandbox/compose.py): the agent reaches its own rollout's service by name, the
 task's test.sh queries that service after the agent, another rollout's service and the host stay out of
 reach, and the services and their network are gone with the rollout (and by `forge gc`). What
@@ -18,7 +18,7 @@ from openforge.config import DockerSandboxConfig, ForgeConfig, KubernetesSandbox
 from openforge.errors import SandboxError
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks, validate_tasks
-from openforge.rollouts.tasks.harbor_image import import_harbor
+from openforge.rollouts.tasks.harbor.image import import_harbor
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.sandbox.compose import network_name
 from openforge.sandbox.docker import DockerSandbox

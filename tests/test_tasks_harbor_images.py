@@ -1,5 +1,5 @@
 """Harbor environments that build something (RUN) built into forge sandbox images by `forge tasks import
-harbor` (rollouts/tasks/harbor_image.py) with the real Docker engine, offline: the task then runs in its
+harbor` (rollouts/tasks/harbor/image.py) with the real Docker engine, offline: the task then runs in its
 image on the Docker backend and `validate --run`'s solved, hostile and forged-reward runs hold there; a
 step that needs the network and a base that is not here are one line each; images are cached by what
 the build reads."""
@@ -17,7 +17,7 @@ from openforge.config import ForgeConfig
 from openforge.errors import TaskError
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks
-from openforge.rollouts.tasks.harbor_image import parse_base_map
+from openforge.rollouts.tasks.harbor.image import parse_base_map
 from openforge.rollouts.tasks.selfcheck import _StandInHarness, check_solutions
 from openforge.sandbox.docker_engine import connect
 from openforge.sandbox.testing import backend_config

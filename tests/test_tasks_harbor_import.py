@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from openforge.config import ForgeConfig
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks, validate_tasks
-from openforge.rollouts.tasks.harbor_image import _build_failure, import_harbor
+from openforge.rollouts.tasks.harbor.image import _build_failure, import_harbor
 from openforge.rollouts.tasks.selfcheck import check_solutions
 from openforge.store import Store
 

@@ -14,7 +14,7 @@ import pytest
 from openforge.config import DockerSandboxConfig, ForgeConfig, KubernetesSandboxConfig, LocalSandboxConfig
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import load_tasks, validate_tasks
-from openforge.rollouts.tasks.harbor_image import ImageBuildFailed, build_task_image, import_harbor
+from openforge.rollouts.tasks.harbor.image import ImageBuildFailed, build_task_image, import_harbor
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.sandbox.docker import DockerSandbox
 from openforge.sandbox.kubernetes import KubernetesSandbox

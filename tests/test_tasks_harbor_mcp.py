@@ -1,4 +1,4 @@
-"""Harbor's `[[environment.mcp_servers]]` and `environment/docker-compose.yaml` (rollouts/tasks/harbor_mcp.py):
+"""Harbor's `[[environment.mcp_servers]]` and `environment/docker-compose.yaml` (rollouts/tasks/harbor/mcp.py):
 a stdio MCP server runs on the host beside the rollout, its tool reaches the agent through the rollout's own
 tool server and every call is in the host's record; a test.sh that needs the tool's answer scores 1 only when
 the agent called it. What forge cannot run (servers over HTTP, a compose service it cannot build, a bad
@@ -117,9 +117,9 @@ def test_a_server_copied_after_a_relative_workdir_is_found_and_kept_from_the_age
 def test_one_import_reads_a_tasks_mcp_servers_once_and_steps_keep_their_workdir(tmp_path: Path, monkeypatch) -> None:
     """`forge tasks import harbor` decides whether to build and makes the record from one reading of the
     task's servers (it read them twice); each step's WORKDIR is traced from the one the build starts in."""
-    import openforge.rollouts.tasks.harbor as harbor
-    from openforge.rollouts.tasks.harbor_dockerfile import final_workdir, traced_steps
-    from openforge.rollouts.tasks.harbor_image import import_harbor
+    import openforge.rollouts.tasks.harbor.folder as harbor
+    from openforge.rollouts.tasks.harbor.dockerfile import final_workdir, traced_steps
+    from openforge.rollouts.tasks.harbor.image import import_harbor
 
     steps = traced_steps("FROM x\nCOPY a a\nWORKDIR srv\nCOPY b b\nWORKDIR /abs\nWORKDIR rel\n", "/app")
     assert [s.workdir for s in steps] == ["/app", "/app", "/app/srv", "/app/srv", "/abs", "/abs/rel"]

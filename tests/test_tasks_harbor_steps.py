@@ -128,7 +128,7 @@ async def test_steps_run_in_one_sandbox_and_score_as_harbor_does(store: Store, t
 def test_a_task_refused_for_a_step_never_costs_its_build(tmp_path: Path, monkeypatch) -> None:
     """Steps are checked before the image is built: a Dockerfile that RUNs something is built only for a task
     whose steps forge can run (the engine is replaced at its edge: the build call is what is counted)."""
-    import openforge.rollouts.tasks.harbor_image as harbor_image
+    import openforge.rollouts.tasks.harbor.image as harbor_image
 
     root = tmp_path / "set"
     for name in ("staged", "runs"):

@@ -1,4 +1,4 @@
-"""The OSWorld-format importer (rollouts/tasks/osworld.py) on small task files in OSWorld's layout
+"""The OSWorld-format importer (rollouts/tasks/osworld/importer.py) on small task files in OSWorld's layout
 (evaluation_examples/examples/<domain>/<id>.json) made here: what is imported, what is refused and why;
 and imported tasks run through the runner in a local sandbox, graded after the agent by the getters in
 the sandbox and OSWorld's own metric functions (the desktop-env package) on the host."""
@@ -20,8 +20,8 @@ from openforge.config import ForgeConfig
 from openforge.forge_cli.main import app
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks
-from openforge.rollouts.tasks.osworld import import_osworld
-from openforge.rollouts.tasks.osworld_kind import planted_files
+from openforge.rollouts.tasks.osworld.importer import import_osworld
+from openforge.rollouts.tasks.osworld.kind import planted_files
 from openforge.rollouts.tasks.selfcheck import _StandInHarness, check_solutions
 from openforge.store import Store
 from required import requires
@@ -29,7 +29,7 @@ from required import requires
 
 def _metrics_missing() -> str | None:
     try:
-        from openforge.rollouts.tasks.osworld_metric import load_metric
+        from openforge.rollouts.tasks.osworld.metric import load_metric
         load_metric("compare_table")
         load_metric("check_include_exclude")
     except Exception as exc:  # noqa: BLE001 - the reason is the skip message
@@ -242,7 +242,7 @@ async def test_a_metric_that_cannot_run_is_an_infrastructure_failure(store: Stor
     """OSWorld's package missing (or a metric process that dies) is the machinery's failure, never a 0."""
     import sys
 
-    from openforge.rollouts.tasks import osworld_eval
+    from openforge.rollouts.tasks.osworld import evaluator as osworld_eval
 
     monkeypatch.setattr(osworld_eval, "METRIC_COMMAND", [sys.executable, "-c", "import sys; sys.exit(3)"])
     report = import_osworld(_write_set(tmp_path))
@@ -347,7 +347,7 @@ def test_a_metric_that_touches_a_stood_in_import_is_unavailable_not_a_score(tmp_
     stand-in the call ends the metric as unavailable (exit 2), never the 0 that except would give."""
     image = tmp_path / "shot.png"
     image.write_bytes(b"\x89PNG\r\n\x1a\n")
-    script = ("import sys; from openforge.rollouts.tasks import osworld_metric as m; "
+    script = ("import sys; from openforge.rollouts.tasks.osworld import metric as m; "
               "m.METRIC_MODULES['compare_image_text'] = 'docs'; sys.exit(m.main())")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                           input=json.dumps({"func": "compare_image_text", "result": str(image),
@@ -360,12 +360,12 @@ def test_a_metric_that_touches_a_stood_in_import_is_unavailable_not_a_score(tmp_
 def test_every_metric_forge_names_loads_from_osworlds_package() -> None:
     """Each METRIC_MODULES entry is OSWorld's function from its module (a child process: the stand-ins
     stay out of this one)."""
-    script = ("from openforge.rollouts.tasks.osworld_metric import METRIC_MODULES, load_metric\n"
+    script = ("from openforge.rollouts.tasks.osworld.metric import METRIC_MODULES, load_metric\n"
               "for name, module in METRIC_MODULES.items():\n"
               "    f = load_metric(name)\n"
               "    assert (f.__name__, f.__module__) == (name, f'desktop_env.evaluators.metrics.{module}'), f\n"
               "print(len(METRIC_MODULES))")
-    from openforge.rollouts.tasks.osworld_metric import METRIC_MODULES
+    from openforge.rollouts.tasks.osworld.metric import METRIC_MODULES
 
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == str(len(METRIC_MODULES)), done.stderr

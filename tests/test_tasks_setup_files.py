@@ -14,9 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from openforge.forge_cli.main import app
-from openforge.rollouts.tasks.claweval import convert_task
+from openforge.rollouts.tasks.claweval.importer import convert_task
 from openforge.rollouts.tasks.format import load_tasks, validate_tasks
-from openforge.rollouts.tasks.osworld import import_osworld
+from openforge.rollouts.tasks.osworld.importer import import_osworld
 from openforge.rollouts.tasks.setup_files import SetupLimits
 from test_tasks_osworld import INPUT_URL, _write_set
 

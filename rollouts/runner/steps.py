@@ -1,6 +1,6 @@
 """A multi-step task's rollout: one sandbox, one harness run per step, each step graded after it.
 
-    for each step (a task kind's steps: Harbor's [[steps]], rollouts/tasks/harbor_kind.py):
+    for each step (a task kind's steps: Harbor's [[steps]], rollouts/tasks/harbor/kind.py):
         the harness runs afresh in the same sandbox, given the step's instruction (HarnessContext.step
           names it), under the step's time limit
         kill_all: nothing the agent started still runs

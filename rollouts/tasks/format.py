@@ -9,8 +9,8 @@ A task set is a JSONL file (one task per line) or a folder holding any mix of:
         files/run.sh      verifier/ (written only after the agent stops, so it cannot read them)
 
 A folder whose task folders hold `task.toml` beside `instruction.md` is a Harbor / Terminal-Bench
-dataset (rollouts/tasks/harbor.py; `harbor:PATH` names the format outright): each task's tests run
-after the agent is gone and its reward file is the reward (rollouts/tasks/harbor_verifier.py).
+dataset (rollouts/tasks/harbor/folder.py; `harbor:PATH` names the format outright): each task's tests run
+after the agent is gone and its reward file is the reward (rollouts/tasks/harbor/verifier.py).
 
 `builtin` names the set shipped in `rollouts/tasks/builtin/`; `builtin-web` the GUI set of
 `rollouts/tasks/web/tasks/` (a `gui` field: a site served on the host, graded by its state);
@@ -50,13 +50,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from openforge.errors import TaskError
 from openforge.rollouts.harnesses.agent_files import ANSWER_FILE
 from openforge.rollouts.tasks.grading import ExpectedAnswer, check_relative_paths
-from openforge.rollouts.tasks.harbor import harbor_record, is_harbor_task, strip_prefix
-from openforge.rollouts.tasks.harbor_image import TaskImage
-from openforge.rollouts.tasks.claweval_grading import ClawEvalGrading
-from openforge.rollouts.tasks.harbor_steps import HarborSteps
-from openforge.rollouts.tasks.harbor_verifier import HarborTests
+from openforge.rollouts.tasks.harbor.folder import harbor_record, is_harbor_task, strip_prefix
+from openforge.rollouts.tasks.harbor.image import TaskImage
+from openforge.rollouts.tasks.claweval.grading import ClawEvalGrading
+from openforge.rollouts.tasks.harbor.steps import HarborSteps
+from openforge.rollouts.tasks.harbor.verifier import HarborTests
 from openforge.rollouts.tasks.judge import JudgeSpec
-from openforge.rollouts.tasks.osworld_eval import OSWorldEval
+from openforge.rollouts.tasks.osworld.evaluator import OSWorldEval
 from openforge.rollouts.tasks.web.benchmarks import OnlineWeb
 from openforge.rollouts.tasks.mcp_servers import McpServerSpec
 from openforge.rollouts.tasks.services import RequestRule, ServiceSpec
@@ -64,7 +64,7 @@ from openforge.rollouts.tasks.setup_files import FILES_DIR, SetupLimits, check_i
 from openforge.rollouts.tasks.tools import TaskTool, check_unique
 from openforge.rollouts.tasks.web import WEB_TASKS_DIR
 from openforge.rollouts.tasks.web.spec import GuiTask
-from openforge.rollouts.tasks.desktop import DesktopTask
+from openforge.rollouts.tasks.desktop.task import DesktopTask
 from openforge.sandbox.compose import ComposeService
 from openforge.sandbox.limits import TaskLimits
 
@@ -114,20 +114,20 @@ class TaskSpec(BaseModel):
         "passes (rollouts/tasks/web/spec.py)"))
     desktop: DesktopTask | None = Field(None, description=(
         "a desktop task: its sandbox starts an X display with no browser, runs `desktop.start` on it (the task's "
-        "applications) and then the agent (rollouts/tasks/desktop.py)"))
+        "applications) and then the agent (rollouts/tasks/desktop/task.py)"))
     harbor: HarborTests | None = Field(None, description=(
         "a Harbor task's tests: copied in after the agent is gone, test.sh run, its reward file read "
-        "(rollouts/tasks/harbor_verifier.py)"))
+        "(rollouts/tasks/harbor/verifier.py)"))
     harbor_steps: HarborSteps | None = Field(None, description=(
         "a multi-step Harbor task's [[steps]]: each step's instruction run by the harness in the same sandbox, "
-        "its tests after it, min_reward gating the next (rollouts/tasks/harbor_steps.py, rollouts/runner/steps.py)"))
+        "its tests after it, min_reward gating the next (rollouts/tasks/harbor/steps.py, rollouts/runner/steps.py)"))
     claweval: ClawEvalGrading | None = Field(None, description=(
         "an imported ClawEval task's own grader.py, run on the host after the agent is gone on the trace forge "
         "recorded: its task score is the reward (or, with reward = \"judge\", reported beside forge's judge's) "
-        "(rollouts/tasks/claweval_grading.py)"))
+        "(rollouts/tasks/claweval/grading.py)"))
     image: TaskImage | None = Field(None, description=(
         "the sandbox image the task runs in, instead of sandbox.image (a Harbor environment built by `forge "
-        "tasks import harbor`, rollouts/tasks/harbor_image.py); the Docker backend runs it, others refuse"))
+        "tasks import harbor`, rollouts/tasks/harbor/image.py); the Docker backend runs it, others refuse"))
     compose: list[ComposeService] = Field(default_factory=list, description=(
         "services started beside the agent's container, each reached by its name (a Harbor task's "
         "docker-compose.yaml services): the Docker backend runs them per rollout (sandbox/compose.py), the Kubernetes "
@@ -137,7 +137,7 @@ class TaskSpec(BaseModel):
         "limits for its rollouts, as each backend can honour them (sandbox/limits.py)"))
     osworld: OSWorldEval | None = Field(None, description=(
         "an OSWorld-format evaluator: its getters run in the sandbox after the agent is gone, OSWorld's metric "
-        "on the host (rollouts/tasks/osworld_eval.py)"))
+        "on the host (rollouts/tasks/osworld/evaluator.py)"))
     judge: JudgeSpec | None = Field(None, description=(
         "a model that grades the answer and named files by a rubric after the agent is gone, weighed "
         "beside the exact graders (rollouts/tasks/judge.py)"))

@@ -47,10 +47,10 @@ Graded = tuple[float, str, "str | None"]  # (reward, what the graders said, a no
 
 # name -> (module, class): the families forge ships, in the order they claim a task. One line per family.
 KINDS: dict[str, tuple[str, str]] = {
-    "harbor": ("openforge.rollouts.tasks.harbor_kind", "HarborKind"),
-    "osworld": ("openforge.rollouts.tasks.osworld_kind", "OSWorldKind"),
-    "claweval": ("openforge.rollouts.tasks.claweval_kind", "ClawEvalKind"),
-    "desktop": ("openforge.rollouts.tasks.desktop_kind", "DesktopKind"),
+    "harbor": ("openforge.rollouts.tasks.harbor.kind", "HarborKind"),
+    "osworld": ("openforge.rollouts.tasks.osworld.kind", "OSWorldKind"),
+    "claweval": ("openforge.rollouts.tasks.claweval.kind", "ClawEvalKind"),
+    "desktop": ("openforge.rollouts.tasks.desktop.kind", "DesktopKind"),
     "web": ("openforge.rollouts.tasks.web.kind", "WebKind"),
     "gsm8k": ("openforge.rollouts.tasks.gsm8k.kind", "Gsm8kKind"),
 }

@@ -17,7 +17,7 @@ idle run (an imported ClawEval task's task score gives one 0.2) the idle agent m
 hostile answer may score above it.
 
 A task's family adds its own hostile agents (`TaskKind.attacks`, rollouts/tasks/kinds.py). A Harbor task
-(rollouts/tasks/harbor_kind.py) with a reference meets FORGED_REWARD: an agent that writes a perfect
+(rollouts/tasks/harbor/kind.py) with a reference meets FORGED_REWARD: an agent that writes a perfect
 reward file wherever Harbor's verifier might read one and leaves a process behind to keep writing
 it, and PLANTED_PYTEST: an agent that leaves a conftest.py, pytest.py and pytest.ini in every folder
 it can write, for a test.sh that runs pytest to load (issue 43). Each must score exactly 0 as well; a
@@ -29,7 +29,7 @@ FORGED_DISPATCH: an agent that makes no request but writes dispatch logs claimin
 expects, where a grader might look for them (the tool server's `.forge/tool-dispatches.jsonl`, a
 `dispatches.json`). It must score exactly 0: the runner grades forge's own record, never a file.
 
-An OSWorld-format task (rollouts/tasks/osworld_kind.py) meets `planted_files`, with or without a solution: junk
+An OSWorld-format task (rollouts/tasks/osworld/kind.py) meets `planted_files`, with or without a solution: junk
 written where its getters read and at its expected files' names, the task left undone. It must score
 exactly 0: the expected files live in the task record on the host (and an idle agent that passes shows
 a task whose check this sandbox does not reproduce).
@@ -47,8 +47,8 @@ from openforge.rollouts.harnesses.base import (ANSWER_FILE, HarnessBase, Harness
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskProblem, TaskSpec
 from openforge.rollouts.tasks.kinds import kind_of
-from openforge.rollouts.tasks.harbor import offline_failure
-from openforge.rollouts.tasks.harbor_verifier import SOLUTION_DIR, rewrite_paths
+from openforge.rollouts.tasks.harbor.folder import offline_failure
+from openforge.rollouts.tasks.harbor.verifier import SOLUTION_DIR, rewrite_paths
 from openforge.sandbox.base import ExecResult, Sandbox
 
 WHERE = "solution check"

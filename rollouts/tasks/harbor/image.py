@@ -10,7 +10,7 @@ builder) with `network_mode = "none"` and nothing pulled: each FROM must name an
 already holds, after `--base` mapped it (a task's `FROM ubuntu:24.04` onto a local image that has
 what its steps would download). A step that fails (most often one that downloads) is one line naming
 its Dockerfile line, the step and the way out: a local base that already holds what it fetches.
-A compose service's `build` (rollouts/tasks/harbor_compose.py) is built the same way, without forge's
+A compose service's `build` (rollouts/tasks/harbor/compose.py) is built the same way, without forge's
 layer (`build_service_image`: a service runs as its image says; the agent never execs in it).
 A task's `[environment] build_timeout_sec` bounds its build (sandbox/timed_build.py): past it the build
 is stopped, nothing is tagged, its step's container is removed, and the task is refused in one line.
@@ -37,7 +37,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from openforge.errors import TaskError
-from openforge.rollouts.tasks.harbor_dockerfile import dockerfile_lines
+from openforge.rollouts.tasks.harbor.dockerfile import dockerfile_lines
 from openforge.sandbox.container_images import SANDBOX_HOME, SANDBOX_UID
 from openforge.sandbox.timed_build import BuildTimedOut, build_image
 
@@ -213,7 +213,7 @@ def _build_once(client: Any, source: Path, dockerfile: str, tag: str, steps: lis
 def _build_failure(steps: list[tuple[int, str, str]], exc: Any) -> str:
     """One line from the engine's build log: which of the task's steps failed, its last output, and what
     failed: a command the base lacks (exit 127), the network (a download's error in the log), or the step."""
-    from openforge.rollouts.tasks.harbor import offline_failure
+    from openforge.rollouts.tasks.harbor.folder import offline_failure
 
     step, output, code = 0, "", None
     for entry in exc.build_log:
@@ -254,7 +254,7 @@ class HarborImport:
 def import_harbor(src: str | Path, *, bases: dict[str, str] | None = None) -> HarborImport:
     """Every Harbor task under `src` (a dataset folder or one task) as a forge task record: a Dockerfile
     that builds nothing as today (its COPYs become the task's files), any other built into an image."""
-    from openforge.rollouts.tasks.harbor import (DEFAULT_WORKDIR, HarborConfig, grading_downloads, harbor_record,
+    from openforge.rollouts.tasks.harbor.folder import (DEFAULT_WORKDIR, HarborConfig, grading_downloads, harbor_record,
                                                  is_harbor_task)
 
     root = Path(src).expanduser()

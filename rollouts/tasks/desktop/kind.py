@@ -1,5 +1,5 @@
 """The desktop family as a task kind (rollouts/tasks/kinds.py): an X display with the task's applications
-started on it (rollouts/tasks/desktop.py), probed in the sandbox before the agent."""
+started on it (rollouts/tasks/desktop/task.py), probed in the sandbox before the agent."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class DesktopKind(TaskKindBase):
         return "desktop"
 
     def open_site(self, task: TaskSpec) -> Any:
-        from openforge.rollouts.tasks.desktop import Desktop
+        from openforge.rollouts.tasks.desktop.task import Desktop
 
         return Desktop(task.desktop) if task.desktop is not None else None
 

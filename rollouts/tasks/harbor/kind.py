@@ -1,5 +1,5 @@
 """The Harbor / Terminal-Bench family as a task kind (rollouts/tasks/kinds.py): its tests, copied in after the
-agent is gone and run, are its grader (rollouts/tasks/harbor_verifier.py); a multi-step task's [[steps]] run
+agent is gone and run, are its grader (rollouts/tasks/harbor/verifier.py); a multi-step task's [[steps]] run
 as one harness run per step in the one sandbox, each graded before the next (rollouts/runner/steps.py). Its
 image, docker-compose services and limits are the sandbox config's (`TaskKindBase.sandbox_config`). Under
 `forge tasks validate --run` a task with a reference also meets FORGED_REWARD and PLANTED_PYTEST
@@ -80,7 +80,7 @@ class HarborKind(TaskKindBase):
 
     def solution_files(self, task: TaskSpec, step: str) -> dict[str, str]:
         """At a step of a multi-step task, that step's steps/<name>/solution/, as Harbor's oracle uploads it to
-        /solution at each step (rollouts/tasks/harbor_steps.py)."""
+        /solution at each step (rollouts/tasks/harbor/steps.py)."""
         if task.harbor_steps is not None and step:
             return next(s.solution_files for s in task.harbor_steps.steps if s.name == step)
         return task.solution_files
@@ -93,7 +93,7 @@ class HarborKind(TaskKindBase):
         """The task's tests, copied in now (the agent is gone) and run; the reward file read on the host. A
         verifier that could not run is the infrastructure's."""
         from openforge.rollouts.runner.grader import InfraFailure, run_in_sandbox, tail, verifier_env
-        from openforge.rollouts.tasks.harbor_verifier import VerifierUnavailable, run_harbor_tests
+        from openforge.rollouts.tasks.harbor.verifier import VerifierUnavailable, run_harbor_tests
         from openforge.sandbox.base import SandboxPathRefused
 
         assert task.harbor is not None

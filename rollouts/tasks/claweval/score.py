@@ -1,4 +1,4 @@
-"""A ClawEval task's own grader run for one rollout (rollouts/tasks/claweval_grading.py), from forge's records.
+"""A ClawEval task's own grader run for one rollout (rollouts/tasks/claweval/grading.py), from forge's records.
 
     verdict = await claweval_verdict(config, store, ro, task, answer, services)   # after the exact graders
 
@@ -29,7 +29,7 @@ from typing import Any
 from openforge.config import ForgeConfig
 from openforge.rollouts.runner.tool_server import dispatch_record_path
 from openforge.rollouts.runner.transcript import final_text, transcript_of
-from openforge.rollouts.tasks.claweval_grading import run_grader, trace_dispatches
+from openforge.rollouts.tasks.claweval.grading import run_grader, trace_dispatches
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.judge import PROXY_GRACE_S, PolicyBaseJudge
 from openforge.store import JUDGE_DEADLINE_HEADER, JUDGE_ROUTE, JUDGEMENT_HEADER, Call, Judgement, Rollout, Store
@@ -126,7 +126,7 @@ def run_claweval_figures(store: Store, run_id: str) -> dict[str, Any] | None:
     """ClawEval's figures of a run (claweval_summary) over its ClawEval-graded tasks, None without any. A
     scored rollout counts its grader's task score; a policy failure or a timeout is a failed trial (0.0);
     an infrastructure or harness failure is no trial (ClawEval reruns those until it has its trials)."""
-    from openforge.rollouts.tasks.claweval_grading import claweval_summary
+    from openforge.rollouts.tasks.claweval.grading import claweval_summary
 
     trials: dict[str, list[float]] = {}
     graded: set[str] = set()

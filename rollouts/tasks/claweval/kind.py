@@ -1,5 +1,5 @@
 """The ClawEval family as a task kind (rollouts/tasks/kinds.py): an imported task's own grader.py, run on the
-host after the agent is gone on the trace forge recorded (rollouts/tasks/claweval_score.py). Its task score
+host after the agent is gone on the trace forge recorded (rollouts/tasks/claweval/score.py). Its task score
 is the reward; under `claweval.reward = "judge"` forge's graders and judge give the reward and ClawEval's
 scores are said and stored beside it. An eval's summary gains ClawEval's own figures."""
 
@@ -27,8 +27,8 @@ class ClawEvalKind(TaskKindBase):
     async def grade(self, grader: RolloutGrader, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str,
                     site: Any = None, *, services: Any = None) -> Graded:
         from openforge.rollouts.runner.grader import InfraFailure, tail
-        from openforge.rollouts.tasks.claweval_grading import ClawEvalGradingFailed, verdict_line
-        from openforge.rollouts.tasks.claweval_score import claweval_verdict
+        from openforge.rollouts.tasks.claweval.grading import ClawEvalGradingFailed, verdict_line
+        from openforge.rollouts.tasks.claweval.score import claweval_verdict
 
         spec = task.claweval
         assert spec is not None
@@ -54,7 +54,7 @@ class ClawEvalKind(TaskKindBase):
     async def _snapshot(grader: RolloutGrader, sb: Sandbox, task: TaskSpec) -> dict[str, Any]:
         """ClawEval's env_snapshot of the files the task names (its /workspace paths), read from the sandbox's
         working directory: a missing file, a link out or a folder is ClawEval's "not found" entry."""
-        from openforge.rollouts.tasks.claweval_grading import snapshot_entry
+        from openforge.rollouts.tasks.claweval.grading import snapshot_entry
 
         assert task.claweval is not None
         snapshot = {}
@@ -69,6 +69,6 @@ class ClawEvalKind(TaskKindBase):
         return task.claweval is not None and task.claweval.reward == "claweval"
 
     def run_figures(self, store: Store, run_id: str) -> dict[str, Any]:
-        from openforge.rollouts.tasks.claweval_score import run_claweval_figures
+        from openforge.rollouts.tasks.claweval.score import run_claweval_figures
 
         return {"claweval": run_claweval_figures(store, run_id)}

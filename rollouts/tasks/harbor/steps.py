@@ -36,7 +36,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from openforge.rollouts.tasks.harbor_verifier import HarborTests, rewrite_paths
+from openforge.rollouts.tasks.harbor.verifier import HarborTests, rewrite_paths
 
 
 class _Section(BaseModel):
@@ -102,7 +102,7 @@ def harbor_steps(folder: Path, raw_steps: list[dict[str, Any]], strategy: str | 
                  verifier: HarborTests, agent_timeout_s: float, to_workdir: dict[str, str],
                  text_tree: Callable[[Path], dict[str, str]]) -> tuple[HarborSteps | None, list[str]]:
     """(the task's HarborSteps, []) or (None, one line per reason forge cannot run them). `verifier` holds the
-    task's [verifier] settings and WORKDIR; `text_tree` reads a folder as harbor.py does."""
+    task's [verifier] settings and WORKDIR; `text_tree` reads a folder as harbor/folder.py does."""
     reasons: list[str] = []
     if strategy not in (None, "mean", "final"):
         return None, [f"multi_step_reward_strategy = {strategy!r}: Harbor knows 'mean' and 'final'"]

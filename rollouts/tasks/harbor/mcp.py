@@ -22,7 +22,7 @@ What forge does not run is refused with one line: a server over HTTP (a docker-c
 agent's own network, or a process inside the agent's own container: either one the agent can reach and
 change, where forge's task MCP servers run outside its reach and are recorded on the host), a stdio
 server that names an image path no COPY brings from environment/, and headers (credentials from the
-host's environment). The compose services themselves: rollouts/tasks/harbor_compose.py.
+host's environment). The compose services themselves: rollouts/tasks/harbor/compose.py.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from openforge.rollouts.tasks.harbor_dockerfile import Step, copied_files
+from openforge.rollouts.tasks.harbor.dockerfile import Step, copied_files
 
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # RFC 9110 token, as Harbor checks it
 

@@ -2,7 +2,7 @@
 
 SRC is an OSWorld checkout, its `evaluation_examples/examples/` (one folder per domain of `<id>.json`),
 one domain folder, or one task file. Each task's `config` steps become the forge task's setup, its
-`evaluator` an `OSWorldEval` graded after the agent is gone (rollouts/tasks/osworld_eval.py):
+`evaluator` an `OSWorldEval` graded after the agent is gone (rollouts/tasks/osworld/evaluator.py):
 
     download          only from a local copy, in OSWorld's own cache layout: CACHE/<task id>/
                       <uuid5(URL)>_<file name> (`--cache`); without one the task is online-only
@@ -10,17 +10,17 @@ one domain folder, or one task file. Each task's `config` steps become the forge
                       one that drives the GUI (pyautogui, xdotool, wmctrl) is unsupported
     sleep             sleep
     launch, open      start the named desktop application (`open`: the file's, as OSWorld's xdg-open would):
-                      the task becomes a desktop task (rollouts/tasks/desktop.py), this step and every
+                      the task becomes a desktop task (rollouts/tasks/desktop/task.py), this step and every
                       one after it its start script, run on the sandbox's display before the agent
     googledrive, login, chrome_open_tabs, update_browse_history   online-only
     activate_window,  after the launch / open step: start-script lines on the display, mapped as the
-    close_window,     finish script's are (rollouts/tasks/osworld_finish.py; a window step waits for its window)
+    close_window,     finish script's are (rollouts/tasks/osworld/finish.py; a window step waits for its window)
     pyautogui
     anything else     unsupported (activate_window or close_window before a launch, ... before the agent)
 
 A `postconfig` (run after the agent, before the getters) of shell lines runs in the sandbox at grading; one
 that saves on the display (activate_window, close_window, pyautogui keys) becomes the desktop's finish script, every step
-of it (rollouts/tasks/osworld_finish.py), run on the display after the harness exits by itself.
+of it (rollouts/tasks/osworld/finish.py), run on the display after the harness exits by itself.
 
 A task is imported, online-only (it needs the internet: a download or an expected file with no local
 copy, a web step) or unsupported (a step, getter or metric forge does not run), each refused one with
@@ -46,10 +46,10 @@ from pydantic import ValidationError
 from openforge.errors import TaskError
 from openforge.rollouts.harnesses.agent_files import ANSWER_FILE
 from openforge.rollouts.tasks.grading import check_relative_paths
-from openforge.rollouts.tasks.osworld_eval import OSWorldEval
-from openforge.rollouts.tasks.osworld_finish import (GUI_POSTCONFIG, START_PRELUDE, NotMapped, drives_gui, finish_line,
+from openforge.rollouts.tasks.osworld.evaluator import OSWorldEval
+from openforge.rollouts.tasks.osworld.finish import (GUI_POSTCONFIG, START_PRELUDE, NotMapped, drives_gui, finish_line,
                                                      finish_script, start_lines)
-from openforge.rollouts.tasks.osworld_metric import METRIC_MODULES
+from openforge.rollouts.tasks.osworld.metric import METRIC_MODULES
 from openforge.rollouts.tasks.setup_files import read_task_file
 
 SETUP_DIR = ".forge-osworld"  # the downloads' local copies, decoded to their places by setup and removed
@@ -349,7 +349,7 @@ def convert_task(raw: Any, where: str, cache: Path | None = None) -> tuple[dict[
         reasons = list(dict.fromkeys(str(e) for e in sorted(refused, key=lambda e: e.online)))
         raise _Refused("; ".join(reasons), online=first.online)
     ev["source"], finish = f"{domain}/{task_id}", ev.pop("finish", [])
-    if finish or on_display:  # OSWorld's steps on the display (rollouts/tasks/osworld_finish.py)
+    if finish or on_display:  # OSWorld's steps on the display (rollouts/tasks/osworld/finish.py)
         apps["xdotool"] = "xdotool"
     try:
         OSWorldEval.model_validate(ev)
@@ -410,7 +410,7 @@ def import_osworld(src: str | Path, *, cache: str | Path | None = None) -> OSWor
         report.tasks.append(record)
         seen[task_id] = path
         report.notes += [(task_id, note) for note in notes]
-        # a desktop task runs here when its applications do (rollouts/tasks/desktop.py; docs/tasks.md)
+        # a desktop task runs here when its applications do (rollouts/tasks/desktop/task.py; docs/tasks.md)
         if missing := sorted(label for label, binary in apps.items() if shutil.which(binary) is None):
             report.not_here.append((task_id, f"needs {', '.join(sorted(apps))} on a desktop (not installed "
                                              f"here: {', '.join(missing)})"))

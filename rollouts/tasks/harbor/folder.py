@@ -11,26 +11,26 @@ A Harbor task is a folder (harbor-framework/harbor, `harbor/models/task/paths.py
 `harbor_record` turns one into the record `TaskSpec` validates: the instruction, the files the
 agent starts with (those the Dockerfile COPYs into its WORKDIR), the agent's time limit, the
 reference solution (`bash /solution/solve.sh` and all of solution/ as `solution_files`, which only the
-reference run of `forge tasks validate --run` writes into its sandbox), `harbor` (rollouts/tasks/harbor_verifier.py: the tests, run only after the
+reference run of `forge tasks validate --run` writes into its sandbox), `harbor` (rollouts/tasks/harbor/verifier.py: the tests, run only after the
 agent is gone), and `limits`: the `[environment]` cpus / memory_mb / storage_mb it declares (Harbor's
 deprecated "4G" forms too), which replace the run's sandbox limits for it (sandbox/limits.py). The `harbor` package parses task.toml with pydantic models, but it needs Python 3.12
 (forge runs on 3.11): `HarborConfig` below is the subset of its `TaskConfig`
 (`harbor/models/task/config.py`, harbor 0.26.0) forge reads, with the same names and defaults.
 
 `[[environment.mcp_servers]]` (Harbor's MCPServerConfig, `HarborMcpServer`) become the task's
-`mcp_servers` (rollouts/tasks/harbor_mcp.py): a stdio server runs on the host per rollout from the
+`mcp_servers` (rollouts/tasks/harbor/mcp.py): a stdio server runs on the host per rollout from the
 environment/ files its image paths were COPYed from, its tools served to the agent through the
 rollout's own tool server, every call recorded there; the COPY that brings only its files gives the
 agent nothing.
 
 What forge cannot run yet is refused here with one line per task, never run half-way: a Dockerfile
 with steps other than FROM/WORKDIR/COPY/ADD of its own files and those that build nothing (RUN installs
-software: `forge tasks import harbor` builds such a task into an image, rollouts/tasks/harbor_image.py,
+software: `forge tasks import harbor` builds such a task into an image, rollouts/tasks/harbor/image.py,
 and the task runs there on the Docker backend), MCP servers over HTTP (a compose service, or one
 inside the agent's container), what of environment/docker-compose.yaml forge does not run
-(rollouts/tasks/harbor_compose.py: services beside `main` run on the Docker backend, each reached by
+(rollouts/tasks/harbor/compose.py: services beside `main` run on the Docker backend, each reached by
 its name), separate verifier environments, Windows and GPUs. A multi-step task (`[[steps]]`) keeps
-its steps in `harbor_steps` (rollouts/tasks/harbor_steps.py): the first step's instruction, tests and
+its steps in `harbor_steps` (rollouts/tasks/harbor/steps.py): the first step's instruction, tests and
 solution stand for the task's own, and the runner runs the rest in the same sandbox.
 The base image is not pulled: the task runs with the sandbox's tools (the host's, on a local
 sandbox), so a test.sh that needs a tool the host lacks ends as an infrastructure failure.
@@ -45,11 +45,11 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from openforge.rollouts.tasks.harbor_dockerfile import copied_files, copy_parts, final_workdir, traced_steps
-from openforge.rollouts.tasks.harbor_compose import ServiceBuild, compose_services
-from openforge.rollouts.tasks.harbor_mcp import HarborMcpServer, image_copies, mcp_server_records
-from openforge.rollouts.tasks.harbor_steps import HarborSteps, harbor_steps
-from openforge.rollouts.tasks.harbor_verifier import SOLUTION_DIR, HarborTests, rewrite_paths
+from openforge.rollouts.tasks.harbor.dockerfile import copied_files, copy_parts, final_workdir, traced_steps
+from openforge.rollouts.tasks.harbor.compose import ServiceBuild, compose_services
+from openforge.rollouts.tasks.harbor.mcp import HarborMcpServer, image_copies, mcp_server_records
+from openforge.rollouts.tasks.harbor.steps import HarborSteps, harbor_steps
+from openforge.rollouts.tasks.harbor.verifier import SOLUTION_DIR, HarborTests, rewrite_paths
 from openforge.rollouts.tasks.setup_files import SetupLimits, read_task_file, task_tree
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0  # Harbor's [agent] timeout_sec has no default of its own
@@ -123,7 +123,7 @@ class HarborConfig(_Section):
     verifier: VerifierSection = Field(default_factory=VerifierSection)
     agent: AgentSection = Field(default_factory=AgentSection)
     environment: EnvironmentSection = Field(default_factory=EnvironmentSection)
-    steps: list[dict[str, Any]] | None = None  # rollouts/tasks/harbor_steps.py reads them
+    steps: list[dict[str, Any]] | None = None  # rollouts/tasks/harbor/steps.py reads them
     multi_step_reward_strategy: str | None = None
 
 
@@ -157,7 +157,7 @@ def local_environment(env_dir: Path, workdir: str | None, host_side: frozenset[s
     """(WORKDIR, the files the agent starts with relative to it) of a plain Dockerfile: FROM,
     WORKDIR, COPY/ADD of the task's own files into the WORKDIR, and steps that build nothing (ENV
     among them: the sandbox's environment is forge's). A COPY of only `host_side` files (image paths a
-    stdio MCP server runs from, on the host: harbor_mcp.py) brings the agent nothing. Raises ValueError
+    stdio MCP server runs from, on the host: harbor/mcp.py) brings the agent nothing. Raises ValueError
     with the one-line reason otherwise."""
     dockerfile = env_dir / "Dockerfile"
     start = workdir or DEFAULT_WORKDIR
@@ -218,7 +218,7 @@ def _unsupported(config: HarborConfig, folder: Path) -> list[str]:
 
 def task_mcp_servers(folder: Path, config: HarborConfig) -> tuple[list[dict[str, Any]], frozenset[str], list[str]]:
     """(the TaskSpec.mcp_servers records of the task's [[environment.mcp_servers]], the image paths they run
-    from, one line per server forge cannot run): rollouts/tasks/harbor_mcp.py."""
+    from, one line per server forge cannot run): rollouts/tasks/harbor/mcp.py."""
     if not config.environment.mcp_servers:
         return [], frozenset(), []
     env_dir = folder / "environment"
@@ -241,10 +241,10 @@ def harbor_record(folder: Path, *, build: Callable[[HarborConfig], Any] | None =
                   build_service: ServiceBuild | None = None, limits: SetupLimits = SetupLimits(),
                   ) -> tuple[dict[str, Any] | None, list[str]]:
     """The TaskSpec record of the Harbor task in `folder`, or None and the reasons it cannot be one.
-    A Dockerfile that builds something is handed to `build` (rollouts/tasks/harbor_image.py: it returns
+    A Dockerfile that builds something is handed to `build` (rollouts/tasks/harbor/image.py: it returns
     the TaskImage it was built into, or raises ImageBuildFailed) and the task runs in that image, its files
     already there; without `build`, the Dockerfile must build nothing. A compose service's `build` goes to
-    `build_service` the same way (rollouts/tasks/harbor_compose.py)."""
+    `build_service` the same way (rollouts/tasks/harbor/compose.py)."""
     try:
         config = HarborConfig.model_validate(tomllib.loads(_read(folder / "task.toml")))
     except (OSError, UnicodeDecodeError) as exc:

@@ -1,4 +1,4 @@
-"""One OSWorld metric call, run on the host in a child process: `python -m openforge.rollouts.tasks.osworld_metric`.
+"""One OSWorld metric call, run on the host in a child process: `python -m openforge.rollouts.tasks.osworld.metric`.
 
 The metric functions are OSWorld's own (the `desktop-env` package, installed with `--no-deps`: its
 declared dependencies pin torch 2.5, easyocr and cloud SDKs). Its `metrics/__init__.py` imports every
@@ -72,7 +72,7 @@ class _Absent:
 
     def _unavailable(self, *_: Any, **__: Any) -> Any:
         raise AbsentImportUsed(f"the metric used {object.__getattribute__(self, '_name')}, "
-                               "which forge does not install (rollouts/tasks/osworld_metric.py, ABSENT_IMPORTS)")
+                               "which forge does not install (rollouts/tasks/osworld/metric.py, ABSENT_IMPORTS)")
 
     def __getattr__(self, attr: str) -> Any:
         return self._unavailable()

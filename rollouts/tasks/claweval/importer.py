@@ -31,7 +31,7 @@ a missing server or fixture file, a tool whose endpoint no service serves, only 
 A safety gate on a tool the task does not offer is left out: every agent keeps it.
 ClawEval's own `tasks/<id>/grader.py` travels with each task (`claweval`: the grader, the peers it loads, the
 task.yaml and the checkout's `src/claw_eval` grading modules), run after the agent on the trace forge
-recorded (rollouts/tasks/claweval_grading.py): its task score, safety x (0.8 completion + 0.2 robustness),
+recorded (rollouts/tasks/claweval/grading.py): its task score, safety x (0.8 completion + 0.2 robustness),
 is the reward, a pass at 0.75 (`pass_threshold`). `reward="judge"` (`--reward judge`) keeps forge's own
 reward instead, the exact rules and judge above, ClawEval's score reported beside it; so does a task
 without a grader.py.
@@ -47,7 +47,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from openforge.errors import TaskError
-from openforge.rollouts.tasks.claweval_grading import PASS_THRESHOLD
+from openforge.rollouts.tasks.claweval.grading import PASS_THRESHOLD
 from openforge.rollouts.tasks.setup_files import encode, read_task_file, write_binary_files
 
 SUPPORTED_SCORING = {"tool_called", "llm_judge"}

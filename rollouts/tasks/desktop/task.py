@@ -1,7 +1,7 @@
 """A desktop task: its sandbox gets an X display with no browser and no site, its applications started on it.
 
 A task's `desktop` field (an OSWorld-format task that launches or opens an application, rollouts/tasks/
-osworld.py) names the programs it needs and a start script. For each rollout the runner
+osworld/importer.py) names the programs it needs and a start script. For each rollout the runner
 
 1. runs the task's `setup` as for any task (no display: files, downloads, shell lines);
 2. checks, in the sandbox, that Xvfb and every program in `apps` are on PATH: one missing stops the
@@ -11,7 +11,7 @@ osworld.py) names the programs it needs and a start script. For each rollout the
    The applications live in the harness's exec, so they are gone with it: the grader (OSWorld's
    getters and metric) runs after every agent process, the applications included, has ended.
    A task's `finish` script (OSWorld's postconfig that saves the open document,
-   rollouts/tasks/osworld_finish.py) runs on the display when the harness has exited by itself, before
+   rollouts/tasks/osworld/finish.py) runs on the display when the harness has exited by itself, before
    the launcher ends the display: with the launcher's environment, not the agent's, on whatever the agent
    left open. After a timeout or a kill it does not run; when it fails (the agent closed the window) the
    launcher says so on stderr and still exits with the harness's code: the file is what the agent left.

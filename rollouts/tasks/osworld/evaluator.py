@@ -1,7 +1,7 @@
 """An OSWorld-format task's evaluator, run once the agent is gone: the getters in the sandbox, the metric on the host.
 
 OSWorld's `evaluator` {func, result, expected, options, conj, postconfig} becomes `OSWorldEval`
-(the importer, rollouts/tasks/osworld.py, maps it). After `kill_all`:
+(the importer, rollouts/tasks/osworld/importer.py, maps it). After `kill_all`:
 
     postconfig  shell lines run in the sandbox (OSWorld's `execute` / `command` steps after the episode); a
                 step's `stdout` / `stderr` (OSWorld writes them into its cache dir) kept on the host by name
@@ -9,7 +9,7 @@ OSWorld's `evaluator` {func, result, expected, options, conj, postconfig} become
                 vm_command_line: the command run in the sandbox, its stdout (OSWorld's /execute `output`);
                 rule: the task's constants; cloud_file: the expected file, carried in the task record on
                 the host (the agent can plant nothing there); cache_file: a postconfig step's kept output
-    metric      OSWorld's own function (rollouts/tasks/osworld_metric.py) in a child process on the host
+    metric      OSWorld's own function (rollouts/tasks/osworld/metric.py) in a child process on the host
 
 The reward follows `DesktopEnv.evaluate`: an `infeasible` task scores 1 when the agent's final answer is
 FAIL, any other task scores 0 on FAIL; several metrics combine by `conj` (and: 0 at the first 0, else
@@ -36,7 +36,7 @@ from openforge.rollouts.tasks.grading import check_relative_paths
 
 INFEASIBLE_ANSWER = "FAIL"  # OSWorld's FAIL action: the agent says the task cannot be done
 METRIC_TIMEOUT_S = 120.0
-METRIC_COMMAND = [sys.executable, "-m", "openforge.rollouts.tasks.osworld_metric"]
+METRIC_COMMAND = [sys.executable, "-m", "openforge.rollouts.tasks.osworld.metric"]
 MAX_FILE_BYTES = 64 << 20  # a result file larger than this is read as missing
 # `export OSW_HOME` first: the importer maps OSWorld's /home/user and ~/ onto the sandbox's working directory.
 HOME_PRELUDE = 'export OSW_HOME="$PWD"; '
@@ -103,7 +103,7 @@ class OSWorldEval(BaseModel):
 
     @model_validator(mode="after")
     def _shape(self) -> "OSWorldEval":
-        from openforge.rollouts.tasks.osworld_metric import METRIC_MODULES
+        from openforge.rollouts.tasks.osworld.metric import METRIC_MODULES
 
         if self.infeasible:
             return self

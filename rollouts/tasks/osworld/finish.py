@@ -4,7 +4,7 @@ OSWorld's evaluator runs the task's `postconfig` after the agent's last action a
 the result (desktop_env.py `evaluate`): typically `activate_window` on the document's window, a `python -c
 "import pyautogui; pyautogui.hotkey('ctrl', 's')"` and a `sleep`, so that the file the metric reads holds
 what the agent left open. forge grades once every agent process, the applications included, has ended;
-such a postconfig becomes the desktop's `finish` script instead (rollouts/tasks/desktop.py), which gui.py's
+such a postconfig becomes the desktop's `finish` script instead (rollouts/tasks/desktop/task.py), which gui.py's
 launcher runs on the display after the harness exits by itself and before it ends the display:
 
     activate_window   the first visible window whose title (`by_class`: WM_CLASS) holds `window_name`, any
@@ -22,7 +22,7 @@ Anything else (a click, a class given as instance.class but not strict) is refus
 OSWorld a step that fails (no such window) does not stop the next: the keys go where the focus is, and the
 file is what it is.
 
-The same mapping runs such steps in a task's `config` after its launch / open step (osworld.py): they are
+The same mapping runs such steps in a task's `config` after its launch / open step (osworld/importer.py): they are
 lines of the desktop's start script (`start_lines`), where a window step first waits for its window.
 """
 
@@ -213,7 +213,7 @@ def _regex(text: str, whole: bool) -> str:
 
 
 def finish_line(step: dict[str, Any], shell_line: str | None) -> list[str]:
-    """One GUI postconfig step as finish-script lines; `shell_line`: the step's command as osworld.py's shell
+    """One GUI postconfig step as finish-script lines; `shell_line`: the step's command as osworld/importer.py's shell
     line (an execute step), whose pyautogui script is mapped and any other line is kept as it is."""
     kind, params = step.get("type"), step.get("parameters") or {}
     if kind in GUI_POSTCONFIG:

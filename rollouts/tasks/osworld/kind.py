@@ -1,13 +1,13 @@
 """The OSWorld-format family as a task kind (rollouts/tasks/kinds.py): a desktop task (its display and
-applications: desktop_kind.py) whose evaluator is its grader: its getters run in the sandbox after the agent
-is gone, OSWorld's metric on the host (rollouts/tasks/osworld_eval.py)."""
+applications: desktop/kind.py) whose evaluator is its grader: its getters run in the sandbox after the agent
+is gone, OSWorld's metric on the host (rollouts/tasks/osworld/evaluator.py)."""
 
 from __future__ import annotations
 
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from openforge.rollouts.tasks.desktop_kind import DesktopKind
+from openforge.rollouts.tasks.desktop.kind import DesktopKind
 from openforge.rollouts.tasks.kinds import Graded
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ class OSWorldKind(DesktopKind):
                           site: Any = None, *, services: Any = None) -> Graded:
         """The task's evaluator. A metric that cannot run is the infrastructure's failure."""
         from openforge.rollouts.runner.grader import InfraFailure, run_in_sandbox, tail, verifier_env
-        from openforge.rollouts.tasks.osworld_eval import OSWorldUnavailable, grade_osworld
+        from openforge.rollouts.tasks.osworld.evaluator import OSWorldUnavailable, grade_osworld
         from openforge.sandbox.base import SandboxPathRefused
 
         assert task.osworld is not None

@@ -1,7 +1,7 @@
 """How forge reads a Harbor task's environment/Dockerfile: its steps, the WORKDIR each runs in, what each
 COPY brings. One reading serves the three that need it: the agent's files of a Dockerfile that builds
-nothing (harbor.py `local_environment`), the image paths a stdio MCP server runs from (harbor_mcp.py
-`image_copies`) and the WORKDIR it runs in (harbor.py `task_mcp_servers`).
+nothing (harbor/folder.py `local_environment`), the image paths a stdio MCP server runs from (harbor/mcp.py
+`image_copies`) and the WORKDIR it runs in (harbor/folder.py `task_mcp_servers`).
 
 A relative WORKDIR is joined to the one before it, as Docker does: so the WORKDIR of each step is traced
 from the one the build starts in ([environment] workdir, else /app), never from the final one.

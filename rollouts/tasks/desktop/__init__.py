@@ -1,0 +1,5 @@
+"""The desktop family (docs/gui.md, "Desktop applications").
+
+    task.py        a desktop task: the programs it needs and the start script run on its display before the agent
+    kind.py        the family's TaskKind: the display opened, its applications probed before the agent
+"""
