@@ -89,7 +89,7 @@ GUI_MODULE = Path(__file__).with_name("gui.py")
 GUI_INSIDE = "/run/forge/gui.py"
 SITE_SOCKET = "/run/forge/site.sock"  # where a GUI task's site socket appears inside the sandbox
 # /etc/X11: the X Toolkit applications' app-defaults (/etc/X11/app-defaults): without its resources xedit
-# sizes its menus to nothing and exits (a desktop task's applications, rollouts/tasks/desktop.py).
+# sizes its menus to nothing and exits (a desktop task's applications, rollouts/tasks/desktop/task.py).
 # /etc/libreoffice: LibreOffice's configuration schema (Debian links /usr/lib/libreoffice/share/registry to
 # /etc/libreoffice/registry): without it soffice dies at start ("Unspecified Application Error").
 GUI_ETC = ("/etc/fonts", "/etc/chromium", "/etc/chromium.d", "/etc/X11", "/etc/libreoffice")
