@@ -28,6 +28,7 @@ from openforge.config import ForgeConfig, HarnessConfig
 from openforge.engine.protocol import BadRequest
 from openforge.proxy import breaks
 from openforge.rollouts.harnesses import BUILTIN_SPECS
+from openforge.rollouts.runner.failures import is_infra_failure
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.sandbox.testing import proxy_socket_path
@@ -268,3 +269,38 @@ async def test_a_failed_claude_code_summary_leaves_the_rollout_uncompacted_and_s
     assert failed and all(CLAUDE_SUMMARY_PROMPT in json.dumps(c.request_json["messages"][-1]) for c in failed)
     [trajectory] = rig.store.list_trajectories(rollout_ids=[ro.id])
     assert sum(trajectory.loss_mask) == sum(len(c.completion_ids) for c in calls if c.status == "ok")
+
+
+@needs("claude-code")
+async def test_a_sub_agent_that_never_returns_ends_at_the_time_limit_and_trains_each_token_once(make_rig):
+    """The sub-agent runs a command that never ends, so the main agent never hears back: the rollout stops at
+    the task's time limit (the policy's doing: a timeout, reward 0, never scored from its output), every
+    what was sampled, the main agent's call and the sub-agent's, trains once, each in its own segment."""
+    rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
+    tok = rig.engine.tokenizer
+    instruction, subtask = "Delegate writing the file to a sub-agent.", "SUBTASK: wait for the file"
+
+    def script(prompt_ids: list[int]) -> str:
+        text = tok.decode(prompt_ids)
+        if instruction in text:
+            call = {"name": "Agent", "arguments": {"description": "wait", "prompt": subtask,
+                                                   "subagent_type": "general-purpose"}}
+        else:
+            call = {"name": "Bash", "arguments": {"command": "sleep 600", "description": "wait"}}
+        return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+    rig.engine.script = script
+    config = ForgeConfig()
+    config.harness = HarnessConfig(name="claude-code", npm_cache=str(NPM_CACHE), max_turns=6,
+                                   extra_args=["--tools", "Bash,Agent"])
+    task = TaskSpec(id="never", instruction=instruction, verifier="grep -qx forge-ok proof.txt", time_limit_s=20)
+    runner = RolloutRunner(rig.store, config=config, proxy_url=rig.url, proxy_socket=rig.proxy.uds)
+    [ro] = await runner.run(rig.rollout.run_id, [RolloutSpec(task, 0)])
+    assert (ro.status, ro.failure_kind, ro.reward) == ("timed_out", "timeout", 0.0), ro.error
+    assert not is_infra_failure(ro)  # the policy's own wait: a 0 it trains on, not a masked rollout
+    calls = sorted(rig.calls(ro.id), key=lambda c: c.seq)
+    sub = [c for c in calls if subtask in json.dumps(c.request_json["messages"][0])]
+    assert len(sub) == 1 and sub[0].break_reason == breaks.SUB_AGENT and len(calls) == 2
+    sampled = sum(len(c.completion_ids) for c in calls if c.status == "ok")
+    trajectories = rig.store.list_trajectories(rollout_ids=[ro.id])
+    assert len(trajectories) == 2 and sum(sum(t.loss_mask) for t in trajectories) == sampled
