@@ -274,7 +274,7 @@ async def test_a_failed_claude_code_summary_leaves_the_rollout_uncompacted_and_s
 @needs("claude-code")
 async def test_a_sub_agent_that_never_returns_ends_at_the_time_limit_and_trains_each_token_once(make_rig):
     """The sub-agent runs a command that never ends, so the main agent never hears back: the rollout stops at
-    the task's time limit (the policy's doing: a timeout, reward 0, never scored from its output), every
+    the task's time limit (the policy's doing: a timeout, reward 0, never scored from its output), and
     what was sampled, the main agent's call and the sub-agent's, trains once, each in its own segment."""
     rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
     tok = rig.engine.tokenizer
