@@ -267,6 +267,7 @@ async def test_a_failed_claude_code_summary_leaves_the_rollout_uncompacted_and_s
     calls = rig.calls(ro.id)
     failed = [c for c in calls if c.status != "ok"]
     assert failed and all(CLAUDE_SUMMARY_PROMPT in json.dumps(c.request_json["messages"][-1]) for c in failed)
+    assert all(c.side == "compaction" for c in failed)  # the harness's own call, failed or not
     [trajectory] = rig.store.list_trajectories(rollout_ids=[ro.id])
     assert sum(trajectory.loss_mask) == sum(len(c.completion_ids) for c in calls if c.status == "ok")
 

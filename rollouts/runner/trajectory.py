@@ -103,7 +103,7 @@ def assemble_rollout(store: Store, rollout_id: str, side_calls: SideCalls = Side
     The harness's own background calls (`side_calls`: a title, a summary) are tagged on their rows
     (`call.side`) first, and left out unless the harness's spec trains on them."""
     rollout = store.get_rollout(rollout_id)
-    calls = [c for c in store.list_calls(rollout_id=rollout_id) if c.status in ("ok", "refused")]
+    calls = store.list_calls(rollout_id=rollout_id)  # every call is tagged (a failed summary too); ok ones train
     side = {c.id: name for c in calls if c.id is not None and (name := side_calls.name_of(c.request_json))}
     store.tag_side_calls(side)
     calls = [c for c in calls if c.status == "ok" and (side_calls.train or c.id not in side)]
