@@ -44,10 +44,11 @@ def one(store: Any, model: Path, sandbox: Any) -> tuple[float, float | None]:
     from openforge.proxy.server import ProxyServer
     from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
     from openforge.rollouts.tasks.format import load_tasks
+    from openforge.rollouts.tasks.web.payload import WebPayload
     from openforge.sandbox.testing import proxy_socket_path
 
     task = next(t for t in load_tasks("builtin-web") if t.id == TASK)
-    blue = task.gui.params["order"].index("blue")  # type: ignore[union-attr]
+    blue = task.payload(WebPayload).gui.params["order"].index("blue")  # type: ignore[union-attr]
     engine: Any = None
     engine = ScriptedEngine(model, lambda ids: policy(engine, ids, blue))
     cfg = ForgeConfig()

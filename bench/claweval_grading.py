@@ -110,6 +110,7 @@ def _refusals(src: str, unsupported: list[tuple[str, str]]) -> dict[str, Any]:
 
 def run(quick: bool = False) -> dict[str, Any]:
     from openforge.rollouts.tasks.claweval.importer import import_claweval
+    from openforge.rollouts.tasks.claweval.payload import ClawEvalPayload
     from openforge.rollouts.tasks.claweval.grading import ClawEvalGradingFailed, run_grader
     from openforge.rollouts.tasks.format import TaskSpec
 
@@ -119,7 +120,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         return {}
     report = import_claweval(src)
     tasks = [TaskSpec.model_validate(t) for t in report.tasks]
-    graded = [t for t in tasks if t.claweval is not None][: 5 if quick else None]
+    graded = [t for t in tasks if t.payload(ClawEvalPayload) is not None][: 5 if quick else None]
     server = ThreadingHTTPServer(("127.0.0.1", 0), _ScriptedJudge)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     lenient = ThreadingHTTPServer(("127.0.0.1", 0), type("Always1", (_ScriptedJudge,), {"score": 1.0}))
@@ -127,12 +128,13 @@ def run(quick: bool = False) -> dict[str, Any]:
     judge = {"url": f"http://127.0.0.1:{server.server_address[1]}/v1", "model": "scripted", "key": ""}
 
     def grade(task: TaskSpec, judge: dict[str, str] = judge) -> tuple[str, float, dict[str, Any] | str]:
-        assert task.claweval is not None
+        payload = task.payload(ClawEvalPayload)
+        assert payload is not None
         messages = [{"role": "user", "content": [{"type": "text", "text": task.instruction}]},
                     {"role": "assistant", "content": [{"type": "text", "text": IDLE_ANSWER}]}]
         t0 = time.perf_counter()
         try:
-            verdict = run_grader(task.claweval, trace_id=f"{task.id}-idle", model="bench", messages=messages,
+            verdict = run_grader(payload.grading, trace_id=f"{task.id}-idle", model="bench", messages=messages,
                                  dispatches=[], audits={}, timeout_s=300.0, judge=judge)
         except ClawEvalGradingFailed as exc:
             return task.id, time.perf_counter() - t0, str(exc)

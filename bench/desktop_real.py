@@ -133,6 +133,7 @@ def _calc(sandbox: dict | None = None) -> dict:
         return {"skipped": "LibreOffice (soffice) is not installed"}
     from openforge.rollouts.tasks.format import TaskSpec
     from openforge.rollouts.tasks.osworld.importer import import_osworld
+    from openforge.rollouts.tasks.osworld.payload import OSWorldPayload
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -147,7 +148,9 @@ def _calc(sandbox: dict | None = None) -> dict:
         if report.unsupported or report.online_only:
             return {"import refused": report.unsupported + report.online_only}
         task = TaskSpec.model_validate(report.tasks[0])
-        out = {"task": {"apps": task.desktop.apps if task.desktop else None, "tags": task.tags}}
+        osworld = task.payload(OSWorldPayload)
+        desktop = osworld.desktop if osworld is not None else None
+        out = {"task": {"apps": desktop.apps if desktop else None, "tags": task.tags}}
         out["rollouts"] = asyncio.run(_rollouts(task, root, sandbox))
         out["all as expected"] = all(r["reward"] == EXPECTED[k] for k, r in out["rollouts"].items())
         return out

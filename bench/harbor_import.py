@@ -54,7 +54,7 @@ def _import(src: Path, bases: dict[str, str]) -> tuple[dict, list[dict]]:
               "imported, built into an image (or found by its hash)": images,
               "imported, no image needed": len(report.tasks) - images, "refused": len(report.refused),
               "imported with [environment] limits": sum(1 for r in report.tasks if r.get("limits")),
-              "imported, multi-step ([[steps]])": sum(1 for r in report.tasks if r.get("harbor_steps")),
+              "imported, multi-step ([[steps]])": sum(1 for r in report.tasks if r["family"].get("steps")),
               "imported, tests download at grading time (flagged)": len(report.notes),
               "wall_s": round(wall, 1)}
     refused = dict(Counter(_kind(why) for _, why in report.refused).most_common())

@@ -60,7 +60,7 @@ def run(quick: bool = False) -> dict:
               "imported, not runnable here": len(report.not_here), "online-only": len(report.online_only),
               "unsupported": len(report.unsupported), "GUI-only setup steps skipped (noted)": len(report.notes),
               "imported with a save step after the agent (finish)": sum(
-                  1 for t in report.tasks if (t.get("desktop") or {}).get("finish")),
+                  1 for t in report.tasks if (t["family"].get("desktop") or {}).get("finish")),
               "online-only for downloads alone, with a mapped save step": _online_with_finish(files, report)}
     unsupported = dict(Counter(_kind(why) for _, why in report.unsupported).most_common())
     metrics = Counter(name for _, why in report.unsupported if _kind(why) == "metric"

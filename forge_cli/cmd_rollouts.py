@@ -16,6 +16,7 @@ from openforge.config import ForgeConfig
 from openforge.errors import ConfigError, TaskError
 from openforge.rollouts.runner.metrics import RunMetrics, summary_headline
 from openforge.rollouts.tasks.format import load_tasks, validate_tasks
+from openforge.rollouts.tasks.kinds import kinds_of
 from openforge.rollouts.tasks.setup_files import SetupLimits
 from openforge.sandbox.limits import storage_notice
 
@@ -134,7 +135,7 @@ def tasks_import(
     _some_imported(src, report.tasks, len(report.online_only) + len(report.unsupported))
     folder = write_tasks(report.tasks, out)
     total = len(report.tasks) + len(report.online_only) + len(report.unsupported)
-    graded = sum(1 for t in report.tasks if t.get("claweval"))
+    graded = sum(1 for t in report.tasks if t.get("family"))  # its family payload is its grader.py
     typer.echo(f"{src}: {total} task(s): {len(report.tasks)} imported to {folder}, "
                f"{len(report.online_only)} online-only, {len(report.unsupported)} unsupported; {graded} imported "
                "with ClawEval's own grader.py ("
@@ -290,9 +291,8 @@ def eval_cmd(
                           limits=SetupLimits.of(config.tasks))[: limit or None]
     if not task_set:
         raise ConfigError("the task selection is empty")
-    from openforge.rollouts.tasks.web.benchmarks import check_online
-
-    check_online(task_set, allow_internet=config.sandbox.allow_internet)  # before any engine starts
+    for kind, group in kinds_of(task_set).values():  # before any engine starts (online-only tasks, say)
+        kind.check_run(group, config)
     from openforge.runs.evaluate import evaluate
 
     k = config.runner.samples_per_task

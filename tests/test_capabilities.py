@@ -24,6 +24,7 @@ from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.runs import plan as plan_module
 from openforge.runs import prepare as prepare_module
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks
+from openforge.rollouts.tasks.web.payload import WebPayload
 from openforge.sandbox.base import ExecResult, IsolationReport, Sandbox, SandboxBase, SandboxInfo, proxy_url_via
 from openforge.sandbox import gc as gc_module
 from openforge.sandbox.factory import BACKENDS, isolation_check, make_sandbox, sandbox_class
@@ -207,14 +208,14 @@ async def test_a_registered_backend_runs_with_no_runner_edit(store: Store, regis
 
 
 async def test_a_gui_task_on_a_backend_without_a_display_is_an_infra_failure(store: Store, registered: None) -> None:
-    task = next(t for t in load_tasks("builtin-web") if t.gui is not None)
+    task = next(t for t in load_tasks("builtin-web") if (web := t.payload(WebPayload)) and web.gui is not None)
     ro = await _run(store, _config("tunnel"), task, EchoHarness())
     assert (ro.status, ro.failure_kind) == ("failed", "infra")
     assert "needs a sandbox with a display: the local backend has none" in ro.error, ro.error
 
 
 async def test_own_browser_moves_the_page_from_the_display_to_the_harness(store: Store, registered: None) -> None:
-    task = next(t for t in load_tasks("builtin-web") if t.gui is not None)
+    task = next(t for t in load_tasks("builtin-web") if (web := t.payload(WebPayload)) and web.gui is not None)
     plain = await _run(store, _config("display"), task, EchoHarness())
     [shown, detached] = DisplaySandbox.attached
     assert shown is not None and shown.url and detached is None

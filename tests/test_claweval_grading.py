@@ -19,7 +19,9 @@ from openforge.config import ForgeConfig
 from openforge.rollouts.tasks.claweval.score import run_claweval_figures, verdict_path
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.claweval.importer import import_claweval
-from openforge.rollouts.tasks.claweval.grading import PASS_THRESHOLD, claweval_summary, run_grader, summary_line
+from openforge.rollouts.tasks.claweval.payload import ClawEvalPayload
+from openforge.rollouts.tasks.claweval.grading import (PASS_THRESHOLD, ClawEvalGrading, claweval_summary, run_grader,
+                                                       summary_line)
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.selfcheck import _StandInHarness, forged_dispatch
 from openforge.store import Store
@@ -40,6 +42,18 @@ class Planted(AbstractGrader):
 """
 
 
+
+def _grading(task: TaskSpec) -> ClawEvalGrading | None:
+    """The task's ClawEval grader (its family payload's), None for a task without one."""
+    payload = task.payload(ClawEvalPayload)
+    return payload.grading if payload is not None else None
+
+
+def _judged(record: dict) -> TaskSpec:
+    """`record` with forge's judge and exact rules as the reward, ClawEval's scores beside it."""
+    grading = {**record["family"]["grading"], "reward": "judge"}
+    return TaskSpec.model_validate({**record, "family": {**record["family"], "grading": grading}})
+
 def _forger(task: TaskSpec) -> str:
     dispatch = {"type": "tool_dispatch", "trace_id": "x", "tool_use_id": "t1", "tool_name": "notes_create",
                 "endpoint_url": "http://localhost:9120/notes/create",
@@ -57,8 +71,8 @@ def _save_note() -> TaskSpec:
 
 def test_the_import_carries_the_tasks_grader_and_the_packages_grading_modules() -> None:
     save, summarise = (TaskSpec.model_validate(t) for t in import_claweval(SRC).tasks)
-    spec = save.claweval
-    assert spec is not None and summarise.claweval is None  # N002 has no grader.py
+    spec = _grading(save)
+    assert spec is not None and _grading(summarise) is None  # N002 has no grader.py
     assert spec.grader == (SRC / "tasks" / "N001_save_note" / "grader.py").read_text()
     assert "graders/base.py" in spec.package and "trace/reader.py" in spec.package
     assert spec.audits == {"notes": "/notes/audit"} and not spec.needs_judge
@@ -69,7 +83,7 @@ def test_dispatches_follow_the_tool_servers_order_with_the_fronts_status_and_bod
     from openforge.rollouts.tasks.claweval.grading import trace_dispatches
     from openforge.rollouts.tasks.service_front import ServiceRequest
 
-    spec = _save_note().claweval
+    spec = _grading(_save_note())
     assert spec is not None
     record = [ServiceRequest("notes", "POST", "/notes/create", "", '{"title": "a"}', 429, True, "notes_create"),
               ServiceRequest("notes", "POST", "/notes/delete", "", '{"note_id": "N-1"}', 200, False, None),  # direct
@@ -125,7 +139,7 @@ async def test_an_evals_summary_holds_clawevals_figures_beside_forges(store: Sto
     task = _save_note()
     harness = _StandInHarness({task.id: _agent([("/notes/create", {"title": "groceries", "body": "milk, eggs"})])})
     record = import_claweval(SRC).tasks[0]
-    judge_only = TaskSpec.model_validate({**record, "claweval": {**record["claweval"], "reward": "judge"}})
+    judge_only = _judged(record)
     figures = {}
     for label, tried in {"claweval": task, "judge": judge_only}.items():
         run, metrics = await run_eval(store, ForgeConfig(), [tried], proxy_url="http://127.0.0.1:9", samples=3,
@@ -177,7 +191,7 @@ async def test_a_grader_that_asks_a_judge_gets_forges_judge_endpoint(store: Stor
         "scores = DimensionScores()", "scores = DimensionScores(completion=judge.evaluate('', '', '', 'r').score)"
     ).replace("scores.completion = 0.5 * bool(created) + 0.3 * bool(saved) + 0.2 * body_ok", "pass")
     task = TaskSpec.model_validate(import_claweval(_checkout(tmp_path, judged)).tasks[0])
-    assert task.claweval is not None and task.claweval.needs_judge
+    assert (spec := _grading(task)) is not None and spec.needs_judge
     server = ThreadingHTTPServer(("127.0.0.1", 0), type("Judge", (_ScriptedJudge,), {"score": 0.9}))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -277,15 +291,17 @@ def test_the_public_sets_graders_run_on_forges_trace() -> None:
     if not src or not Path(src, "src", "claw_eval").is_dir():
         pytest.skip("CLAWEVAL_SRC names no claw-eval checkout (git clone github.com/claw-eval/claw-eval)")
     tasks = [TaskSpec.model_validate(t) for t in import_claweval(src).tasks]
-    assert tasks and all(t.claweval is not None for t in tasks)
-    picked = [next(t for t in tasks if not t.claweval.peers), next(t for t in tasks if t.claweval.peers)]
+    gradings = [g for g in map(_grading, tasks) if g is not None]
+    assert tasks and len(gradings) == len(tasks)
+    pairs = list(zip(tasks, gradings))
+    picked = [next(p for p in pairs if not p[1].peers), next(p for p in pairs if p[1].peers)]
     server = ThreadingHTTPServer(("127.0.0.1", 0), _ScriptedJudge)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        for task in picked:
+        for task, grading in picked:
             messages = [{"role": "user", "content": [{"type": "text", "text": task.instruction}]},
                         {"role": "assistant", "content": [{"type": "text", "text": IDLE_ANSWER}]}]
-            verdict = run_grader(task.claweval, trace_id="t", model="m", messages=messages, dispatches=[], audits={},
+            verdict = run_grader(grading, trace_id="t", model="m", messages=messages, dispatches=[], audits={},
                                  timeout_s=300.0, judge={"url": f"http://127.0.0.1:{server.server_address[1]}/v1",
                                                          "model": "scripted", "key": ""})
             assert (verdict["task_score"], verdict["passed"]) == (0.2, False), (task.id, verdict)
@@ -343,9 +359,9 @@ async def test_the_reward_is_clawevals_task_score_as_its_grader_gives_it_on_the_
     (checkout / "tasks" / "N001_save_note" / "task.yaml").write_text(JUDGED_YAML)
     record = import_claweval(checkout).tasks[0]
     task = TaskSpec.model_validate(record)
-    assert task.judge is not None and task.claweval is not None and task.claweval.reward == "claweval"
+    assert task.judge is not None and (spec := _grading(task)) is not None and spec.reward == "claweval"
     assert task.pass_threshold == PASS_THRESHOLD
-    judge_only = TaskSpec.model_validate({**record, "claweval": {**record["claweval"], "reward": "judge"}})
+    judge_only = _judged(record)
     # one reply both parsers read: ClawEval's LLMJudge takes the JSON, forge's judge the last line
     always_1 = type("Always1", (_ScriptedJudge,), {"content": lambda self: '{"reasoning": "yes", "score": 1.0}\nSCORE: 1'})
     server = ThreadingHTTPServer(("127.0.0.1", 0), always_1)

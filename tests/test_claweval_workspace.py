@@ -18,6 +18,7 @@ from openforge.config import ForgeConfig
 from openforge.rollouts.tasks.claweval.score import verdict_path
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.claweval.importer import import_claweval
+from openforge.rollouts.tasks.claweval.payload import ClawEvalPayload
 from openforge.rollouts.tasks.claweval.grading import snapshot_entry
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
@@ -90,8 +91,9 @@ def test_sandbox_files_become_setup_files_and_the_snapshot_names_workdir_paths(t
     task = _task(_checkout(tmp_path))
     assert task.files == {"fixtures/todo.txt": "milk\n"}
     assert "./fixtures/todo.txt" in task.instruction and "/workspace" not in task.instruction
-    assert task.claweval is not None
-    assert task.claweval.snapshot_files == {"/workspace/fixtures/todo.txt": "fixtures/todo.txt"}
+    claweval = task.payload(ClawEvalPayload)
+    assert claweval is not None
+    assert claweval.grading.snapshot_files == {"/workspace/fixtures/todo.txt": "fixtures/todo.txt"}
 
 
 @pytest.mark.parametrize(("changes", "why"), [

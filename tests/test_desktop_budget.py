@@ -17,6 +17,7 @@ import pytest
 from openforge.config import ForgeConfig
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec
+from openforge.rollouts.tasks.osworld.payload import OSWorldPayload
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.sandbox.gui import HARNESS_TIMED_OUT, GuiSpec
 from openforge.sandbox.local import GUI_MODULE
@@ -74,12 +75,14 @@ async def test_the_harness_gets_its_whole_limit_and_an_overrun_ends_timed_out(st
     one still running at 15 s ends timed_out, 0.0, never graded, no finish; one that stops its launcher
     and kills it past the limit (so no report of its time comes) is the policy's failure, never graded."""
     imported = TaskSpec.model_validate(_import(tmp_path, SAVE_TASK).tasks[0])
-    assert imported.desktop is not None
-    desktop = imported.desktop.model_copy(update={"start": "sleep 8\n" + imported.desktop.start})
+    payload = imported.payload(OSWorldPayload)
+    assert payload is not None and payload.desktop is not None
+    desktop = payload.desktop.model_copy(update={"start": "sleep 8\n" + payload.desktop.start})
     typed = f"{GUI} click {TEXT} && {GUI} type '{WORDS}'"
     scripts = {"near": f"{typed} && sleep 8", "over": f"{typed} && sleep 60",
                "held": f"{typed}; L=$PPID; kill -STOP $L; sleep 18; kill -KILL $L; sleep 5"}
-    tasks = {name: imported.model_copy(update={"id": name, "time_limit_s": 15, "desktop": desktop})
+    tasks = {name: imported.model_copy(update={"id": name, "time_limit_s": 15,
+                                          "family": payload.model_copy(update={"desktop": desktop})})
              for name in scripts}
     run = store.create_run(kind="check", name="desktop-budget")
     runner = RolloutRunner(store, config=ForgeConfig(), proxy_url="http://127.0.0.1:9",

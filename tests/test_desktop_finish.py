@@ -25,6 +25,7 @@ from openforge.config import ForgeConfig
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.osworld.importer import import_osworld
 from openforge.rollouts.tasks.osworld.finish import NotMapped, pyautogui_lines
+from openforge.rollouts.tasks.osworld.payload import OSWorldPayload
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.sandbox.local import GUI_MODULE
 from openforge.store import Store
@@ -42,6 +43,13 @@ SAVE_TASK = {
         "func": "compare_text_file",
         "result": {"type": "vm_file", "path": "/home/user/note.txt", "dest": "note.txt"},
         "expected": {"type": "cloud_file", "path": "https://example.invalid/expected.txt", "dest": "expected.txt"}}}
+
+
+def _osworld(task: TaskSpec) -> OSWorldPayload:
+    """The task's OSWorld part: its evaluator and its desktop."""
+    payload = task.payload(OSWorldPayload)
+    assert payload is not None
+    return payload
 
 
 def _import(tmp_path: Path, *tasks: dict):  # type: ignore[no-untyped-def]
@@ -63,9 +71,10 @@ def test_a_save_postconfig_becomes_the_desktops_finish_script(tmp_path: Path) ->
     report = _import(tmp_path, SAVE_TASK)
     assert report.unsupported == [] and report.online_only == []
     task = TaskSpec.model_validate(report.tasks[0])
-    assert task.osworld is not None and task.osworld.postconfig == []  # nothing left for the grader to drive
-    assert task.desktop is not None and task.desktop.apps == ["xedit", "xdotool"] and "needs:xdotool" in task.tags
-    finish = task.desktop.finish or ""
+    osworld = _osworld(task)
+    assert osworld.evaluator.postconfig == []  # nothing left for the grader to drive
+    assert osworld.desktop is not None and osworld.desktop.apps == ["xedit", "xdotool"] and "needs:xdotool" in task.tags
+    finish = osworld.desktop.finish or ""
     steps = finish.split('export OSW_HOME="$PWD"\n', 1)[1]
     assert steps == ("(\nforge_window --name '^xedit$' xedit\n) || forge_status=$?\n"
                      "(\nxdotool key Control_L+x\n) || forge_status=$?\n"
@@ -112,9 +121,10 @@ def test_a_postconfig_forge_cannot_drive_stays_refused_with_its_reason(tmp_path:
         "command": ["/bin/bash", "-c", "cd /home/user && zip -qr n.zip note.txt"]}})
     plain = _post({"type": "execute", "parameters": {"command": "chmod +x eval.sh", "shell": True}})
     got = {t["id"]: t for t in _import(tmp_path / "2", zipped, plain).tasks}
-    assert "(\n/bin/bash -c 'cd '\"$OSW_HOME\"' && zip -qr n.zip note.txt'\n)" in got[zipped["id"]]["desktop"]["finish"]
-    assert got[plain["id"]]["osworld"]["postconfig"] == ["chmod +x eval.sh"]
-    assert "finish" not in got[plain["id"]]["desktop"]
+    zipped_finish = got[zipped["id"]]["family"]["desktop"]["finish"]
+    assert "(\n/bin/bash -c 'cd '\"$OSW_HOME\"' && zip -qr n.zip note.txt'\n)" in zipped_finish
+    assert got[plain["id"]]["family"]["evaluator"]["postconfig"] == ["chmod +x eval.sh"]
+    assert "finish" not in got[plain["id"]]["family"]["desktop"]
 
 
 def _configured(name: str, *steps: dict) -> dict:
@@ -144,9 +154,10 @@ def test_display_steps_after_the_launch_join_the_start_script(tmp_path: Path) ->
                  "instance, one class)",
         "first": "config step activate_window is not supported"}
     [task] = [TaskSpec.model_validate(t) for t in report.tasks]
-    assert task.desktop is not None and task.desktop.apps == ["xedit", "xdotool"] and "needs:xdotool" in task.tags
-    prelude, steps = task.desktop.start.split("forge_wait=20\n")
-    assert prelude.count("forge_window() {") == 1 and task.desktop.finish is None
+    desktop = _osworld(task).desktop
+    assert desktop is not None and desktop.apps == ["xedit", "xdotool"] and "needs:xdotool" in task.tags
+    prelude, steps = desktop.start.split("forge_wait=20\n")
+    assert prelude.count("forge_window() {") == 1 and desktop.finish is None
     assert steps.splitlines()[2:] == ["forge_window --classname '^Mail$' '' '^Xedit$' || true",
                                       "xdotool key Alt_L+F10 || true", "sleep 0.5 || true"]
     assert report.notes == [("mapped", "skipped a setup step that only drives the GUI: python -c 'import pyautogui; "
@@ -163,7 +174,8 @@ def test_the_start_script_activates_the_window_its_config_names(tmp_path: Path) 
     focus = 'f=$(xdotool getwindowfocus); m=$(xdotool search --classname "^Mail$"); [ "$f" = "$m" ] && echo Mail ' \
             '|| xdotool getwindowname "$f"'
     for task, focused in zip(report.tasks, ["Mail", "xedit"]):
-        done = subprocess.run([sys.executable, "-I", str(GUI_MODULE), "run", "--start", task["desktop"]["start"], "--",
+        start = task["family"]["desktop"]["start"]
+        done = subprocess.run([sys.executable, "-I", str(GUI_MODULE), "run", "--start", start, "--",
                                "sh", "-c", focus], cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert (done.returncode, done.stdout.strip()) == (0, focused), done.stderr
 
@@ -182,11 +194,11 @@ def test_close_window_maps_as_activate_window_does(tmp_path: Path) -> None:
         "loose": "config step close_window by_class on instance.class 'Mail.Xedit' is mapped only strict (one "
                  "instance, one class)"}
     got = {t["id"]: TaskSpec.model_validate(t) for t in report.tasks}
-    finish = got[post["id"]].desktop.finish or ""
+    finish = _osworld(got[post["id"]]).desktop.finish or ""  # type: ignore[union-attr]
     assert finish.split('export OSW_HOME="$PWD"\n', 1)[1] == (
         "(\nforge_close --classname '^Mail$' '' '^Xedit$'\n) || forge_status=$?\n(\nsleep 0.5\n) || forge_status=$?\n"
         'exit "$forge_status"')
-    start = got["started"].desktop.start
+    start = _osworld(got["started"]).desktop.start  # type: ignore[union-attr]
     assert start.split("forge_wait=20\n")[1].splitlines()[2:] == [
         "forge_close --classname '^Mail$' '' '^Xedit$' || true", "forge_window --name xedit || true"]
 
@@ -207,7 +219,7 @@ def test_close_window_closes_only_the_window_it_names(tmp_path: Path) -> None:
     count = 'for n in Mail xedit; do printf "%s=%s " $n $(xdotool search --onlyvisible --classname "^$n$" | wc -l); done'
     shown = {}
     for task in report.tasks:
-        start = task["desktop"]["start"].replace("forge_wait=20", "forge_wait=2")  # the absent window's wait
+        start = task["family"]["desktop"]["start"].replace("forge_wait=20", "forge_wait=2")  # the absent window's wait
         done = subprocess.run([sys.executable, "-I", str(GUI_MODULE), "run", "--start", start, "--", "sh", "-c",
                                {"close": gone, "modified": "sleep 1; "}.get(task["id"], "") + count], cwd=tmp_path,
                               capture_output=True, text=True, timeout=180)

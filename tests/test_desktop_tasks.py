@@ -21,6 +21,7 @@ from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.desktop.task import DesktopTask
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.osworld.importer import import_osworld
+from openforge.rollouts.tasks.osworld.payload import OSWorldPayload
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.sandbox.local import bwrap_usable
 from openforge.store import Store
@@ -59,6 +60,13 @@ SAVED = "i=0; while [ ! -s note.txt ] && [ $i -lt 150 ]; do sleep 0.2; i=$((i+1)
 TYPED = f"{GUI} click {TEXT} && {GUI} type '{WORDS}' && {GUI} click {SAVE} && {SAVED}"
 
 
+def _desktop(task: TaskSpec) -> DesktopTask | None:
+    """An imported task's desktop (its OSWorld payload's)."""
+    payload = task.payload(OSWorldPayload)
+    assert payload is not None
+    return payload.desktop
+
+
 def _import(tmp_path: Path, *tasks: dict) -> list[TaskSpec]:
     folder = tmp_path / "evaluation_examples" / "examples" / "os"
     folder.mkdir(parents=True, exist_ok=True)
@@ -77,9 +85,9 @@ def test_a_task_that_launches_an_application_is_a_desktop_task(tmp_path: Path) -
     ghost_task, editor = _import(tmp_path, ghost, EDITOR_TASK)
     # the steps before the first launch stay the setup (no display); the launch and what follows it run on it
     assert ghost_task.setup is not None and "in.txt" in ghost_task.setup and "no-such-app" not in ghost_task.setup
-    assert ghost_task.desktop == DesktopTask(apps=["no-such-app-here"], start='set -e\nexport OSW_HOME="$PWD"\n'
+    assert _desktop(ghost_task) == DesktopTask(apps=["no-such-app-here"], start='set -e\nexport OSW_HOME="$PWD"\n'
                                              "( no-such-app-here --big >/dev/null 2>&1 & )\nsh -c 'echo after'")
-    assert editor.setup is None and editor.desktop == DesktopTask(apps=["xedit"], start=(
+    assert editor.setup is None and _desktop(editor) == DesktopTask(apps=["xedit"], start=(
         'set -e\nexport OSW_HOME="$PWD"\n( xedit "$OSW_HOME"/note.txt >/dev/null 2>&1 & )\nsleep 0'))
     assert "needs:xedit" in editor.tags and "needs:no-such-app-here" in ghost_task.tags
     # not runnable here: only the task whose application this machine lacks
@@ -87,7 +95,9 @@ def test_a_task_that_launches_an_application_is_a_desktop_task(tmp_path: Path) -
     assert not_here.pop("ghost") == "needs no-such-app-here on a desktop (not installed here: no-such-app-here)"
     assert list(not_here) == ([] if shutil.which("xedit") else ["xedit-note"])
     with pytest.raises(ValueError, match="desktop: a desktop task has no site"):
-        TaskSpec.model_validate({**editor.model_dump(exclude_none=True), "gui": {"site": "colour"}})
+        older = {**editor.model_dump(exclude_none=True, exclude={"family"}),  # the form before `family`
+                 "desktop": _desktop(editor).model_dump(), "gui": {"site": "colour"}}  # type: ignore[union-attr]
+        TaskSpec.model_validate(older)
     with pytest.raises(ValueError, match="is not a program name"):
         DesktopTask(apps=["xedit; rm -rf ~"], start="xedit &")
 
@@ -156,7 +166,10 @@ async def test_a_start_script_that_fails_is_never_scored(store: Store, tmp_path:
     """The launcher ends the harness's exec before the agent runs (exit 4, its line on stderr): a harness
     failure, masked, though the agent's script would have passed."""
     task = _import(tmp_path, EDITOR_TASK)[0]
-    broken = task.model_copy(update={"desktop": DesktopTask(apps=["xedit"], start="echo no such file >&2; exit 3")})
+    payload = task.payload(OSWorldPayload)
+    assert payload is not None
+    broken = task.model_copy(update={"family": payload.model_copy(update={
+        "desktop": DesktopTask(apps=["xedit"], start="echo no such file >&2; exit 3")})})
     got = await _run(store, broken, {"would pass": f"printf '{WORDS}' > note.txt"})
     status, reward, kind, said = got["would pass"]
     assert (status, reward, kind) == ("failed", None, "harness"), said

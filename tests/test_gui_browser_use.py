@@ -182,11 +182,12 @@ def test_browser_use_solves_a_builtin_web_task(tiny_vl_model: Path, store: Any,
 
     from openforge.config import HarnessConfig
     from openforge.rollouts.tasks.format import load_tasks
+    from openforge.rollouts.tasks.web.payload import WebPayload
     from gui_fixtures import run_gui_task
 
     monkeypatch.setenv("FORGE_NPM_CACHE", str(CACHE))
     task = next(t for t in load_tasks("builtin-web") if t.id == "gui-colour-click-blue")
-    blue = task.gui.params["order"].index("blue")
+    blue = task.payload(WebPayload).gui.params["order"].index("blue")  # type: ignore[union-attr]
 
     def policy(engine: Any, input_ids: list[int]) -> str:
         prompt = engine.tokenizer.decode(input_ids)

@@ -22,6 +22,7 @@ from openforge.store import Store
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks
+from openforge.rollouts.tasks.web.payload import WebPayload
 from required import skip_or_fail
 
 BY_ID = {t.id: t for t in load_tasks("builtin-web")}
@@ -234,7 +235,7 @@ async def test_the_gui_container_reaches_only_its_site_and_cannot_touch_the_sock
     with socket.create_connection(("127.0.0.1", port), timeout=5):  # the control: reachable from the host
         pass
     marker_a, marker_b = "forge-state-", secrets.token_hex(8)
-    site = SiteSession(BY_ID["gui-colour-click-red"].gui)  # type: ignore[arg-type]
+    site = SiteSession(BY_ID["gui-colour-click-red"].payload(WebPayload).gui)  # type: ignore[arg-type,union-attr]
     site.site.clicks.append(marker_a + marker_b)  # type: ignore[attr-defined]
     targets = f"127.0.0.1:{port} {host_address()}:{port} 172.17.0.1:{port} 172.17.0.1:80 10.0.2.2:80 1.1.1.1:53"
     try:
@@ -320,7 +321,7 @@ async def test_the_site_opens_before_the_sandbox_and_closes_on_every_path(store:
     assert made[1].stopped and "site_socket" in made[1].kwargs
     assert sites_left() == []
     made.clear()
-    [ro] = await run_tasks(store, ForgeConfig(), [BY_ID["gui-colour-click-red"].model_copy(update={"gui": None})],
+    [ro] = await run_tasks(store, ForgeConfig(), [BY_ID["gui-colour-click-red"].model_copy(update={"family": None})],
                            _StandInHarness({}), sandbox_factory=headless)
     assert "site_socket" not in made[0].kwargs  # a text task: no site, no socket
 

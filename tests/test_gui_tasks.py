@@ -16,10 +16,19 @@ from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.selfcheck import HOSTILE_ANSWERS, _StandInHarness, check_solutions
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks, validate_tasks
 from openforge.rollouts.tasks.web.sites import make_site
+from openforge.rollouts.tasks.web.payload import WebPayload
 from openforge.rollouts.tasks.web.spec import GuiTask
 from openforge.sandbox.gui import find_chromium
 from openforge.sandbox.local import bwrap_usable
 from required import requires
+
+
+def _web(task: TaskSpec) -> WebPayload:
+    """The task's web part: its site (`gui`) or its live page (`online`)."""
+    payload = task.payload(WebPayload)
+    assert payload is not None
+    return payload
+
 
 TASKS = load_tasks("builtin-web")
 BY_ID = {t.id: t for t in TASKS}
@@ -31,12 +40,13 @@ needs_gui = requires("chromium", f"needs {', '.join(MISSING)} (apt-get install c
 
 def test_the_set_covers_the_site_families_and_is_valid() -> None:
     assert validate_tasks("builtin-web") == []
-    sites = {t.gui.site for t in TASKS if t.gui}
+    sites = {_web(t).gui.site for t in TASKS}  # type: ignore[union-attr]
     assert sites == {"shop", "wiki", "booking", "settings", "editor-prefs", "notes", "colour"}
-    assert all(t.gui is not None and t.solution for t in TASKS)
-    assert {t.gui.mode for t in TASKS if t.gui} == {"kiosk", "app"}  # web pages and desktop-style windows
+    assert all(_web(t).gui is not None and t.solution for t in TASKS)
+    modes = {_web(t).gui.mode for t in TASKS}  # type: ignore[union-attr]
+    assert modes == {"kiosk", "app"}  # web pages and desktop-style windows
     colour = [t for t in TASKS if "gui-colour" in t.tags]
-    assert len(colour) == 8 and all(t.expect_answer or t.gui.expect_state for t in colour if t.gui)
+    assert len(colour) == 8 and all(t.expect_answer or _web(t).exact_graded for t in colour)
 
 
 def test_a_task_a_do_nothing_agent_would_pass_is_refused() -> None:
@@ -49,7 +59,7 @@ def test_a_task_a_do_nothing_agent_would_pass_is_refused() -> None:
 
 
 def test_sites_change_state_only_through_their_actions() -> None:
-    shop = make_site("shop", BY_ID["web-shop-cheapest-mug"].gui.params)  # type: ignore[union-attr]
+    shop = make_site("shop", _web(BY_ID["web-shop-cheapest-mug"]).gui.params)  # type: ignore[union-attr]
     assert shop.handle("POST", "/cart/add", {"sku": "nope"})[0] == 400
     assert shop.handle("POST", "/state", {"cart": "mug-red"})[0] == 404
     assert shop.handle("GET", "/cart/add", {"sku": "mug-red"})[0] == 404

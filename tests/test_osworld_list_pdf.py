@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from openforge.forge_cli.main import app
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.osworld.importer import import_osworld
+from openforge.rollouts.tasks.osworld.payload import OSWorldPayload
 from openforge.store import Store
 from test_tasks_osworld import _run, _task, needs_office
 
@@ -47,7 +48,8 @@ def _import(tmp_path: Path, *tasks: dict, cache: Path | None = None):  # type: i
 async def test_check_list_grades_the_postconfig_output_kept_on_the_host(store: Store, tmp_path: Path) -> None:
     report = _import(tmp_path, LISTED)
     task = TaskSpec.model_validate(report.tasks[0])
-    assert task.osworld is not None and task.osworld.postconfig[0].model_dump() == {
+    osworld = task.payload(OSWorldPayload)
+    assert osworld is not None and osworld.evaluator.postconfig[0].model_dump() == {
         "line": "ls -1 \"$OSW_HOME\"", "stdout": "ls.out", "stderr": None}
     got = await _run(store, task, {
         "done": "rm draft-1.txt && touch report.txt",
@@ -99,7 +101,8 @@ def test_a_cache_file_no_postconfig_keeps_is_refused_with_its_reason(tmp_path: P
         "on-display": "a postconfig step's output kept for cache_file beside steps on the display is not supported"}
     # a task record edited by hand the same way: one line from `tasks validate`
     good = _import(tmp_path / "2", LISTED).tasks[0]
-    bad = {**good, "id": "bad", "osworld": {**good["osworld"], "postconfig": ["ls"]}}
+    bad = {**good, "id": "bad", "family": {**good["family"], "evaluator": {**good["family"]["evaluator"],
+                                                                         "postconfig": ["ls"]}}}
     (tmp_path / "set.jsonl").write_text(json.dumps(bad) + "\n", encoding="utf-8")
     result = CliRunner().invoke(app, ["tasks", "validate", str(tmp_path / "set.jsonl")])
     assert result.exit_code != 0 and "Traceback" not in result.output

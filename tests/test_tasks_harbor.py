@@ -16,6 +16,7 @@ from openforge.config import ForgeConfig
 from openforge.forge_cli.main import app
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks, validate_tasks
+from openforge.rollouts.tasks.harbor.payload import HarborPayload
 from openforge.rollouts.tasks.harbor.verifier import parse_reward, rewrite_paths
 from openforge.rollouts.tasks.harbor.kind import FORGED_REWARD, PLANTED_PYTEST
 from openforge.rollouts.tasks.selfcheck import (HOSTILE_ANSWERS, _StandInHarness,
@@ -48,10 +49,12 @@ def test_a_harbor_dataset_loads_as_tasks() -> None:
     assert rows.files == {"sales.csv": (DATA / "count-rows/environment/sales.csv").read_text()}
     assert greet.files.keys() == {"bin/greet.sh"}
     assert (hello.time_limit_s, rows.time_limit_s, greet.difficulty) == (60.0, 90.0, "medium")
-    assert "harbor" in hello.tags and hello.solution and hello.harbor is not None
+    hello_h, rows_h = hello.payload(HarborPayload), rows.payload(HarborPayload)
+    assert "harbor" in hello.tags and hello.solution and hello_h is not None and hello_h.tests is not None
     # the tests travel with the task, unrewritten, for the grader alone
-    assert hello.harbor.files["test.sh"] == (DATA / "hello-world/tests/test.sh").read_text()
-    assert rows.harbor.files.keys() == {"test.sh", "test_outputs.py"} and rows.harbor.timeout_s == 60.0
+    assert hello_h.tests.files["test.sh"] == (DATA / "hello-world/tests/test.sh").read_text()
+    assert rows_h is not None and rows_h.tests is not None
+    assert rows_h.tests.files.keys() == {"test.sh", "test_outputs.py"} and rows_h.tests.timeout_s == 60.0
     assert "/logs/verifier" not in hello.instruction and "reward" not in hello.instruction
     # one task folder, and the format named outright
     assert [t.id for t in load_tasks(DATA / "hello-world")] == ["hello-world"]

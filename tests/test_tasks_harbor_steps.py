@@ -9,6 +9,7 @@ from pathlib import Path
 from openforge.config import ForgeConfig
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks, validate_tasks
+from openforge.rollouts.tasks.harbor.payload import HarborPayload
 from openforge.rollouts.tasks.selfcheck import _StandInHarness, check_solutions
 from openforge.store import Store
 
@@ -75,13 +76,15 @@ async def _run(store: Store, task: TaskSpec, script: str) -> tuple:
 def test_a_multi_step_task_imports_its_steps(tmp_path: Path) -> None:
     _two_step_task(tmp_path / "set")
     [task] = load_tasks(tmp_path / "set")
-    steps = task.harbor_steps
+    harbor = task.payload(HarborPayload)
+    assert harbor is not None
+    steps = harbor.steps
     assert steps is not None and [s.name for s in steps.steps] == ["1_step_one", "2_step_two"]
     assert steps.reward == "mean" and [s.min_reward for s in steps.steps] == [1.0, 1.0]
     # the step's own timeouts, else the task's; /app mapped to the working directory as the task's own
     assert [s.time_limit_s for s in steps.steps] == [120.0, 90.0]
     assert [s.tests.timeout_s for s in steps.steps] == [60.0, 600.0]
-    assert task.instruction == "Write the word one into ./a.txt." and task.harbor == steps.steps[0].tests
+    assert task.instruction == "Write the word one into ./a.txt." and harbor.tests == steps.steps[0].tests
     assert steps.steps[1].solution_files.keys() == {"solve.sh", "word.txt"}
     assert task.solution == "bash /solution/solve.sh"
     assert TaskSpec.model_validate(task.to_record()) == task  # as `forge tasks import` writes and reads it
@@ -112,7 +115,10 @@ async def test_steps_run_in_one_sandbox_and_score_as_harbor_does(store: Store, t
     status, reward, error, output = await _run(store, task, "echo one > a.txt")
     assert (status, reward) == ("scored", 0.5), (error, output)
     # ... and 0.0 under multi_step_reward_strategy = "final" (the last graded step's reward).
-    final = task.model_copy(update={"harbor_steps": task.harbor_steps.model_copy(update={"reward": "final"})})
+    harbor = task.payload(HarborPayload)
+    assert harbor is not None and harbor.steps is not None
+    final = task.model_copy(update={"family": harbor.model_copy(update={
+        "steps": harbor.steps.model_copy(update={"reward": "final"})})})
     assert (await _run(store, final, "echo one > a.txt"))[:2] == ("scored", 0.0)
     # Step one failed its min_reward: step two is never run, though this agent's b.txt would pass its test.
     status, reward, error, output = await _run(store, task, "echo two > b.txt; echo uno > a.txt")
@@ -150,4 +156,4 @@ def test_a_task_refused_for_a_step_never_costs_its_build(tmp_path: Path, monkeyp
     assert built == ["runs"] and [t["id"] for t in report.tasks] == ["runs"]
     assert [(tid, "workdir/" in why) for tid, why in report.refused] == [("staged", True)]
     assert report.tasks[0]["image"]["tag"] == "forge-test/runs:1"
-    assert report.tasks[0]["harbor_steps"]["steps"][0]["instruction"] == "Write the word one into ./a.txt."
+    assert report.tasks[0]["family"]["steps"]["steps"][0]["instruction"] == "Write the word one into ./a.txt."

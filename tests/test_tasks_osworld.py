@@ -21,11 +21,20 @@ from openforge.forge_cli.main import app
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks
 from openforge.rollouts.tasks.osworld.importer import import_osworld
+from openforge.rollouts.tasks.osworld.evaluator import OSWorldEval
 from openforge.rollouts.tasks.osworld.kind import planted_files
+from openforge.rollouts.tasks.osworld.payload import OSWorldPayload
 from openforge.rollouts.tasks.selfcheck import _StandInHarness, check_solutions
 from openforge.store import Store
 from required import requires
 
+
+
+def _ev(task: TaskSpec) -> OSWorldEval:
+    """The task's OSWorld evaluator (its family payload's)."""
+    payload = task.payload(OSWorldPayload)
+    assert payload is not None
+    return payload.evaluator
 
 def _metrics_missing() -> str | None:
     try:
@@ -128,14 +137,14 @@ def test_the_import_maps_steps_and_getters_and_says_why_it_refused(tmp_path: Pat
 
     report = import_osworld(src, cache=_cache(tmp_path))
     total = TaskSpec.model_validate(next(t for t in report.tasks if t["id"] == "total"))
-    assert total.osworld is not None and total.osworld.funcs == ["compare_table"]
-    assert (total.osworld.result[0].type, total.osworld.result[0].paths) == ("vm_file", ["sheet.xlsx"])
-    assert base64.b64decode(total.osworld.files["gold.xlsx"]).startswith(b"PK")  # on the host, in the record
+    assert _ev(total).funcs == ["compare_table"]
+    assert (_ev(total).result[0].type, _ev(total).result[0].paths) == ("vm_file", ["sheet.xlsx"])
+    assert base64.b64decode(_ev(total).files["gold.xlsx"]).startswith(b"PK")  # on the host, in the record
     assert "gold.xlsx" not in json.dumps(total.files)  # never among the files the agent's sandbox gets
     assert "needs:LibreOffice" in total.tags and total.setup and "base64 -d .forge-osworld/0.b64" in total.setup
     assert total.instruction.startswith("Add a row TOTAL with the sum of column B to sheet.xlsx.\n\n(OSWorld-format")
     shout = TaskSpec.model_validate(next(t for t in report.tasks if t["id"] == "shout"))
-    assert shout.osworld is not None and shout.osworld.result[0].command == "cat $OSW_HOME/out.txt"
+    assert _ev(shout).result[0].command == "cat $OSW_HOME/out.txt"
     home = tmp_path / "home"  # the setup line, run as the sandbox runs it: OSWorld's /home/user is its folder
     home.mkdir()
     assert shout.setup and subprocess.run(["sh", "-c", shout.setup], cwd=home).returncode == 0
@@ -146,7 +155,7 @@ def test_the_import_maps_steps_and_getters_and_says_why_it_refused(tmp_path: Pat
     assert import_osworld(escape, cache=tmp_path / "cache").unsupported == [
         ("../../etc", "malformed: id '../../etc' (letters, digits, . _ -)")]
     impossible = TaskSpec.model_validate(next(t for t in report.tasks if t["id"] == "impossible"))
-    assert impossible.osworld is not None and impossible.osworld.infeasible and impossible.solution
+    assert _ev(impossible).infeasible and impossible.solution
 
 
 def test_forge_tasks_import_osworld_writes_a_valid_set(tmp_path: Path) -> None:
@@ -195,9 +204,9 @@ async def test_a_spreadsheet_task_is_graded_on_the_file_read_out_after_the_agent
     report = import_osworld(_write_set(tmp_path), cache=_cache(tmp_path))
     record = next(t for t in report.tasks if t["id"] == "total")
     # forge runs no LibreOffice here: the desktop (the `open` step) is taken out, the sheet is still put in place
-    assert record["desktop"] == {"apps": ["soffice"], "start": 'set -e\nexport OSW_HOME="$PWD"\n'
+    assert record["family"]["desktop"] == {"apps": ["soffice"], "start": 'set -e\nexport OSW_HOME="$PWD"\n'
                                  '( soffice "$OSW_HOME"/sheet.xlsx >/dev/null 2>&1 & )'}
-    del record["desktop"]
+    del record["family"]["desktop"]
     task = TaskSpec.model_validate(record)
     right = base64.b64encode(_xlsx([["item", "cost"], ["a", 2], ["b", 3], ["TOTAL", 5]])).decode()
     wrong = base64.b64encode(_xlsx([["item", "cost"], ["a", 2], ["b", 3], ["TOTAL", 6]])).decode()
@@ -230,11 +239,12 @@ async def test_validate_run_passes_the_infeasible_answer_and_credits_no_hostile_
 
 def test_a_bad_osworld_record_is_one_line_per_problem_from_validate(tmp_path: Path) -> None:
     good = import_osworld(_write_set(tmp_path)).tasks[0]
-    bad = {**good, "id": "bad", "osworld": {**good["osworld"], "funcs": ["compare_pdf_images"]}}
+    bad = {**good, "id": "bad", "family": {**good["family"], "evaluator": {**good["family"]["evaluator"],
+                                                                         "funcs": ["compare_pdf_images"]}}}
     (tmp_path / "set.jsonl").write_text(json.dumps(bad) + "\n", encoding="utf-8")
     result = CliRunner().invoke(app, ["tasks", "validate", str(tmp_path / "set.jsonl")])
     assert result.exit_code != 0 and "Traceback" not in result.output
-    assert "osworld: metric compare_pdf_images is not supported" in result.output
+    assert "family.osworld.evaluator: metric compare_pdf_images is not supported" in result.output
 
 
 async def test_a_metric_that_cannot_run_is_an_infrastructure_failure(store: Store, tmp_path: Path,
@@ -324,7 +334,7 @@ async def test_a_writer_task_is_graded_by_osworlds_compare_docx_files(store: Sto
     start, gold, wrong = (_docx(["Dear team,", text]) for text in (
         "the meeting is on monday.", "The meeting is on Monday.", "The meeting is on Tuesday."))
     task, got = await _office_task(store, tmp_path, "compare_docx_files", "memo.docx", start, gold, wrong)
-    assert task.osworld is not None and task.osworld.funcs == ["compare_docx_files"]
+    assert _ev(task).funcs == ["compare_docx_files"]
     assert {k: v[:2] for k, v in got.items()} == {
         "right": ("scored", 1.0), "wrong": ("scored", 0.0), "planted": ("scored", 0.0), "untouched": ("scored", 0.0),
         "deleted": ("scored", 0.0)}, got
@@ -391,7 +401,9 @@ def test_a_launch_with_an_environment_prefix_starts_its_program(tmp_path: Path, 
     assert report.unsupported == [] and len(report.tasks) == 1, report.unsupported
     record = report.tasks[0]
     assert "needs:xedit" in record["tags"] and not any("=" in tag for tag in record["tags"])
-    start = TaskSpec.model_validate(record).desktop.start
+    desktop = TaskSpec.model_validate(record).payload(OSWorldPayload).desktop  # type: ignore[union-attr]
+    assert desktop is not None
+    start = desktop.start
     assert "GDK_BACKEND=x11" in start and "'GDK_BACKEND=x11'" not in start and "xedit" in start
     (tmp_path / "set.jsonl").write_text(json.dumps(record) + "\n")
     result = CliRunner().invoke(app, ["tasks", "validate", str(tmp_path / "set.jsonl")])

@@ -16,12 +16,21 @@ from openforge.config import ForgeConfig, HarnessConfig, JudgeConfig
 from openforge.errors import ConfigError
 from openforge.forge_cli.main import app
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
-from openforge.rollouts.tasks.format import load_tasks
+from openforge.rollouts.tasks.format import TaskSpec, load_tasks
+from openforge.rollouts.tasks.web.payload import WebPayload
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.store import Store
 from gui_fixtures import run_gui_task
 from test_gui_harnesses import needs_display
 from test_tasks_judge_screens import _ScreenJudge, judge_url  # noqa: F401 - the scripted judge, as a fixture
+
+
+def _web(task: TaskSpec) -> WebPayload:
+    """The task's web part: its site (`gui`) or its live page (`online`)."""
+    payload = task.payload(WebPayload)
+    assert payload is not None
+    return payload
+
 
 WEBVOYAGER = [  # data/WebVoyager_data.jsonl's shape (github:MinorJerry/WebVoyager)
     {"web_name": "Allrecipes", "id": "Allrecipes--0", "ques": "Provide a recipe for vegetarian lasagna.",
@@ -54,10 +63,12 @@ def test_webvoyager_tasks_import_as_online_only_tasks_with_its_judge(tmp_path: P
     first, second = load_tasks(tmp_path / "wv.jsonl")
     assert (first.id, second.id) == ("webvoyager-Allrecipes--0", "webvoyager-BBC-News--3")
     assert first.judge is not None and first.judge.name == "webvoyager" and first.judge.shows_screenshots
-    assert first.online is not None and first.online.start_url == "https://www.allrecipes.com/"
-    assert first.online.reference_answer == "'Vegetarian Four Cheese Lasagna'" and second.online.reference_answer == ""
+    assert _web(first).online is not None
+    assert _web(first).online.start_url == "https://www.allrecipes.com/"  # type: ignore[union-attr]
+    assert _web(first).online.reference_answer == "'Vegetarian Four Cheese Lasagna'"  # type: ignore[union-attr]
+    assert _web(second).online.reference_answer == ""  # type: ignore[union-attr]
     assert first.instruction.startswith("Provide a recipe") and "https://www.allrecipes.com/" in first.instruction
-    assert first.gui is None and "online-only" in first.tags
+    assert _web(first).gui is None and "online-only" in first.tags
 
 
 def test_online_mind2web_tasks_import_with_webjudge_and_map_onto_local_sites(tmp_path: Path) -> None:
@@ -70,9 +81,11 @@ def test_online_mind2web_tasks_import_with_webjudge_and_map_onto_local_sites(tmp
     local, online = load_tasks(tmp_path / "om2w.jsonl")
     assert local.judge.name == online.judge.name == "webjudge"
     assert (local.difficulty, online.difficulty) == ("easy", "hard")
-    assert local.online is None and local.gui is not None and local.gui.site == "colour" and "local-copy" in local.tags
+    site = _web(local).gui
+    assert _web(local).online is None and site is not None and site.site == "colour" and "local-copy" in local.tags
     assert local.instruction == MIND2WEB[0]["confirmed_task"]
-    assert online.online is not None and online.online.reference_length == 9 and online.gui is None
+    page = _web(online).online
+    assert page is not None and page.reference_length == 9 and _web(online).gui is None
 
 
 @pytest.mark.parametrize(("fmt", "content", "message"), [

@@ -46,6 +46,7 @@ def test_the_tiny_vlm_learns_the_demo_screens_under_the_exact_grade(tmp_path: Pa
     from openforge.rollouts.tasks.grading import answer_matches
     from openforge.rollouts.harnesses.mini_gui_agent import BadAction, parse_text_action
     from openforge.rollouts.tasks.format import load_tasks
+    from openforge.rollouts.tasks.web.payload import WebPayload
     from openforge.trainer.warmup.gui import demo_prompt, screenshot, warm_up_gui_answers
     from test_vl_trainer import embedded_engine
     from openforge.trainer.loop import train
@@ -66,7 +67,7 @@ def test_the_tiny_vlm_learns_the_demo_screens_under_the_exact_grade(tmp_path: Pa
     eos = proc.tokenizer.convert_tokens_to_ids("<|im_end|>")
     tasks = []
     for spec in specs.values():
-        png, screen = screenshot(spec.gui.params["screen"], max_side)
+        png, screen = screenshot(spec.payload(WebPayload).gui.params["screen"], max_side)  # type: ignore[union-attr]
         tasks.append({"id": spec.id, "spec": spec, "images": [png],
                       "prompt_ids": demo_prompt(proc, png, screen, spec.instruction)})
 

@@ -13,7 +13,7 @@ dataset (rollouts/tasks/harbor/folder.py; `harbor:PATH` names the format outrigh
 after the agent is gone and its reward file is the reward (rollouts/tasks/harbor/verifier.py).
 
 `builtin` names the set shipped in `rollouts/tasks/builtin/`; `builtin-web` the GUI set of
-`rollouts/tasks/web/tasks/` (a `gui` field: a site served on the host, graded by its state);
+`rollouts/tasks/web/tasks/` (a web payload's `gui`: a site served on the host, graded by its state);
 `arith-say-train`, `arith-say-heldout`, `arith-file-train`, `arith-file-heldout` the generated arithmetic
 family of `rollouts/tasks/arith/` (disjoint train and held-out splits, for a real model's stage table).
 
@@ -30,6 +30,10 @@ either or both of:
 
 With both, the reward is the verifier's when every expectation holds, else 0.0.
 
+A task of a family (Harbor, OSWorld, ClawEval, desktop, web) carries that family's own part in `family`, one
+payload keyed by `kind` (each model in its family's folder, `rollouts/tasks/<kind>/payload.py`); records of the
+older form, with those parts as top-level keys, load into it (`legacy_family`).
+
 A `judge` component (rollouts/tasks/judge.py) adds a model's verdict or score, weighed beside the exact
 graders' reward (or alone, in a task without them); a judge that fails makes the rollout an
 infrastructure failure, never a 0.
@@ -43,7 +47,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -52,19 +56,17 @@ from openforge.rollouts.harnesses.agent_files import ANSWER_FILE
 from openforge.rollouts.tasks.grading import ExpectedAnswer, check_relative_paths
 from openforge.rollouts.tasks.harbor.folder import harbor_record, is_harbor_task, strip_prefix
 from openforge.rollouts.tasks.harbor.image import TaskImage
-from openforge.rollouts.tasks.claweval.grading import ClawEvalGrading
-from openforge.rollouts.tasks.harbor.steps import HarborSteps
-from openforge.rollouts.tasks.harbor.verifier import HarborTests
+from openforge.rollouts.tasks.claweval.payload import ClawEvalPayload
+from openforge.rollouts.tasks.desktop.payload import DesktopPayload
+from openforge.rollouts.tasks.harbor.payload import HarborPayload
 from openforge.rollouts.tasks.judge import JudgeSpec
-from openforge.rollouts.tasks.osworld.evaluator import OSWorldEval
-from openforge.rollouts.tasks.web.benchmarks import OnlineWeb
+from openforge.rollouts.tasks.osworld.payload import OSWorldPayload
 from openforge.rollouts.tasks.mcp_servers import McpServerSpec
 from openforge.rollouts.tasks.services import RequestRule, ServiceSpec
 from openforge.rollouts.tasks.setup_files import FILES_DIR, SetupLimits, check_inside, decode, read_tree
 from openforge.rollouts.tasks.tools import TaskTool, check_unique
 from openforge.rollouts.tasks.web import WEB_TASKS_DIR
-from openforge.rollouts.tasks.web.spec import GuiTask
-from openforge.rollouts.tasks.desktop.task import DesktopTask
+from openforge.rollouts.tasks.web.payload import WebPayload
 from openforge.sandbox.compose import ComposeService
 from openforge.sandbox.limits import TaskLimits
 
@@ -76,6 +78,40 @@ NAMED_SETS: dict[str, Path] = {"builtin": BUILTIN_DIR, "builtin-web": WEB_TASKS_
 _NO_GRADER = ("verifier: missing (required unless expect_answer, expect_files, expect_requests (a rule that is not "
               "only a gate), harbor, osworld or judge grades the task)")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+# A task family's own part of a task, keyed by `kind` as the sandbox config is keyed by `type` (openforge/config.py).
+# Each payload lives in its family's folder; a family that adds one adds it here.
+FamilyPayload = Annotated[HarborPayload | OSWorldPayload | ClawEvalPayload | DesktopPayload | WebPayload,
+                          Field(discriminator="kind")]
+P = TypeVar("P", HarborPayload, OSWorldPayload, ClawEvalPayload, DesktopPayload, WebPayload)
+# Task files written before `family` held each family's part as top-level keys: key -> (kind, name in the payload).
+LEGACY_KEYS: dict[str, tuple[str, str]] = {
+    "harbor": ("harbor", "tests"), "harbor_steps": ("harbor", "steps"), "osworld": ("osworld", "evaluator"),
+    "claweval": ("claweval", "grading"), "gui": ("web", "gui"), "online": ("web", "online"),
+    "desktop": ("desktop", "desktop")}
+
+
+def legacy_family(record: dict[str, Any]) -> dict[str, Any]:
+    """`record` with its family's top-level keys of the older form (`harbor`, `osworld`, `gui`, ...) moved into
+    one `family` payload; a record without them as it is. ValueError when they name two families."""
+    if not any(key in record for key in LEGACY_KEYS):
+        return record
+    old = {k: record[k] for k in LEGACY_KEYS if record.get(k) is not None}  # a stored record wrote null for the rest
+    out = {k: v for k, v in record.items() if k not in LEGACY_KEYS}
+    if not old:
+        return out
+    if out.get("family") is not None:
+        raise ValueError(f"family: given with the older keys {', '.join(sorted(old))} (write one form)")
+    kinds = {LEGACY_KEYS[k][0] for k in old}
+    if kinds == {"osworld", "desktop"}:  # an OSWorld-format task runs on a desktop: its payload holds it
+        kinds = {"osworld"}
+    elif "desktop" in kinds and "web" in kinds:
+        raise ValueError("desktop: a desktop task has no site and no start page (gui, online)")
+    if len(kinds) > 1:
+        raise ValueError(f"{', '.join(sorted(old))}: a task is of one family")
+    (kind,) = kinds
+    out["family"] = {"kind": kind, **{LEGACY_KEYS[k][1]: v for k, v in old.items()}}
+    return out
 
 
 class TaskSpec(BaseModel):
@@ -109,22 +145,6 @@ class TaskSpec(BaseModel):
     requires_tools: bool | None = Field(None, description=(
         "whether the task cannot be done without tools (default: when it has setup files); an answer "
         "with no tool call counts as a give-up in forge analyze"))
-    gui: GuiTask | None = Field(None, description=(
-        "a GUI task: the site its sandbox's browser shows (served on the host) and the site state that "
-        "passes (rollouts/tasks/web/spec.py)"))
-    desktop: DesktopTask | None = Field(None, description=(
-        "a desktop task: its sandbox starts an X display with no browser, runs `desktop.start` on it (the task's "
-        "applications) and then the agent (rollouts/tasks/desktop/task.py)"))
-    harbor: HarborTests | None = Field(None, description=(
-        "a Harbor task's tests: copied in after the agent is gone, test.sh run, its reward file read "
-        "(rollouts/tasks/harbor/verifier.py)"))
-    harbor_steps: HarborSteps | None = Field(None, description=(
-        "a multi-step Harbor task's [[steps]]: each step's instruction run by the harness in the same sandbox, "
-        "its tests after it, min_reward gating the next (rollouts/tasks/harbor/steps.py, rollouts/runner/steps.py)"))
-    claweval: ClawEvalGrading | None = Field(None, description=(
-        "an imported ClawEval task's own grader.py, run on the host after the agent is gone on the trace forge "
-        "recorded: its task score is the reward (or, with reward = \"judge\", reported beside forge's judge's) "
-        "(rollouts/tasks/claweval/grading.py)"))
     image: TaskImage | None = Field(None, description=(
         "the sandbox image the task runs in, instead of sandbox.image (a Harbor environment built by `forge "
         "tasks import harbor`, rollouts/tasks/harbor/image.py); the Docker backend runs it, others refuse"))
@@ -135,16 +155,14 @@ class TaskSpec(BaseModel):
     limits: TaskLimits | None = Field(None, description=(
         "the task's own cpus / memory_mb / storage_mb (Harbor's [environment]): they replace the run's sandbox "
         "limits for its rollouts, as each backend can honour them (sandbox/limits.py)"))
-    osworld: OSWorldEval | None = Field(None, description=(
-        "an OSWorld-format evaluator: its getters run in the sandbox after the agent is gone, OSWorld's metric "
-        "on the host (rollouts/tasks/osworld/evaluator.py)"))
+    family: FamilyPayload | None = Field(None, description=(
+        "the task's family's own part, keyed by `kind`: harbor (tests, steps), osworld (evaluator, desktop), "
+        "claweval (grading), desktop (desktop), web (gui or online); each model in its family's folder "
+        "(rollouts/tasks/<kind>/payload.py). Records of the older form, with these as top-level keys (`harbor`, "
+        "`osworld`, `gui`, ...), load into it"))
     judge: JudgeSpec | None = Field(None, description=(
         "a model that grades the answer and named files by a rubric after the agent is gone, weighed "
         "beside the exact graders (rollouts/tasks/judge.py)"))
-    online: OnlineWeb | None = Field(None, description=(
-        "an online-only web task (imported WebVoyager / Online-Mind2Web): the live page it starts at; a run "
-        "refuses it unless sandbox.allow_internet, with which its rollout's browser opens that page "
-        "(rollouts/tasks/web/benchmarks.py)"))
     tools: list[TaskTool] = Field(default_factory=list, description=(
         "tools the agent gets through an MCP server the runner serves per rollout on the host, every "
         "dispatch recorded there (rollouts/tasks/tools.py)"))
@@ -156,6 +174,11 @@ class TaskSpec(BaseModel):
     mcp_servers: list[McpServerSpec] = Field(default_factory=list, description=(
         "the task's own MCP servers (Harbor's [[environment.mcp_servers]]): their tools reach the agent "
         "through the runner's tool server, every call recorded there (rollouts/tasks/mcp_servers.py)"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_form(cls, data: Any) -> Any:
+        return legacy_family(data) if isinstance(data, dict) else data
 
     @field_validator("id")
     @classmethod
@@ -200,8 +223,7 @@ class TaskSpec(BaseModel):
         """Whether any exact grader (not a judge) scores the task. A `gate` rule scores nothing: it can only
         make the reward 0 (a safety check held is no work done), so gates alone grade no task."""
         return self.verifier is not None or self.expect_answer is not None or bool(self.expect_files) or \
-            bool(self.gui and self.gui.expect_state) or self.harbor is not None or \
-            any(not r.gate for r in self.expect_requests) or self.osworld is not None
+            (self.family is not None and self.family.exact_graded) or any(not r.gate for r in self.expect_requests)
 
     @model_validator(mode="after")
     def _graded(self) -> "TaskSpec":
@@ -209,10 +231,6 @@ class TaskSpec(BaseModel):
             raise ValueError(_NO_GRADER)
         if both := sorted(set(self.files) & set(self.binary_files)):
             raise ValueError(f"binary_files: {', '.join(both)} also in files (a setup file is text or binary)")
-        if self.online is not None and self.gui is not None:
-            raise ValueError("online: an online-only task opens its live page; a gui site is a local copy, not both")
-        if self.desktop is not None and (self.gui is not None or self.online is not None):
-            raise ValueError("desktop: a desktop task has no site and no start page (gui, online)")
         names = [s.name for s in self.services]
         if len(set(names)) != len(names):
             raise ValueError(f"services: duplicate name in {names}")
@@ -221,6 +239,10 @@ class TaskSpec(BaseModel):
         if unknown := sorted({m.service for m in self.mcp_servers if m.service} - set(names)):
             raise ValueError(f"mcp_servers: no service named {', '.join(unknown)} (services: {names or 'none'})")
         return self
+
+    def payload(self, cls: type[P]) -> P | None:
+        """The family payload when it is a `cls` (`task.payload(HarborPayload)`), else None."""
+        return self.family if isinstance(self.family, cls) else None
 
     def setup_files(self) -> dict[str, bytes]:
         """Every setup file's bytes, text and binary, as the runner writes them into the sandbox."""
@@ -395,7 +417,7 @@ def _check(path: str | Path, limits: SetupLimits) -> tuple[list[TaskSpec], list[
             msgs = _describe(exc)
             # Pydantic skips the model check when a field fails: say a grader is missing here too.
             if _NO_GRADER not in msgs and not any(record.get(k) for k in ("verifier", "expect_answer", "expect_files", "gui", "harbor", "judge",
-                                                        "expect_requests", "osworld")):
+                                                        "expect_requests", "osworld", "family")):
                 msgs.append(_NO_GRADER)
             problems.extend(TaskProblem(where, raw_id, msg) for msg in msgs)
             continue

@@ -203,7 +203,8 @@ def convert_task(root: Path, task_dir: Path, reward: str = "claweval") -> dict[s
     if snapshot and grading is None:
         raise _Refused("env_snapshot_files are read only by a grader.py, and the task or checkout has none")
     if grading is not None:
-        record["claweval"] = {**grading, "reward": reward, **({"snapshot_files": snapshot} if snapshot else {})}
+        record["family"] = {"kind": "claweval", "grading": {
+            **grading, "reward": reward, **({"snapshot_files": snapshot} if snapshot else {})}}
         if reward == "claweval":  # its task score is the reward: a pass is ClawEval's (models/scoring.is_pass)
             record["pass_threshold"] = PASS_THRESHOLD
     return record

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from openforge.rollouts.tasks.claweval.payload import ClawEvalPayload
 from openforge.rollouts.tasks.kinds import Graded, TaskKindBase
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ class ClawEvalKind(TaskKindBase):
     name = "claweval"
 
     def claims(self, task: TaskSpec) -> bool:
-        return task.claweval is not None
+        return task.payload(ClawEvalPayload) is not None
 
     async def grade(self, grader: RolloutGrader, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str,
                     site: Any = None, *, services: Any = None) -> Graded:
@@ -30,8 +31,9 @@ class ClawEvalKind(TaskKindBase):
         from openforge.rollouts.tasks.claweval.grading import ClawEvalGradingFailed, verdict_line
         from openforge.rollouts.tasks.claweval.score import claweval_verdict
 
-        spec = task.claweval
-        assert spec is not None
+        payload = task.payload(ClawEvalPayload)
+        assert payload is not None
+        spec = payload.grading
         # The files its grader reads, copied out first: the agent is gone, and nothing forge writes for its own
         # graders (the answer file, verifier folders) can stand in for them.
         snapshot = await self._snapshot(grader, sb, task) if spec.snapshot_files else None
@@ -56,9 +58,10 @@ class ClawEvalKind(TaskKindBase):
         working directory: a missing file, a link out or a folder is ClawEval's "not found" entry."""
         from openforge.rollouts.tasks.claweval.grading import snapshot_entry
 
-        assert task.claweval is not None
+        payload = task.payload(ClawEvalPayload)
+        assert payload is not None
         snapshot = {}
-        for name, rel in task.claweval.snapshot_files.items():
+        for name, rel in payload.grading.snapshot_files.items():
             data = await grader.read_expected(sb, rel, SNAPSHOT_MAX_BYTES + 1)
             snapshot[f"file:{name}"] = snapshot_entry(name, data) if data is None or len(data) <= SNAPSHOT_MAX_BYTES \
                 else {"error": f"{name} is larger than {SNAPSHOT_MAX_BYTES} bytes"}
@@ -66,7 +69,8 @@ class ClawEvalKind(TaskKindBase):
 
     def idle_run_credited(self, task: TaskSpec) -> bool:
         """ClawEval's task score gives a clean idle run its robustness share (0.2)."""
-        return task.claweval is not None and task.claweval.reward == "claweval"
+        payload = task.payload(ClawEvalPayload)
+        return payload is not None and payload.grading.reward == "claweval"
 
     def run_figures(self, store: Store, run_id: str) -> dict[str, Any]:
         from openforge.rollouts.tasks.claweval.score import run_claweval_figures

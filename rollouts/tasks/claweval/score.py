@@ -30,6 +30,7 @@ from openforge.config import ForgeConfig
 from openforge.rollouts.runner.tool_server import dispatch_record_path
 from openforge.rollouts.runner.transcript import final_text, transcript_of
 from openforge.rollouts.tasks.claweval.grading import run_grader, trace_dispatches
+from openforge.rollouts.tasks.claweval.payload import ClawEvalPayload
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.judge import PROXY_GRACE_S, PolicyBaseJudge
 from openforge.store import JUDGE_DEADLINE_HEADER, JUDGE_ROUTE, JUDGEMENT_HEADER, Call, Judgement, Rollout, Store
@@ -90,8 +91,9 @@ async def claweval_verdict(config: ForgeConfig, store: Store, ro: Rollout, task:
     after the agent, `env_snapshot`, for a task that names them); store and return its verdict. `policy_base`:
     the proxy's judge route and a judge key, for a grader that asks a judge under judge.endpoint =
     "policy-base". Raises ClawEvalGradingFailed (an infrastructure failure)."""
-    spec = task.claweval
-    assert spec is not None
+    payload = task.payload(ClawEvalPayload)
+    assert payload is not None
+    spec = payload.grading
     audits = {name: services.audit(name, path) for name, path in spec.audits.items()} if services else {}
     calls = await asyncio.to_thread(store.list_calls, rollout_id=ro.id)
     record = services.requests() if services else []

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from openforge.rollouts.tasks.desktop.payload import DesktopPayload
+from openforge.rollouts.tasks.desktop.task import DesktopTask
 from openforge.rollouts.tasks.kinds import TaskKindBase
 
 if TYPE_CHECKING:
@@ -16,7 +18,12 @@ class DesktopKind(TaskKindBase):
     name = "desktop"
 
     def claims(self, task: TaskSpec) -> bool:
-        return task.desktop is not None
+        return task.payload(DesktopPayload) is not None
+
+    def desktop(self, task: TaskSpec) -> DesktopTask | None:
+        """The task's display and applications (an extending family keeps them in its own payload)."""
+        payload = task.payload(DesktopPayload)
+        return payload.desktop if payload is not None else None
 
     def describe(self, task: TaskSpec) -> str:
         return "desktop"
@@ -24,7 +31,8 @@ class DesktopKind(TaskKindBase):
     def open_site(self, task: TaskSpec) -> Any:
         from openforge.rollouts.tasks.desktop.task import Desktop
 
-        return Desktop(task.desktop) if task.desktop is not None else None
+        desktop = self.desktop(task)
+        return Desktop(desktop) if desktop is not None else None
 
     async def prepare(self, sb: Sandbox, task: TaskSpec, site: Any) -> None:
         """A display or an application the sandbox lacks: never the policy's 0."""

@@ -7,5 +7,6 @@
     mcp.py         its [[environment.mcp_servers]] as task MCP servers (what forge cannot run refused in one line)
     steps.py       a multi-step task's [[steps]]: one instruction, one verifier and one gate per step
     verifier.py    its tests run after the agent is gone; its reward file read on the host
+    payload.py     its part of a task record (TaskSpec.family, kind "harbor"): its tests, or its steps
     kind.py        the family's TaskKind: tests as the grader, steps driven, its attacks under validate --run
 """

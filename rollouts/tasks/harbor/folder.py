@@ -318,10 +318,9 @@ def harbor_record(folder: Path, *, build: Callable[[HarborConfig], Any] | None =
         "time_limit_s": config.agent.timeout_sec or DEFAULT_AGENT_TIMEOUT_S,
         "tags": tags,
         "requires_tools": True,
-        "harbor": verifier.model_dump(),
+        "family": {"kind": "harbor", "tests": verifier.model_dump(),
+                   **({"steps": steps.model_dump()} if steps is not None else {})},
     }
-    if steps is not None:
-        record["harbor_steps"] = steps.model_dump()
     if image is not None:
         record["image"] = image.model_dump()
     if mcp_servers:

@@ -300,7 +300,7 @@ def import_harbor(src: str | Path, *, bases: dict[str, str] | None = None) -> Ha
                 report.refused.append((folder.name, "; ".join(reasons)))
                 continue
             report.tasks.append(record)
-            if downloads := grading_downloads(record["harbor"]["files"]):
+            if downloads := grading_downloads(record["family"]["tests"]["files"]):
                 report.notes.append((folder.name, f"its tests download at grading time ({'; '.join(downloads[:2])}"
                                                   f"{'; ...' if len(downloads) > 2 else ''}): an offline sandbox "
                                                   "cannot grade it"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from openforge.rollouts.tasks.harbor.payload import HarborPayload
 from openforge.rollouts.tasks.kinds import Graded, TaskKindBase
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ class HarborKind(TaskKindBase):
     name = "harbor"
 
     def claims(self, task: TaskSpec) -> bool:
-        return task.harbor is not None or task.harbor_steps is not None
+        return task.payload(HarborPayload) is not None
 
     def describe(self, task: TaskSpec) -> str:
         return "harbor"
@@ -63,15 +64,18 @@ class HarborKind(TaskKindBase):
     async def drive(self, runner: RolloutRunner, sb: Sandbox, ro: Rollout, task: TaskSpec, harness: Harness,
                     ctx: HarnessContext, env: dict[str, str]) -> bool:
         """A multi-step task: a harness run per step, each graded by the step's own tests."""
-        if task.harbor_steps is None:
+        harbor = task.payload(HarborPayload)
+        if harbor is None or harbor.steps is None:
             return False
+        steps = harbor.steps
         from openforge.rollouts.runner.steps import drive_steps
 
         async def grade_step(step: Any, answer: str) -> Graded:
-            return await runner.grader.grade(sb, ro, task.model_copy(update={"harbor": step.tests}), answer)
+            at_step = harbor.model_copy(update={"tests": step.tests})  # graded by this step's tests
+            return await runner.grader.grade(sb, ro, task.model_copy(update={"family": at_step}), answer)
 
-        await drive_steps(runner, sb, ro, harness, ctx, env, steps=task.harbor_steps.steps, grade_step=grade_step,
-                          combine=task.harbor_steps.combined, rule=task.harbor_steps.reward)
+        await drive_steps(runner, sb, ro, harness, ctx, env, steps=steps.steps, grade_step=grade_step,
+                          combine=steps.combined, rule=steps.reward)
         return True
 
     def attacks(self, task: TaskSpec) -> dict[str, str]:
@@ -81,12 +85,14 @@ class HarborKind(TaskKindBase):
     def solution_files(self, task: TaskSpec, step: str) -> dict[str, str]:
         """At a step of a multi-step task, that step's steps/<name>/solution/, as Harbor's oracle uploads it to
         /solution at each step (rollouts/tasks/harbor/steps.py)."""
-        if task.harbor_steps is not None and step:
-            return next(s.solution_files for s in task.harbor_steps.steps if s.name == step)
+        harbor = task.payload(HarborPayload)
+        if harbor is not None and harbor.steps is not None and step:
+            return next(s.solution_files for s in harbor.steps.steps if s.name == step)
         return task.solution_files
 
     def solution_workdir(self, task: TaskSpec) -> str:
-        return task.harbor.workdir if task.harbor is not None else ""
+        harbor = task.payload(HarborPayload)
+        return harbor.tests.workdir if harbor is not None and harbor.tests is not None else ""
 
     async def grade_exact(self, grader: RolloutGrader, sb: Sandbox, ro: Rollout | None, task: TaskSpec, answer: str,
                           site: Any = None, *, services: Any = None) -> Graded:
@@ -96,14 +102,15 @@ class HarborKind(TaskKindBase):
         from openforge.rollouts.tasks.harbor.verifier import VerifierUnavailable, run_harbor_tests
         from openforge.sandbox.base import SandboxPathRefused
 
-        assert task.harbor is not None
+        harbor = task.payload(HarborPayload)
+        assert harbor is not None and harbor.tests is not None
         try:
             await grader.grader_folders(sb, task)
         except SandboxPathRefused as exc:  # the agent planted a link or FIFO where the grader writes
             return 0.0, f"the grader's files cannot be written: {exc}", None
         try:
             reward, output, note = await run_harbor_tests(
-                sb, task.harbor, lambda cmd, timeout, env: run_in_sandbox(grader.config, sb, cmd, timeout=timeout,
+                sb, harbor.tests, lambda cmd, timeout, env: run_in_sandbox(grader.config, sb, cmd, timeout=timeout,
                                                                           env=env),
                 verifier_env(sb.info.workdir))
         except VerifierUnavailable as exc:

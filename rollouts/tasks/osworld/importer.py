@@ -360,12 +360,12 @@ def convert_task(raw: Any, where: str, cache: Path | None = None) -> tuple[dict[
                 if ev["funcs"] == ["infeasible"] else None)
     record = {"id": task_id, "instruction": raw["instruction"].replace("/home/user/", "") + HOME_NOTE,
               "files": files, "setup": "\n".join(["set -e", 'export OSW_HOME="$PWD"', *lines]) if lines else None,
-              "osworld": ev, "solution": solution, "time_limit_s": TIME_LIMIT_S, "requires_tools": True,
-              "desktop": {"apps": list(dict.fromkeys(apps.values())),
-                          "start": "\n".join(["set -e", 'export OSW_HOME="$PWD"',
-                                              *([START_PRELUDE] if on_display else []), *start]),
-                          **({"finish": finish_script(finish)} if finish else {})}
-              if start else None,
+              "family": {"kind": "osworld", "evaluator": ev, **({"desktop": {
+                  "apps": list(dict.fromkeys(apps.values())),
+                  "start": "\n".join(["set -e", 'export OSW_HOME="$PWD"', *([START_PRELUDE] if on_display else []),
+                                      *start]),
+                  **({"finish": finish_script(finish)} if finish else {})}} if start else {})},
+              "solution": solution, "time_limit_s": TIME_LIMIT_S, "requires_tools": True,
               "tags": ["osworld", domain, *(f"needs:{a}" for a in sorted(apps))]}
     return {k: v for k, v in record.items() if v is not None}, apps, notes
 
@@ -414,8 +414,8 @@ def import_osworld(src: str | Path, *, cache: str | Path | None = None) -> OSWor
         if missing := sorted(label for label, binary in apps.items() if shutil.which(binary) is None):
             report.not_here.append((task_id, f"needs {', '.join(sorted(apps))} on a desktop (not installed "
                                              f"here: {', '.join(missing)})"))
-        elif "sudo " in json.dumps([record.get("setup", ""), record["osworld"].get("postconfig", []),
-                                    record.get("desktop", {}).get("finish", "")]):
+        elif "sudo " in json.dumps([record.get("setup", ""), record["family"]["evaluator"].get("postconfig", []),
+                                    record["family"].get("desktop", {}).get("finish", "")]):
             report.not_here.append((task_id, "needs root in the sandbox (sudo)"))
         elif "gsettings " in json.dumps(record) and shutil.which("dbus-launch") is None:
             # dconf writes through a session bus it autolaunches: without one a `gsettings set` is lost

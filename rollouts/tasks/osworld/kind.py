@@ -8,7 +8,9 @@ import shlex
 from typing import TYPE_CHECKING, Any
 
 from openforge.rollouts.tasks.desktop.kind import DesktopKind
+from openforge.rollouts.tasks.desktop.task import DesktopTask
 from openforge.rollouts.tasks.kinds import Graded
+from openforge.rollouts.tasks.osworld.payload import OSWorldPayload
 
 if TYPE_CHECKING:
     from openforge.rollouts.runner.grader import RolloutGrader
@@ -20,8 +22,9 @@ if TYPE_CHECKING:
 def planted_files(task: TaskSpec) -> str:
     """The planted-files agent's script for an OSWorld-format task: junk where its getters read a result
     file and at the names of its expected files, the task left undone."""
-    assert task.osworld is not None
-    paths = [p for g in [*task.osworld.result, *task.osworld.expected] if g is not None and g.type != "rule"
+    osworld = task.payload(OSWorldPayload)
+    assert osworld is not None
+    paths = [p for g in [*osworld.evaluator.result, *osworld.evaluator.expected] if g is not None and g.type != "rule"
              for p in g.paths]
     return "".join(f"mkdir -p \"$(dirname {shlex.quote(p)})\" && printf 'PK planted' > {shlex.quote(p)}\n" for p in paths)
 
@@ -30,12 +33,17 @@ class OSWorldKind(DesktopKind):
     name = "osworld"
 
     def claims(self, task: TaskSpec) -> bool:
-        return task.osworld is not None
+        return task.payload(OSWorldPayload) is not None
+
+    def desktop(self, task: TaskSpec) -> DesktopTask | None:
+        osworld = task.payload(OSWorldPayload)
+        return osworld.desktop if osworld is not None else None
 
     def attacks(self, task: TaskSpec) -> dict[str, str]:
         """Junk planted where its getters read, with or without a solution: a grader that credits it is a bug
         either way (an infeasible task's evaluator reads no file)."""
-        return {} if task.osworld is None or task.osworld.infeasible else {"planted files": planted_files(task)}
+        osworld = task.payload(OSWorldPayload)
+        return {} if osworld is None or osworld.evaluator.infeasible else {"planted files": planted_files(task)}
 
     async def grade_exact(self, grader: RolloutGrader, sb: Sandbox, ro: Rollout | None, task: TaskSpec, answer: str,
                           site: Any = None, *, services: Any = None) -> Graded:
@@ -44,7 +52,8 @@ class OSWorldKind(DesktopKind):
         from openforge.rollouts.tasks.osworld.evaluator import OSWorldUnavailable, grade_osworld
         from openforge.sandbox.base import SandboxPathRefused
 
-        assert task.osworld is not None
+        osworld = task.payload(OSWorldPayload)
+        assert osworld is not None
         try:
             await grader.grader_folders(sb, task)
         except SandboxPathRefused as exc:  # the agent planted a link or FIFO where the grader writes
@@ -52,7 +61,7 @@ class OSWorldKind(DesktopKind):
         limit, env = grader.config.runner.verifier_timeout_s, verifier_env(sb.info.workdir)
         try:
             reward, output = await grade_osworld(
-                task.osworld, answer, read_file=lambda path, cap: grader.read_expected(sb, path, cap),
+                osworld.evaluator, answer, read_file=lambda path, cap: grader.read_expected(sb, path, cap),
                 run=lambda line: run_in_sandbox(grader.config, sb, line, timeout=limit, env=env))
         except OSWorldUnavailable as exc:
             raise InfraFailure(f"the task's OSWorld evaluator could not run: {exc}") from None

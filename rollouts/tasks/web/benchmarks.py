@@ -43,7 +43,8 @@ PROBE_TIMEOUT_S = 20  # how long an online task's start page may take to answer 
 
 
 class OnlineWeb(BaseModel):
-    """A task's `online` part: it needs the live web, from this start page (TaskSpec.online)."""
+    """A task's `online` part: it needs the live web, from this start page (its web payload's:
+    rollouts/tasks/web/payload.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -144,11 +145,12 @@ def import_web_benchmark(benchmark: str, src: str | Path, *, local_sites: str | 
             task["difficulty"] = f["difficulty"]
         if (local := sites.get(f["site_key"])) is not None:
             task["instruction"] = f["question"]
-            task["gui"] = {"site": local["site"], "params": local.get("params", {}), "path": local.get("path", "/")}
+            task["family"] = {"kind": "web", "gui": {"site": local["site"], "params": local.get("params", {}),
+                                                     "path": local.get("path", "/")}}
             task["tags"].append("local-copy")
         else:
             task["instruction"] = f"{f['question']}\n(Start at {f['online']['start_url']})"
-            task["online"] = {k: v for k, v in f["online"].items() if v not in ("", None)}
+            task["family"] = {"kind": "web", "online": {k: v for k, v in f["online"].items() if v not in ("", None)}}
             task["tags"].append("online-only")
             online += 1
         try:
@@ -201,10 +203,10 @@ class LivePage:
         """Nothing to end: the page lives on its own server."""
 
 
-def check_online(tasks: list[Any], *, allow_internet: bool) -> None:
-    """ConfigError (one line) when a run holds online-only tasks without `sandbox.allow_internet`. With it,
-    the backend's isolation check decides (a local sandbox refuses it at preflight: runs/prepare.py)."""
-    online = [t.id for t in tasks if t.online is not None]
+def check_online(online: list[str], *, allow_internet: bool) -> None:
+    """ConfigError (one line) when a run holds online-only tasks (their ids: `online`) without
+    `sandbox.allow_internet`. With it, the backend's isolation check decides (a local sandbox refuses it at
+    preflight: runs/prepare.py)."""
     if not online or allow_internet:
         return
     shown = ", ".join(online[:3]) + (f" (and {len(online) - 3} more)" if len(online) > 3 else "")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from openforge.rollouts.tasks.kinds import Graded, TaskKindBase
+from openforge.rollouts.tasks.web.payload import WebPayload
 
 if TYPE_CHECKING:
     from openforge.config import ForgeConfig
@@ -19,27 +20,31 @@ class WebKind(TaskKindBase):
     name = "web"
 
     def claims(self, task: TaskSpec) -> bool:
-        return task.gui is not None or task.online is not None
+        return task.payload(WebPayload) is not None
 
     def describe(self, task: TaskSpec) -> str:
-        return "online-web" if task.online is not None else "gui"
+        web = task.payload(WebPayload)
+        return "online-web" if web is not None and web.online is not None else "gui"
 
     def check_run(self, tasks: list[TaskSpec], config: ForgeConfig) -> None:
         from openforge.rollouts.tasks.web.benchmarks import check_online
 
-        check_online(tasks, allow_internet=config.sandbox.allow_internet)
+        online = [t.id for t in tasks if (web := t.payload(WebPayload)) is not None and web.online is not None]
+        check_online(online, allow_internet=config.sandbox.allow_internet)
 
     def open_site(self, task: TaskSpec) -> Any:
         """An online task's live start page (`LivePage`: the browser opens it over the sandbox's egress), else
         the task's site served on the host for this rollout (rollouts/tasks/web/server.py)."""
         from openforge.rollouts.tasks.web.benchmarks import LivePage
 
-        if task.online is not None:
-            return LivePage(task.online)
+        web = task.payload(WebPayload)
+        assert web is not None
+        if web.online is not None:
+            return LivePage(web.online)
         from openforge.rollouts.runner.grader import InfraFailure
         from openforge.rollouts.tasks.web.server import SiteSession
         try:
-            return SiteSession(task.gui)
+            return SiteSession(web.gui)
         except OSError as exc:
             raise InfraFailure(f"cannot serve the task's site: {exc}") from None
 
@@ -59,5 +64,6 @@ class WebKind(TaskKindBase):
     async def grade_exact(self, grader: RolloutGrader, sb: Sandbox, ro: Rollout | None, task: TaskSpec, answer: str,
                           site: Any = None, *, services: Any = None) -> Graded:
         """The exact graders, the site's state (read on the host) among them where the task expects one."""
-        check = site.grade if site is not None and task.gui is not None and task.gui.expect_state else None
+        web = task.payload(WebPayload)
+        check = site.grade if site is not None and web is not None and web.exact_graded else None
         return await grader.grade_checks(sb, task, answer, services=services, ro=ro, site_check=check)

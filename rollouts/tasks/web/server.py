@@ -1,6 +1,6 @@
 """A task site served on the host, one per rollout, on a unix socket the sandbox gets bound in.
 
-    async with SiteSession(task.gui) as site:      # the server thread, its private socket folder
+    async with SiteSession(gui) as site:           # the server thread, its private socket folder
         sandbox.attach_gui(site.gui_spec())         # execs see it at http://127.0.0.1:8080/
         ...                                         # the agent runs
         ok, line = site.grade()                     # the site's state against gui.expect_state
