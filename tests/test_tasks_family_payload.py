@@ -18,6 +18,7 @@ from openforge.rollouts.tasks.harbor.payload import HarborPayload
 from openforge.rollouts.tasks.kinds import PLAIN, kind_of
 from openforge.rollouts.tasks.osworld.payload import OSWorldPayload
 from openforge.rollouts.tasks.web import WEB_TASKS_DIR
+from openforge.rollouts.tasks.web.generate import write
 from openforge.rollouts.tasks.web.payload import WebPayload
 
 DATA = Path(__file__).parent / "data"
@@ -52,17 +53,17 @@ def test_every_shipped_set_loads_from_either_form_into_the_same_tasks(name: str)
         assert task.family is None or task.family.kind == kind.name
 
 
-def test_the_builtin_web_lines_of_the_older_form_land_in_the_web_payload() -> None:
+def test_the_builtin_web_set_is_written_in_the_new_form_and_its_older_lines_load_the_same(tmp_path: Path) -> None:
     text = (WEB_TASKS_DIR / "builtin-web.jsonl").read_text()
     lines = [json.loads(line) for line in text.splitlines() if line.strip()]
-    by_id = {t.id: t for t in load_tasks("builtin-web")}
-    assert lines and all("gui" in line for line in lines)
-    for line in lines:
-        web = by_id[line["id"]].payload(WebPayload)
-        assert web is not None and web.gui is not None and web.online is None
-        assert web.gui.model_dump(exclude_defaults=True) == {k: v for k, v in line["gui"].items()
-                                                            if v != web.gui.model_fields[k].default}
-        assert kind_of(by_id[line["id"]]).describe(by_id[line["id"]]) == "gui"
+    assert lines and all(line["family"]["kind"] == "web" and not set(line) & set(LEGACY_KEYS) for line in lines)
+    assert write(tmp_path).read_text() == text  # the shipped file is what its generator writes
+    older = tmp_path / "older.jsonl"  # the lines as they were written before `family`
+    older.write_text("".join(json.dumps({**{k: v for k, v in line.items() if k != "family"},
+                                         "gui": line["family"]["gui"]}) + "\n" for line in lines))
+    shipped = load_tasks("builtin-web")
+    assert load_tasks(older) == shipped
+    assert all(kind_of(t).describe(t) == "gui" for t in shipped)
 
 
 @pytest.mark.parametrize(("older", "payload", "parts"), [

@@ -154,7 +154,10 @@ def web_tasks() -> list[dict[str, Any]]:
 def write(folder: Path = WEB_TASKS_DIR) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "builtin-web.jsonl"
-    path.write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in web_tasks()), encoding="utf-8")
+    # each task's site is its web payload (TaskSpec.family, rollouts/tasks/web/payload.py)
+    records = [{k: v for k, v in t.items() if k != "gui"} | {"family": {"kind": "web", "gui": t["gui"]}}
+               for t in web_tasks()]
+    path.write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in records), encoding="utf-8")
     return path
 
 

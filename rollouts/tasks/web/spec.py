@@ -1,7 +1,8 @@
-"""The `gui` part of a task: which site the sandbox's browser shows and what state passes.
+"""The `gui` part of a task (its web payload's, rollouts/tasks/web/payload.py): which site the sandbox's
+browser shows and what state passes.
 
-    {"id": "...", "instruction": "...", "gui": {"site": "shop", "params": {...}, "path": "/",
-     "mode": "kiosk", "expect_state": {"cart": ["mug-blue"]}}, "solution": "..."}
+    {"id": "...", "instruction": "...", "family": {"kind": "web", "gui": {"site": "shop", "params": {...},
+     "path": "/", "mode": "kiosk", "expect_state": {"cart": ["mug-blue"]}}}, "solution": "..."}
 
 `expect_state` is checked exactly, key by key, against the site's state (rollouts/tasks/web/sites.py) read on
 the host after the agent has stopped; with `expect_answer` too, both must hold.
