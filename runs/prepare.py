@@ -160,12 +160,13 @@ def load_run_tasks(config: ForgeConfig) -> list[Any]:
     from openforge.rollouts.tasks.format import load_tasks
     from openforge.rollouts.tasks.setup_files import SetupLimits
 
-    from openforge.rollouts.tasks.web.benchmarks import check_online
+    from openforge.rollouts.tasks.kinds import kinds_of
 
     tasks = load_tasks(config.tasks.path, include=config.tasks.include or None, limits=SetupLimits.of(config.tasks))
     if not tasks:
         raise ConfigError(f"the task set {config.tasks.path} is empty")
-    check_online(tasks, allow_internet=config.sandbox.allow_internet)  # before any engine starts
+    for kind, group in kinds_of(tasks).values():  # a family's refusal (online-only tasks) before any engine starts
+        kind.check_run(group, config)
     return tasks
 
 
