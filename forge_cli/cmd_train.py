@@ -51,9 +51,10 @@ def train(
                                           "tracking; on Kubernetes the pod manifests) and the checks that would "
                                           "fail; then each harness runs one tiny rollout under the run's settings "
                                           "(does its prompt fit?) in a scratch store; exit 1 if a check fails")] = False,
-    harness_check: Annotated[bool, typer.Option("--harness-check/--no-harness-check",
-                                                help="with --dry-run: run each harness once (the prompt-fit "
-                                                "check of `forge harness check`); off: start nothing")] = True,
+    harness_check: Annotated[Optional[bool], typer.Option("--harness-check/--no-harness-check",
+                                                          help="with --dry-run: run each harness once (the "
+                                                          "prompt-fit check of `forge harness check`; on unless "
+                                                          "--no-harness-check); off: start nothing")] = None,
 ) -> None:
     """Train the policy with GRPO on the configured tasks: engine, proxy, sandboxed rollouts, trainer.
 
@@ -76,7 +77,8 @@ def train(
     if dry_run:
         from openforge.forge_cli.plan_view import dry_run as print_plan
 
-        print_plan(config, home=st.home, resume=resume, console=console, harness_check=harness_check)
+        print_plan(config, home=st.home, resume=resume, console=console,
+                   harness_check=harness_check is not False)
         return
 
     def front_end(store: Store, run_id: str, config: ForgeConfig, controller: RunController, resumed: bool) -> Outcome:

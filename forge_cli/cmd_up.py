@@ -43,9 +43,10 @@ def up(
                                           "tracking; on Kubernetes the pod manifests) and the checks that would "
                                           "fail; then each harness runs one tiny rollout under the run's settings "
                                           "(does its prompt fit?) in a scratch store; exit 1 if a check fails")] = False,
-    harness_check: Annotated[bool, typer.Option("--harness-check/--no-harness-check",
-                                                help="with --dry-run: run each harness once (the prompt-fit "
-                                                "check of `forge harness check`); off: start nothing")] = True,
+    harness_check: Annotated[Optional[bool], typer.Option("--harness-check/--no-harness-check",
+                                                          help="with --dry-run: run each harness once (the "
+                                                          "prompt-fit check of `forge harness check`; on unless "
+                                                          "--no-harness-check); off: start nothing")] = None,
 ) -> None:
     """Bring up the engine, the proxy, sandboxed rollouts and the GRPO trainer for one run, and show it live."""
     from openforge.runs.session import SessionRequest, run_session
@@ -61,7 +62,8 @@ def up(
     if dry_run:
         from openforge.forge_cli.plan_view import dry_run as print_plan
 
-        print_plan(config, home=st.home, resume=resume, console=console, harness_check=harness_check)
+        print_plan(config, home=st.home, resume=resume, console=console,
+                   harness_check=harness_check is not False)
         return
     tui = not headless and is_tty()
 
