@@ -234,8 +234,10 @@ def test_browser_use_rollout_in_a_container(bu_image: str, tiny_vl_model: Path, 
     from gui_fixtures import run_gui_task
     from openforge.image_store import ImageStore
     from openforge.rollouts.tasks.format import load_tasks
+    from openforge.rollouts.tasks.web.payload import WebPayload
 
-    order = next(t for t in load_tasks("builtin-web") if t.id == "gui-colour-click-blue").gui.params["order"]  # type: ignore[union-attr]
+    task = next(t for t in load_tasks("builtin-web") if t.id == "gui-colour-click-blue")
+    order = task.payload(WebPayload).gui.params["order"]  # type: ignore[union-attr]
     harness = HarnessConfig(name="browser-use", max_turns=4, npm_cache=str(CACHE))
     got, seconds = {}, {}
     for colour in ("blue", "red"):

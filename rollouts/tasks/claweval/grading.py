@@ -133,7 +133,7 @@ class ClawEvalGradingFailed(Exception):
 
 
 class ClawEvalGrading(BaseModel):
-    """What running a task's ClawEval grader needs; kept on the task (TaskSpec.claweval), never shown to the agent."""
+    """What running a task's ClawEval grader needs; kept on the task (its claweval payload, `grading`), never shown to the agent."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

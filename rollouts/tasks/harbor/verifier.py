@@ -51,7 +51,7 @@ class VerifierUnavailable(Exception):
 
 
 class HarborTests(BaseModel):
-    """What a Harbor task's verifier needs; kept on the task (TaskSpec.harbor), never shown to the agent."""
+    """What a Harbor task's verifier needs; kept on the task (its harbor payload, `tests`), never shown to the agent."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
