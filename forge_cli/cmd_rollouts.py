@@ -16,7 +16,7 @@ from openforge.config import ForgeConfig
 from openforge.errors import ConfigError, TaskError
 from openforge.rollouts.runner.metrics import RunMetrics, summary_headline
 from openforge.rollouts.tasks.format import load_tasks, validate_tasks
-from openforge.rollouts.tasks.kinds import kinds_of
+from openforge.rollouts.tasks.kinds import check_run
 from openforge.rollouts.tasks.setup_files import SetupLimits
 from openforge.sandbox.limits import storage_notice
 
@@ -291,8 +291,7 @@ def eval_cmd(
                           limits=SetupLimits.of(config.tasks))[: limit or None]
     if not task_set:
         raise ConfigError("the task selection is empty")
-    for kind, group in kinds_of(task_set).values():  # before any engine starts (online-only tasks, say)
-        kind.check_run(group, config)
+    check_run(task_set, config)  # before any engine starts (online-only tasks, say)
     from openforge.runs.evaluate import evaluate
 
     k = config.runner.samples_per_task

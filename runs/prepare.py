@@ -160,13 +160,12 @@ def load_run_tasks(config: ForgeConfig) -> list[Any]:
     from openforge.rollouts.tasks.format import load_tasks
     from openforge.rollouts.tasks.setup_files import SetupLimits
 
-    from openforge.rollouts.tasks.kinds import kinds_of
+    from openforge.rollouts.tasks.kinds import check_run
 
     tasks = load_tasks(config.tasks.path, include=config.tasks.include or None, limits=SetupLimits.of(config.tasks))
     if not tasks:
         raise ConfigError(f"the task set {config.tasks.path} is empty")
-    for kind, group in kinds_of(tasks).values():  # a family's refusal (online-only tasks) before any engine starts
-        kind.check_run(group, config)
+    check_run(tasks, config)  # a family's refusal (online-only tasks) before any engine starts
     return tasks
 
 

@@ -58,7 +58,7 @@ from openforge.rollouts.runner.harness_run import run_harness
 from openforge.rollouts.runner.tool_server import ToolServer, ToolServerUnavailable, dispatch_record_path
 from openforge.rollouts.runner.trajectory import assemble_rollout
 from openforge.rollouts.tasks.format import TaskSpec
-from openforge.rollouts.tasks.kinds import kind_of, kinds_of
+from openforge.rollouts.tasks.kinds import check_run, kind_of
 from openforge.sandbox.base import Sandbox, SandboxStartFailed, start_with_retry, stop_shielded
 from openforge.sandbox.confine import Confinement
 
@@ -157,8 +157,7 @@ class RolloutRunner:
         stopped, and the CancelledError propagates."""
         unique = {s.task.id: s.task for s in specs}
         harnesses = [self.harness_for(s.harness) for s in specs]  # an unknown one fails the call, before any row
-        for kind, tasks_of_kind in kinds_of(unique.values()).values():  # a family's refusal fails the call
-            kind.check_run(tasks_of_kind, self.config)
+        check_run(unique.values(), self.config)  # a family's refusal fails the call
         await self._db(self.store.add_tasks, run_id, [t.to_record() for t in unique.values()])
         rollouts = []
         for spec, harness in zip(specs, harnesses):

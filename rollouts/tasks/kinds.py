@@ -269,3 +269,10 @@ def kinds_of(tasks: Iterable[TaskSpec]) -> dict[str, tuple[TaskKindBase, list[Ta
         kind = kind_of(task)
         groups.setdefault(kind.name, (kind, []))[1].append(task)
     return groups
+
+
+def check_run(tasks: Iterable[TaskSpec], config: ForgeConfig) -> None:
+    """ConfigError (one line) when a family refuses its tasks in this run (online-only tasks, say): each
+    family judges its own group, before any engine or sandbox starts."""
+    for kind, group in kinds_of(tasks).values():
+        kind.check_run(group, config)
