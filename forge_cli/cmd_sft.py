@@ -10,6 +10,7 @@ import typer
 from openforge.errors import ConfigError
 from openforge.forge_cli.context import rank_argv, state
 from openforge.forge_cli.overrides import flag_overrides
+from openforge.forge_cli.run_options import Nproc
 from openforge.runs.sft import run_sft, sft_elsewhere
 from openforge.store import TrainStep
 
@@ -26,8 +27,7 @@ def sft_cmd(
                                            "validation loss after each epoch (0: train on every task)")] = 0,
     demo: Annotated[bool, typer.Option("--demo", help="the demo's settings (openforge/presets/demo.toml): the "
                                        "tiny model at sft.lr 3e-3")] = False,
-    nproc: Annotated[Optional[int], typer.Option("--nproc", min=1, help="trainer processes under torchrun, "
-                                                 "sharded with FSDP2; one GPU each on GPUs (trainer.nproc)")] = None,
+    nproc: Nproc = None,
     resume: Annotated[Optional[str], typer.Option("--resume", metavar="RUN", help="continue an sft run from its "
                                                   "last checkpoint, with its own sources and epochs")] = None,
 ) -> None:

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from openforge.forge_cli.context import rank_argv, state
+from openforge.forge_cli.run_options import DryRun, HarnessCheck, InitFrom, Nproc
 from openforge.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -42,19 +43,10 @@ def train(
                                                     help="sample step N+1 while step N trains, one step "
                                                          "off-policy (= trainer.max_staleness 1)")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="a human name for the run")] = None,
-    nproc: Annotated[Optional[int], typer.Option("--nproc", min=1, help="trainer processes under torchrun, "
-                                                 "sharded with FSDP2; one GPU each on GPUs (trainer.nproc)")] = None,
-    init_from: Annotated[Optional[str], typer.Option("--init-from", metavar="RUN_OR_PATH", help="start the LoRA from "
-                                                     "an SFT run's final adapter or a PEFT adapter folder "
-                                                     "(trainer.init_from); the engine serves it from step 0")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan (engines, sandboxes, trainer, tasks, "
-                                          "tracking; on Kubernetes the pod manifests) and the checks that would "
-                                          "fail; then each harness runs one tiny rollout under the run's settings "
-                                          "(does its prompt fit?) in a scratch store; exit 1 if a check fails")] = False,
-    harness_check: Annotated[Optional[bool], typer.Option("--harness-check/--no-harness-check",
-                                                          help="with --dry-run: run each harness once (the "
-                                                          "prompt-fit check of `forge harness check`; on unless "
-                                                          "--no-harness-check); off: start nothing")] = None,
+    nproc: Nproc = None,
+    init_from: InitFrom = None,
+    dry_run: DryRun = False,
+    harness_check: HarnessCheck = None,
 ) -> None:
     """Train the policy with GRPO on the configured tasks: engine, proxy, sandboxed rollouts, trainer.
 

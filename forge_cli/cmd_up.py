@@ -10,6 +10,7 @@ from rich.console import Console
 from openforge.forge_cli import up_views
 from openforge.forge_cli.context import is_tty, rank_argv, state
 from openforge.forge_cli.overrides import flag_overrides
+from openforge.forge_cli.run_options import DryRun, HarnessCheck, InitFrom, Nproc
 from openforge.errors import ForgeError
 
 if TYPE_CHECKING:
@@ -34,19 +35,10 @@ def up(
     harness: Annotated[Optional[str], typer.Option("--harness", help="the harness rollouts run in (harness.name); "
                                                    "with --demo, claude-code and codex get settings sized for a laptop")] = None,
     stay: Annotated[bool, typer.Option("--stay", help="keep the dashboard open when the run ends (--demo closes it)")] = False,
-    nproc: Annotated[Optional[int], typer.Option("--nproc", min=1, help="trainer processes under torchrun, "
-                                                 "sharded with FSDP2; one GPU each on GPUs (trainer.nproc)")] = None,
-    init_from: Annotated[Optional[str], typer.Option("--init-from", metavar="RUN_OR_PATH", help="start the LoRA from "
-                                                     "an SFT run's final adapter or a PEFT adapter folder "
-                                                     "(trainer.init_from); the engine serves it from step 0")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan (engines, sandboxes, trainer, tasks, "
-                                          "tracking; on Kubernetes the pod manifests) and the checks that would "
-                                          "fail; then each harness runs one tiny rollout under the run's settings "
-                                          "(does its prompt fit?) in a scratch store; exit 1 if a check fails")] = False,
-    harness_check: Annotated[Optional[bool], typer.Option("--harness-check/--no-harness-check",
-                                                          help="with --dry-run: run each harness once (the "
-                                                          "prompt-fit check of `forge harness check`; on unless "
-                                                          "--no-harness-check); off: start nothing")] = None,
+    nproc: Nproc = None,
+    init_from: InitFrom = None,
+    dry_run: DryRun = False,
+    harness_check: HarnessCheck = None,
 ) -> None:
     """Bring up the engine, the proxy, sandboxed rollouts and the GRPO trainer for one run, and show it live."""
     from openforge.runs.session import SessionRequest, run_session
