@@ -148,8 +148,11 @@ def test_harness_check_counts_refused_calls_and_prints_the_answer(tmp_path: Path
 
 
 @pytest.mark.slow
-def test_a_run_whose_harness_prompt_cannot_fit_stops_with_the_fix(forge_home: Path, tiny_model: Path,
-                                                                   tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [["train", "--steps", "2"], ["eval"]], ids=["train", "eval"])
+def test_a_run_whose_harness_prompt_cannot_fit_fails_with_the_fix(forge_home: Path, tiny_model: Path,
+                                                                  tmp_path: Path, command: list[str]) -> None:
+    """A training run stops before any step; an eval fails instead of reporting a pass rate over masked
+    rollouts: one line naming the fix, exit 1, every rollout a configuration failure."""
     from test_up_failures import ONE_GROUP, forge
 
     from openforge.store import Store
@@ -157,15 +160,18 @@ def test_a_run_whose_harness_prompt_cannot_fit_stops_with_the_fix(forge_home: Pa
     spec = write_agent(tmp_path / "agent", size=2000)
     out = forge(forge_home, *ONE_GROUP, "--set", f"engine.model={tiny_model}", "--set", "proxy.max_context_tokens=512",
                 "--set", f"harness.name={spec}", "--set", "tasks.path=builtin", "--set",
-                'tasks.include=["easy-say-done"]', "train", "--steps", "2")
+                'tasks.include=["easy-say-done"]', *command)
     assert out.returncode == 1, out.stdout + out.stderr
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("forge: error: run ") and "[prompt]" in last and "max_context_tokens" in last, last
-    run = Store(forge_home / "forge.db").get_run("latest")
+    assert last.startswith("forge: error: ") and "[prompt]" in last, last
     store = Store(forge_home / "forge.db")
-    assert run.status == "failed" and not store.list_train_steps(run.id)
+    run = store.get_run("latest")
+    assert run.status == "failed" and "[prompt]" in (run.error or "") and json.dumps(run.error).count("\\n") == 0
     assert {r.failure_kind for r in store.list_rollouts(run.id)} == {"config"}
-    assert json.dumps(run.error).count("\\n") == 0  # one line
+    if command[0] == "train":
+        assert run.kind == "train" and not store.list_train_steps(run.id) and "max_context_tokens" in last, last
+    else:
+        assert run.kind == "eval" and "2 of 2 rollouts of eval" in last, last
 
 
 @pytest.mark.slow
@@ -186,22 +192,3 @@ def test_dry_run_runs_the_harness_and_fails_a_prompt_that_cannot_fit(forge_home:
     assert not Store(forge_home / "forge.db").list_runs()  # the check ran in a scratch store
     skipped = CliRunner().invoke(app, [*base, "up", "--dry-run", "--no-harness-check"])
     assert skipped.exit_code == 0 and skipped.output.rstrip().endswith("nothing was started; every check passed")
-
-
-@pytest.mark.slow
-def test_an_eval_whose_harness_prompt_cannot_fit_fails_with_the_fix(forge_home: Path, tiny_model: Path,
-                                                                    tmp_path: Path) -> None:
-    """Not a pass rate over masked rollouts: the eval run fails, one line naming the fix, exit 1."""
-    from test_up_failures import ONE_GROUP, forge
-
-    from openforge.store import Store
-
-    spec = write_agent(tmp_path / "agent", size=2000)
-    out = forge(forge_home, *ONE_GROUP, "--set", f"engine.model={tiny_model}", "--set", "proxy.max_context_tokens=512",
-                "--set", f"harness.name={spec}", "--set", "tasks.path=builtin", "--set",
-                'tasks.include=["easy-say-done"]', "eval")
-    assert out.returncode == 1, out.stdout + out.stderr
-    last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("forge: error: ") and "[prompt]" in last and "2 of 2 rollouts of eval" in last, last
-    run = Store(forge_home / "forge.db").get_run("latest")
-    assert run.kind == "eval" and run.status == "failed" and "[prompt]" in (run.error or "")
