@@ -15,13 +15,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.* imports
 
 import uvicorn  # noqa: E402
 
-from capture_server import create_capture_app  # noqa: E402
-from gui_fixtures import Site, chromium, red_centre, run_browser_use, run_mini_gui, wait_for, xvfb  # noqa: E402
+from tests.capture_server import create_capture_app  # noqa: E402
+from tests.helpers.gui_fixtures import Site, chromium, red_centre, run_browser_use, run_mini_gui, wait_for, xvfb  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "harness-captures"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from openforge.store import Store
-from required import KNOWN_REQUIREMENTS, UnknownRequirement, required, skip_or_fail
+from tests.helpers.required import KNOWN_REQUIREMENTS, UnknownRequirement, required, skip_or_fail
 
 
 def pytest_configure(config: pytest.Config) -> None:
