@@ -20,7 +20,7 @@ from openforge.db import redact
 from openforge.errors import StoreError
 from openforge.tables import Judgement, SchemaMigration, hash_key, utcnow
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 def _v3_hashed_keys_and_sampling(conn: Any) -> None:
@@ -77,6 +77,12 @@ def _v7_call_roles(conn: Any) -> None:
     conn.exec_driver_sql("ALTER TABLE call ADD COLUMN side VARCHAR")
 
 
+def _v8_policy_versions(conn: Any) -> None:
+    """Schema 8: the policy version a run serves and each rollout was created under (older rows: unknown)."""
+    for table in ("run", "rollout"):
+        conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN policy_version INTEGER")
+
+
 # Numbered migrations: (version, name, function(connection)). A fresh database is created from the
 # models above and stamped with every version here; an older one runs the versions it lacks.
 # They run on SQLite and PostgreSQL alike (`conn.dialect.name` tells them apart where SQL differs;
@@ -102,6 +108,9 @@ MIGRATIONS: list[Migration] = [
     # A prompt refused as over the context: the harness's own (no answer of the policy in it) or the
     # policy's; a harness's background calls, tagged from its spec and not trained on (issue 44).
     (7, "call.policy_turns, call.side", _v7_call_roles),
+    # Which weights sampled a rollout, for full fine-tuning too (its rollouts name no adapter): what a
+    # resume checks a finished group's staleness by (trainer/resume.py).
+    (8, "run.policy_version, rollout.policy_version", _v8_policy_versions),
 ]
 
 

@@ -75,6 +75,7 @@ class RunPatch(TypedDict, total=False):
     status: str
     owner_pid: int | None
     current_adapter: str | None
+    policy_version: int | None
     isolation: str | None
     error: str | None
     config: dict[str, Any] | None  # -> config_json
@@ -341,12 +342,20 @@ class Store:
                        sandbox: str = "", harness: str = "", adapter: str | None = None,
                        key: str | None = None, status: str = "pending") -> Rollout:
         """A new rollout whose credential is `key` (a fresh `new_rollout_key()` when None). Only the
-        key's hash is stored; the plain key is on the returned object (`rollout.key`) alone."""
+        key's hash is stored; the plain key is on the returned object (`rollout.key`) alone.
+
+        It records its run's `policy_version` when `adapter` is the run's current one. The trainer
+        sets both at once after the engine serves the new weights, so under full fine-tuning (weights
+        replaced in place) no token of the rollout comes from an older version than it records; a
+        rollout created for an older adapter than the run's records none (its adapter names it)."""
         key = key or new_rollout_key()
         rollout = Rollout(id=new_id("ro"), run_id=run_id, task_id=task_id, step=step,
                           sample_index=sample_index, sandbox=sandbox, harness=harness, adapter=adapter,
                           key_hash=hash_key(key), status=status)
         with self.session() as s:
+            run = s.get(Run, run_id)
+            if run is not None and run.current_adapter == adapter:
+                rollout.policy_version = run.policy_version
             s.add(rollout)
             s.commit()
         rollout._key = key

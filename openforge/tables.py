@@ -146,6 +146,9 @@ class Run(SQLModel, table=True):
     summary_json: dict[str, Any] | None = _json_col()  # eval tables, final metrics
     owner_pid: int | None = None  # the process driving the run; dead owner + running = interrupted
     current_adapter: str | None = None  # the adapter name rollouts are served with now
+    # The trainer's policy version served now (the weights after step v-1; 0 the base or init_from
+    # adapter), whatever the update kind: full fine-tuning serves no adapter name to tell it by.
+    policy_version: int | None = None
     error: str | None = None
     isolation: str | None = None  # what kept its rollouts in: bwrap | docker | kubernetes | none
     created_at: datetime = Field(default_factory=utcnow)
@@ -173,6 +176,9 @@ class Rollout(SQLModel, table=True):
     sandbox_id: str | None = None
     harness: str = ""
     adapter: str | None = None  # the adapter the engine served this rollout with
+    # The policy version it was created under (its run's, when created for the run's current adapter).
+    # A partial rollout moved onto newer adapters keeps it: its oldest version (trainer/resume.py).
+    policy_version: int | None = None
     # sha256 hex of the rollout's credential for the proxy. The plain key is never stored (a sandbox
     # that reads the store must not find keys to write into other rollouts); see `key` below.
     key_hash: str | None = Field(default=None, index=True, unique=True)

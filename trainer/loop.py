@@ -168,7 +168,7 @@ def train(store: Store, run_id: str, config: TrainerConfig, *, model_path: str |
             raise
     elif config.init_from:  # the policy starts from an adapter (an SFT result): step 0 samples with it too
         adapter = _serve_init(store, run_id, Path(config.init_from), engine)
-    store.update_run(run_id, owner_pid=os.getpid())
+    store.update_run(run_id, owner_pid=os.getpid(), policy_version=start)  # what new rollouts record
     store.set_run_status(run_id, "running")
     result = TrainResult(run_id=run_id, adapter=adapter)
     vision = TrajectoryImages.for_run(home, run_id, model_path)  # loads its processor on the first image only
@@ -248,12 +248,11 @@ def _kept(store: Store, run_id: str, stream: TaskStream, config: TrainerConfig, 
           start: int) -> KeptGroups:
     """The finished groups a resume trains instead of sampling again (trainer/resume.py): of the pending
     positions and those up to K + 1 steps past the trained ones (all that can have been admitted)."""
-    if config.full_finetune or config.rollout_versions > 1:
-        return KeptGroups()  # no version to check the bound against (resume.py)
     B = config.tasks_per_step
     ahead = range(position, min(config.steps * B, (start + config.max_staleness + 1) * B))
     return kept_groups(store, run_id, stream, pending + list(ahead), groups_per_step=B, start=start,
-                       max_staleness=config.max_staleness)
+                       max_staleness=config.max_staleness,
+                       by_adapter=not config.full_finetune and config.rollout_versions == 1)
 
 
 def _buffer(config: TrainerConfig, sampler: Sampler, run_id: str, stream: TaskStream, position: int, start: int,
@@ -297,7 +296,7 @@ def _serve_init(store: Store, run_id: str, path: Path, engine: AdapterSync | Non
     name = init_adapter_name(run_id)
     if engine is not None:
         engine.load(name, str(path))
-    store.update_run(run_id, current_adapter=name)
+    store.update_run(run_id, current_adapter=name, policy_version=0)
     return name
 
 
@@ -310,9 +309,10 @@ def _publish(store: Store, run_id: str, step: int, path: Path, engine: AdapterSy
             engine.update_weights(str(path))
         else:
             engine.load(name, str(path))
-    # Full fine-tuning replaces the base weights in place: rollouts then ask for no adapter.
+    # Full fine-tuning replaces the base weights in place: rollouts then ask for no adapter, and the
+    # version (set with the adapter, once the engine serves it) is what tells their weights apart.
     served = None if config.full_finetune else name
-    store.update_run(run_id, current_adapter=served)
+    store.update_run(run_id, current_adapter=served, policy_version=step + 1)
     if not any(c.step == step for c in store.list_checkpoints(run_id)):
         store.add_checkpoint(Checkpoint(run_id=run_id, step=step, kind="full" if config.full_finetune else "adapter",
                                         path=str(path), adapter_name=served, loaded=engine is not None))

@@ -12,13 +12,18 @@ them back into its `GroupBuffer` as finished groups.
   the newest `sample_index` 0 row, as a sampler creates a group's rows in order before any of them runs).
 - Kept when every rollout of it finished (scored, failed, timed_out: a resume marks the unfinished ones
   interrupted first, and an interrupted or cancelled row means the group is sampled again), at least
-  one was scored, and its adapter version v is within `max_staleness` K of the step that resumes:
+  one was scored, and its version v is within `max_staleness` K of the step that resumes:
   start - K <= v <= start. Otherwise sampled again; one outside the bound is counted as stale
   (`resume_stale_groups` on the first resumed step, and a log line).
+- A group's version is its oldest rollout's, and a rollout's the policy version it was created under
+  (`Rollout.policy_version`, whatever the update kind: full fine-tuning's rollouts name no adapter).
+  A partial rollout (`trainer.rollout_versions` > 1) moved onto newer adapters keeps that version, so
+  it is judged by its oldest tokens, as the asynchronous buffer judges a group by the version it
+  started under. A row without one (a store older than schema 8, or a rollout created for an older
+  adapter than its run served) is dated by its adapter's name where that is its only version
+  (`by_adapter`: LoRA, one version per rollout); otherwise its group is sampled again.
 - Nothing is trained twice: only untrained positions are looked up, and a nominal step that deals one
   task twice (a stream epoch ending inside it) keeps neither, its rows being the same key.
-- Not kept, always sampled again: full fine-tuning (every rollout asks for no adapter, so no version)
-  and partial rollouts (`trainer.rollout_versions` > 1: a row's adapter is its newest, not its oldest).
 """
 
 from __future__ import annotations
@@ -62,8 +67,9 @@ class KeptGroups:
 
 
 def kept_groups(store: Store, run_id: str, stream: Any, positions: Sequence[int], *, groups_per_step: int,
-                start: int, max_staleness: int) -> KeptGroups:
-    """The finished groups of `positions` (untrained stream positions) that step `start` on may train."""
+                start: int, max_staleness: int, by_adapter: bool) -> KeptGroups:
+    """The finished groups of `positions` (untrained stream positions) that step `start` on may train;
+    `by_adapter`: a row that recorded no version is dated by its adapter's name (module doc)."""
     out = KeptGroups()
     B = groups_per_step
     for step in sorted({p // B for p in positions}):
@@ -78,10 +84,10 @@ def kept_groups(store: Store, run_id: str, stream: Any, positions: Sequence[int]
             if dealt[task] > 1 or not group or any(r.status not in FINISHED for r in group) \
                     or not any(r.status == "scored" for r in group):
                 continue
-            versions = {adapter_version(run_id, r.adapter) for r in group}
-            version = versions.pop() if len(versions) == 1 else None
-            if version is None:
+            versions = [_version(run_id, r, by_adapter) for r in group]
+            if None in versions:
                 continue
+            version = min(v for v in versions if v is not None)  # the oldest: the group's bound holds for every token
             if not start - max_staleness <= version <= start:
                 out.stale += 1
                 continue
@@ -98,6 +104,13 @@ def _newest_attempt(rows: list[Rollout]) -> list[Rollout]:
     """The rows of the newest attempt at a group: those created since its newest `sample_index` 0 row."""
     starts = [r.created_at for r in rows if r.sample_index == 0]
     return [r for r in rows if r.created_at >= max(starts)] if starts else []
+
+
+def _version(run_id: str, rollout: Rollout, by_adapter: bool) -> int | None:
+    """The policy version `rollout` was created under, or None where it cannot be told."""
+    if rollout.policy_version is not None:
+        return rollout.policy_version
+    return adapter_version(run_id, rollout.adapter) if by_adapter else None
 
 
 def _task_id(task: Any) -> Any:

@@ -478,6 +478,25 @@ def test_a_schema_6_store_gets_the_call_roles(tmp_path: Path) -> None:
         mp.setattr(migrations, "MIGRATIONS", [m for m in store_mod.MIGRATIONS if m[0] <= 6])
         Store(path).close()
     s = Store(path)
-    assert s.schema_version() == 7 and s.integrity_check() == "ok"
+    assert s.schema_version() == store_mod.SCHEMA_VERSION and s.integrity_check() == "ok"
     old = s.list_calls(run_id="run-20261201-aaaaaaaaaa")
     assert old and {(c.policy_turns, c.side) for c in old} == {(None, None)}
+
+
+def test_a_schema_7_store_gets_the_policy_versions(tmp_path: Path) -> None:
+    """Schema 8 adds run.policy_version and rollout.policy_version (issue 47): an old rollout's version is
+    unknown; a new one records its run's when created for the run's current adapter, and none for another."""
+    path = tmp_path / "forge.db"
+    _old_store(path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(migrations, "MIGRATIONS", [m for m in store_mod.MIGRATIONS if m[0] <= 7])
+        Store(path).close()
+    s = Store(path)
+    assert s.schema_version() == 8 and s.integrity_check() == "ok"
+    run_id = "run-20261201-aaaaaaaaaa"
+    old = s.list_rollouts(run_id)
+    assert old and {r.policy_version for r in old} == {None} and s.get_run(run_id).policy_version is None
+    s.update_run(run_id, current_adapter=f"{run_id}-step-2", policy_version=3)
+    new = s.create_rollout(run_id=run_id, task_id="t", adapter=f"{run_id}-step-2")
+    older = s.create_rollout(run_id=run_id, task_id="t", adapter=f"{run_id}-step-1")
+    assert (s.get_rollout(new.id).policy_version, s.get_rollout(older.id).policy_version) == (3, None)
