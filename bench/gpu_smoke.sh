@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU smoke test: start the real SGLang server through forge's own launcher (EngineProcess,
-# kind = "sglang") and run the engine-client suite (tests/test_engine_api.py) against it.
+# kind = "sglang") and run the engine-client suite (tests/engine/test_engine_api.py) against it.
 #
 #   MODEL=/models/Qwen2.5-0.5B-Instruct SGLANG_PYTHON=/opt/sglang/bin/python bench/gpu_smoke.sh
 #
@@ -54,7 +54,7 @@ os.environ["ENGINE_API_KEY"] = key
 if os.path.isdir(os.path.expanduser(model)):
     os.environ["ENGINE_MODEL_PATH"] = os.path.expanduser(model)
 try:
-    rc = pytest.main(["-q", "-p", "no:cacheprovider", "tests/test_engine_api.py"])
+    rc = pytest.main(["-q", "-p", "no:cacheprovider", "tests/engine/test_engine_api.py"])
 finally:
     engine.stop()
 print(f"gpu_smoke: pytest exit code {int(rc)}", flush=True)

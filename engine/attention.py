@@ -11,7 +11,7 @@ mask-free calls. So this splits it in two, exactly:
     lse = logaddexp(lse1, lse2);  out = o1 * e^(lse1 - lse) + o2 * e^(lse2 - lse)
 
 (softmax over the union of two key sets, recombined from each part's log-sum-exp: the same
-numbers up to float rounding, tested against the masked path in tests/test_engine_prefix_cache.py).
+numbers up to float rounding, tested against the masked path in tests/engine/test_engine_prefix_cache.py).
 Used only for one unpadded row (batch 1) with a past and more than one query token: the engine's
 chunked and cache-hit prefills. Everything else (decode steps, padded batches) goes to transformers'
 own SDPA function unchanged.

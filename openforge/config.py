@@ -871,7 +871,7 @@ def _describe(model: BaseModel, path: list[str], lines: list[str]) -> None:
     plain = [n for n, v in values.items() if not isinstance(v, (BaseModel, dict))]
     tables = [n for n in fields if n not in plain]
     for name in plain:
-        if fields[name].description:  # every field has one (tests/test_config.py)
+        if fields[name].description:  # every field has one (tests/core/test_config.py)
             lines.append(f"# {fields[name].description}")
         value = model.model_dump(mode="json", include={name})[name]
         lines.append(f"# {name} = (unset)" if value is None else tomli_w.dumps({name: value}).rstrip("\n"))

@@ -24,7 +24,7 @@ from openforge.errors import ForgeError
 from openforge.runs.checks import Check
 
 DEPLOY_PROXY_PORT = 8700  # the controller's proxy port in deploy/k8s (controller.yaml)
-KUBERNETES_SCHEMA_VERSION = "1.37"  # what deploy/k8s is validated against too (tests/test_kubernetes_deploy.py)
+KUBERNETES_SCHEMA_VERSION = "1.37"  # what deploy/k8s is validated against too (tests/deploy/test_kubernetes_deploy.py)
 
 
 @dataclass

@@ -25,7 +25,7 @@ A group whose every rollout failed for infrastructure reasons (`StepFailed`) is 
 ends the run as a failed step does. Any other sampling error ends it from the trainer's thread.
 
 K = 0 admits one step's groups under the current version and waits for all of them: the synchronous
-loop's batches, group for group (tests/test_async.py).
+loop's batches, group for group (tests/trainer/test_async.py).
 
 Partial rollouts (`trainer.rollout_versions` N > 1). On each `publish` the run's rollouts still
 running move onto the new adapter (`Store.move_live_rollouts`): their next calls are served by it and

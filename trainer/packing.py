@@ -11,7 +11,7 @@ tokens, with no padding at all (transformers' `DataCollatorWithFlattening` layou
 With `attention_mask=None` and no cache, transformers reads the restarts of `position_ids` as sequence
 boundaries (masking_utils.find_packed_sequence_indices) and builds a block-diagonal causal mask for
 SDPA and eager attention, and the varlen kernel's `cu_seqlens` for flash-attention on a GPU: the
-packed row's log-probabilities equal each sequence's alone (tests/test_sft_packing.py checks both that
+packed row's log-probabilities equal each sequence's alone (tests/trainer/test_sft_packing.py checks both that
 and that nothing leaks). Logits are computed only at the positions whose next token is supervised.
 """
 

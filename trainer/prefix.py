@@ -12,7 +12,7 @@ gradient it gets is the exact sum of what every row sends it.
 This is the chain rule, not an approximation: the prefix carries no loss token (it ends before the
 position that predicts any row's first sampled token), so the loss depends on the prefix only
 through its keys and values, and dL/dtheta = sum_rows (direct suffix terms) + (dKV/dtheta)^T sum_rows
-dL/dKV. Only the float summation order differs from running every row in full (tests/test_trainer.py
+dL/dKV. Only the float summation order differs from running every row in full (tests/trainer/test_trainer.py
 compares the two gradients; bench/prefix.py measures time and memory).
 
 Cost: the prefix's activations are kept until the last suffix micro-batch of its unit has run (one

@@ -2,7 +2,7 @@
 # The GPU check (issue 48): every part on one GPU in one run, one JSON and one markdown table.
 #
 #   bench/gpu/run.sh --out DIR             on the device (docs/performance.md, "GPU (prepared)")
-#   bench/gpu/run.sh --dry-run --out DIR   the same parts on the CPU at toy size (tests/test_bench_gpu.py)
+#   bench/gpu/run.sh --dry-run --out DIR   the same parts on the CPU at toy size (tests/bench/test_bench_gpu.py)
 #
 # Needs only torch, transformers and peft where it runs: wheels in .whl/ (bench/gpu/prepare.sh) are
 # installed into a scratch folder first (not on a dry run: they are built for the device's Python), and

@@ -8,7 +8,7 @@ The shared tests are imported from their modules and run here again with `store`
 those that read the SQLite file itself (WAL, raw bytes, the file's locks) stay SQLite's.
 
 Without PostgreSQL's server binaries the module skips and says so, unless FORGE_REQUIRE names
-postgres (CI sets FORGE_REQUIRE: there the binaries must be present; tests/required.py).
+postgres (CI sets FORGE_REQUIRE: there the binaries must be present; tests/helpers/required.py).
 """
 
 from __future__ import annotations

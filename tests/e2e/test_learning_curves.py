@@ -87,7 +87,7 @@ def test_the_gui_demo_learns_the_screen_colour(forge_home: Path) -> None:
 # time; its last 3 there: mini 0.81 0.88 0.81 and Claude Code 0.81 0.88 0.81, 0.83 each, against a bar of
 # 0.71 (first 3 + 0.15) and 0.6 (blind + 0.1)).
 # Claude Code alone needed 20 steps (0.35 -> 0.90). The full ~48k-token Claude Code prompt is
-# tests/test_up_harness.py's.
+# tests/e2e/test_up_harness.py's.
 TWO_HARNESSES = ["--set", 'tasks.include=["demo-digit-3","demo-digit-8"]', "--set", "trainer.tasks_per_step=4",
                  "--set", "runner.samples_per_task=8", "--set", "runner.concurrency=16",
                  "--set", "engine.max_batch_size=16", "--set", "proxy.max_context_tokens=131072",

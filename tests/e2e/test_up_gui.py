@@ -8,7 +8,7 @@ sha256 is its name, its placeholder run in the prompt has the processor's length
 keeps that image and its sampled tokens are exactly the engine's completion tokens, every reward is
 an exact grade of the answer mini-gui reported (0 or 1, never a harness error scored), and step 1 is
 served by step 0's adapter, and the screenshot Chromium showed is what the warm-up and the fast-path
-learning test (tests/test_vl_learn_exact.py) draw: the screen the task's colour. The full demo and
+learning test (tests/trainer/test_vl_learn_exact.py) draw: the screen the task's colour. The full demo and
 its curve are in docs/gui.md ("Demo")."""
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def test_each_kind_of_break_is_named() -> None:
 
 
 def test_codex_compaction_is_named_at_each_of_its_calls() -> None:
-    """The shape Codex 0.171 sends (tests/test_harness_compaction.py runs the real one): the summary
+    """The shape Codex 0.171 sends (tests/rollouts/harnesses/test_harness_compaction.py runs the real one): the summary
     request extends the history with its tools withdrawn; the next call replays the first turns + the
     summary (closest to the main conversation, whose tools it has); a second compaction replaces the
     first summary by a longer one, which is not Claude Code's `retried`."""

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def _captured(*, images: bool = False) -> list[tuple[str, dict]]:
     """The captured requests without images (served here by the text model), or only those with
-    images (the GUI harnesses': tests/test_vl_proxy.py serves them with the tiny VLM)."""
+    images (the GUI harnesses': tests/proxy/test_vl_proxy.py serves them with the tiny VLM)."""
     out = [(f.stem, json.loads(line)) for f in sorted(CAPTURES.glob("*.jsonl")) for line in f.open()]
     return [(n, r) for n, r in out if ('"data:image/' in json.dumps(r.get("body"))) == images]
 

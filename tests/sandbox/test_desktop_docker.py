@@ -1,6 +1,6 @@
 """Desktop tasks in Docker containers: the `desktop` image variant (sandbox/container_images.py: the python image +
 Xvfb, xdotool, fonts, Pillow and the Debian packages of the task's applications, no browser) runs the
-xedit task of tests/test_desktop_tasks.py through the real runner as the sandbox's user (uid 1000), and
+xedit task of tests/rollouts/tasks/desktop/test_desktop_tasks.py through the real runner as the sandbox's user (uid 1000), and
 an image without a display stops the rollout before the agent with the build command to use.
 
 The runner test uses the desktop image with x11-apps when the engine has it or its rootfs tarball is

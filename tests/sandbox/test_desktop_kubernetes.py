@@ -1,4 +1,4 @@
-"""Desktop tasks on the Kubernetes backend: the xedit task of tests/test_desktop_tasks.py through the real
+"""Desktop tasks on the Kubernetes backend: the xedit task of tests/rollouts/tasks/desktop/test_desktop_tasks.py through the real
 runner in pods of the API double (tests/k8s_double: restricted pods as bubblewrap'd process trees over the
 host's /usr, so the host's xedit, Xvfb and xdotool are the image's; each pod a network namespace, so its
 X display is its own). The start script opens the editor on the pod's display (gui.py, written into the

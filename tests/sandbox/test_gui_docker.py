@@ -439,7 +439,7 @@ def test_mini_gui_solves_a_builtin_web_task_in_a_container(image: str, tiny_vl_m
 @pytest.mark.slow
 async def test_browser_use_in_a_container_is_refused_with_the_reason(store: Store, image: str) -> None:
     """browser-use on the plain browser image (its venv is the browser-use image's:
-    tests/test_gui_browseruse_docker.py): the rollout says so (infrastructure), never graded."""
+    tests/rollouts/harnesses/test_gui_browseruse_docker.py): the rollout says so (infrastructure), never graded."""
     from openforge.rollouts.harnesses import get_harness
 
     cfg = docker_config(image)

@@ -1,4 +1,4 @@
-"""The sandbox interface's conformance checks (tests/test_sandbox.py), run unchanged on the Kubernetes
+"""The sandbox interface's conformance checks (tests/sandbox/test_sandbox.py), run unchanged on the Kubernetes
 backend against the API double, plus the cleanup checks that look at pods instead of containers."""
 
 from __future__ import annotations

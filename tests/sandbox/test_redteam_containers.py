@@ -1,4 +1,4 @@
-"""Red team on the container backends: the attacks of tests/test_redteam.py (a local bwrap sandbox)
+"""Red team on the container backends: the attacks of tests/sandbox/test_redteam.py (a local bwrap sandbox)
 and container-specific ones, each driven through the real RolloutRunner on docker (the python image,
 the shared engine) and on the Kubernetes backend against the API double (tests/k8s_double: real
 processes in a bubblewrap "pod" as uid 1000, files and execs over the exec WebSocket).

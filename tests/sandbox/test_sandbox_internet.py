@@ -2,7 +2,7 @@
 sandbox without it has no network interface but loopback; a Docker sandbox with it gets an interface
 and a default route on forge's egress bridge (inter-container traffic off); a local sandbox refuses
 it (bubblewrap has no network between none and the host's). Kubernetes' variant is its NetworkPolicy
-(tests/test_tasks_web_benchmarks.py). Whether a page on the live web loads is untested here."""
+(tests/rollouts/tasks/web/test_tasks_web_benchmarks.py). Whether a page on the live web loads is untested here."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Run under torchrun by tests/test_trainer_torchrun.py: the real trainer loop (trainer/loop.py's
+"""Run under torchrun by tests/trainer/test_trainer_torchrun.py: the real trainer loop (trainer/loop.py's
 `train`) on every rank, rank 0 sampling with test_trainer's deterministic ReplaySampler and the
 others following it (trainer/distributed.py). Each rank writes its pid to PIDS/rank-N.
 

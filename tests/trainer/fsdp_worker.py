@@ -1,4 +1,4 @@
-"""Run under torchrun by tests/test_trainer_fsdp.py: a few GRPO steps with FSDP2 on fixed batches;
+"""Run under torchrun by tests/trainer/test_trainer_fsdp.py: a few GRPO steps with FSDP2 on fixed batches;
 rank 0 writes the metrics and the final LoRA weights as JSON. `python fsdp_worker.py MODEL OUT`."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ a scripted teacher that reads each question's line of digits drives the real min
 collect`, `forge sft` trains the warmed-up tiny student on what passed, and the first step of `forge
 train --init-from` (sampled before any update) shows the SFT policy's pass rate above what a policy blind
 to the question can score (1/k for k tasks whose answers differ; the base starts at or under it by
-construction, tests/test_tasks_demo.py). The measured three-stage curve is in docs/dashboard.md."""
+construction, tests/trainer/test_tasks_demo.py). The measured three-stage curve is in docs/dashboard.md."""
 
 from __future__ import annotations
 

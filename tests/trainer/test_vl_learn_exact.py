@@ -8,7 +8,7 @@ and user message, the screenshot as the proxy expands it), the screenshot as min
 gui-colour-screen page (every pixel one colour), the embedded engine sampling with `image_data`, the
 reply parsed by mini-gui's own parser and graded by the task's `expect_answer` exactly as the runner
 grades it, and GRPO + LoRA with the trainer settings and group size of openforge/presets/demo-mini-gui.toml. What
-it leaves out is Chromium and the sandbox: tests/test_up_gui.py runs those end to end.
+it leaves out is Chromium and the sandbox: tests/e2e/test_up_gui.py runs those end to end.
 
 Two colours, one task each: a policy blind to the screenshot scores at most 1/2 (whatever it says,
 each colour is right on one task of two). The assertions are on the mean of the last three steps

@@ -1,4 +1,4 @@
-"""Run under torchrun by tests/test_vl_dist.py: the real trainer loop (trainer/loop.py's `train`) on
+"""Run under torchrun by tests/trainer/test_vl_dist.py: the real trainer loop (trainer/loop.py's `train`) on
 the tiny VLM, rank 0 sampling with `ImageReplaySampler` (deterministic rows with images, written to
 the store and the run's ImageStore) and rank 1 following it (trainer/distributed.py).
 

@@ -2,7 +2,7 @@
 
 The JSONL files are what forge reads; this script is their source, because shell verifiers are far
 easier to read here than JSON-escaped. Edit, then run `python rollouts/tasks/builtin/generate.py`.
-Every task carries a reference `solution`; tests/test_tasks_builtin.py proves each one scores 1 with
+Every task carries a reference `solution`; tests/rollouts/tasks/builtin/test_tasks_builtin.py proves each one scores 1 with
 it and 0 for each of selfcheck.HOSTILE_ANSWERS (empty, digits, the alphabet, an error blob, the
 instruction echoed, 1 MB of text).
 

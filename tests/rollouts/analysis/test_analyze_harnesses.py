@@ -5,7 +5,7 @@ proxy recorded must be the ones that conversation implies; `--by harness` compar
 runs are then exported with `forge export --format verl-sft` and read back through veRL (ForgeSFTDataset).
 
 Skipped (with the reason) unless both harnesses are installed in the npm cache (.ci/run installs them;
-see tests/test_real_harnesses.py).
+see tests/rollouts/harnesses/test_real_harnesses.py).
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def verl_tokens_are_the_recorded_ones(rig: Any, path: Path, rollout_id: str) -> 
 
         verl_or_skip()
     except pytest.skip.Exception:
-        return  # the export above is checked; veRL's side is tests/test_export_verl.py's, skipped there with why
+        return  # the export above is checked; veRL's side is tests/integrations/test_export_verl.py's, skipped there with why
     from verl.utils.import_utils import load_extern_object
 
     multiturn_sft_dataset()  # the transformers-version stand-in, if this venv needs it

@@ -4,7 +4,7 @@ real local sandbox through the real proxy.
 
 The venv is the one `forge harness install browser-use` makes, in $FORGE_NPM_CACHE or
 ~/.cache/openforge-npm (where .ci/run installs it); these tests skip, saying so, without it (and fail
-under FORGE_REQUIRE=browser-use, as in CI: tests/required.py)."""
+under FORGE_REQUIRE=browser-use, as in CI: tests/helpers/required.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The GUI harnesses: mini-gui (screenshot -> one action -> xdotool) in a real X display with a real
-browser against a scripted vision model (tests/gui_fixtures.py), its action parser, its coordinate
+browser against a scripted vision model (tests/helpers/gui_fixtures.py), its action parser, its coordinate
 mapping and its outcome rules; the adapters' outcomes."""
 
 from __future__ import annotations

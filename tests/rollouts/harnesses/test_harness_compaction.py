@@ -12,7 +12,7 @@ no tools, then the conversation goes on from its first turns + the summary (docs
 (CLAUDE_CODE_AUTO_COMPACT_WINDOW), at min(that, CLAUDE_CODE_MAX_CONTEXT_TOKENS) - 20k - 13k tokens: its
 summary request forks the history (the summary prompt appended to the last user turn, tools kept), and
 the conversation goes on from a first user turn that holds the summary. Skipped where the CLI is not
-installed (tests/test_real_harnesses.py).
+installed (tests/rollouts/harnesses/test_real_harnesses.py).
 """
 
 from __future__ import annotations

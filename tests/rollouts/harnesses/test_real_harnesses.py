@@ -452,7 +452,7 @@ async def test_missing_harnesses_fail_with_the_fix(tmp_path):
 ])
 def test_claude_code_outcome_reads_its_json(stdout: str, code: int, answer: str | None, failure: str | None):
     """Answers and harness failures; the policy's own endings (turn limit, context) are in
-    tests/test_rollout_endings.py, read from Claude Code's recorded output."""
+    tests/rollouts/runner/test_rollout_endings.py, read from Claude Code's recorded output."""
     from openforge.rollouts.harnesses.claude_code import claude_outcome
     from openforge.sandbox.base import ExecResult
 

@@ -4,7 +4,7 @@ through RolloutRunner -> local sandbox -> the program -> proxy (tiny model's tok
 engine) -> verifier -> store: the calls are recorded and the rollout is graded.
 
 Skipped (with the reason) where the registries cannot be reached; the cache is $FORGE_NPM_CACHE, else
-~/.cache/openforge-npm, as for tests/test_real_harnesses.py.
+~/.cache/openforge-npm, as for tests/rollouts/harnesses/test_real_harnesses.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 infrastructure and harness failures are masked, and counted beside every figure that leaves them out.
 
 The adapters are fed the real output of Claude Code 2.1.197 and Codex 0.171.0 in tests/data/harness_endings/,
-recorded through the proxy on the tiny model with a scripted engine (as tests/test_real_harnesses.py runs
+recorded through the proxy on the tiny model with a scripted engine (as tests/rollouts/harnesses/test_real_harnesses.py runs
 them): `calls` is the proxy's record of the rollout's calls, (status, finish_reason) in order.
 
     claude-code-max-turns   --max-turns 2, the policy calls Bash every turn

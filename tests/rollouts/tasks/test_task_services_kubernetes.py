@@ -3,7 +3,7 @@ servers' unix sockets registered with the process's site relay (sandbox/site_rel
 each, and every exec run behind a forwarder (sandbox/forwarder.py --connect) on the pod's own
 127.0.0.1:PORT that presents it, the way a GUI task's site reaches a pod.
 
-Against the API double (tests/k8s_double), as tests/test_gui_kubernetes.py: each pod has a network
+Against the API double (tests/k8s_double), as tests/sandbox/test_gui_kubernetes.py: each pod has a network
 namespace of its own (`pod_network`) that reaches the host only at the node's address on the relay's
 port; the venv is the image's python3. What a real cluster adds (a node network, a NetworkPolicy that
 must open the relay's port) is in docs/kubernetes.md."""

@@ -90,7 +90,7 @@ def _agent(calls: list) -> str:
 
 async def test_imported_tasks_are_graded_on_the_services_record(store: Store) -> None:
     """Under the judge-only reward (`--reward judge`) forge's own rules grade the record (the default reward,
-    ClawEval's task score, is tests/test_claweval_grading.py's)."""
+    ClawEval's task score, is tests/rollouts/tasks/claweval/test_claweval_grading.py's)."""
     task = TaskSpec.model_validate(import_claweval(SRC, reward="judge").tasks[0])
     scripts = {"made": _agent([("/notes/create", {"title": "groceries", "body": "milk, eggs"})]),
                "unsafe": _agent([("/notes/create", {"title": "groceries"}), ("/notes/delete", {"note_id": "N-1"})]),

@@ -6,7 +6,7 @@ the agent and the editor are gone. A display or an application the sandbox lacks
 the agent: an infrastructure failure, never a score.
 
 (xedit, not xterm, since before issue 31 the sandbox's user was root of its user namespace, where xterm's
-initgroups() fails; as `forge` xterm runs too: tests/test_sandbox_local_user.py.)"""
+initgroups() fails; as `forge` xterm runs too: tests/sandbox/test_sandbox_local_user.py.)"""
 
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def test_local_refuses_a_task_with_compose_services_in_one_line() -> None:
     with pytest.raises(SandboxError) as err:
         LocalSandbox.with_services(LocalSandboxConfig(), services)
     assert "compose services beside the agent (db)" in str(err.value) and "\n" not in str(err.value)
-    # Kubernetes runs them as containers of the rollout's pod (tests/test_kubernetes_compose.py).
+    # Kubernetes runs them as containers of the rollout's pod (tests/sandbox/test_kubernetes_compose.py).
     assert KubernetesSandbox.with_services(KubernetesSandboxConfig(), services).compose_services[0]["name"] == "db"
     assert DockerSandbox.with_services(DockerSandboxConfig(), services).compose_services[0]["name"] == "db"
     with pytest.raises(SandboxError, match='sandbox.network = "none"'):

@@ -115,7 +115,7 @@ def test_import_names_multi_step_tasks_it_cannot_run(tmp_path: Path) -> None:
     (steps / "task.toml").write_text('schema_version = "1.1"\n[[steps]]\nname = "1_first"\n')
     (steps / "steps" / "1_first" / "instruction.md").write_text("Do the first turn.\n")
     report = import_harbor(root)
-    # a multi-step task is imported (tests/test_tasks_harbor_steps.py); one whose step has no tests is refused
+    # a multi-step task is imported (tests/rollouts/tasks/harbor/test_tasks_harbor_steps.py); one whose step has no tests is refused
     assert (report.tasks, report.refused) == ([], [("turns", "step '1_first': no steps/1_first/tests/test.sh "
                                                                 "nor tests/test.sh")])
 

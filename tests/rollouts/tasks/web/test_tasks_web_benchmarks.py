@@ -1,6 +1,6 @@
 """`forge tasks import webvoyager|online-mind2web`: the benchmarks' own task formats (files written here
 in their published shapes) become online-only tasks graded by their named judge; a run refuses them
-without `sandbox.allow_internet` (with it, tests/test_tasks_web_online.py runs one in a container); the
+without `sandbox.allow_internet` (with it, tests/rollouts/tasks/web/test_tasks_web_online.py runs one in a container); the
 NetworkPolicy's internet variant; and, offline, tasks mapped onto a builtin-web site run through the
 real runner, proxy and sandbox, graded by the scripted WebJudge."""
 

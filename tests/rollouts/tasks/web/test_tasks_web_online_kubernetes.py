@@ -2,8 +2,8 @@
 the rollout's browser opens the task's start URL over the pod's own network, mini-gui acts on the page,
 and the task's judge grades it from its screens; without the switch the run is refused before any pod.
 
-On the API double (tests/k8s_double, per-pod networks, as tests/test_gui_kubernetes.py): the start page is
-served inside the pod, on its own loopback, by the task's setup (tests/test_tasks_web_online.py's task,
+On the API double (tests/k8s_double, per-pod networks, as tests/sandbox/test_gui_kubernetes.py): the start page is
+served inside the pod, on its own loopback, by the task's setup (tests/rollouts/tasks/web/test_tasks_web_online.py's task,
 the same one the Docker test runs). No relay is involved: an online task has no site on the host.
 
 Forge creates no NetworkPolicy at run time: a cluster's operator applies the one printed by
