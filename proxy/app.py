@@ -235,10 +235,13 @@ class Proxy:
         except APIError as err:
             return error_response(openai_chat, err)  # type: ignore[arg-type]
         # One list both SDKs read: OpenAI's {object, data[id, object, created, owned_by]} and
-        # Anthropic's {data[id, type, display_name, created_at], has_more, first_id, last_id}.
+        # Anthropic's {data[id, type, display_name, created_at], has_more, first_id, last_id}; and the
+        # context this proxy serves (`context_length`, as OpenRouter's listing names it; null: unknown),
+        # which the runner tells the harness (its spec's [context], docs/harnesses.md).
         name = self.served_model
         model = {"id": name, "object": "model", "created": 0, "owned_by": "openforge", "type": "model",
-                 "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
+                 "display_name": name, "created_at": "1970-01-01T00:00:00Z",
+                 "context_length": await self.pipeline.context_limit()}
         return JSONResponse({"object": "list", "data": [model], "has_more": False, "first_id": name, "last_id": name})
 
 

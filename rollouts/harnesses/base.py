@@ -73,6 +73,9 @@ class HarnessContext:
     # A multi-step Harbor task's step being run (rollouts/runner/steps.py): each is a fresh harness run
     # given that step's instruction; "" for a task of one step.
     step: str = ""
+    # The run's context size as the proxy enforces it (the engine's context length, or
+    # proxy.max_context_tokens where lower); None when the proxy reports none.
+    context_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@
     [answer]   source = "file" | "stdout" | "json" | "none"; path; key
     [failures] policy_exit_codes, policy_output                    which endings are the policy's (reward 0)
     [limits]   args/env that set its own turn/token limits (from harness.max_turns / max_tokens)
+    [context]  args/env that tell it the run's context size ({context_tokens}), where it compacts
     [prompt]   args/env that shrink its prompt (its prompt budget); config, merged into a hook's config file
     [image]    programs a container image must have on its PATH
     [side_calls] match = { title = "regex" }; train             its own background calls, tagged, not trained on
@@ -46,6 +47,8 @@ PLACEHOLDERS: dict[str, str] = {
     "python": "a Python 3 (the local sandbox: forge's own interpreter; containers: the image's python3)",
     "mcp_url": "the rollout's MCP server of task tools as the sandbox reaches it (streamable HTTP; [mcp] only)",
     "mcp_token": "the bearer token that MCP server demands (`Authorization: Bearer {mcp_token}`; [mcp] only)",
+    "context_tokens": "the run's context size: the longest prompt + completion the proxy serves (the engine's "
+                      "context length, or proxy.max_context_tokens where lower); [context] only",
     "options": "(a whole argument) the [limits] and [prompt] args and harness.extra_args, spliced in",
 }
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
@@ -145,6 +148,11 @@ class PromptSpec(OptionsSpec):
                                    "\"coding\"}}); only a hook that writes one takes it")
 
 
+class ContextSpec(OptionsSpec):
+    """How the harness is told the run's context size ({context_tokens}), so that it manages its context
+    (compacts) where the proxy would refuse a prompt; used when the proxy reports the size."""
+
+
 class McpSpec(_Table):
     """How the harness takes an MCP server; used only for a task that has tools (rollouts/tasks/tools.py)."""
 
@@ -190,6 +198,7 @@ class HarnessSpec(_Table):
     answer: AnswerSpec = Field(default_factory=AnswerSpec)
     failures: FailureSpec = Field(default_factory=FailureSpec)
     limits: OptionsSpec = Field(default_factory=OptionsSpec)
+    context: ContextSpec = Field(default_factory=ContextSpec)
     prompt: PromptSpec = Field(default_factory=PromptSpec)
     image: ImageSpec = Field(default_factory=ImageSpec)
     side_calls: SideCallsSpec = Field(default_factory=SideCallsSpec)
@@ -201,7 +210,8 @@ class HarnessSpec(_Table):
     def templates(self) -> dict[str, str]:
         """Every text that may hold placeholders, by the field it is in (for the load-time check)."""
         fields: dict[str, str] = {"run.program": self.run.program, "answer.path": self.answer.path}
-        for table, options in (("run", self.run), ("limits", self.limits), ("prompt", self.prompt)):
+        for table, options in (("run", self.run), ("limits", self.limits), ("context", self.context),
+                               ("prompt", self.prompt)):
             fields |= {f"{table}.args[{i}]": arg for i, arg in enumerate(options.args)}
             fields |= {f"{table}.env.{key}": value for key, value in options.env.items()}
         fields |= {f"run.files.{path!r}": text for path, text in self.run.files.items()}
@@ -244,6 +254,9 @@ def load_spec(path: str | Path) -> HarnessSpec:
                                    f"known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
         if {"mcp_url", "mcp_token"} & set(placeholders_in(text)) and not field.startswith("mcp."):
             raise HarnessSpecError(f"{file}: {field}: {{mcp_url}} and {{mcp_token}} may only be used in [mcp]")
+        if "context_tokens" in placeholders_in(text) and not field.startswith("context."):
+            raise HarnessSpecError(f"{file}: {field}: {{context_tokens}} may only be used in [context] (given "
+                                   "only when the proxy reports the run's context size)")
         if "{options}" in text and not field.startswith("run.args["):
             raise HarnessSpecError(f"{file}: {field}: {{options}} may only stand as a whole argument in run.args")
     for sandbox_path, source in spec.run.copy_files.items():

@@ -33,7 +33,7 @@ from openforge.rollouts.harnesses import agent_files
 from openforge.rollouts.harnesses.base import (HarnessBase, HarnessContext, HarnessOutcome, SideCalls, last_line,
                                               read_text)
 from openforge.rollouts.harnesses.npm import NpmHarness, install_env, install_packages, npm_cache_dir
-from openforge.rollouts.harnesses.spec import HarnessSpec, McpSpec, expand
+from openforge.rollouts.harnesses.spec import HarnessSpec, McpSpec, OptionsSpec, expand
 from openforge.rollouts.harnesses.venv import INSTALL_TIMEOUT_S, install_venv
 from openforge.sandbox.base import ExecResult, Sandbox
 from openforge.sandbox.confine import Confinement
@@ -187,6 +187,7 @@ class SpecHarness(HarnessBase):
             "max_tokens": str(self.config.max_tokens), "options": "{options}",
             "python": sys.executable if ctx.backend == "local" else "python3",
             "mcp_url": ctx.tools_url, "mcp_token": ctx.tools_token,
+            "context_tokens": str(ctx.context_tokens or ""),
         }
 
     def _mcp(self, ctx: HarnessContext) -> McpSpec:
@@ -212,11 +213,16 @@ class SpecHarness(HarnessBase):
         for path, text in {**self.spec.run.files, **self._mcp(ctx).files}.items():
             await sandbox.write_file(path, expand(text, values).encode("utf-8"))
 
+    def _context(self, ctx: HarnessContext) -> OptionsSpec:
+        """The [context] options of this rollout: the spec's when the run's context size is known, else none."""
+        return self.spec.context if ctx.context_tokens else OptionsSpec()
+
     def command(self, ctx: HarnessContext) -> list[str]:
         values, run = self.values(ctx), self.spec.run
         program = self.local_program(self.cache) if ctx.backend == "local" else None
-        options = [expand(a, values) for a in [*self.spec.limits.args, *self.spec.prompt.args, *self._mcp(ctx).args]] \
-            + self.config.extra_args
+        # harness.extra_args last: where a CLI takes the last of a repeated setting (Codex's -c), the user's wins
+        options = [expand(a, values) for a in [*self.spec.limits.args, *self._context(ctx).args,
+                                               *self.spec.prompt.args, *self._mcp(ctx).args]] + self.config.extra_args
         args = [expand(a, values) for a in run.args]
         if "{options}" in args:
             at = args.index("{options}")
@@ -229,7 +235,9 @@ class SpecHarness(HarnessBase):
         values, api = self.values(ctx), self.spec.api
         env = {var: values["base_url"] for var in api.base_url_env}
         env |= {var: ctx.api_key for var in api.api_key_env} | {var: ctx.model for var in api.model_env}
-        for extra in (self.spec.run.env, self.spec.limits.env, self.spec.prompt.env, self._mcp(ctx).env):
+        # [context] first: a value the spec sets in [run.env] itself (a user's copy of a built-in) wins
+        for extra in (self._context(ctx).env, self.spec.run.env, self.spec.limits.env, self.spec.prompt.env,
+                      self._mcp(ctx).env):
             env |= {key: expand(value, values) for key, value in extra.items()}
         return env
 

@@ -117,6 +117,7 @@ class RolloutRunner:
         self._gate.set()
         self._sem = asyncio.Semaphore(config.runner.concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._context_asked, self._context_size = False, None  # the proxy's context size (context_tokens)
 
     # -- control --------------------------------------------------------------------------------
 
@@ -135,6 +136,27 @@ class RolloutRunner:
         """Cancel every unfinished rollout of the current `run` (their sandboxes are stopped)."""
         for task in self._tasks:
             task.cancel()
+
+    async def context_tokens(self, key: str | None) -> int | None:
+        """The run's context size as the proxy enforces it (its model listing's `context_length`), asked
+        once with a live rollout's key; None when the proxy reports none or cannot be asked (the harness
+        is then not told: its spec's [context] is left out)."""
+        if self._context_asked:
+            return self._context_size
+        import httpx
+
+        try:
+            async with httpx.AsyncClient(timeout=30) as client:
+                answer = await client.get(f"{self.proxy_url.rstrip('/')}/v1/models",
+                                          headers={"Authorization": f"Bearer {key}"})
+                answer.raise_for_status()
+                size = answer.json()["data"][0].get("context_length")
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            log.warning("the proxy at %s did not say the run's context size (%s): harnesses are not told it",
+                        self.proxy_url, exc)
+            size = None
+        self._context_asked, self._context_size = True, int(size) if size else None
+        return self._context_size
 
     # -- running --------------------------------------------------------------------------------
 
@@ -344,7 +366,8 @@ class RolloutRunner:
         ctx = HarnessContext(proxy_url=sb.agent_proxy_url(self.proxy_url), api_key=ro.key,
                              model=self.config.proxy.served_model_name, instruction=task.instruction,
                              workdir=sb.info.workdir, backend=sb.info.backend, task_id=task.id,
-                             tools_url=tools_url, tools_token=tools.token if tools is not None else "")
+                             tools_url=tools_url, tools_token=tools.token if tools is not None else "",
+                             context_tokens=await self.context_tokens(ro.key))
         await self._setup(sb, task)
         kind = kind_of(task)
         await kind.prepare(sb, task, site)  # its probes: what the sandbox lacks is never the policy's 0
