@@ -8,6 +8,7 @@ CLAUDE_CODE_AUTO_COMPACT_WINDOW. A run's own values (harness.extra_args, a spec'
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -94,3 +95,27 @@ async def test_codex_compacts_at_the_runs_context_with_no_setting_of_its_own(mak
     assert len([c for c in calls if c.side == "compaction"]) == 1
     assert len([c for c in calls if c.break_reason == breaks.COMPACTED]) == 1
     assert not [c for c in rig.calls(ro.id) if c.status != "ok"]  # no prompt refused as over the context
+
+
+@needs("claude-code")
+@pytest.mark.timeout(180)
+async def test_claude_code_compacts_at_the_runs_context_with_no_setting_of_its_own(make_rig, tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    """proxy.max_context_tokens = 48000 and the built-in spec as it ships (the compaction test's run, its
+    copy of the spec given no settings of its own): Claude Code reports a 48k window and compacts
+    proactively near 15k tokens (48k - 20k - 13k), before the proxy would refuse a prompt."""
+    from tests.rollouts.harnesses import test_harness_compaction as compaction
+
+    shipped = tmp_path / "specs"
+    shipped.mkdir()  # the line the compaction test adds its settings after, spelt so that none are added
+    (shipped / "claude-code.toml").write_text((BUILTIN_SPECS / "claude-code.toml").read_text().replace(
+        'IS_SANDBOX = "1"\n', 'IS_SANDBOX = "1"  \n'))
+    monkeypatch.setattr(compaction, "BUILTIN_SPECS", shipped)
+    rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=48000)
+    ro = await compaction.run_claude_compacting(rig, tmp_path)
+    assert (ro.status, ro.reward) == ("scored", 1.0), (ro.error, ro.stdout[-1500:])
+    assert json.loads(ro.stdout)["modelUsage"]["forge-policy"]["contextWindow"] == 48000
+    calls = sorted(rig.calls(ro.id), key=lambda c: c.seq)
+    [summary] = [c for c in calls if c.side == "compaction"]
+    assert [c.seq for c in calls if c.break_reason == breaks.COMPACTED] == [summary.seq + 1]
+    assert summary.prompt_tokens < 33000 and all(c.status == "ok" for c in calls)  # proactive: none refused
