@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections import Counter
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich import box
@@ -16,7 +17,8 @@ from openforge.config import ForgeConfig
 from openforge.errors import ConfigError, TaskError
 from openforge.rollouts.runner.metrics import RunMetrics, summary_headline
 from openforge.rollouts.tasks.format import load_tasks, validate_tasks
-from openforge.rollouts.tasks.kinds import check_run
+from openforge.rollouts.tasks.importing import check_some_imported
+from openforge.rollouts.tasks.kinds import TaskKindBase, check_run, import_formats, importer_of
 from openforge.rollouts.tasks.setup_files import SetupLimits
 from openforge.sandbox.limits import storage_notice
 
@@ -65,122 +67,56 @@ def tasks_validate(
         typer.echo(storage_notice(sized, state(ctx).config().sandbox.type))
 
 
-@tasks_app.command("import")
-def tasks_import(
-    fmt: Annotated[str, typer.Argument(metavar="FORMAT", help="the source's format: claweval (a claw-eval "
-                                                               "checkout), harbor (task folders, their Dockerfiles "
-                                                               "built into images), osworld (OSWorld-format JSON "
-                                                               "tasks), "
-                                                               "webvoyager or online-mind2web (their task files), or "
-                                                               "the name of a task family with an importer "
-                                                               "(docs/tasks.md, \"Adding a task format\")")],
-    src: Annotated[str, typer.Argument(help="the source: a claw-eval checkout (or its tasks/ folder); a Harbor dataset folder or task; WebVoyager's "
-                                            "data/WebVoyager_data.jsonl (or data/); Online-Mind2Web's tasks JSON")],
-    out: Annotated[str, typer.Option("--out", help="folder to write the forge tasks to, one task folder each "
-                                                   "(webvoyager, online-mind2web: a .jsonl file)")] = "",
-    local_sites: Annotated[Optional[str], typer.Option("--local-sites", help="webvoyager, online-mind2web: a JSON "
-                                                       "map of website -> builtin-web site, to run those tasks "
-                                                       "offline (docs/tasks.md, \"Web benchmarks\")")] = None,
-    base: Annotated[Optional[list[str]], typer.Option("--base", help="harbor: FROM=IMAGE, build a task whose "
-                                                      "Dockerfile says FROM FROM on the local IMAGE instead "
-                                                      "(builds are offline; repeatable)")] = None,
-    cache: Annotated[Optional[str], typer.Option("--cache", help="osworld: an OSWorld cache folder holding local "
-                                                 "copies of the tasks' downloads (CACHE/<task id>/...)")] = None,
-    reward: Annotated[str, typer.Option("--reward", help="claweval: the tasks' reward: claweval (ClawEval's task "
-                                        "score from its grader.py, its judge inside) or judge (forge's judge on "
-                                        "the rubric beside the exact tool_called rules; ClawEval's score reported "
-                                        "beside it)")] = "claweval",
-) -> None:
+def tasks_import(fmt: str, src: str, out: str = "", **options: Any) -> None:
     """Convert a task set of another format into forge task folders; print each refused task and the counts."""
-    if fmt == "osworld":
-        _import_osworld(src, out or "osworld-tasks", cache)
-        return
-    if fmt == "harbor":
-        from openforge.rollouts.tasks.claweval.importer import write_tasks
-        from openforge.rollouts.tasks.harbor.image import import_harbor, parse_base_map
-
-        report = import_harbor(src, bases=parse_base_map(base or []))
-        for task_id, why in report.refused:
-            typer.echo(f"{task_id}: {why}", err=True)
-        for task_id, why in report.notes:
-            typer.echo(f"{task_id}: imported, note: {why}", err=True)
-        _some_imported(src, report.tasks, len(report.refused))
-        folder = write_tasks(report.tasks, out or "harbor-tasks")
-        if notice := storage_notice([t["id"] for t in report.tasks if (t.get("limits") or {}).get("storage_mb")], None):
-            typer.echo(notice)
-        typer.echo(f"{src}: {len(report.tasks) + len(report.refused)} task(s): {len(report.tasks)} imported to "
-                   f"{folder} ({len(report.built)} image(s) built, {len(report.cached)} cached), "
-                   f"{len(report.refused)} refused")
-        return
-    if fmt in ("webvoyager", "online-mind2web"):
-        from openforge.rollouts.tasks.web.benchmarks import import_web_benchmark, write_jsonl
-
-        tasks, online = import_web_benchmark(fmt, src, local_sites=local_sites)
-        _some_imported(src, tasks, 0)
-        path = write_jsonl(tasks, out or f"{fmt}-tasks.jsonl")
-        typer.echo(f"{src}: {len(tasks)} task(s) imported to {path}: {online} online-only (they need "
-                   f"sandbox.allow_internet), {len(tasks) - online} on local sites")
-        return
-    if fmt != "claweval":
-        _import_by_family(fmt, src, out)
-        return
-    out = out or "claweval-tasks"
-    from openforge.rollouts.tasks.claweval.importer import import_claweval, write_tasks
-
-    report = import_claweval(src, reward=reward)
-    for task_id, why in report.online_only:
-        typer.echo(f"{task_id}: online-only: {why}", err=True)
-    for task_id, why in report.unsupported:
-        typer.echo(f"{task_id}: unsupported: {why}", err=True)
-    _some_imported(src, report.tasks, len(report.online_only) + len(report.unsupported))
-    folder = write_tasks(report.tasks, out)
-    total = len(report.tasks) + len(report.online_only) + len(report.unsupported)
-    graded = sum(1 for t in report.tasks if t.get("family"))  # its family payload is its grader.py
-    typer.echo(f"{src}: {total} task(s): {len(report.tasks)} imported to {folder}, "
-               f"{len(report.online_only)} online-only, {len(report.unsupported)} unsupported; {graded} imported "
-               "with ClawEval's own grader.py ("
-               + ("its task score is the reward)" if reward == "claweval" else "its scores beside forge's judge's reward)"))
-
-
-def _import_by_family(fmt: str, src: str, out: str) -> None:
-    """A task family's own importer (rollouts/tasks/kinds.py `import_tasks`), found by the family's name."""
-    from openforge.rollouts.tasks.kinds import get_kind, kind_names
-
-    importers = [n for n in kind_names() if get_kind(n).import_help]
-    if fmt not in importers:
-        raise TaskError(f"unknown import format {fmt!r}: claweval, harbor, osworld, webvoyager, online-mind2web"
-                        + "".join(f", {n}" for n in importers))
-    result = get_kind(fmt).import_tasks(src, out)
-    for where, why in result.refused:
+    kind = importer_of(fmt)
+    result = kind.import_tasks(src, out, fmt=fmt, options={o.name: options.get(o.name, o.default)
+                                                           for o in kind.import_options})
+    for where, why in [*result.refused, *result.notes]:
         typer.echo(f"{where}: {why}", err=True)
-    _some_imported(src, result.tasks, len(result.refused))
+    check_some_imported(src, result)
     typer.echo(result.summary)
 
 
-def _some_imported(src: str, tasks: list, refused: int) -> None:
-    """An import that converted nothing is a failure (exit 1), whatever it refused and why (listed above)."""
-    if not tasks:
-        raise TaskError(f"{src}: none of its {refused} task(s) could be imported (the reasons are above)"
-                        if refused else f"{src}: no tasks found")
+def _import_parameters() -> list[inspect.Parameter]:
+    """`forge tasks import`'s arguments and options as the families declare them (rollouts/tasks/importing.py):
+    each format with what it reads, and each option only some importer reads, with the formats that read it."""
+    by_kind: dict[str, tuple[TaskKindBase, list[str]]] = {}
+    for fmt, kind in import_formats().items():
+        by_kind.setdefault(kind.name, (kind, []))[1].append(fmt)
+    kinds = sorted(by_kind.values(), key=lambda kv: kv[1][0])
+    formats = [f"{' or '.join(fmts)} ({kind.import_help})" for kind, fmts in kinds]
+    sources = [kind.import_source for kind, _ in kinds if kind.import_source]
+    outs: dict[str, list[str]] = {}
+    for kind, fmts in kinds:
+        if kind.import_out:
+            outs.setdefault(kind.import_out, []).extend(fmts)
+    written = "; ".join(", ".join(fmts) + f": {what}" for what, fmts in outs.items())
+    out_help = "folder to write the forge tasks to, one task folder each" + (f" ({written})" if written else "")
+
+    def param(name: str, annotation: Any, default: Any = inspect.Parameter.empty) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+    params = [
+        param("fmt", Annotated[str, typer.Argument(metavar="FORMAT", help=(
+            f"the source's format: {', '.join(formats)}, or the name of a task family with an importer "
+            "(docs/tasks.md, \"Adding a task format\")"))]),
+        param("src", Annotated[str, typer.Argument(help=f"the source: {'; '.join(sources)}")]),
+        param("out", Annotated[str, typer.Option("--out", help=out_help)], ""),
+    ]
+    for kind, fmts in kinds:
+        for option in kind.import_options:
+            if option.name in {p.name for p in params}:
+                continue  # declared by an earlier family too: one option, each importer reads it
+            kind_of_value = Optional[list[str]] if option.repeatable else Optional[str]
+            params.append(param(option.name, Annotated[kind_of_value, typer.Option(
+                option.flag, help=f"{', '.join(fmts)}: {option.help}")], option.default))
+    return params
 
 
-def _import_osworld(src: str, out: str, cache: str | None) -> None:
-    from openforge.rollouts.tasks.claweval.importer import write_tasks
-    from openforge.rollouts.tasks.osworld.importer import import_osworld
-
-    report = import_osworld(src, cache=cache)
-    for kind, refused in (("online-only", report.online_only), ("unsupported", report.unsupported),
-                          ("imported, not runnable here", report.not_here), ("imported, note", report.notes)):
-        for task_id, why in refused:
-            typer.echo(f"{task_id}: {kind}: {why}", err=True)
-    _some_imported(src, report.tasks, len(report.online_only) + len(report.unsupported))
-    folder = write_tasks(report.tasks, out)
-    total = len(report.tasks) + len(report.online_only) + len(report.unsupported)
-    typer.echo(f"{src}: {total} OSWorld-format task(s): {len(report.tasks)} imported to {folder} "
-               f"({len(report.tasks) - len(report.not_here)} with what they need installed here, {len(report.not_here)} "
-               "need a desktop application not installed here, root or a D-Bus session; `forge tasks validate --run` "
-               f"shows which a reference passes), {len(report.online_only)} online-only, "
-               f"{len(report.unsupported)} unsupported")
+# The command is the families' (rollouts/tasks/kinds.py `import_formats`): the signature typer reads is theirs.
+tasks_import.__signature__ = inspect.Signature(_import_parameters())  # type: ignore[attr-defined]
+tasks_app.command("import")(tasks_import)
 
 
 @tasks_app.command("list")

@@ -31,8 +31,10 @@ either or both of:
 With both, the reward is the verifier's when every expectation holds, else 0.0.
 
 A task of a family (Harbor, OSWorld, ClawEval, desktop, web) carries that family's own part in `family`, one
-payload keyed by `kind` (each model in its family's folder, `rollouts/tasks/<kind>/payload.py`); records of the
-older form, with those parts as top-level keys, load into it (`legacy_family`).
+payload keyed by `kind`, validated with the model that family's kind names (`payload_model`, each in its
+family's folder, `rollouts/tasks/<kind>/payload.py`; a family from another package brings its own: registry.py).
+A `kind` no installed family has is a problem of that task naming the family and how to install it. Records
+of the older form, with those parts as top-level keys, load into it (`legacy_family`).
 
 A `judge` component (rollouts/tasks/judge.py) adds a model's verdict or score, weighed beside the exact
 graders' reward (or alone, in a task without them); a judge that fails makes the rollout an
@@ -49,24 +51,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, SerializeAsAny, ValidationError, field_validator, \
+    model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from openforge.errors import TaskError
 from openforge.rollouts.harnesses.agent_files import ANSWER_FILE
 from openforge.rollouts.tasks.grading import ExpectedAnswer, check_relative_paths
 from openforge.rollouts.tasks.harbor.folder import harbor_record, is_harbor_task, strip_prefix
 from openforge.rollouts.tasks.harbor.image import TaskImage
-from openforge.rollouts.tasks.claweval.payload import ClawEvalPayload
-from openforge.rollouts.tasks.desktop.payload import DesktopPayload
-from openforge.rollouts.tasks.harbor.payload import HarborPayload
 from openforge.rollouts.tasks.judge import JudgeSpec
-from openforge.rollouts.tasks.osworld.payload import OSWorldPayload
 from openforge.rollouts.tasks.mcp_servers import McpServerSpec
+from openforge.rollouts.tasks.payload import FamilyPayload
+from openforge.rollouts.tasks.registry import payload_model
 from openforge.rollouts.tasks.services import RequestRule, ServiceSpec
 from openforge.rollouts.tasks.setup_files import FILES_DIR, SetupLimits, check_inside, decode, read_tree
 from openforge.rollouts.tasks.tools import TaskTool, check_unique
 from openforge.rollouts.tasks.web import WEB_TASKS_DIR
-from openforge.rollouts.tasks.web.payload import WebPayload
 from openforge.sandbox.compose import ComposeService
 from openforge.sandbox.limits import TaskLimits
 
@@ -79,16 +80,40 @@ _NO_GRADER = ("verifier: missing (required unless expect_answer, expect_files, e
               "only a gate), harbor, osworld or judge grades the task)")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
-# A task family's own part of a task, keyed by `kind` as the sandbox config is keyed by `type` (openforge/config.py).
-# Each payload lives in its family's folder; a family that adds one adds it here.
-FamilyPayload = Annotated[HarborPayload | OSWorldPayload | ClawEvalPayload | DesktopPayload | WebPayload,
-                          Field(discriminator="kind")]
-P = TypeVar("P", HarborPayload, OSWorldPayload, ClawEvalPayload, DesktopPayload, WebPayload)
+P = TypeVar("P", bound=FamilyPayload)
 # Task files written before `family` held each family's part as top-level keys: key -> (kind, name in the payload).
 LEGACY_KEYS: dict[str, tuple[str, str]] = {
     "harbor": ("harbor", "tests"), "harbor_steps": ("harbor", "steps"), "osworld": ("osworld", "evaluator"),
     "claweval": ("claweval", "grading"), "gui": ("web", "gui"), "online": ("web", "online"),
     "desktop": ("desktop", "desktop")}
+
+
+def family_payload(value: Any) -> FamilyPayload:
+    """`family` validated with the model its `kind`'s family names (registry.py `payload_model`), as a tagged
+    union is: errors located under the kind (`family.harbor.tests: ...`). A kind no installed family has is one
+    error naming it and how to install it; nothing of the payload is dropped or guessed."""
+    kind = value.kind if isinstance(value, FamilyPayload) else value.get("kind") if isinstance(value, dict) else None
+    if not isinstance(kind, str):
+        raise PydanticCustomError("family_kind", "a family payload is an object whose `kind` names the task's family")
+    try:
+        model = payload_model(kind)
+    except TaskError as exc:
+        raise PydanticCustomError("unknown_family", str(exc)) from None
+    if isinstance(value, model):  # built by its family's code: taken as it is, as pydantic takes a model instance
+        return value
+    if isinstance(value, FamilyPayload):
+        value = value.model_dump()
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:  # re-located under the kind, each error as it was said
+        raise ValidationError.from_exception_data(exc.title, [
+            InitErrorDetails(type=PydanticCustomError(e["type"], e["msg"]), loc=(kind, *e["loc"]), input=e["input"])
+            for e in exc.errors()]) from None
+
+
+# A task family's own part of a task, keyed by `kind` as the sandbox config is keyed by `type` (openforge/config.py):
+# its model is its family's, found by the kind's name; it is written out as that model (SerializeAsAny).
+Family = Annotated[SerializeAsAny[FamilyPayload], PlainValidator(family_payload)]
 
 
 def legacy_family(record: dict[str, Any]) -> dict[str, Any]:
@@ -155,7 +180,7 @@ class TaskSpec(BaseModel):
     limits: TaskLimits | None = Field(None, description=(
         "the task's own cpus / memory_mb / storage_mb (Harbor's [environment]): they replace the run's sandbox "
         "limits for its rollouts, as each backend can honour them (sandbox/limits.py)"))
-    family: FamilyPayload | None = Field(None, description=(
+    family: Family | None = Field(None, description=(
         "the task's family's own part, keyed by `kind`: harbor (tests, steps), osworld (evaluator, desktop), "
         "claweval (grading), desktop (desktop), web (gui or online); each model in its family's folder "
         "(rollouts/tasks/<kind>/payload.py). Records of the older form, with these as top-level keys (`harbor`, "

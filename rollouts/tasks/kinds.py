@@ -8,63 +8,83 @@
     reward, said, note = await kind.grade(grader, sb, ro, task, answer, site, services=services)
     kind.attacks(task)                    # `forge tasks validate --run`: its own hostile agents, each must score 0
 
-The runner, the grader, the eval summary and the dry-run plan ask only these members; no module outside a
-family's own names its fields. A family is a class of `TaskKindBase` (each member has the plain task's
-behaviour until the family overrides it), found by name in, first match wins:
+The runner, the grader, the eval summary, the dry-run plan and `forge tasks import` ask only these members;
+no module outside a family's own names its fields. A family is a class of `TaskKindBase` (each member has the
+plain task's behaviour until the family overrides it), found by name in, first match wins:
 
-    KINDS                          the families forge ships, in the order they claim a task
+    KINDS                          the families forge ships, in the order they claim a task (registry.py)
     entry points `openforge.task_kinds`  installed packages: `name = "package.module:KindClass"`
     PlainKind                      every task no family claims: exact graders, a verifier, a judge
 
-A task belongs to the first kind whose `claims(task)` is true. The families shipped are mutually exclusive
-by their fields (a Harbor task has `harbor`, an OSWorld one `osworld` and a desktop, ...), except that an
-OSWorld-format task is also a desktop task: its kind extends the desktop kind. A family that only brings
-an importer (`forge tasks import NAME SRC`: `import_tasks`) claims no loaded task: its tasks are plain.
+A task with a `family` payload belongs to the kind its `kind` names (the kind's `payload_model` is the model
+the loader validated it with: a family from another package brings its own). Any other task belongs to the
+first kind whose `claims(task)` is true, else to the plain kind. An OSWorld-format task is also a desktop task:
+its kind extends the desktop kind. A family that only brings an importer (`forge tasks import NAME SRC`:
+`import_tasks`) has no payload and claims no loaded task: its tasks are plain.
+
+The runner and its grader are handed to a kind as the protocols below (`RolloutDriving`, `RolloutGrading`),
+so this module imports nothing of rollouts/runner/, which imports it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from functools import cache
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from openforge.errors import TaskError
-from openforge.lazy import lazy_class
+from openforge.rollouts.tasks.importing import ImportOption, ImportResult
+from openforge.rollouts.tasks.payload import FamilyPayload
+from openforge.rollouts.tasks.registry import family_names, kind_class
 
 if TYPE_CHECKING:
     from openforge.config import ForgeConfig
     from openforge.rollouts.harnesses.base import Harness, HarnessContext
-    from openforge.rollouts.runner.grader import RolloutGrader
-    from openforge.rollouts.runner.runner import RolloutRunner
     from openforge.rollouts.tasks.format import TaskSpec
     from openforge.sandbox.base import Sandbox
     from openforge.store import Rollout, Store
 
-ENTRY_POINT_GROUP = "openforge.task_kinds"
 Graded = tuple[float, str, "str | None"]  # (reward, what the graders said, a note when a verifier's output was unusable)
 
-# name -> (module, class): the families forge ships, in the order they claim a task. One line per family.
-KINDS: dict[str, tuple[str, str]] = {
-    "harbor": ("openforge.rollouts.tasks.harbor.kind", "HarborKind"),
-    "osworld": ("openforge.rollouts.tasks.osworld.kind", "OSWorldKind"),
-    "claweval": ("openforge.rollouts.tasks.claweval.kind", "ClawEvalKind"),
-    "desktop": ("openforge.rollouts.tasks.desktop.kind", "DesktopKind"),
-    "web": ("openforge.rollouts.tasks.web.kind", "WebKind"),
-    "gsm8k": ("openforge.rollouts.tasks.gsm8k.kind", "Gsm8kKind"),
-}
+
+class RolloutGrading(Protocol):
+    """What a family's graders may ask of forge's grader (rollouts/runner/grader.py `RolloutGrader` is it): the
+    run's settings and store, the whole grade, the exact graders, the judge weighed beside a kind's own, the
+    grader's folders made safe, a file the task expects, the judge route of a rollout."""
+
+    config: ForgeConfig
+    store: Store
+
+    async def grade(self, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str, site: Any = None, *,
+                    services: Any = None) -> Graded: ...
+
+    async def grade_with_judge(self, kind: TaskKind, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str,
+                               site: Any = None, *, services: Any = None) -> Graded: ...
+
+    async def grade_checks(self, sb: Sandbox, task: TaskSpec, answer: str, *, services: Any = None,
+                           ro: Rollout | None = None, site_check: Callable[[], tuple[bool, str]] | None = None,
+                           ) -> Graded: ...
+
+    async def grader_folders(self, sb: Sandbox, task: TaskSpec) -> None: ...
+
+    async def read_expected(self, sb: Sandbox, path: str, limit: int) -> bytes | None: ...
+
+    async def policy_base(self, ro: Rollout) -> Any: ...
 
 
-@dataclass
-class ImportResult:
-    """What `forge tasks import NAME` did: the tasks written where, each refused one with its reason, and a
-    line saying it (the CLI prints the refusals, then the line; nothing imported is exit 1)."""
+class RolloutDriving(Protocol):
+    """What a kind that drives its rollout itself (`drive`) is handed (rollouts/runner/runner.py `RolloutRunner`
+    is it): the run's settings and store, its grader, and what the step driver it may hand the runner on to
+    needs (rollouts/runner/steps.py takes harness_run.py's `RolloutDriver`: the trajectory assembled, the
+    ending recorded)."""
 
-    tasks: list[dict[str, Any]]
-    written_to: str
-    refused: list[tuple[str, str]] = field(default_factory=list)
-    summary: str = ""
+    config: ForgeConfig
+    store: Store
+    grader: RolloutGrading
+
+    async def _assemble(self, rollout_id: str, harness: Harness) -> str | None: ...
+
+    async def _finish(self, rollout_id: str, *, status: str, only_unfinished: bool = False, **fields: Any) -> None: ...
 
 
 @runtime_checkable
@@ -72,7 +92,12 @@ class TaskKind(Protocol):
     """A family of tasks: how its tasks get their resources, are driven and graded, and are described."""
 
     name: str
-    import_help: str  # what `forge tasks import NAME` reads ("" = no importer)
+    payload_model: type[FamilyPayload] | None  # the model of its part of a task (`family`), None for none
+    import_formats: tuple[str, ...]  # the FORMAT names of `forge tasks import` it reads (() = no importer)
+    import_help: str  # what those formats are, in the FORMAT argument's help: "a claw-eval checkout"
+    import_source: str  # what SRC is for them, in the SRC argument's help ("" = not said)
+    import_out: str  # what --out is for them when not a folder of task folders: "a .jsonl file"
+    import_options: tuple[ImportOption, ...]  # the options only its importer reads (--base, --cache, ...)
 
     def claims(self, task: TaskSpec) -> bool:
         """Whether `task` is of this family."""
@@ -104,17 +129,17 @@ class TaskKind(Protocol):
         """After the task's setup, before the agent: the family's probes. InfraFailure when it cannot start."""
         ...
 
-    async def drive(self, runner: RolloutRunner, sb: Sandbox, ro: Rollout, task: TaskSpec, harness: Harness,
+    async def drive(self, runner: RolloutDriving, sb: Sandbox, ro: Rollout, task: TaskSpec, harness: Harness,
                     ctx: HarnessContext, env: dict[str, str]) -> bool:
         """Run the whole rollout itself (steps) and record its ending: True; False: the runner's one harness run."""
         ...
 
-    async def grade(self, grader: RolloutGrader, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str,
+    async def grade(self, grader: RolloutGrading, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str,
                     site: Any = None, *, services: Any = None) -> Graded:
         """The rollout's reward once the agent is gone: the exact graders and a judge, or the family's own."""
         ...
 
-    async def grade_exact(self, grader: RolloutGrader, sb: Sandbox, ro: Rollout | None, task: TaskSpec, answer: str,
+    async def grade_exact(self, grader: RolloutGrading, sb: Sandbox, ro: Rollout | None, task: TaskSpec, answer: str,
                           site: Any = None, *, services: Any = None) -> Graded:
         """The exact graders alone (a judge component is weighed beside them by `grade`)."""
         ...
@@ -141,8 +166,10 @@ class TaskKind(Protocol):
         """The working folder the task's solution and tests name ("" = the sandbox's own)."""
         ...
 
-    def import_tasks(self, src: str, out: str) -> ImportResult:
-        """`forge tasks import NAME SRC --out OUT`: convert a source of this format into forge tasks."""
+    def import_tasks(self, src: str, out: str, *, fmt: str, options: dict[str, Any]) -> ImportResult:
+        """`forge tasks import FMT SRC --out OUT [options]`: convert a source of format `fmt` (one of its
+        `import_formats`) into forge tasks written to `out` (its own default when ""), nothing written when
+        none converts; `options`: each of its `import_options` by name, given or its default."""
         ...
 
 
@@ -150,10 +177,16 @@ class TaskKindBase:
     """The plain task's behaviour for every member: a family overrides what it brings."""
 
     name: ClassVar[str] = "plain"
+    payload_model: ClassVar[type[FamilyPayload] | None] = None
+    import_formats: ClassVar[tuple[str, ...]] = ()
     import_help: ClassVar[str] = ""
+    import_source: ClassVar[str] = ""
+    import_out: ClassVar[str] = ""
+    import_options: ClassVar[tuple[ImportOption, ...]] = ()
 
     def claims(self, task: TaskSpec) -> bool:
-        return False
+        """A task whose payload is this family's (kind_of asks only for a task without one)."""
+        return self.payload_model is not None and isinstance(task.family, self.payload_model)
 
     def describe(self, task: TaskSpec) -> str:
         return "judge" if task.judge is not None else "exact"
@@ -179,15 +212,15 @@ class TaskKindBase:
     async def prepare(self, sb: Sandbox, task: TaskSpec, site: Any) -> None:
         return None
 
-    async def drive(self, runner: RolloutRunner, sb: Sandbox, ro: Rollout, task: TaskSpec, harness: Harness,
+    async def drive(self, runner: RolloutDriving, sb: Sandbox, ro: Rollout, task: TaskSpec, harness: Harness,
                     ctx: HarnessContext, env: dict[str, str]) -> bool:
         return False
 
-    async def grade(self, grader: RolloutGrader, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str,
+    async def grade(self, grader: RolloutGrading, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str,
                     site: Any = None, *, services: Any = None) -> Graded:
         return await grader.grade_with_judge(self, sb, ro, task, answer, site, services=services)
 
-    async def grade_exact(self, grader: RolloutGrader, sb: Sandbox, ro: Rollout | None, task: TaskSpec, answer: str,
+    async def grade_exact(self, grader: RolloutGrading, sb: Sandbox, ro: Rollout | None, task: TaskSpec, answer: str,
                           site: Any = None, *, services: Any = None) -> Graded:
         return await grader.grade_checks(sb, task, answer, services=services, ro=ro)
 
@@ -206,7 +239,7 @@ class TaskKindBase:
     def solution_workdir(self, task: TaskSpec) -> str:
         return ""
 
-    def import_tasks(self, src: str, out: str) -> ImportResult:
+    def import_tasks(self, src: str, out: str, *, fmt: str, options: dict[str, Any]) -> ImportResult:
         raise TaskError(f"task family {self.name!r} has no importer")
 
 
@@ -223,7 +256,7 @@ _loaded: dict[str, TaskKindBase] = {}
 
 def kind_names() -> list[str]:
     """Every family's name, in the order they claim a task (the plain kind last)."""
-    return list(dict.fromkeys([*KINDS, *(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)), PLAIN.name]))
+    return [*family_names(), PLAIN.name]
 
 
 def get_kind(name: str) -> TaskKindBase:
@@ -231,16 +264,7 @@ def get_kind(name: str) -> TaskKindBase:
     if name == PLAIN.name:
         return PLAIN
     if name not in _loaded:
-        try:
-            if name in KINDS:
-                cls = lazy_class(*KINDS[name])
-            else:
-                found = entry_points(group=ENTRY_POINT_GROUP, name=name)
-                if not found:
-                    raise TaskError(f"unknown task family {name!r}; known: {', '.join(kind_names())}")
-                cls = next(iter(found)).load()
-        except (ImportError, LookupError) as exc:
-            raise TaskError(f"task family {name!r} cannot be loaded: {exc}") from None
+        cls = kind_class(name)
         kind = cls()
         if not isinstance(kind, TaskKind):
             raise TaskError(f"task family {name!r}: {cls!r} is not a TaskKind")
@@ -254,7 +278,10 @@ def _claim_order() -> tuple[str, ...]:
 
 
 def kind_of(task: TaskSpec) -> TaskKindBase:
-    """The family of `task`: the first that claims it (KINDS, then installed ones), else the plain kind."""
+    """The family of `task`: the one its payload's `kind` names; for a task without one, the first that claims
+    it (KINDS, then installed ones), else the plain kind."""
+    if task.family is not None:
+        return get_kind(task.family.kind)  # loaded already: the loader validated the payload with its model
     for name in _claim_order():
         kind = get_kind(name)
         if kind.claims(task):
@@ -276,3 +303,26 @@ def check_run(tasks: Iterable[TaskSpec], config: ForgeConfig) -> None:
     family judges its own group, before any engine or sandbox starts."""
     for kind, group in kinds_of(tasks).values():
         kind.check_run(group, config)
+
+
+def import_formats() -> dict[str, TaskKindBase]:
+    """`forge tasks import`'s formats: name -> the family whose importer reads it, in the families' order. A
+    family that cannot be loaded is left out here (asked for by name, it says why: `importer_of`)."""
+    formats: dict[str, TaskKindBase] = {}
+    for name in family_names():
+        try:
+            kind = get_kind(name)
+        except TaskError:
+            continue
+        formats.update({fmt: kind for fmt in kind.import_formats if fmt not in formats})
+    return formats
+
+
+def importer_of(fmt: str) -> TaskKindBase:
+    """The family whose importer reads format `fmt`. TaskError naming the formats there are when none does."""
+    formats = import_formats()
+    if fmt in formats:
+        return formats[fmt]
+    if fmt in family_names():
+        get_kind(fmt)  # an installed family that cannot be loaded says why
+    raise TaskError(f"unknown import format {fmt!r}: {', '.join(formats)}")

@@ -39,7 +39,6 @@ without a grader.py.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +47,7 @@ from urllib.parse import urlsplit
 
 from openforge.errors import TaskError
 from openforge.rollouts.tasks.claweval.grading import PASS_THRESHOLD
-from openforge.rollouts.tasks.setup_files import encode, read_task_file, write_binary_files
+from openforge.rollouts.tasks.setup_files import encode, read_task_file
 
 SUPPORTED_SCORING = {"tool_called", "llm_judge"}
 SUPPORTED_SAFETY = {"tool_not_called"}
@@ -333,17 +332,3 @@ def import_claweval(src: str | Path, *, reward: str = "claweval") -> ImportRepor
         except (KeyError, TypeError, ValueError) as exc:
             report.unsupported.append((task_dir.name, f"malformed task.yaml: {type(exc).__name__}: {exc}"))
     return report
-
-
-def write_tasks(records: list[dict[str, Any]], out: str | Path) -> Path:
-    """Each record as `OUT/<id>/task.json` (a forge task folder set; `forge tasks validate OUT`), its binary setup
-    files beside it as the files themselves, `OUT/<id>/files/<path>`, not base64 in the JSON (setup_files.py)."""
-    folder = Path(out).expanduser()
-    for record in records:
-        task = folder / record["id"]
-        task.mkdir(parents=True, exist_ok=True)
-        binary = record.get("binary_files") or {}
-        write_binary_files(task, binary)
-        record = {k: v for k, v in record.items() if k != "binary_files"}
-        (task / "task.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    return folder

@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from openforge.rollouts.tasks.claweval.payload import ClawEvalPayload
-from openforge.rollouts.tasks.kinds import Graded, TaskKindBase
+from openforge.rollouts.tasks.importing import ImportOption, ImportResult
+from openforge.rollouts.tasks.kinds import Graded, RolloutGrading, TaskKindBase
 
 if TYPE_CHECKING:
-    from openforge.rollouts.runner.grader import RolloutGrader
     from openforge.rollouts.tasks.format import TaskSpec
     from openforge.sandbox.base import Sandbox
     from openforge.store import Rollout, Store
@@ -21,11 +21,38 @@ SNAPSHOT_MAX_BYTES = 16 << 20  # a file copied out for a ClawEval grader (env_sn
 
 class ClawEvalKind(TaskKindBase):
     name = "claweval"
+    payload_model = ClawEvalPayload
+    import_formats = ("claweval",)
+    import_help = "a claw-eval checkout"
+    import_source = "a claw-eval checkout (or its tasks/ folder)"
+    import_options = (ImportOption("reward", "the tasks' reward: claweval (ClawEval's task score from its grader.py, "
+                                             "its judge inside) or judge (forge's judge on the rubric beside the exact "
+                                             "tool_called rules; ClawEval's score reported beside it)",
+                                   default="claweval"),)
 
-    def claims(self, task: TaskSpec) -> bool:
-        return task.payload(ClawEvalPayload) is not None
+    def import_tasks(self, src: str, out: str, *, fmt: str, options: dict[str, Any]) -> ImportResult:
+        """A claw-eval checkout's tasks (rollouts/tasks/claweval/importer.py) as task folders (default
+        claweval-tasks/), online-only and unsupported ones refused, each with its own grader.py."""
+        from openforge.rollouts.tasks.claweval.importer import import_claweval
+        from openforge.rollouts.tasks.importing import write_tasks
 
-    async def grade(self, grader: RolloutGrader, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str,
+        reward = options["reward"]
+        report = import_claweval(src, reward=reward)
+        refused = [*((task_id, f"online-only: {why}") for task_id, why in report.online_only),
+                   *((task_id, f"unsupported: {why}") for task_id, why in report.unsupported)]
+        if not report.tasks:
+            return ImportResult(tasks=[], written_to="", refused=refused)
+        folder = write_tasks(report.tasks, out or "claweval-tasks")
+        total = len(report.tasks) + len(refused)
+        graded = sum(1 for t in report.tasks if t.get("family"))  # its family payload is its grader.py
+        return ImportResult(
+            tasks=report.tasks, written_to=str(folder), refused=refused,
+            summary=f"{src}: {total} task(s): {len(report.tasks)} imported to {folder}, "
+                    f"{len(report.online_only)} online-only, {len(report.unsupported)} unsupported; {graded} imported "
+                    "with ClawEval's own grader.py ("
+                    + ("its task score is the reward)" if reward == "claweval" else "its scores beside forge's judge's reward)"))
+
+    async def grade(self, grader: RolloutGrading, sb: Sandbox, ro: Rollout, task: TaskSpec, answer: str,
                     site: Any = None, *, services: Any = None) -> Graded:
         from openforge.rollouts.runner.grader import InfraFailure, tail
         from openforge.rollouts.tasks.claweval.grading import ClawEvalGradingFailed, verdict_line
@@ -53,7 +80,7 @@ class ClawEvalKind(TaskKindBase):
         return (float(verdict["task_score"]) if reward is None else reward), tail(f"{output}\n{line}".strip()), note
 
     @staticmethod
-    async def _snapshot(grader: RolloutGrader, sb: Sandbox, task: TaskSpec) -> dict[str, Any]:
+    async def _snapshot(grader: RolloutGrading, sb: Sandbox, task: TaskSpec) -> dict[str, Any]:
         """ClawEval's env_snapshot of the files the task names (its /workspace paths), read from the sandbox's
         working directory: a missing file, a link out or a folder is ClawEval's "not found" entry."""
         from openforge.rollouts.tasks.claweval.grading import snapshot_entry

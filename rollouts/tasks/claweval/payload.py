@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from openforge.rollouts.tasks.claweval.grading import ClawEvalGrading
+from openforge.rollouts.tasks.payload import FamilyPayload
 
 
-class ClawEvalPayload(BaseModel):
+class ClawEvalPayload(FamilyPayload):
     """A ClawEval task: its own grader.py, run on the host after the agent is gone on the trace forge recorded."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -16,9 +16,7 @@ if TYPE_CHECKING:
 
 class DesktopKind(TaskKindBase):
     name = "desktop"
-
-    def claims(self, task: TaskSpec) -> bool:
-        return task.payload(DesktopPayload) is not None
+    payload_model = DesktopPayload
 
     def desktop(self, task: TaskSpec) -> DesktopTask | None:
         """The task's display and applications (an extending family keeps them in its own payload)."""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from openforge.rollouts.tasks.desktop.task import DesktopTask
+from openforge.rollouts.tasks.payload import FamilyPayload
 
 
-class DesktopPayload(BaseModel):
+class DesktopPayload(FamilyPayload):
     """A desktop task: its sandbox starts an X display with no browser, runs `desktop.start` on it (the task's
     applications) and then the agent (rollouts/tasks/desktop/task.py)."""
 

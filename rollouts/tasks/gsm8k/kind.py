@@ -31,7 +31,8 @@ from typing import Any
 
 from openforge.errors import TaskError
 from openforge.rollouts.harnesses.agent_files import ANSWER_FILE
-from openforge.rollouts.tasks.kinds import ImportResult, TaskKindBase
+from openforge.rollouts.tasks.importing import ImportResult
+from openforge.rollouts.tasks.kinds import TaskKindBase
 
 ASK = "Reply with the final answer: one number in digits (no commas, no units), nothing else."
 TIME_LIMIT_S = 120.0
@@ -98,9 +99,11 @@ class Gsm8kKind(TaskKindBase):
     """The family's importer; its tasks, once imported, are plain exact-answer tasks (module docstring)."""
 
     name = "gsm8k"
-    import_help = "a GSM8K-style JSONL file ({\"question\": ..., \"answer\": \"... #### 42\"} a line)"
+    import_formats = ("gsm8k",)
+    import_help = "a GSM8K-style JSONL file: {\"question\": ..., \"answer\": \"... #### 42\"} a line"
+    import_out = "a .jsonl file"
 
-    def import_tasks(self, src: str, out: str) -> ImportResult:
+    def import_tasks(self, src: str, out: str, *, fmt: str, options: dict[str, Any]) -> ImportResult:
         """Write the converted tasks to `out` (default gsm8k-tasks.jsonl), one a line."""
         tasks, refused = import_gsm8k(src)
         written = Path(out or "gsm8k-tasks.jsonl").expanduser()

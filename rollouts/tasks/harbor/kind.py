@@ -10,12 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from openforge.rollouts.tasks.harbor.payload import HarborPayload
-from openforge.rollouts.tasks.kinds import Graded, TaskKindBase
+from openforge.rollouts.tasks.importing import ImportOption, ImportResult
+from openforge.rollouts.tasks.kinds import Graded, RolloutDriving, RolloutGrading, TaskKindBase
 
 if TYPE_CHECKING:
     from openforge.rollouts.harnesses.base import Harness, HarnessContext
-    from openforge.rollouts.runner.grader import RolloutGrader
-    from openforge.rollouts.runner.runner import RolloutRunner
     from openforge.rollouts.tasks.format import TaskSpec
     from openforge.sandbox.base import Sandbox
     from openforge.store import Rollout
@@ -54,14 +53,36 @@ true
 
 class HarborKind(TaskKindBase):
     name = "harbor"
+    payload_model = HarborPayload
+    import_formats = ("harbor",)
+    import_help = "task folders, their Dockerfiles built into images"
+    import_source = "a Harbor dataset folder or task"
+    import_options = (ImportOption("base", "FROM=IMAGE, build a task whose Dockerfile says FROM FROM on the local "
+                                           "IMAGE instead (builds are offline; repeatable)", repeatable=True),)
 
-    def claims(self, task: TaskSpec) -> bool:
-        return task.payload(HarborPayload) is not None
+    def import_tasks(self, src: str, out: str, *, fmt: str, options: dict[str, Any]) -> ImportResult:
+        """Each task's Dockerfile built into its image (rollouts/tasks/harbor/image.py), the tasks written as task
+        folders (default harbor-tasks/), and a notice of the tasks whose storage size a backend cannot hold."""
+        from openforge.rollouts.tasks.harbor.image import import_harbor, parse_base_map
+        from openforge.rollouts.tasks.importing import write_tasks
+        from openforge.sandbox.limits import storage_notice
+
+        report = import_harbor(src, bases=parse_base_map(options["base"] or []))
+        notes = [(task_id, f"imported, note: {why}") for task_id, why in report.notes]
+        if not report.tasks:
+            return ImportResult(tasks=[], written_to="", refused=report.refused, notes=notes)
+        folder = write_tasks(report.tasks, out or "harbor-tasks")
+        notice = storage_notice([t["id"] for t in report.tasks if (t.get("limits") or {}).get("storage_mb")], None)
+        line = (f"{src}: {len(report.tasks) + len(report.refused)} task(s): {len(report.tasks)} imported to "
+                f"{folder} ({len(report.built)} image(s) built, {len(report.cached)} cached), "
+                f"{len(report.refused)} refused")
+        return ImportResult(tasks=report.tasks, written_to=str(folder), refused=report.refused, notes=notes,
+                            summary=f"{notice}\n{line}" if notice else line)
 
     def describe(self, task: TaskSpec) -> str:
         return "harbor"
 
-    async def drive(self, runner: RolloutRunner, sb: Sandbox, ro: Rollout, task: TaskSpec, harness: Harness,
+    async def drive(self, runner: RolloutDriving, sb: Sandbox, ro: Rollout, task: TaskSpec, harness: Harness,
                     ctx: HarnessContext, env: dict[str, str]) -> bool:
         """A multi-step task: a harness run per step, each graded by the step's own tests."""
         harbor = task.payload(HarborPayload)
@@ -94,7 +115,7 @@ class HarborKind(TaskKindBase):
         harbor = task.payload(HarborPayload)
         return harbor.tests.workdir if harbor is not None and harbor.tests is not None else ""
 
-    async def grade_exact(self, grader: RolloutGrader, sb: Sandbox, ro: Rollout | None, task: TaskSpec, answer: str,
+    async def grade_exact(self, grader: RolloutGrading, sb: Sandbox, ro: Rollout | None, task: TaskSpec, answer: str,
                           site: Any = None, *, services: Any = None) -> Graded:
         """The task's tests, copied in now (the agent is gone) and run; the reward file read on the host. A
         verifier that could not run is the infrastructure's."""

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from openforge.rollouts.tasks.harbor.steps import HarborSteps
 from openforge.rollouts.tasks.harbor.verifier import HarborTests
+from openforge.rollouts.tasks.payload import FamilyPayload
 
 
-class HarborPayload(BaseModel):
+class HarborPayload(FamilyPayload):
     """A Harbor / Terminal-Bench task: its tests run after the agent is gone, or its [[steps]]."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

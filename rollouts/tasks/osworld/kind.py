@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from openforge.rollouts.tasks.desktop.kind import DesktopKind
 from openforge.rollouts.tasks.desktop.task import DesktopTask
-from openforge.rollouts.tasks.kinds import Graded
+from openforge.rollouts.tasks.importing import ImportOption, ImportResult
+from openforge.rollouts.tasks.kinds import Graded, RolloutGrading
 from openforge.rollouts.tasks.osworld.payload import OSWorldPayload
 
 if TYPE_CHECKING:
-    from openforge.rollouts.runner.grader import RolloutGrader
     from openforge.rollouts.tasks.format import TaskSpec
     from openforge.sandbox.base import Sandbox
     from openforge.store import Rollout
@@ -31,9 +31,35 @@ def planted_files(task: TaskSpec) -> str:
 
 class OSWorldKind(DesktopKind):
     name = "osworld"
+    payload_model = OSWorldPayload
+    import_formats = ("osworld",)
+    import_help = "OSWorld-format JSON tasks"
+    import_options = (ImportOption("cache", "an OSWorld cache folder holding local copies of the tasks' downloads "
+                                            "(CACHE/<task id>/...)"),)
 
-    def claims(self, task: TaskSpec) -> bool:
-        return task.payload(OSWorldPayload) is not None
+    def import_tasks(self, src: str, out: str, *, fmt: str, options: dict[str, Any]) -> ImportResult:
+        """OSWorld-format JSON tasks (rollouts/tasks/osworld/importer.py) as task folders (default osworld-tasks/):
+        online-only and unsupported ones refused; imported ones this machine cannot run noted apart."""
+        from openforge.rollouts.tasks.importing import write_tasks
+        from openforge.rollouts.tasks.osworld.importer import import_osworld
+
+        report = import_osworld(src, cache=options["cache"])
+        refused = [(task_id, f"{why_kind}: {why}") for why_kind, found in
+                   (("online-only", report.online_only), ("unsupported", report.unsupported)) for task_id, why in found]
+        notes = [(task_id, f"{why_kind}: {why}") for why_kind, found in
+                 (("imported, not runnable here", report.not_here), ("imported, note", report.notes))
+                 for task_id, why in found]
+        if not report.tasks:
+            return ImportResult(tasks=[], written_to="", refused=refused, notes=notes)
+        folder = write_tasks(report.tasks, out or "osworld-tasks")
+        total = len(report.tasks) + len(report.online_only) + len(report.unsupported)
+        return ImportResult(
+            tasks=report.tasks, written_to=str(folder), refused=refused, notes=notes,
+            summary=f"{src}: {total} OSWorld-format task(s): {len(report.tasks)} imported to {folder} "
+                    f"({len(report.tasks) - len(report.not_here)} with what they need installed here, "
+                    f"{len(report.not_here)} need a desktop application not installed here, root or a D-Bus session; "
+                    "`forge tasks validate --run` shows which a reference passes), "
+                    f"{len(report.online_only)} online-only, {len(report.unsupported)} unsupported")
 
     def desktop(self, task: TaskSpec) -> DesktopTask | None:
         osworld = task.payload(OSWorldPayload)
@@ -45,7 +71,7 @@ class OSWorldKind(DesktopKind):
         osworld = task.payload(OSWorldPayload)
         return {} if osworld is None or osworld.evaluator.infeasible else {"planted files": planted_files(task)}
 
-    async def grade_exact(self, grader: RolloutGrader, sb: Sandbox, ro: Rollout | None, task: TaskSpec, answer: str,
+    async def grade_exact(self, grader: RolloutGrading, sb: Sandbox, ro: Rollout | None, task: TaskSpec, answer: str,
                           site: Any = None, *, services: Any = None) -> Graded:
         """The task's evaluator. A metric that cannot run is the infrastructure's failure."""
         from openforge.rollouts.runner.grader import InfraFailure, run_in_sandbox, tail, verifier_env

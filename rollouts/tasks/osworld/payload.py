@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from openforge.rollouts.tasks.desktop.task import DesktopTask
 from openforge.rollouts.tasks.osworld.evaluator import OSWorldEval
+from openforge.rollouts.tasks.payload import FamilyPayload
 
 
-class OSWorldPayload(BaseModel):
+class OSWorldPayload(FamilyPayload):
     """An OSWorld-format task: a desktop task graded by OSWorld's evaluator."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

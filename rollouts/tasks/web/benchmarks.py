@@ -165,13 +165,6 @@ def import_web_benchmark(benchmark: str, src: str | Path, *, local_sites: str | 
     return out, online
 
 
-def write_jsonl(tasks: list[dict[str, Any]], out: str | Path) -> Path:
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in tasks), encoding="utf-8")
-    return path
-
-
 class LivePage:
     """An online task's page for one rollout, where a builtin-web task has its site session
     (rollouts/tasks/web/server.py): nothing served by forge, no socket to bind; the browser opens the

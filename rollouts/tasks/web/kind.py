@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from openforge.rollouts.tasks.kinds import Graded, TaskKindBase
+from openforge.rollouts.tasks.importing import ImportOption, ImportResult
+from openforge.rollouts.tasks.kinds import Graded, RolloutGrading, TaskKindBase
 from openforge.rollouts.tasks.web.payload import WebPayload
 
 if TYPE_CHECKING:
     from openforge.config import ForgeConfig
-    from openforge.rollouts.runner.grader import RolloutGrader
     from openforge.rollouts.tasks.format import TaskSpec
     from openforge.sandbox.base import Sandbox
     from openforge.store import Rollout
@@ -18,9 +18,27 @@ if TYPE_CHECKING:
 
 class WebKind(TaskKindBase):
     name = "web"
+    payload_model = WebPayload
+    import_formats = ("webvoyager", "online-mind2web")
+    import_help = "their task files"
+    import_source = "WebVoyager's data/WebVoyager_data.jsonl (or data/); Online-Mind2Web's tasks JSON"
+    import_out = "a .jsonl file"
+    import_options = (ImportOption("local_sites", "a JSON map of website -> builtin-web site, to run those tasks "
+                                                  "offline (docs/tasks.md, \"Web benchmarks\")"),)
 
-    def claims(self, task: TaskSpec) -> bool:
-        return task.payload(WebPayload) is not None
+    def import_tasks(self, src: str, out: str, *, fmt: str, options: dict[str, Any]) -> ImportResult:
+        """A web benchmark's task file (rollouts/tasks/web/benchmarks.py) as one JSONL file (default
+        <format>-tasks.jsonl): online-only tasks, or mapped onto builtin-web sites by --local-sites."""
+        from openforge.rollouts.tasks.importing import write_jsonl
+        from openforge.rollouts.tasks.web.benchmarks import import_web_benchmark
+
+        tasks, online = import_web_benchmark(fmt, src, local_sites=options["local_sites"])
+        if not tasks:
+            return ImportResult(tasks=[], written_to="")
+        path = write_jsonl(tasks, out or f"{fmt}-tasks.jsonl")
+        return ImportResult(tasks=tasks, written_to=str(path),
+                            summary=f"{src}: {len(tasks)} task(s) imported to {path}: {online} online-only (they need "
+                                    f"sandbox.allow_internet), {len(tasks) - online} on local sites")
 
     def describe(self, task: TaskSpec) -> str:
         web = task.payload(WebPayload)
@@ -61,7 +79,7 @@ class WebKind(TaskKindBase):
             raise InfraFailure(f"the start page {site.online.start_url} could not be fetched from the sandbox "
                                f"(is its egress open? docs/tasks.md): {why[0][-300:]}")
 
-    async def grade_exact(self, grader: RolloutGrader, sb: Sandbox, ro: Rollout | None, task: TaskSpec, answer: str,
+    async def grade_exact(self, grader: RolloutGrading, sb: Sandbox, ro: Rollout | None, task: TaskSpec, answer: str,
                           site: Any = None, *, services: Any = None) -> Graded:
         """The exact graders, the site's state (read on the host) among them where the task expects one."""
         web = task.payload(WebPayload)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from openforge.rollouts.tasks.web.benchmarks import OnlineWeb
 from openforge.rollouts.tasks.web.spec import GuiTask
+from openforge.rollouts.tasks.payload import FamilyPayload
 
 
-class WebPayload(BaseModel):
+class WebPayload(FamilyPayload):
     """A GUI task on one of forge's sites (`gui`), or an online-only one at a live page (`online`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -127,7 +127,7 @@ def test_a_binary_verifier_file_is_refused_with_its_path(tmp_path: Path) -> None
 
 
 def test_an_import_writes_binary_files_beside_task_json_and_replaces_what_it_left(tmp_path: Path) -> None:
-    from openforge.rollouts.tasks.claweval.importer import write_tasks
+    from openforge.rollouts.tasks.importing import write_tasks
 
     record = {"id": "img", "instruction": "x", "verifier": "true", "files": {"a.txt": "a\n"},
               "binary_files": {"pics/new.png": base64.b64encode(ALL_BYTES).decode()}}

@@ -96,7 +96,7 @@ def test_each_familys_older_keys_move_into_its_payload(older: dict, payload: typ
       "verifier": "true"}, "not both"),
     ({"family": {"kind": "harbor", "tests": TESTS}, "osworld": EVALUATOR}, "write one form"),
     ({"family": {"kind": "harbor"}}, "tests or steps"),
-    ({"family": {"kind": "chess", "board": "8/8"}, "verifier": "true"}, "does not match any of the expected tags"),
+    ({"family": {"kind": "chess", "board": "8/8"}, "verifier": "true"}, "unknown task family 'chess'"),
 ])
 def test_a_task_of_two_families_or_none_is_refused(record: dict, message: str) -> None:
     with pytest.raises(ValidationError, match=message):

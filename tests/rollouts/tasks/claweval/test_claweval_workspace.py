@@ -149,7 +149,7 @@ def test_a_binary_sandbox_file_is_written_byte_exact_and_its_grader_reads_the_by
     from typer.testing import CliRunner
 
     from openforge.forge_cli.main import app
-    from openforge.rollouts.tasks.claweval.importer import write_tasks
+    from openforge.rollouts.tasks.importing import write_tasks
     from openforge.rollouts.tasks.format import load_tasks
 
     root = _checkout(tmp_path, sandbox_files=["fixtures/todo.txt", "fixtures/logo.png"],
