@@ -161,11 +161,12 @@ def _one(tmp: Path, name: str, model: Path, config: Path, steps: int) -> dict[st
 
 def run(quick: bool = False) -> dict:
     from openforge.config import ForgeConfig
+    from openforge.rollouts.harnesses import npm_harness
     from openforge.rollouts.harnesses.npm import find_package_bin
     from openforge.runs.prepare import resolve_model
 
     cache = Path(os.environ.get("FORGE_NPM_CACHE") or Path.home() / ".cache" / "openforge-npm").expanduser()
-    if find_package_bin(cache, "claude-code") is None:
+    if find_package_bin(cache, "claude-code", npm_harness("claude-code")) is None:
         raise RuntimeError(f"Claude Code is not installed in {cache}: forge harness install claude-code")
     os.environ["FORGE_NPM_CACHE"] = str(cache)
     steps = 4 if quick else 8

@@ -89,12 +89,13 @@ async def _one(template: str, harness: str, tmp: Path, cache: Path) -> dict[str,
 
 
 def run(quick: bool = False) -> dict[str, Any]:
+    from openforge.rollouts.harnesses import npm_harness
     from openforge.rollouts.harnesses.npm import find_package_bin
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for harness in HARNESS_TOOL:
-            cache = next((c for c in CACHES if find_package_bin(c, harness) is not None), None)
+            cache = next((c for c in CACHES if find_package_bin(c, harness, npm_harness(harness)) is not None), None)
             if cache is None:
                 print(f"{harness}: not installed in {':'.join(map(str, CACHES))}, skipped")
                 continue

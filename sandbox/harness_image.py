@@ -2,7 +2,7 @@
 copied from a local npm install, so a harness runs inside a container exactly as it does from that
 install in a local sandbox.
 
-    layer = harnesses.npm.image_layer(["claude-code", "codex"], cache)   # what to copy
+    layer = harnesses.npm.image_layer({"claude-code": ..., "codex": ...}, cache)   # what to copy (each its NpmHarness)
     tag = ensure_harness_image(layer)        # openforge-sandbox:claude-code-codex-<hash>
 
 The recipe (`harness_recipe`) holds the python image's, every copied package's exact version, the

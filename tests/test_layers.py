@@ -172,12 +172,7 @@ def test_the_static_walk_reads_a_link_tree_as_readers_do(tmp_path: Path) -> None
 # -- no circle inside a package -------------------------------------------------------------------------
 
 # Circles known and not yet untied, each with why it stands; one untied must leave this list too.
-KNOWN: dict[frozenset[str], str] = {
-    frozenset({"rollouts/harnesses/__init__.py", "rollouts/harnesses/base.py", "rollouts/harnesses/npm.py",
-               "rollouts/harnesses/spec_harness.py", "rollouts/harnesses/venv.py"}):
-        "the harness registry (__init__) imports the harnesses, and npm.npm_harness(name) looks a harness up "
-        "in it; untied when every caller passes the harness's own NpmHarness",
-}
+KNOWN: dict[frozenset[str], str] = {}
 
 
 def module_file(name: str, root: Path = REPO) -> Path | None:

@@ -27,6 +27,7 @@ from openforge.errors import HarnessError
 from openforge.lazy import lazy_class
 from openforge.paths import forge_home
 from openforge.rollouts.harnesses.base import Harness, HarnessBase
+from openforge.rollouts.harnesses.npm import NpmHarness
 from openforge.rollouts.harnesses.spec import HarnessSpec, load_spec
 
 BUILTIN_SPECS = Path(__file__).with_name("specs")
@@ -95,6 +96,16 @@ def spec_class(spec: HarnessSpec) -> type[HarnessBase]:
         raise HarnessError(f"{spec.path}: prompt.config: {base.__name__} writes no config file to merge it into "
                            f"(a hook with writes_config does: OpenClaw's); use prompt.args or prompt.env")
     return base.bind(spec)
+
+
+def npm_harness(name: str) -> NpmHarness:
+    """Where npm harness `name` lives in the cache, as its adapter declares it (`npm_harness()`: a spec's
+    [install] npm and [run] program, or its hook's): what npm.py's functions take from a caller that has
+    only a name. HarnessError when it installs no npm package."""
+    found = harness_class(name).npm_harness()
+    if found is None:
+        raise HarnessError(f"{name!r} is not an npm harness: it installs no npm package")
+    return found
 
 
 def harness_class(name: str) -> type[HarnessBase]:

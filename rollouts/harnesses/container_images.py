@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from openforge.errors import HarnessError
-from openforge.rollouts.harnesses import harness_class
+from openforge.rollouts.harnesses import harness_class, npm_harness
 from openforge.rollouts.harnesses.npm import image_layer
 
 
@@ -43,4 +43,4 @@ def build_harness_image(names: list[str], cache: Path, *, base_url: str = "", ta
         return ensure_venv_image(layer, base_url=base_url, tag_latest=tag_latest)
     for cls in classes.values():
         cls.install(cache)  # a no-op when the cache has it
-    return ensure_harness_image(image_layer(names, cache), base_url=base_url, tag_latest=tag_latest)
+    return ensure_harness_image(image_layer({name: npm_harness(name) for name in names}, cache), base_url=base_url, tag_latest=tag_latest)

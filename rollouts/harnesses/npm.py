@@ -6,7 +6,11 @@ One folder (a plain npm prefix, `<cache>/node_modules/...`) holds every npm harn
 
     forge-style use:   cache = npm_cache_dir(config.harness)
                        install_packages(["@anthropic-ai/claude-code"], cache)
-                       claude = find_package_bin(cache, "claude-code")
+                       claude = find_package_bin(cache, "claude-code", ClaudeCode.npm_harness())
+
+Each function takes the harness's `NpmHarness` from its caller (the adapter's own `npm_harness()`, or the
+registry's `npm_harness(name)`: rollouts/harnesses/__init__.py): this module looks no harness up by name, so
+it does not import the registry that imports the adapters built on it.
 
 Claude Code and Codex ship a native executable in a per-platform optional dependency; we run that
 executable directly (no Node needed at run time, ~0.1 s start). OpenClaw is JavaScript and needs
@@ -53,19 +57,7 @@ def npm_cache_dir(config: HarnessConfig | None = None) -> Path:
     return Path(raw).expanduser().resolve() if raw else forge_home() / "npm"
 
 
-def npm_harness(name: str) -> NpmHarness:
-    """Where npm harness `name` lives in the cache, as its adapter declares it (`npm_harness()`: a spec's
-    [install] npm and [run] program, or its hook's). HarnessError when it installs no npm package."""
-    from openforge.rollouts.harnesses import harness_class  # the registry: it imports the adapters of this module
-
-    found = harness_class(name).npm_harness()
-    if found is None:
-        raise HarnessError(f"{name!r} is not an npm harness: it installs no npm package")
-    return found
-
-
-def install_hint(name: str, cache: Path, spec: NpmHarness | None = None) -> str:
-    spec = spec or npm_harness(name)
+def install_hint(name: str, cache: Path, spec: NpmHarness) -> str:
     return f"npm install --prefix {cache} {' '.join(spec.packages)}"
 
 
@@ -93,13 +85,12 @@ def node_binary(cache: Path) -> Path | None:
     return node if os.access(node, os.X_OK) else None
 
 
-def find_package_bin(cache: Path, name: str, spec: NpmHarness | None = None) -> Path | None:
-    """The executable to run for harness `name` from the cache, or None if it is not installed. An adapter
-    that knows its own `npm_harness()` passes it as `spec` (no lookup of the harness by name).
+def find_package_bin(cache: Path, name: str, spec: NpmHarness) -> Path | None:
+    """The executable to run for harness `name` (installed as `spec` says) from the cache, or None if it is
+    not installed.
 
     For Claude Code `.bin/claude` is already the native binary (the postinstall replaced the stub);
     for Codex we skip the Node launcher and return the native binary it would exec."""
-    spec = spec or npm_harness(name)
     if name == "codex":
         native = codex_native_binary(cache)
         if native:
@@ -113,7 +104,7 @@ def find_package_bin(cache: Path, name: str, spec: NpmHarness | None = None) -> 
     return target
 
 
-def require_package_bin(cache: Path, name: str, spec: NpmHarness | None = None) -> Path:
+def require_package_bin(cache: Path, name: str, spec: NpmHarness) -> Path:
     """Like `find_package_bin`, but a missing install is a HarnessError that says how to install it."""
     found = find_package_bin(cache, name, spec)
     if found is None:
@@ -181,11 +172,10 @@ def _run_streaming(argv: list[str], *, env: dict[str, str], timeout: float,
     return (None if timed_out else code), lines
 
 
-def install_harness(name: str, cache: Path, *, spec: NpmHarness | None = None, timeout: float = INSTALL_TIMEOUT_S,
+def install_harness(name: str, cache: Path, *, spec: NpmHarness, timeout: float = INSTALL_TIMEOUT_S,
                     on_line: Callable[[str], None] | None = None) -> Path:
-    """Install one npm harness into the cache (a no-op if present) and return its executable. An adapter
-    that knows its own `npm_harness()` passes it as `spec`."""
-    spec = spec or npm_harness(name)
+    """Install one npm harness (`spec`: its adapter's `npm_harness()`) into the cache (a no-op if present) and
+    return its executable."""
     found = find_package_bin(cache, name, spec)
     if found is not None:
         return found
@@ -208,22 +198,22 @@ def package_name(spec: str) -> str:
     return spec[:at] if at > 0 else spec
 
 
-def image_layer(names: list[str], cache: Path) -> NpmLayer:
+def image_layer(harnesses: dict[str, NpmHarness], cache: Path) -> NpmLayer:
     """What `forge sandbox build-image --harness NAMES` copies from the cache into the image: the
     harnesses' packages, each harness's executable on the PATH under its bin name, and a Node (the
     cache's for a harness that needs a recent one, else this machine's if it is a self-contained
-    binary; Claude Code and Codex run without one). HarnessError if a harness is not installed."""
+    binary; Claude Code and Codex run without one). `harnesses`: name -> its `npm_harness()`. HarnessError if
+    a harness is not installed."""
     from openforge.sandbox.harness_image import NpmLayer
 
     bins: dict[str, str] = {}
     packages: list[str] = []
-    specs = {name: npm_harness(name) for name in names}
-    for name, spec in specs.items():
-        exe = require_package_bin(cache, name)
+    for name, spec in harnesses.items():
+        exe = require_package_bin(cache, name, spec)
         bins[spec.bin_name] = exe.relative_to(cache).as_posix()
         packages += [package_name(p) for p in spec.packages]
-    node = node_binary(cache) if any(spec.needs_node for spec in specs.values()) else _portable_node()
-    return NpmLayer(names=tuple(names), prefix=cache, packages=tuple(dict.fromkeys(packages)), bins=bins, node=node)
+    node = node_binary(cache) if any(spec.needs_node for spec in harnesses.values()) else _portable_node()
+    return NpmLayer(names=tuple(harnesses), prefix=cache, packages=tuple(dict.fromkeys(packages)), bins=bins, node=node)
 
 
 # A node binary that needs only these runs on any glibc image (Debian's own /usr/bin/node needs libnode).

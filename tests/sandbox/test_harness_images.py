@@ -21,6 +21,7 @@ import pytest
 from openforge.config import DockerSandboxConfig, ForgeConfig, HarnessConfig
 from openforge.environment import forge_env
 from openforge.errors import HarnessError, SandboxError
+from openforge.rollouts.harnesses import npm_harness
 from openforge.rollouts.harnesses.npm import image_layer
 from openforge.sandbox.harness_image import NPM_PREFIX, NpmLayer, build_harness_tar, harness_tag, npm_closure
 from openforge.sandbox.container_images import SANDBOX_UID, build_rootfs_tar
@@ -56,7 +57,7 @@ def harness_image(names: tuple[str, ...]) -> tuple[str | None, str]:
     from openforge.sandbox.container_images import has_image
 
     try:
-        layer = image_layer(list(names), NPM_CACHE)
+        layer = image_layer({name: npm_harness(name) for name in names}, NPM_CACHE)
     except HarnessError as exc:
         return None, f"no harness image without the harnesses: {exc}"
     try:
@@ -142,9 +143,9 @@ def test_the_harness_tarball_is_the_base_plus_the_packages(install: Path, tmp_pa
 
 def test_a_harness_missing_from_the_cache_names_the_fix(tmp_path: Path):
     with pytest.raises(HarnessError, match="forge harness install codex"):
-        image_layer(["codex"], tmp_path)
+        image_layer({"codex": npm_harness("codex")}, tmp_path)
     with pytest.raises(HarnessError, match="'mini' is not an npm harness"):
-        image_layer(["mini"], tmp_path)
+        npm_harness("mini")
 
 
 # -- real harnesses in real containers --------------------------------------------------------------
@@ -234,11 +235,13 @@ def test_the_cache_layer_is_what_the_local_backend_runs():
     """The image copies exactly the executables the local backend runs from the same cache."""
     from openforge.rollouts.harnesses.npm import find_package_bin
 
-    if find_package_bin(NPM_CACHE, "codex") is None or find_package_bin(NPM_CACHE, "claude-code") is None:
+    if find_package_bin(NPM_CACHE, "codex", npm_harness("codex")) is None or \
+            find_package_bin(NPM_CACHE, "claude-code", npm_harness("claude-code")) is None:
         skip_or_fail("npm", f"claude-code and codex are not both installed in {NPM_CACHE}")
-    layer = image_layer(["claude-code", "codex"], NPM_CACHE)
+    layer = image_layer({n: npm_harness(n) for n in ("claude-code", "codex")}, NPM_CACHE)
     assert {name: NPM_CACHE / rel for name, rel in layer.bins.items()} == {
-        "claude": find_package_bin(NPM_CACHE, "claude-code"), "codex": find_package_bin(NPM_CACHE, "codex")}
+        "claude": find_package_bin(NPM_CACHE, "claude-code", npm_harness("claude-code")),
+        "codex": find_package_bin(NPM_CACHE, "codex", npm_harness("codex"))}
     assert set(layer.packages) == {"@anthropic-ai/claude-code", "@openai/codex"}
 
 

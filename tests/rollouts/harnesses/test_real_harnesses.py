@@ -20,7 +20,7 @@ import pytest
 from openforge.config import HarnessConfig, LocalSandboxConfig
 from openforge.rollouts.runner.trajectory import assemble_rollout
 from openforge.rollouts.harnesses.base import HarnessContext
-from openforge.rollouts.harnesses import get_harness
+from openforge.rollouts.harnesses import get_harness, npm_harness
 from openforge.rollouts.harnesses.npm import find_package_bin, install_hint, node_platform
 from openforge.sandbox.factory import make_sandbox
 from openforge.sandbox.testing import proxy_socket_path
@@ -42,8 +42,8 @@ def needs(name: str) -> Any:
     in the npm cache."""
     if shutil.which("node") is None or shutil.which("npm") is None:
         missing: str | None = "node/npm are not installed"
-    elif find_package_bin(NPM_CACHE, name) is None:
-        missing = f"{name} is not installed in {NPM_CACHE} ({install_hint(name, NPM_CACHE)})"
+    elif find_package_bin(NPM_CACHE, name, npm_harness(name)) is None:
+        missing = f"{name} is not installed in {NPM_CACHE} ({install_hint(name, NPM_CACHE, npm_harness(name))})"
     else:
         missing = None
     return lambda test: requires("npm", missing)(pytest.mark.npm(test))
@@ -270,7 +270,7 @@ async def test_codex_runs_exec_command_through_the_proxy(make_rig):
 @pytest.mark.slow
 @pytest.mark.timeout(330)
 @pytest.mark.skipif(os.environ.get("FORGE_TEST_OPENCLAW") != "1", reason="OpenClaw takes 20-90 s to start on this "
-                    "machine: opt in with FORGE_TEST_OPENCLAW=1 (after rollouts.npm.install_harness('openclaw', cache))")
+                    "machine: opt in with FORGE_TEST_OPENCLAW=1 (after forge harness install openclaw)")
 @needs("openclaw")
 @pytest.mark.parametrize("tools", [None, {"allow": ["exec"], "deny": ["tool_search", "tool_call", "tool_describe"]}],
                          ids=["built-in", "exec-only"])
@@ -418,13 +418,13 @@ def test_cache_lookup_prefers_native_binaries(tmp_path):
     stub.parent.mkdir(parents=True)
     stub.write_text("#!/bin/sh\necho 'postinstall did not run'\n")
     (modules / ".bin" / "claude").symlink_to(stub)
-    assert find_package_bin(tmp_path, "claude-code") is None  # the placeholder is not Claude Code
+    assert find_package_bin(tmp_path, "claude-code", npm_harness("claude-code")) is None  # the placeholder is not Claude Code
     osname, cpu = node_platform()
     native = modules / "@openai" / f"codex-{osname}-{cpu}" / "vendor" / "triple" / "bin" / "codex"
     native.parent.mkdir(parents=True)
     native.write_text("#!/bin/sh\n")
     native.chmod(0o755)
-    assert find_package_bin(tmp_path, "codex") == native
+    assert find_package_bin(tmp_path, "codex", npm_harness("codex")) == native
 
 
 async def test_missing_harnesses_fail_with_the_fix(tmp_path):
@@ -486,7 +486,7 @@ def test_harness_available_names_the_fix(tmp_path):
     assert harness_available(docker) is None  # the image's install is checked by prepare, in the container
     config.harness = HarnessConfig(name="zeroclaw")
     assert "cargo install zeroclaw" in harness_available(config)
-    if find_package_bin(NPM_CACHE, "codex") is not None:
+    if find_package_bin(NPM_CACHE, "codex", npm_harness("codex")) is not None:
         config.harness = HarnessConfig(name="codex", npm_cache=str(NPM_CACHE))
         assert harness_available(config) is None
 
@@ -496,9 +496,9 @@ def test_forge_harness_install_reports_an_installed_harness_and_npm_errors(tmp_p
 
     from openforge.forge_cli.main import app
 
-    if find_package_bin(NPM_CACHE, "codex") is not None:
+    if find_package_bin(NPM_CACHE, "codex", npm_harness("codex")) is not None:
         out = CliRunner().invoke(app, ["harness", "install", "codex", "--cache", str(NPM_CACHE)])
-        assert out.exit_code == 0 and f"codex ready: {find_package_bin(NPM_CACHE, 'codex')}" in out.output, out.output
+        assert out.exit_code == 0 and f"codex ready: {find_package_bin(NPM_CACHE, 'codex', npm_harness('codex'))}" in out.output, out.output
     out = CliRunner().invoke(app, ["harness", "install", "mini"])  # a spec with nothing to install: forge's python
     assert out.exit_code == 0 and "mini ready: " in out.output, out.output
     out = CliRunner().invoke(app, ["harness", "install", "zeroclaw"])

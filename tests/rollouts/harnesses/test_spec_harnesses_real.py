@@ -86,7 +86,7 @@ def built_image(name: str) -> str:
     """The tag of harness `name`'s image as .ci/run builds it from the test cache; skip (fail under
     FORGE_REQUIRE=docker) when the engine is not reachable or the image is not built."""
     from openforge.errors import HarnessError, SandboxError
-    from openforge.rollouts.harnesses import harness_class
+    from openforge.rollouts.harnesses import harness_class, npm_harness
     from openforge.rollouts.harnesses.npm import image_layer
     from openforge.sandbox.docker_engine import connect
     from openforge.sandbox.harness_image import harness_tag, venv_tag
@@ -95,7 +95,7 @@ def built_image(name: str) -> str:
     cls = harness_class(name)
     try:
         venv = cls.venv_layer(NPM_CACHE)
-        tag = venv_tag(venv) if venv is not None else harness_tag(image_layer([name], NPM_CACHE))
+        tag = venv_tag(venv) if venv is not None else harness_tag(image_layer({name: npm_harness(name)}, NPM_CACHE))
     except HarnessError as exc:
         skip_or_fail("docker", f"no {name} image without {name} installed: {exc}")
     try:
