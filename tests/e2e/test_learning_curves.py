@@ -17,8 +17,8 @@ import pytest
 
 from openforge.store import Store
 from tests.helpers.required import requires
-from tests.rollouts.harnesses.test_real_harnesses import NPM_CACHE, needs
-from tests.e2e.test_up import forge
+from tests.helpers.harnesses import NPM_CACHE, needs
+from tests.helpers.up import forge
 
 LAST = 3  # steps averaged at each end of the curve
 

@@ -5,10 +5,7 @@ for infra or harness reasons ends the run `failed` with the most frequent reason
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +13,8 @@ from typer.testing import CliRunner
 
 from openforge.forge_cli.main import app
 from openforge.store import Store
+from tests.helpers.up import forge
 
-FORGE = [sys.executable, "-m", "openforge.forge_cli.main"]
 ONE_GROUP = ["--set", "runner.samples_per_task=2", "--set", "trainer.tasks_per_step=1", "--set", "runner.concurrency=2"]
 
 
@@ -81,11 +78,6 @@ def failing_tasks(tmp_path: Path) -> Path:
             "verifier": "echo score: 1"}
     path.write_text(json.dumps(task) + "\n")
     return path
-
-
-def forge(home: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*FORGE, *args], env={**os.environ, "FORGE_HOME": str(home)}, cwd=home,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.slow

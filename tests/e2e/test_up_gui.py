@@ -21,7 +21,7 @@ import pytest
 
 from openforge.image_store import ImageStore, image_id
 from openforge.store import Store
-from tests.e2e.test_up import forge, served_with_adapter
+from tests.helpers.up import forge, served_with_adapter
 from tests.helpers.required import requires
 
 needs_gui = requires("chromium", None if all(shutil.which(p) for p in ("Xvfb", "xdotool", "chromium")) else

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from openforge.store import Store
-from tests.rollouts.harnesses.test_real_harnesses import NPM_CACHE, needs
-from tests.e2e.test_up import forge, served_with_adapter
+from tests.helpers.harnesses import NPM_CACHE, needs
+from tests.helpers.up import forge, served_with_adapter
 
 SHARED_PREFIX_MIN = 44_000  # Claude Code 2.1's system prompt + tools with the tiny tokenizer: ~44.4k
 

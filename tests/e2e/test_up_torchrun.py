@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from openforge.store import Store
-from tests.e2e.test_up import SMALL, home_with_model, served_with_adapter, spawn  # noqa: F401 - fixture
+from tests.helpers.up import SMALL, home_with_model, served_with_adapter, spawn  # noqa: F401 - fixture
 
 
 @pytest.mark.slow

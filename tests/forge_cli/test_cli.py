@@ -8,17 +8,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.helpers.cli import invoke, runner
 from tests.helpers.paths import REPO
 from openforge.forge_cli.main import app
 from openforge.errors import StoreError
 from openforge.db import store_error
 from openforge.store import Store, TrainStep
-
-runner = CliRunner()
-
-
-def invoke(*args: str):
-    return runner.invoke(app, list(args), catch_exceptions=False)
 
 
 def test_version_and_help_of_every_command() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from rich.console import Console
 from textual.widgets import DataTable, RichLog, Static
 
 import openforge.forge_cli.dashboard as dashboard
@@ -13,6 +12,7 @@ from openforge.forge_cli.dashboard import CallScreen, HelpScreen, make_dashboard
 from openforge.forge_cli.snapshot import conversation
 from openforge.readmodel import read_snapshot, run_log_path
 from openforge.store import Call, Store, TrainStep, utcnow
+from tests.helpers.cli import plain, wait_for
 
 CONFIG = {
     "engine": {"kind": "embedded", "model": "/data/models/tiny"},
@@ -20,12 +20,6 @@ CONFIG = {
     "sandbox": {"type": "local"},
     "trainer": {"steps": 3},
 }
-
-
-def plain(renderable: object, width: int = 200) -> str:
-    console = Console(width=width, record=True, file=open("/dev/null", "w"))
-    console.print(renderable)
-    return console.export_text()
 
 
 class FakeController:
@@ -82,15 +76,6 @@ def known_run(store: Store) -> str:
     log.parent.mkdir(parents=True)
     log.write_text("13:00:01 engine up at http://127.0.0.1:1234\n13:00:02 step 1 reward 0.25\n")
     return run.id
-
-
-async def wait_for(pilot, predicate, timeout: float = 5.0) -> None:
-    """Let the app's timer run until `predicate()` holds (2 shared cores: no fixed sleeps)."""
-    for _ in range(int(timeout / 0.05)):
-        if predicate():
-            return
-        await pilot.pause(0.05)
-    assert predicate()
 
 
 def cells(table: DataTable) -> list[list[str]]:
@@ -293,7 +278,7 @@ async def test_a_failed_rollout_shows_why_when_selected(store: Store, known_run:
 async def test_the_engine_trainer_mismatch_reaches_the_store_the_dashboard_and_forge_show(
         store: Store, known_run: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from openforge.trainer.loop import _record_step
-    from tests.forge_cli.test_cli import invoke
+    from tests.helpers.cli import invoke
 
     # a step's metrics as trainer/loop.py records them: the mismatch figures go in metrics_json
     _record_step(store, known_run, {"step": 2, "loss": 0.05, "mismatch_mean": 0.01, "mismatch_max": 2.0148,

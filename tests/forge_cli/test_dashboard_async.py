@@ -12,9 +12,8 @@ from openforge.forge_cli.dashboard import make_dashboard
 from openforge.store import Store, TrainStep
 from openforge.trainer.checkpoint import adapter_name
 from openforge.trainer.loop import train
-from tests.trainer.test_async import TimedSampler
-from tests.forge_cli.test_dashboard import plain, wait_for
-from tests.trainer.test_trainer import TASKS, ReplaySampler, _cfg
+from tests.helpers.trainer import _cfg, ReplaySampler, TASKS, TimedSampler
+from tests.helpers.cli import plain, wait_for
 
 
 async def test_an_async_run_shows_versions_in_flight_staleness_and_buffer_depth(

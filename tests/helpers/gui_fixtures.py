@@ -24,7 +24,10 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
 from tests.helpers.paths import REPO
+from tests.helpers.required import requires
+
 
 GUI_TOOLS = ("Xvfb", "xdotool", "chromium")
 
@@ -345,3 +348,7 @@ def run_gui_task(store: Any, tiny_vl_model: Path, script: Any, task_id: str, har
         runner = RolloutRunner(store, config=cfg, proxy_url=proxy.url, proxy_socket=proxy.uds)
         [ro] = asyncio.run(runner.run(run.id, [RolloutSpec(task)]))
     return ro, engine
+
+
+needs_display = requires("chromium", f"needs {', '.join(missing_gui_tools())} (apt-get install xvfb xdotool chromium)"
+                         if missing_gui_tools() else None)

@@ -1,7 +1,6 @@
 """Shared pieces of the proxy tests: a scripted engine + the real proxy on loopback, and tool specs.
 
-(No tests here; the test_proxy_*.py modules import these fixtures.)
-"""
+(No tests here; the test_proxy_*.py modules import these fixtures.)"""
 
 from __future__ import annotations
 
@@ -18,6 +17,8 @@ from openforge.engine.serve import ServerHandle, serve_in_thread
 from openforge.config import ProxyConfig
 from openforge.store import Rollout, Store
 from openforge.proxy.server import ProxyServer
+from tests.helpers.paths import REPO
+
 
 BASH_SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
 CHAT_TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command",
@@ -85,3 +86,13 @@ def make_rig(tiny_model: Path, store: Store) -> Iterator[Any]:
 
 def tool_args(call: Any) -> dict[str, Any]:
     return json.loads(call.function.arguments)
+
+
+CAPTURES = REPO / "docs" / "harness-captures"
+
+
+def _captured(*, images: bool = False) -> list[tuple[str, dict]]:
+    """The captured requests without images (served here by the text model), or only those with
+    images (the GUI harnesses': tests/proxy/test_vl_proxy.py serves them with the tiny VLM)."""
+    out = [(f.stem, json.loads(line)) for f in sorted(CAPTURES.glob("*.jsonl")) for line in f.open()]
+    return [(n, r) for n, r in out if ('"data:image/' in json.dumps(r.get("body"))) == images]

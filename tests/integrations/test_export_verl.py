@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +24,10 @@ from openforge.config import ForgeConfig
 from openforge.store import Call, Store, Trajectory
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks
+from tests.helpers.verl_data import multiturn_sft_dataset, verl_or_skip
 from tests.helpers.paths import REPO
-from tests.rollouts.harnesses.test_mini import serve  # noqa: F401 - the scripted engine behind the real proxy, as a fixture
+from tests.helpers.mini import serve  # noqa: F401 - the scripted engine behind the real proxy, as a fixture
 from openforge.integrations.verl.data import DATA_SOURCE, rl_rows, sft_rows
-from tests.helpers.required import skip_or_fail
 
 WRITE = '<tool_call>\n{"name": "write_file", "arguments": {"path": "hello.txt", "content": "hello world\\n"}}\n</tool_call>'
 READ = '<tool_call>\n{"name": "read_file", "arguments": {"path": "hello.txt"}}\n</tool_call>'
@@ -156,36 +154,6 @@ def test_rows_are_the_recorded_chats_and_files_are_regular(store: Store, recorde
 
 
 # -- veRL's own classes ------------------------------------------------------------------------------------
-
-
-def verl_or_skip() -> None:
-    try:
-        import verl  # noqa: F401
-        from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - any import failure means: not usable here
-        skip_or_fail("verl", f"verl is not importable here ({type(exc).__name__}: {exc}); see docs/trainer.md")
-
-
-def multiturn_sft_dataset() -> Any:
-    """veRL's MultiTurnSFTDataset. verl 0.9.1 supports transformers < 5.11; on a newer one its module fails
-    at `from verl.models.transformers.qwen2_vl import get_rope_index` (a Qwen2-VL class transformers
-    removed). That helper is used only for Qwen2-VL image processors, never on text, so it is replaced by
-    one that refuses to run; every line of the dataset that runs here is veRL's own."""
-    try:
-        from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
-    except ImportError as exc:
-        if "qwen2_vl" not in str(exc).lower() and "Qwen2VL" not in str(exc):
-            raise
-        shim = types.ModuleType("verl.models.transformers.qwen2_vl")
-
-        def get_rope_index(*args: Any, **kwargs: Any) -> Any:
-            raise AssertionError("Qwen2-VL position ids are not used for text data")
-
-        shim.get_rope_index = get_rope_index  # type: ignore[attr-defined]
-        sys.modules["verl.models.transformers.qwen2_vl"] = shim
-        sys.modules.pop("verl.utils.dataset.multiturn_sft_dataset", None)
-        from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
-    return MultiTurnSFTDataset
 
 
 def test_verl_datasets_load_the_files_and_its_loader_runs_the_reward(store: Store, recorded_run: str,

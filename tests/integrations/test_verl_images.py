@@ -45,8 +45,9 @@ from tests.helpers.gui_fixtures import missing_gui_tools  # noqa: E402
 from openforge.errors import TrainerError  # noqa: E402
 from openforge.image_store import ImageStore  # noqa: E402
 from openforge.store import Store, Trajectory  # noqa: E402
-from tests.integrations.test_verl_agent_loop import PROMPT_LEN, RESPONSE_LEN, batch_of, generate, runs_of, unpad, worker_for  # noqa: E402
-from tests.trainer.test_vl_trainer import BLUE, RED, _png, _prompt  # noqa: E402
+from tests.helpers.verl import (PROMPT_LEN, RESPONSE_LEN, batch_of, generate, runs_of, unpad,  # noqa: E402
+                                worker_for)
+from tests.helpers.vl import BLUE, RED, _png, _prompt  # noqa: E402
 from openforge.integrations.verl.agent_loop import EmbeddedVerlServer, output_of  # noqa: E402
 
 

@@ -10,7 +10,6 @@ same path for real (its random weights answer no verdict: a judge failure, count
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -26,35 +25,16 @@ from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.judge import JudgeSpec
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
-from openforge.sandbox.testing import proxy_socket_path
 from openforge.store import Store, new_judge_key
-from tests.rollouts.harnesses.test_gui_harnesses import needs_display
+from tests.helpers.judges import POLICY_BASE, serve  # noqa: F401 - fixtures
+from tests.helpers.gui_fixtures import needs_display
 
 RUBRIC = "PASS when the final answer names the capital of France; FAIL otherwise."
 GRADER = "You are a grader."  # the first words of the rubric judge's system prompt (rollouts/tasks/judge.py)
-POLICY_BASE = ForgeConfig(judge=JudgeConfig(endpoint="policy-base"))
 
 
 def _task(task_id: str = "capital") -> TaskSpec:
     return TaskSpec(id=task_id, instruction="What is the capital of France?", judge=JudgeSpec(rubric=RUBRIC))
-
-
-@pytest.fixture
-def serve(tiny_model: Path, store: Store) -> Iterator:
-    """serve(engine) -> the real proxy in front of that engine's app (loopback + unix socket)."""
-    handles: list = []
-
-    def start(engine, **proxy_config) -> ProxyServer:  # noqa: ANN001, ANN003
-        eng = serve_in_thread(engine.app)
-        handles.append(eng)
-        proxy = ProxyServer(POLICY_BASE.proxy.model_copy(update=proxy_config), store_path=store.path,
-                            engine_url=eng.url, model_path=tiny_model, uds=proxy_socket_path())
-        handles.append(proxy)
-        return proxy.start()
-
-    yield start
-    for handle in reversed(handles):
-        handle.stop()
 
 
 def _judge_script(policy_says: str, judge_says: str | None = None):  # noqa: ANN202

@@ -5,30 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from tests.helpers.paths import REPO
 from openforge.engine.client import EngineClient
 from openforge.engine.scripted import ScriptedEngine
 from openforge.engine.serve import serve_in_thread
 from openforge.config import ProxyConfig
 from openforge.proxy.app import create_app
+from tests.helpers.proxy_rig import CAPTURES, _captured
 
-CAPTURES = REPO / "docs" / "harness-captures"
 END = {"/v1/messages": "event: message_stop", "/v1/responses": "event: response.completed",
        "/v1/chat/completions": "data: [DONE]"}
 pytestmark = pytest.mark.timeout(120)
-
-
-def _captured(*, images: bool = False) -> list[tuple[str, dict]]:
-    """The captured requests without images (served here by the text model), or only those with
-    images (the GUI harnesses': tests/proxy/test_vl_proxy.py serves them with the tiny VLM)."""
-    out = [(f.stem, json.loads(line)) for f in sorted(CAPTURES.glob("*.jsonl")) for line in f.open()]
-    return [(n, r) for n, r in out if ('"data:image/' in json.dumps(r.get("body"))) == images]
 
 
 @pytest.mark.skipif(not CAPTURES.is_dir(), reason="docs/harness-captures/ is not in this checkout")

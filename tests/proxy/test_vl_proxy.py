@@ -364,7 +364,7 @@ def test_captured_gui_harness_requests_are_served(rig):
     import httpx
     from PIL import Image
 
-    from tests.proxy.test_proxy_captures import _captured
+    from tests.helpers.proxy_rig import _captured
 
     captured = _captured(images=True)
     assert {n for n, _ in captured} >= {"browser-use", "mini-gui"}

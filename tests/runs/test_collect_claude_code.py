@@ -27,7 +27,7 @@ from openforge.engine.serve import serve_in_thread
 from openforge.forge_cli.main import app
 from openforge.store import Store
 from openforge.trainer.sft import select_examples
-from tests.rollouts.harnesses.test_real_harnesses import NPM_CACHE, needs
+from tests.helpers.harnesses import NPM_CACHE, needs
 
 KEY_ENV = "FORGE_TEST_TEACHER_KEY"
 SUM = re.compile(r"What is (\d+) \+ (\d+)\?")

@@ -16,8 +16,8 @@ from openforge.errors import ConfigError
 from openforge.runs.prepare import preflight
 from openforge.runs.tracking import check_tracking, open_tracker
 from openforge.store import Store, TrainStep
-from tests.rollouts.analysis.test_analyze import _add, _chat_call, _tool_msg
-from tests.e2e.test_up import home_with_model  # noqa: F401 - the tiny model in FORGE_HOME, as a fixture
+from tests.helpers.analysis import _add, _chat_call, _tool_msg
+from tests.helpers.up import home_with_model  # noqa: F401 - the tiny model in FORGE_HOME, as a fixture
 
 NO_WANDB = None if importlib.util.find_spec("wandb") else "wandb is not installed (pip install 'openforge[wandb]')"
 NO_TB = None if importlib.util.find_spec("tensorboard") else ("tensorboard is not installed "
@@ -250,7 +250,7 @@ def test_a_run_is_tracked_step_by_step_as_the_store_records_it(home_with_model: 
     """`forge train` with the three trackers: every step's loss and per-task rewards, as the store holds them."""
     from tests.helpers import wandb_records
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tests.e2e.test_up import SMALL, forge
+    from tests.helpers.up import SMALL, forge
 
     monkeypatch.setenv("WANDB_MODE", "offline")  # the child inherits it; CI has no W&B key
     out = forge(home_with_model, *SMALL, "--set", 'tracking.backends=["wandb", "tensorboard", "mlflow"]', "train",

@@ -22,8 +22,8 @@ from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.sandbox.gui import HARNESS_TIMED_OUT, GuiSpec
 from openforge.sandbox.local import GUI_MODULE
 from openforge.store import Store
-from tests.rollouts.tasks.osworld.test_desktop_finish import SAVE_TASK, _import
-from tests.rollouts.tasks.desktop.test_desktop_tasks import GUI, TEXT, WORDS, needs_desktop
+from tests.helpers.osworld import SAVE_TASK, _import
+from tests.helpers.desktop import GUI, TEXT, WORDS, needs_desktop
 
 FINISHED = "gui.py run: the command ran past its budget"
 

@@ -21,7 +21,7 @@ from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.sandbox.container_images import DESKTOP_PACKAGES, has_image, image_tag, recipe, tarball_path
 from openforge.store import Store
 from tests.helpers.required import skip_or_fail
-from tests.rollouts.tasks.desktop.test_desktop_tasks import EDITOR_TASK, GUI, SAVE, SAVED, TEXT, WORDS, _import
+from tests.helpers.desktop import EDITOR_TASK, GUI, SAVE, SAVED, TEXT, WORDS, _import
 
 EDITOR = ("x11-apps",)
 

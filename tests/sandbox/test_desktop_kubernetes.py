@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.rollouts.tasks.desktop.test_desktop_tasks import EDITOR_TASK, GUI, SAVE, SAVED, TEXT, WORDS, _import, needs_desktop
-from tests.sandbox.test_gui_kubernetes import _gui_config, _rollouts, needs_pods, pods, relay_port  # noqa: F401 - fixtures
+from tests.helpers.desktop import EDITOR_TASK, GUI, SAVE, SAVED, TEXT, WORDS, _import, needs_desktop
+from tests.helpers.kubernetes import _gui_config, _rollouts, needs_pods, pods, relay_port  # noqa: F401 - fixtures
 
 from openforge.store import Store
 

@@ -23,27 +23,10 @@ from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks
 from openforge.rollouts.tasks.web.payload import WebPayload
+from tests.helpers.containers import browser_image
 from tests.helpers.required import skip_or_fail
 
 BY_ID = {t.id: t for t in load_tasks("builtin-web")}
-
-
-def browser_image() -> str:
-    """The browser image's tag on the reachable engine (imported from its cached tarball if need be)."""
-    from openforge.sandbox.docker_engine import connect
-    from openforge.sandbox.container_images import ensure_image, has_image, image_tag, tarball_path
-
-    try:
-        client = connect(timeout=10)
-    except SandboxError as exc:
-        skip_or_fail("docker", f"{exc} (CI starts dockerd in .ci/run and exports DOCKER_HOST)")
-    tag = image_tag("browser")
-    try:
-        if not has_image(client, tag) and not tarball_path(tag).exists():
-            skip_or_fail("docker", f"{tag} is not built (forge sandbox build-image --variant browser)")
-    finally:
-        client.close()
-    return ensure_image("browser", timeout=600)
 
 
 @pytest.fixture(scope="module")

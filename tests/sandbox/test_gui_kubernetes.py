@@ -20,63 +20,27 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.helpers.paths import REPO
-from tests.k8s_double import IMAGE_ENV, KubeDouble, bwrap_available
+from tests.helpers.kubernetes import (  # noqa: F401 - pods, relay_port: fixtures
+    DEPLOY, _cluster_config, _free_port, _gui_config, _rollouts, make_config, needs_gui, needs_pods, pods, relay_port,
+)
+from tests.k8s_double import IMAGE_ENV, KubeDouble
 from tests.k8s_double.network import NODE_IP
-from tests.sandbox.test_kubernetes import make_config
 
 import openforge.sandbox.site_relay as site_relay
 from openforge.config import ForgeConfig
 from openforge.errors import SandboxError
 from openforge.store import Store
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
-from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.rollouts.tasks.format import load_tasks
 from openforge.rollouts.tasks.web.server import SiteSession
 from openforge.rollouts.tasks.web.spec import GuiTask
 from openforge.sandbox.forwarder import site_preamble
-from openforge.sandbox.gui import find_chromium
 from openforge.sandbox.kubernetes import KubernetesSandbox
 from openforge.sandbox.site_relay import PREAMBLE_LEN, SiteRelay, acquire_relay, release_relay
-from tests.helpers.required import requires
 
-MISSING = [n for n, ok in (("chromium", find_chromium()), ("Xvfb", shutil.which("Xvfb")),
-                           ("xdotool", shutil.which("xdotool"))) if not ok]
-needs_pods = pytest.mark.skipif(not bwrap_available(), reason="the API double runs pods under bubblewrap and "
-                                                              "nsenter as root; not available here")
-needs_gui = requires("chromium", f"needs {', '.join(MISSING)} on the host (the double's pods use the host's /usr): "
-                                 "apt-get install chromium xvfb xdotool" if MISSING else None)
 RED = next(t for t in load_tasks("builtin-web") if t.id == "gui-colour-click-red")
 # The reference clicks quadrant 0 (red); the wrong one clicks quadrant 1 (green) the same way.
 WRONG = (RED.solution or "").replace("click 256 192", "click 768 192")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def relay_port() -> int:
-    return _free_port()
-
-
-@pytest.fixture
-def pods(tmp_path: Path, relay_port: int):
-    venv = tuple(sorted({sys.prefix, sys.base_prefix}))
-    path = f"PATH={sys.prefix}/bin:" + IMAGE_ENV[0].removeprefix("PATH=")  # the image's python3: the venv's
-    double = KubeDouble(tmp_path / "pods", ro_binds=venv, image_env=(path, *IMAGE_ENV[1:]), pod_network=True,
-                        node_ports=(relay_port,))
-    double.start()
-    yield double
-    double.stop()
-
-
-def _gui_config(double: KubeDouble, tmp_path: Path, relay_port: int):  # type: ignore[no-untyped-def]
-    """Pods dial the node (proxy_url's host) at the relay's port; the relay listens on the host's loopback."""
-    return make_config(double, tmp_path, proxy_url=f"http://{NODE_IP}:9", start_timeout_s=60,
-                       site_relay_host="127.0.0.1", site_relay_port=relay_port)
 
 
 def _http_get(host: str, port: int, preamble: bytes | None, path: str = "/", timeout: float = 20.0) -> bytes:
@@ -233,12 +197,6 @@ def _port_open(port: int) -> bool:
 
 
 # -- in pods --------------------------------------------------------------------------------------
-
-async def _rollouts(store: Store, config, tasks, scripts):  # type: ignore[no-untyped-def]
-    run = store.create_run(kind="check", name="gui on kubernetes")
-    runner = RolloutRunner(store, config=ForgeConfig(sandbox=config), proxy_url="http://127.0.0.1:9",
-                           harness=_StandInHarness(scripts))
-    return await runner.run(run.id, [RolloutSpec(t) for t in tasks])
 
 
 @needs_pods
@@ -422,20 +380,6 @@ async def test_an_image_without_the_gui_tools_is_one_clear_error(tmp_path: Path)
 
 
 # -- manifests --------------------------------------------------------------------------------------
-
-DEPLOY = REPO / "deploy" / "k8s"
-
-
-def _cluster_config(**sandbox):  # type: ignore[no-untyped-def]
-    """The deploy ConfigMap's forge.toml, with `sandbox` settings added."""
-    import tomllib
-
-    import yaml
-
-    doc = yaml.safe_load((DEPLOY / "config.yaml").read_text())
-    raw = tomllib.loads(doc["data"]["forge.toml"])
-    raw["sandbox"].update(sandbox)
-    return ForgeConfig.model_validate(raw)
 
 
 def test_the_network_policy_opens_the_relay_port_for_a_gui_run_only() -> None:

@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.k8s_double import V4, V5, KubeDouble, bwrap_available
+from tests.helpers.kubernetes import double, make_config, pytestmark, restricted_pod  # noqa: F401 - fixtures
+from tests.k8s_double import V4, V5, KubeDouble
 
 from openforge.config import KubernetesSandboxConfig
 from openforge.errors import SandboxError
@@ -17,35 +18,6 @@ from openforge.sandbox.base import Sandbox, SandboxFileNotFound, TransientSandbo
 from openforge.paths import forge_home
 from openforge.sandbox.k8s_manifests import home_label
 from openforge.sandbox.kubernetes import KubernetesSandbox, cluster_version, gc_pods
-
-pytestmark = [
-    pytest.mark.skipif(not bwrap_available(), reason="the API double runs pods under bubblewrap and nsenter as "
-                                                     "root (apt-get install bubblewrap util-linux); not available here"),
-    pytest.mark.timeout(60),
-]
-
-
-@pytest.fixture
-def double(tmp_path: Path):
-    d = KubeDouble(tmp_path / "pods")
-    d.start()
-    yield d
-    d.stop()
-
-
-def restricted_pod(name: str, labels: dict[str, str] | None = None, **spec) -> dict:
-    """A hand-made pod that the `restricted` namespace admits."""
-    return {"metadata": {"name": name, "labels": labels or {}}, "spec": {
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [{"name": "sandbox", "image": "openforge:test", "command": ["sleep", "60"], "securityContext": {
-            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}], **spec}}
-
-
-def make_config(double: KubeDouble, tmp_path: Path, *, retries: int = 0, **k8s) -> KubernetesSandboxConfig:
-    kubeconfig = double.write_kubeconfig(tmp_path / "kubeconfig")
-    settings = {"kubeconfig": str(kubeconfig), "image": "openforge:test", "start_timeout_s": 10,
-                "proxy_url": "http://forge-proxy.openforge:8700", **k8s}
-    return KubernetesSandboxConfig(start_retries=retries, **settings)
 
 
 async def test_start_exec_files_stop(double: KubeDouble, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from tests.k8s_double import KubeDouble, bwrap_available
 from tests.k8s_double.admission import admit_pod, pod_security_violations
 from tests.k8s_double.pods import IMAGE_ENV
 from kubernetes.client import V1Pod
-from tests.sandbox.test_kubernetes import make_config
+from tests.helpers.kubernetes import make_config
 
 from openforge.config import ForgeConfig, KubernetesSandboxConfig
 from openforge.errors import SandboxError

@@ -11,7 +11,7 @@ import pytest
 from tests.k8s_double import KubeDouble
 
 # The double fixture and the module marks (skip without bubblewrap/root, timeout) are test_kubernetes's.
-from tests.sandbox.test_kubernetes import double, make_config, pytestmark  # noqa: F401
+from tests.helpers.kubernetes import double, make_config, pytestmark  # noqa: F401
 
 # Collected here again with this module's `config` fixture: the same checks as on local and docker.
 from tests.sandbox.test_sandbox import (  # noqa: F401

@@ -13,7 +13,7 @@ import pytest
 from tests.k8s_double import KubeDouble
 from kubernetes.client import ApiClient, CoreV1Api
 from kubernetes.client.rest import ApiException
-from tests.sandbox.test_kubernetes import double, make_config, pytestmark, restricted_pod  # noqa: F401
+from tests.helpers.kubernetes import double, make_config, pytestmark, restricted_pod  # noqa: F401
 
 from openforge.errors import SandboxError
 from openforge.sandbox.base import TransientSandboxError

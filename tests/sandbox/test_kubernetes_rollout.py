@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from tests.k8s_double import IMAGE_ENV, KubeDouble
-from tests.sandbox.test_kubernetes import make_config, pytestmark  # noqa: F401
+from tests.helpers.kubernetes import make_config, pytestmark  # noqa: F401
 
 from openforge.engine.scripted import ScriptedEngine
 from openforge.engine.serve import serve_in_thread
@@ -66,7 +66,7 @@ def test_an_oom_kill_fails_the_rollout_as_infra_saying_so(tmp_path: Path, tiny_m
 def test_a_harbor_tasks_tests_never_load_the_agents_pytest_files_in_a_pod(tmp_path: Path, store: Store) -> None:
     """Issue 43 on this backend: the tests go into the pod's grader folder, emptied once the agent is gone, so
     a conftest.py, pytest.py and pytest.ini in every folder the agent could write (that one included) fail."""
-    from tests.rollouts.tasks.harbor.test_tasks_harbor import _pytest_task
+    from tests.helpers.harbor import _pytest_task
 
     from openforge.rollouts.tasks.harbor.kind import PLANTED_PYTEST
     from openforge.rollouts.tasks.selfcheck import _StandInHarness

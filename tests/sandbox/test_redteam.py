@@ -15,12 +15,11 @@ import pytest
 from openforge.config import ForgeConfig
 from openforge.store import Rollout, Store
 from openforge.rollouts.tasks.grading import ExpectedAnswer, answer_matches
-from openforge.rollouts.harnesses.base import HarnessBase, HarnessContext, HarnessOutcome, answer_file_outcome
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import BUILTIN_DIR, TaskSpec
 from openforge.sandbox import make_sandbox
-from openforge.sandbox.base import ExecResult, Sandbox
 from openforge.sandbox.testing import backend_config
+from tests.helpers.redteam import Agent
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -30,28 +29,6 @@ def _bwrap_config(**local: object):  # type: ignore[no-untyped-def]
     if cfg is None:
         pytest.skip(why)
     return cfg
-
-
-class Agent(HarnessBase):
-    """The policy's shell line as a harness (its answer is what it leaves in the answer file)."""
-
-    name = "shell"
-    calls_model = False
-
-    def __init__(self, script: str, env: dict[str, str] | None = None) -> None:
-        self.script, self._env = script, env or {}
-
-    async def prepare(self, sandbox: Sandbox, ctx: HarnessContext) -> None:
-        return None
-
-    def command(self, ctx: HarnessContext) -> list[str]:
-        return ["sh", "-c", self.script]
-
-    def env(self, ctx: HarnessContext) -> dict[str, str]:
-        return self._env
-
-    async def outcome(self, result: ExecResult, sandbox: Sandbox) -> HarnessOutcome:
-        return await answer_file_outcome(result, sandbox, name=self.name)
 
 
 async def _attack(store: Store, script: str, task: TaskSpec, env: dict[str, str] | None = None,

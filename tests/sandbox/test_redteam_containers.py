@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.sandbox.test_redteam import Agent
+from tests.helpers.redteam import Agent
 
 from openforge.config import ForgeConfig
 from openforge.store import Rollout, Store
@@ -36,7 +36,7 @@ def container_config(request: pytest.FixtureRequest, tmp_path: Path):  # type: i
         yield cfg
         return
     from tests.k8s_double import KubeDouble, bwrap_available
-    from tests.sandbox.test_kubernetes import make_config
+    from tests.helpers.kubernetes import make_config
 
     if not bwrap_available():
         pytest.skip("the API double runs pods under bubblewrap and nsenter as root")

@@ -21,7 +21,7 @@ from openforge.sandbox.local import LocalSandbox
 from openforge.sandbox.testing import backend_config
 from openforge.store import Store
 from tests.helpers.required import skip_or_fail
-from tests.rollouts.runner.test_runner import ShellHarness, _runner
+from tests.helpers.runner import ShellHarness, _runner
 
 pytestmark = pytest.mark.timeout(180)
 

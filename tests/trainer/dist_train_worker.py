@@ -24,7 +24,7 @@ def main(db: str, run_id: str, model: str, home: str, steps: str, pids: str, *fl
         distributed.follow()
         return
     from openforge.store import Store
-    from tests.trainer.test_trainer import TASKS, ReplaySampler, _cfg
+    from tests.helpers.trainer import TASKS, ReplaySampler, _cfg
     from openforge.trainer.loop import train
 
     class Slow(ReplaySampler):

@@ -22,7 +22,7 @@ STEP = StepConfig(loss_agg="seq-mean", max_grad_norm=0.5, entropy_coef=0.01)  # 
 def batches(step: int) -> list:
     """The samples of step `step` (the same in every process that asks)."""
     sys.path.insert(0, __file__.rsplit("/", 3)[0])  # the repository: tests.* imports
-    from tests.trainer.test_trainer import _samples
+    from tests.helpers.trainer import _samples
 
     return _samples(9, seed=step)
 

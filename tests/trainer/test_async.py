@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,26 +16,8 @@ from openforge.trainer.data import build_batch, micro_batches
 from openforge.trainer.grpo import StepConfig, grpo_step
 from openforge.trainer.loop import TaskStream, train
 from openforge.trainer.model import build_optimizer, build_policy
-from tests.trainer.test_learn import peaked_model  # noqa: F401 - fixture
-from tests.trainer.test_trainer import TASKS, ReplaySampler, _cfg
-
-
-class TimedSampler(ReplaySampler):
-    """ReplaySampler whose groups take a scripted time: `slow` tasks `factor` x longer, with jitter, so
-    groups finish out of the order they started in."""
-
-    def __init__(self, store: Store, *, base_s: float = 0.02, slow: tuple[str, ...] = (), factor: float = 10.0,
-                 seed: int = 0) -> None:
-        super().__init__(store)
-        self.base_s, self.slow, self.factor = base_s, set(slow), factor
-        self.rng, self.lock = random.Random(seed), threading.Lock()
-
-    def sample(self, run_id: str, tasks: list, *, step: int, adapter: str | None) -> list[Rollout]:
-        with self.lock:
-            jitter = self.rng.uniform(0.5, 1.5)
-        time.sleep(self.base_s * jitter * (self.factor if tasks[0]["id"] in self.slow else 1.0))
-        with self.lock:  # the replayed rows are written under one lock: their order does not matter
-            return super().sample(run_id, tasks, step=step, adapter=adapter)
+from tests.helpers.trainer import _cfg, ReplaySampler, TASKS, TimedSampler
+from tests.helpers.learn import peaked_model  # noqa: F401 - fixture
 
 
 def _version(run_id: str, adapter: str | None) -> int:
@@ -173,7 +153,7 @@ def test_on_the_real_engine_a_stale_group_keeps_its_adapter_and_behaviour_logpro
     from openforge.trainer.bridge import BackgroundLoop
     from openforge.trainer.grpo import token_logprobs
     from openforge.trainer.samplers import EngineSampler
-    from tests.trainer.test_learn import _prompts, embedded_engine
+    from tests.helpers.learn import _prompts, embedded_engine
 
     cfg = _cfg(steps=5, tasks_per_step=2, max_staleness=2, lr=5e-2, micro_batch_tokens=4096)
     run = store.create_run()
@@ -245,7 +225,7 @@ def test_it_learns_under_staleness_two(peaked_model: tuple[Path, int, float], st
     from openforge.trainer.adapter_sync import AdapterSync
     from openforge.trainer.bridge import BackgroundLoop
     from openforge.trainer.samplers import EngineSampler
-    from tests.trainer.test_learn import NEW_TOKENS, _prompts, embedded_engine
+    from tests.helpers.learn import NEW_TOKENS, _prompts, embedded_engine
 
     model_dir, target, _ = peaked_model
     cfg = TrainerConfig(steps=14, tasks_per_step=4, lr=1e-2, lora_r=8, lora_alpha=16, micro_batch_tokens=4096,

@@ -23,8 +23,8 @@ import pytest
 from openforge.store import Store
 from openforge.trainer.checkpoint import adapter_version
 from openforge.trainer.data import build_batch, call_sampling
-from tests.rollouts.harnesses.test_real_harnesses import NPM_CACHE, needs
-from tests.e2e.test_up import forge
+from tests.helpers.harnesses import NPM_CACHE, needs
+from tests.helpers.up import forge
 
 SLOW_CHECK_S = 25  # well over a training step of one group and its publish here (~2-8 s on 2 loaded cores)
 HOOK = ("grep -q '\"stop_hook_active\": *true' || { sleep \"$(cat check_seconds 2>/dev/null || echo 0)\"; "

@@ -11,6 +11,7 @@ import torch
 import openforge.trainer.grpo as grpo
 from openforge.errors import TrainerError
 from openforge.trainer.grpo import aggregation_weights, group_advantages, lr_lambda, policy_loss
+from tests.helpers.trainer import _FixedLogits
 
 
 def test_docstring_examples_hold() -> None:
@@ -151,19 +152,6 @@ def test_entropy_bonus_in_the_loss_by_hand() -> None:
     masked = policy_loss(lp.expand(1, 2), lp.expand(1, 2).clone(), torch.tensor([1.0]), torch.tensor([[1.0, 0.0]]),
                          entropy=torch.tensor([[0.5, 9.0]]), entropy_coef=0.1)
     assert masked.loss.item() == pytest.approx(-1.05) and masked.entropy == pytest.approx(0.5)  # prompt tokens: none
-
-
-class _FixedLogits(torch.nn.Module):
-    """A 'model' whose next-token logits are one learnable vector z at every position."""
-
-    def __init__(self, z: list[float]) -> None:
-        super().__init__()
-        self.z = torch.nn.Parameter(torch.tensor(z))
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int = 0, **_: object):
-        from types import SimpleNamespace
-
-        return SimpleNamespace(logits=self.z.expand(input_ids.shape[0], input_ids.shape[1], -1))
 
 
 def _entropy(p: list[float]) -> float:

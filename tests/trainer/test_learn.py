@@ -4,72 +4,15 @@ engine with the adapter hot-loaded every step; the engine/trainer logprob mismat
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
 
-from openforge.config import EmbeddedEngineConfig, TrainerConfig
+from openforge.config import TrainerConfig
 from openforge.trainer.loop import train
 from openforge.trainer.adapter_sync import AdapterSync
 from openforge.trainer.bridge import BackgroundLoop
 from openforge.trainer.samplers import EngineSampler
-
-NEW_TOKENS = 8
-NORM_GAIN = 5.0
-
-
-@pytest.fixture(scope="module")
-def peaked_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, float]:
-    """The tiny model with a sharper output distribution, the token the reward asks for, and that
-    token's base probability at the first answer position (mean over the prompts).
-
-    At the random init every next-token distribution is near uniform over ~1k tokens and no adapter
-    can change that much: the final RMSNorm fixes |h| = sqrt(d) * gain, so a logit h.e moves by at
-    most ~1.3. Raising the final norm's gain gives the peaked distributions of a trained LM, which a
-    LoRA on the attention/MLP can steer (the residual stream is untouched). The target is a token the
-    base model does NOT favour: the second most likely at the first answer position (under 1% there,
-    the favourite, a newline, ~24%), so a rise is the policy moving, not the base model's habit; it is
-    sampled often enough over 8 tokens x 48 rollouts a step that GRPO has signal from the first step."""
-    import shutil
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    out = tmp_path_factory.mktemp("peaked") / "tiny"
-    shutil.copytree(tiny_model, out)
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
-    with torch.no_grad():
-        model.model.norm.weight.mul_(NORM_GAIN)
-        probs = sum(torch.softmax(model(input_ids=torch.tensor([t["prompt_ids"]])).logits[0, -1], -1)
-                    for t in _prompts(tiny_model))
-    model.save_pretrained(out)
-    probs = probs / len(_prompts(tiny_model))
-    favourite, target = probs.topk(2).indices.tolist()
-    assert probs[target] < probs[favourite] / 10  # not the base model's preference
-    return out, target, float(probs[target])
-
-
-def _prompts(model_dir: Path) -> list[dict]:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    words = ["hello", "list files", "count lines", "fix the test", "print json", "make a folder"]
-    return [{"id": f"t{i}", "prompt_ids": tok.apply_chat_template([{"role": "user", "content": w}],
-                                                                   add_generation_prompt=True, tokenize=True)["input_ids"]}
-            for i, w in enumerate(words)]
-
-
-@contextmanager
-def embedded_engine(model_dir: Path):
-    """The real embedded engine on loopback (fp32, CPU, seeded) and a client for it."""
-    from openforge.engine.client import EngineClient
-    from openforge.engine.embedded import create_engine_app
-    from openforge.engine.serve import serve_in_thread
-
-    app = create_engine_app(EmbeddedEngineConfig(model=str(model_dir), dtype="float32", device="cpu", seed=0))
-    with serve_in_thread(app) as server:
-        yield EngineClient(server.url, timeout=60)
+from tests.helpers.learn import NEW_TOKENS, _prompts, embedded_engine, peaked_model  # noqa: F401 - fixtures
 
 
 def test_grpo_learns_target_tokens_with_lora(peaked_model: tuple[Path, int, float], store, forge_home: Path) -> None:

@@ -22,7 +22,7 @@ from openforge.trainer.checkpoint import adapter_name
 from openforge.trainer.data import build_batch, call_sampling, micro_batches, version_metrics
 from openforge.trainer.loop import TaskStream, train
 from tests.helpers.proxy_rig import make_rig  # noqa: F401 - fixture
-from tests.trainer.test_trainer import TASKS, _cfg
+from tests.helpers.trainer import TASKS, _cfg
 
 pytestmark = pytest.mark.timeout(120)
 

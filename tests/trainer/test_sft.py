@@ -7,29 +7,10 @@ from pathlib import Path
 import pytest
 
 from openforge.config import TrainerConfig
-from openforge.store import Call, Store
 from openforge.trainer.sft import evaluate_loss, select_examples, train_sft
+from tests.helpers.trainer import QA, record_teacher_run
 
 pytestmark = pytest.mark.timeout(300)
-QA = [("What is 2+3?", "5"), ("What is 4+4?", "8"), ("What is 7-5?", "2"), ("What is 3*3?", "9"),
-      ("What is 9-1?", "8")]
-
-
-def record_teacher_run(store: Store, tiny_model: Path, *, rewards: list[float]) -> str:
-    """A run whose rollouts each hold one re-tokenised call answering one question."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tiny_model))
-    run = store.create_run(kind="eval")
-    for (question, answer), reward in zip(QA, rewards):
-        rollout = store.create_rollout(run_id=run.id, task_id=question, status="running")
-        msgs = [{"role": "user", "content": question}]
-        prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        store.add_call(Call(run_id=run.id, rollout_id=rollout.id, status="ok", retokenized=True,
-                            prompt_ids=tok.encode(prompt, add_special_tokens=False),
-                            completion_ids=tok.encode(f"The answer is {answer}.<|im_end|>", add_special_tokens=False)))
-        store.update_rollout(rollout.id, status="scored", reward=reward)
-    return run.id
 
 
 def test_sft_lowers_the_loss_on_kept_trajectories_and_the_adapter_loads(store, tiny_model, forge_home):

@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from openforge.forge_cli.main import app
 from openforge.store import Store
-from tests.trainer.test_sft import record_teacher_run
-from tests.e2e.test_up import forge
+from tests.helpers.trainer import record_teacher_run
+from tests.helpers.up import forge
 
 pytestmark = pytest.mark.timeout(600)
 SETS = ["--set", "trainer.device=cpu", "--set", "sft.max_tokens=64", "--set", "trainer.lr=1e-2"]

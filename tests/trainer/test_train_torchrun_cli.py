@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from openforge.store import Store
-from tests.e2e.test_up import forge, home_with_model, served_with_adapter  # noqa: F401 - fixture
+from tests.helpers.up import forge, home_with_model, served_with_adapter  # noqa: F401 - fixture
 
 CONFIG = """
 [engine]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -12,54 +11,11 @@ from sqlalchemy import text
 from openforge.config import TrainerConfig
 from openforge.errors import TrainerError
 from openforge.store import Rollout, Store, Trajectory
-from openforge.trainer.data import Sample, build_batch, micro_batches
+from openforge.trainer.data import build_batch, micro_batches
 from openforge.trainer.grpo import StepConfig, grpo_step
 from openforge.trainer.loop import TaskStream, train
 from openforge.trainer.model import build_optimizer, build_policy
-
-TASKS = [{"id": f"task-{i}"} for i in range(5)]
-
-
-class ReplaySampler:
-    """Writes deterministic trajectories (a function of task, step and sample index), as if replaying
-    recorded rollouts: what resume must reproduce exactly. Optionally stops the run at a step."""
-
-    def __init__(self, store: Store, group_size: int = 3, stop_at: int | None = None, segments: int = 1) -> None:
-        self.store, self.group_size, self.stop_at, self.segments = store, group_size, stop_at, segments
-        self.calls: list[tuple[int, list[str], str | None]] = []
-
-    def sample(self, run_id: str, tasks: list, *, step: int, adapter: str | None) -> list[Rollout]:
-        if step == self.stop_at:
-            raise KeyboardInterrupt  # what SIGTERM/Ctrl-C does to the CLI
-        self.calls.append((step, [t["id"] for t in tasks], adapter))
-        out = []
-        for task in tasks:
-            for k in range(self.group_size):
-                rng = random.Random(f"{task['id']}-{step}-{k}")
-                r = self.store.create_rollout(run_id=run_id, task_id=task["id"], step=step, sample_index=k,
-                                              adapter=adapter, status="running")
-                rows = []
-                for seg in range(self.segments):
-                    prompt = [rng.randrange(3, 900) for _ in range(5)]
-                    completion = [rng.randrange(3, 900) for _ in range(4)]
-                    rows.append(Trajectory(run_id=run_id, rollout_id=r.id, segment=seg,
-                                           token_ids=prompt + completion,
-                                           loss_mask=[0] * 5 + [1] * 4,
-                                           logprobs=[0.0] * 5 + [-3.0] * 4, n_tokens=9))
-                self.store.replace_trajectories(r.id, rows)
-                out.append(self.store.update_rollout(r.id, status="scored", reward=float(rng.random() > 0.5)))
-        return out
-
-
-def _cfg(**kw) -> TrainerConfig:
-    base = dict(steps=4, tasks_per_step=2, lr=1e-2, lora_r=4, lora_alpha=8, micro_batch_tokens=32, seed=0)
-    return TrainerConfig(**{**base, **kw})
-
-
-def _lora_state(home: Path, run_id: str, step: int) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(str(home / "runs" / run_id / "adapters" / f"step-{step}" / "adapter_model.safetensors"))
+from tests.helpers.trainer import ReplaySampler, TASKS, _cfg, _lora_state, _samples
 
 
 def _rollout(store: Store, run_id: str, task: str, status: str, reward: float | None) -> Rollout:
@@ -92,17 +48,6 @@ def test_inconsistent_trajectory_is_one_clear_error(store: Store) -> None:
     bad = Trajectory(run_id=run.id, rollout_id=r.id, token_ids=[1, 2], loss_mask=[0, 1, 1], logprobs=[0, 0])
     with pytest.raises(TrainerError, match="inconsistent"):
         build_batch([r], [bad])
-
-
-def _samples(n: int, seed: int = 0) -> list[Sample]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        length = rng.randrange(6, 14)
-        mask = [0] * 3 + [1] * (length - 3)
-        out.append(Sample(f"r{i // 2}", "t", i % 2, [rng.randrange(3, 900) for _ in range(length)], mask,
-                          [0.0] * 3 + [-5.0] * (length - 3), rng.choice([-1.0, 0.5, 1.0]), 0.0))
-    return out
 
 
 @pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean"])

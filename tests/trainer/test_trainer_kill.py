@@ -14,14 +14,14 @@ import torch
 
 from openforge.store import Store
 from tests.helpers.paths import REPO
-from tests.trainer.test_trainer import TASKS, ReplaySampler, _cfg, _lora_state
+from tests.helpers.trainer import TASKS, ReplaySampler, _cfg, _lora_state
 from openforge.trainer.loop import train
 
 CHILD = """
 import sys, time
 sys.path.insert(0, {root!r})
 from openforge.store import Store
-from tests.trainer.test_trainer import TASKS, ReplaySampler, _cfg
+from tests.helpers.trainer import TASKS, ReplaySampler, _cfg
 from openforge.trainer.loop import train
 
 class Slow(ReplaySampler):

@@ -13,7 +13,7 @@ import openforge.trainer.off_policy as off_policy
 from openforge.config import load_config
 from openforge.errors import ConfigError, TrainerError
 from openforge.trainer.grpo import StepConfig, grpo_step, policy_loss
-from tests.trainer.test_grpo import _FixedLogits
+from tests.helpers.trainer import _FixedLogits
 
 
 def test_docstring_examples_hold() -> None:

@@ -15,7 +15,7 @@ from openforge.trainer import loop
 from openforge.trainer.checkpoint import adapter_name
 from openforge.trainer.loop import TaskStream, train
 from openforge.trainer.resume import kept_groups
-from tests.trainer.test_trainer import TASKS, ReplaySampler, _cfg
+from tests.helpers.trainer import TASKS, ReplaySampler, _cfg
 
 
 class StopAfterSampling(ReplaySampler):

@@ -11,7 +11,7 @@ import torch
 from openforge.config import TrainerConfig
 from openforge.store import Call, Store, utcnow
 from openforge.rollouts.runner.trajectory import assemble_rollout
-from tests.trainer.test_learn import embedded_engine
+from tests.helpers.learn import embedded_engine
 from openforge.trainer.data import build_batch, call_sampling, micro_batches
 from openforge.trainer.grpo import StepConfig, grpo_step
 from openforge.trainer.model import build_optimizer, build_policy

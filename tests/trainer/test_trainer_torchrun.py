@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from openforge.store import Store
-from tests.trainer.test_trainer import TASKS, ReplaySampler, _cfg, _lora_state
+from tests.helpers.trainer import TASKS, ReplaySampler, _cfg, _lora_state
 from openforge.trainer.loop import train
 
 # fp32 on gloo: the ranks sum gradients in another order than one process. Measured here: losses

@@ -23,7 +23,7 @@ import torch
 
 from tests.trainer import vl_dist_worker as w
 from openforge.store import Store
-from tests.trainer.test_trainer import _lora_state
+from tests.helpers.trainer import _lora_state
 from openforge.trainer.data import build_batch, micro_batches
 from openforge.trainer.distributed import split_by_tokens
 from openforge.trainer.loop import train

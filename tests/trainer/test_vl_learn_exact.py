@@ -48,7 +48,7 @@ def test_the_tiny_vlm_learns_the_demo_screens_under_the_exact_grade(tmp_path: Pa
     from openforge.rollouts.tasks.format import load_tasks
     from openforge.rollouts.tasks.web.payload import WebPayload
     from openforge.trainer.warmup.gui import demo_prompt, screenshot, warm_up_gui_answers
-    from tests.trainer.test_vl_trainer import embedded_engine
+    from tests.helpers.vl import embedded_engine
     from openforge.trainer.loop import train
     from openforge.trainer.adapter_sync import AdapterSync
     from openforge.trainer.bridge import BackgroundLoop

@@ -13,15 +13,13 @@ LoRA on the language model only.
 
 from __future__ import annotations
 
-import io
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 
-from openforge.engine.vision import expand_image_tokens, load_processor, mm_token_type_ids, pixel_inputs, VisionTokens
+from openforge.engine.vision import load_processor, mm_token_type_ids, pixel_inputs, VisionTokens
 from openforge.config import TrainerConfig
 from openforge.errors import TrainerError
 from openforge.image_store import ImageStore
@@ -30,27 +28,7 @@ from openforge.trainer.data import build_batch, micro_batches
 from openforge.trainer.grpo import StepConfig, _logprobs, grpo_step
 from openforge.trainer.model import build_optimizer, build_policy, pad_token_id
 from openforge.trainer.vision import TrajectoryImages
-
-RED, GREEN, BLUE = (220, 30, 30), (30, 200, 40), (30, 40, 220)
-
-
-def _png(color: tuple[int, int, int], size: tuple[int, int], box: tuple[float, float, float, float] = (.25, .25, .75, .75)
-         ) -> bytes:
-    from PIL import Image, ImageDraw
-
-    img = Image.new("RGB", size, (255, 255, 255))
-    w, h = size
-    ImageDraw.Draw(img).rectangle([int(box[0] * w), int(box[1] * h), int(box[2] * w), int(box[3] * h)], fill=color)
-    buf = io.BytesIO()
-    img.save(buf, "PNG")
-    return buf.getvalue()
-
-
-def _prompt(proc, images: list[bytes], text: str = "What colour is the square?") -> list[int]:
-    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
-    rendered = proc.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                        tokenize=False)
-    return expand_image_tokens(proc.tokenizer.encode(rendered), images, proc)
+from tests.helpers.vl import BLUE, GREEN, RED, _png, _prompt, embedded_engine
 
 
 def _row(store: Store, home: Path, run_id: str, task: str, prompt: list[int], completion: list[int],
@@ -237,19 +215,6 @@ def _answer_sets(model_dir: Path, tasks: list[dict]) -> dict[str, set[int]]:
     return sets
 
 
-@contextmanager
-def embedded_engine(model_dir: Path):
-    """The real embedded engine on loopback (fp32, CPU, seeded) and a client for it."""
-    from openforge.engine.client import EngineClient
-    from openforge.engine.embedded import create_engine_app
-    from openforge.engine.serve import serve_in_thread
-    from openforge.config import EmbeddedEngineConfig
-
-    app = create_engine_app(EmbeddedEngineConfig(model=str(model_dir), dtype="float32", device="cpu", seed=0))
-    with serve_in_thread(app) as server:
-        yield EngineClient(server.url, timeout=60)
-
-
 @pytest.mark.slow
 def test_grpo_learns_to_name_the_colour_of_a_square(tmp_path: Path, store: Store, forge_home: Path) -> None:
     from openforge.engine.tiny import LEARNABLE_NORM_GAIN
@@ -290,7 +255,6 @@ def test_grpo_learns_to_name_the_colour_of_a_square(tmp_path: Path, store: Store
     assert mism < 1e-4  # the engine and the trainer see the same pixels, tokens and positions
     traj = store.list_trajectories(rollout_ids=[r.id for r in store.list_rollouts(run.id)])
     assert traj and all(t.images and len(t.images) == 1 for t in traj)
-
 
 
 def test_full_finetune_of_a_vlm_keeps_the_vision_tower_frozen(tiny_vl_model: Path) -> None:

@@ -46,7 +46,7 @@ class ImageReplaySampler:
     def sample(self, run_id: str, tasks: list, *, step: int, adapter: str | None) -> list:
         from openforge.image_store import ImageStore
         from openforge.store import Trajectory
-        from tests.trainer.test_vl_trainer import _png, _prompt
+        from tests.helpers.vl import _png, _prompt
 
         out = []
         for task in tasks:

@@ -13,22 +13,8 @@ from openforge.store import Call, Store
 from openforge.rollouts.analysis.analyze import analyze, bootstrap_change, bootstrap_mean
 from openforge.rollouts.analysis.behaviour import behaviour_of, checkpoints_reached, is_check, is_edit
 from openforge.rollouts.runner.transcript import ToolStep, tool_failed, transcript_of
-from tests.rollouts.harnesses.test_mini import serve  # noqa: F401 - the scripted engine behind the real proxy, as a fixture
-
-CHAT_TOOLS = [{"type": "function", "function": {"name": n, "parameters": {}}} for n in ("bash", "read_file", "write_file")]
-
-
-def _chat_call(seq: int, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
-               text: str = "", status: str = "ok") -> Call:
-    body = {"model": "m", "messages": messages, "tools": CHAT_TOOLS}
-    calls = [{"id": f"c{seq}-{i}", "name": n, "arguments": a} for i, (n, a) in enumerate(tools or [])]
-    response = {"choices": [{"message": {"role": "assistant", "content": text}}]}
-    return Call(run_id="", rollout_id="", seq=seq, api="openai_chat", status=status, request_json=body,
-                response_json=response, tool_calls_json=calls, completion_tokens=10 + seq)
-
-
-def _tool_msg(call_id: str, content: str) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call_id, "content": content}
+from tests.helpers.analysis import _add, _chat_call, _tool_msg
+from tests.helpers.mini import serve  # noqa: F401 - the scripted engine behind the real proxy, as a fixture
 
 
 def chat_rollout_that_verifies() -> list[Call]:
@@ -163,15 +149,6 @@ def test_bootstrap_mean_and_change() -> None:
     assert noisy.lo < 0 < noisy.hi  # no real change: the interval straddles zero
 
 
-def _add(store: Store, run_id: str, task_id: str, step: int, calls: list[Call], *, reward: float | None,
-         status: str = "scored", harness: str = "mini") -> None:
-    ro = store.create_rollout(run_id=run_id, task_id=task_id, step=step, harness=harness)
-    store.update_rollout(ro.id, status=status, reward=reward)
-    for c in calls:
-        c.run_id, c.rollout_id, c.id = run_id, ro.id, None
-        store.add_call(c)
-
-
 @pytest.fixture
 def training_run(store: Store) -> str:
     """Step 0: answers with no checking and fails; step 1: writes, reads back, passes. Plus an infra failure."""
@@ -273,7 +250,7 @@ def test_behaviour_over_steps_feeds_the_dashboard(store: Store, training_run: st
 
 async def test_the_dashboard_shows_behaviour_by_step(store: Store, training_run: str) -> None:
     from openforge.forge_cli.dashboard import Dashboard
-    from tests.forge_cli.test_dashboard import plain
+    from tests.helpers.cli import plain
 
     app = Dashboard(store, training_run)
     async with app.run_test(size=(160, 50)) as pilot:

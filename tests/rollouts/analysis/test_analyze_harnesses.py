@@ -24,7 +24,7 @@ from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.runner.transcript import transcript_of
 from openforge.sandbox.testing import proxy_socket_path
 from tests.helpers.proxy_rig import make_rig  # noqa: F401 - fixture
-from tests.rollouts.harnesses.test_real_harnesses import NPM_CACHE, needs
+from tests.helpers.harnesses import NPM_CACHE, needs
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -148,7 +148,8 @@ async def test_analyze_compares_claude_code_and_codex_on_the_same_conversation(m
 
 def verl_tokens_are_the_recorded_ones(rig: Any, path: Path, rollout_id: str) -> None:
     try:
-        from tests.integrations.test_export_verl import REPO, multiturn_sft_dataset, verl_or_skip
+        from tests.helpers.paths import REPO
+        from tests.helpers.verl_data import multiturn_sft_dataset, verl_or_skip
 
         verl_or_skip()
     except pytest.skip.Exception:

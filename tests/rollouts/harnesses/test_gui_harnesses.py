@@ -15,14 +15,11 @@ from openforge.config import HarnessConfig
 from openforge.rollouts.harnesses.base import HarnessContext
 from openforge.rollouts.harnesses import get_harness
 from openforge.rollouts.harnesses.mini_gui import mini_gui_outcome
-from openforge.rollouts.harnesses.mini_gui_agent import Action, BadAction, Screen, parse_reply, parse_text_action
+from openforge.rollouts.harnesses.mini_gui_agent import Action, BadAction, Screen, parse_reply
 from openforge.sandbox.base import ExecResult
-from tests.helpers.gui_fixtures import (BUTTON, ScriptedModel, Site, chromium, missing_gui_tools, red_centre, run_gui_task,
-                                run_mini_gui, screenshot_of, text_reply, tool_call, wait_for, xvfb)
-from tests.helpers.required import requires, skip_or_fail
-
-needs_display = requires("chromium", f"needs {', '.join(missing_gui_tools())} (apt-get install xvfb xdotool chromium)"
-                         if missing_gui_tools() else None)
+from tests.helpers.gui_fixtures import (BUTTON, ScriptedModel, Site, chromium, missing_gui_tools, needs_display, red_centre,
+                                        run_gui_task, run_mini_gui, screenshot_of, text_reply, tool_call, wait_for, xvfb)
+from tests.helpers.required import skip_or_fail
 
 
 # -- the action format -----------------------------------------------------------------------------

@@ -33,49 +33,14 @@ from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec
 from openforge.sandbox.testing import proxy_socket_path
 from openforge.trainer.data import build_batch, call_sampling
+from tests.helpers.harnesses import ANSWER, COMMAND, compacting_policy, MARK, needs, NPM_CACHE, SUMMARY, SUMMARY_PROMPT, TASK
 from tests.helpers.proxy_rig import make_rig  # noqa: F401 - fixture
-from tests.rollouts.harnesses.test_real_harnesses import ANSWER, COMMAND, MARK, NPM_CACHE, needs
 
 pytestmark = pytest.mark.timeout(180)
 
-SUMMARY_PROMPT = "You are performing a CONTEXT CHECKPOINT COMPACTION"  # Codex's, as captured
-CARRIED = "Another language model started to solve this problem"  # how Codex replays the summary
-SUMMARY = "Summary: parts 1-3 of the long file are read; next, write forge-ok into proof.txt."
 # Usage counts the tiny tokenizer's tokens: Codex's first prompt is ~23.5k, each part read adds ~2.7k,
 # so the third part's turn passes 30k and Codex compacts (a long task in a small context).
 CONTEXT = ["-c", "model_context_window=34000", "-c", "model_auto_compact_token_limit=30000"]
-TASK = TaskSpec(id="long-file", instruction="Read the long file part by part, then write forge-ok into proof.txt.",
-                verifier="grep -qx forge-ok proof.txt")
-
-
-def exec_call(cmd: str) -> str:
-    return f'<tool_call>\n{json.dumps({"name": "exec_command", "arguments": {"cmd": cmd}})}\n</tool_call>'
-
-
-def compacting_policy(tokenizer: Any, *, give_up_second: bool = True, fail_summary: bool = False) -> Any:
-    """Reads parts of a long file; answers a summary request with SUMMARY; after the compaction writes
-    proof.txt and says done. With `give_up_second` the second rollout of the group says it cannot
-    (reward 0); with `fail_summary` every summary request is an engine error."""
-    finished = 0
-
-    def script(prompt_ids: list[int]) -> str:
-        nonlocal finished
-        text = tokenizer.decode(prompt_ids)
-        last_turn = text[text.rindex("<|im_start|>user"):] if "<|im_start|>user" in text else ""
-        if SUMMARY_PROMPT in last_turn:
-            if fail_summary:
-                raise BadRequest("engine down during the summary", 500)
-            return SUMMARY
-        if CARRIED not in text:
-            return exec_call(f"seq -f 'line %g of part {text.count('Process exited') + 1} of the long file' 1 150")
-        if finished and give_up_second:
-            return "I could not finish."
-        if MARK not in text:
-            return exec_call(COMMAND)
-        finished += 1
-        return "Done: proof.txt is written."
-
-    return script
 
 
 async def run_group(rig: Any, n: int = 2, extra_args: tuple[str, ...] = ()) -> list[Any]:

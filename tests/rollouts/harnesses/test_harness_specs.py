@@ -248,7 +248,7 @@ async def test_the_docs_example_trains_through_forge(make_rig: Any) -> None:
     """The example spec, found by path, through RolloutRunner -> sandbox -> the agent -> proxy -> verifier."""
     from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
     from openforge.rollouts.tasks.format import TaskSpec
-    from tests.rollouts.harnesses.test_real_harnesses import COMMAND, MARK
+    from tests.helpers.harnesses import COMMAND, MARK
 
     from openforge.sandbox.testing import proxy_socket_path
 

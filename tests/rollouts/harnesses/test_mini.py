@@ -3,13 +3,11 @@ a real local sandbox -> verifier; and its robustness to the nonsense a random po
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from openforge.engine.scripted import ScriptedEngine
-from openforge.engine.serve import serve_in_thread
 from openforge.config import ForgeConfig
 from openforge.store import Store
 from openforge.proxy.server import ProxyServer
@@ -17,30 +15,10 @@ from openforge.rollouts.harnesses import get_harness
 from openforge.rollouts.harnesses.mini_agent import run_tool
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec, load_tasks
-from openforge.sandbox.testing import proxy_socket_path
+from tests.helpers.mini import serve  # noqa: F401 - fixtures
 
 WRITE_HELLO = ('<tool_call>\n{"name": "write_file", "arguments": {"path": "hello.txt", '
                '"content": "hello world\\n"}}\n</tool_call>')
-
-
-@pytest.fixture
-def serve(tiny_model: Path, store: Store) -> Iterator:
-    """serve(script) -> (proxy, engine): a ScriptedEngine behind the real proxy, on loopback and on a unix
-    socket (the sandbox's one way out)."""
-    handles = []
-
-    def start(script, **proxy_config) -> tuple[str, ScriptedEngine]:  # noqa: ANN001, ANN003
-        engine = ScriptedEngine(tiny_model, script)
-        eng = serve_in_thread(engine.app)
-        proxy = ProxyServer(ForgeConfig().proxy.model_copy(update=proxy_config), store_path=store.path,
-                            engine_url=eng.url, model_path=tiny_model, uds=proxy_socket_path())
-        handles.extend([eng, proxy])
-        proxy.start()
-        return proxy, engine
-
-    yield start
-    for h in reversed(handles):
-        h.stop()
 
 
 def _run(store: Store, proxy: ProxyServer, task: TaskSpec, *, max_turns: int = 8):  # noqa: ANN202

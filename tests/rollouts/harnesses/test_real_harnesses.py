@@ -18,45 +18,16 @@ from typing import Any
 import pytest
 
 from openforge.config import HarnessConfig, LocalSandboxConfig
-from openforge.rollouts.runner.trajectory import assemble_rollout
 from openforge.rollouts.harnesses.base import HarnessContext
 from openforge.rollouts.harnesses import get_harness, npm_harness
-from openforge.rollouts.harnesses.npm import find_package_bin, install_hint, node_platform
+from openforge.rollouts.harnesses.npm import find_package_bin, node_platform
 from openforge.sandbox.factory import make_sandbox
 from openforge.sandbox.testing import proxy_socket_path
+from tests.helpers.harnesses import ANSWER, COMMAND, NPM_CACHE, check_extends, check_recording, needs, tool_then_answer
 from tests.helpers.required import requires
 from tests.helpers.proxy_rig import make_rig  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(120)
-
-NPM_CACHE = Path(os.environ.get("FORGE_NPM_CACHE") or Path.home() / ".cache" / "openforge-npm").expanduser()
-MARK = "FORGE_TOOL_RAN"
-# printf splits the marker so that only the tool's *output* contains it, not the call's arguments:
-# the script answers once the marker is in the prompt, i.e. once the tool result came back.
-COMMAND = f"printf 'forge-ok\\n' > proof.txt && printf 'FORGE_%s\\n' TOOL_RAN"
-ANSWER = "Done: proof.txt is written."
-
-
-def needs(name: str) -> Any:
-    """Mark a test `npm` and skip it (fail it under FORGE_REQUIRE=npm) unless harness `name` is installed
-    in the npm cache."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        missing: str | None = "node/npm are not installed"
-    elif find_package_bin(NPM_CACHE, name, npm_harness(name)) is None:
-        missing = f"{name} is not installed in {NPM_CACHE} ({install_hint(name, NPM_CACHE, npm_harness(name))})"
-    else:
-        missing = None
-    return lambda test: requires("npm", missing)(pytest.mark.npm(test))
-
-
-def tool_then_answer(tokenizer: Any, tool: str, arguments: dict[str, Any]) -> Any:
-    """A script: one `<tool_call>` of `tool` until the prompt holds the tool's output, then the answer."""
-    call = f'<tool_call>\n{json.dumps({"name": tool, "arguments": arguments})}\n</tool_call>'
-
-    def script(prompt_ids: list[int]) -> str:
-        return ANSWER if MARK in tokenizer.decode(prompt_ids) else call
-
-    return script
 
 
 async def run_harness(rig: Any, name: str, timeout: float = 90, **harness: Any) -> tuple[Any, bytes]:
@@ -74,33 +45,6 @@ async def run_harness(rig: Any, name: str, timeout: float = 90, **harness: Any) 
         except Exception:  # noqa: BLE001 - a missing file is what the assertion below reports
             proof = b""
     return result, proof
-
-
-def check_recording(rig: Any, api: str) -> dict[str, Any]:
-    """The calls are recorded as `api`, their tokens decode to what was served, and the trajectory's
-    sampled tokens are exactly those completions."""
-    calls = [c for c in rig.calls() if c.status == "ok"]
-    assert {c.api for c in calls} == {api}
-    served = rig.served_texts()
-    assert served[-1] == ANSWER and any("<tool_call>" in text for text in served)
-    stats = assemble_rollout(rig.store, rig.rollout.id)
-    trajectories = rig.store.list_trajectories(rollout_ids=[rig.rollout.id])
-    assert trajectories and sum(len(t.call_ids) for t in trajectories) == len(calls)
-    tok = rig.engine.tokenizer
-    sampled = [i for t in trajectories for i, m in zip(t.token_ids, t.loss_mask) if m]
-    expected = [i for c in calls for i in c.completion_ids]
-    assert sampled == expected
-    assert tok.decode(sampled, skip_special_tokens=True) == "".join(served)
-    assert stats["n_calls"] == len(calls) and stats["n_segments"] + stats["n_extends"] == len(calls)
-    return stats
-
-
-def check_extends(rig: Any, stats: dict[str, Any]) -> None:
-    """The answer's prompt extended the tool call's prompt + completion: one segment, and the replayed
-    assistant turn reused the sampled tokens (no re-tokenisation)."""
-    first, second = [c for c in rig.calls() if c.status == "ok"]
-    assert (stats["n_segments"], stats["n_extends"]) == (1, 1)
-    assert second.reused_tokens == first.completion_tokens
 
 
 @needs("claude-code")

@@ -22,7 +22,7 @@ from openforge.rollouts.tasks.format import TaskSpec
 from openforge.sandbox.testing import proxy_socket_path
 from tests.helpers.required import skip_or_fail
 from tests.helpers.proxy_rig import make_rig  # noqa: F401 - fixture
-from tests.rollouts.harnesses.test_real_harnesses import COMMAND, MARK, NPM_CACHE
+from tests.helpers.harnesses import COMMAND, MARK, NPM_CACHE
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -112,7 +112,7 @@ def built_image(name: str) -> str:
 
 async def test_mini_swe_agent_runs_in_its_image(make_rig):
     """The venv of the local cache, in an image of its own: the image's python3 runs it as the sandbox's user."""
-    from tests.sandbox.test_harness_images import run_in_container
+    from tests.helpers.containers import run_in_container
 
     rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
     tok = rig.engine.tokenizer
@@ -124,7 +124,7 @@ async def test_mini_swe_agent_runs_in_its_image(make_rig):
 
 
 async def test_opencode_runs_in_its_image(make_rig):
-    from tests.sandbox.test_harness_images import run_in_container
+    from tests.helpers.containers import run_in_container
 
     rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
     tok = rig.engine.tokenizer

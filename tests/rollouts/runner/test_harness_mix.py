@@ -109,7 +109,7 @@ def test_demo_trains_in_two_harnesses_at_once(forge_home: Path) -> None:
     """`forge up --demo` with mini and the docs' hello-agent: two steps of two groups, one per harness.
     The proxy caps every call at one token (mini's demo setting; hello-agent asks for 256), so both
     answer the demo's question with a digit. Learning is not measured here: 2 steps show the loop."""
-    from tests.e2e.test_up import forge
+    from tests.helpers.up import forge
 
     out = forge(forge_home, "--set", f'harness.names=["mini", "{HELLO}"]', "--set", "proxy.max_tokens_cap=1",
                 "--set", "runner.samples_per_task=4", "--set", "runner.concurrency=8",

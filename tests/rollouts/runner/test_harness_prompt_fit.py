@@ -153,12 +153,12 @@ def test_a_run_whose_harness_prompt_cannot_fit_fails_with_the_fix(forge_home: Pa
                                                                   tmp_path: Path, command: list[str]) -> None:
     """A training run stops before any step; an eval fails instead of reporting a pass rate over masked
     rollouts: one line naming the fix, exit 1, every rollout a configuration failure."""
-    from tests.e2e.test_up_failures import ONE_GROUP, forge
+    from tests.helpers.up import SMALL, forge
 
     from openforge.store import Store
 
     spec = write_agent(tmp_path / "agent", size=2000)
-    out = forge(forge_home, *ONE_GROUP, "--set", f"engine.model={tiny_model}", "--set", "proxy.max_context_tokens=512",
+    out = forge(forge_home, *SMALL, "--set", f"engine.model={tiny_model}", "--set", "proxy.max_context_tokens=512",
                 "--set", f"harness.name={spec}", "--set", "tasks.path=builtin", "--set",
                 'tasks.include=["easy-say-done"]', *command)
     assert out.returncode == 1, out.stdout + out.stderr

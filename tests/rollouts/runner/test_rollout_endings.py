@@ -33,7 +33,7 @@ from openforge.sandbox.base import ExecResult
 from openforge.store import CALL_CLIENT_LEFT, Call, Rollout, Store, Trajectory
 from tests.helpers.paths import DATA
 from tests.helpers.proxy_rig import make_rig  # noqa: F401 - fixture
-from tests.rollouts.runner.test_runner import Reporting, ShellHarness, _runner, _task
+from tests.helpers.runner import Reporting, ShellHarness, _runner, _task
 
 ENDINGS = DATA / "harness_endings"
 

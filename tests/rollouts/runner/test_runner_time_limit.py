@@ -21,7 +21,7 @@ from openforge.rollouts.runner.policy_clock import engine_seconds
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.sandbox.testing import proxy_socket_path
 from tests.helpers.proxy_rig import make_rig  # noqa: F401 - fixture
-from tests.rollouts.runner.test_runner import ShellHarness, _task
+from tests.helpers.runner import ShellHarness, _task
 
 # The agent: N model calls, one after the other, then its work (done.txt) and whatever the shell does next.
 AGENT = r"""

@@ -11,7 +11,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers.paths import DATA
 from openforge.config import ForgeConfig
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.rollouts.tasks.format import TaskSpec, validate_tasks
@@ -19,15 +18,7 @@ from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.rollouts.tasks.services import (RequestRule, ServiceSession, ServiceSpec, ServiceStartFailed,
                                                check_requests, injected_status)
 from openforge.store import Store
-
-SERVER = (DATA / "services" / "mail_server.py").read_text()
-
-
-def _mail(**over: object) -> ServiceSpec:
-    spec = {"name": "mail", "command": "python mail_server.py", "files": {"mail_server.py": SERVER},
-            "health": {"method": "GET", "path": "/health"}, "reset": {"method": "POST", "path": "/reset"},
-            "ready_timeout_s": 10}
-    return ServiceSpec.model_validate({**spec, **over})
+from tests.helpers.task_services import SEND, _mail, _task
 
 
 def _pid_alive(pid: int) -> bool:
@@ -124,13 +115,6 @@ def test_bad_service_declarations_are_one_line_each(tmp_path: Path) -> None:
     assert any(":2 [b]: expect_requests: no service named mail" in p for p in problems), problems
 
 
-def _task(**over: object) -> TaskSpec:
-    record = {"id": "mail-bob", "instruction": "Email bob@example.org.", "services": [_mail().model_dump()],
-              "expect_requests": [{"service": "mail", "method": "POST", "path": "/send",
-                                   "body": {"to": "bob@example.org"}}]}
-    return TaskSpec.model_validate({**record, **over})
-
-
 # An agent that claims the call instead of making it: dispatch logs where a grader might look for one.
 FORGED_DISPATCH = """
 mkdir -p .forge logs
@@ -161,22 +145,6 @@ async def test_a_service_that_never_starts_is_an_infrastructure_failure(store: S
     (ro,) = await _run(store, [broken], "true")
     assert (ro.status, ro.failure_kind, ro.reward) == ("failed", "infra", None)
     assert ro.error.startswith("infra: service mail did not answer GET /health")
-
-
-# The agent's side: a POST to the service from inside the sandbox, at the URL the runner gave it.
-SEND = """python3 - <<'PY'
-import json, os, urllib.error, urllib.request
-url = os.environ["FORGE_SERVICE_MAIL_URL"] + "/send"
-for attempt in range(ATTEMPTS):
-    req = urllib.request.Request(url, data=json.dumps({"to": "bob@example.org"}).encode(),
-                                 headers={"Content-Type": "application/json", "X-Forge-Tool": "send_mail"})
-    try:
-        print(urllib.request.urlopen(req, timeout=10).status)
-        break
-    except urllib.error.HTTPError as exc:
-        print(exc.code)
-PY
-"""
 
 
 async def test_the_sandbox_reaches_its_service_and_the_call_is_graded(store: Store) -> None:

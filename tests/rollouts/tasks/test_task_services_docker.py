@@ -20,7 +20,7 @@ from openforge.sandbox.docker import DockerSandbox
 from openforge.sandbox.testing import backend_config
 from openforge.store import Store
 from tests.helpers.required import skip_or_fail
-from tests.rollouts.tasks.test_task_services import SEND, _mail, _task
+from tests.helpers.task_services import SEND, _mail, _task
 
 
 @pytest.fixture(scope="module")

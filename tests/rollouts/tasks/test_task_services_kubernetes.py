@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from tests.k8s_double import KubeDouble, bwrap_available
-from tests.sandbox.test_gui_kubernetes import _gui_config as _config, pods, relay_port  # noqa: F401 - fixtures
-from tests.rollouts.tasks.test_task_services import _mail, _task
+from tests.helpers.kubernetes import _gui_config as _config, pods, relay_port  # noqa: F401 - fixtures
+from tests.helpers.task_services import _mail, _task
 
 import openforge.sandbox.site_relay as site_relay
 from openforge.config import ForgeConfig

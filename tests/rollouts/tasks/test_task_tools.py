@@ -22,9 +22,10 @@ from openforge.rollouts.runner.tool_server import ToolServer, dispatch_record_pa
 from openforge.rollouts.tasks.format import TaskSpec, validate_tasks
 from openforge.rollouts.tasks.tools import TaskTool
 from openforge.sandbox.testing import backend_config, proxy_socket_path, sandbox_backends
+from tests.helpers.task_tools import _rollout, call
 from tests.helpers.required import skip_or_fail
 from tests.helpers.proxy_rig import make_rig  # noqa: F401 - fixture
-from tests.rollouts.harnesses.test_real_harnesses import NPM_CACHE, needs
+from tests.helpers.harnesses import NPM_CACHE, needs
 
 # The tool looks a key up in a table only the host has: the agent cannot know the answer without the call.
 LOOKUP = TaskTool(
@@ -40,10 +41,6 @@ TASK = TaskSpec(id="tool-task", instruction="Look up the order alpha with the lo
                 tools=[LOOKUP], verifier=GRADER, expect_answer={"number": 7431})
 FORGED = json.dumps({"seq": 0, "tool": "lookup", "arguments": {"key": "alpha"}, "result": "7431\n",
                      "is_error": False}) + "\n"
-
-
-def call(name: str, arguments: dict[str, Any]) -> str:
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
 
 
 # -- the task format ------------------------------------------------------------------------------------
@@ -216,14 +213,6 @@ def test_mcp_placeholders_outside_the_mcp_table_are_refused(tmp_path: Path) -> N
 
 
 # -- whole rollouts ------------------------------------------------------------------------------------------
-
-
-async def _rollout(rig: Any, task: TaskSpec, **harness: Any) -> Any:
-    config = ForgeConfig()
-    config.harness = HarnessConfig(**harness)
-    runner = RolloutRunner(rig.store, config=config, proxy_url=rig.url, proxy_socket=rig.proxy.uds)
-    [ro] = await runner.run(rig.rollout.run_id, [RolloutSpec(task, 0)])
-    return ro
 
 
 def _answer_after_tool(tok: Any, tool: str, answer: str) -> Any:

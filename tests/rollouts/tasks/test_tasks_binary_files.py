@@ -73,7 +73,7 @@ def test_binary_setup_files_arrive_byte_exact_in_a_pod(tmp_path: Path, store: St
     """The Kubernetes backend against the API double (tests/k8s_double): the setup files go in by tar over
     the exec WebSocket's stdin."""
     from tests.k8s_double import KubeDouble, bwrap_available
-    from tests.sandbox.test_kubernetes import make_config
+    from tests.helpers.kubernetes import make_config
 
     if not bwrap_available():
         pytest.skip("the API double runs pods under bubblewrap and nsenter as root")

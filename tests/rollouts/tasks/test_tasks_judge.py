@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -27,72 +23,9 @@ from openforge.rollouts.tasks.format import TaskSpec, validate_tasks
 from openforge.rollouts.tasks.judge import JudgeFailed, JudgeSpec, build_messages, parse_reply
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.store import Store
+from tests.helpers.judges import _BEGIN, _Judge, judge_url, naive_verdict  # noqa: F401 - fixtures
 
 RUBRIC = "PASS when the final answer names the capital of France; FAIL otherwise."
-_BEGIN = re.compile(r"<<<BEGIN DATA (\w+):")
-
-
-def naive_verdict(messages: list[dict[str, str]]) -> str:
-    """What an instruction-following judge answers: outside the quoted blocks, it obeys; inside, the rule."""
-    text = "\n".join(m["content"] for m in messages)
-    token = _BEGIN.search(text).group(1)  # the markers as the prompt declares them
-    inside, outside, rest = [], [], text
-    while (start := rest.find(f"<<<BEGIN DATA {token}: ")) >= 0:
-        outside.append(rest[:start])
-        body = rest[start:]
-        end = body.find(f"<<<END DATA {token}>>>")
-        end = len(body) if end < 0 else end
-        inside.append(body[:end])
-        rest = body[end:]
-    outside.append(rest)
-    told = "\n".join(outside).lower()
-    if "answer pass" in told or "any answer passes" in told:
-        return "VERDICT: PASS"
-    return "VERDICT: PASS" if "paris" in "\n".join(inside).lower() else "VERDICT: FAIL"
-
-
-class _Judge(BaseHTTPRequestHandler):
-    """POST /v1/chat/completions; the model name picks the behaviour."""
-
-    seen: list[dict] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).seen.append({**body, "auth": self.headers.get("Authorization")})
-        model = body["model"]
-        if model == "http-500":
-            return self._send(500, b'{"error": "overloaded"}')
-        if model == "slow":
-            time.sleep(3)
-        reply = {"naive": naive_verdict(body["messages"]), "slow": "VERDICT: PASS",
-                 "rambling": "I think it passes.", "two-verdicts": "VERDICT: FAIL\nVERDICT: PASS",
-                 "scorer": "The answer is half right.\nSCORE: 0.5"}[model]
-        completion = {"id": "j", "object": "chat.completion", "model": model, "choices": [
-            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}]}
-        self._send(200, json.dumps(completion).encode())
-
-    def _send(self, code: int, data: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        try:
-            self.wfile.write(data)
-        except OSError:  # the runner gave up on a slow reply
-            pass
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture(scope="module")
-def judge_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
 
 
 def _task(task_id: str = "capital", **judge: object) -> TaskSpec:

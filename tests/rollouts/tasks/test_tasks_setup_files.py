@@ -18,7 +18,7 @@ from openforge.rollouts.tasks.claweval.importer import convert_task
 from openforge.rollouts.tasks.format import load_tasks, validate_tasks
 from openforge.rollouts.tasks.osworld.importer import import_osworld
 from openforge.rollouts.tasks.setup_files import SetupLimits
-from tests.rollouts.tasks.osworld.test_tasks_osworld import INPUT_URL, _write_set
+from tests.helpers.osworld import INPUT_URL, _write_set
 
 SECRET = "host-secret-7f3a\n"
 

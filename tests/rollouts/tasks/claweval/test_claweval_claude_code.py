@@ -17,8 +17,8 @@ from openforge.rollouts.tasks.format import TaskSpec
 from openforge.sandbox.testing import proxy_socket_path
 from tests.helpers.paths import DATA
 from tests.helpers.proxy_rig import make_rig  # noqa: F401 - fixture
-from tests.rollouts.harnesses.test_real_harnesses import NPM_CACHE, needs
-from tests.rollouts.tasks.test_task_tools import call
+from tests.helpers.harnesses import NPM_CACHE, needs
+from tests.helpers.task_tools import call
 
 SRC = DATA / "claweval"
 pytest.importorskip("yaml", reason="the ClawEval importer needs PyYAML (pip install 'openforge[claweval]')")

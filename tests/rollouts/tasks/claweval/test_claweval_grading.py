@@ -26,8 +26,8 @@ from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.selfcheck import _StandInHarness, forged_dispatch
 from openforge.store import Store
 from tests.helpers.paths import DATA
-from tests.proxy.test_judge_policy_base import serve  # noqa: F401 - the real proxy in front of a scripted engine
-from tests.rollouts.tasks.claweval.test_tasks_claweval import _agent  # a stand-in agent that calls the notes service (errors retried)
+from tests.helpers.judges import serve  # noqa: F401 - the real proxy in front of a scripted engine
+from tests.helpers.claweval import _agent  # a stand-in agent that calls the notes service (errors retried)
 
 SRC = DATA / "claweval"
 pytest.importorskip("yaml", reason="the ClawEval importer needs PyYAML (pip install 'openforge[claweval]')")
@@ -41,7 +41,6 @@ class Planted(AbstractGrader):
     def grade(self, *a, **k):
         return DimensionScores(completion=1.0, robustness=1.0, safety=1.0)
 """
-
 
 
 def _grading(task: TaskSpec) -> ClawEvalGrading | None:

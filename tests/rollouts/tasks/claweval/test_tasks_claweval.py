@@ -19,9 +19,10 @@ from openforge.rollouts.tasks.format import TaskSpec, load_tasks
 from openforge.rollouts.tasks.selfcheck import _StandInHarness, check_solutions, forged_dispatch
 from openforge.rollouts.tasks.services import injected_status
 from openforge.store import Store
+from tests.helpers.claweval import _agent
 from tests.helpers.paths import DATA
 from tests.helpers.proxy_rig import make_rig  # noqa: F401 - fixture
-from tests.rollouts.tasks.test_tasks_judge import judge_url  # noqa: F401 - fixture
+from tests.helpers.judges import judge_url  # noqa: F401 - fixture
 
 SRC = DATA / "claweval"
 pytest.importorskip("yaml", reason="the ClawEval importer needs PyYAML (pip install 'openforge[claweval]')")
@@ -65,27 +66,6 @@ def test_forge_tasks_import_writes_a_valid_set_and_lists_what_it_refused(tmp_pat
     assert bad.exit_code != 0 and "is not a claw-eval checkout" in bad.output and "Traceback" not in bad.output
     bad = CliRunner().invoke(app, ["tasks", "import", "nosuch", str(SRC)])
     assert bad.exit_code != 0 and "unknown import format 'nosuch'" in bad.output
-
-
-# The agent's calls, made from inside the sandbox at the service URL the runner gives it.
-CALL = """python3 - <<'PY'
-import json, os, urllib.error, urllib.request
-base = os.environ["FORGE_SERVICE_NOTES_URL"]
-for path, body in CALLS:
-    for attempt in range(8):  # the service's injected errors (its ERROR_RATE) are retried
-        req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        try:
-            urllib.request.urlopen(req, timeout=10)
-            break
-        except urllib.error.HTTPError as exc:
-            print(path, exc.code)
-PY
-"""
-
-
-def _agent(calls: list) -> str:
-    return CALL.replace("CALLS", repr(calls))
 
 
 async def test_imported_tasks_are_graded_on_the_services_record(store: Store) -> None:
@@ -169,7 +149,7 @@ async def test_mini_uses_an_imported_tasks_tools_through_mcp_to_its_service(make
     ERROR_RATE 0.25, by seed) come back as error results and the policy retries; the grader reads the record."""
     from openforge.config import HarnessConfig
     from openforge.sandbox.testing import proxy_socket_path
-    from tests.rollouts.tasks.test_task_tools import call
+    from tests.helpers.task_tools import call
 
     task = TaskSpec.model_validate(import_claweval(SRC).tasks[0])
     rig = make_rig([], uds=Path(proxy_socket_path()))

@@ -15,7 +15,7 @@ from openforge.rollouts.tasks.format import load_tasks
 from openforge.rollouts.tasks.grading import answer_matches
 from openforge.rollouts.tasks.kinds import PLAIN, get_kind, kind_names, kind_of
 from openforge.store import Store
-from tests.rollouts.runner.test_runner import ShellHarness, _runner
+from tests.helpers.runner import ShellHarness, _runner
 
 NATALIA = {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
                        "How many clips did Natalia sell altogether in April and May?",

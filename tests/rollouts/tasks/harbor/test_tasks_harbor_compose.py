@@ -28,7 +28,7 @@ from openforge.sandbox.local import LocalSandbox
 from openforge.sandbox.testing import backend_config
 from openforge.store import Store
 from tests.helpers.required import skip_or_fail
-from tests.rollouts.tasks.harbor.test_tasks_harbor import _task
+from tests.helpers.harbor import _task
 
 # The service: a value made when it starts (so only a request to this very container learns it), the
 # number of times it was asked, and /peek for the tests (which does not count).

@@ -24,8 +24,8 @@ from openforge.rollouts.tasks.services import ServiceSession, ServiceSpec
 from openforge.sandbox.testing import proxy_socket_path
 from openforge.store import Store
 from tests.helpers.proxy_rig import make_rig  # noqa: F401 - fixture
-from tests.rollouts.tasks.test_task_tools import _rollout, call
-from tests.rollouts.tasks.harbor.test_tasks_harbor import _task
+from tests.helpers.task_tools import _rollout, call
+from tests.helpers.harbor import _task
 
 CODE = "K7-4431"  # only the MCP server knows it: not in the agent's files, in its instruction, or its image
 SERVER = f'''from mcp.server.mcpserver import MCPServer

@@ -23,26 +23,13 @@ import pytest
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
 from openforge.config import ForgeConfig
 from openforge.rollouts.tasks.format import TaskSpec
-from openforge.rollouts.tasks.osworld.importer import import_osworld
 from openforge.rollouts.tasks.osworld.finish import NotMapped, pyautogui_lines
 from openforge.rollouts.tasks.osworld.payload import OSWorldPayload
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.sandbox.local import GUI_MODULE
 from openforge.store import Store
-from tests.rollouts.tasks.desktop.test_desktop_tasks import GUI, TEXT, WORDS, needs_desktop
-
-SAVE_KEYS = ("import pyautogui; import time; pyautogui.hotkey('ctrl', 'x'); pyautogui.hotkey('ctrl', 's'); "
-             "time.sleep(0.5);")
-SAVE_TASK = {
-    "id": "xedit-save", "instruction": f"In the editor, write '{WORDS}' in /home/user/note.txt.",
-    "config": [{"type": "launch", "parameters": {"command": ["xedit", "/home/user/note.txt"]}}],
-    "evaluator": {
-        "postconfig": [{"type": "activate_window", "parameters": {"window_name": "xedit", "strict": True}},
-                       {"type": "execute", "parameters": {"command": ["python", "-c", SAVE_KEYS]}},
-                       {"type": "sleep", "parameters": {"seconds": 0.5}}],
-        "func": "compare_text_file",
-        "result": {"type": "vm_file", "path": "/home/user/note.txt", "dest": "note.txt"},
-        "expected": {"type": "cloud_file", "path": "https://example.invalid/expected.txt", "dest": "expected.txt"}}}
+from tests.helpers.osworld import SAVE_TASK, _import
+from tests.helpers.desktop import GUI, TEXT, WORDS, needs_desktop
 
 
 def _osworld(task: TaskSpec) -> OSWorldPayload:
@@ -50,16 +37,6 @@ def _osworld(task: TaskSpec) -> OSWorldPayload:
     payload = task.payload(OSWorldPayload)
     assert payload is not None
     return payload
-
-
-def _import(tmp_path: Path, *tasks: dict):  # type: ignore[no-untyped-def]
-    folder = tmp_path / "src" / "evaluation_examples" / "examples" / "os"
-    folder.mkdir(parents=True, exist_ok=True)
-    for raw in tasks:
-        (folder / f"{raw['id']}.json").write_text(json.dumps(raw))
-        (tmp_path / "cache" / raw["id"]).mkdir(parents=True, exist_ok=True)
-        (tmp_path / "cache" / raw["id"] / "expected.txt").write_text(WORDS)
-    return import_osworld(tmp_path / "src", cache=tmp_path / "cache")
 
 
 def _post(*steps: dict) -> dict:

@@ -16,7 +16,7 @@ from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.osworld.importer import import_osworld
 from openforge.rollouts.tasks.osworld.payload import OSWorldPayload
 from openforge.store import Store
-from tests.rollouts.tasks.osworld.test_tasks_osworld import _run, _task, needs_office
+from tests.helpers.osworld import _run, _task, needs_office
 
 PDF_URL, GOLD_PDF_URL = "https://drive.google.com/uc?id=input-pdf", "https://drive.google.com/uc?id=gold-pdf"
 LISTED = _task("listed", "In /home/user, keep report.txt and remove every draft.", [

@@ -26,8 +26,10 @@ from openforge.rollouts.tasks.osworld.kind import planted_files
 from openforge.rollouts.tasks.osworld.payload import OSWorldPayload
 from openforge.rollouts.tasks.selfcheck import _StandInHarness, check_solutions
 from openforge.store import Store
+from tests.helpers.osworld import (
+    EXPECTED_URL, INPUT_URL, TASKS, _metrics_missing, _run, _task, _write_set, needs_office,
+)
 from tests.helpers.required import requires
-
 
 
 def _ev(task: TaskSpec) -> OSWorldEval:
@@ -36,20 +38,8 @@ def _ev(task: TaskSpec) -> OSWorldEval:
     assert payload is not None
     return payload.evaluator
 
-def _metrics_missing() -> str | None:
-    try:
-        from openforge.rollouts.tasks.osworld.metric import load_metric
-        load_metric("compare_table")
-        load_metric("check_include_exclude")
-    except Exception as exc:  # noqa: BLE001 - the reason is the skip message
-        return str(exc)
-    return None
-
 
 needs_osworld = requires("osworld", _metrics_missing())
-
-INPUT_URL = "https://drive.google.com/uc?id=input-sheet"
-EXPECTED_URL = "https://drive.google.com/uc?id=gold-sheet"
 
 
 def _xlsx(rows: list[list[object]]) -> bytes:
@@ -61,52 +51,6 @@ def _xlsx(rows: list[list[object]]) -> bytes:
     buf = io.BytesIO()
     wb.save(buf)
     return buf.getvalue()
-
-
-def _task(task_id: str, instruction: str, config: list, evaluator: dict) -> dict:
-    return {"id": task_id, "snapshot": "os", "instruction": instruction, "source": "test", "config": config,
-            "trajectory": "trajectories/", "related_apps": ["os"], "evaluator": evaluator}
-
-
-TASKS = {
-    "os/shout": _task("shout", "Write the words of ~/in.txt in capitals to /home/user/out.txt.", [
-        {"type": "execute", "parameters": {"command": ["python", "-c", "import pyautogui; pyautogui.click(960, 540)"]}},
-        {"type": "execute", "parameters": {"command": ["sh", "-c", "printf 'hello world' > /home/user/in.txt"]}},
-        {"type": "sleep", "parameters": {"seconds": 0}}],
-        {"func": "check_include_exclude",
-         "result": {"type": "vm_command_line", "command": "cat ~/out.txt", "shell": True},
-         "expected": {"type": "rule", "rules": {"include": ["HELLO WORLD"], "exclude": ["hello"]}}}),
-    "libreoffice_calc/total": _task("total", "Add a row TOTAL with the sum of column B to /home/user/sheet.xlsx.", [
-        {"type": "download", "parameters": {"files": [{"url": INPUT_URL, "path": "/home/user/sheet.xlsx"}]}},
-        {"type": "open", "parameters": {"path": "/home/user/sheet.xlsx"}}],
-        {"func": "compare_table", "result": {"type": "vm_file", "path": "/home/user/sheet.xlsx", "dest": "sheet.xlsx"},
-         "expected": {"type": "cloud_file", "path": EXPECTED_URL, "dest": "gold.xlsx"},
-         "options": {"rules": [{"type": "sheet_data", "sheet_idx0": 0, "sheet_idx1": "EI0"}]}}),
-    "gimp/impossible": _task("impossible", "Make this photo into a working car.", [],
-                             {"func": "infeasible"}),
-    "chrome/tabs": _task("tabs", "Close the second tab.", [
-        {"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["https://example.com"]}}],
-        {"func": "exact_match", "result": {"type": "rule", "rules": {"expected": "x"}},
-         "expected": {"type": "rule", "rules": {"expected": "x"}}}),
-    "libreoffice_impress/slides": _task("slides", "Fix the slides.", [],
-        {"func": "check_slide_orientation_Portrait", "result": {"type": "vm_file", "path": "/home/user/a.pptx", "dest": "a.pptx"},
-         "expected": {"type": "vm_file", "path": "/home/user/b.pptx", "dest": "b.pptx"}}),
-    "vlc/playing": _task("playing", "Play the video.", [],
-        {"func": "exact_match", "result": {"type": "vlc_playing_info"}, "expected": {"type": "rule", "rules": {}}}),
-    "os/saved": _task("saved", "Save the file.", [],
-        {"postconfig": [{"type": "activate_window", "parameters": {"window_name": "gedit"}}],
-         "func": "exact_match", "result": {"type": "vm_command_line", "command": ["cat", "/home/user/x"]},
-         "expected": {"type": "rule", "rules": {"expected": "x"}}}),
-}
-
-
-def _write_set(root: Path) -> Path:
-    examples = root / "evaluation_examples" / "examples"
-    for name, task in TASKS.items():
-        (examples / name).parent.mkdir(parents=True, exist_ok=True)
-        (examples / f"{name}.json").write_text(json.dumps(task), encoding="utf-8")
-    (examples / "os" / "broken.json").write_text('{"id": "broken", ', encoding="utf-8")
-    return root
 
 
 def _cache(root: Path) -> Path:
@@ -170,18 +114,6 @@ def test_forge_tasks_import_osworld_writes_a_valid_set(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, ["tasks", "import", "osworld", str(tmp_path / "nowhere")])
     assert bad.exit_code != 0 and "no such OSWorld task file or folder" in bad.output
     assert "Traceback" not in bad.output
-
-
-async def _run(store: Store, task: TaskSpec, scripts: dict[str, str], answers: dict[str, str] | None = None,
-               ) -> dict[str, tuple[str, float | None, str]]:
-    run = store.create_run(kind="check", name=f"osworld-{task.id}")
-    got = {}
-    for label, script in scripts.items():
-        harness = _StandInHarness({task.id: script}, {task.id: (answers or {})[label]} if label in (answers or {}) else {})
-        runner = RolloutRunner(store, config=ForgeConfig(), proxy_url="http://127.0.0.1:9", harness=harness)
-        (ro,) = await runner.run(run.id, [RolloutSpec(task)])
-        got[label] = (ro.status, ro.reward, f"{ro.error}\n{ro.verifier_output}")
-    return got
 
 
 @needs_osworld
@@ -265,15 +197,6 @@ async def test_a_metric_that_cannot_run_is_an_infrastructure_failure(store: Stor
     assert "OSWorld metric check_include_exclude died (exit 3)" in ro.error
 
 
-def _office_missing() -> str | None:
-    import importlib.util
-
-    lacking = [m for m in ("desktop_env", "docx", "odf", "pptx", "fitz", "bs4") if importlib.util.find_spec(m) is None]
-    return (f"OSWorld's docs.py / slides.py / chrome.py need {', '.join(lacking)} (pip install 'openforge[osworld]')"
-            if lacking else None)
-
-
-needs_office = requires("osworld", _metrics_missing() or _office_missing())
 DOC_URL, GOLD_DOC_URL = "https://drive.google.com/uc?id=input-doc", "https://drive.google.com/uc?id=gold-doc"
 
 

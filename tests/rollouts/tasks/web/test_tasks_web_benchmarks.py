@@ -20,9 +20,8 @@ from openforge.rollouts.tasks.format import TaskSpec, load_tasks
 from openforge.rollouts.tasks.web.payload import WebPayload
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.store import Store
-from tests.helpers.gui_fixtures import run_gui_task
-from tests.rollouts.harnesses.test_gui_harnesses import needs_display
-from tests.rollouts.tasks.test_tasks_judge_screens import _ScreenJudge, judge_url  # noqa: F401 - the scripted judge, as a fixture
+from tests.helpers.gui_fixtures import needs_display, run_gui_task
+from tests.helpers.screen_judge import _ScreenJudge, judge_url  # noqa: F401 - the scripted judge, as a fixture
 
 
 def _web(task: TaskSpec) -> WebPayload:
@@ -120,7 +119,7 @@ async def test_a_run_refuses_online_only_tasks_without_allow_internet(tmp_path: 
 
 
 def test_the_network_policy_admits_the_public_web_only_with_allow_internet() -> None:
-    from tests.sandbox.test_gui_kubernetes import _cluster_config
+    from tests.helpers.kubernetes import _cluster_config
 
     from openforge.sandbox.k8s_manifests import sandbox_network_policy
 

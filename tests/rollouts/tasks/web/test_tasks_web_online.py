@@ -9,96 +9,21 @@ all the same, as a live run's is; that a page on the internet loads through it i
 
 from __future__ import annotations
 
-import base64
-import io
-import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from openforge.config import DockerSandboxConfig, ForgeConfig, HarnessConfig, JudgeConfig
 from openforge.errors import ConfigError
 from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
-from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.sandbox.testing import docker_image
 from openforge.store import Store
+from tests.helpers.judges import (GREEN, RED, START_URL, _PageJudge, _top_left, online_task,  # noqa: F401 - fixtures
+                                  page_judge_url)
 from tests.helpers.gui_fixtures import run_gui_task
 from tests.helpers.required import skip_or_fail
-from tests.sandbox.test_gui_docker import browser_image
-
-START_URL = "http://127.0.0.1:8000/start.html"  # the container's own loopback, never the host's
-RED, GREEN = (255, 0, 0), (0, 160, 0)
-# Red all over (a page painted in one go); a click on its top-left quarter turns it green at once (a
-# script, no page load: mini-gui's next screenshot waits only for a quiet screen, not for a navigation).
-START_PAGE = ("<!doctype html><html><head><style>body { margin: 0; background: rgb(255,0,0); } "
-              "#go { position: absolute; left: 0; top: 0; width: 50vw; height: 50vh; }</style></head><body>"
-              "<div id=\"go\" onclick=\"document.body.style.background = 'rgb(0,160,0)'\"></div></body></html>")
-# The page's server, started by the task's setup: out of that exec's reach (its processes are ended
-# with it, found by the exec's marker variable), up before the setup returns; ended by kill_all.
-SERVE = ("cd site && env -u OPENFORGE_EXEC setsid python3 -m http.server 8000 --bind 127.0.0.1 "
-         ">/dev/null 2>&1 </dev/null &\n"
-         "python3 -c 'import time, urllib.request\n"
-         "for _ in range(600):\n"
-         "    try:\n"
-         f"        urllib.request.urlopen(\"{START_URL}\", timeout=2); break\n"
-         "    except OSError: time.sleep(0.1)\n"
-         "else: raise SystemExit(\"the page server did not start\")'")
-
-
-def online_task() -> TaskSpec:
-    return TaskSpec.model_validate({
-        "id": "webvoyager-Loopback--0", "instruction": f"Turn the page green.\n(Start at {START_URL})",
-        "online": {"benchmark": "webvoyager", "start_url": START_URL, "website": "Loopback"},
-        "judge": {"name": "webvoyager"}, "tags": ["web", "webvoyager", "online-only"],
-        "files": {"site/start.html": START_PAGE}, "setup": SERVE})
-
-
-def _top_left(png: bytes) -> tuple[int, int, int]:
-    """The colour at the centre of a screenshot's top-left quadrant (where the start page takes a click)."""
-    from PIL import Image
-
-    image = Image.open(io.BytesIO(png)).convert("RGB")
-    return image.getpixel((image.width // 4, image.height // 4))
-
-
-class _PageJudge(BaseHTTPRequestHandler):
-    """A scripted WebVoyager judge on 127.0.0.1 that grades by the screens it is sent: SUCCESS when the
-    first shows the start page (red) and the last the page turned green by the click, else NOT SUCCESS."""
-
-    seen: list[list[bytes]] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        images = [base64.b64decode(part["image_url"]["url"].split(",", 1)[1])
-                  for part in body["messages"][1]["content"] if part["type"] == "image_url"]
-        type(self).seen.append(images)
-        ok = len(images) >= 2 and _top_left(images[0]) == RED and _top_left(images[-1]) == GREEN
-        reply = "The last screen shows the page turned green.\nSUCCESS" if ok else "Not shown.\nNOT SUCCESS"
-        data = json.dumps({"id": "j", "object": "chat.completion", "model": body["model"], "choices": [
-            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def page_judge_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _PageJudge)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+from tests.helpers.containers import browser_image
 
 
 async def test_an_online_task_is_refused_without_allow_internet_on_docker(store: Store) -> None:

@@ -23,9 +23,8 @@ from pathlib import Path
 import pytest
 from tests.k8s_double import IMAGE_ENV, KubeDouble
 from tests.k8s_double.network import NODE_IP
-from tests.sandbox.test_gui_kubernetes import needs_gui, needs_pods
-from tests.sandbox.test_kubernetes import make_config
-from tests.rollouts.tasks.web.test_tasks_web_online import GREEN, RED, _PageJudge, _top_left, online_task, page_judge_url  # noqa: F401
+from tests.helpers.kubernetes import make_config, needs_gui, needs_pods
+from tests.helpers.judges import GREEN, RED, _PageJudge, _top_left, online_task, page_judge_url  # noqa: F401
 
 import openforge.sandbox.site_relay as site_relay
 from openforge.config import ForgeConfig, HarnessConfig, JudgeConfig

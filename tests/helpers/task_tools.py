@@ -1,0 +1,22 @@
+"""Task tools' tests: a call to the per-rollout MCP server and a rollout that uses it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from openforge.config import ForgeConfig, HarnessConfig
+from openforge.rollouts.runner.runner import RolloutRunner, RolloutSpec
+from openforge.rollouts.tasks.format import TaskSpec
+
+
+def call(name: str, arguments: dict[str, Any]) -> str:
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+
+
+async def _rollout(rig: Any, task: TaskSpec, **harness: Any) -> Any:
+    config = ForgeConfig()
+    config.harness = HarnessConfig(**harness)
+    runner = RolloutRunner(rig.store, config=config, proxy_url=rig.url, proxy_socket=rig.proxy.uds)
+    [ro] = await runner.run(rig.rollout.run_id, [RolloutSpec(task, 0)])
+    return ro
