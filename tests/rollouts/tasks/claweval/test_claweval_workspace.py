@@ -24,7 +24,7 @@ from openforge.rollouts.tasks.format import TaskSpec
 from openforge.rollouts.tasks.selfcheck import _StandInHarness
 from openforge.store import Store
 from tests.helpers.paths import DATA
-from tests.rollouts.tasks.claweval.test_claweval_grading import _agent
+from tests.helpers.claweval import _agent
 
 SRC = DATA / "claweval"
 pytest.importorskip("fastapi", reason="ClawEval's mock services are FastAPI apps (pip install 'openforge[claweval]')")
