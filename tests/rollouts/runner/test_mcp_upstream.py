@@ -41,7 +41,9 @@ def confinement() -> None:
 async def test_a_stdio_server_lists_and_answers_then_is_gone(tmp_path: Path) -> None:
     spec = McpServerSpec(name="codes", command="python3", args=["server.py"], files={"server.py": SERVER},
                          ready_timeout_s=60)
-    upstreams = McpUpstreams([spec], folder=tmp_path)
+    folder = tmp_path / "servers"
+    folder.mkdir()
+    upstreams = McpUpstreams([spec], folder=folder)
     await upstreams.start()
     try:
         assert list(upstreams.tools) == ["get_code"] and upstreams.tools["get_code"][0] == "codes"
@@ -50,7 +52,7 @@ async def test_a_stdio_server_lists_and_answers_then_is_gone(tmp_path: Path) -> 
         assert is_error and "get_code" in text  # the tool's own error result, for the agent to read
     finally:
         await upstreams.close()
-    assert not list(tmp_path.iterdir())  # the servers' folder is removed
+    assert not list(folder.iterdir())  # the servers' folder is removed
 
 
 async def test_a_server_that_will_not_start_is_named(tmp_path: Path) -> None:
