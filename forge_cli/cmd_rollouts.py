@@ -18,7 +18,7 @@ from openforge.errors import ConfigError, TaskError
 from openforge.rollouts.runner.metrics import RunMetrics, summary_headline
 from openforge.rollouts.tasks.format import load_tasks, validate_tasks
 from openforge.rollouts.tasks.importing import check_some_imported
-from openforge.rollouts.tasks.kinds import TaskKindBase, check_run, import_formats, importer_of
+from openforge.rollouts.tasks.kinds import TaskKindBase, check_run, import_formats, importer_of, kinds_of
 from openforge.rollouts.tasks.setup_files import SetupLimits
 from openforge.sandbox.limits import storage_notice
 
@@ -254,10 +254,9 @@ def eval_cmd(
     if "compare" in summary:
         console.print(harness_table(summary["compare"]["by_harness"],
                                     f"eval {run.id} less eval {summary['compare']['run']}", change=True))
-    if claweval := (run.summary_json or {}).get("claweval"):  # an imported ClawEval set: its own scoring
-        from openforge.rollouts.tasks.claweval.grading import summary_line
-
-        console.print(summary_line(claweval), highlight=False)
+    for kind, _ in kinds_of(task_set).values():  # a family's own scoring (an imported benchmark's), as it says it
+        for line in kind.summary_lines(summary):
+            console.print(line, highlight=False)
 
 
 def rollout_printer(total: int):  # noqa: ANN202

@@ -148,6 +148,11 @@ class TaskKind(Protocol):
         """The family's own figures of an eval run, by key, beside forge's in its summary ({} for none)."""
         ...
 
+    def summary_lines(self, summary: dict[str, Any]) -> list[str]:
+        """`forge eval`'s lines of the family's own figures, read from the run's summary (what `run_figures`
+        put there); [] for none."""
+        ...
+
     def attacks(self, task: TaskSpec) -> dict[str, str]:
         """`forge tasks validate --run`: the family's own hostile agents for `task`, label -> a shell script
         run as the agent, each of which must score 0 (a Harbor task's forged reward file, say)."""
@@ -226,6 +231,9 @@ class TaskKindBase:
 
     def run_figures(self, store: Store, run_id: str) -> dict[str, Any]:
         return {}
+
+    def summary_lines(self, summary: dict[str, Any]) -> list[str]:
+        return []
 
     def attacks(self, task: TaskSpec) -> dict[str, str]:
         return {}

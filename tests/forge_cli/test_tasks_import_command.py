@@ -9,6 +9,7 @@ import inspect
 import re
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from openforge.forge_cli import cmd_rollouts
@@ -18,24 +19,28 @@ from openforge.rollouts.tasks.kinds import import_formats, kind_names
 COMMAND = ("tasks_import", "_import_parameters")
 
 
-def _command_source() -> list[ast.AST]:
+def _command_source(command: tuple[str, ...] = COMMAND) -> list[ast.AST]:
     tree = ast.parse(Path(inspect.getsourcefile(cmd_rollouts) or "").read_text(encoding="utf-8"))
-    found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in COMMAND]
-    assert sorted(n.name for n in found) == sorted(COMMAND)
+    found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in command]
+    assert sorted(n.name for n in found) == sorted(command)
     return found
 
 
-def test_the_import_command_names_no_family() -> None:
-    """No family's or format's name in its code or text, and nothing imported from a family's folder."""
+@pytest.mark.parametrize(("command", "imports"), [(COMMAND, "nothing"), (("eval_cmd",), "no family")],
+                         ids=["tasks import", "eval"])
+def test_the_command_names_no_family(command: tuple[str, ...], imports: str) -> None:
+    """No family's or format's name in its code or text, and nothing imported from a family's folder: `forge
+    eval` prints a family's own figures through its kind (`summary_lines`), ClawEval's included."""
     names = {*import_formats(), *kind_names()} - {"plain"}
     pattern = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")(?![\w-])",
                          re.IGNORECASE)
     said, imported = [], []
-    for fn in _command_source():
+    for fn in _command_source(command):
         for node in ast.walk(fn):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and pattern.search(node.value):
                 said.append((fn.name, node.value))
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            elif isinstance(node, (ast.Import, ast.ImportFrom)) and (
+                    imports == "nothing" or pattern.search(ast.unparse(node))):
                 imported.append(ast.unparse(node))
     assert (said, imported) == ([], [])
     family_modules = [n for n in ast.walk(ast.parse(Path(inspect.getsourcefile(cmd_rollouts) or "").read_text()))

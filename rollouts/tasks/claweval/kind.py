@@ -103,3 +103,8 @@ class ClawEvalKind(TaskKindBase):
         from openforge.rollouts.tasks.claweval.score import run_claweval_figures
 
         return {"claweval": run_claweval_figures(store, run_id)}
+
+    def summary_lines(self, summary: dict[str, Any]) -> list[str]:
+        from openforge.rollouts.tasks.claweval.grading import summary_line
+
+        return [summary_line(summary["claweval"])] if summary.get("claweval") else []

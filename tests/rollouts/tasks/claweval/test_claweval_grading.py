@@ -23,6 +23,7 @@ from openforge.rollouts.tasks.claweval.payload import ClawEvalPayload
 from openforge.rollouts.tasks.claweval.grading import (PASS_THRESHOLD, ClawEvalGrading, claweval_summary, run_grader,
                                                        summary_line)
 from openforge.rollouts.tasks.format import TaskSpec
+from openforge.rollouts.tasks.kinds import PLAIN, kind_of
 from openforge.rollouts.tasks.selfcheck import _StandInHarness, forged_dispatch
 from openforge.store import Store
 from tests.helpers.paths import DATA
@@ -148,6 +149,9 @@ async def test_an_evals_summary_holds_clawevals_figures_beside_forges(store: Sto
     ours = {"tasks": 1, "trials": 3, "mean_task_score": 0.6, "pass_at_1": 0.0, "pass^3": 0.0, "pass@3": 0.0}
     assert figures == {"claweval": (0.6, ours), "judge": (1.0, ours)}
     assert summary_line(ours).startswith("ClawEval (its own graders): 1 task(s) x 3 trial(s)")
+    # `forge eval` prints it through the task's kind, from the run's stored summary
+    assert kind_of(task).summary_lines(store.get_run(run.id).summary_json) == [summary_line(ours)]
+    assert kind_of(task).summary_lines({"kind": "eval"}) == [] and PLAIN.summary_lines({"claweval": ours}) == []
 
 
 def _checkout(tmp_path: Path, grader: str) -> Path:
