@@ -335,7 +335,8 @@ SITES: dict[str, type[Site]] = {cls.name: cls for cls in (Shop, Wiki, Booking, S
 
 
 def make_site(name: str, params: dict[str, Any]) -> Site:
-    try:
-        return SITES[name](params)
-    except KeyError:
-        raise ValueError(f"unknown site {name!r} (known: {', '.join(sorted(SITES))})") from None
+    """The site `name` built from its params; ValueError for an unknown name (a KeyError from a site's own
+    params, a missing one, is the caller's to report as bad params, not as an unknown site)."""
+    if name not in SITES:
+        raise ValueError(f"unknown site {name!r} (known: {', '.join(sorted(SITES))})")
+    return SITES[name](params)

@@ -34,7 +34,9 @@ class GuiTask(BaseModel):
             raise ValueError("path must start with /")
         try:
             initial = make_site(self.site, dict(self.params)).state()
-        except (KeyError, TypeError, ValueError) as exc:
+        except KeyError as exc:  # a param the site needs
+            raise ValueError(f"bad params for site {self.site}: {exc.args[0]!r} is missing") from None
+        except (TypeError, ValueError) as exc:
             raise ValueError(f"bad params for site {self.site}: {exc!r}") from None
         unknown = sorted(set(self.expect_state) - set(initial))
         if unknown:

@@ -100,6 +100,18 @@ def test_a_malformed_source_is_one_clear_line(tmp_path: Path, fmt: str, content:
     assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output, result.output
 
 
+@pytest.mark.parametrize(("site", "message"), [
+    ({"site": "wiki"}, "bad params for site wiki: 'articles' is missing"),  # was "unknown site 'wiki' (known: ..., wiki)"
+    ({"site": "wikipedia"}, "unknown site 'wikipedia' (known: booking, colour"),
+])
+def test_a_local_site_map_names_what_is_wrong_with_its_site(tmp_path: Path, site: dict, message: str) -> None:
+    (tmp_path / "tasks.json").write_text(json.dumps(MIND2WEB))
+    (tmp_path / "sites.json").write_text(json.dumps({"https://colours.example.org/": site}))
+    result = CliRunner().invoke(app, ["tasks", "import", "online-mind2web", str(tmp_path / "tasks.json"), "--out",
+                                      str(tmp_path / "o.jsonl"), "--local-sites", str(tmp_path / "sites.json")])
+    assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output, result.output
+
+
 async def test_a_run_refuses_online_only_tasks_without_allow_internet(tmp_path: Path, store: Store) -> None:
     (tmp_path / "tasks.json").write_text(json.dumps(MIND2WEB))
     _import("online-mind2web", str(tmp_path / "tasks.json"), "--out", str(tmp_path / "om2w.jsonl"))
