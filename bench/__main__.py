@@ -25,7 +25,8 @@ BENCHES = ["proxy", "recording", "store_backends", "engine", "prefix_cache", "vl
 # Run only when named (they need Docker, the browser images, the Kubernetes double or the npm harnesses):
 # `python -m bench gui_docker`.
 ON_REQUEST = ["gui_docker", "gui_kubernetes", "gui_first_click", "browser_use_docker", "parsers", "parsers_harnesses", "task_services", "judge",
-              "claweval_grading", "osworld_import", "harbor_import", "async_harness", "field_eval", "desktop_real", "real_model"]
+              "claweval_grading", "osworld_import", "harbor_import", "async_harness", "compaction", "field_eval", "desktop_real",
+              "real_model"]
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
 DOC = ROOT.parent / "docs" / "performance.md"
