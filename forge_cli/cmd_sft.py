@@ -3,7 +3,7 @@ recorded rollouts (docs/trainer.md, "SFT before RL"); `forge sft --resume RUN` c
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -11,8 +11,9 @@ from openforge.errors import ConfigError
 from openforge.forge_cli.context import rank_argv, state
 from openforge.forge_cli.overrides import flag_overrides
 from openforge.forge_cli.run_options import Nproc
-from openforge.runs.sft import run_sft, sft_elsewhere
-from openforge.store import TrainStep
+
+if TYPE_CHECKING:
+    from openforge.store import TrainStep
 
 
 def sft_cmd(
@@ -33,6 +34,8 @@ def sft_cmd(
 ) -> None:
     """Fine-tune the student (engine.model, LoRA per \\[trainer]) on the assistant tokens of the kept
     rollouts of earlier runs; a run of kind sft whose adapter `forge up --init-from` can start RL from."""
+    from openforge.runs.sft import run_sft, sft_elsewhere  # torch: only when the command runs
+
     if (resume is None) == (not sources):
         raise ConfigError("give the data with --from RUN, or continue an sft run with --resume RUN (not both)")
     app = state(ctx)

@@ -240,3 +240,16 @@ def test_the_kubernetes_client_is_a_dependency_imported_only_when_used() -> None
     assert out.returncode == 0 and "Usage" in out.stdout
     imported = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")]
     assert "typer" in imported and not [m for m in imported if m.split(".")[0] == "kubernetes"]
+
+
+def test_forge_starts_without_importing_torch() -> None:
+    """`forge --help` (and every command that trains nothing) starts without torch, transformers or peft:
+    `forge sft` imported runs/sft.py at start, which cost every `forge` invocation over a second."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "openforge.forge_cli.main", "--help"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "Usage" in out.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "typer" in imported and not imported & {"torch", "transformers", "peft"}
