@@ -90,24 +90,3 @@ def test_the_closest_recent_call_explains_it() -> None:
     cut = Message("tool", "a.txt", tool_call_id="t1", name="bash")
     assert explain_break([(PREVIOUS, TOOLS), side], [SYS, USER, CALL, cut], TOOLS) == breaks.TOOL_RESULT_TRUNCATED
 
-
-def test_forge_show_counts_calls_segments_and_break_reasons_per_harness(tmp_path) -> None:
-    from rich.console import Console
-
-    from openforge.forge_cli.segments import segment_table
-    from openforge.store import Store
-    from openforge.tables import Call
-
-    store = Store(tmp_path / "forge.db")
-    run = store.create_run(config={"harness": {"name": "claude-code"}})
-    for i, reasons in enumerate([[None, None, breaks.THINKING_DROPPED], [None, breaks.COMPACTED]]):
-        ro = store.create_rollout(run_id=run.id, task_id="t", sample_index=i, harness="claude-code")
-        for seq, reason in enumerate(reasons):
-            store.add_call(Call(run_id=run.id, rollout_id=ro.id, seq=seq, status="ok", prompt_tokens=100,
-                                reused_tokens=10 * seq, break_reason=reason))
-    console = Console(width=200, record=True)
-    console.print(segment_table(store, store.get_run(run.id)))
-    [row] = [line for line in console.export_text().splitlines() if "claude-code" in line]
-    cells = [c.strip() for c in row.split("│") if c.strip()]
-    # 5 calls over 2 rollouts; 2 opening segments + 2 breaks = 4 segments over 2 rollouts.
-    assert cells == ["claude-code", "2", "2.50", "500", "40", "2.00", "thinking dropped x1, compaction x1"]

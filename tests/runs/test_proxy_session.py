@@ -1,6 +1,6 @@
 """runs/proxy_session.py: `forge proxy --api-key K` takes K over from an ended proxy session only; a key another
 run's rollout holds, or a live proxy still serves, is refused before anything starts (the whole session, engine
-and proxy up, is tests/proxy/test_proxy_cli.py's)."""
+and proxy up, is tests/forge_cli/test_proxy_cli.py's)."""
 
 from __future__ import annotations
 

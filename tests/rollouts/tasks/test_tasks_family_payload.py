@@ -18,8 +18,6 @@ from openforge.rollouts.tasks.format import LEGACY_KEYS, NAMED_SETS, TaskSpec, l
 from openforge.rollouts.tasks.harbor.payload import HarborPayload
 from openforge.rollouts.tasks.kinds import PLAIN, kind_of
 from openforge.rollouts.tasks.osworld.payload import OSWorldPayload
-from openforge.rollouts.tasks.web import WEB_TASKS_DIR
-from openforge.rollouts.tasks.web.generate import write
 from openforge.rollouts.tasks.web.payload import WebPayload
 
 PLAIN_TASK = {"id": "t", "instruction": "do it"}
@@ -51,19 +49,6 @@ def test_every_shipped_set_loads_from_either_form_into_the_same_tasks(name: str)
         # a family's task carries its payload, a plain one none
         assert (task.family is None) == (kind is PLAIN), task.id
         assert task.family is None or task.family.kind == kind.name
-
-
-def test_the_builtin_web_set_is_written_in_the_new_form_and_its_older_lines_load_the_same(tmp_path: Path) -> None:
-    text = (WEB_TASKS_DIR / "builtin-web.jsonl").read_text()
-    lines = [json.loads(line) for line in text.splitlines() if line.strip()]
-    assert lines and all(line["family"]["kind"] == "web" and not set(line) & set(LEGACY_KEYS) for line in lines)
-    assert write(tmp_path).read_text() == text  # the shipped file is what its generator writes
-    older = tmp_path / "older.jsonl"  # the lines as they were written before `family`
-    older.write_text("".join(json.dumps({**{k: v for k, v in line.items() if k != "family"},
-                                         "gui": line["family"]["gui"]}) + "\n" for line in lines))
-    shipped = load_tasks("builtin-web")
-    assert load_tasks(older) == shipped
-    assert all(kind_of(t).describe(t) == "gui" for t in shipped)
 
 
 @pytest.mark.parametrize(("older", "payload", "parts"), [
