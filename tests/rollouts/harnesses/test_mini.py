@@ -139,3 +139,34 @@ def test_registry() -> None:
     object.__setattr__(cfg, "name", "nope")  # bypass the Literal, as a stale config file would
     with pytest.raises(HarnessError, match="unknown harness 'nope'"):
         get_harness(cfg)
+
+
+async def test_the_python_mini_adapter_prepares_its_agent_and_reads_how_it_ended(tmp_path: Path) -> None:
+    """rollouts/harnesses/mini.py (`MiniHarness`, the reference bench/ compares the spec-driven mini against)."""
+    import sys
+
+    from openforge.config import HarnessConfig, LocalSandboxConfig
+    from openforge.rollouts.harnesses.base import HarnessContext
+    from openforge.rollouts.harnesses.mini import AGENT_PATH, AGENT_SOURCE, INSTRUCTION_PATH, MiniHarness
+    from openforge.rollouts.harnesses.mini_agent import CONTEXT_FULL
+    from openforge.rollouts.tasks.format import ANSWER_FILE
+    from openforge.sandbox import make_sandbox
+    from openforge.sandbox.base import ExecResult
+
+    mini = MiniHarness(HarnessConfig(max_turns=3, max_tokens=64))
+    assert MiniHarness.available(ForgeConfig()) is None  # this venv has `openai`
+    ctx = HarnessContext(proxy_url="http://127.0.0.1:5", api_key="k", model="m", instruction="say 'hi'\n",
+                         workdir="/w", backend="local")
+    assert mini.command(ctx)[:2] == [sys.executable, AGENT_PATH]
+    assert mini.command(ctx)[2:8] == ["--instruction-file", INSTRUCTION_PATH, "--max-turns", "3", "--max-tokens", "64"]
+    assert mini.env(ctx)["OPENAI_BASE_URL"] == "http://127.0.0.1:5/v1" and mini.env(ctx)["OPENAI_API_KEY"] == "k"
+    async with make_sandbox(LocalSandboxConfig(isolation="none"), run_id="run-m", rollout_id="ro-m") as sb:
+        await mini.prepare(sb, ctx)
+        assert await sb.read_file(AGENT_PATH) == AGENT_SOURCE.read_bytes()
+        assert await sb.read_file(INSTRUCTION_PATH) == b"say 'hi'\n"  # a file, never argv
+        await sb.write_file(ANSWER_FILE, b"hi")
+        assert (await mini.outcome(ExecResult(0, "", ""), sb)).answer == "hi"
+        failed = await mini.outcome(ExecResult(3, "", "API error 502\n"), sb)  # the file is no answer then
+        assert (failed.answer, failed.failure) == (None, "mini exited 3: API error 502")
+        full = await mini.outcome(ExecResult(CONTEXT_FULL, "", ""), sb)
+        assert full.failure is None and "outgrew the model's context" in full.policy_failure
