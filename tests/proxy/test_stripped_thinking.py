@@ -55,10 +55,13 @@ def agent(rig: Any, *, send_thinking_back: bool) -> list[Any]:
     return replies
 
 
-def trained_and_sampled(rig: Any) -> tuple[list[int], list[int], list[Any]]:
-    calls = sorted((c for c in rig.calls() if c.status == "ok"), key=lambda c: c.seq)
+def trained_and_sampled(rig: Any, rollout_id: str | None = None) -> tuple[list[int], list[int], list[Any]]:
+    """The tokens the trajectories train (loss mask on), the tokens the calls sampled, and the calls, in
+    call order; of the rig's rollout, or of `rollout_id` (one the runner started)."""
+    rollout_id = rollout_id or rig.rollout.id
+    calls = sorted((c for c in rig.calls(rollout_id) if c.status == "ok"), key=lambda c: c.seq)
     sampled = [t for c in calls for t in c.completion_ids]
-    trajectories = rig.store.list_trajectories(rollout_ids=[rig.rollout.id])
+    trajectories = rig.store.list_trajectories(rollout_ids=[rollout_id])
     trained = [t for tr in trajectories for t, m in zip(tr.token_ids, tr.loss_mask) if m]
     return trained, sampled, calls
 
