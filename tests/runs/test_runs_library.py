@@ -15,7 +15,6 @@ from openforge.runs.model_export import export_model
 from openforge.runs.session import session_summary, start_line
 from openforge.runs.sft import kept_threshold, sft_elsewhere
 from openforge.store import Call, Checkpoint, Store
-from openforge.trainer.model_export import write_peft
 
 
 def test_collect_counts_keep_what_reaches_the_bar_by_task_and_harness(store: Store) -> None:
@@ -86,15 +85,3 @@ def test_model_export_refuses_what_it_cannot_write(store: Store, forge_home: Pat
         export_model(store, forge_home, run.id, fmt="peft", out=tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
-
-def test_a_peft_export_copies_exactly_the_adapter_files(tmp_path: Path) -> None:
-    adapter = tmp_path / "step-2"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text('{"r": 4}')
-    with pytest.raises(Exception, match="not a PEFT adapter folder.*adapter_model.safetensors"):
-        write_peft(adapter, tmp_path / "out")
-    (adapter / "adapter_model.safetensors").write_bytes(b"\x00weights")
-    (adapter / "optimizer.pt").write_bytes(b"not exported")
-    out = write_peft(adapter, tmp_path / "out")
-    assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
-    assert (out / "adapter_model.safetensors").read_bytes() == b"\x00weights"
