@@ -1,12 +1,19 @@
 """Every module has a findable test, and the tests keep the layout a reader looks in (issue 46).
 
-The tests mirror the packages: a module's tests are under tests/<package>/ (tests/proxy/ for proxy/,
-tests/rollouts/tasks/harbor/ for rollouts/tasks/harbor/, tests/core/ for openforge/'s own modules), with
-whole-product runs of `forge up` in tests/e2e/. Read statically (ast, nothing imported), each module of the
-installed packages must be imported by name by some test file, anywhere under tests/ (a test that reaches it
-only through another module does not make it findable). Two kinds need no import of their own: a package
-`__init__` that only re-exports (docstring, imports, `__all__`), and a `forge_cli/cmd_*.py` command module
-whose command a test runs through the CLI. Anything else without a test is in EXEMPT with the reason."""
+The tests mirror the packages, and a module's test is where a reader looks for it: read statically (ast,
+nothing imported), each module of the installed packages must be imported by name by a test file in its
+mirrored folder, anywhere in that folder's subtree. The mirrored folder is tests/ plus the module's own
+folder (tests/proxy/ for proxy/app.py, tests/rollouts/runner/ for rollouts/runner/grader.py,
+tests/rollouts/tasks/harbor/ for rollouts/tasks/harbor/kind.py; openforge/'s own modules map to tests/core/),
+cut back to the nearest folder tests/ has (tests/trainer/ for trainer/warmup/, tests/core/ for
+openforge/presets/). So a test of rollouts/tasks/kinds.py may sit in tests/rollouts/tasks/ or in a family's
+folder below it, but a test in tests/sandbox/ that happens to import it does not count, nor does one that
+reaches a module only through another. tests/e2e/ (whole-product runs of `forge up`) mirrors no package:
+its imports make no module findable.
+
+Two kinds need no import of their own: a package `__init__` that only re-exports (docstring, imports,
+`__all__`), and a `forge_cli/cmd_*.py` command module whose command a test in tests/forge_cli/ or tests/e2e/
+runs through the CLI. Anything else without a test in its folder is in EXEMPT with the reason."""
 
 from __future__ import annotations
 
@@ -87,23 +94,41 @@ def _strings(tree: ast.AST) -> set[str]:
     return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
 
 
+def mirror(path: Path) -> Path:
+    """The test folder of the module at `path`: tests/ + its folder (openforge/ -> core/), cut back to the
+    nearest folder tests/ has."""
+    folder = path.relative_to(REPO).parent.parts
+    parts = ["core", *folder[1:]] if folder[0] == "openforge" else list(folder)
+    while parts and not (TESTS.joinpath(*parts)).is_dir():
+        parts.pop()
+    return TESTS.joinpath(*parts)
+
+
+# Tests that run the CLI as a user does: a command module's test may be here rather than in tests/forge_cli/.
+CLI_FOLDERS = ("forge_cli", "e2e")
+
+
 def _untested() -> dict[str, Path]:
+    """The modules no test in their mirrored folder imports (re-exporting __init__s and CLI-run commands aside)."""
     modules = _modules()
-    covered: set[str] = set()
+    importers: dict[str, list[Path]] = {}
     cli_words: set[str] = set()
     for test in _test_files():
-        tree = ast.parse(test.read_text())
+        text = test.read_text()
+        tree = ast.parse(text)
         names = _imported(tree, modules)
-        covered |= names
+        for name in names:
+            importers.setdefault(name, []).append(test)
         # A file that drives the CLI (the Typer app, `python -m openforge.forge_cli.main`, or the helpers that
         # wrap them) runs the commands whose names it spells.
-        text = test.read_text()
-        if "openforge.forge_cli.main" in names or "openforge.forge_cli.main" in text or \
-                re.search(r"from tests\.helpers\.(up|cli) import", text):
+        drives_cli = "openforge.forge_cli.main" in names or "openforge.forge_cli.main" in text or \
+            re.search(r"from tests\.helpers\.(up|cli) import", text)
+        if drives_cli and test.relative_to(TESTS).parts[0] in CLI_FOLDERS:
             cli_words |= {s.split()[0] for s in _strings(tree) if s.strip()}
     untested = {}
     for name, path in modules.items():
-        if name in covered or _only_reexports(path):
+        home = mirror(path)
+        if any(t.is_relative_to(home) for t in importers.get(name, [])) or _only_reexports(path):
             continue
         if path.parent.name == "forge_cli" and path.name.startswith("cmd_") and _commands(path) & cli_words:
             continue
@@ -113,9 +138,10 @@ def _untested() -> dict[str, Path]:
 
 def test_every_module_is_imported_by_a_test_or_exempt_with_a_reason() -> None:
     missing = sorted(set(_untested()) - EXEMPT.keys())
-    assert not missing, (f"{len(missing)} module(s) no test file imports: {missing}. Add a test of each "
-                         "module's own behaviour under tests/<its package>/ (or, where a direct test cannot run, "
-                         "an EXEMPT entry saying which test covers it).")
+    assert not missing, "module(s) no test in their mirrored folder imports (add a test of each module's own " \
+                        "behaviour there, or move the file that tests it; where a direct test cannot run, an " \
+                        "EXEMPT entry saying which test covers it):\n" + \
+                        "\n".join(f"  {m} -> {mirror(_modules()[m]).relative_to(REPO)}/" for m in missing)
 
 
 def test_the_exempt_list_names_only_untested_modules_that_exist() -> None:
@@ -148,3 +174,6 @@ def test_the_checks_see_what_they_check() -> None:
     assert _only_reexports(REPO / "rollouts" / "tasks" / "arith" / "__init__.py")
     assert not _only_reexports(REPO / "proxy" / "app.py")
     assert {"gc", "sandbox"} <= _commands(REPO / "forge_cli" / "cmd_sandbox.py")
+    assert mirror(REPO / "rollouts" / "tasks" / "harbor" / "kind.py") == TESTS / "rollouts" / "tasks" / "harbor"
+    assert mirror(REPO / "openforge" / "store.py") == mirror(REPO / "openforge" / "presets" / "__init__.py") == TESTS / "core"
+    assert mirror(REPO / "trainer" / "warmup" / "gui.py") == TESTS / "trainer"  # no tests/trainer/warmup/: the nearest
