@@ -87,14 +87,18 @@ class HarnessOutcome:
     failure: str | None = None  # not the policy's doing, e.g. "API error 529: the engine is overloaded"
     policy_failure: str | None = None  # e.g. "claude-code stopped at its turn limit (8 turns)"
     turns: int | None = None  # model turns, where the harness reports them
+    # The harness said its conversation no longer fits the context (Claude Code's `blocking_limit`, told the
+    # run's context by its spec, stops before it sends): the runner makes it a configuration failure when no
+    # answer of the policy's was in it (runner/harness_run.py), the policy's when there was.
+    context_full: bool = False
 
     @classmethod
     def failed(cls, reason: str, *, turns: int | None = None) -> "HarnessOutcome":
         return cls(failure=reason.strip()[:500] or "failed without a reason", turns=turns)
 
     @classmethod
-    def policy_failed(cls, reason: str, *, turns: int | None = None) -> "HarnessOutcome":
-        return cls(policy_failure=reason.strip()[:500] or "the policy failed", turns=turns)
+    def policy_failed(cls, reason: str, *, turns: int | None = None, context_full: bool = False) -> "HarnessOutcome":
+        return cls(policy_failure=reason.strip()[:500] or "the policy failed", turns=turns, context_full=context_full)
 
 
 @dataclass(frozen=True)

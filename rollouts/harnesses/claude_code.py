@@ -6,7 +6,8 @@ Its final JSON (`{"type": "result", "is_error": false, "result": ..., "num_turns
 the rollout's stdout; `outcome` reads it: `result` is the answer only when `is_error` is false. An error
 is the policy's when Claude Code's `terminal_reason` (why its loop ended) says the policy ended it: its
 turn limit (`--max-turns`, subtype `error_max_turns`) or a conversation grown past the context (the
-proxy's 400 "prompt is too long"). Any other error (`api_error_status` 5xx, a connection error) is a
+proxy's 400 "prompt is too long", or its own `blocking_limit` under the context its spec tells it; before any
+answer of the policy's, the runner makes that a configuration failure: runner/harness_run.py). Any other error (`api_error_status` 5xx, a connection error) is a
 harness failure. The policy's own text is only ever in `result`, never in these fields.
 """
 
@@ -58,7 +59,7 @@ def claude_outcome(result: ExecResult) -> HarnessOutcome:
         detail = text.removeprefix("API Error: ").removeprefix(f"{status} ").strip() if text else ""
         reason = f"{head}: {detail}" if detail else head
         if ending in POLICY_CONTEXT_ENDINGS:
-            return HarnessOutcome.policy_failed(reason, turns=turns)
+            return HarnessOutcome.policy_failed(reason, turns=turns, context_full=True)
         return HarnessOutcome.failed(reason, turns=turns)
     if result.exit_code != 0:
         return HarnessOutcome.failed(f"claude-code exited {result.exit_code} after a result", turns=turns)

@@ -74,6 +74,16 @@ def prompt_misfit(harness: str, calls: Sequence[Call]) -> str | None:
             f"{answered} main call(s) answered)")
 
 
+def context_full_misfit(harness: str, outcome: HarnessOutcome, calls: Sequence[Call]) -> str | None:
+    """The same when the harness itself refused to send its prompt (it was told the run's context: Claude
+    Code's `blocking_limit`), so the proxy saw no call to refuse: a configuration failure while no main call
+    was answered (the policy had written nothing yet), else None (a conversation the policy grew is its own)."""
+    if not outcome.context_full or any(c.status == "ok" and c.side is None for c in calls):
+        return None
+    said = outcome.policy_failure or outcome.failure or "its context is full"
+    return f"{harness}'s own prompt does not fit the context: {PROMPT_FIX} ({harness}: {said}; 0 main call(s) answered)"
+
+
 class PromptDoesNotFit(TrainerError):
     """Most rollouts of a step failed because the harness's own prompt is over the context: every step
     would do the same, and a run of them trains nothing."""

@@ -35,7 +35,7 @@ from typing import Any, Literal, Protocol
 from openforge.config import ForgeConfig
 from openforge.errors import HarnessError, SandboxError
 from openforge.rollouts.harnesses.base import Harness, HarnessContext
-from openforge.rollouts.runner.failures import MAX_SIGNAL, judge_outcome, prompt_misfit
+from openforge.rollouts.runner.failures import MAX_SIGNAL, context_full_misfit, judge_outcome, prompt_misfit
 from openforge.rollouts.runner.grader import InfraFailure, run_in_sandbox, tail
 from openforge.rollouts.runner.policy_clock import ClockedRun, PolicyClock, run_on_policy_clock
 from openforge.sandbox.base import ExecResult, Sandbox
@@ -150,6 +150,8 @@ async def run_harness(runner: RolloutDriver, sb: Sandbox, ro: Rollout, harness: 
         reported = await harness.outcome(result, sb)
     except SandboxError as exc:
         raise InfraFailure(f"reading the harness's result failed: {exc}") from None
+    if misfit := context_full_misfit(harness.name, reported, calls):  # it never sent it: not the policy's 0
+        return HarnessRun("config", result, prefix + misfit)
     outcome = judge_outcome(reported, harness=harness.name, exit_code=result.exit_code,
                             calls_model=harness.calls_model, answered=any(c.status == "ok" for c in calls),
                             last_call=last_call)

@@ -99,18 +99,39 @@ async def run_refused(rig, name: str):  # noqa: ANN001, ANN201
 
 
 @needs("claude-code")
-async def test_a_claude_code_api_error_is_a_harness_failure_not_a_reward(make_rig):
-    """Issue 12's case: the proxy refuses Claude Code's ~48k-token prompt with a 400; Claude Code prints
-    `"is_error": true` JSON. The rollout fails with the reason, and no grader ever sees that text. The
-    prompt the harness filled itself cannot fit: a configuration failure, masked (issue 44), not the policy's."""
+@pytest.mark.parametrize("told", [True, False], ids=["told-the-context", "told-nothing"])
+async def test_claude_codes_own_prompt_over_the_context_is_a_configuration_failure(make_rig, tmp_path: Path,
+                                                                                  told: bool) -> None:
+    """Issue 12's case: Claude Code's ~48k-token prompt against a 4096-token context. Told the run's context
+    (the shipped spec's [context], issue 47) it stops before it sends (`blocking_limit`); told nothing (a
+    spec without [context]) it sends, and the proxy refuses the prompt with a 400. Either way it prints
+    `"is_error": true` JSON, the rollout fails with the reason and the fix, no grader ever sees that text,
+    and the prompt the harness filled itself is a configuration failure, masked (issue 44), never the
+    policy's 0 (reward None)."""
+    from openforge.rollouts.harnesses import BUILTIN_SPECS
+
     rig = make_rig(lambda ids: "status ok", uds=Path(proxy_socket_path()), max_context_tokens=4096)
-    ro = await run_refused(rig, "claude-code")
+    name = "claude-code"
+    if not told:
+        shipped = (BUILTIN_SPECS / "claude-code.toml").read_text()
+        told_line = next(line for line in shipped.splitlines() if line.startswith("env = { CLAUDE_CODE_MAX_CONTEXT"))
+        untold = shipped.replace(told_line, "", 1).replace('name = "claude-code"', 'name = "claude-code-untold"', 1)
+        assert "{context_tokens}" not in untold and 'name = "claude-code-untold"' in untold
+        (tmp_path / "claude-code-untold.toml").write_text(untold)
+        name = str(tmp_path / "claude-code-untold.toml")
+    ro = await run_refused(rig, name)
     final = json.loads(ro.stdout)
-    assert final["is_error"] is True and final.get("api_error_status") == 400, ro.stdout[-2000:]
-    assert (ro.status, ro.reward, ro.verifier_output) == ("failed", None, None)
-    assert ro.error.startswith("config: claude-code's own prompt does not fit the context"), ro.error
-    assert "4095" in ro.error and "too long" in ro.error.lower(), ro.error
-    assert ro.failure_kind == "config"
+    calls = rig.store.list_calls(rollout_id=ro.id)
+    assert final["is_error"] is True, ro.stdout[-2000:]
+    if told:  # it never sent the prompt: nothing reached the proxy
+        assert final.get("terminal_reason") == "blocking_limit" and calls == [], ro.stdout[-2000:]
+    else:
+        assert final.get("api_error_status") == 400 and {c.status for c in calls} == {"refused"}, ro.stdout[-2000:]
+        assert "4095" in ro.error, ro.error  # the proxy's words: its limit
+    assert (ro.status, ro.reward, ro.verifier_output, ro.failure_kind) == ("failed", None, None, "config")
+    shown = "claude-code" if told else "claude-code-untold"
+    assert ro.error.startswith(f"config: {shown}'s own prompt does not fit the context"), ro.error
+    assert "too long" in ro.error.lower() and "[prompt]" in ro.error, ro.error
 
 
 @needs("codex")

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from openforge.rollouts.harnesses.base import HarnessOutcome
 from openforge.rollouts.harnesses.claude_code import claude_outcome
 from openforge.rollouts.harnesses.codex import codex_outcome
-from openforge.rollouts.runner.failures import judge_outcome
+from openforge.rollouts.runner.failures import context_full_misfit, judge_outcome
 from openforge.rollouts.runner.metrics import run_metrics, summary_headline, task_metrics
 from openforge.rollouts.runner.harness_run import engine_fault as _engine_fault
 from openforge.rollouts.runner.runner import RolloutSpec
@@ -43,6 +43,25 @@ def recorded(name: str) -> tuple[ExecResult, list[Call]]:
     data = json.loads((ENDINGS / f"{name}.json").read_text())
     calls = [Call(status=status, finish_reason=reason) for status, reason in data["calls"]]
     return ExecResult(exit_code=data["exit_code"], stdout=data["stdout"], stderr=""), calls
+
+
+def test_a_harness_that_will_not_send_its_own_prompt_is_a_configuration_failure() -> None:
+    """Claude Code told the run's context stops before it sends an over-long prompt (`blocking_limit`): with
+    no answer of the policy's in the conversation, the prompt is the harness's and the task's, a
+    configuration failure naming the fix; once the policy answered, the conversation it grew is its own."""
+    final = {"type": "result", "subtype": "success", "is_error": True, "api_error_status": None, "num_turns": 1,
+             "result": "Prompt is too long", "terminal_reason": "blocking_limit"}
+    outcome = claude_outcome(ExecResult(exit_code=1, stdout=json.dumps(final), stderr=""))
+    assert outcome.context_full and outcome.policy_failure is not None
+    said = context_full_misfit("claude-code", outcome, [])
+    assert said is not None and said.startswith("claude-code's own prompt does not fit the context: ")
+    assert "[prompt]" in said and "Prompt is too long" in said
+    side = Call(status="ok", side="title")  # the harness's own background call: no answer of the policy's
+    assert context_full_misfit("claude-code", outcome, [side]) is not None
+    assert context_full_misfit("claude-code", outcome, [side, Call(status="ok")]) is None
+    turn_limit = claude_outcome(ExecResult(exit_code=1, stdout=json.dumps(
+        {**final, "subtype": "error_max_turns", "terminal_reason": "max_turns"}), stderr=""))
+    assert not turn_limit.context_full and context_full_misfit("claude-code", turn_limit, []) is None
 
 
 def judged(outcome: HarnessOutcome, result: ExecResult, calls: list[Call], harness: str) -> HarnessOutcome:
