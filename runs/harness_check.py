@@ -96,12 +96,15 @@ def check_harness(store: Store, config: ForgeConfig, *, home: Path) -> HarnessCh
     report.warnings = sampling_warnings(calls, config)
     if main:
         report.first_prompt_tokens = main[0].prompt_tokens or None
-    if misfit := prompt_misfit(cls.name, calls):
+    # the proxy refused its prompt, or the harness would not send it (told the context: the runner's verdict)
+    misfit = prompt_misfit(cls.name, calls) or (
+        ro.error.removeprefix("config: ") if ro.failure_kind == "config" and ro.error else None)
+    if misfit:
         report.problems.append(f"its own prompt does not fit: {misfit.split(': ', 1)[1]}")
     elif main and not any(c.status == "ok" for c in main):
         report.problems.append(f"none of its {len(main)} main call(s) was answered"
                                + (f" ({report.side_calls} side call(s) were)" if report.side_calls else ""))
-    if not calls:
+    if not calls and not misfit:
         report.problems.append(f"it never called the model: the proxy got no request (is {cls.name} pointed at "
                                f"the proxy's URL and key? exit code {ro.exit_code})")
     if issubclass(cls, SpecHarness):

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from openforge.config import ForgeConfig, HarnessConfig
 from openforge.forge_cli.main import app
+from tests.helpers.harnesses import NPM_CACHE, needs
 from tests.helpers.proxy_rig import make_rig  # noqa: F401 - fixture
 
 # A side call (a title, as Claude Code's or OpenClaw's) that fits, then the main call: the system prompt
@@ -145,6 +146,21 @@ def test_harness_check_counts_refused_calls_and_prints_the_answer(tmp_path: Path
     assert out.exit_code == 0, out.output
     assert "answer read: 'tokens used: 42'" in out.output  # the line [answer] reads, beside its score
     assert "score " in out.output and out.output.rstrip().endswith("ok")
+
+
+@needs("claude-code")
+def test_harness_check_says_claude_codes_own_prompt_does_not_fit_when_it_never_sends_it(
+        tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Told the run's context (its spec's [context]), Claude Code will not send a ~48k-token prompt to a
+    4096-token context (`blocking_limit`): no call reaches the proxy, and the check says the prompt does not
+    fit, with the fix, not that it never called the model."""
+    monkeypatch.setenv("FORGE_NPM_CACHE", str(NPM_CACHE))
+    out = CliRunner().invoke(app, ["--set", f"engine.model={tiny_model}", "--set", "proxy.max_context_tokens=4096",
+                                   "harness", "check", "claude-code"])
+    assert out.exit_code == 1, out.output
+    shown = " ".join(out.output.split())
+    assert "problem: its own prompt does not fit" in shown and "[prompt]" in shown, out.output
+    assert "never called the model" not in shown and "0 refused for length" in shown, out.output
 
 
 @pytest.mark.slow
