@@ -45,7 +45,30 @@ def naive_verdict(messages: list[dict[str, str]]) -> str:
     return "VERDICT: PASS" if "paris" in "\n".join(inside).lower() else "VERDICT: FAIL"
 
 
-class _Judge(BaseHTTPRequestHandler):
+class ScriptedJudge(BaseHTTPRequestHandler):
+    """A scripted judge's HTTP side on 127.0.0.1: `reply` answers a chat completion with its text; each
+    judge's do_POST decides the text."""
+
+    def reply(self, model: str, content: str) -> None:
+        completion = {"id": "j", "object": "chat.completion", "model": model, "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}]}
+        self._send(200, json.dumps(completion).encode())
+
+    def _send(self, code: int, data: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        try:
+            self.wfile.write(data)
+        except OSError:  # the runner gave up on a slow reply
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _Judge(ScriptedJudge):
     """POST /v1/chat/completions; the model name picks the behaviour."""
 
     seen: list[dict] = []
@@ -61,22 +84,7 @@ class _Judge(BaseHTTPRequestHandler):
         reply = {"naive": naive_verdict(body["messages"]), "slow": "VERDICT: PASS",
                  "rambling": "I think it passes.", "two-verdicts": "VERDICT: FAIL\nVERDICT: PASS",
                  "scorer": "The answer is half right.\nSCORE: 0.5"}[model]
-        completion = {"id": "j", "object": "chat.completion", "model": model, "choices": [
-            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}]}
-        self._send(200, json.dumps(completion).encode())
-
-    def _send(self, code: int, data: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        try:
-            self.wfile.write(data)
-        except OSError:  # the runner gave up on a slow reply
-            pass
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(model, reply)
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +138,7 @@ def _top_left(png: bytes) -> tuple[int, int, int]:
     return image.getpixel((image.width // 4, image.height // 4))
 
 
-class _PageJudge(BaseHTTPRequestHandler):
+class _PageJudge(ScriptedJudge):
     """A scripted WebVoyager judge on 127.0.0.1 that grades by the screens it is sent: SUCCESS when the
     first shows the start page (red) and the last the page turned green by the click, else NOT SUCCESS."""
 
@@ -142,17 +150,8 @@ class _PageJudge(BaseHTTPRequestHandler):
                   for part in body["messages"][1]["content"] if part["type"] == "image_url"]
         type(self).seen.append(images)
         ok = len(images) >= 2 and _top_left(images[0]) == RED and _top_left(images[-1]) == GREEN
-        reply = "The last screen shows the page turned green.\nSUCCESS" if ok else "Not shown.\nNOT SUCCESS"
-        data = json.dumps({"id": "j", "object": "chat.completion", "model": body["model"], "choices": [
-            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(body["model"], "The last screen shows the page turned green.\nSUCCESS" if ok
+                   else "Not shown.\nNOT SUCCESS")
 
 
 @pytest.fixture

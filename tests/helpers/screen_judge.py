@@ -7,15 +7,16 @@ import hashlib
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from openforge.image_store import image_format
+from tests.helpers.judges import ScriptedJudge
 
 
-class _ScreenJudge(BaseHTTPRequestHandler):
+class _ScreenJudge(ScriptedJudge):
     """POST /v1/chat/completions. It decodes every image part it is sent (a data URL of PNG bytes),
     keeps their sha256s in order, and answers by its model name's verdict format: SUCCESS when it was
     sent exactly `want` images inside the quoted block (model `webvoyager-2`: 2), else NOT SUCCESS."""
@@ -41,16 +42,7 @@ class _ScreenJudge(BaseHTTPRequestHandler):
         ok = len(shas) == inside == int(want)
         reply = {"webvoyager": "The final screen shows it.\nSUCCESS" if ok else "Not shown.\nNOT SUCCESS",
                  "webjudge": f'Thoughts: checked.\nStatus: "{"success" if ok else "failure"}"'}[name]
-        data = json.dumps({"id": "j", "object": "chat.completion", "model": body["model"], "choices": [
-            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(body["model"], reply)
 
 
 @pytest.fixture(scope="module")
