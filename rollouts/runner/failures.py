@@ -69,9 +69,7 @@ def prompt_misfit(harness: str, calls: Sequence[Call]) -> str | None:
     misfit = next((c for c in calls if c.status == "refused" and c.policy_turns == 0 and c.side is None), None)
     if misfit is None:
         return None
-    answered = sum(1 for c in calls if c.status == "ok" and c.side is None)
-    return (f"{harness}'s own prompt does not fit the context: {PROMPT_FIX} ({misfit.error}; "
-            f"{answered} main call(s) answered)")
+    return _does_not_fit(harness, f"{misfit.error}", calls)
 
 
 def context_full_misfit(harness: str, outcome: HarnessOutcome, calls: Sequence[Call]) -> str | None:
@@ -80,8 +78,13 @@ def context_full_misfit(harness: str, outcome: HarnessOutcome, calls: Sequence[C
     was answered (the policy had written nothing yet), else None (a conversation the policy grew is its own)."""
     if not outcome.context_full or any(c.status == "ok" and c.side is None for c in calls):
         return None
-    said = outcome.policy_failure or outcome.failure or "its context is full"
-    return f"{harness}'s own prompt does not fit the context: {PROMPT_FIX} ({harness}: {said}; 0 main call(s) answered)"
+    return _does_not_fit(harness, f"{harness}: {outcome.policy_failure or outcome.failure or 'its context is full'}",
+                         calls)
+
+
+def _does_not_fit(harness: str, why: str, calls: Sequence[Call]) -> str:
+    answered = sum(1 for c in calls if c.status == "ok" and c.side is None)
+    return f"{harness}'s own prompt does not fit the context: {PROMPT_FIX} ({why}; {answered} main call(s) answered)"
 
 
 class PromptDoesNotFit(TrainerError):
