@@ -47,6 +47,17 @@ def bash(command: str) -> str:
     return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
 
 
+async def one_rollout(rig: Any) -> Any:
+    """One rollout of a write-a-file task through the real Claude Code (`--bare --tools Bash`) and the runner."""
+    config = ForgeConfig()
+    config.harness = HarnessConfig(name="claude-code", npm_cache=str(NPM_CACHE), max_turns=6,
+                                   extra_args=["--bare", "--tools", "Bash"])
+    task = TaskSpec(id="think", instruction="Write forge-ok into proof.txt.", verifier="grep -qx forge-ok proof.txt")
+    runner = RolloutRunner(rig.store, config=config, proxy_url=rig.url, proxy_socket=rig.proxy.uds)
+    [ro] = await runner.run(rig.rollout.run_id, [RolloutSpec(task, 0)])
+    return ro
+
+
 @needs("claude-code")
 async def test_claude_code_with_thinking_replays_it_and_trains_each_sampled_token_once(make_rig: Any) -> None:
     """Claude Code (`--bare --tools Bash`, a 1.4k-token first prompt, its default thinking) runs a look,
@@ -61,12 +72,7 @@ async def test_claude_code_with_thinking_replays_it_and_trains_each_sampled_toke
         return f"<think>\n{THOUGHTS[turn]}\n</think>\n\n{answer}"
 
     rig.engine.script = script
-    config = ForgeConfig()
-    config.harness = HarnessConfig(name="claude-code", npm_cache=str(NPM_CACHE), max_turns=6,
-                                   extra_args=["--bare", "--tools", "Bash"])
-    task = TaskSpec(id="think", instruction="Write forge-ok into proof.txt.", verifier="grep -qx forge-ok proof.txt")
-    runner = RolloutRunner(rig.store, config=config, proxy_url=rig.url, proxy_socket=rig.proxy.uds)
-    [ro] = await runner.run(rig.rollout.run_id, [RolloutSpec(task, 0)])
+    ro = await one_rollout(rig)
     assert (ro.status, ro.reward) == ("scored", 1.0), (ro.error, ro.stdout[-1500:])
 
     trained, sampled, calls = trained_and_sampled(rig, ro.id)
@@ -98,12 +104,7 @@ async def test_an_answer_that_is_only_thinking_is_retried_and_trains_once(make_r
     (scored, reward 0), and both answers' tokens train once."""
     rig = make_rig([], uds=Path(proxy_socket_path()), max_context_tokens=400_000)
     rig.engine.script = lambda prompt_ids: "<think>\nOnly thinking, no answer.\n</think>\n\n"
-    config = ForgeConfig()
-    config.harness = HarnessConfig(name="claude-code", npm_cache=str(NPM_CACHE), max_turns=6,
-                                   extra_args=["--bare", "--tools", "Bash"])
-    task = TaskSpec(id="think", instruction="Write forge-ok into proof.txt.", verifier="grep -qx forge-ok proof.txt")
-    runner = RolloutRunner(rig.store, config=config, proxy_url=rig.url, proxy_socket=rig.proxy.uds)
-    [ro] = await runner.run(rig.rollout.run_id, [RolloutSpec(task, 0)])
+    ro = await one_rollout(rig)
     assert (ro.status, ro.reward) == ("scored", 0.0), (ro.error, ro.stdout[-1500:])
     trained, sampled, calls = trained_and_sampled(rig, ro.id)
     assert [c.response_json["content"][0]["type"] for c in calls] == ["thinking"] * len(calls)
