@@ -235,6 +235,14 @@ def _old_store(path: Path, *, drop_v2: bool = False) -> None:
     con.close()
 
 
+def _store_at_schema(path: Path, version: int) -> None:
+    """The old store at `path`, migrated as far as schema `version` only (as that forge left it)."""
+    _old_store(path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(migrations, "MIGRATIONS", [m for m in store_mod.MIGRATIONS if m[0] <= version])
+        Store(path).close()
+
+
 def test_a_version_1_store_gets_the_rollout_state_index(tmp_path: Path) -> None:
     path = tmp_path / "forge.db"
     _old_store(path, drop_v2=True)
@@ -280,10 +288,7 @@ def test_a_schema_2_store_upgrades_with_its_keys_hashed(tmp_path: Path) -> None:
 def test_a_schema_3_store_gets_image_columns(tmp_path: Path) -> None:
     """Schema 4 adds call.images and trajectory.images; the rows already there keep NULL."""
     path = tmp_path / "forge.db"
-    _old_store(path)
-    with pytest.MonkeyPatch.context() as mp:  # the store as schema 3 left it
-        mp.setattr(migrations, "MIGRATIONS", [m for m in store_mod.MIGRATIONS if m[0] <= 3])
-        Store(path).close()
+    _store_at_schema(path, 3)  # the store as schema 3 left it
     con = sqlite3.connect(path)
     assert "images" not in [r[1] for r in con.execute("PRAGMA table_info(call)")]
     con.close()
@@ -442,10 +447,7 @@ def test_updates_are_typed_patches(store: Store) -> None:
 def test_a_schema_4_store_gets_the_teacher_call_columns(tmp_path: Path) -> None:
     """Schema 5 adds call.retokenized and call.upstream_retries; the calls already there are the engine's."""
     path = tmp_path / "forge.db"
-    _old_store(path)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(migrations, "MIGRATIONS", [m for m in store_mod.MIGRATIONS if m[0] <= 4])
-        Store(path).close()
+    _store_at_schema(path, 4)
     s = Store(path)
     assert s.schema_version() == store_mod.SCHEMA_VERSION and s.integrity_check() == "ok"
     old = s.list_calls(run_id="run-20261201-aaaaaaaaaa")
@@ -457,10 +459,7 @@ def test_a_schema_5_store_gets_the_judgement_table(tmp_path: Path) -> None:
     from openforge.store import Judgement
 
     path = tmp_path / "forge.db"
-    _old_store(path)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(migrations, "MIGRATIONS", [m for m in store_mod.MIGRATIONS if m[0] <= 5])
-        Store(path).close()
+    _store_at_schema(path, 5)
     s = Store(path)
     assert s.schema_version() == store_mod.SCHEMA_VERSION and s.integrity_check() == "ok"
     assert s.list_judgements(run_id="run-20261201-aaaaaaaaaa") == []
@@ -473,10 +472,7 @@ def test_a_schema_5_store_gets_the_judgement_table(tmp_path: Path) -> None:
 def test_a_schema_6_store_gets_the_call_roles(tmp_path: Path) -> None:
     """Schema 7 adds call.policy_turns and call.side (issue 44); an old call is a main call, its turns unknown."""
     path = tmp_path / "forge.db"
-    _old_store(path)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(migrations, "MIGRATIONS", [m for m in store_mod.MIGRATIONS if m[0] <= 6])
-        Store(path).close()
+    _store_at_schema(path, 6)
     s = Store(path)
     assert s.schema_version() == store_mod.SCHEMA_VERSION and s.integrity_check() == "ok"
     old = s.list_calls(run_id="run-20261201-aaaaaaaaaa")
@@ -487,10 +483,7 @@ def test_a_schema_7_store_gets_the_policy_versions(tmp_path: Path) -> None:
     """Schema 8 adds run.policy_version and rollout.policy_version (issue 47): an old rollout's version is
     unknown; a new one records its run's when created for the run's current adapter, and none for another."""
     path = tmp_path / "forge.db"
-    _old_store(path)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(migrations, "MIGRATIONS", [m for m in store_mod.MIGRATIONS if m[0] <= 7])
-        Store(path).close()
+    _store_at_schema(path, 7)
     s = Store(path)
     assert s.schema_version() == 8 and s.integrity_check() == "ok"
     run_id = "run-20261201-aaaaaaaaaa"
