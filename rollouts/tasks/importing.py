@@ -68,8 +68,11 @@ def write_tasks(records: list[dict[str, Any]], out: str | Path) -> Path:
 
 
 def write_jsonl(records: list[dict[str, Any]], out: str | Path) -> Path:
-    """The records as one JSONL task file, one task a line."""
-    path = Path(out)
+    """The records as one JSONL task file, one task a line. TaskError for a name the task loader would not
+    read as one (it reads a .jsonl file as a task set, a folder as task folders)."""
+    path = Path(out).expanduser()
+    if path.suffix != ".jsonl":
+        raise TaskError(f"--out {out}: this format is written as one task file: give it a .jsonl name")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in records), encoding="utf-8")
     return path

@@ -31,7 +31,7 @@ from typing import Any
 
 from openforge.errors import TaskError
 from openforge.rollouts.harnesses.agent_files import ANSWER_FILE
-from openforge.rollouts.tasks.importing import ImportResult
+from openforge.rollouts.tasks.importing import ImportResult, write_jsonl
 from openforge.rollouts.tasks.kinds import TaskKindBase
 
 ASK = "Reply with the final answer: one number in digits (no commas, no units), nothing else."
@@ -106,10 +106,7 @@ class Gsm8kKind(TaskKindBase):
     def import_tasks(self, src: str, out: str, *, fmt: str, options: dict[str, Any]) -> ImportResult:
         """Write the converted tasks to `out` (default gsm8k-tasks.jsonl), one a line."""
         tasks, refused = import_gsm8k(src)
-        written = Path(out or "gsm8k-tasks.jsonl").expanduser()
-        if tasks:
-            written.parent.mkdir(parents=True, exist_ok=True)
-            written.write_text("".join(json.dumps(t) + "\n" for t in tasks), encoding="utf-8")
+        written = write_jsonl(tasks, out or "gsm8k-tasks.jsonl") if tasks else Path(out or "gsm8k-tasks.jsonl")
         return ImportResult(tasks=tasks, written_to=str(written), refused=refused,
                             summary=f"{src}: {len(tasks) + len(refused)} question(s): {len(tasks)} imported to "
                                     f"{written}, {len(refused)} refused")

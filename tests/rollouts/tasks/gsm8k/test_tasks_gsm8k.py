@@ -63,6 +63,15 @@ def test_an_import_that_reads_nothing_fails_and_an_unknown_format_names_the_fami
     assert bad.exit_code != 0 and "unknown import format 'gsm9k'" in bad.output and "gsm8k" in bad.output
 
 
+def test_an_out_the_task_loader_would_not_read_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """`--out tasks` (no .jsonl) wrote a file no `forge` command could then load as a task set."""
+    src = tmp_path / "test.jsonl"
+    src.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["tasks", "import", "gsm8k", str(src), "--out", str(tmp_path / "tasks")])
+    assert result.exit_code == 1 and "give it a .jsonl name" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "tasks").exists()
+
+
 @pytest.mark.parametrize(("reply", "right"), [
     ("72", True), ("72.0", True), ("+72", True), ("**72**", True), ("72.", True),
     ("73", False), ("48 + 24 = 72", False), ("The answer is 72", False), ("72 72", False), ("24\n72", False),
